@@ -1,0 +1,39 @@
+# moonloop: `make demo` and `make test` install what is missing, build, and run.
+BUILD   := build
+ASAN    := build/asan
+JOBS    := $(shell nproc 2>/dev/null || echo 2)
+
+.PHONY: all deps build asan test unit demo bench fuzz clean
+
+all: build
+
+deps:
+	@sh scripts/deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS) 2>&1 | grep -vE '^\[ *[0-9]+%\]|^-- ' || true
+	@test -x $(BUILD)/moonloop
+
+asan: deps
+	@cmake -S . -B $(ASAN) -DCMAKE_BUILD_TYPE=Debug -DMOONLOOP_SANITIZE=ON >/dev/null
+	@cmake --build $(ASAN) -j $(JOBS) 2>&1 | grep -vE '^\[ *[0-9]+%\]|^-- ' || true
+	@test -x $(ASAN)/moonloop
+
+# Every test: unit, functional and crash tests on the normal build, then the
+# unit tests again under ASan+UBSan.
+test: build asan
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -L unit
+
+unit: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L unit
+
+demo: build
+	@sh scripts/demo.sh
+
+bench: build
+	@sh tests/bench/run.sh
+
+clean:
+	rm -rf $(BUILD)

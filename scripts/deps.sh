@@ -1,0 +1,26 @@
+#!/bin/sh
+# Installs the Debian packages moonloop needs to build, test and run its demo.
+# Idempotent and silent when nothing is missing; uses sudo when not root.
+set -e
+pkgs="build-essential cmake pkg-config libluajit-5.1-dev libuv1-dev
+libsqlite3-dev libcurl4-openssl-dev libcjson-dev libh2o-dev libssl-dev
+libedit-dev python3 tzdata"
+[ -n "$MOONLOOP_DEPS_EXTRA" ] && pkgs="$pkgs $MOONLOOP_DEPS_EXTRA"
+missing=""
+for p in $pkgs; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    # OpenResty's LuaJIT fork provides the same headers under another name.
+    if [ "$p" = libluajit-5.1-dev ] && dpkg-query -W -f='${Status}' libluajit2-5.1-dev 2>/dev/null | grep -q "install ok installed"; then
+      continue
+    fi
+    missing="$missing $p"
+  fi
+done
+[ -z "$missing" ] && exit 0
+echo "deps: installing$missing" >&2
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq >&2
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $missing >&2

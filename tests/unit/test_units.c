@@ -1,0 +1,78 @@
+/* Unit tests for units.c: durations, sizes and RFC 3339 times. */
+#include "test.h"
+#include "units.h"
+
+static int64_t dur(const char *s) {
+  int64_t ms = -1;
+  err_t e;
+  if (units_duration(s, &ms, &e)) return -1;
+  return ms;
+}
+
+TEST(durations) {
+  CHECK_INT_EQ(dur("500ms"), 500);
+  CHECK_INT_EQ(dur("30s"), 30000);
+  CHECK_INT_EQ(dur("5m"), 300000);
+  CHECK_INT_EQ(dur("2h"), 7200000);
+  CHECK_INT_EQ(dur("7d"), 604800000);
+  CHECK_INT_EQ(dur("1.5"), 1500);
+  CHECK_INT_EQ(dur("1h30m"), 5400000);
+  CHECK_INT_EQ(dur("0.25s"), 250);
+}
+
+TEST(bad_durations_name_the_problem) {
+  int64_t ms;
+  err_t e;
+  CHECK(units_duration("5 parsecs", &ms, &e) == ERR_INVALID);
+  CHECK_CONTAINS(e.msg, "5 parsecs");
+  CHECK(units_duration("5x", &ms, &e) == ERR_INVALID);
+  CHECK_CONTAINS(e.msg, "unknown unit 'x'");
+  CHECK(units_duration("", &ms, &e) == ERR_INVALID);
+  CHECK(units_duration("-1s", &ms, &e) == ERR_INVALID);
+}
+
+TEST(sizes) {
+  int64_t b;
+  err_t e;
+  CHECK(units_size("1MB", &b, &e) == 0);
+  CHECK_INT_EQ(b, 1048576);
+  CHECK(units_size("64KB", &b, &e) == 0);
+  CHECK_INT_EQ(b, 65536);
+  CHECK(units_size("100", &b, &e) == 0);
+  CHECK_INT_EQ(b, 100);
+  CHECK(units_size("3 lightyears", &b, &e) == ERR_INVALID);
+  CHECK_CONTAINS(e.msg, "lightyears");
+}
+
+TEST(rfc3339_round_trip) {
+  char s[40];
+  units_rfc3339(1764435084123LL, s, sizeof s);
+  CHECK_STR_EQ(s, "2025-11-29T16:51:24.123Z");
+  int64_t ms;
+  err_t e;
+  CHECK(units_parse_rfc3339(s, &ms, &e) == 0);
+  CHECK_INT_EQ(ms, 1764435084123LL);
+  CHECK(units_parse_rfc3339("2025-11-29T18:51:24+02:00", &ms, &e) == 0);
+  CHECK_INT_EQ(ms, 1764435084000LL);
+  CHECK(units_parse_rfc3339("yesterday", &ms, &e) == ERR_INVALID);
+  CHECK_CONTAINS(e.msg, "yesterday");
+}
+
+TEST(format_duration) {
+  char s[32];
+  units_fmt_duration(850, s, sizeof s);
+  CHECK_STR_EQ(s, "850ms");
+  units_fmt_duration(1234, s, sizeof s);
+  CHECK_STR_EQ(s, "1.2s");
+  units_fmt_duration(192000, s, sizeof s);
+  CHECK_STR_EQ(s, "3m12s");
+}
+
+int main(void) {
+  RUN(durations);
+  RUN(bad_durations_name_the_problem);
+  RUN(sizes);
+  RUN(rfc3339_round_trip);
+  RUN(format_duration);
+  return test_summary();
+}
