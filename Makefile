@@ -12,13 +12,11 @@ deps:
 
 build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-	@cmake --build $(BUILD) -j $(JOBS) 2>&1 | grep -vE '^\[ *[0-9]+%\]|^-- ' || true
-	@test -x $(BUILD)/moonloop
+	@cmake --build $(BUILD) -j $(JOBS) >$(BUILD)/build.log 2>&1 || { grep -vE '^\[ *[0-9]+%\]|directory' $(BUILD)/build.log; exit 1; }
 
 asan: deps
 	@cmake -S . -B $(ASAN) -DCMAKE_BUILD_TYPE=Debug -DMOONLOOP_SANITIZE=ON >/dev/null
-	@cmake --build $(ASAN) -j $(JOBS) 2>&1 | grep -vE '^\[ *[0-9]+%\]|^-- ' || true
-	@test -x $(ASAN)/moonloop
+	@cmake --build $(ASAN) -j $(JOBS) >$(ASAN)/build.log 2>&1 || { grep -vE '^\[ *[0-9]+%\]|directory' $(ASAN)/build.log; exit 1; }
 
 # Every test: unit, functional and crash tests on the normal build, then the
 # unit tests again under ASan+UBSan.

@@ -1,2 +1,182 @@
-#include <stdio.h>
-int main(void){puts("moonloop");return 0;}
+/*
+** main.c: the moonloop command: parse arguments, load the configuration,
+** dispatch to a command (cli_*.c).
+*/
+#include "cli.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum {
+  C_RUN = 1 << 0, C_INVOKE = 1 << 1, C_RUNS = 1 << 2, C_TRACE = 1 << 3, C_SKILLS = 1 << 4,
+  C_CHECK = 1 << 5, C_SERVE = 1 << 6, C_ALL = 0xffff,
+};
+
+struct command {
+  const char *name;
+  int bit;
+  int (*fn)(struct cli *c);
+  const char *usage;
+};
+
+static const struct command commands[] = {
+  {"run", C_RUN, cli_run, "run FILE-or-SKILL [--data JSON] | run --resume RUN_ID"},
+  {"invoke", C_INVOKE, cli_invoke, "invoke SKILL [--data JSON] [--wait]"},
+  {"runs", C_RUNS, cli_runs, "runs [--skill ID] [--status S] [--since 7d] [--trigger KIND] [--limit N]"},
+  {"trace", C_TRACE, cli_trace, "trace RUN_ID"},
+  {"skills", C_SKILLS, cli_skills, "skills"},
+  {"check", C_CHECK, cli_check, "check FILE..."},
+  {"serve", C_SERVE, cli_serve, "serve [--workspace DIR] [--listen ADDR]"},
+  {NULL, 0, NULL, NULL},
+};
+
+/* Options: name, whether it takes a value, which commands accept it. */
+struct option {
+  const char *name;
+  int has_arg;
+  int cmds;
+};
+
+static const struct option options[] = {
+  {"db", 1, C_ALL}, {"config", 1, C_ALL}, {"server", 1, C_ALL}, {"json", 0, C_ALL},
+  {"verbose", 0, C_ALL}, {"quiet", 0, C_ALL},
+  {"data", 1, C_RUN | C_INVOKE}, {"resume", 1, C_RUN}, {"wait", 0, C_INVOKE},
+  {"skill", 1, C_RUNS}, {"status", 1, C_RUNS}, {"since", 1, C_RUNS}, {"trigger", 1, C_RUNS},
+  {"limit", 1, C_RUNS}, {"follow", 0, C_RUNS},
+  {"workspace", 1, C_SERVE}, {"listen", 1, C_SERVE},
+  {NULL, 0, 0},
+};
+
+int cli_fail(int status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("moonloop: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  return status;
+}
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: moonloop COMMAND [options]\n\ncommands:\n");
+  for (const struct command *c = commands; c->name; c++) fprintf(f, "  moonloop %s\n", c->usage);
+  fprintf(f,
+          "\noptions for every command:\n"
+          "  --db PATH        the database (default ./moonloop.db, or $MOONLOOP_DB)\n"
+          "  --config FILE    the configuration (default ./moonloop.conf.lua if present)\n"
+          "  --server URL     send the command to a running engine ($MOONLOOP_URL)\n"
+          "  --json           machine-readable output\n"
+          "  -v, --verbose    show each step as it completes\n");
+}
+
+int main(int argc, char **argv) {
+  struct cli c;
+  memset(&c, 0, sizeof c);
+  const char *db = NULL, *config = NULL, *server = NULL, *workspace = NULL, *listen = NULL;
+  const char **pos = calloc((size_t)argc + 1, sizeof *pos);
+  int npos = 0;
+  const struct command *cmd = NULL;
+  /* First pass: find the command, so options can be checked against it. */
+  for (int i = 1; i < argc; i++) {
+    if (argv[i][0] == '-') {
+      const char *n = argv[i] + (argv[i][1] == '-' ? 2 : 1);
+      for (const struct option *o = options; o->name; o++)
+        if (!strcmp(o->name, n) && o->has_arg) i++;
+      continue;
+    }
+    for (const struct command *k = commands; k->name; k++)
+      if (!strcmp(k->name, argv[i])) cmd = k;
+    break;
+  }
+  if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help"))) {
+    usage(stdout);
+    free(pos);
+    return EXIT_OK;
+  }
+  if (!cmd) {
+    int i = 1;
+    while (i < argc && argv[i][0] == '-') i++;
+    if (i < argc) cli_fail(EXIT_USAGE, "unknown command '%s'", argv[i]);
+    usage(stderr);
+    free(pos);
+    return EXIT_USAGE;
+  }
+  int seen_cmd = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!seen_cmd && !strcmp(a, cmd->name)) {
+      seen_cmd = 1;
+      continue;
+    }
+    if (a[0] != '-' || !a[1]) {
+      pos[npos++] = a;
+      continue;
+    }
+    if (!strcmp(a, "-v")) a = "--verbose";
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      printf("usage: moonloop %s\n", cmd->usage);
+      free(pos);
+      return EXIT_OK;
+    }
+    const char *name = a + (a[1] == '-' ? 2 : 1), *val = NULL;
+    char buf[64];
+    const char *eq = strchr(name, '=');
+    if (eq && (size_t)(eq - name) < sizeof buf) {
+      memcpy(buf, name, (size_t)(eq - name));
+      buf[eq - name] = 0;
+      name = buf;
+      val = eq + 1;
+    }
+    const struct option *o = options;
+    while (o->name && strcmp(o->name, name)) o++;
+    if (!o->name || !(o->cmds & cmd->bit)) {
+      free(pos);
+      return cli_fail(EXIT_USAGE, "%s: unknown option '%s' (usage: moonloop %s)", cmd->name, a,
+                      cmd->usage);
+    }
+    if (o->has_arg && !val) {
+      if (i + 1 >= argc) {
+        free(pos);
+        return cli_fail(EXIT_USAGE, "%s: option --%s needs a value", cmd->name, o->name);
+      }
+      val = argv[++i];
+    }
+    if (!strcmp(name, "db")) db = val;
+    else if (!strcmp(name, "config")) config = val;
+    else if (!strcmp(name, "server")) server = val;
+    else if (!strcmp(name, "json")) c.json = 1;
+    else if (!strcmp(name, "verbose")) c.verbose = 1;
+    else if (!strcmp(name, "quiet")) c.quiet = 1;
+    else if (!strcmp(name, "data")) c.data = val;
+    else if (!strcmp(name, "resume")) c.resume = val;
+    else if (!strcmp(name, "wait")) c.wait = 1;
+    else if (!strcmp(name, "skill")) c.skill = val;
+    else if (!strcmp(name, "status")) c.status = val;
+    else if (!strcmp(name, "since")) c.since = val;
+    else if (!strcmp(name, "trigger")) c.trigger = val;
+    else if (!strcmp(name, "limit")) c.limit = val;
+    else if (!strcmp(name, "follow")) c.follow = 1;
+    else if (!strcmp(name, "workspace")) workspace = val;
+    else if (!strcmp(name, "listen")) listen = val;
+  }
+  c.cmd = cmd->name;
+  c.args = pos;
+  c.nargs = npos;
+  c.color = isatty(1) && !getenv("NO_COLOR");
+  err_t e;
+  if (config_load(&c.cfg, config, &e)) {
+    free(pos);
+    config_free(&c.cfg);
+    return cli_fail(EXIT_USAGE, "%s", e.msg);
+  }
+  if (db) config_set(&c.cfg.db, db);
+  if (server) config_set(&c.cfg.server, server);
+  if (workspace) config_set(&c.cfg.workspace, workspace);
+  if (listen) config_set(&c.cfg.listen, listen);
+  int rc = cmd->fn(&c);
+  config_free(&c.cfg);
+  free(pos);
+  return rc;
+}

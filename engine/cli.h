@@ -1,0 +1,43 @@
+/*
+** cli.h: the command line. main() parses the arguments into a struct cli
+** (every command declares the options it takes; any other is a usage
+** error), loads the configuration, and calls the command's function.
+** Commands return the process's exit status: 0 success, 1 the run or
+** request failed, 2 usage error.
+*/
+#ifndef ML_CLI_H
+#define ML_CLI_H
+#include <stdio.h>
+
+#include "config.h"
+
+enum { EXIT_OK = 0, EXIT_FAILED = 1, EXIT_USAGE = 2 };
+
+struct cli {
+  const char *cmd;
+  const char **args; /* positional arguments after the command */
+  int nargs;
+  struct config cfg;
+  int json, verbose, quiet, wait, follow;
+  const char *data, *resume, *id, *skill, *status, *since, *trigger, *limit;
+  int color; /* stdout is a terminal */
+};
+
+int cli_run(struct cli *c);
+int cli_invoke(struct cli *c);
+int cli_runs(struct cli *c);
+int cli_trace(struct cli *c);
+int cli_skills(struct cli *c);
+int cli_check(struct cli *c);
+int cli_serve(struct cli *c);
+
+/* Print "moonloop: message" to stderr and return status. */
+int cli_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Parse --data (default null) into compact JSON text (caller frees), or NULL after printing the problem. */
+char *cli_data_json(const struct cli *c);
+
+/* Print a JSON value (pretty when human) followed by a newline. */
+void cli_print_json(FILE *f, const char *json, int pretty);
+
+#endif

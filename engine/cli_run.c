@@ -1,0 +1,276 @@
+/*
+** cli_run.c: commands that run skills: run, run --resume, invoke.
+*/
+#include "cli.h"
+#include "engine.h"
+#include "ids.h"
+#include "proc.h"
+#include "units.h"
+
+#include <cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+char *cli_data_json(const struct cli *c) {
+  if (!c->data) return strdup("null");
+  const char *end = NULL;
+  cJSON *v = cJSON_ParseWithOpts(c->data, &end, 1);
+  if (!v) {
+    cli_fail(EXIT_USAGE, "--data is not valid JSON (at character %ld): %.60s",
+             end ? (long)(end - c->data) + 1 : 0L, c->data);
+    return NULL;
+  }
+  char *s = cJSON_PrintUnformatted(v);
+  cJSON_Delete(v);
+  return s;
+}
+
+void cli_print_json(FILE *f, const char *json, int pretty) {
+  cJSON *v = json ? cJSON_Parse(json) : NULL;
+  char *s = v ? (pretty ? cJSON_Print(v) : cJSON_PrintUnformatted(v)) : NULL;
+  fprintf(f, "%s\n", s ? s : json ? json : "null");
+  free(s);
+  cJSON_Delete(v);
+}
+
+struct outcome {
+  int done;
+  char *status, *output, *error;
+};
+
+static void on_done(const struct sched_result *r, void *arg) {
+  struct outcome *o = arg;
+  o->done = 1;
+  o->status = strdup(r->status);
+  o->output = r->output ? strdup(r->output) : NULL;
+  o->error = r->error ? strdup(r->error) : NULL;
+}
+
+/* Print a finished run's result the way DESIGN says: output on stdout, or
+** the error on stderr; returns the exit status. */
+static int report(const struct cli *c, const char *run_id, const char *status,
+                  const char *output, const char *error) {
+  if (!strcmp(status, "completed")) {
+    cli_print_json(stdout, output, !c->json && isatty(1));
+    return EXIT_OK;
+  }
+  if (c->json) {
+    cli_print_json(stderr, error ? error : "null", 0);
+    return EXIT_FAILED;
+  }
+  if (!strcmp(status, "abandoned")) {
+    fprintf(stderr, "moonloop: run %s was taken over by another process before it finished\n",
+            run_id);
+    return EXIT_FAILED;
+  }
+  cJSON *e = error ? cJSON_Parse(error) : NULL;
+  cJSON *msg = cJSON_GetObjectItem(e, "message");
+  fprintf(stderr, "moonloop: run %s %s: %s\n", run_id, status,
+          cJSON_IsString(msg) ? msg->valuestring : error ? error : "(no error recorded)");
+  cJSON *tb = cJSON_GetObjectItem(e, "traceback");
+  if (cJSON_IsString(tb) && c->verbose) fprintf(stderr, "%s\n", tb->valuestring);
+  cJSON_Delete(e);
+  return EXIT_FAILED;
+}
+
+static int is_file(const char *p) {
+  struct stat st;
+  return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Find a registered skill's live version and load it. */
+static int load_registered(struct engine *en, const char *id, struct skill **out, err_t *e) {
+  cJSON *rec;
+  if (store_get_skill(en->store, id, &rec, e)) {
+    if (e->code == ERR_NOTFOUND)
+      err_set(e, ERR_NOTFOUND, "no skill '%s': not a file and not a registered skill "
+              "(see moonloop skills)", id);
+    return e->code;
+  }
+  cJSON *v = cJSON_GetObjectItem(rec, "version");
+  if (!cJSON_IsString(v)) {
+    cJSON_Delete(rec);
+    return err_set(e, ERR_NOTFOUND, "skill '%s' has no live version (its file was removed or "
+                   "never loaded)", id);
+  }
+  char *source = NULL, *file = NULL;
+  int rc = store_get_version(en->store, v->valuestring, &source, NULL, &file, e);
+  cJSON_Delete(rec);
+  if (rc) return rc;
+  struct skill_error se;
+  rc = skills_load(en->skills, source, strlen(source), file ? file : id, out, &se);
+  if (rc) *e = se.err;
+  free(source);
+  free(file);
+  return rc;
+}
+
+/* Run a skill (a file or a registered id) to its end in this process. */
+static int run_here(struct cli *c, const char *target, const char *data, const char *trigger) {
+  struct engine en;
+  err_t e;
+  int verbose = c->verbose || (!c->quiet && isatty(2));
+  if (engine_open(&en, &c->cfg, SCHED_SOLO, verbose, &e)) {
+    engine_close(&en);
+    return cli_fail(EXIT_FAILED, "%s", e.msg);
+  }
+  struct skill *skill = NULL;
+  if (is_file(target) || strstr(target, ".lua")) {
+    struct skill_error se;
+    if (engine_load_file(&en, target, 0, &skill, &se)) {
+      engine_close(&en);
+      return cli_fail(se.err.code == ERR_INVALID ? EXIT_FAILED : EXIT_FAILED, "%s", se.err.msg);
+    }
+  } else if (load_registered(&en, target, &skill, &e)) {
+    engine_close(&en);
+    return cli_fail(EXIT_FAILED, "%s", e.msg);
+  }
+  char run_id[27];
+  struct outcome out = {0};
+  if (sched_start(en.sched, &e) ||
+      sched_run_new(en.sched, skill, trigger, data, NULL, run_id, &e)) {
+    engine_close(&en);
+    return cli_fail(EXIT_FAILED, "%s", e.msg);
+  }
+  fprintf(stderr, "run %s\n", run_id);
+  fflush(stderr);
+  sched_on_done(en.sched, run_id, on_done, &out);
+  engine_run(&en);
+  engine_close(&en);
+  int rc = out.done ? report(c, run_id, out.status, out.output, out.error)
+                    : cli_fail(EXIT_FAILED, "run %s did not finish", run_id);
+  free(out.status), free(out.output), free(out.error);
+  return rc;
+}
+
+static int resume(struct cli *c) {
+  struct engine en;
+  err_t e;
+  int verbose = c->verbose || (!c->quiet && isatty(2));
+  if (engine_open(&en, &c->cfg, SCHED_SOLO, verbose, &e) || sched_start(en.sched, &e)) {
+    engine_close(&en);
+    return cli_fail(EXIT_FAILED, "%s", e.msg);
+  }
+  struct run_row *row = NULL;
+  if (store_take_run(en.store, c->resume, sched_owner(en.sched), proc_hostname(), units_now_ms(),
+                     &row, &e)) {
+    engine_close(&en);
+    return cli_fail(e.code == ERR_NOTFOUND ? EXIT_USAGE : EXIT_FAILED, "%s", e.msg);
+  }
+  struct outcome out = {0};
+  char run_id[27];
+  snprintf(run_id, sizeof run_id, "%s", row->id);
+  fprintf(stderr, "run %s (resumed)\n", run_id);
+  sched_on_done(en.sched, run_id, on_done, &out);
+  int rc = sched_adopt(en.sched, row, &e);
+  store_rows_free(row, 1);
+  if (rc) {
+    engine_close(&en);
+    return cli_fail(EXIT_FAILED, "%s", e.msg);
+  }
+  engine_run(&en);
+  engine_close(&en);
+  rc = out.done ? report(c, run_id, out.status, out.output, out.error)
+                : cli_fail(EXIT_FAILED, "run %s did not finish", run_id);
+  free(out.status), free(out.output), free(out.error);
+  return rc;
+}
+
+int cli_run(struct cli *c) {
+  if (c->resume) {
+    if (c->nargs) return cli_fail(EXIT_USAGE, "run --resume RUN_ID takes no other argument");
+    return resume(c);
+  }
+  if (c->nargs != 1)
+    return cli_fail(EXIT_USAGE, "usage: moonloop run FILE-or-SKILL [--data JSON] | run --resume RUN_ID");
+  char *data = cli_data_json(c);
+  if (!data) return EXIT_USAGE;
+  int rc = run_here(c, c->args[0], data, "{\"kind\":\"invoke\",\"by\":\"cli\"}");
+  free(data);
+  return rc;
+}
+
+/* Create a queued run of a registered skill for an engine to pick up. */
+static int enqueue(struct engine *en, const char *skill_id, const char *data, char *run_id,
+                   err_t *e) {
+  cJSON *rec;
+  if (store_get_skill(en->store, skill_id, &rec, e)) return e->code;
+  cJSON *v = cJSON_GetObjectItem(rec, "version");
+  if (!cJSON_IsString(v)) {
+    cJSON_Delete(rec);
+    return err_set(e, ERR_NOTFOUND, "skill '%s' has no live version", skill_id);
+  }
+  int64_t now = units_now_ms();
+  ids_ulid(now, run_id);
+  struct run_row row = {
+    .id = run_id, .skill = skill_id, .version = v->valuestring, .status = "queued",
+    .entry = "run", .trigger = "{\"kind\":\"invoke\",\"by\":\"cli\"}", .input = data,
+    .created_at = now,
+  };
+  journal_t *j = journal_new();
+  journal_run_new(j, &row);
+  int rc = store_commit(en->store, j, e);
+  journal_free(j);
+  cJSON_Delete(rec);
+  return rc;
+}
+
+static int terminal(const char *s) {
+  return !strcmp(s, "completed") || !strcmp(s, "failed") || !strcmp(s, "cancelled");
+}
+
+int cli_invoke(struct cli *c) {
+  if (c->nargs != 1) return cli_fail(EXIT_USAGE, "usage: moonloop invoke SKILL [--data JSON] [--wait]");
+  if (c->cfg.server) return cli_fail(EXIT_USAGE, "--server is not supported yet");
+  char *data = cli_data_json(c);
+  if (!data) return EXIT_USAGE;
+  struct engine en;
+  err_t e;
+  if (engine_open_store(&en, &c->cfg, &e)) {
+    free(data);
+    return cli_fail(EXIT_FAILED, "%s", e.msg);
+  }
+  /* With --wait and no engine holding the database, run it here. */
+  if (c->wait && !store_engine_alive(en.store, units_now_ms())) {
+    engine_close(&en);
+    int rc = run_here(c, c->args[0], data, "{\"kind\":\"invoke\",\"by\":\"cli\"}");
+    free(data);
+    return rc;
+  }
+  char run_id[27];
+  int rc = enqueue(&en, c->args[0], data, run_id, &e);
+  free(data);
+  if (rc) {
+    engine_close(&en);
+    return cli_fail(rc == ERR_NOTFOUND ? EXIT_USAGE : EXIT_FAILED, "%s", e.msg);
+  }
+  if (!c->wait) {
+    if (c->json) printf("{\"run_id\":\"%s\"}\n", run_id);
+    else printf("%s\n", run_id);
+    engine_close(&en);
+    return EXIT_OK;
+  }
+  fprintf(stderr, "run %s\n", run_id);
+  for (;;) {
+    cJSON *rec;
+    if (store_get_run(en.store, run_id, 0, &rec, &e)) {
+      engine_close(&en);
+      return cli_fail(EXIT_FAILED, "%s", e.msg);
+    }
+    const char *st = cJSON_GetObjectItem(rec, "status")->valuestring;
+    if (terminal(st)) {
+      char *out = cJSON_PrintUnformatted(cJSON_GetObjectItem(rec, "output"));
+      char *err = cJSON_PrintUnformatted(cJSON_GetObjectItem(rec, "error"));
+      rc = report(c, run_id, st, out, err);
+      free(out), free(err);
+      cJSON_Delete(rec);
+      break;
+    }
+    cJSON_Delete(rec);
+    usleep(50000);
+  }
+  engine_close(&en);
+  return rc;
+}

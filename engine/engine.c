@@ -1,0 +1,105 @@
+/*
+** engine.c: opening and closing an engine's parts in order (see engine.h).
+*/
+#include "engine.h"
+#include "json.h"
+#include "units.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int engine_open_store(struct engine *en, const struct config *cfg, err_t *e) {
+  memset(en, 0, sizeof *en);
+  en->cfg = cfg;
+  return store_open(cfg->db, cfg->durability_full ? STORE_FULL : STORE_NORMAL, &en->store, e);
+}
+
+int engine_open_runtime(struct engine *en, const struct config *cfg, err_t *e) {
+  if (!en->cfg) memset(en, 0, sizeof *en);
+  en->cfg = cfg;
+  struct lrt_opts lo = {.slice_ms = cfg->slice_ms, .run_memory = cfg->run_memory};
+  if (lrt_new(&lo, &en->lrt, e)) return e->code;
+  en->skills = skills_new(en->lrt, (const char *const *)cfg->env);
+  if (!en->skills) return err_set(e, ERR_NOMEM, "out of memory");
+  return 0;
+}
+
+static int boot(struct engine *en, err_t *e) {
+  if (lrt_boot(en->lrt, e)) return e->code;
+  lua_State *L = lrt_L(en->lrt);
+  if (lrt_require(en->lrt, "loader", e)) return e->code;
+  lua_pop(L, 1);
+  return 0;
+}
+
+int engine_open(struct engine *en, const struct config *cfg, enum sched_mode mode, int verbose,
+                err_t *e) {
+  if (engine_open_store(en, cfg, e)) return e->code;
+  if (engine_open_runtime(en, cfg, e)) return e->code;
+  if (uv_loop_init(&en->loop)) return err_set(e, ERR_INTERNAL, "cannot create the event loop");
+  en->loop_open = 1;
+  if (httpc_new(&en->loop, &en->http, e)) return e->code;
+  struct sched_opts so = {
+    .loop = &en->loop, .store = en->store, .lrt = en->lrt, .skills = en->skills,
+    .http = en->http, .mode = mode, .lease_ttl_ms = cfg->lease_ttl_ms,
+    .default_retries = cfg->retries, .backoff_ms = cfg->backoff_ms,
+    .backoff_max_ms = cfg->backoff_max_ms, .step_output_limit = cfg->step_output,
+    .verbose = verbose,
+  };
+  if (sched_new(&so, &en->sched, e)) return e->code;
+  return boot(en, e);
+}
+
+int engine_load_file(struct engine *en, const char *path, int register_it, struct skill **out,
+                     struct skill_error *se) {
+  char *src;
+  size_t len;
+  se->line = 0;
+  if (skills_read_file(path, &src, &len, &se->err)) return se->err.code;
+  int rc = skills_load(en->skills, src, len, path, out, se);
+  free(src);
+  if (rc) return rc;
+  struct skill *s = *out;
+  int64_t now = units_now_ms();
+  journal_t *j = journal_new();
+  if (!j) return err_set(&se->err, ERR_NOMEM, "out of memory");
+  struct version_row v = {.version = s->version, .skill = s->id, .source = s->source,
+                          .file = path, .loaded_at = now};
+  journal_version(j, &v);
+  if (register_it) {
+    struct skill_row k = {.id = s->id, .version = s->version, .file = path,
+                          .description = s->description, .triggers = s->triggers,
+                          .updated_at = now};
+    journal_skill(j, &k);
+  }
+  rc = store_commit(en->store, j, &se->err);
+  journal_free(j);
+  return rc;
+}
+
+int engine_run(struct engine *en) { return uv_run(&en->loop, UV_RUN_DEFAULT); }
+
+static void walk_close(uv_handle_t *h, void *arg) {
+  (void)arg;
+  if (!uv_is_closing(h)) uv_close(h, NULL);
+}
+
+void engine_close(struct engine *en) {
+  if (en->http) {
+    httpc_close(en->http, NULL, NULL);
+    en->http = NULL;
+  }
+  if (en->loop_open) {
+    uv_run(&en->loop, UV_RUN_DEFAULT);
+    uv_walk(&en->loop, walk_close, NULL);
+    uv_run(&en->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&en->loop);
+    en->loop_open = 0;
+  }
+  sched_free(en->sched);
+  skills_free(en->skills);
+  lrt_free(en->lrt);
+  store_close(en->store);
+  memset(en, 0, sizeof *en);
+}

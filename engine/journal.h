@@ -1,0 +1,106 @@
+/*
+** journal.h: a group of journal entries, committed together in one store
+** transaction (group commit). The scheduler appends the writes of one loop
+** iteration to the open group; the store commits the whole group durably on
+** its commit thread; then every run that waited on that group goes on.
+**
+** Entries own copies of their strings (in the group's arena), so callers can
+** free or reuse theirs at once. A group is appended to on the loop thread,
+** then handed over whole to the thread that commits it: never both at once.
+*/
+#ifndef ML_JOURNAL_H
+#define ML_JOURNAL_H
+#include <stddef.h>
+#include <stdint.h>
+
+/* A run, as the runs table holds it. Strings may be NULL; JSON fields hold JSON text. */
+struct run_row {
+  const char *id, *skill, *version, *status, *entry, *trigger, *parent_id;
+  const char *input, *output, *error, *owner;
+  int64_t created_at, started_at, ended_at, deadline_at, wake_at;
+};
+
+/* A change of a run's status. NULL output/error and 0 times leave the
+** stored values; wake_at is always written (0 clears it). A terminal status
+** releases the run's owner. */
+struct run_set {
+  const char *run_id, *status, *output, *error;
+  int64_t started_at, ended_at, wake_at;
+};
+
+/* A step's latest state; written again (replaced) as the step moves on. */
+struct step_row {
+  const char *run_id;
+  int seq;
+  const char *id, *kind, *status, *output, *error, *usage;
+  int attempts;
+  int64_t started_at, ended_at, wake_at, retry_at;
+};
+
+/* One attempt of a step that did not succeed (successful attempts are
+** implied by the step row). */
+struct attempt_row {
+  const char *run_id;
+  int seq, n;
+  const char *status, *error, *traceback;
+  int64_t started_at, ended_at, retry_at;
+};
+
+struct log_row {
+  const char *run_id;
+  int seq; /* the step it belongs to, 0 for none */
+  int64_t ts;
+  const char *level, *msg;
+};
+
+struct version_row {
+  const char *version, *skill, *source, *file;
+  int64_t loaded_at;
+};
+
+/* A skill's registry record: version NULL means unregistered; error is the
+** JSON of the last rejected load of its file (NULL: none). */
+struct skill_row {
+  const char *id, *version, *file, *description, *triggers, *error;
+  int64_t updated_at;
+};
+
+enum jkind { J_RUN_NEW, J_RUN_SET, J_STEP, J_ATTEMPT, J_LOG, J_VERSION, J_SKILL };
+
+struct jentry {
+  enum jkind kind;
+  union {
+    struct run_row run;
+    struct run_set set;
+    struct step_row step;
+    struct attempt_row attempt;
+    struct log_row log;
+    struct version_row version;
+    struct skill_row skill;
+  } u;
+};
+
+typedef struct journal journal_t;
+
+journal_t *journal_new(void);
+void journal_free(journal_t *j);
+size_t journal_count(const journal_t *j);
+const struct jentry *journal_entry(const journal_t *j, size_t i);
+/* Bytes of strings held, to bound a group's size. */
+size_t journal_bytes(const journal_t *j);
+
+/* The owner whose lease this group renews and is fenced by (NULL: none).
+** The store refuses the whole group when that lease is gone. */
+int journal_set_owner(journal_t *j, const char *owner, int64_t lease_expires_at);
+const char *journal_owner(const journal_t *j, int64_t *lease_expires_at);
+
+/* Append a copy of an entry. Each returns 0, or ERR_NOMEM. */
+int journal_run_new(journal_t *j, const struct run_row *r);
+int journal_run_set(journal_t *j, const struct run_set *s);
+int journal_step(journal_t *j, const struct step_row *s);
+int journal_attempt(journal_t *j, const struct attempt_row *a);
+int journal_log(journal_t *j, const struct log_row *l);
+int journal_version(journal_t *j, const struct version_row *v);
+int journal_skill(journal_t *j, const struct skill_row *s);
+
+#endif

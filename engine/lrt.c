@@ -1,0 +1,353 @@
+/*
+** lrt.c: the Lua runtime (see lrt.h for the budget and the boot sequence).
+*/
+#include "lrt.h"
+#include "cron.h"
+#include "embed.h"
+#include "ids.h"
+#include "json.h"
+#include "units.h"
+
+#include <lauxlib.h>
+#include <luajit.h>
+#include <lualib.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define HOOK_COUNT 10000
+
+struct lrt {
+  lua_State *L;
+  int core_ref;
+  size_t mem_used, mem_cap;
+  /* the slice in progress */
+  int in_slice;
+  int killed;
+  int gc_tried;
+  uint64_t deadline_ns;
+  size_t mem_base, mem_limit;
+  int64_t slice_ms;
+  char kill_reason[160];
+};
+
+static uint64_t coarse_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The allocator keeps count of the state's memory, refuses growth past the
+** state's cap, and kills a slice that grows the heap past its budget. */
+static void *l_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+  lrt_t *r = ud;
+  if (!ptr) osize = 0;
+  if (nsize == 0) {
+    free(ptr);
+    r->mem_used -= osize;
+    return NULL;
+  }
+  if (nsize > osize) {
+    size_t grow = nsize - osize;
+    if (r->in_slice && !r->killed && r->mem_used + grow > r->mem_base + r->mem_limit) {
+      r->killed = 1;
+      snprintf(r->kill_reason, sizeof r->kill_reason,
+               "stopped: the run used more than its memory budget of %zu MB between two steps "
+               "(limits.run_memory)", r->mem_limit >> 20);
+      return NULL;
+    }
+    if (r->mem_used + grow > r->mem_cap) return NULL;
+  }
+  void *p = realloc(ptr, nsize);
+  if (!p) return NULL;
+  r->mem_used = r->mem_used - osize + nsize;
+  return p;
+}
+
+/* The count hook: kills a slice that ran past its time. Before giving up
+** on memory it collects garbage once, so a slice is judged on what it
+** keeps rather than on what the collector has not reached yet. */
+static void l_hook(lua_State *L, lua_Debug *ar) {
+  (void)ar;
+  lrt_t *r = lrt_from(L);
+  if (!r->in_slice || r->killed) return;
+  if (coarse_ns() > r->deadline_ns) {
+    r->killed = 1;
+    snprintf(r->kill_reason, sizeof r->kill_reason,
+             "stopped: the run ran for more than %lld ms without yielding "
+             "(limits.run_seconds_between_yields)", (long long)r->slice_ms);
+    luaL_error(L, "%s", r->kill_reason);
+  }
+  if (!r->gc_tried && r->mem_used > r->mem_base + r->mem_limit / 2) {
+    r->gc_tried = 1;
+    lua_gc(L, LUA_GCCOLLECT, 0);
+  }
+}
+
+lrt_t *lrt_from(lua_State *L) {
+  void *ud;
+  lua_getallocf(L, &ud);
+  return ud;
+}
+
+lua_State *lrt_L(lrt_t *r) { return r->L; }
+const char *lrt_killed(const lrt_t *r) { return r->killed ? r->kill_reason : ""; }
+size_t lrt_memory(const lrt_t *r) { return r->mem_used; }
+void lrt_gc(lrt_t *r) { lua_gc(r->L, LUA_GCCOLLECT, 0); }
+
+static void slice_begin(lrt_t *r) {
+  r->in_slice = 1;
+  r->killed = 0;
+  r->gc_tried = 0;
+  r->kill_reason[0] = 0;
+  r->deadline_ns = coarse_ns() + (uint64_t)r->slice_ms * 1000000u;
+  r->mem_base = r->mem_used;
+}
+
+/* core.killed(): whether the current slice was killed. */
+static int c_killed(lua_State *L) {
+  lua_pushboolean(L, lrt_from(L)->killed);
+  return 1;
+}
+
+/* core.now(): wall-clock milliseconds. */
+static int c_now(lua_State *L) {
+  lua_pushnumber(L, (lua_Number)units_now_ms());
+  return 1;
+}
+
+/* core.duration(s): milliseconds, or nil and a message. */
+static int c_duration(lua_State *L) {
+  int64_t ms;
+  err_t e;
+  if (lua_type(L, 1) == LUA_TNUMBER) {
+    lua_pushnumber(L, lua_tonumber(L, 1) * 1000);
+    return 1;
+  }
+  if (units_duration(luaL_checkstring(L, 1), &ms, &e)) {
+    lua_pushnil(L);
+    lua_pushstring(L, e.msg);
+    return 2;
+  }
+  lua_pushnumber(L, (lua_Number)ms);
+  return 1;
+}
+
+/* core.parse_time(s): milliseconds since the epoch from RFC 3339, or nil and a message. */
+static int c_parse_time(lua_State *L) {
+  int64_t ms;
+  err_t e;
+  if (units_parse_rfc3339(luaL_checkstring(L, 1), &ms, &e)) {
+    lua_pushnil(L);
+    lua_pushstring(L, e.msg);
+    return 2;
+  }
+  lua_pushnumber(L, (lua_Number)ms);
+  return 1;
+}
+
+/* core.encode(v, limit): JSON text, or nil and a message naming what is wrong. */
+static int c_encode(lua_State *L) {
+  size_t len, limit = (size_t)luaL_optnumber(L, 2, 0);
+  err_t e;
+  lua_settop(L, 2);
+  char *s = json_encode(L, 1, limit, &len, &e);
+  if (!s) {
+    lua_pushnil(L);
+    lua_pushstring(L, e.msg);
+    return 2;
+  }
+  lua_pushlstring(L, s, len);
+  free(s);
+  return 1;
+}
+
+/* core.decode(s): the value; raises "json.decode: ..." on bad JSON. */
+static int c_decode(lua_State *L) {
+  size_t len;
+  const char *s = luaL_checklstring(L, 1, &len);
+  err_t e;
+  if (json_decode_push(L, s, len, &e)) return luaL_error(L, "json.decode: %s", e.msg);
+  return 1;
+}
+
+/* core.cron_check(expr, tz): true, or nil and a message. */
+static int c_cron_check(lua_State *L) {
+  cron_t *c;
+  err_t e;
+  if (cron_parse(luaL_checkstring(L, 1), luaL_optstring(L, 2, NULL), &c, &e)) {
+    lua_pushnil(L);
+    lua_pushstring(L, e.msg);
+    return 2;
+  }
+  cron_free(c);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.random(): a double in [0, 1) from the OS, for jitter. */
+static int c_random(lua_State *L) {
+  lua_pushnumber(L, ids_random_unit());
+  return 1;
+}
+
+/* core.can_yield(): whether the running coroutine may yield to the engine
+** outside a run (the REPL's coroutines do). */
+static int c_can_yield(lua_State *L) {
+  lua_pushboolean(L, 0);
+  return 1;
+}
+
+int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e) {
+  lrt_t *r = calloc(1, sizeof *r);
+  if (!r) return err_set(e, ERR_NOMEM, "out of memory");
+  r->slice_ms = o && o->slice_ms > 0 ? o->slice_ms : 1000;
+  r->mem_limit = o && o->run_memory > 0 ? (size_t)o->run_memory : (size_t)64 << 20;
+  r->mem_cap = o && o->state_memory > 0 ? (size_t)o->state_memory : (size_t)4 << 30;
+  r->L = lua_newstate(l_alloc, r);
+  if (!r->L) {
+    free(r);
+    return err_set(e, ERR_NOMEM, "cannot create a Lua state");
+  }
+  lua_State *L = r->L;
+  luaL_openlibs(L);
+  lua_newtable(L);
+  r->core_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lrt_register(r, "killed", c_killed, NULL);
+  lrt_register(r, "now", c_now, NULL);
+  lrt_register(r, "duration", c_duration, NULL);
+  lrt_register(r, "parse_time", c_parse_time, NULL);
+  lrt_register(r, "encode", c_encode, NULL);
+  lrt_register(r, "decode", c_decode, NULL);
+  lrt_register(r, "cron_check", c_cron_check, NULL);
+  lrt_register(r, "random", c_random, NULL);
+  lrt_register(r, "can_yield", c_can_yield, NULL);
+  json_open(L);
+  lrt_register_value(r, "json");
+  lua_sethook(L, l_hook, LUA_MASKCOUNT, HOOK_COUNT);
+  *out = r;
+  return 0;
+}
+
+void lrt_free(lrt_t *r) {
+  if (!r) return;
+  lua_close(r->L);
+  free(r);
+}
+
+void lrt_register(lrt_t *r, const char *name, lua_CFunction f, void *ud) {
+  lua_State *L = r->L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, r->core_ref);
+  lua_pushlightuserdata(L, ud);
+  lua_pushcclosure(L, f, 1);
+  lua_setfield(L, -2, name);
+  lua_pop(L, 1);
+}
+
+void lrt_register_value(lrt_t *r, const char *name) {
+  lua_State *L = r->L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, r->core_ref);
+  lua_insert(L, -2);
+  lua_setfield(L, -2, name);
+  lua_pop(L, 1);
+}
+
+/* package.preload loader for an embedded file: upvalue 1 is the compiled
+** chunk; it is called with `core`. */
+static int embedded_loader(lua_State *L) {
+  lrt_t *r = lrt_from(L);
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_rawgeti(L, LUA_REGISTRYINDEX, r->core_ref);
+  lua_call(L, 1, 1);
+  return 1;
+}
+
+static int traceback_handler(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  if (!msg) {
+    if (lua_istable(L, 1)) {
+      lua_getfield(L, 1, "message");
+      msg = lua_tostring(L, -1);
+    }
+    if (!msg) msg = luaL_typename(L, 1);
+  }
+  luaL_traceback(L, L, msg, 1);
+  return 1;
+}
+
+int lrt_boot(lrt_t *r, err_t *e) {
+  lua_State *L = r->L;
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "preload");
+  for (const struct embed_file *f = embed_files; f->name; f++) {
+    char chunkname[96];
+    snprintf(chunkname, sizeof chunkname, "=moonloop/%s.lua", f->name);
+    if (luaL_loadbuffer(L, f->text, f->len, chunkname)) {
+      err_set(e, ERR_INTERNAL, "runtime file %s.lua: %s", f->name, lua_tostring(L, -1));
+      lua_pop(L, 3);
+      return ERR_INTERNAL;
+    }
+    lua_pushcclosure(L, embedded_loader, 1);
+    lua_setfield(L, -2, f->name);
+  }
+  lua_pop(L, 2);
+  return 0;
+}
+
+int lrt_require(lrt_t *r, const char *name, err_t *e) {
+  lua_State *L = r->L;
+  lua_pushcfunction(L, traceback_handler);
+  lua_getglobal(L, "require");
+  lua_pushstring(L, name);
+  if (lua_pcall(L, 1, 1, -3)) {
+    err_set(e, ERR_INTERNAL, "loading runtime module '%s': %s", name, lua_tostring(L, -1));
+    lua_pop(L, 2);
+    return ERR_INTERNAL;
+  }
+  lua_remove(L, -2);
+  return 0;
+}
+
+int lrt_load_skill_text(lrt_t *r, const char *src, size_t len, const char *chunkname, err_t *e) {
+  lua_State *L = r->L;
+  char name[512];
+  snprintf(name, sizeof name, "@%s", chunkname);
+  /* "t": text only. Bytecode could break out of any sandbox. */
+  if (luaL_loadbufferx(L, src, len, name, "t")) {
+    int code = ERR_INVALID;
+    err_set(e, code, "%s", lua_tostring(L, -1));
+    lua_pop(L, 1);
+    return code;
+  }
+  luaJIT_setmode(L, -1, LUAJIT_MODE_ALLFUNC | LUAJIT_MODE_OFF);
+  return 0;
+}
+
+int lrt_pcall(lrt_t *r, int nargs, int nresults, err_t *e) {
+  lua_State *L = r->L;
+  int base = lua_gettop(L) - nargs;
+  lua_pushcfunction(L, traceback_handler);
+  lua_insert(L, base);
+  int outer = r->in_slice;
+  if (!outer) slice_begin(r);
+  int rc = lua_pcall(L, nargs, nresults, base);
+  if (!outer) r->in_slice = 0;
+  if (rc) {
+    const char *msg = lua_tostring(L, -1);
+    err_set(e, rc == LUA_ERRMEM ? ERR_NOMEM : ERR_INVALID, "%s",
+            r->killed ? r->kill_reason : msg ? msg : "error");
+    lua_pop(L, 1);
+    lua_remove(L, base);
+    return e ? e->code : ERR_INVALID;
+  }
+  lua_remove(L, base);
+  return 0;
+}
+
+int lrt_resume(lrt_t *r, lua_State *co, int nargs) {
+  slice_begin(r);
+  int rc = lua_resume(co, nargs);
+  r->in_slice = 0;
+  return rc;
+}

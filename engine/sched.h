@@ -1,0 +1,99 @@
+/*
+** sched.h: the scheduler: one libuv loop that runs every run's coroutine,
+** commits their journal writes in groups, and keeps the process's lease.
+**
+** Loop iteration:
+**
+**   timers, I/O completions, commit completions   (libuv callbacks: they
+**         |                                        only mark tasks ready)
+**         v
+**   idle: resume every ready task until it yields an op; the op's writes
+**         go into the open journal group
+**         v
+**   prepare: hand the open group to the commit thread if none is in flight
+**         v
+**   poll (the commit thread syncs meanwhile; other runs keep running)
+**
+** A task that wrote a step waits for the group holding that write to be
+** durable before it is resumed: a run never moves past a step whose result
+** could still be lost. Groups commit one at a time, in order, so a later
+** group's durability implies every earlier one's.
+**
+** Modes: SCHED_SOLO runs only the runs it is given (moonloop run) and
+** those they start; SCHED_SERVE also claims unowned work from the store
+** (queued runs, runs of dead processes) and notices other processes'
+** writes within about 50 ms (PRAGMA data_version).
+*/
+#ifndef ML_SCHED_H
+#define ML_SCHED_H
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "err.h"
+#include "httpc.h"
+#include "journal.h"
+#include "lrt.h"
+#include "skill.h"
+#include "store.h"
+
+typedef struct sched sched_t;
+
+enum sched_mode { SCHED_SOLO, SCHED_SERVE };
+
+struct sched_opts {
+  uv_loop_t *loop;
+  store_t *store;
+  lrt_t *lrt;
+  skills_t *skills;
+  httpc_t *http;
+  enum sched_mode mode;
+  const char *lease_kind;   /* "run", "serve" */
+  int64_t lease_ttl_ms;     /* default 15000 */
+  int default_retries;      /* default 3 */
+  int64_t backoff_ms;       /* first retry delay, default 1000 */
+  int64_t backoff_max_ms;   /* default 10 minutes */
+  int64_t step_output_limit;/* bytes, default 1 MB */
+  int verbose;              /* print each step to stderr as it completes */
+};
+
+/* What a finished run reports to whoever waits for it. */
+struct sched_result {
+  const char *run_id;
+  const char *status; /* completed, failed, cancelled */
+  const char *output; /* JSON text, or NULL */
+  const char *error;  /* JSON text {message, step, ...}, or NULL */
+};
+
+typedef void (*sched_done_cb)(const struct sched_result *r, void *arg);
+
+int sched_new(const struct sched_opts *o, sched_t **out, err_t *e);
+
+/* Take the lease and start the loop's handles. */
+int sched_start(sched_t *s, err_t *e);
+
+/* Start a new run of skill. trigger and input are JSON text (input may be
+** NULL). run_id (>= 27 bytes) gets the new id. The run is journaled in
+** the next group and starts at once. */
+int sched_run_new(sched_t *s, struct skill *skill, const char *trigger, const char *input,
+                  const char *parent_id, char *run_id, err_t *e);
+
+/* Go on with a run this process now owns (claimed or taken): replay its
+** journal, then run live. */
+int sched_adopt(sched_t *s, const struct run_row *row, err_t *e);
+
+/* Call cb when run_id reaches a terminal status (once, from the loop). */
+void sched_on_done(sched_t *s, const char *run_id, sched_done_cb cb, void *arg);
+
+/* Runs in this process that have not finished. */
+int sched_active(const sched_t *s);
+
+/* Stop: no new work; close handles; give up the lease (its runs become
+** claimable at once). The loop returns once everything is closed. */
+void sched_stop(sched_t *s);
+void sched_free(sched_t *s);
+
+/* This process's lease owner id. */
+const char *sched_owner(const sched_t *s);
+
+#endif

@@ -1,0 +1,946 @@
+/*
+** store_sqlite.c: the store (store.h) on an embedded SQLite file.
+**
+** Two connections to one WAL-mode database: the writer, used by whoever
+** commits (the scheduler's commit thread), and the reader, used by the loop
+** thread and the CLI. WAL lets the reader see the last committed state
+** while a commit is being synced, so the loop never waits for a writer.
+**
+** Schema (migrations are numbered by PRAGMA user_version; add, never edit):
+**
+**   skills   (id) -> live version, file, description, triggers, last error
+**   versions (version) -> skill, source, file: every source ever loaded
+**   runs     (id) -> skill, version, status, trigger, input, output, error,
+**            times, owner (the lease holding it while unfinished)
+**   steps    (run_id, seq) -> id, kind, status, output, attempts, times
+**   attempts (run_id, seq, n) -> failed attempts with error and traceback
+**   logs     run_id, seq, ts, level, msg
+**   events   (id) -> name, data, idempotency key          [triggers issue]
+**   timers   (run_id) -> wake_at                           [triggers issue]
+**   leases   (owner) -> kind, host, pid, expires_at
+**
+** A run is owned by at most one live lease. Finished runs have no owner.
+** Claiming work takes unowned unfinished runs; reaping clears the owner of
+** runs whose lease expired or whose process died.
+*/
+#include "store.h"
+#include "proc.h"
+#include "units.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const migrations[] = {
+  /* 1: the durable core */
+  "CREATE TABLE skills("
+  "  id TEXT PRIMARY KEY, version TEXT, file TEXT, description TEXT,"
+  "  triggers TEXT, error TEXT, updated_at INTEGER NOT NULL);"
+  "CREATE TABLE versions("
+  "  version TEXT PRIMARY KEY, skill TEXT NOT NULL, source TEXT NOT NULL,"
+  "  file TEXT, loaded_at INTEGER NOT NULL);"
+  "CREATE INDEX versions_skill ON versions(skill, loaded_at);"
+  "CREATE TABLE runs("
+  "  id TEXT PRIMARY KEY, skill TEXT NOT NULL, version TEXT NOT NULL,"
+  "  status TEXT NOT NULL, entry TEXT NOT NULL DEFAULT 'run', trigger TEXT NOT NULL,"
+  "  parent_id TEXT, input TEXT, output TEXT, error TEXT,"
+  "  created_at INTEGER NOT NULL, started_at INTEGER, ended_at INTEGER,"
+  "  deadline_at INTEGER, wake_at INTEGER, owner TEXT);"
+  "CREATE INDEX runs_skill ON runs(skill, id);"
+  "CREATE INDEX runs_status ON runs(status, id);"
+  "CREATE INDEX runs_parent ON runs(parent_id) WHERE parent_id IS NOT NULL;"
+  "CREATE INDEX runs_owner ON runs(owner) WHERE owner IS NOT NULL;"
+  "CREATE INDEX runs_unowned ON runs(id) WHERE owner IS NULL"
+  "  AND status IN ('queued','running','sleeping','waiting');"
+  "CREATE TABLE steps("
+  "  run_id TEXT NOT NULL, seq INTEGER NOT NULL, id TEXT NOT NULL, kind TEXT NOT NULL,"
+  "  status TEXT NOT NULL, output TEXT, error TEXT, usage TEXT,"
+  "  attempts INTEGER NOT NULL DEFAULT 1, started_at INTEGER, ended_at INTEGER,"
+  "  wake_at INTEGER, retry_at INTEGER, PRIMARY KEY(run_id, seq)) WITHOUT ROWID;"
+  "CREATE TABLE attempts("
+  "  run_id TEXT NOT NULL, seq INTEGER NOT NULL, n INTEGER NOT NULL, status TEXT NOT NULL,"
+  "  error TEXT, traceback TEXT, started_at INTEGER, ended_at INTEGER, retry_at INTEGER,"
+  "  PRIMARY KEY(run_id, seq, n)) WITHOUT ROWID;"
+  "CREATE TABLE logs("
+  "  run_id TEXT NOT NULL, seq INTEGER NOT NULL, ts INTEGER NOT NULL,"
+  "  level TEXT NOT NULL, msg TEXT NOT NULL);"
+  "CREATE INDEX logs_run ON logs(run_id, seq);"
+  "CREATE TABLE events("
+  "  id TEXT PRIMARY KEY, name TEXT NOT NULL, data TEXT, idem TEXT UNIQUE,"
+  "  ts INTEGER NOT NULL, dispatched INTEGER NOT NULL DEFAULT 0);"
+  "CREATE TABLE timers(run_id TEXT PRIMARY KEY, seq INTEGER, wake_at INTEGER NOT NULL);"
+  "CREATE INDEX timers_wake ON timers(wake_at);"
+  "CREATE TABLE leases("
+  "  owner TEXT PRIMARY KEY, kind TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL,"
+  "  pid_start INTEGER NOT NULL, started_at INTEGER NOT NULL, expires_at INTEGER NOT NULL);",
+};
+#define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
+
+/* The writer's prepared statements, one per journal entry kind and more. */
+enum {
+  W_BEGIN, W_COMMIT, W_ROLLBACK, W_LEASE_RENEW,
+  W_RUN_NEW, W_RUN_SET, W_STEP, W_ATTEMPT, W_LOG, W_VERSION, W_SKILL,
+  W_COUNT
+};
+
+static const char *const wsql[W_COUNT] = {
+  [W_BEGIN] = "BEGIN IMMEDIATE",
+  [W_COMMIT] = "COMMIT",
+  [W_ROLLBACK] = "ROLLBACK",
+  [W_LEASE_RENEW] = "UPDATE leases SET expires_at = ?2 WHERE owner = ?1",
+  [W_RUN_NEW] =
+    "INSERT INTO runs(id, skill, version, status, entry, trigger, parent_id, input, output,"
+    " error, created_at, started_at, ended_at, deadline_at, wake_at, owner)"
+    " VALUES(?1,?2,?3,?4,COALESCE(?5,'run'),?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)",
+  [W_RUN_SET] =
+    "UPDATE runs SET status = ?2, output = COALESCE(?3, output), error = COALESCE(?4, error),"
+    " started_at = COALESCE(?5, started_at), ended_at = COALESCE(?6, ended_at), wake_at = ?7,"
+    " owner = CASE WHEN ?2 IN ('completed','failed','cancelled') THEN NULL ELSE owner END"
+    " WHERE id = ?1",
+  [W_STEP] =
+    "INSERT OR REPLACE INTO steps(run_id, seq, id, kind, status, output, error, usage, attempts,"
+    " started_at, ended_at, wake_at, retry_at) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)",
+  [W_ATTEMPT] =
+    "INSERT OR REPLACE INTO attempts(run_id, seq, n, status, error, traceback, started_at,"
+    " ended_at, retry_at) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
+  [W_LOG] = "INSERT INTO logs(run_id, seq, ts, level, msg) VALUES(?1,?2,?3,?4,?5)",
+  [W_VERSION] =
+    "INSERT OR IGNORE INTO versions(version, skill, source, file, loaded_at)"
+    " VALUES(?1,?2,?3,?4,?5)",
+  [W_SKILL] =
+    "INSERT INTO skills(id, version, file, description, triggers, error, updated_at)"
+    " VALUES(?1,?2,?3,?4,?5,?6,?7) ON CONFLICT(id) DO UPDATE SET version = ?2,"
+    " file = COALESCE(?3, file), description = COALESCE(?4, description),"
+    " triggers = COALESCE(?5, triggers), error = ?6, updated_at = ?7",
+};
+
+struct store {
+  sqlite3 *w, *r;
+  sqlite3_stmt *ws[W_COUNT];
+  char *path;
+};
+
+const char *store_path(const store_t *s) { return s->path; }
+
+/* Report the connection's last error as an ERR_IO with context. */
+static int db_err(err_t *e, sqlite3 *db, const char *what) {
+  int code = sqlite3_errcode(db);
+  return err_set(e, code == SQLITE_BUSY || code == SQLITE_LOCKED ? ERR_BUSY : ERR_IO,
+                 "store: %s: %s", what, sqlite3_errmsg(db));
+}
+
+static int exec(sqlite3 *db, const char *sql, err_t *e) {
+  char *msg = NULL;
+  if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+    err_set(e, ERR_IO, "store: %s (in: %.80s)", msg ? msg : "error", sql);
+    sqlite3_free(msg);
+    return ERR_IO;
+  }
+  return 0;
+}
+
+static int open_conn(const char *path, sqlite3 **db, err_t *e) {
+  int rc = sqlite3_open_v2(path, db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
+                                       SQLITE_OPEN_NOMUTEX, NULL);
+  if (rc != SQLITE_OK) {
+    err_set(e, ERR_IO, "cannot open database '%s': %s", path,
+            *db ? sqlite3_errmsg(*db) : sqlite3_errstr(rc));
+    sqlite3_close(*db);
+    *db = NULL;
+    return ERR_IO;
+  }
+  sqlite3_busy_timeout(*db, 10000);
+  return 0;
+}
+
+/* Bring the schema up to date, one migration per transaction. */
+static int migrate(sqlite3 *db, err_t *e) {
+  sqlite3_stmt *st;
+  int version = 0;
+  if (sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &st, NULL) != SQLITE_OK)
+    return db_err(e, db, "reading the schema version");
+  if (sqlite3_step(st) == SQLITE_ROW) version = sqlite3_column_int(st, 0);
+  sqlite3_finalize(st);
+  if (version > NMIGRATIONS)
+    return err_set(e, ERR_INVALID,
+                   "database schema version %d is newer than this moonloop knows (%d): "
+                   "upgrade moonloop", version, NMIGRATIONS);
+  for (int v = version; v < NMIGRATIONS; v++) {
+    char sql[64];
+    if (exec(db, "BEGIN IMMEDIATE", e)) return ERR_IO;
+    /* Another process may have migrated meanwhile: check again inside the lock. */
+    int now = 0;
+    if (sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &st, NULL) == SQLITE_OK) {
+      if (sqlite3_step(st) == SQLITE_ROW) now = sqlite3_column_int(st, 0);
+      sqlite3_finalize(st);
+    }
+    if (now > v) {
+      exec(db, "COMMIT", e);
+      v = now - 1;
+      continue;
+    }
+    snprintf(sql, sizeof sql, "PRAGMA user_version = %d", v + 1);
+    if (exec(db, migrations[v], e) || exec(db, sql, e)) {
+      err_prefix(e, "migrating the database to version %d", v + 1);
+      exec(db, "ROLLBACK", NULL);
+      return ERR_IO;
+    }
+    if (exec(db, "COMMIT", e)) return ERR_IO;
+  }
+  return 0;
+}
+
+int store_open(const char *path, enum store_durability d, store_t **out, err_t *e) {
+  store_t *s = calloc(1, sizeof *s);
+  if (!s) return err_set(e, ERR_NOMEM, "out of memory");
+  s->path = strdup(path);
+  if (open_conn(path, &s->w, e)) goto fail;
+  if (exec(s->w, "PRAGMA journal_mode=WAL", e)) {
+    err_prefix(e, "cannot use '%s' as a database", path);
+    goto fail;
+  }
+  if (exec(s->w, d == STORE_FULL ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL", e))
+    goto fail;
+  if (migrate(s->w, e)) goto fail;
+  for (int i = 0; i < W_COUNT; i++)
+    if (sqlite3_prepare_v3(s->w, wsql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->ws[i], NULL)) {
+      db_err(e, s->w, "preparing statements");
+      goto fail;
+    }
+  if (open_conn(path, &s->r, e)) goto fail;
+  *out = s;
+  return 0;
+fail:
+  store_close(s);
+  return e ? e->code : ERR_IO;
+}
+
+void store_close(store_t *s) {
+  if (!s) return;
+  for (int i = 0; i < W_COUNT; i++) sqlite3_finalize(s->ws[i]);
+  sqlite3_close(s->w);
+  sqlite3_close(s->r);
+  free(s->path);
+  free(s);
+}
+
+/* ---- binding helpers ---- */
+
+static void bind_text(sqlite3_stmt *st, int i, const char *v) {
+  if (v) sqlite3_bind_text(st, i, v, -1, SQLITE_STATIC);
+  else sqlite3_bind_null(st, i);
+}
+
+/* Bind a time, with 0 meaning "none" (NULL). */
+static void bind_time(sqlite3_stmt *st, int i, int64_t v) {
+  if (v) sqlite3_bind_int64(st, i, v);
+  else sqlite3_bind_null(st, i);
+}
+
+/* Step a bound write statement to completion and reset it. */
+static int run_stmt(store_t *s, sqlite3_stmt *st, err_t *e, const char *what) {
+  int rc = sqlite3_step(st);
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  if (rc != SQLITE_DONE && rc != SQLITE_ROW) return db_err(e, s->w, what);
+  return 0;
+}
+
+static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
+  sqlite3_stmt *st;
+  switch (je->kind) {
+  case J_RUN_NEW: {
+    const struct run_row *r = &je->u.run;
+    st = s->ws[W_RUN_NEW];
+    bind_text(st, 1, r->id);
+    bind_text(st, 2, r->skill);
+    bind_text(st, 3, r->version);
+    bind_text(st, 4, r->status);
+    bind_text(st, 5, r->entry);
+    bind_text(st, 6, r->trigger ? r->trigger : "{}");
+    bind_text(st, 7, r->parent_id);
+    bind_text(st, 8, r->input);
+    bind_text(st, 9, r->output);
+    bind_text(st, 10, r->error);
+    sqlite3_bind_int64(st, 11, r->created_at);
+    bind_time(st, 12, r->started_at);
+    bind_time(st, 13, r->ended_at);
+    bind_time(st, 14, r->deadline_at);
+    bind_time(st, 15, r->wake_at);
+    bind_text(st, 16, r->owner);
+    return run_stmt(s, st, e, "creating a run");
+  }
+  case J_RUN_SET: {
+    const struct run_set *r = &je->u.set;
+    st = s->ws[W_RUN_SET];
+    bind_text(st, 1, r->run_id);
+    bind_text(st, 2, r->status);
+    bind_text(st, 3, r->output);
+    bind_text(st, 4, r->error);
+    bind_time(st, 5, r->started_at);
+    bind_time(st, 6, r->ended_at);
+    bind_time(st, 7, r->wake_at);
+    return run_stmt(s, st, e, "updating a run");
+  }
+  case J_STEP: {
+    const struct step_row *r = &je->u.step;
+    st = s->ws[W_STEP];
+    bind_text(st, 1, r->run_id);
+    sqlite3_bind_int(st, 2, r->seq);
+    bind_text(st, 3, r->id);
+    bind_text(st, 4, r->kind);
+    bind_text(st, 5, r->status);
+    bind_text(st, 6, r->output);
+    bind_text(st, 7, r->error);
+    bind_text(st, 8, r->usage);
+    sqlite3_bind_int(st, 9, r->attempts);
+    bind_time(st, 10, r->started_at);
+    bind_time(st, 11, r->ended_at);
+    bind_time(st, 12, r->wake_at);
+    bind_time(st, 13, r->retry_at);
+    return run_stmt(s, st, e, "recording a step");
+  }
+  case J_ATTEMPT: {
+    const struct attempt_row *r = &je->u.attempt;
+    st = s->ws[W_ATTEMPT];
+    bind_text(st, 1, r->run_id);
+    sqlite3_bind_int(st, 2, r->seq);
+    sqlite3_bind_int(st, 3, r->n);
+    bind_text(st, 4, r->status);
+    bind_text(st, 5, r->error);
+    bind_text(st, 6, r->traceback);
+    bind_time(st, 7, r->started_at);
+    bind_time(st, 8, r->ended_at);
+    bind_time(st, 9, r->retry_at);
+    return run_stmt(s, st, e, "recording an attempt");
+  }
+  case J_LOG: {
+    const struct log_row *r = &je->u.log;
+    st = s->ws[W_LOG];
+    bind_text(st, 1, r->run_id);
+    sqlite3_bind_int(st, 2, r->seq);
+    sqlite3_bind_int64(st, 3, r->ts);
+    bind_text(st, 4, r->level);
+    bind_text(st, 5, r->msg);
+    return run_stmt(s, st, e, "recording a log line");
+  }
+  case J_VERSION: {
+    const struct version_row *r = &je->u.version;
+    st = s->ws[W_VERSION];
+    bind_text(st, 1, r->version);
+    bind_text(st, 2, r->skill);
+    bind_text(st, 3, r->source);
+    bind_text(st, 4, r->file);
+    sqlite3_bind_int64(st, 5, r->loaded_at);
+    return run_stmt(s, st, e, "recording a skill version");
+  }
+  case J_SKILL: {
+    const struct skill_row *r = &je->u.skill;
+    st = s->ws[W_SKILL];
+    bind_text(st, 1, r->id);
+    bind_text(st, 2, r->version);
+    bind_text(st, 3, r->file);
+    bind_text(st, 4, r->description);
+    bind_text(st, 5, r->triggers);
+    bind_text(st, 6, r->error);
+    sqlite3_bind_int64(st, 7, r->updated_at);
+    return run_stmt(s, st, e, "registering a skill");
+  }
+  }
+  return err_set(e, ERR_INTERNAL, "store: unknown journal entry kind %d", (int)je->kind);
+}
+
+int store_commit(store_t *s, const journal_t *j, err_t *e) {
+  if (run_stmt(s, s->ws[W_BEGIN], e, "beginning a transaction")) return e->code;
+  int64_t expires;
+  const char *owner = journal_owner(j, &expires);
+  if (owner) {
+    sqlite3_stmt *st = s->ws[W_LEASE_RENEW];
+    bind_text(st, 1, owner);
+    sqlite3_bind_int64(st, 2, expires);
+    if (run_stmt(s, st, e, "renewing the lease")) goto fail;
+    if (sqlite3_changes(s->w) == 0) {
+      err_set(e, ERR_CONFLICT, "lease lost: another process took over the runs of %s", owner);
+      goto fail;
+    }
+  }
+  for (size_t i = 0, n = journal_count(j); i < n; i++)
+    if (write_entry(s, journal_entry(j, i), e)) goto fail;
+  if (run_stmt(s, s->ws[W_COMMIT], e, "committing")) goto fail;
+  return 0;
+fail:
+  run_stmt(s, s->ws[W_ROLLBACK], NULL, "rolling back");
+  return e->code;
+}
+
+/* ---- leases and claiming work ---- */
+
+/* Prepare sql on db or fill e. */
+static sqlite3_stmt *prep(sqlite3 *db, const char *sql, err_t *e) {
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
+    db_err(e, db, "preparing a query");
+    return NULL;
+  }
+  return st;
+}
+
+int store_lease_acquire(store_t *s, const struct lease *l, err_t *e) {
+  sqlite3_stmt *st = prep(s->w,
+    "INSERT OR REPLACE INTO leases(owner, kind, host, pid, pid_start, started_at, expires_at)"
+    " VALUES(?1,?2,?3,?4,?5,?6,?7)", e);
+  if (!st) return e->code;
+  bind_text(st, 1, l->owner);
+  bind_text(st, 2, l->kind);
+  bind_text(st, 3, l->host);
+  sqlite3_bind_int64(st, 4, l->pid);
+  sqlite3_bind_int64(st, 5, l->pid_start);
+  sqlite3_bind_int64(st, 6, units_now_ms());
+  sqlite3_bind_int64(st, 7, l->expires_at);
+  int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(e, s->w, "taking a lease");
+  sqlite3_finalize(st);
+  return rc;
+}
+
+/* Release the runs of owner and delete its lease; inside a transaction. */
+static int release_owner(store_t *s, const char *owner, err_t *e) {
+  sqlite3_stmt *a = prep(s->w, "UPDATE runs SET owner = NULL WHERE owner = ?1", e);
+  if (!a) return e->code;
+  sqlite3_stmt *b = prep(s->w, "DELETE FROM leases WHERE owner = ?1", e);
+  if (!b) {
+    sqlite3_finalize(a);
+    return e->code;
+  }
+  bind_text(a, 1, owner);
+  bind_text(b, 1, owner);
+  int rc = 0;
+  if (sqlite3_step(a) != SQLITE_DONE || sqlite3_step(b) != SQLITE_DONE)
+    rc = db_err(e, s->w, "releasing a lease");
+  sqlite3_finalize(a);
+  sqlite3_finalize(b);
+  return rc;
+}
+
+int store_lease_release(store_t *s, const char *owner, err_t *e) {
+  if (exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
+  if (release_owner(s, owner, e)) {
+    exec(s->w, "ROLLBACK", NULL);
+    return e->code;
+  }
+  return exec(s->w, "COMMIT", e);
+}
+
+/* Whether a lease row is dead: expired, or its process is gone on this host. */
+static int lease_dead(sqlite3_stmt *st, const char *host, int64_t now) {
+  const char *h = (const char *)sqlite3_column_text(st, 1);
+  long pid = (long)sqlite3_column_int64(st, 2);
+  long long start = sqlite3_column_int64(st, 3);
+  int64_t expires = sqlite3_column_int64(st, 4);
+  if (expires < now) return 1;
+  return h && host && !strcmp(h, host) && !proc_alive(pid, start);
+}
+
+/* Reap dead leases inside an open write transaction. */
+static int reap_locked(store_t *s, const char *host, int64_t now, err_t *e) {
+  sqlite3_stmt *st = prep(s->w, "SELECT owner, host, pid, pid_start, expires_at FROM leases", e);
+  if (!st) return e->code;
+  char *dead[64];
+  int n = 0;
+  while (n < 64 && sqlite3_step(st) == SQLITE_ROW)
+    if (lease_dead(st, host, now)) dead[n++] = strdup((const char *)sqlite3_column_text(st, 0));
+  sqlite3_finalize(st);
+  int rc = 0;
+  for (int i = 0; i < n; i++) {
+    if (!rc && release_owner(s, dead[i], e)) rc = e->code;
+    free(dead[i]);
+  }
+  return rc ? rc : n;
+}
+
+int store_reap(store_t *s, const char *host, int64_t now, err_t *e) {
+  if (exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
+  int n = reap_locked(s, host, now, e);
+  if (n < 0) {
+    exec(s->w, "ROLLBACK", NULL);
+    return n;
+  }
+  if (exec(s->w, "COMMIT", e)) return e->code;
+  return n;
+}
+
+#define RUN_COLS \
+  "id, skill, version, status, entry, trigger, parent_id, input, output, error," \
+  " created_at, started_at, ended_at, deadline_at, wake_at, owner"
+
+static char *col_dup(sqlite3_stmt *st, int i) {
+  const unsigned char *t = sqlite3_column_text(st, i);
+  return t ? strdup((const char *)t) : NULL;
+}
+
+/* Fill r from a row of RUN_COLS; strings are malloc'd. */
+static void row_from_stmt(sqlite3_stmt *st, struct run_row *r) {
+  r->id = col_dup(st, 0);
+  r->skill = col_dup(st, 1);
+  r->version = col_dup(st, 2);
+  r->status = col_dup(st, 3);
+  r->entry = col_dup(st, 4);
+  r->trigger = col_dup(st, 5);
+  r->parent_id = col_dup(st, 6);
+  r->input = col_dup(st, 7);
+  r->output = col_dup(st, 8);
+  r->error = col_dup(st, 9);
+  r->created_at = sqlite3_column_int64(st, 10);
+  r->started_at = sqlite3_column_int64(st, 11);
+  r->ended_at = sqlite3_column_int64(st, 12);
+  r->deadline_at = sqlite3_column_int64(st, 13);
+  r->wake_at = sqlite3_column_int64(st, 14);
+  r->owner = col_dup(st, 15);
+}
+
+void store_rows_free(struct run_row *rows, size_t n) {
+  if (!rows) return;
+  for (size_t i = 0; i < n; i++) {
+    struct run_row *r = &rows[i];
+    free((char *)r->id), free((char *)r->skill), free((char *)r->version);
+    free((char *)r->status), free((char *)r->entry), free((char *)r->trigger);
+    free((char *)r->parent_id), free((char *)r->input), free((char *)r->output);
+    free((char *)r->error), free((char *)r->owner);
+  }
+  free(rows);
+}
+
+static int cmp_rows(const void *a, const void *b) {
+  return strcmp(((const struct run_row *)a)->id, ((const struct run_row *)b)->id);
+}
+
+int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows, size_t *n,
+                err_t *e) {
+  *rows = NULL;
+  *n = 0;
+  if (exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
+  sqlite3_stmt *st = prep(s->w,
+    "UPDATE runs SET owner = ?1 WHERE id IN (SELECT id FROM runs WHERE owner IS NULL"
+    " AND status IN ('queued','running','sleeping','waiting') ORDER BY id LIMIT ?2)"
+    " RETURNING " RUN_COLS, e);
+  if (!st) {
+    exec(s->w, "ROLLBACK", NULL);
+    return e->code;
+  }
+  bind_text(st, 1, owner);
+  sqlite3_bind_int(st, 2, limit);
+  size_t cap = 0;
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    if (*n == cap) {
+      cap = cap ? cap * 2 : 16;
+      struct run_row *p = realloc(*rows, cap * sizeof *p);
+      if (!p) break;
+      *rows = p;
+    }
+    row_from_stmt(st, &(*rows)[(*n)++]);
+  }
+  sqlite3_finalize(st);
+  if (rc != SQLITE_DONE || exec(s->w, "COMMIT", e)) {
+    if (rc != SQLITE_DONE) db_err(e, s->w, "claiming runs");
+    exec(s->w, "ROLLBACK", NULL);
+    store_rows_free(*rows, *n);
+    *rows = NULL;
+    *n = 0;
+    return e->code;
+  }
+  if (*n > 1) qsort(*rows, *n, sizeof **rows, cmp_rows);
+  return 0;
+}
+
+static int is_terminal(const char *status) {
+  return !strcmp(status, "completed") || !strcmp(status, "failed") ||
+         !strcmp(status, "cancelled");
+}
+
+int store_take_run(store_t *s, const char *run_id, const char *owner, const char *host,
+                   int64_t now, struct run_row **row, err_t *e) {
+  *row = NULL;
+  if (exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
+  int rc = reap_locked(s, host, now, e);
+  sqlite3_stmt *st = NULL;
+  if (rc < 0) goto done;
+  rc = 0;
+  st = prep(s->w, "SELECT " RUN_COLS " FROM runs WHERE id = ?1", e);
+  if (!st) {
+    rc = e->code;
+    goto done;
+  }
+  bind_text(st, 1, run_id);
+  if (sqlite3_step(st) != SQLITE_ROW) {
+    rc = err_set(e, ERR_NOTFOUND, "no run with id '%s'", run_id);
+    goto done;
+  }
+  struct run_row *r = calloc(1, sizeof *r);
+  row_from_stmt(st, r);
+  sqlite3_finalize(st);
+  st = NULL;
+  if (is_terminal(r->status)) {
+    rc = err_set(e, ERR_CONFLICT, "run %s has already %s: nothing to resume", run_id,
+                 r->status);
+  } else if (r->owner && strcmp(r->owner, owner)) {
+    sqlite3_stmt *l = prep(s->w, "SELECT kind, host, pid, expires_at FROM leases WHERE owner=?1", e);
+    if (l) {
+      bind_text(l, 1, r->owner);
+      if (sqlite3_step(l) == SQLITE_ROW)
+        rc = err_set(e, ERR_CONFLICT,
+                     "run %s is held by a live process (moonloop %s, pid %lld on %s); "
+                     "its lease expires in %llds unless renewed",
+                     run_id, sqlite3_column_text(l, 0), sqlite3_column_int64(l, 2),
+                     sqlite3_column_text(l, 1),
+                     (long long)(sqlite3_column_int64(l, 3) - now + 999) / 1000);
+      sqlite3_finalize(l);
+    } else {
+      rc = e->code;
+    }
+  }
+  if (!rc) {
+    st = prep(s->w, "UPDATE runs SET owner = ?2 WHERE id = ?1", e);
+    if (!st) rc = e->code;
+    else {
+      bind_text(st, 1, run_id);
+      bind_text(st, 2, owner);
+      if (sqlite3_step(st) != SQLITE_DONE) rc = db_err(e, s->w, "taking a run");
+    }
+  }
+  if (rc) store_rows_free(r, 1);
+  else *row = r;
+done:
+  sqlite3_finalize(st);
+  if (rc) exec(s->w, "ROLLBACK", NULL);
+  else if (exec(s->w, "COMMIT", e)) {
+    store_rows_free(*row, 1);
+    *row = NULL;
+    rc = e->code;
+  }
+  return rc;
+}
+
+/* ---- reads ---- */
+
+/* Parse column i as JSON; text that is not JSON is kept as a string. */
+static cJSON *col_json(sqlite3_stmt *st, int i) {
+  const char *t = (const char *)sqlite3_column_text(st, i);
+  if (!t) return cJSON_CreateNull();
+  cJSON *v = cJSON_Parse(t);
+  return v ? v : cJSON_CreateString(t);
+}
+
+static void add_time(cJSON *o, const char *key, sqlite3_stmt *st, int i) {
+  if (sqlite3_column_type(st, i) == SQLITE_NULL) {
+    cJSON_AddNullToObject(o, key);
+    return;
+  }
+  char ts[40];
+  units_rfc3339(sqlite3_column_int64(st, i), ts, sizeof ts);
+  cJSON_AddStringToObject(o, key, ts);
+}
+
+static void add_text(cJSON *o, const char *key, sqlite3_stmt *st, int i) {
+  const char *t = (const char *)sqlite3_column_text(st, i);
+  if (t) cJSON_AddStringToObject(o, key, t);
+  else cJSON_AddNullToObject(o, key);
+}
+
+/* A run record without steps from a row of RUN_COLS. */
+static cJSON *record_from_stmt(sqlite3_stmt *st) {
+  cJSON *o = cJSON_CreateObject();
+  add_text(o, "id", st, 0);
+  add_text(o, "skill", st, 1);
+  add_text(o, "version", st, 2);
+  add_text(o, "status", st, 3);
+  cJSON_AddItemToObject(o, "trigger", col_json(st, 5));
+  add_text(o, "parent_id", st, 6);
+  cJSON_AddItemToObject(o, "input", col_json(st, 7));
+  cJSON_AddItemToObject(o, "output", col_json(st, 8));
+  cJSON_AddItemToObject(o, "error", col_json(st, 9));
+  add_time(o, "created_at", st, 10);
+  add_time(o, "started_at", st, 11);
+  add_time(o, "ended_at", st, 12);
+  if (sqlite3_column_type(st, 13) != SQLITE_NULL) add_time(o, "deadline_at", st, 13);
+  if (sqlite3_column_type(st, 14) != SQLITE_NULL) add_time(o, "wake_at", st, 14);
+  return o;
+}
+
+/* Attach steps (with attempts and logs) to record o for run id. */
+static int add_steps(store_t *s, cJSON *o, const char *id, err_t *e) {
+  sqlite3_stmt *st = prep(s->r,
+    "SELECT seq, id, kind, status, output, error, usage, attempts, started_at, ended_at,"
+    " wake_at, retry_at FROM steps WHERE run_id = ?1 ORDER BY seq", e);
+  sqlite3_stmt *at = prep(s->r,
+    "SELECT seq, n, status, error, traceback, started_at, ended_at, retry_at FROM attempts"
+    " WHERE run_id = ?1 ORDER BY seq, n", e);
+  sqlite3_stmt *lg = prep(s->r,
+    "SELECT seq, ts, level, msg FROM logs WHERE run_id = ?1 ORDER BY seq, rowid", e);
+  if (!st || !at || !lg) {
+    sqlite3_finalize(st), sqlite3_finalize(at), sqlite3_finalize(lg);
+    return e->code;
+  }
+  bind_text(st, 1, id);
+  bind_text(at, 1, id);
+  bind_text(lg, 1, id);
+  cJSON *steps = cJSON_AddArrayToObject(o, "steps");
+  cJSON *runlogs = cJSON_AddArrayToObject(o, "logs");
+  int arc = sqlite3_step(at), lrc = sqlite3_step(lg);
+  /* Run-level logs come before any step (seq 0). */
+  while (lrc == SQLITE_ROW && sqlite3_column_int(lg, 0) == 0) {
+    cJSON *l = cJSON_CreateObject();
+    add_time(l, "ts", lg, 1);
+    add_text(l, "level", lg, 2);
+    add_text(l, "msg", lg, 3);
+    cJSON_AddItemToArray(runlogs, l);
+    lrc = sqlite3_step(lg);
+  }
+  while (sqlite3_step(st) == SQLITE_ROW) {
+    int seq = sqlite3_column_int(st, 0);
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddNumberToObject(p, "seq", seq);
+    add_text(p, "id", st, 1);
+    add_text(p, "kind", st, 2);
+    add_text(p, "status", st, 3);
+    cJSON_AddItemToObject(p, "output", col_json(st, 4));
+    add_text(p, "error", st, 5);
+    if (sqlite3_column_type(st, 6) != SQLITE_NULL) cJSON_AddItemToObject(p, "usage", col_json(st, 6));
+    add_time(p, "started_at", st, 8);
+    add_time(p, "ended_at", st, 9);
+    if (sqlite3_column_type(st, 10) != SQLITE_NULL) add_time(p, "wake_at", st, 10);
+    int nattempts = sqlite3_column_int(st, 7);
+    const char *status = (const char *)sqlite3_column_text(st, 3);
+    cJSON *atts = cJSON_AddArrayToObject(p, "attempts");
+    int last_n = 0;
+    int64_t next_start = sqlite3_column_int64(st, 8);
+    while (arc == SQLITE_ROW && sqlite3_column_int(at, 0) < seq) arc = sqlite3_step(at);
+    while (arc == SQLITE_ROW && sqlite3_column_int(at, 0) == seq) {
+      cJSON *a = cJSON_CreateObject();
+      last_n = sqlite3_column_int(at, 1);
+      cJSON_AddNumberToObject(a, "n", last_n);
+      add_text(a, "status", at, 2);
+      add_text(a, "error", at, 3);
+      if (sqlite3_column_type(at, 4) != SQLITE_NULL) add_text(a, "traceback", at, 4);
+      add_time(a, "started_at", at, 5);
+      add_time(a, "ended_at", at, 6);
+      if (sqlite3_column_type(at, 7) != SQLITE_NULL) {
+        add_time(a, "retry_at", at, 7);
+        next_start = sqlite3_column_int64(at, 7);
+      }
+      cJSON_AddItemToArray(atts, a);
+      arc = sqlite3_step(at);
+    }
+    /* The attempt that succeeded, or the one in flight, is implied by the
+    ** step row: it started when the last failed attempt's backoff ended. */
+    const char *kind = (const char *)sqlite3_column_text(st, 2);
+    if (kind && !strcmp(kind, "run") && last_n < nattempts && status &&
+        (!strcmp(status, "completed") || !strcmp(status, "running"))) {
+      cJSON *a = cJSON_CreateObject();
+      char ts[40];
+      cJSON_AddNumberToObject(a, "n", nattempts);
+      cJSON_AddStringToObject(a, "status", status);
+      cJSON_AddNullToObject(a, "error");
+      if (next_start) {
+        units_rfc3339(next_start, ts, sizeof ts);
+        cJSON_AddStringToObject(a, "started_at", ts);
+      } else {
+        cJSON_AddNullToObject(a, "started_at");
+      }
+      add_time(a, "ended_at", st, 9);
+      cJSON_AddItemToArray(atts, a);
+    }
+    cJSON *logs = cJSON_AddArrayToObject(p, "logs");
+    while (lrc == SQLITE_ROW && sqlite3_column_int(lg, 0) < seq) lrc = sqlite3_step(lg);
+    while (lrc == SQLITE_ROW && sqlite3_column_int(lg, 0) == seq) {
+      cJSON *l = cJSON_CreateObject();
+      add_time(l, "ts", lg, 1);
+      add_text(l, "level", lg, 2);
+      add_text(l, "msg", lg, 3);
+      cJSON_AddItemToArray(logs, l);
+      lrc = sqlite3_step(lg);
+    }
+    cJSON_AddItemToArray(steps, p);
+  }
+  sqlite3_finalize(st), sqlite3_finalize(at), sqlite3_finalize(lg);
+  return 0;
+}
+
+int store_get_run(store_t *s, const char *id, int with_steps, cJSON **out, err_t *e) {
+  *out = NULL;
+  sqlite3_stmt *st = prep(s->r, "SELECT " RUN_COLS " FROM runs WHERE id = ?1", e);
+  if (!st) return e->code;
+  bind_text(st, 1, id);
+  int rc = sqlite3_step(st);
+  if (rc != SQLITE_ROW) {
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE) return db_err(e, s->r, "reading a run");
+    return err_set(e, ERR_NOTFOUND, "no run with id '%s'", id);
+  }
+  cJSON *o = record_from_stmt(st);
+  sqlite3_finalize(st);
+  /* Read the steps in the same snapshot as the run itself. */
+  if (with_steps && add_steps(s, o, id, e)) {
+    cJSON_Delete(o);
+    return e->code;
+  }
+  *out = o;
+  return 0;
+}
+
+int store_get_steps(store_t *s, const char *run_id, cJSON **out, err_t *e) {
+  *out = NULL;
+  sqlite3_stmt *st = prep(s->r,
+    "SELECT seq, id, kind, status, output, error, attempts, started_at, ended_at, wake_at,"
+    " retry_at FROM steps WHERE run_id = ?1 ORDER BY seq", e);
+  if (!st) return e->code;
+  bind_text(st, 1, run_id);
+  cJSON *arr = cJSON_CreateArray();
+  static const char *const names[] = {"seq", "id", "kind", "status", "output", "error",
+                                      "attempts", "started_at", "ended_at", "wake_at",
+                                      "retry_at"};
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    cJSON *o = cJSON_CreateObject();
+    for (int i = 0; i < 11; i++) {
+      switch (sqlite3_column_type(st, i)) {
+      case SQLITE_NULL: break;
+      case SQLITE_INTEGER:
+        cJSON_AddNumberToObject(o, names[i], (double)sqlite3_column_int64(st, i));
+        break;
+      default:
+        cJSON_AddStringToObject(o, names[i], (const char *)sqlite3_column_text(st, i));
+      }
+    }
+    cJSON_AddItemToArray(arr, o);
+  }
+  sqlite3_finalize(st);
+  if (rc != SQLITE_DONE) {
+    cJSON_Delete(arr);
+    return db_err(e, s->r, "reading steps");
+  }
+  *out = arr;
+  return 0;
+}
+
+int store_list_runs(store_t *s, const struct run_filter *f, cJSON **out, err_t *e) {
+  *out = NULL;
+  char sql[1024];
+  snprintf(sql, sizeof sql,
+           "SELECT " RUN_COLS " FROM runs WHERE 1"
+           "%s%s%s%s%s%s%s ORDER BY id DESC LIMIT ?8",
+           f->skill ? " AND skill = ?1" : "", f->status ? " AND status = ?2" : "",
+           f->trigger ? " AND json_extract(trigger, '$.kind') = ?3" : "",
+           f->parent_id ? " AND parent_id = ?4" : "",
+           f->since ? " AND created_at >= ?5" : "", f->until ? " AND created_at < ?6" : "",
+           f->before ? " AND id < ?7" : "");
+  sqlite3_stmt *st = prep(s->r, sql, e);
+  if (!st) return e->code;
+  bind_text(st, 1, f->skill);
+  bind_text(st, 2, f->status);
+  bind_text(st, 3, f->trigger);
+  bind_text(st, 4, f->parent_id);
+  sqlite3_bind_int64(st, 5, f->since);
+  sqlite3_bind_int64(st, 6, f->until);
+  bind_text(st, 7, f->before);
+  sqlite3_bind_int(st, 8, f->limit > 0 ? f->limit : 100);
+  cJSON *arr = cJSON_CreateArray();
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) cJSON_AddItemToArray(arr, record_from_stmt(st));
+  sqlite3_finalize(st);
+  if (rc != SQLITE_DONE) {
+    cJSON_Delete(arr);
+    return db_err(e, s->r, "listing runs");
+  }
+  *out = arr;
+  return 0;
+}
+
+int store_get_version(store_t *s, const char *version, char **source, char **skill, char **file,
+                      err_t *e) {
+  sqlite3_stmt *st = prep(s->r, "SELECT source, skill, file FROM versions WHERE version = ?1", e);
+  if (!st) return e->code;
+  bind_text(st, 1, version);
+  int rc = 0;
+  if (sqlite3_step(st) == SQLITE_ROW) {
+    if (source) *source = col_dup(st, 0);
+    if (skill) *skill = col_dup(st, 1);
+    if (file) *file = col_dup(st, 2);
+  } else {
+    rc = err_set(e, ERR_NOTFOUND, "no skill version '%.12s' in the database", version);
+  }
+  sqlite3_finalize(st);
+  return rc;
+}
+
+/* A skill record from a row of (id, version, file, description, triggers, error). */
+static cJSON *skill_record(store_t *s, sqlite3_stmt *st) {
+  cJSON *o = cJSON_CreateObject();
+  add_text(o, "id", st, 0);
+  add_text(o, "version", st, 1);
+  add_text(o, "file", st, 2);
+  add_text(o, "description", st, 3);
+  const char *trig = (const char *)sqlite3_column_text(st, 4);
+  cJSON *t = trig ? cJSON_Parse(trig) : NULL;
+  cJSON_AddItemToObject(o, "triggers", t ? t : cJSON_CreateArray());
+  cJSON *versions = cJSON_AddArrayToObject(o, "versions");
+  sqlite3_stmt *v = prep(s->r,
+    "SELECT version, loaded_at FROM versions WHERE skill = ?1 ORDER BY loaded_at, rowid", NULL);
+  if (v) {
+    bind_text(v, 1, (const char *)sqlite3_column_text(st, 0));
+    while (sqlite3_step(v) == SQLITE_ROW) {
+      cJSON *x = cJSON_CreateObject();
+      add_text(x, "version", v, 0);
+      add_time(x, "loaded_at", v, 1);
+      cJSON_AddItemToArray(versions, x);
+    }
+    sqlite3_finalize(v);
+  }
+  cJSON_AddItemToObject(o, "error", col_json(st, 5));
+  return o;
+}
+
+int store_get_skill(store_t *s, const char *id, cJSON **out, err_t *e) {
+  *out = NULL;
+  sqlite3_stmt *st = prep(s->r,
+    "SELECT id, version, file, description, triggers, error FROM skills WHERE id = ?1", e);
+  if (!st) return e->code;
+  bind_text(st, 1, id);
+  int rc = 0;
+  if (sqlite3_step(st) == SQLITE_ROW) *out = skill_record(s, st);
+  else rc = err_set(e, ERR_NOTFOUND, "no skill '%s' is registered", id);
+  sqlite3_finalize(st);
+  return rc;
+}
+
+int store_list_skills(store_t *s, cJSON **out, err_t *e) {
+  sqlite3_stmt *st = prep(s->r,
+    "SELECT id, version, file, description, triggers, error FROM skills ORDER BY id", e);
+  if (!st) return e->code;
+  cJSON *arr = cJSON_CreateArray();
+  while (sqlite3_step(st) == SQLITE_ROW) cJSON_AddItemToArray(arr, skill_record(s, st));
+  sqlite3_finalize(st);
+  *out = arr;
+  return 0;
+}
+
+int store_engine_alive(store_t *s, int64_t now) {
+  sqlite3_stmt *st = prep(s->r,
+    "SELECT owner, host, pid, pid_start, expires_at FROM leases WHERE kind = 'serve'", NULL);
+  if (!st) return 0;
+  int alive = 0;
+  while (!alive && sqlite3_step(st) == SQLITE_ROW)
+    alive = !lease_dead(st, proc_hostname(), now);
+  sqlite3_finalize(st);
+  return alive;
+}
+
+int64_t store_data_version(store_t *s) {
+  sqlite3_stmt *st = prep(s->r, "PRAGMA data_version", NULL);
+  int64_t v = -1;
+  if (st && sqlite3_step(st) == SQLITE_ROW) v = sqlite3_column_int64(st, 0);
+  sqlite3_finalize(st);
+  return v;
+}

@@ -1,0 +1,338 @@
+-- run.lua: a run's body and the step API.
+--
+-- Each run is a coroutine whose body is main() below. A step yields an op
+-- to the C core (the op codes come from core.OP), which does the durable
+-- part and resumes the coroutine:
+--
+--   COMMIT  seq id kind output attempts started ended   -> after the group is durable
+--   RETRY   seq id n message traceback t0 delay started  -> after the backoff
+--   FAIL    seq id kind n message traceback t0 ended started -> after the group is durable
+--   SLEEP   seq id wake_at started                       -> at wake_at, with the end time
+--   BACKOFF seq retry_at                                 -> at retry_at (replay)
+--   HTTP    request                                      -> response, or nil, message
+--
+-- Replay: the journal (the steps recorded so far, by seq) is given at start.
+-- While the code reaches steps the journal holds, their recorded results
+-- are returned without running the bodies; the first step past the end of
+-- the journal runs live. A step whose id differs from the journal's at the
+-- same position means the code changed under the run: the run fails.
+
+local core = ...
+local M = {}
+
+local OP = core.OP
+local yield, running, create = coroutine.yield, coroutine.running, coroutine.create
+local real_xpcall, traceback = xpcall, debug.traceback
+local type, tostring, error, setmetatable, getmetatable = type, tostring, error, setmetatable, getmetatable
+local floor, min = math.floor, math.min
+local now_ms, encode, decode, killed = core.now, core.encode, core.decode, core.killed
+
+local runs = setmetatable({}, { __mode = "k" }) -- coroutine -> run state R
+
+M.runs = runs
+
+-- The state of the run whose coroutine is running, or nil outside a run.
+local function current()
+  local co = running()
+  return co and runs[co]
+end
+M.current = current
+
+-- Errors -----------------------------------------------------------------
+
+local fatal_mt = {
+  __tostring = function(e) return e.message end,
+}
+M.fatal_mt = fatal_mt
+
+-- fatal(msg): an error value that fails its step at once, without retries.
+function M.fatal(msg)
+  return setmetatable({ message = tostring(msg), fatal = true }, fatal_mt)
+end
+
+local step_error_mt = { __tostring = function(e) return e.message end }
+
+-- Turn any error value into {message=, traceback=, fatal=}.
+local function normalize(e, tb)
+  if type(e) == "table" and (getmetatable(e) == fatal_mt or getmetatable(e) == step_error_mt) then
+    return { message = e.message, fatal = e.fatal, step = e.step, traceback = tb or e.traceback }
+  end
+  if type(e) == "table" and type(e.message) == "string" then
+    return { message = e.message, traceback = tb }
+  end
+  return { message = tostring(e), traceback = tb }
+end
+
+-- Keep the skill's frames in a traceback and drop the runtime's.
+local function clean_traceback(tb)
+  local out = {}
+  for line in tb:gmatch("[^\n]+") do
+    if not line:find("moonloop/", 1, true) and not line:find("%[C%]: in function 'xpcall'")
+      and not line:find("%[C%]: in function 'pcall'") and line ~= "stack traceback:" then
+      out[#out + 1] = line
+    end
+  end
+  return "stack traceback:\n" .. table.concat(out, "\n")
+end
+
+local function handler(e)
+  if type(e) == "table" and e.traceback then return e end
+  return { value = e, traceback = clean_traceback(traceback("", 2)) }
+end
+
+local function unwrap(h)
+  if type(h) == "table" and h.value ~= nil then return normalize(h.value, h.traceback) end
+  return normalize(h)
+end
+
+-- Steps ------------------------------------------------------------------
+
+local function need_run(name)
+  local R = current()
+  if not R then error(name .. " can only be called inside a run", 3) end
+  return R
+end
+
+-- Number the next step and check it against the journal. Returns the
+-- numbered id, its seq, and the journal's record for it (during replay).
+local function next_step(R, id, kind)
+  if type(id) ~= "string" or id == "" then
+    error(("step id must be a non-empty string, got %s"):format(type(id) == "string" and '""' or type(id)), 3)
+  end
+  if #id > 200 or id:find("#", 1, true) then
+    error(("bad step id '%s': at most 200 characters and no '#'"):format(id:sub(1, 40)), 3)
+  end
+  if R.in_step then
+    error(("steps cannot be nested: step '%s' was called inside the body of step '%s'"):format(id, R.in_step), 3)
+  end
+  local n = (R.ids[id] or 0) + 1
+  R.ids[id] = n
+  local sid = n == 1 and id or (id .. "#" .. n)
+  local seq = R.seq + 1
+  R.seq = seq
+  local rec = R.journal[seq]
+  if rec then
+    if rec.id ~= sid or rec.kind ~= kind then
+      R.mismatch = true
+      error(setmetatable({
+        message = ("the code no longer matches this run's journal: step %d is '%s' (%s) in the journal, but the code reached '%s' (%s)")
+          :format(seq, rec.id, rec.kind, sid, kind),
+        fatal = true,
+      }, fatal_mt), 0)
+    end
+  else
+    R.replaying = false
+  end
+  return sid, seq, rec
+end
+
+local function backoff_ms(R, opts, n)
+  local base = (opts and opts.backoff_ms) or R.backoff_ms
+  local d = min(base * 2 ^ (n - 1), R.backoff_max_ms)
+  -- "Equal jitter": half fixed, half random, so retries of many runs spread out.
+  return floor(d / 2 + core.random() * d / 2)
+end
+M.backoff_ms = backoff_ms
+
+local function raise_step_error(sid, e)
+  error(setmetatable({
+    message = ("step '%s' failed: %s"):format(sid, e.message), step = sid,
+    cause = e.message, traceback = e.traceback, fatal = e.fatal,
+  }, step_error_mt), 0)
+end
+
+local function step_run(id, fn, opts)
+  local R = need_run("step.run")
+  if type(fn) ~= "function" then
+    error(("step.run('%s', fn): fn must be a function, got %s"):format(tostring(id), type(fn)), 2)
+  end
+  if opts ~= nil and type(opts) ~= "table" then error("step.run: opts must be a table", 2) end
+  local sid, seq, rec = next_step(R, id, "run")
+  local n = 0
+  if rec then
+    if rec.status == "completed" then
+      R.now = rec.ended_at or R.now
+      return decode(rec.output)
+    elseif rec.status == "failed" then
+      raise_step_error(sid, { message = rec.error or "failed", fatal = true })
+    end
+    -- In flight when the process died: go on from its recorded attempts,
+    -- waiting out a backoff that had not finished.
+    n = rec.attempts or 0
+    if rec.retry_at then
+      yield(OP.BACKOFF, seq, rec.retry_at)
+    else
+      n = n - 1 -- the attempt in flight never finished: it counts again
+    end
+    if n < 0 then n = 0 end
+  end
+  local retries = (opts and opts.retries) or R.retries
+  local timeout = opts and opts.timeout
+  if timeout ~= nil then
+    if type(timeout) == "string" then
+      local ms, err = core.duration(timeout)
+      if not ms then error("step.run: opts.timeout: " .. err, 2) end
+      timeout = ms
+    elseif type(timeout) == "number" then
+      timeout = timeout * 1000
+    else
+      error("step.run: opts.timeout must be a duration", 2)
+    end
+  end
+  local started = rec and rec.started_at or now_ms()
+  while true do
+    n = n + 1
+    R.in_step, R.attempt, R.step_seq = sid, n, seq
+    local t0 = now_ms()
+    core.step_begin(seq, sid, n, timeout or 0, started)
+    local ok, res = real_xpcall(fn, handler)
+    core.step_end()
+    R.in_step = nil
+    local e
+    if ok then
+      local out, err = encode(res, R.output_limit)
+      if out then
+        local ended = now_ms()
+        yield(OP.COMMIT, seq, sid, "run", out, n, started, ended)
+        R.now = ended
+        return decode(out)
+      end
+      e = { message = ("result is not a JSON value: %s"):format(err), fatal = true }
+    elseif killed() then
+      e = normalize(res.value ~= nil and res.value or res, res.traceback)
+      e.fatal = true
+    else
+      e = unwrap(res)
+    end
+    if e.fatal or n > retries then
+      local ended = now_ms()
+      yield(OP.FAIL, seq, sid, "run", n, e.message, e.traceback, t0, ended, started)
+      R.now = ended
+      if n > retries and not e.fatal and retries > 0 then
+        e.message = ("%s (after %d attempts)"):format(e.message, n)
+      end
+      raise_step_error(sid, e)
+    end
+    yield(OP.RETRY, seq, sid, n, e.message, e.traceback, t0, backoff_ms(R, opts, n), started)
+  end
+end
+
+local function to_ms(v, what)
+  if type(v) == "number" then return v * 1000 end
+  if type(v) == "string" then
+    local ms, err = core.duration(v)
+    if not ms then error(what .. ": " .. err, 3) end
+    return ms
+  end
+  error(what .. ": expected a duration such as 30 or \"5m\", got " .. type(v), 3)
+end
+
+local function step_sleep_until(R, id, wake_at)
+  local sid, seq, rec = next_step(R, id, "sleep")
+  local started = R.now
+  if rec then
+    if rec.status == "completed" then
+      R.now = rec.ended_at or R.now
+      return nil
+    end
+    wake_at = rec.wake_at or wake_at
+    started = rec.started_at or started
+  end
+  local ended = yield(OP.SLEEP, seq, sid, wake_at, started)
+  R.now = ended or wake_at
+  return nil
+end
+
+local function step_sleep(id, duration)
+  local R = need_run("step.sleep")
+  local ms = to_ms(duration, "step.sleep")
+  -- The wake time counts from the step's start as recorded (R.now), so a
+  -- replayed sleep wakes when the first one would have.
+  return step_sleep_until(R, id, R.now + ms)
+end
+
+local function step_sleep_until_fn(id, t)
+  local R = need_run("step.sleep_until")
+  local at
+  if type(t) == "number" then at = t * 1000
+  elseif type(t) == "string" then
+    local ms, err = core.parse_time(t)
+    if not ms then error("step.sleep_until: " .. err, 2) end
+    at = ms
+  else
+    error("step.sleep_until: expected a unix time or an RFC 3339 string, got " .. type(t), 2)
+  end
+  return step_sleep_until(R, id, at)
+end
+
+M.step = {
+  run = step_run,
+  sleep = step_sleep,
+  sleep_until = step_sleep_until_fn,
+}
+
+-- Install further step functions (from other runtime files).
+function M.add_step(name, fn) M.step[name] = fn end
+M.next_step = next_step
+M.need_run = need_run
+M.raise_step_error = raise_step_error
+M.to_ms = to_ms
+
+-- The run body -----------------------------------------------------------
+
+local ctx_mt = {
+  __index = function(ctx, k)
+    local R = ctx[ctx_mt]
+    if k == "attempt" then return R.in_step and R.attempt or nil end
+    if k == "step_key" then return R.in_step and (R.run_id .. ":" .. R.in_step) or nil end
+    return nil
+  end,
+}
+
+local function main(R, def, err_arg)
+  local ctx = setmetatable({
+    run_id = R.run_id, skill = R.skill, version = R.version, event = R.event,
+    input = R.input, trigger = R.trigger, step = M.step, log = R.log,
+  }, ctx_mt)
+  rawset(ctx, ctx_mt, R)
+  local fn = R.entry == "on_failure" and def.on_failure or def.run
+  local ok, res = real_xpcall(fn, handler, ctx, err_arg)
+  if not ok then
+    local e = unwrap(res)
+    return false, encode({ message = e.message, step = e.step, traceback = e.traceback }, 0)
+  end
+  local out, err = encode(res, R.output_limit)
+  if not out then
+    return false, encode({ message = "the run's result is not a JSON value: " .. err }, 0)
+  end
+  return true, out
+end
+
+-- The ctx.event of a run: the triggering event, or for other triggers a
+-- stand-in whose data is the run's input, so `event.data.x` works alike.
+local function event_of(trigger, input, run_id, started_at)
+  if type(trigger) == "table" and type(trigger.event) == "table" then return trigger.event end
+  local kind = type(trigger) == "table" and trigger.kind or "invoke"
+  return { name = "moonloop." .. tostring(kind), data = input, id = run_id, ts = started_at / 1000 }
+end
+
+-- Create the coroutine of a run. info holds run_id, skill, version, entry,
+-- started_at, retries, backoff_ms, backoff_max_ms, output_limit, and, as
+-- JSON text, trigger and input. journal is the replay journal (or nil).
+function M.new(info, def, journal)
+  local R = info
+  R.trigger = info.trigger and decode(info.trigger) or {}
+  R.input = info.input and decode(info.input) or nil
+  if R.input == core.json.null then R.input = nil end
+  R.event = event_of(R.trigger, R.input, R.run_id, info.started_at)
+  R.journal = journal or {}
+  R.replaying = #R.journal > 0
+  R.seq, R.ids, R.now = 0, {}, info.started_at
+  R.log = M.shared_log
+  local err_arg = R.entry == "on_failure" and R.trigger.error or nil
+  local co = create(function() return main(R, def, err_arg) end)
+  runs[co] = R
+  return co
+end
+
+return M

@@ -1,0 +1,207 @@
+-- skill.lua: strict validation of a skill definition table.
+--
+-- Errors name the file, the line (found in the source) and the key, and
+-- suggest the nearest known key for a misspelt one ("retires" ->
+-- "retries"). validate() returns a normalized spec or raises a table
+-- {message=, line=, key=} whose message already carries "file:line: ".
+
+local core = ...
+local M = {}
+
+local KEYS = {
+  id = true, description = true, triggers = true, retries = true, backoff = true,
+  timeout = true, concurrency = true, cancel_on = true, on_failure = true, run = true,
+}
+local TRIGGER_KEYS = { event = true, cron = true, tz = true, match = true }
+local CONCURRENCY_KEYS = { limit = true, key = true }
+local CANCEL_KEYS = { event = true, match = true, timeout = true }
+
+local function distance(a, b)
+  local la, lb = #a, #b
+  local prev, cur = {}, {}
+  for j = 0, lb do prev[j] = j end
+  for i = 1, la do
+    cur[0] = i
+    for j = 1, lb do
+      local cost = a:sub(i, i) == b:sub(j, j) and 0 or 1
+      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+    end
+    prev, cur = cur, prev
+  end
+  return prev[lb]
+end
+
+local function suggest(key, known)
+  local best, bestd
+  for k in pairs(known) do
+    local d = distance(key, k)
+    if not bestd or d < bestd or (d == bestd and k < best) then best, bestd = k, d end
+  end
+  if bestd and bestd <= math.max(2, math.floor(#key / 3)) then
+    return (" (did you mean '%s'?)"):format(best)
+  end
+  return ""
+end
+
+-- The line where `key = ` first appears in src, or nil.
+local function line_of(src, key)
+  if not src or type(key) ~= "string" then return nil end
+  local n = 1
+  for line in (src .. "\n"):gmatch("([^\n]*)\n") do
+    local s = line:gsub("%-%-.*$", "")
+    if s:find("^%s*" .. key .. "%s*=") or s:find("[{,;%s]" .. key .. "%s*=") then return n end
+    n = n + 1
+  end
+end
+
+-- The line of the final `return`, where the table starts.
+local function line_of_return(src)
+  if not src then return nil end
+  local n, found = 1, nil
+  for line in (src .. "\n"):gmatch("([^\n]*)\n") do
+    if line:find("^%s*return[%s{]") or line:find("^%s*return$") then found = n end
+    n = n + 1
+  end
+  return found
+end
+
+function M.validate(def, file, src, default_id)
+  local function fail(key, fmt, ...)
+    local line = line_of(src, key) or line_of_return(src)
+    local where = line and (file .. ":" .. line) or file
+    error({ message = where .. ": " .. fmt:format(...), line = line, key = key }, 0)
+  end
+
+  if type(def) ~= "table" then
+    fail(nil, "the file must return a table (the skill definition), got %s", type(def))
+  end
+  for k in pairs(def) do
+    if type(k) ~= "string" then fail(nil, "the skill table has a non-string key %s", tostring(k)) end
+    if not KEYS[k] then fail(k, "unknown key '%s' in the skill table%s", k, suggest(k, KEYS)) end
+  end
+  local function duration(key, v)
+    if type(v) == "number" then
+      if v < 0 or v ~= v then fail(key, "'%s' must be a positive duration", key) end
+      return math.floor(v * 1000 + 0.5)
+    end
+    if type(v) ~= "string" then
+      fail(key, "'%s' must be a duration such as \"30s\" or \"1h\", got %s", key, type(v))
+    end
+    local ms, err = core.duration(v)
+    if not ms then fail(key, "'%s': %s", key, err) end
+    return ms
+  end
+
+  local spec = {}
+  local id = def.id
+  if id == nil then id = default_id end
+  if type(id) ~= "string" then fail("id", "'id' must be a string, got %s", type(id)) end
+  if not id:match("^[a-z0-9][a-z0-9._-]*$") or #id > 128 then
+    fail("id", "bad skill id '%s': use lowercase letters, digits, '.', '_' or '-', starting with a letter or digit", id)
+  end
+  spec.id = id
+
+  if def.description ~= nil and type(def.description) ~= "string" then
+    fail("description", "'description' must be a string, got %s", type(def.description))
+  end
+  spec.description = def.description
+
+  if type(def.run) ~= "function" then
+    fail(def.run == nil and nil or "run", "the skill table needs a 'run' function, got %s", type(def.run))
+  end
+  if def.on_failure ~= nil and type(def.on_failure) ~= "function" then
+    fail("on_failure", "'on_failure' must be a function, got %s", type(def.on_failure))
+  end
+  spec.has_on_failure = def.on_failure ~= nil
+
+  if def.retries ~= nil then
+    local r = def.retries
+    if type(r) ~= "number" or r < 0 or r ~= math.floor(r) or r > 100 then
+      fail("retries", "'retries' must be a whole number from 0 to 100, got %s", tostring(r))
+    end
+  end
+  spec.retries = def.retries
+  if def.backoff ~= nil then spec.backoff_ms = duration("backoff", def.backoff) end
+  if def.timeout ~= nil then spec.timeout_ms = duration("timeout", def.timeout) end
+
+  local triggers = {}
+  if def.triggers ~= nil then
+    if type(def.triggers) ~= "table" then
+      fail("triggers", "'triggers' must be a list of tables, got %s", type(def.triggers))
+    end
+    for i, t in ipairs(def.triggers) do
+      if type(t) ~= "table" then fail("triggers", "trigger %d must be a table, got %s", i, type(t)) end
+      for k in pairs(t) do
+        if not TRIGGER_KEYS[k] then
+          fail(type(k) == "string" and k or "triggers", "unknown key '%s' in trigger %d%s", tostring(k), i,
+               type(k) == "string" and suggest(k, TRIGGER_KEYS) or "")
+        end
+      end
+      if (t.event == nil) == (t.cron == nil) then
+        fail("triggers", "trigger %d needs exactly one of 'event' or 'cron'", i)
+      end
+      if t.event ~= nil then
+        if type(t.event) ~= "string" or t.event == "" then
+          fail("event", "trigger %d: 'event' must be a non-empty string", i)
+        end
+        if t.tz ~= nil then fail("tz", "trigger %d: 'tz' only goes with 'cron'", i) end
+        triggers[#triggers + 1] = { event = t.event, match = t.match }
+      else
+        if type(t.cron) ~= "string" then fail("cron", "trigger %d: 'cron' must be a string", i) end
+        if t.tz ~= nil and type(t.tz) ~= "string" then fail("tz", "trigger %d: 'tz' must be a string", i) end
+        local ok, err = core.cron_check(t.cron, t.tz)
+        if not ok then fail("cron", "trigger %d: %s", i, err) end
+        triggers[#triggers + 1] = { cron = t.cron, tz = t.tz }
+      end
+    end
+    for k in pairs(def.triggers) do
+      if type(k) ~= "number" or k < 1 or k > #def.triggers or k ~= math.floor(k) then
+        fail("triggers", "'triggers' must be a list (found key %s)", tostring(k))
+      end
+    end
+  end
+  spec.triggers = triggers
+
+  if def.concurrency ~= nil then
+    local c = def.concurrency
+    if type(c) ~= "table" then fail("concurrency", "'concurrency' must be a table {limit=, key=}") end
+    for k in pairs(c) do
+      if not CONCURRENCY_KEYS[k] then
+        fail(type(k) == "string" and k or "concurrency", "unknown key '%s' in 'concurrency'%s", tostring(k),
+             type(k) == "string" and suggest(k, CONCURRENCY_KEYS) or "")
+      end
+    end
+    if type(c.limit) ~= "number" or c.limit < 1 or c.limit ~= math.floor(c.limit) then
+      fail("limit", "'concurrency.limit' must be a whole number of at least 1")
+    end
+    if c.key ~= nil and (type(c.key) ~= "string" or not c.key:match("^[%a_][%w_]*[%w_.]*$")) then
+      fail("key", "'concurrency.key' must be a path such as \"event.data.service\"")
+    end
+    spec.concurrency = { limit = c.limit, key = c.key }
+  end
+
+  if def.cancel_on ~= nil then
+    if type(def.cancel_on) ~= "table" then fail("cancel_on", "'cancel_on' must be a list of {event=, match=}") end
+    local list = {}
+    for i, c in ipairs(def.cancel_on) do
+      if type(c) ~= "table" then fail("cancel_on", "cancel_on %d must be a table", i) end
+      for k in pairs(c) do
+        if not CANCEL_KEYS[k] then
+          fail(type(k) == "string" and k or "cancel_on", "unknown key '%s' in cancel_on %d%s", tostring(k), i,
+               type(k) == "string" and suggest(k, CANCEL_KEYS) or "")
+        end
+      end
+      if type(c.event) ~= "string" or c.event == "" then
+        fail("cancel_on", "cancel_on %d needs an 'event' name", i)
+      end
+      if c.match ~= nil and type(c.match) ~= "string" then
+        fail("match", "cancel_on %d: 'match' must be a path such as \"data.service\"", i)
+      end
+      list[#list + 1] = { event = c.event, match = c.match }
+    end
+    spec.cancel_on = list
+  end
+  return spec
+end
+
+return M
