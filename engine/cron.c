@@ -40,7 +40,8 @@
 ** AND, some day of the day-of-month set must exist in some month of the
 ** month set (Feb 29 counts); with OR, every month has every weekday. The
 ** weekday of a given month and day takes every value over the years, so
-** that check is complete, and cron_next() only needs its 5-year bound.
+** whatever passes this check fires some day; cron_next() stops at 5 years
+** all the same (its contract), which also bounds its work.
 */
 #include "cron.h"
 
@@ -119,6 +120,7 @@ __attribute__((format(printf, 2, 3))) static int bad(const pctx_t *x, const char
   return err_set(x->e, ERR_INVALID, "bad cron expression '%.300s': %s", x->expr, msg);
 }
 
+/* ASCII classes, independent of the locale. */
 static int is_digit(char ch) { return ch >= '0' && ch <= '9'; }
 static int is_alpha(char ch) { return (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z'); }
 
@@ -189,7 +191,8 @@ static int parse_field(const pctx_t *x, int fi, const char *s, const char *end, 
     }
     if (p < end && *p == '/') {
       p++;
-      if (p >= end || !is_digit(*p)) return bad(x, "missing step after '/' in the %s field", f->name);
+      if (p >= end || !is_digit(*p))
+        return bad(x, "missing step after '/' in the %s field", f->name);
       long n = 0;
       while (p < end && is_digit(*p)) {
         if (n < 100000) n = n * 10 + (*p - '0');
@@ -217,6 +220,7 @@ static int days_exist(uint32_t dom, uint16_t month) {
   return 0;
 }
 
+/* Field separators. */
 static int is_space(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r'; }
 
 /* Parse the fields of text (5 or 6 separated by blanks) into c. x->expr is
@@ -257,13 +261,16 @@ static int parse_fields(const pctx_t *x, const char *text, cron_t *c) {
   return 0;
 }
 
+/* See cron.h. Macros are expanded to their five fields; the zone is loaded
+** last, so a bad expression is reported before a bad zone. */
 int cron_parse(const char *expr, const char *tz, cron_t **out, err_t *e) {
   if (!out) return err_set(e, ERR_INVALID, "cron_parse: no output pointer");
   *out = NULL;
   if (!expr) return err_set(e, ERR_INVALID, "empty cron expression");
   pctx_t x = {expr, e};
   size_t len = strlen(expr);
-  if (len > CRON_MAX_EXPR) return bad(&x, "too long (%zu characters, at most %d)", len, CRON_MAX_EXPR);
+  if (len > CRON_MAX_EXPR)
+    return bad(&x, "too long (%zu characters, at most %d)", len, CRON_MAX_EXPR);
   const char *p = expr;
   while (is_space(*p)) p++;
   if (!*p) return err_set(e, ERR_INVALID, "empty cron expression");
@@ -294,14 +301,18 @@ int cron_parse(const char *expr, const char *tz, cron_t **out, err_t *e) {
   return 0;
 }
 
+/* See cron.h. */
 int cron_has_seconds(const cron_t *c) { return c ? c->has_seconds : 0; }
 
+/* See cron.h. */
 int cron_is_fixed_time(const cron_t *c) { return c ? c->fixed : 0; }
 
+/* See cron.h. */
 void cron_free(cron_t *c) { free(c); }
 
 /* ---- next fire time ---------------------------------------------------- */
 
+/* a / b rounded toward minus infinity (b > 0). */
 static int64_t floor_div(int64_t a, int64_t b) {
   int64_t q = a / b;
   return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
@@ -314,6 +325,7 @@ static int next_bit(uint64_t mask, int from) {
   return m ? __builtin_ctzll(m) : -1;
 }
 
+/* Does day d of the month, weekday wd, match? (OR or AND rule: cron.h.) */
 static int day_matches(const cron_t *c, int d, int wd) {
   int dom_ok = c->dom >> d & 1, dow_ok = c->dow >> wd & 1;
   return (c->dom_star || c->dow_star) ? (dom_ok && dow_ok) : (dom_ok || dow_ok);
@@ -368,10 +380,16 @@ static int64_t match_from(const cron_t *c, int64_t lo, int64_t hi) {
         }
       }
     }
-    /* Next day. */
-    days++;
+    /* Next day; when only the day of month matters, straight to the next
+    ** one it allows (or the 1st of the next month). */
+    int skip = 1;
+    if (c->dow == 0x7f && (c->dom_star || c->dow_star)) {
+      int nd = next_bit(c->dom, d + 1);
+      skip = nd > 0 && nd <= mdays ? nd - d : mdays - d + 1;
+    }
+    days += skip;
     h = mi = s = 0;
-    if (++d > mdays) {
+    if ((d += skip) > mdays) {
       d = 1;
       if (++mo > 12) mo = 1, y++;
       mdays = tz_days_in_month(y, mo);
@@ -381,16 +399,19 @@ static int64_t match_from(const cron_t *c, int64_t lo, int64_t hi) {
 
 /* A fixed-time job passing from period a into period b (at b->start): in a
 ** gap, return 1 if the job is due at a skipped wall clock time (it then
-** fires at b->start); in a fold, set *floor_local to the first wall clock
-** time that did not already occur in a. */
+** fires at b->start); in a fold, raise *floor_local to the first wall clock
+** time that did not already occur in a. (The floor only ever rises: wall
+** clock times below it have occurred, whatever periods follow.) */
 static int boundary(const cron_t *c, const tz_period_t *a, const tz_period_t *b,
                     int64_t *floor_local) {
   int64_t at = b->start;
   if (b->utoff > a->utoff) return match_from(c, at + a->utoff, at + b->utoff) != NONE;
-  if (b->utoff < a->utoff) *floor_local = at + a->utoff;
+  if (b->utoff < a->utoff && *floor_local < at + a->utoff) *floor_local = at + a->utoff;
   return 0;
 }
 
+/* See cron.h. Walks the zone's periods from the first second after after_ms
+** (see the top of this file), for at most CRON_HORIZON_S seconds. */
 int64_t cron_next(const cron_t *c, int64_t after_ms) {
   if (!c || after_ms < CRON_MIN_MS || after_ms > CRON_MAX_MS) return -1;
   int64_t t = floor_div(after_ms, 1000) + 1; /* first candidate second */
@@ -414,7 +435,6 @@ int64_t cron_next(const cron_t *c, int64_t after_ms) {
     prev = p;
     t = p.end;
     tz_period(c->tz, t, &p);
-    floor_local = INT64_MIN;
     if (c->fixed && boundary(c, &prev, &p, &floor_local)) return t * 1000;
   }
 }

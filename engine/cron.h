@@ -37,9 +37,13 @@
 ** tell two kinds of jobs apart by the hour field:
 **
 **   fixed-time jobs: the hour field does not start with '*' ("30 2 * * *",
-**     "0 9-17 * * MON-FRI", "@daily");
+**     "0 9-17 * * MON-FRI", "@daily", and also "*\/10 2 * * *");
 **   interval jobs: the hour field starts with '*' ("*\/15 * * * *",
 **     "0 *\/2 * * *", "@hourly").
+**
+** (cronie also counts a minute field starting with '*' as "wildcard"; we go
+** by the hour field alone, so "*\/10 2 * * *" means "during the 2 o'clock
+** hour, once": one run in a gap, first occurrence only in a fold.)
 **
 ** Spring forward (wall clock times skipped, e.g. 02:00-02:59 in Paris on the
 ** last Sunday of March): a fixed-time job due in the gap runs once, at the
@@ -53,12 +57,13 @@
 ** occurrence. An interval job runs at every real instant that matches, so
 ** "*\/30 * * * *" keeps firing every 30 minutes through both occurrences.
 **
-** Either way a schedule never runs twice for one wall clock time and never
-** skips a fixed-time run.
+** Either way no instant gets two runs, and a fixed-time job neither skips
+** nor repeats a day's run.
 **
-** cron_next() looks at most 5 years ahead (so "0 0 29 2 *" after Feb 29 2096
-** says none: 2100 is not a leap year and 2104 is too far). A cron_t is
-** immutable once parsed: any number of threads may use it.
+** cron_next() looks at most 5 years ahead and says "none" beyond (so
+** "0 0 29 2 *" after Feb 29 2096 has none: 2100 is not a leap year and 2104
+** is too far). A cron_t is immutable once parsed: any number of threads may
+** use it.
 */
 #ifndef ML_CRON_H
 #define ML_CRON_H

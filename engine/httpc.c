@@ -616,6 +616,10 @@ int httpc_start(httpc_t *h, const struct httpc_req *req, httpc_cb cb, void *ud,
   SET(CURLOPT_PRIVATE, (void *)x);
   SET(CURLOPT_URL, url);
   SET(CURLOPT_NOSIGNAL, 1L);
+  /* Ending a transfer while its name is still being resolved would otherwise
+  ** join the resolver thread, blocking the loop until getaddrinfo returns
+  ** (seconds with a slow DNS server); this detaches it instead. */
+  SET(CURLOPT_QUICK_EXIT, 1L);
   SET(CURLOPT_PROTOCOLS_STR, "http,https");
   SET(CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
   SET(CURLOPT_FOLLOWLOCATION, 1L);

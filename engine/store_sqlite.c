@@ -24,6 +24,7 @@
 ** runs whose lease expired or whose process died.
 */
 #include "store.h"
+#include "fault.h"
 #include "proc.h"
 #include "units.h"
 
@@ -369,6 +370,7 @@ int store_commit(store_t *s, const journal_t *j, err_t *e) {
   }
   for (size_t i = 0, n = journal_count(j); i < n; i++)
     if (write_entry(s, journal_entry(j, i), e)) goto fail;
+  fault_point("commit");
   if (run_stmt(s, s->ws[W_COMMIT], e, "committing")) goto fail;
   return 0;
 fail:

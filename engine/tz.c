@@ -111,19 +111,21 @@ struct tz {
 static int32_t utc_utoff[1] = {0};
 static uint8_t utc_isdst[1] = {0};
 /* The built-in UTC zone; never written after compile time. */
-static tz_t tz_utc = {NULL, "UTC", NULL, NULL, 0, utc_utoff, utc_isdst, 1, 0, {0, 0, 0, {0}, {0}}};
+static tz_t tz_utc = {NULL, "UTC", NULL, NULL, 0, utc_utoff, utc_isdst, 1, 0,
+                     {0, 0, 0, {0}, {0}}};
 
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static tz_t *cache; /* guarded by cache_mu */
 
 /* ---- calendar ---------------------------------------------------------- */
 
+/* a / b rounded toward minus infinity (b > 0). */
 static int64_t floor_div(int64_t a, int64_t b) {
   int64_t q = a / b;
   return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
 
-/* Howard Hinnant's days_from_civil: exact for the proleptic Gregorian calendar. */
+/* See tz.h. Howard Hinnant's days_from_civil: exact for the proleptic Gregorian calendar. */
 int64_t tz_days_from_civil(int64_t y, int m, int d) {
   y -= m <= 2;
   int64_t era = (y >= 0 ? y : y - 399) / 400;
@@ -133,6 +135,7 @@ int64_t tz_days_from_civil(int64_t y, int m, int d) {
   return era * 146097 + doe - 719468;
 }
 
+/* See tz.h; the inverse of the above (Hinnant's civil_from_days). */
 void tz_civil_from_days(int64_t days, int64_t *y, int *m, int *d) {
   days += 719468;
   int64_t era = (days >= 0 ? days : days - 146096) / 146097;
@@ -145,14 +148,17 @@ void tz_civil_from_days(int64_t days, int64_t *y, int *m, int *d) {
   *y = yoe + era * 400 + (*m <= 2);
 }
 
+/* See tz.h. */
 int tz_weekday(int64_t days) {
   /* 1970-01-01 was a Thursday. */
   int64_t w = (days + 4) % 7;
   return (int)(w < 0 ? w + 7 : w);
 }
 
+/* Gregorian leap year? */
 static int is_leap(int64_t y) { return (y % 4 == 0 && y % 100 != 0) || y % 400 == 0; }
 
+/* See tz.h. */
 int tz_days_in_month(int64_t y, int m) {
   static const int mdays[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
   return m == 2 && is_leap(y) ? 29 : mdays[m - 1];
@@ -164,6 +170,7 @@ typedef struct cur {
   const char *p, *end;
 } cur_t;
 
+/* Is the next character ch? */
 static int at(const cur_t *c, char ch) { return c->p < c->end && *c->p == ch; }
 
 /* An abbreviation: 3+ letters, or <...> of letters, digits, '+' and '-'. */
@@ -183,7 +190,8 @@ static int p_abbr(cur_t *c) {
     c->p++;
     return 0;
   }
-  while (c->p < c->end && ((*c->p >= 'A' && *c->p <= 'Z') || (*c->p >= 'a' && *c->p <= 'z'))) c->p++;
+  while (c->p < c->end && ((*c->p >= 'A' && *c->p <= 'Z') || (*c->p >= 'a' && *c->p <= 'z')))
+    c->p++;
   return c->p - s >= 3 ? 0 : -1;
 }
 
@@ -217,6 +225,7 @@ static int p_hms(cur_t *c, int maxh, int32_t *secs) {
   return 0;
 }
 
+/* A rule date "Jn", "n" or "Mm.w.d", with an optional "/time". */
 static int p_date(cur_t *c, rule_date_t *r) {
   r->time = 7200;
   if (at(c, 'J')) {
@@ -336,6 +345,8 @@ static void footer_period(const posix_tz_t *f, int64_t t, tz_period_t *p) {
 
 /* ---- lookups ----------------------------------------------------------- */
 
+/* See tz.h. Before the first transition type 0 rules; from the last one on
+** the footer (if any); in between, a binary search of the table. */
 void tz_period(const tz_t *z, int64_t unix_s, tz_period_t *p) {
   if (!z) z = &tz_utc;
   int64_t t = unix_s < -TZ_CLAMP ? -TZ_CLAMP : unix_s > TZ_CLAMP ? TZ_CLAMP : unix_s;
@@ -367,6 +378,7 @@ void tz_period(const tz_t *z, int64_t unix_s, tz_period_t *p) {
   if (unix_s < -TZ_CLAMP && p->start <= -TZ_CLAMP) p->start = INT64_MIN;
 }
 
+/* See tz.h. */
 int tz_offset(const tz_t *z, int64_t unix_s, int *is_dst) {
   tz_period_t p;
   tz_period(z, unix_s, &p);
@@ -374,6 +386,7 @@ int tz_offset(const tz_t *z, int64_t unix_s, int *is_dst) {
   return p.utoff;
 }
 
+/* See tz.h. */
 int tz_local_to_utc(const tz_t *z, int64_t local_s, int64_t out[2]) {
   int64_t L = local_s < -TZ_CLAMP ? -TZ_CLAMP : local_s > TZ_CLAMP ? TZ_CLAMP : local_s;
   int n = 0;
@@ -404,6 +417,7 @@ int tz_local_to_utc(const tz_t *z, int64_t local_s, int64_t out[2]) {
 
 /* ---- loading ----------------------------------------------------------- */
 
+/* Big-endian 32- and 64-bit integers, as TZif stores them. */
 static uint32_t be32(const uint8_t *p) {
   return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
@@ -474,7 +488,8 @@ static int parse_tzif(tz_t *z, const uint8_t *buf, size_t len, const char **why)
   z->isdst = malloc(h.typecnt);
   if (!z->times || !z->idx || !z->utoff || !z->isdst) return *why = "out of memory", -1;
   for (uint32_t i = 0; i < h.timecnt; i++) {
-    z->times[i] = tsize == 8 ? be64(tp + 8 * (size_t)i) : (int64_t)(int32_t)be32(tp + 4 * (size_t)i);
+    z->times[i] =
+        tsize == 8 ? be64(tp + 8 * (size_t)i) : (int64_t)(int32_t)be32(tp + 4 * (size_t)i);
     if (i && z->times[i] <= z->times[i - 1]) return *why = "transitions out of order", -1;
     z->idx[i] = ip[i];
     if (ip[i] >= h.typecnt) return *why = "bad type index", -1;
@@ -503,6 +518,7 @@ static int parse_tzif(tz_t *z, const uint8_t *buf, size_t len, const char **why)
   return 0;
 }
 
+/* Free a loaded zone (never the built-in UTC). */
 static void zone_free(tz_t *z) {
   if (!z || z == &tz_utc) return;
   free(z->name);
@@ -603,6 +619,7 @@ static int zone_read(const char *name, tz_t **out, err_t *e) {
   return 0;
 }
 
+/* See tz.h. */
 int tz_load(const char *name, tz_t **out, err_t *e) {
   if (!out) return err_set(e, ERR_INVALID, "tz_load: no output pointer");
   *out = NULL;
@@ -630,8 +647,10 @@ int tz_load(const char *name, tz_t **out, err_t *e) {
   return rc;
 }
 
+/* See tz.h. */
 const char *tz_name(const tz_t *z) { return z ? z->name : tz_utc.name; }
 
+/* See tz.h. The list is detached under the lock and freed outside it. */
 void tz_free_all(void) {
   pthread_mutex_lock(&cache_mu);
   tz_t *z = cache;

@@ -280,14 +280,13 @@ M.to_ms = to_ms
 
 -- The run body -----------------------------------------------------------
 
-local ctx_mt = {
-  __index = function(ctx, k)
-    local R = ctx[ctx_mt]
-    if k == "attempt" then return R.in_step and R.attempt or nil end
-    if k == "step_key" then return R.in_step and (R.run_id .. ":" .. R.in_step) or nil end
-    return nil
-  end,
-}
+local ctx_mt = {}
+ctx_mt.__index = function(ctx, k)
+  local R = rawget(ctx, ctx_mt)
+  if k == "attempt" then return R.in_step and R.attempt or nil end
+  if k == "step_key" then return R.in_step and (R.run_id .. ":" .. R.in_step) or nil end
+  return nil
+end
 
 local function main(R, def, err_arg)
   local ctx = setmetatable({

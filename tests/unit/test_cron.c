@@ -627,9 +627,13 @@ TEST(next_is_fast) {
     cron_t *c = parse(rows[i].expr, rows[i].zone);
     if (!c) continue;
     int64_t t = MS(rows[i].after);
-    int n = 2000;
+    int n = 0;
     uint64_t t0 = units_mono_ns();
-    for (int k = 0; k < n && t >= 0; k++) t = cron_next(c, t);
+    for (int k = 0; k < 2000; k++) {
+      t = cron_next(c, t);
+      n++;
+      if (t < 0) t = MS(rows[i].after); /* start over */
+    }
     double ns = (double)(units_mono_ns() - t0) / n;
     printf("  %-18s %-20s %8.0f ns/call\n", rows[i].expr, rows[i].zone, ns);
     if (ns > worst) worst = ns;

@@ -1,0 +1,19 @@
+/*
+** fault.h: fault injection points for crash tests. MOONLOOP_FAULT holds
+** "point=ms,point=ms"; at a named point the process sleeps that long, so
+** a test can SIGKILL it there (for instance halfway through a commit).
+** Compiled in when MOONLOOP_FAULTS is defined (the default build; a
+** release build may leave it out with -DMOONLOOP_FAULTS=OFF).
+**
+** Points: "commit" (inside the transaction, before COMMIT).
+*/
+#ifndef ML_FAULT_H
+#define ML_FAULT_H
+
+#ifdef MOONLOOP_FAULTS
+void fault_point(const char *name);
+#else
+#define fault_point(name) ((void)0)
+#endif
+
+#endif

@@ -1,0 +1,140 @@
+"""moonloop run, runs and trace: running a skill in this process and reading what ran."""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from mltest import TestCase  # noqa: E402
+
+HELLO = """
+return {
+  id = "hello",
+  description = "says hello",
+  run = function(ctx)
+    local a = ctx.step.run("greet", function()
+      log.info("greeting", ctx.input.who)
+      return { text = "hello " .. ctx.input.who }
+    end)
+    for i = 1, 3 do ctx.step.run("count", function() return i end) end
+    return { greeting = a.text, key = ctx.run_id }
+  end,
+}
+"""
+
+
+class RunTest(TestCase):
+    def test_run_prints_output_on_stdout_and_id_on_stderr_first(self):
+        self.w.write("hello.lua", HELLO)
+        r = self.w.ml("run", "hello.lua", "--data", '{"who":"ada"}', check=0)
+        run_id = self.run_id_of(r)
+        self.assertTrue(r.stderr.startswith("run " + run_id))
+        out = json.loads(r.stdout)
+        self.assertEqual(out["greeting"], "hello ada")
+        self.assertEqual(out["key"], run_id)
+
+    def test_trace_json_is_the_design_run_record(self):
+        self.w.write("hello.lua", HELLO)
+        run_id = self.run_id_of(self.w.ml("run", "hello.lua", "--data", '{"who":"bo"}', check=0))
+        t = self.w.trace(run_id)
+        for k in ("id", "skill", "version", "status", "trigger", "parent_id", "input", "output",
+                  "error", "created_at", "started_at", "ended_at", "steps"):
+            self.assertIn(k, t)
+        self.assertEqual(t["status"], "completed")
+        self.assertEqual(t["skill"], "hello")
+        self.assertEqual(len(t["version"]), 64)
+        self.assertEqual(t["trigger"]["kind"], "invoke")
+        self.assertEqual(t["input"], {"who": "bo"})
+        self.assertEqual([s["id"] for s in t["steps"]], ["greet", "count", "count#2", "count#3"])
+        greet = t["steps"][0]
+        self.assertEqual(greet["kind"], "run")
+        self.assertEqual(greet["status"], "completed")
+        self.assertEqual(greet["output"], {"text": "hello bo"})
+        self.assertEqual(greet["attempts"][0]["n"], 1)
+        self.assertEqual(greet["attempts"][0]["status"], "completed")
+        self.assertEqual(greet["logs"][0]["msg"], "greeting bo")
+        self.assertEqual(greet["logs"][0]["level"], "info")
+        self.assertEqual(t["steps"][3]["output"], 3)
+        for s in t["steps"]:
+            self.assertTrue(s["started_at"].endswith("Z"))
+
+    def test_trace_tree_for_people(self):
+        self.w.write("hello.lua", HELLO)
+        run_id = self.run_id_of(self.w.ml("run", "hello.lua", "--data", '{"who":"cy"}', check=0))
+        r = self.w.ml("trace", run_id, check=0)
+        self.assertIn("run " + run_id, r.stdout)
+        self.assertIn("completed", r.stdout)
+        self.assertIn("count#3", r.stdout)
+        self.assertIn("greeting cy", r.stdout)
+
+    def test_runs_lists_newest_first_with_filters(self):
+        self.w.write("hello.lua", HELLO)
+        self.w.write("other.lua", 'return { run = function() return 1 end }')
+        a = self.run_id_of(self.w.ml("run", "hello.lua", "--data", '{"who":"a"}', check=0))
+        b = self.run_id_of(self.w.ml("run", "other.lua", check=0))
+        runs = self.w.runs()
+        self.assertEqual([r["id"] for r in runs], [b, a])
+        self.assertEqual([r["id"] for r in self.w.runs(skill="hello")], [a])
+        self.assertEqual(runs[0]["skill"], "other")  # default id from the file name
+        self.assertEqual(self.w.runs(status="failed"), [])
+        table = self.w.ml("runs", check=0).stdout
+        self.assertIn("RUN", table.splitlines()[0])
+        self.assertIn(a, table)
+
+    def test_failed_run_exits_1_with_error_on_stderr(self):
+        self.w.write("bad.lua", """
+return { retries = 0, run = function(ctx)
+  ctx.step.run("explode", function() error("the disk is on fire") end)
+end }""")
+        r = self.w.ml("run", "bad.lua", check=1)
+        self.assertEqual(r.stdout, "")
+        self.assertIn("the disk is on fire", r.stderr)
+        t = self.w.trace(self.run_id_of(r))
+        self.assertEqual(t["status"], "failed")
+        self.assertEqual(t["error"]["step"], "explode")
+        self.assertIn("the disk is on fire", t["error"]["message"])
+        self.assertEqual(t["steps"][0]["status"], "failed")
+
+    def test_bad_data_is_a_usage_error(self):
+        self.w.write("hello.lua", HELLO)
+        r = self.w.ml("run", "hello.lua", "--data", "{nope", check=2)
+        self.assertIn("--data is not valid JSON", r.stderr)
+        self.assertFalse(os.path.exists(self.w.db) and self.w.runs())
+
+    def test_unknown_command_and_option_are_usage_errors(self):
+        self.assertIn("unknown command", self.w.ml("frobnicate", check=2).stderr)
+        self.assertIn("unknown option '--bogus'", self.w.ml("runs", "--bogus", check=2).stderr)
+
+    def test_step_results_must_be_json(self):
+        self.w.write("fn.lua", """
+return { run = function(ctx)
+  return ctx.step.run("give-fn", function() return { cb = function() end } end)
+end }""")
+        r = self.w.ml("run", "fn.lua", check=1)
+        self.assertIn("not a JSON value", r.stderr)
+        self.assertIn("$.cb", r.stderr)
+        t = self.w.trace(self.run_id_of(r))
+        # Not retried: a function will not become JSON on the next attempt.
+        self.assertEqual(len(t["steps"][0]["attempts"]), 1)
+
+    def test_step_output_limit_from_config(self):
+        self.w.write("moonloop.conf.lua", 'return { limits = { step_output = "1KB" } }')
+        self.w.write("big.lua", """
+return { run = function(ctx)
+  return ctx.step.run("big", function() return string.rep("x", 5000) end)
+end }""")
+        r = self.w.ml("run", "big.lua", check=1)
+        self.assertIn("over the limit of 1.0 KB", r.stderr)
+
+    def test_run_a_registered_skill_by_id(self):
+        os.makedirs(os.path.join(self.w.path, "skills"))
+        self.w.write("skills/greeter.lua", 'return { id = "greeter", run = function(ctx) return ctx.input end }')
+        # serve registers the workspace; stop it at once.
+        p = self.w.start("serve", "--workspace", "skills")
+        from mltest import wait_until
+        wait_until(lambda: self.w.json("skills"), what="the skill to be registered")
+        p.terminate()
+        p.wait(timeout=10)
+        r = self.w.ml("run", "greeter", "--data", '[1,2]', check=0)
+        self.assertEqual(json.loads(r.stdout), [1, 2])
+        r = self.w.ml("run", "nosuch", check=1)
+        self.assertIn("no skill 'nosuch'", r.stderr)

@@ -1,0 +1,243 @@
+"""mltest: helpers for moonloop's functional, crash and end-to-end tests.
+
+The tests drive the real binary (MOONLOOP_BIN) in a fresh temporary folder
+each, against a real SQLite file, and talk to small local HTTP stand-ins for
+the outside world (StandIn below). Standard library only.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+BIN = os.environ.get("MOONLOOP_BIN") or os.path.join(
+    os.path.dirname(__file__), "..", "..", "build", "moonloop")
+SRC = os.environ.get("MOONLOOP_SRC") or os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+def wait_until(pred, timeout=10.0, interval=0.02, what="condition"):
+    """Poll pred() until it returns a true value; fail after timeout."""
+    end = time.time() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.time() > end:
+            raise AssertionError("timed out after %.1fs waiting for %s" % (timeout, what))
+        time.sleep(interval)
+
+
+class StandIn:
+    """A scriptable local HTTP server standing in for an outside service.
+
+    Every request is counted per path. Routes map a path to a handler
+    returning (status, body, headers) or to a fixed (status, body). The
+    in-flight gauge records the highest number of concurrent requests per key.
+    """
+
+    def __init__(self):
+        self.calls = {}
+        self.bodies = {}
+        self.routes = {}
+        self.prefixes = []
+        self.lock = threading.Lock()
+        self.inflight = {}
+        self.max_inflight = {}
+        standin = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def log_message(self, *a):
+                pass
+
+            def handle_any(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else b""
+                path = self.path.split("?")[0]
+                with standin.lock:
+                    standin.calls[path] = standin.calls.get(path, 0) + 1
+                    standin.bodies.setdefault(path, []).append(body)
+                    count = standin.calls[path]
+                route = standin.routes.get(path)
+                if route is None:
+                    for prefix, fn in standin.prefixes:
+                        if path.startswith(prefix):
+                            route = fn
+                            break
+                status, out, headers = 200, {"ok": True, "path": path, "n": count}, {}
+                if callable(route):
+                    r = route(self, body, count)
+                    status, out = r[0], r[1]
+                    headers = r[2] if len(r) > 2 else {}
+                elif route is not None:
+                    status, out = route
+                data = out if isinstance(out, (bytes, str)) else json.dumps(out)
+                if isinstance(data, str):
+                    data = data.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", headers.pop("Content-Type", "application/json"))
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                try:
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the engine was killed mid-request: that is the test
+
+            def handle(self):
+                try:
+                    super().handle()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            do_GET = do_POST = do_PUT = do_DELETE = handle_any
+
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 1024
+            daemon_threads = True
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def route_prefix(self, prefix, fn):
+        """Answer every path that starts with prefix with fn (or a fixed (status, body))."""
+        self.prefixes.append((prefix, fn))
+
+    def count(self, path):
+        with self.lock:
+            return self.calls.get(path, 0)
+
+    def track(self, key):
+        """Context for a handler: counts requests in flight under key."""
+        standin = self
+
+        class Gauge:
+            def __enter__(self):
+                with standin.lock:
+                    standin.inflight[key] = standin.inflight.get(key, 0) + 1
+                    standin.max_inflight[key] = max(standin.max_inflight.get(key, 0),
+                                                    standin.inflight[key])
+
+            def __exit__(self, *a):
+                with standin.lock:
+                    standin.inflight[key] -= 1
+        return Gauge()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Workdir:
+    """A temporary folder with a database, a config and skill files."""
+
+    def __init__(self, env_names=(), config=None):
+        self.path = tempfile.mkdtemp(prefix="mltest-")
+        self.db = os.path.join(self.path, "moonloop.db")
+        self.env = dict(os.environ)
+        self.env.pop("MOONLOOP_URL", None)
+        self.env["MOONLOOP_DB"] = self.db
+        self.env["NO_COLOR"] = "1"
+        self.procs = []
+        conf = config or {}
+        lines = ["return {"]
+        if env_names:
+            lines.append("  env = {%s}," % ", ".join('"%s"' % n for n in env_names))
+        for k, v in conf.items():
+            lines.append("  %s = %s," % (k, v))
+        lines.append("}")
+        self.write("moonloop.conf.lua", "\n".join(lines) + "\n")
+
+    def write(self, name, text):
+        p = os.path.join(self.path, name)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "w") as f:
+            f.write(text)
+        return p
+
+    def ml(self, *args, timeout=60, check=None, input=None):
+        """Run moonloop to completion; returns CompletedProcess (text)."""
+        r = subprocess.run([BIN] + list(args), cwd=self.path, env=self.env, capture_output=True,
+                           text=True, timeout=timeout, input=input)
+        if check is not None and r.returncode != check:
+            raise AssertionError("moonloop %s exited %d, expected %d\nstdout: %s\nstderr: %s" % (
+                " ".join(args), r.returncode, check, r.stdout, r.stderr))
+        return r
+
+    def start(self, *args, stdout=subprocess.PIPE):
+        """Start moonloop in the background (serve, run); returns Popen."""
+        p = subprocess.Popen([BIN] + list(args), cwd=self.path, env=self.env, stdout=stdout,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def json(self, *args, timeout=60):
+        r = self.ml(*args, "--json", timeout=timeout)
+        if r.returncode != 0:
+            raise AssertionError("moonloop %s failed: %s" % (" ".join(args), r.stderr))
+        return json.loads(r.stdout)
+
+    def runs(self, **filters):
+        args = ["runs", "--limit", "1000"]
+        for k, v in filters.items():
+            args += ["--" + k, str(v)]
+        return self.json(*args)
+
+    def trace(self, run_id):
+        return self.json("trace", run_id)
+
+    def close(self):
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+            for f in (p.stdout, p.stderr):
+                if f:
+                    f.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def kill9(p):
+    """SIGKILL a started process and reap it."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait(timeout=10)
+
+
+class TestCase(unittest.TestCase):
+    """Base class: self.w is a fresh Workdir, self.si a fresh StandIn."""
+    env_names = ("STANDIN",)
+    config = None
+
+    def setUp(self):
+        self.si = StandIn()
+        self.w = Workdir(env_names=self.env_names, config=self.config)
+        self.w.env["STANDIN"] = self.si.url
+
+    def tearDown(self):
+        self.w.close()
+        self.si.close()
+
+    def run_id_of(self, r):
+        """The run id that `moonloop run` printed first on stderr."""
+        for line in r.stderr.splitlines():
+            if line.startswith("run "):
+                return line.split()[1]
+        raise AssertionError("no run id in stderr: %r" % r.stderr)
