@@ -188,6 +188,25 @@ static void on_deadline(struct stimer *tm) {
 
 /* ---- starting ---- */
 
+/* Push the table the runs of a skill version share (made once). */
+static void push_cfg(lua_State *L, struct skill *sk, const struct sched_opts *o) {
+  if (sk->cfg_ref) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, sk->cfg_ref);
+    return;
+  }
+  lua_createtable(L, 0, 8);
+  lua_pushstring(L, sk->id), lua_setfield(L, -2, "skill");
+  lua_pushstring(L, sk->version), lua_setfield(L, -2, "version");
+  lua_pushinteger(L, sk->retries >= 0 ? sk->retries : o->default_retries);
+  lua_setfield(L, -2, "retries");
+  lua_pushnumber(L, (lua_Number)(sk->backoff_ms ? sk->backoff_ms : o->backoff_ms));
+  lua_setfield(L, -2, "backoff_ms");
+  lua_pushnumber(L, (lua_Number)o->backoff_max_ms), lua_setfield(L, -2, "backoff_max_ms");
+  lua_pushnumber(L, (lua_Number)o->step_output_limit), lua_setfield(L, -2, "output_limit");
+  lua_pushvalue(L, -1);
+  sk->cfg_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
 int run_start(sched_t *s, struct run *r, const cJSON *journal, err_t *e) {
   const struct sched_opts *o = sched__opts(s);
   lua_State *L = lrt_L(o->lrt);
@@ -196,16 +215,10 @@ int run_start(sched_t *s, struct run *r, const cJSON *journal, err_t *e) {
   lua_getfield(L, -1, "new");
   lua_createtable(L, 0, 16);
   lua_pushstring(L, r->id), lua_setfield(L, -2, "run_id");
-  lua_pushstring(L, r->skill->id), lua_setfield(L, -2, "skill");
-  lua_pushstring(L, r->skill->version), lua_setfield(L, -2, "version");
   lua_pushstring(L, r->entry), lua_setfield(L, -2, "entry");
   lua_pushnumber(L, (lua_Number)r->started_at), lua_setfield(L, -2, "started_at");
-  lua_pushinteger(L, r->skill->retries >= 0 ? r->skill->retries : o->default_retries);
-  lua_setfield(L, -2, "retries");
-  lua_pushnumber(L, (lua_Number)(r->skill->backoff_ms ? r->skill->backoff_ms : o->backoff_ms));
-  lua_setfield(L, -2, "backoff_ms");
-  lua_pushnumber(L, (lua_Number)o->backoff_max_ms), lua_setfield(L, -2, "backoff_max_ms");
-  lua_pushnumber(L, (lua_Number)o->step_output_limit), lua_setfield(L, -2, "output_limit");
+  push_cfg(L, r->skill, o);
+  lua_setfield(L, -2, "cfg");
   if (r->trigger) lua_pushstring(L, r->trigger), lua_setfield(L, -2, "trigger");
   if (r->input) lua_pushstring(L, r->input), lua_setfield(L, -2, "input");
   lua_rawgeti(L, LUA_REGISTRYINDEX, r->skill->def_ref);

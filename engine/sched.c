@@ -79,6 +79,7 @@ struct sched {
   int claim_wanted;
   int64_t data_version;
   int64_t last_commit_ms, last_claim_ms, last_reap_ms;
+  struct sched_stats stats;
 };
 
 static void maybe_submit(sched_t *s);
@@ -135,7 +136,14 @@ static void idle_cb(uv_idle_t *h) {
     if (!s->ready_head) s->ready_tail = NULL;
     t->next_ready = NULL;
     struct run *r = t->run;
-    run_resume(t);
+    s->stats.resumes++;
+    if (s->stats.nsamples < s->stats.cap) {
+      uint64_t t0 = units_mono_ns();
+      run_resume(t);
+      s->stats.samples[s->stats.nsamples++] = (uint32_t)(units_mono_ns() - t0);
+    } else {
+      run_resume(t);
+    }
     run_unref(r);
   }
   if (!s->ready_head) uv_idle_stop(&s->idle);
@@ -381,6 +389,8 @@ static void after_work_cb(uv_work_t *w, int status) {
   case JOB_COMMIT:
     if (j->rc == 0) {
       s->last_commit_ms = units_now_ms();
+      s->stats.commits++;
+      s->stats.committed_entries += journal_count(j->g.j);
       for (size_t i = 0; i < j->g.nw; i++) j->g.w[i].fn(j->g.w[i].arg);
       journal_free(j->g.j);
       free(j->g.w);
@@ -585,8 +595,18 @@ void sched_stop(sched_t *s) {
   }
 }
 
+void sched_stats_enable(sched_t *s, size_t cap) {
+  free(s->stats.samples);
+  s->stats.samples = calloc(cap, sizeof *s->stats.samples);
+  s->stats.cap = s->stats.samples ? cap : 0;
+  s->stats.nsamples = 0;
+}
+
+const struct sched_stats *sched_stats(const sched_t *s) { return &s->stats; }
+
 void sched_free(sched_t *s) {
   if (!s) return;
+  free(s->stats.samples);
   while (s->done) {
     struct done_waiter *w = s->done;
     s->done = w->next;

@@ -93,6 +93,17 @@ int sched_active(const sched_t *s);
 void sched_stop(sched_t *s);
 void sched_free(sched_t *s);
 
+/* Figures for benchmarks and /metrics. Resume samples (the loop-thread
+** time of one resume and the op it yields, in ns) are kept only when
+** enabled, up to cap of them. */
+struct sched_stats {
+  uint64_t resumes, commits, committed_entries;
+  uint32_t *samples;
+  size_t nsamples, cap;
+};
+void sched_stats_enable(sched_t *s, size_t cap);
+const struct sched_stats *sched_stats(const sched_t *s);
+
 /* This process's lease owner id. */
 const char *sched_owner(const sched_t *s);
 

@@ -34,6 +34,7 @@ skills_t *skills_new(lrt_t *r, const char *const *env_names) {
 
 static void skill_free(lua_State *L, struct skill *s) {
   if (L) luaL_unref(L, LUA_REGISTRYINDEX, s->def_ref);
+  if (L && s->cfg_ref) luaL_unref(L, LUA_REGISTRYINDEX, s->cfg_ref);
   free(s->id), free(s->file), free(s->description), free(s->source);
   free(s->triggers), free(s->cancel_on), free(s->concurrency_key);
   free(s);

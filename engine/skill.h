@@ -27,6 +27,7 @@ struct skill {
   char *concurrency_key;          /* NULL: one limit for the whole skill */
   int has_on_failure;
   int def_ref; /* registry ref of the definition table */
+  int cfg_ref; /* registry ref of the table its runs share (0 until the first run) */
   struct skill *next;
 };
 

@@ -28,6 +28,7 @@ local floor, min = math.floor, math.min
 local now_ms, encode, decode, killed = core.now, core.encode, core.decode, core.killed
 
 local runs = setmetatable({}, { __mode = "k" }) -- coroutine -> run state R
+local EMPTY = setmetatable({}, { __newindex = function() error("internal: the empty journal is read-only") end })
 
 M.runs = runs
 
@@ -122,13 +123,14 @@ local function next_step(R, id, kind)
     end
   else
     R.replaying = false
+    R.journal = EMPTY -- past its end: the journal is not needed any more
   end
   return sid, seq, rec
 end
 
 local function backoff_ms(R, opts, n)
-  local base = (opts and opts.backoff_ms) or R.backoff_ms
-  local d = min(base * 2 ^ (n - 1), R.backoff_max_ms)
+  local base = (opts and opts.backoff_ms) or R.cfg.backoff_ms
+  local d = min(base * 2 ^ (n - 1), R.cfg.backoff_max_ms)
   -- "Equal jitter": half fixed, half random, so retries of many runs spread out.
   return floor(d / 2 + core.random() * d / 2)
 end
@@ -166,7 +168,7 @@ local function step_run(id, fn, opts)
     end
     if n < 0 then n = 0 end
   end
-  local retries = (opts and opts.retries) or R.retries
+  local retries = (opts and opts.retries) or R.cfg.retries
   local timeout = opts and opts.timeout
   if timeout ~= nil then
     if type(timeout) == "string" then
@@ -190,7 +192,7 @@ local function step_run(id, fn, opts)
     R.in_step = nil
     local e
     if ok then
-      local out, err = encode(res, R.output_limit)
+      local out, err = encode(res, R.cfg.output_limit)
       if out then
         local ended = now_ms()
         yield(OP.COMMIT, seq, sid, "run", out, n, started, ended)
@@ -280,55 +282,88 @@ M.to_ms = to_ms
 
 -- The run body -----------------------------------------------------------
 
+-- ctx is one small table per run; its fields are read through from the
+-- run's state, so a parked run costs little memory.
 local ctx_mt = {}
+local ctx_fields = {
+  run_id = function(R) return R.run_id end,
+  skill = function(R) return R.cfg.skill end,
+  version = function(R) return R.cfg.version end,
+  event = function(R) return M.event(R) end,
+  input = function(R) return M.input(R) end,
+  trigger = function(R) return M.trigger(R) end,
+  step = function() return M.step end,
+  log = function() return M.shared_log end,
+  attempt = function(R) return R.in_step and R.attempt or nil end,
+  step_key = function(R) return R.in_step and (R.run_id .. ":" .. R.in_step) or nil end,
+}
 ctx_mt.__index = function(ctx, k)
-  local R = rawget(ctx, ctx_mt)
-  if k == "attempt" then return R.in_step and R.attempt or nil end
-  if k == "step_key" then return R.in_step and (R.run_id .. ":" .. R.in_step) or nil end
+  local f = ctx_fields[k]
+  if f then return f(rawget(ctx, ctx_mt)) end
   return nil
 end
 
 local function main(R, def, err_arg)
-  local ctx = setmetatable({
-    run_id = R.run_id, skill = R.skill, version = R.version, event = R.event,
-    input = R.input, trigger = R.trigger, step = M.step, log = R.log,
-  }, ctx_mt)
-  rawset(ctx, ctx_mt, R)
+  local ctx = setmetatable({ [ctx_mt] = R }, ctx_mt)
   local fn = R.entry == "on_failure" and def.on_failure or def.run
   local ok, res = real_xpcall(fn, handler, ctx, err_arg)
   if not ok then
     local e = unwrap(res)
     return false, encode({ message = e.message, step = e.step, traceback = e.traceback }, 0)
   end
-  local out, err = encode(res, R.output_limit)
+  local out, err = encode(res, R.cfg.output_limit)
   if not out then
     return false, encode({ message = "the run's result is not a JSON value: " .. err }, 0)
   end
   return true, out
 end
 
--- The ctx.event of a run: the triggering event, or for other triggers a
--- stand-in whose data is the run's input, so `event.data.x` works alike.
-local function event_of(trigger, input, run_id, started_at)
-  if type(trigger) == "table" and type(trigger.event) == "table" then return trigger.event end
-  local kind = type(trigger) == "table" and trigger.kind or "invoke"
-  return { name = "moonloop." .. tostring(kind), data = input, id = run_id, ts = started_at / 1000 }
+-- A run's trigger, input and event are decoded when first read: a parked
+-- run that never looks at them keeps only their JSON text.
+function M.trigger(R)
+  local t = R.trigger
+  if type(t) == "string" then
+    t = decode(t)
+    R.trigger = t
+  end
+  return t
 end
 
--- Create the coroutine of a run. info holds run_id, skill, version, entry,
--- started_at, retries, backoff_ms, backoff_max_ms, output_limit, and, as
--- JSON text, trigger and input. journal is the replay journal (or nil).
+function M.input(R)
+  local v = R.input
+  if type(v) == "string" then
+    v = decode(v)
+    if v == core.json.null then v = nil end
+    R.input = v or false
+  end
+  return v or nil
+end
+
+-- The ctx.event of a run: the triggering event, or for other triggers a
+-- stand-in whose data is the run's input, so `event.data.x` works alike.
+function M.event(R)
+  if R.event then return R.event end
+  local trigger = M.trigger(R)
+  local ev = trigger.event
+  if type(ev) ~= "table" then
+    ev = { name = "moonloop." .. tostring(trigger.kind or "invoke"), data = M.input(R), id = R.run_id,
+           ts = R.started_at / 1000 }
+  end
+  R.event = ev
+  return ev
+end
+
+-- Create the coroutine of a run. info holds run_id, entry, started_at, cfg
+-- (a table shared by the runs of one skill version: skill, version,
+-- retries, backoff_ms, backoff_max_ms, output_limit), and, as JSON text,
+-- trigger and input. journal is the replay journal (or nil).
 function M.new(info, def, journal)
   local R = info
-  R.trigger = info.trigger and decode(info.trigger) or {}
-  R.input = info.input and decode(info.input) or nil
-  if R.input == core.json.null then R.input = nil end
-  R.event = event_of(R.trigger, R.input, R.run_id, info.started_at)
-  R.journal = journal or {}
-  R.replaying = #R.journal > 0
+  R.trigger = info.trigger or "{}"
+  R.journal = journal or EMPTY
+  R.replaying = journal ~= nil and #journal > 0
   R.seq, R.ids, R.now = 0, {}, info.started_at
-  R.log = M.shared_log
-  local err_arg = R.entry == "on_failure" and R.trigger.error or nil
+  local err_arg = R.entry == "on_failure" and M.trigger(R).error or nil
   local co = create(function() return main(R, def, err_arg) end)
   runs[co] = R
   return co
