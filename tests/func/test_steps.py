@@ -1,0 +1,193 @@
+"""The step API: retries with backoff, fatal, on_failure, timeouts, sleeps, replay checks."""
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from mltest import TestCase, kill9, wait_until  # noqa: E402
+
+
+def ms(rfc):
+    from datetime import datetime
+    return datetime.fromisoformat(rfc.replace("Z", "+00:00")).timestamp() * 1000
+
+
+class StepsTest(TestCase):
+    def test_retries_with_exponential_backoff_then_success(self):
+        self.si.routes["/flaky"] = lambda h, b, n: (500, "boom %d" % n) if n <= 3 else (200, {"n": n})
+        self.w.write("flaky.lua", """
+return { backoff = "100ms", run = function(ctx)
+  return ctx.step.run("flaky", function() return http.get_json(env.STANDIN .. "/flaky") end)
+end }""")
+        r = self.w.ml("run", "flaky.lua", check=0)
+        self.assertEqual(json.loads(r.stdout), {"n": 4})
+        steps = self.w.trace(self.run_id_of(r))["steps"]
+        atts = steps[0]["attempts"]
+        self.assertEqual([a["status"] for a in atts], ["failed", "failed", "failed", "completed"])
+        self.assertIn("returned 500: boom 1", atts[0]["error"])
+        self.assertIn("traceback", atts[0])
+        # Backoff n waits between base*2^(n-1)/2 and base*2^(n-1) (equal jitter).
+        for n, a in enumerate(atts[:3], start=1):
+            wait = ms(a["retry_at"]) - ms(a["ended_at"])
+            self.assertGreaterEqual(wait, 100 * 2 ** (n - 1) / 2 - 2, a)
+            self.assertLessEqual(wait, 100 * 2 ** (n - 1) + 2, a)
+
+    def test_default_is_three_retries_then_the_run_fails(self):
+        self.si.routes["/down"] = (503, "down")
+        self.w.write("down.lua", """
+return { backoff = "10ms", run = function(ctx)
+  return ctx.step.run("down", function() return http.get(env.STANDIN .. "/down") end)
+end }""")
+        r = self.w.ml("run", "down.lua", check=1)
+        self.assertIn("after 4 attempts", r.stderr)
+        self.assertEqual(self.si.count("/down"), 4)
+
+    def test_per_step_retries_override_and_fatal_skips_retries(self):
+        self.w.write("f.lua", """
+return { retries = 5, backoff = "10ms", run = function(ctx)
+  local ok = pcall(ctx.step.run, "once", function() error("nope") end, { retries = 0 })
+  local n = 0
+  local ok2, e = pcall(ctx.step.run, "fatal", function() n = n + 1; error(fatal("bad input")) end)
+  return { ok = ok, ok2 = ok2, msg = tostring(e), n = n }
+end }""")
+        r = self.w.ml("run", "f.lua", check=0)
+        out = json.loads(r.stdout)
+        self.assertEqual(out["ok"], False)
+        self.assertEqual(out["ok2"], False)
+        self.assertEqual(out["n"], 1)
+        self.assertIn("bad input", out["msg"])
+        steps = self.w.trace(self.run_id_of(r))["steps"]
+        self.assertEqual(len(steps[0]["attempts"]), 1)
+        self.assertEqual(len(steps[1]["attempts"]), 1)
+
+    def test_on_failure_runs_as_its_own_durable_run(self):
+        self.w.write("t.lua", """
+return { id = "triage", retries = 1, backoff = "10ms",
+  on_failure = function(ctx, err)
+    ctx.step.run("notify", function()
+      return http.post_json(env.STANDIN .. "/ops", { text = "triage failed: " .. err.message,
+        service = ctx.input.service })
+    end)
+  end,
+  run = function(ctx)
+    ctx.step.run("fetch", function() error("metrics api down") end)
+  end }""")
+        r = self.w.ml("run", "t.lua", "--data", '{"service":"api"}', check=1)
+        failed = self.run_id_of(r)
+        wait_until(lambda: self.si.count("/ops") == 1, what="the on_failure notification")
+        body = json.loads(self.si.bodies["/ops"][0])
+        self.assertIn("metrics api down", body["text"])
+        self.assertEqual(body["service"], "api")
+        runs = self.w.runs()
+        self.assertEqual(len(runs), 2)
+        handler = [x for x in runs if x["id"] != failed][0]
+        self.assertEqual(handler["trigger"]["kind"], "on_failure")
+        self.assertEqual(handler["trigger"]["run_id"], failed)
+        self.assertEqual(handler["status"], "completed")
+        self.assertEqual(handler["skill"], "triage")
+
+    def test_run_timeout_fails_the_run(self):
+        self.w.write("slow.lua", """
+return { timeout = "300ms", run = function(ctx)
+  ctx.step.sleep("long", "5s")
+  return "never"
+end }""")
+        t0 = time.time()
+        r = self.w.ml("run", "slow.lua", check=1)
+        self.assertLess(time.time() - t0, 4)
+        self.assertIn("timed out after 300ms", r.stderr)
+        self.assertEqual(self.w.trace(self.run_id_of(r))["status"], "failed")
+
+    def test_step_timeout_cancels_the_request_and_retries(self):
+        def slow(h, b, n):
+            if n == 1:
+                time.sleep(1.5)
+            return 200, {"n": n}
+        self.si.routes["/slow"] = slow
+        self.w.write("st.lua", """
+return { backoff = "10ms", run = function(ctx)
+  return ctx.step.run("slow", function() return http.get_json(env.STANDIN .. "/slow") end,
+    { timeout = "200ms" })
+end }""")
+        r = self.w.ml("run", "st.lua", check=0)
+        self.assertEqual(json.loads(r.stdout), {"n": 2})
+        atts = self.w.trace(self.run_id_of(r))["steps"][0]["attempts"]
+        self.assertIn("timed out after 200ms", atts[0]["error"])
+
+    def test_durable_sleep_and_sleep_until(self):
+        self.w.write("z.lua", """
+return { run = function(ctx)
+  local t0 = ctx.step.run("t0", function() return time.now() end)
+  ctx.step.sleep("nap", "600ms")
+  ctx.step.sleep_until("until", t0 + 0.9)
+  local t1 = ctx.step.run("t1", function() return time.now() end)
+  return t1 - t0
+end }""")
+        r = self.w.ml("run", "z.lua", check=0)
+        self.assertGreaterEqual(float(r.stdout), 0.9)
+        steps = self.w.trace(self.run_id_of(r))["steps"]
+        self.assertEqual([s["kind"] for s in steps], ["run", "sleep", "sleep", "run"])
+        self.assertEqual(steps[1]["status"], "completed")
+
+    def test_interrupted_sleep_ends_on_its_original_schedule(self):
+        self.w.write("z.lua", """
+return { run = function(ctx)
+  local t0 = ctx.step.run("t0", function() return time.now() end)
+  ctx.step.sleep("nap", "2s")
+  return ctx.step.run("t1", function() return time.now() end) - t0
+end }""")
+        p = self.w.start("run", "z.lua")
+        wait_until(lambda: self.w.runs() and self.w.runs()[0]["status"] == "sleeping", what="sleep")
+        time.sleep(0.5)
+        kill9(p)
+        run_id = self.w.runs()[0]["id"]
+        r = self.w.ml("run", "--resume", run_id, check=0)
+        took = float(r.stdout)
+        self.assertGreaterEqual(took, 2.0)
+        self.assertLess(took, 2.0 + 1.5)  # not 2 s after the restart
+
+    def test_replay_mismatch_fails_with_a_message_naming_both_steps(self):
+        self.si.routes["/hang"] = lambda h, b, n: (time.sleep(5), (200, {}))[1]
+        self.w.write("moonloop.conf.lua", 'return { env = { "STANDIN", "MODE" } }')
+        self.w.write("nd.lua", """
+return { run = function(ctx)
+  ctx.step.run("mode-" .. env.MODE, function() return env.MODE end)
+  ctx.step.run("hang", function() return http.get_json(env.STANDIN .. "/hang") end)
+end }""")
+        self.w.env["MODE"] = "a"
+        p = self.w.start("run", "nd.lua")
+        wait_until(lambda: self.si.count("/hang") == 1, what="the second step")
+        kill9(p)
+        self.w.env["MODE"] = "b"
+        run_id = self.w.runs()[0]["id"]
+        r = self.w.ml("run", "--resume", run_id, check=1)
+        self.assertIn("step 1 is 'mode-a' (run) in the journal, but the code reached 'mode-b' (run)",
+                      r.stderr)
+
+    def test_nested_steps_are_refused(self):
+        self.w.write("n.lua", """
+return { run = function(ctx)
+  ctx.step.run("outer", function() ctx.step.run("inner", function() end) end, { retries = 0 })
+end }""")
+        r = self.w.ml("run", "n.lua", check=1)
+        self.assertIn("steps cannot be nested", r.stderr)
+
+    def test_time_now_outside_steps_is_stable_across_replay(self):
+        self.si.routes["/hang"] = lambda h, b, n: (time.sleep(5 if n == 1 else 0), (200, {"n": n}))[1]
+        self.w.write("tn.lua", """
+return { run = function(ctx)
+  ctx.step.run("a", function() return 1 end)
+  local t = time.now()
+  ctx.step.run("hang", function() return http.get_json(env.STANDIN .. "/hang") end)
+  return ctx.step.run("t", function() return t end) == t and t or "changed"
+end }""")
+        p = self.w.start("run", "tn.lua")
+        wait_until(lambda: self.si.count("/hang") == 1, what="the hanging step")
+        time.sleep(0.3)
+        kill9(p)
+        run_id = self.w.runs()[0]["id"]
+        r = self.w.ml("run", "--resume", run_id, check=0)
+        t = json.loads(r.stdout)
+        steps = self.w.trace(run_id)["steps"]
+        self.assertAlmostEqual(t * 1000, ms(steps[0]["ended_at"]), delta=2)
