@@ -22,14 +22,15 @@ struct lrt {
   lua_State *L;
   int core_ref;
   size_t mem_used, mem_cap;
+  int killed_ref; /* weak set of coroutines that were killed once */
   /* the slice in progress */
   int in_slice;
   int killed;
-  int gc_tried;
+  int mem_over; /* grew past the memory budget: the hook collects, then judges */
   uint64_t deadline_ns;
   size_t mem_base, mem_limit;
   int64_t slice_ms;
-  char kill_reason[160];
+  char kill_reason[200];
 };
 
 static uint64_t coarse_ns(void) {
@@ -38,8 +39,40 @@ static uint64_t coarse_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* Memory budget. A slice may grow the heap by mem_limit bytes; garbage
+** counts too until the collector has run, so growth past the budget only
+** raises mem_over, and the count hook (at most HOOK_COUNT instructions
+** later) runs a full collection and kills the slice if what is left is
+** still over budget, with an error that names the budget. A slice that
+** outruns the hook (one C call allocating a lot) is refused memory past
+** twice the budget: that raises Lua's own "not enough memory" (LUA_ERRMEM)
+** and marks the slice killed, so lrt_pcall, task_finished and the
+** sandbox's pcall report the budget. */
+static void fmt_bytes(char *buf, size_t n, size_t v) {
+  if (v >= ((size_t)1 << 20) && v % ((size_t)1 << 20) == 0) snprintf(buf, n, "%zu MB", v >> 20);
+  else if (v >= ((size_t)1 << 20)) snprintf(buf, n, "%.1f MB", (double)v / (1 << 20));
+  else if (v >= 1024) snprintf(buf, n, "%zu KB", v >> 10);
+  else snprintf(buf, n, "%zu bytes", v);
+}
+
+static void kill_memory(lrt_t *r) {
+  char b[32];
+  fmt_bytes(b, sizeof b, r->mem_limit);
+  r->killed = 1;
+  snprintf(r->kill_reason, sizeof r->kill_reason,
+           "stopped: the run used more than its memory budget of %s without yielding "
+           "(limits.run_memory)", b);
+}
+
+static void kill_time(lrt_t *r) {
+  r->killed = 1;
+  snprintf(r->kill_reason, sizeof r->kill_reason,
+           "stopped: the run ran for more than %lld ms without yielding "
+           "(limits.run_seconds_between_yields)", (long long)r->slice_ms);
+}
+
 /* The allocator keeps count of the state's memory, refuses growth past the
-** state's cap, and kills a slice that grows the heap past its budget. */
+** state's cap and past twice a slice's budget (see above). */
 static void *l_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   lrt_t *r = ud;
   if (!ptr) osize = 0;
@@ -49,15 +82,15 @@ static void *l_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
     return NULL;
   }
   if (nsize > osize) {
-    size_t grow = nsize - osize;
-    if (r->in_slice && !r->killed && r->mem_used + grow > r->mem_base + r->mem_limit) {
-      r->killed = 1;
-      snprintf(r->kill_reason, sizeof r->kill_reason,
-               "stopped: the run used more than its memory budget of %zu MB between two steps "
-               "(limits.run_memory)", r->mem_limit >> 20);
-      return NULL;
+    size_t grow = nsize - osize, after = r->mem_used + grow;
+    if (after > r->mem_cap) return NULL;
+    if (r->in_slice && !r->killed && after > r->mem_base + r->mem_limit) {
+      if (after - r->mem_base > 2 * r->mem_limit) {
+        kill_memory(r);
+        return NULL;
+      }
+      r->mem_over = 1;
     }
-    if (r->mem_used + grow > r->mem_cap) return NULL;
   }
   void *p = realloc(ptr, nsize);
   if (!p) return NULL;
@@ -65,24 +98,28 @@ static void *l_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   return p;
 }
 
-/* The count hook: kills a slice that ran past its time. Before giving up
-** on memory it collects garbage once, so a slice is judged on what it
-** keeps rather than on what the collector has not reached yet. */
+/* Whether the slice is over its memory budget after a full collection. */
+static int mem_judge(lrt_t *r, lua_State *L) {
+  r->mem_over = 0;
+  lua_gc(L, LUA_GCCOLLECT, 0);
+  if (r->mem_used > r->mem_base + r->mem_limit) {
+    kill_memory(r);
+    return 1;
+  }
+  return 0;
+}
+
+/* The count hook: kills a slice that ran past its time, or that holds more
+** than its memory budget after a full collection. */
 static void l_hook(lua_State *L, lua_Debug *ar) {
   (void)ar;
   lrt_t *r = lrt_from(L);
   if (!r->in_slice || r->killed) return;
   if (coarse_ns() > r->deadline_ns) {
-    r->killed = 1;
-    snprintf(r->kill_reason, sizeof r->kill_reason,
-             "stopped: the run ran for more than %lld ms without yielding "
-             "(limits.run_seconds_between_yields)", (long long)r->slice_ms);
+    kill_time(r);
     luaL_error(L, "%s", r->kill_reason);
   }
-  if (!r->gc_tried && r->mem_used > r->mem_base + r->mem_limit / 2) {
-    r->gc_tried = 1;
-    lua_gc(L, LUA_GCCOLLECT, 0);
-  }
+  if (r->mem_over && mem_judge(r, L)) luaL_error(L, "%s", r->kill_reason);
 }
 
 lrt_t *lrt_from(lua_State *L) {
@@ -99,16 +136,57 @@ void lrt_gc(lrt_t *r) { lua_gc(r->L, LUA_GCCOLLECT, 0); }
 static void slice_begin(lrt_t *r) {
   r->in_slice = 1;
   r->killed = 0;
-  r->gc_tried = 0;
+  r->mem_over = 0;
   r->kill_reason[0] = 0;
   r->deadline_ns = coarse_ns() + (uint64_t)r->slice_ms * 1000000u;
   r->mem_base = r->mem_used;
 }
 
-/* core.killed(): whether the current slice was killed. */
+/* Whether coroutine L was killed in an earlier slice. */
+static int thread_killed(lrt_t *r, lua_State *L) {
+  if (L == r->L) return 0;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, r->killed_ref);
+  lua_pushthread(L);
+  lua_rawget(L, -2);
+  int k = lua_toboolean(L, -1);
+  lua_pop(L, 2);
+  return k;
+}
+
+/* core.killed(): whether the current slice was killed, or the running
+** coroutine (a run) was killed in an earlier slice: a kill is final for
+** the run, so skill code cannot catch it with pcall in a later slice. */
 static int c_killed(lua_State *L) {
-  lua_pushboolean(L, lrt_from(L)->killed);
+  lrt_t *r = lrt_from(L);
+  lua_pushboolean(L, r->killed || thread_killed(r, L));
   return 1;
+}
+
+/* core.kill_reason(): the message of the current kill, or nil. */
+static int c_kill_reason(lua_State *L) {
+  lrt_t *r = lrt_from(L);
+  if (r->killed) lua_pushstring(L, r->kill_reason);
+  else lua_pushnil(L);
+  return 1;
+}
+
+/* core.reserve(n): kill the slice now if n more bytes would take it past
+** its memory budget (for C functions that allocate their result at once,
+** such as string.rep, so that the error names the budget). */
+static int c_reserve(lua_State *L) {
+  lrt_t *r = lrt_from(L);
+  lua_Number n = luaL_checknumber(L, 1);
+  if (!r->in_slice || r->killed) return 0;
+  if (n > (lua_Number)(r->mem_base + r->mem_limit) - (lua_Number)r->mem_used) {
+    if (r->mem_used > r->mem_base && n < (lua_Number)r->mem_limit) {
+      /* Maybe garbage: judge after a collection. */
+      lua_gc(L, LUA_GCCOLLECT, 0);
+      if (n <= (lua_Number)(r->mem_base + r->mem_limit) - (lua_Number)r->mem_used) return 0;
+    }
+    kill_memory(r);
+    return luaL_error(L, "%s", r->kill_reason);
+  }
+  return 0;
 }
 
 /* core.now(): wall-clock milliseconds. */
@@ -214,7 +292,15 @@ int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e) {
   luaL_openlibs(L);
   lua_newtable(L);
   r->core_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_newtable(L);
+  lua_newtable(L);
+  lua_pushliteral(L, "k");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  r->killed_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lrt_register(r, "killed", c_killed, NULL);
+  lrt_register(r, "kill_reason", c_kill_reason, NULL);
+  lrt_register(r, "reserve", c_reserve, NULL);
   lrt_register(r, "now", c_now, NULL);
   lrt_register(r, "duration", c_duration, NULL);
   lrt_register(r, "parse_time", c_parse_time, NULL);
@@ -332,7 +418,15 @@ int lrt_pcall(lrt_t *r, int nargs, int nresults, err_t *e) {
   int outer = r->in_slice;
   if (!outer) slice_begin(r);
   int rc = lua_pcall(L, nargs, nresults, base);
-  if (!outer) r->in_slice = 0;
+  if (!outer) {
+    /* Grew past the budget and ended before the hook could judge it. */
+    if (!rc && r->mem_over && !r->killed && mem_judge(r, L)) {
+      lua_pop(L, nresults == LUA_MULTRET ? lua_gettop(L) - base : nresults);
+      lua_pushstring(L, r->kill_reason);
+      rc = LUA_ERRMEM;
+    }
+    r->in_slice = 0;
+  }
   if (rc) {
     const char *msg = lua_tostring(L, -1);
     err_set(e, rc == LUA_ERRMEM ? ERR_NOMEM : ERR_INVALID, "%s",
@@ -348,6 +442,23 @@ int lrt_pcall(lrt_t *r, int nargs, int nresults, err_t *e) {
 int lrt_resume(lrt_t *r, lua_State *co, int nargs) {
   slice_begin(r);
   int rc = lua_resume(co, nargs);
+  /* A slice that yields past its memory budget before the hook could
+  ** judge it is killed here: what it yielded is dropped. */
+  if (rc == LUA_YIELD && r->mem_over && !r->killed && mem_judge(r, r->L)) {
+    lua_settop(co, 0);
+    lua_pushstring(co, r->kill_reason);
+    rc = LUA_ERRMEM;
+  }
   r->in_slice = 0;
+  if (r->killed && co != r->L) {
+    /* The kill is final for this coroutine (see c_killed). */
+    lua_State *L = r->L;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, r->killed_ref);
+    lua_pushthread(co);
+    lua_xmove(co, L, 1);
+    lua_pushboolean(L, 1);
+    lua_rawset(L, -3);
+    lua_pop(L, 1);
+  }
   return rc;
 }

@@ -1,0 +1,265 @@
+/* Unit tests for the SQLite store: journal groups, run records, claiming,
+** leases (reaping, fencing, taking a run), migrations. */
+#include "test.h"
+#include "ids.h"
+#include "proc.h"
+#include "store.h"
+#include "units.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+static char dir[] = "/tmp/mlstore-XXXXXX";
+static char path[256];
+
+static store_t *open_db(void) {
+  store_t *s = NULL;
+  err_t e;
+  if (store_open(path, STORE_FULL, &s, &e)) FAILF("store_open: %s", e.msg);
+  return s;
+}
+
+static void new_run(journal_t *j, const char *id, const char *status, const char *owner) {
+  struct run_row r = {.id = id, .skill = "demo", .version = "v1", .status = status,
+                      .trigger = "{\"kind\":\"invoke\"}", .input = "{\"a\":1}", .owner = owner,
+                      .created_at = units_now_ms()};
+  journal_run_new(j, &r);
+}
+
+static int take_lease(store_t *s, const char *owner, long pid, long long start, int64_t expires) {
+  struct lease l = {.owner = owner, .kind = "run", .host = proc_hostname(), .pid = pid,
+                    .pid_start = start, .expires_at = expires};
+  err_t e;
+  return store_lease_acquire(s, &l, &e);
+}
+
+TEST(commit_and_read_a_run_record) {
+  store_t *s = open_db();
+  journal_t *j = journal_new();
+  new_run(j, "01RUNA", "running", NULL);
+  struct step_row st = {.run_id = "01RUNA", .seq = 1, .id = "fetch", .kind = "run",
+                        .status = "completed", .output = "{\"x\":[1,2]}", .attempts = 2,
+                        .started_at = 1000, .ended_at = 3000};
+  struct attempt_row at = {.run_id = "01RUNA", .seq = 1, .n = 1, .status = "failed",
+                           .error = "timeout", .started_at = 1000, .ended_at = 1500,
+                           .retry_at = 2000};
+  struct log_row lg = {.run_id = "01RUNA", .seq = 1, .ts = 1200, .level = "info", .msg = "hi"};
+  struct log_row lg0 = {.run_id = "01RUNA", .seq = 0, .ts = 900, .level = "warn", .msg = "top"};
+  journal_step(j, &st);
+  journal_attempt(j, &at);
+  journal_log(j, &lg);
+  journal_log(j, &lg0);
+  struct run_set done = {.run_id = "01RUNA", .status = "completed", .output = "42",
+                         .ended_at = 4000};
+  journal_run_set(j, &done);
+  err_t e;
+  CHECK(store_commit(s, j, &e) == 0);
+  journal_free(j);
+  cJSON *r;
+  CHECK(store_get_run(s, "01RUNA", 1, &r, &e) == 0);
+  CHECK_STR_EQ(cJSON_GetObjectItem(r, "status")->valuestring, "completed");
+  CHECK_INT_EQ(cJSON_GetObjectItem(r, "output")->valueint, 42);
+  CHECK_INT_EQ(cJSON_GetObjectItem(cJSON_GetObjectItem(r, "input"), "a")->valueint, 1);
+  CHECK_STR_EQ(cJSON_GetObjectItem(cJSON_GetObjectItem(r, "trigger"), "kind")->valuestring, "invoke");
+  cJSON *steps = cJSON_GetObjectItem(r, "steps");
+  CHECK_INT_EQ(cJSON_GetArraySize(steps), 1);
+  cJSON *p = cJSON_GetArrayItem(steps, 0);
+  CHECK_STR_EQ(cJSON_GetObjectItem(p, "id")->valuestring, "fetch");
+  cJSON *atts = cJSON_GetObjectItem(p, "attempts");
+  CHECK_INT_EQ(cJSON_GetArraySize(atts), 2);
+  CHECK_STR_EQ(cJSON_GetObjectItem(cJSON_GetArrayItem(atts, 0), "error")->valuestring, "timeout");
+  CHECK_STR_EQ(cJSON_GetObjectItem(cJSON_GetArrayItem(atts, 1), "status")->valuestring, "completed");
+  /* The successful attempt started when the failed one's backoff ended. */
+  CHECK_STR_EQ(cJSON_GetObjectItem(cJSON_GetArrayItem(atts, 1), "started_at")->valuestring,
+               "1970-01-01T00:00:02.000Z");
+  CHECK_STR_EQ(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(p, "logs"), 0), "msg")->valuestring, "hi");
+  CHECK_STR_EQ(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "logs"), 0), "msg")->valuestring, "top");
+  cJSON_Delete(r);
+  CHECK(store_get_run(s, "nope", 1, &r, &e) == ERR_NOTFOUND);
+  CHECK_CONTAINS(e.msg, "no run with id 'nope'");
+  store_close(s);
+}
+
+TEST(a_failed_group_changes_nothing) {
+  store_t *s = open_db();
+  journal_t *j = journal_new();
+  new_run(j, "01DUP", "queued", NULL);
+  new_run(j, "01DUP", "queued", NULL); /* a primary key clash aborts the group */
+  err_t e;
+  CHECK(store_commit(s, j, &e) != 0);
+  journal_free(j);
+  cJSON *r;
+  CHECK(store_get_run(s, "01DUP", 0, &r, &e) == ERR_NOTFOUND);
+  store_close(s);
+}
+
+TEST(claim_takes_unowned_unfinished_runs_oldest_first) {
+  store_t *s = open_db();
+  journal_t *j = journal_new();
+  new_run(j, "01C2", "queued", NULL);
+  new_run(j, "01C1", "sleeping", NULL);
+  new_run(j, "01C3", "completed", NULL);
+  new_run(j, "01C4", "queued", "someone-else");
+  err_t e;
+  CHECK(store_commit(s, j, &e) == 0);
+  journal_free(j);
+  struct run_row *rows;
+  size_t n;
+  CHECK(store_claim(s, "me", 10, &rows, &n, &e) == 0);
+  CHECK_INT_EQ(n, 2);
+  if (n == 2) {
+    CHECK_STR_EQ(rows[0].id, "01C1");
+    CHECK_STR_EQ(rows[1].id, "01C2");
+    CHECK_STR_EQ(rows[1].input, "{\"a\":1}");
+  }
+  store_rows_free(rows, n);
+  CHECK(store_claim(s, "other", 10, &rows, &n, &e) == 0);
+  CHECK_INT_EQ(n, 0);
+  store_rows_free(rows, n);
+  store_close(s);
+}
+
+TEST(reap_releases_runs_of_dead_and_expired_leases_only) {
+  store_t *s = open_db();
+  long me = (long)getpid();
+  long long start = proc_start_time(me);
+  int64_t far = units_now_ms() + 60000;
+  CHECK(take_lease(s, "alive", me, start, far) == 0);
+  CHECK(take_lease(s, "dead-pid", me, start + 12345, far) == 0); /* same pid, other start: gone */
+  CHECK(take_lease(s, "expired", me, start, units_now_ms() - 1) == 0);
+  journal_t *j = journal_new();
+  new_run(j, "01R1", "running", "alive");
+  new_run(j, "01R2", "running", "dead-pid");
+  new_run(j, "01R3", "running", "expired");
+  err_t e;
+  CHECK(store_commit(s, j, &e) == 0);
+  journal_free(j);
+  CHECK_INT_EQ(store_reap(s, proc_hostname(), units_now_ms(), &e), 2);
+  struct run_row *rows;
+  size_t n;
+  CHECK(store_claim(s, "me", 10, &rows, &n, &e) == 0);
+  CHECK_INT_EQ(n, 2);
+  if (n == 2) {
+    CHECK_STR_EQ(rows[0].id, "01R2");
+    CHECK_STR_EQ(rows[1].id, "01R3");
+  }
+  store_rows_free(rows, n);
+  store_close(s);
+}
+
+TEST(a_group_is_fenced_by_its_lease) {
+  store_t *s = open_db();
+  CHECK(take_lease(s, "fenced", (long)getpid(), proc_start_time(getpid()),
+                   units_now_ms() + 60000) == 0);
+  journal_t *j = journal_new();
+  journal_set_owner(j, "fenced", units_now_ms() + 60000);
+  new_run(j, "01F1", "running", "fenced");
+  err_t e;
+  CHECK(store_commit(s, j, &e) == 0);
+  CHECK(store_lease_release(s, "fenced", &e) == 0);
+  journal_free(j);
+  j = journal_new();
+  journal_set_owner(j, "fenced", units_now_ms() + 60000);
+  new_run(j, "01F2", "running", "fenced");
+  CHECK(store_commit(s, j, &e) == ERR_CONFLICT);
+  CHECK_CONTAINS(e.msg, "lease lost");
+  journal_free(j);
+  cJSON *r;
+  CHECK(store_get_run(s, "01F2", 0, &r, &e) == ERR_NOTFOUND);
+  store_close(s);
+}
+
+TEST(take_run_explains_who_holds_it) {
+  store_t *s = open_db();
+  CHECK(take_lease(s, "holder", (long)getpid(), proc_start_time(getpid()),
+                   units_now_ms() + 60000) == 0);
+  journal_t *j = journal_new();
+  new_run(j, "01T1", "running", "holder");
+  new_run(j, "01T2", "completed", NULL);
+  err_t e;
+  CHECK(store_commit(s, j, &e) == 0);
+  journal_free(j);
+  struct run_row *row;
+  CHECK(store_take_run(s, "01T1", "me", proc_hostname(), units_now_ms(), &row, &e) == ERR_CONFLICT);
+  CHECK_CONTAINS(e.msg, "held by a live process");
+  CHECK(store_take_run(s, "01T2", "me", proc_hostname(), units_now_ms(), &row, &e) == ERR_CONFLICT);
+  CHECK_CONTAINS(e.msg, "already completed");
+  CHECK(store_take_run(s, "01NOPE", "me", proc_hostname(), units_now_ms(), &row, &e) == ERR_NOTFOUND);
+  CHECK(store_lease_release(s, "holder", &e) == 0);
+  CHECK(store_take_run(s, "01T1", "me", proc_hostname(), units_now_ms(), &row, &e) == 0);
+  CHECK_STR_EQ(row->id, "01T1");
+  struct run_row *rows;
+  size_t n;
+  CHECK(store_claim(s, "other", 10, &rows, &n, &e) == 0);
+  for (size_t i = 0; i < n; i++) CHECK(strcmp(rows[i].id, "01T1")); /* it is ours now */
+  store_rows_free(rows, n);
+  store_rows_free(row, 1);
+  store_close(s);
+}
+
+TEST(list_runs_filters_and_pages) {
+  store_t *s = open_db();
+  journal_t *j = journal_new();
+  for (int i = 0; i < 5; i++) {
+    char id[32];
+    snprintf(id, sizeof id, "01L%d", i);
+    new_run(j, id, i % 2 ? "failed" : "completed", NULL);
+  }
+  err_t e;
+  CHECK(store_commit(s, j, &e) == 0);
+  journal_free(j);
+  struct run_filter f = {.status = "failed"};
+  cJSON *l;
+  CHECK(store_list_runs(s, &f, &l, &e) == 0);
+  CHECK_INT_EQ(cJSON_GetArraySize(l), 2);
+  CHECK_STR_EQ(cJSON_GetObjectItem(cJSON_GetArrayItem(l, 0), "id")->valuestring, "01L3");
+  cJSON_Delete(l);
+  struct run_filter g = {.skill = "demo", .before = "01L3", .limit = 2};
+  CHECK(store_list_runs(s, &g, &l, &e) == 0);
+  CHECK_INT_EQ(cJSON_GetArraySize(l), 2);
+  CHECK_STR_EQ(cJSON_GetObjectItem(cJSON_GetArrayItem(l, 0), "id")->valuestring, "01L2");
+  cJSON_Delete(l);
+  store_close(s);
+}
+
+TEST(reopening_keeps_the_schema) {
+  store_t *s = open_db();
+  store_close(s);
+  s = open_db();
+  cJSON *r;
+  err_t e;
+  CHECK(store_get_run(s, "01RUNA", 0, &r, &e) == 0);
+  cJSON_Delete(r);
+  store_close(s);
+}
+
+TEST(ulids_sort_by_time_and_are_unique) {
+  char a[27], b[27], c[27];
+  ids_ulid(1000, a);
+  ids_ulid(1000, b);
+  ids_ulid(2000, c);
+  CHECK(strcmp(a, b) < 0);
+  CHECK(strcmp(b, c) < 0);
+  CHECK_INT_EQ(strlen(a), 26);
+  char h[65];
+  ids_sha256_hex("abc", 3, h);
+  CHECK_STR_EQ(h, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+int main(void) {
+  if (!mkdtemp(dir)) return 1;
+  snprintf(path, sizeof path, "%s/t.db", dir);
+  RUN(commit_and_read_a_run_record);
+  RUN(a_failed_group_changes_nothing);
+  RUN(claim_takes_unowned_unfinished_runs_oldest_first);
+  RUN(reap_releases_runs_of_dead_and_expired_leases_only);
+  RUN(a_group_is_fenced_by_its_lease);
+  RUN(take_run_explains_who_holds_it);
+  RUN(list_runs_filters_and_pages);
+  RUN(reopening_keeps_the_schema);
+  RUN(ulids_sort_by_time_and_are_unique);
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  if (system(cmd)) return 1;
+  return test_summary();
+}
