@@ -184,7 +184,10 @@ static int c_reserve(lua_State *L) {
       if (n <= (lua_Number)(r->mem_base + r->mem_limit) - (lua_Number)r->mem_used) return 0;
     }
     kill_memory(r);
-    return luaL_error(L, "%s", r->kill_reason);
+    luaL_where(L, 2); /* the skill code that called string.rep */
+    lua_pushstring(L, r->kill_reason);
+    lua_concat(L, 2);
+    return lua_error(L);
   }
   return 0;
 }

@@ -8,13 +8,23 @@
 -- Every string shares one metatable; its __index is replaced by a copy of
 -- the string library without `dump`, and the metatable is protected, so
 -- `("").dump` and `getmetatable("").__index.x = ...` lead nowhere.
+--
+-- Metatables. The runtime hands skill code tables whose metatables it
+-- shares between runs and skills (ctx, error values, json arrays, env). A
+-- skill that could reach one of them could change how every other run
+-- behaves, so skill code only ever sees metatables that skill code set:
+-- getmetatable answers false for the others, rawset refuses tables whose
+-- metatable is protected (__metatable set: the frozen globals, env), and
+-- pairs/next skip keys that are not plain data (strings, numbers,
+-- booleans) in tables that carry a runtime metatable.
 
 local core = ...
 local M = {}
 
-local pairs, type, error, select, tostring = pairs, type, error, select, tostring
+local pairs, next, type, error, select, tostring = pairs, next, type, error, select, tostring
 local real_pcall, real_xpcall = pcall, xpcall
-local setmetatable, getmetatable, rawset = setmetatable, getmetatable, rawset
+local setmetatable, getmetatable, rawset, rawget = setmetatable, getmetatable, rawset, rawget
+local raw_getmetatable = debug.getmetatable
 local concat = table.concat
 
 local function copy(t, except)
@@ -25,19 +35,16 @@ local function copy(t, except)
   return c
 end
 
-local safe_string = copy(string, { dump = true })
-do
-  local mt = getmetatable("")
-  mt.__index = safe_string
-  mt.__metatable = false
-end
+-- Runaway code ------------------------------------------------------------
 
 -- A run stopped for exceeding its time or memory budget must not be able to
--- catch that error and go on: the wrappers raise it again.
-local killed = core.killed
+-- catch that error and go on: the wrappers raise it again. core.killed()
+-- stays true for the rest of a run once it was killed, so a step error
+-- caused by a kill cannot be caught in the orchestration code either.
+local killed, kill_reason, reserve = core.killed, core.kill_reason, core.reserve
 
 local function check(ok, ...)
-  if not ok and killed() then error((...), 0) end
+  if not ok and killed() then error(kill_reason() or (...), 0) end
   return ok, ...
 end
 
@@ -53,6 +60,89 @@ local function xpcall(f, handler, ...)
   return check(real_xpcall(f, h, ...))
 end
 
+-- string.rep allocates its whole result in one C call, out of the hook's
+-- sight: check it against the memory budget first, so a huge one fails at
+-- once with an error naming the budget.
+local real_rep = string.rep
+local function rep(s, n, sep)
+  if type(n) == "number" and n > 1 then
+    local ls = type(s) == "string" and #s or type(s) == "number" and #tostring(s) or 0
+    local lsep = type(sep) == "string" and #sep or type(sep) == "number" and #tostring(sep) or 0
+    local size = ls * n + lsep * (n - 1)
+    if size > 65536 then reserve(size) end
+  end
+  return real_rep(s, n, sep)
+end
+
+local safe_string = copy(string, { dump = true })
+safe_string.rep = rep
+do
+  local mt = getmetatable("")
+  mt.__index = safe_string
+  mt.__metatable = false
+end
+
+-- Metatables ---------------------------------------------------------------
+
+-- The metatables set by skill code (any sandbox); weak, so they can go.
+local mine = setmetatable({}, { __mode = "k" })
+
+local function sb_setmetatable(t, mt)
+  if type(mt) == "table" then mine[mt] = true end
+  return setmetatable(t, mt) -- refuses a protected metatable (__metatable)
+end
+
+local function sb_getmetatable(v)
+  local mt = raw_getmetatable(v)
+  if mt == nil then return nil end
+  if mine[mt] then return getmetatable(v) end
+  return false
+end
+
+-- Whether the raw fields of t are not skill code's to set: its metatable
+-- is the runtime's and protected (the frozen globals, env).
+local function locked(t)
+  local mt = raw_getmetatable(t)
+  return mt ~= nil and not mine[mt] and rawget(mt, "__metatable") ~= nil
+end
+
+local function sb_rawset(t, k, v)
+  if type(t) == "table" and locked(t) then
+    error(("rawset: this table is read-only (tried to set '%s')"):format(tostring(k)), 2)
+  end
+  return rawset(t, k, v)
+end
+
+local data_key = { string = true, number = true, boolean = true }
+
+-- next, skipping keys that are not plain data in a table with a runtime
+-- metatable (ctx keeps the run's state under a table key).
+local function filtered_next(t, k)
+  local v
+  repeat
+    k, v = next(t, k)
+  until k == nil or data_key[type(k)]
+  return k, v
+end
+
+local function runtime_owned(t)
+  local mt = raw_getmetatable(t)
+  return mt ~= nil and not mine[mt]
+end
+
+local function sb_next(t, k)
+  if type(t) == "table" and runtime_owned(t) then return filtered_next(t, k) end
+  return next(t, k)
+end
+
+local function sb_pairs(t)
+  if type(t) ~= "table" then
+    error(("bad argument #1 to 'pairs' (table expected, got %s)"):format(type(t)), 2)
+  end
+  if runtime_owned(t) then return filtered_next, t, nil end
+  return next, t, nil
+end
+
 M.safe_string = safe_string
 
 -- Build a fresh environment. `mods` holds the engine modules to expose
@@ -60,10 +150,10 @@ M.safe_string = safe_string
 function M.new(mods)
   local log = mods.log
   local env = {
-    assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs,
-    pcall = pcall, xpcall = xpcall, rawequal = rawequal, rawget = rawget, rawset = rawset,
+    assert = assert, error = error, ipairs = ipairs, next = sb_next, pairs = sb_pairs,
+    pcall = pcall, xpcall = xpcall, rawequal = rawequal, rawget = rawget, rawset = sb_rawset,
     select = select, tonumber = tonumber, tostring = tostring, type = type,
-    unpack = unpack, setmetatable = setmetatable, getmetatable = getmetatable,
+    unpack = unpack, setmetatable = sb_setmetatable, getmetatable = sb_getmetatable,
     _VERSION = _VERSION,
     string = copy(safe_string), table = copy(table), math = copy(math), bit = copy(bit),
     os = { time = os.time, date = os.date, clock = os.clock },
