@@ -8,9 +8,11 @@
 **     hands it back on every later call. CURL_POLL_IN, _OUT and _INOUT map to
 **     UV_READABLE, UV_WRITABLE and both. On CURL_POLL_REMOVE the poll is
 **     stopped at once (curl calls REMOVE before it closes the socket, so the
-**     epoll registration is dropped while the fd still means that socket) and
-**     then closed; the hsock is freed in its close callback. A socket number
-**     curl reuses later gets a fresh hsock, never a closing one.
+**     epoll registration is dropped while the fd still means that socket; see
+**     sock_close) and then closed; the hsock is freed in its close callback.
+**     A socket number curl reuses later gets a fresh hsock, never a closing
+**     one. Idle connections in curl's cache are not watched (curl REMOVEs
+**     them when their transfer ends).
 **   - Time. CURLMOPT_TIMERFUNCTION drives one uv_timer_t: a timeout >= 0
 **     (re)starts it as a one-shot, -1 stops it. curl is only ever entered
 **     from the loop's poll and timer callbacks, never from inside its own.
@@ -23,6 +25,11 @@
 **     transfer (one pending in the same batch becomes X_CANCELLED and is
 **     freed without its callback), or close the client (the teardown of the
 **     multi waits until the outermost dispatch returns: h->depth).
+**   - Never blocking. Name lookups run in curl's resolver threads; ending a
+**     transfer mid-lookup detaches the thread (CURLOPT_QUICK_EXIT) instead
+**     of joining it. At most HTTPC_MAX_CONNECTIONS connections are open at
+**     once (file descriptors are finite); further requests wait inside curl,
+**     and their timeout counts the wait.
 **
 ** Invariants:
 **   - A transfer is RUNNING (its easy handle is in the multi), DONE (removed,
@@ -195,8 +202,13 @@ static void on_sock_closed(uv_handle_t *hd) {
 
 static void on_timer_closed(uv_handle_t *hd) { handle_gone(hd->data); }
 
-/* Stop watching k's socket now (its fd must still be open) and close the poll.
-** The one place a poll is closed; k leaves h->socks so it cannot happen twice. */
+/* Stop watching k's socket now and close the poll. The one place a poll is
+** closed; k leaves h->socks so it cannot happen twice. curl calls REMOVE
+** before it closes a connection's socket, so the epoll registration goes
+** while the fd still means that socket. (The threaded resolver's socketpair
+** is the exception: curl closes it first. That is harmless: closing the fd
+** dropped the registration and libuv ignores epoll_ctl's error; curl opens
+** no other socket in between, so the number cannot have been reused.) */
 static void sock_close(httpc_t *h, struct hsock *k) {
   uv_poll_stop(&k->poll);
   if (k->prev) k->prev->next = k->next;
@@ -578,8 +590,9 @@ int httpc_start(httpc_t *h, const struct httpc_req *req, httpc_cb cb, void *ud,
 
   httpc_xfer *x = calloc(1, sizeof *x);
   if (!x) {
+    rc = err_set(e, ERR_NOMEM, "out of memory (%s)", what);
     free(what);
-    return err_set(e, ERR_NOMEM, "out of memory (%s)", req->url);
+    return rc;
   }
   x->h = h;
   x->what = what;

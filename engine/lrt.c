@@ -403,6 +403,9 @@ int lrt_load_skill_text(lrt_t *r, const char *src, size_t len, const char *chunk
   char name[512];
   snprintf(name, sizeof name, "@%s", chunkname);
   /* "t": text only. Bytecode could break out of any sandbox. */
+  if (len > 0 && src[0] == LUA_SIGNATURE[0])
+    return err_set(e, ERR_INVALID, "%s: a skill file must be Lua source text, not bytecode",
+                   chunkname);
   if (luaL_loadbufferx(L, src, len, name, "t")) {
     int code = ERR_INVALID;
     err_set(e, code, "%s", lua_tostring(L, -1));

@@ -143,6 +143,14 @@ local function sb_pairs(t)
   return next, t, nil
 end
 
+-- tostring that always gives a string: LuaJIT passes on whatever
+-- __tostring returns, and code that formats a value expects text.
+local function sb_tostring(v)
+  local s = tostring(v)
+  if type(s) ~= "string" then error("'__tostring' must return a string", 2) end
+  return s
+end
+
 M.safe_string = safe_string
 
 -- Build a fresh environment. `mods` holds the engine modules to expose
@@ -152,7 +160,7 @@ function M.new(mods)
   local env = {
     assert = assert, error = error, ipairs = ipairs, next = sb_next, pairs = sb_pairs,
     pcall = pcall, xpcall = xpcall, rawequal = rawequal, rawget = rawget, rawset = sb_rawset,
-    select = select, tonumber = tonumber, tostring = tostring, type = type,
+    select = select, tonumber = tonumber, tostring = sb_tostring, type = type,
     unpack = unpack, setmetatable = sb_setmetatable, getmetatable = sb_getmetatable,
     _VERSION = _VERSION,
     string = copy(safe_string), table = copy(table), math = copy(math), bit = copy(bit),
@@ -162,7 +170,7 @@ function M.new(mods)
   env.print = function(...)
     local n = select("#", ...)
     local parts = {}
-    for i = 1, n do parts[i] = tostring((select(i, ...))) end
+    for i = 1, n do parts[i] = sb_tostring((select(i, ...))) end
     log.info(concat(parts, "\t"))
   end
   env._G = env
