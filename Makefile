@@ -33,5 +33,10 @@ demo: build
 bench: build
 	@sh tests/bench/run.sh
 
+# The HTTP request fuzzer (libFuzzer, clang): FUZZ_TIME seconds, default 60.
+# Not part of make test.
+fuzz: deps
+	@sh tests/fuzz/run.sh
+
 clean:
 	rm -rf $(BUILD)

@@ -30,6 +30,9 @@ int cli_trace(struct cli *c);
 int cli_skills(struct cli *c);
 int cli_check(struct cli *c);
 int cli_serve(struct cli *c);
+int cli_send(struct cli *c);
+int cli_cancel(struct cli *c);
+int cli_rerun(struct cli *c);
 
 /* Print "moonloop: message" to stderr and return status. */
 int cli_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -2,6 +2,7 @@
 ** cli_run.c: commands that run skills: run, run --resume, invoke.
 */
 #include "cli.h"
+#include "client.h"
 #include "engine.h"
 #include "ids.h"
 #include "proc.h"
@@ -223,7 +224,7 @@ static int terminal(const char *s) {
 
 int cli_invoke(struct cli *c) {
   if (c->nargs != 1) return cli_fail(EXIT_USAGE, "usage: moonloop invoke SKILL [--data JSON] [--wait]");
-  if (c->cfg.server) return cli_fail(EXIT_USAGE, "--server is not supported yet");
+  if (c->cfg.server) return client_invoke(c); /* --server: through the HTTP API */
   char *data = cli_data_json(c);
   if (!data) return EXIT_USAGE;
   struct engine en;

@@ -5,6 +5,7 @@
 */
 #include "cli.h"
 #include "engine.h"
+#include "server.h"
 
 #include <dirent.h>
 #include <signal.h>
@@ -14,6 +15,7 @@
 struct serve {
   struct engine en;
   uv_signal_t sigint, sigterm;
+  server_t *srv; /* the HTTP API */
   int stopping;
 };
 
@@ -32,6 +34,7 @@ static void on_signal(uv_signal_t *h, int signum) {
   sv->stopping = 1;
   fprintf(stderr, "moonloop: %s, stopping\n", signum == SIGINT ? "interrupted" : "terminated");
   close_signals(sv);
+  server_stop(sv->srv); /* before the scheduler: pending answers drain first */
   sched_stop(sv->en.sched);
 }
 
@@ -86,6 +89,15 @@ int cli_serve(struct cli *c) {
     engine_close(&sv.en);
     return cli_fail(EXIT_FAILED, "%s", e.msg);
   }
+  /* The HTTP API, on the same loop. A refused address (no token for a
+  ** non-loopback one) or a malformed one is a usage error. */
+  if (server_start(&sv.en, c->cfg.listen, &sv.srv, &e)) {
+    sched_stop(sv.en.sched);
+    engine_run(&sv.en);
+    engine_close(&sv.en);
+    return cli_fail(e.code == ERR_AUTH || e.code == ERR_INVALID ? EXIT_USAGE : EXIT_FAILED, "%s",
+                    e.msg);
+  }
   uv_signal_init(&sv.en.loop, &sv.sigint);
   uv_signal_init(&sv.en.loop, &sv.sigterm);
   sv.sigint.data = sv.sigterm.data = &sv;
@@ -93,7 +105,10 @@ int cli_serve(struct cli *c) {
   uv_signal_start(&sv.sigterm, on_signal, SIGTERM);
   fprintf(stderr, "moonloop: serving %s (workspace %s, %d skill%s)\n", c->cfg.db,
           c->cfg.workspace, n, n == 1 ? "" : "s");
+  fprintf(stderr, "moonloop: listening on %s\n", server_url(sv.srv));
+  fflush(stderr);
   engine_run(&sv.en);
+  server_free(sv.srv); /* after the loop, before the engine closes it */
   engine_close(&sv.en);
   return EXIT_OK;
 }

@@ -2,6 +2,7 @@
 ** cli_show.c: commands that read history: runs, trace, skills.
 */
 #include "cli.h"
+#include "client.h"
 #include "engine.h"
 #include "trace.h"
 #include "units.h"
@@ -26,6 +27,7 @@ static void print_json(cJSON *v, int pretty) {
 }
 
 int cli_runs(struct cli *c) {
+  if (c->cfg.server) return client_runs(c); /* --server: through the HTTP API */
   struct run_filter f = {.skill = c->skill, .status = c->status, .trigger = c->trigger};
   err_t e;
   if (c->since) {
@@ -61,6 +63,7 @@ int cli_runs(struct cli *c) {
 }
 
 int cli_trace(struct cli *c) {
+  if (c->cfg.server) return client_trace(c); /* --server: through the HTTP API */
   if (c->nargs != 1) return cli_fail(EXIT_USAGE, "usage: moonloop trace RUN_ID");
   struct engine en;
   int rc = open_store(c, &en);
@@ -79,6 +82,7 @@ int cli_trace(struct cli *c) {
 }
 
 int cli_skills(struct cli *c) {
+  if (c->cfg.server) return client_skills(c); /* --server: through the HTTP API */
   struct engine en;
   int rc = open_store(c, &en);
   if (rc) return rc;

@@ -30,6 +30,7 @@ static void defaults(struct config *c) {
   c->event_limit = 1 << 20;
   c->slice_ms = 1000;
   c->run_memory = 64 << 20;
+  c->parked_runs = 10000;
   c->retries = 3;
   c->backoff_ms = 1000;
   c->backoff_max_ms = 600000;
@@ -132,7 +133,7 @@ static int read_table(struct config *c, lua_State *L, const char *path, err_t *e
                                     "llm", "env", "deployers", "limits", "retry", "lease", NULL};
   static const char *const llm[] = {"base_url", "model", "api_key_env", NULL};
   static const char *const limits[] = {"step_output", "event", "run_seconds_between_yields",
-                                       "run_memory", NULL};
+                                       "run_memory", "parked_runs", NULL};
   static const char *const retry[] = {"retries", "backoff", "max_backoff", NULL};
   char *durability = NULL;
   if (only_keys(L, path, NULL, top, e) || get_string(L, "db", path, &c->db, e) ||
@@ -169,7 +170,8 @@ static int read_table(struct config *c, lua_State *L, const char *path, err_t *e
        get_unit(L, "step_output", path, 1, 1, &c->step_output, e) ||
        get_unit(L, "event", path, 1, 1, &c->event_limit, e) ||
        get_unit(L, "run_seconds_between_yields", path, 0, 1000, &c->slice_ms, e) ||
-       get_unit(L, "run_memory", path, 1, 1, &c->run_memory, e)))
+       get_unit(L, "run_memory", path, 1, 1, &c->run_memory, e) ||
+       get_unit(L, "parked_runs", path, 1, 1, &c->parked_runs, e)))
     return ERR_INVALID;
   lua_pop(L, 1);
   lua_getfield(L, -1, "retry");

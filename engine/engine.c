@@ -45,6 +45,7 @@ int engine_open(struct engine *en, const struct config *cfg, enum sched_mode mod
     .http = en->http, .mode = mode, .lease_ttl_ms = cfg->lease_ttl_ms,
     .default_retries = cfg->retries, .backoff_ms = cfg->backoff_ms,
     .backoff_max_ms = cfg->backoff_max_ms, .step_output_limit = cfg->step_output,
+    .event_limit = cfg->event_limit, .max_parked = (int)cfg->parked_runs,
     .verbose = verbose,
   };
   if (sched_new(&so, &en->sched, e)) return e->code;

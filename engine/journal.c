@@ -31,6 +31,7 @@ journal_t *journal_new(void) { return calloc(1, sizeof(journal_t)); }
 
 void journal_free(journal_t *j) {
   if (!j) return;
+  for (size_t i = 0; i < j->n; i++) free(j->e[i].result);
   for (struct block *b = j->blocks, *next; b; b = next) {
     next = b->next;
     free(b);
@@ -90,27 +91,32 @@ static struct jentry *add(journal_t *j, enum jkind kind) {
     j->cap = cap;
   }
   struct jentry *e = &j->e[j->n++];
+  memset(e, 0, sizeof *e);
   e->kind = kind;
   return e;
+}
+
+/* Copy a run row's strings into the arena. */
+static void copy_run(journal_t *j, struct run_row *c, const struct run_row *r, int *fail) {
+  *c = *r;
+  c->id = dup(j, r->id, fail);
+  c->skill = dup(j, r->skill, fail);
+  c->version = dup(j, r->version, fail);
+  c->status = dup(j, r->status, fail);
+  c->entry = dup(j, r->entry, fail);
+  c->trigger = dup(j, r->trigger, fail);
+  c->parent_id = dup(j, r->parent_id, fail);
+  c->input = dup(j, r->input, fail);
+  c->output = dup(j, r->output, fail);
+  c->error = dup(j, r->error, fail);
+  c->owner = dup(j, r->owner, fail);
 }
 
 int journal_run_new(journal_t *j, const struct run_row *r) {
   struct jentry *e = add(j, J_RUN_NEW);
   if (!e) return ERR_NOMEM;
   int fail = 0;
-  struct run_row *c = &e->u.run;
-  *c = *r;
-  c->id = dup(j, r->id, &fail);
-  c->skill = dup(j, r->skill, &fail);
-  c->version = dup(j, r->version, &fail);
-  c->status = dup(j, r->status, &fail);
-  c->entry = dup(j, r->entry, &fail);
-  c->trigger = dup(j, r->trigger, &fail);
-  c->parent_id = dup(j, r->parent_id, &fail);
-  c->input = dup(j, r->input, &fail);
-  c->output = dup(j, r->output, &fail);
-  c->error = dup(j, r->error, &fail);
-  c->owner = dup(j, r->owner, &fail);
+  copy_run(j, &e->u.run, r, &fail);
   return fail ? ERR_NOMEM : 0;
 }
 
@@ -193,5 +199,92 @@ int journal_skill(journal_t *j, const struct skill_row *s) {
   c->description = dup(j, s->description, &fail);
   c->triggers = dup(j, s->triggers, &fail);
   c->error = dup(j, s->error, &fail);
+  return fail ? ERR_NOMEM : 0;
+}
+
+struct jentry *journal_last(journal_t *j) { return j->n ? &j->e[j->n - 1] : NULL; }
+
+void journal_set_result(const struct jentry *e, char *result) {
+  struct jentry *m = (struct jentry *)e;
+  free(m->result);
+  m->result = result;
+}
+
+int journal_event(journal_t *j, const struct event_row *ev) {
+  struct jentry *e = add(j, J_EVENT);
+  if (!e) return ERR_NOMEM;
+  int fail = 0;
+  struct event_row *c = &e->u.event;
+  *c = *ev;
+  c->id = dup(j, ev->id, &fail);
+  c->name = dup(j, ev->name, &fail);
+  c->data = dup(j, ev->data, &fail);
+  c->idem = dup(j, ev->idem, &fail);
+  return fail ? ERR_NOMEM : 0;
+}
+
+int journal_wait(journal_t *j, const struct wait_row *w) {
+  struct jentry *e = add(j, J_WAIT);
+  if (!e) return ERR_NOMEM;
+  int fail = 0;
+  struct wait_row *c = &e->u.wait;
+  *c = *w;
+  c->run_id = dup(j, w->run_id, &fail);
+  c->kind = dup(j, w->kind, &fail);
+  c->name = dup(j, w->name, &fail);
+  c->match_path = dup(j, w->match_path, &fail);
+  c->match_value = dup(j, w->match_value, &fail);
+  c->owner = dup(j, w->owner, &fail);
+  return fail ? ERR_NOMEM : 0;
+}
+
+int journal_wait_end(journal_t *j, const struct wait_end *w) {
+  struct jentry *e = add(j, J_WAIT_END);
+  if (!e) return ERR_NOMEM;
+  int fail = 0;
+  e->u.wait_end = *w;
+  e->u.wait_end.run_id = dup(j, w->run_id, &fail);
+  return fail ? ERR_NOMEM : 0;
+}
+
+int journal_child_done(journal_t *j, const struct child_done *cd) {
+  struct jentry *e = add(j, J_CHILD_DONE);
+  if (!e) return ERR_NOMEM;
+  int fail = 0;
+  e->u.child.child_id = dup(j, cd->child_id, &fail);
+  e->u.child.outcome = dup(j, cd->outcome, &fail);
+  return fail ? ERR_NOMEM : 0;
+}
+
+int journal_cancel(journal_t *j, const struct cancel_row *cr) {
+  struct jentry *e = add(j, J_CANCEL);
+  if (!e) return ERR_NOMEM;
+  int fail = 0;
+  e->u.cancel = *cr;
+  e->u.cancel.run_id = dup(j, cr->run_id, &fail);
+  e->u.cancel.reason = dup(j, cr->reason, &fail);
+  return fail ? ERR_NOMEM : 0;
+}
+
+int journal_slot(journal_t *j, const struct slot_row *sr) {
+  struct jentry *e = add(j, J_SLOT);
+  if (!e) return ERR_NOMEM;
+  int fail = 0;
+  e->u.slot = *sr;
+  e->u.slot.run_id = dup(j, sr->run_id, &fail);
+  e->u.slot.skill = dup(j, sr->skill, &fail);
+  e->u.slot.key = dup(j, sr->key, &fail);
+  return fail ? ERR_NOMEM : 0;
+}
+
+int journal_cron(journal_t *j, const struct cron_row *cr) {
+  struct jentry *e = add(j, J_CRON);
+  if (!e) return ERR_NOMEM;
+  int fail = 0;
+  struct cron_row *c = &e->u.cron;
+  *c = *cr;
+  c->skill = dup(j, cr->skill, &fail);
+  c->spec = dup(j, cr->spec, &fail);
+  copy_run(j, &c->run, &cr->run, &fail);
   return fail ? ERR_NOMEM : 0;
 }

@@ -65,7 +65,66 @@ struct skill_row {
   int64_t updated_at;
 };
 
-enum jkind { J_RUN_NEW, J_RUN_SET, J_STEP, J_ATTEMPT, J_LOG, J_VERSION, J_SKILL };
+/* An accepted event. A repeat of an idempotency key is ignored; the
+** entry's result is then the first event's id. */
+struct event_row {
+  const char *id, *name, *data, *idem;
+  int64_t ts;
+};
+
+/* A run parks on something durable: an event (kind "event"), a child run
+** (kind "child": name is the child's id) or a cancelling event (kind
+** "cancel", seq < 0). An event that arrived since `since` and matches is
+** taken at once: the entry's result is then the event (JSON). Registering
+** the same (run_id, seq) again is harmless: a delivered result is returned. */
+struct wait_row {
+  const char *run_id;
+  int seq;
+  const char *kind, *name, *match_path, *match_value, *owner;
+  int64_t since, timeout_at;
+};
+
+/* End a wait: its result (if it was delivered meanwhile) is the entry's
+** result, and the wait is removed. */
+struct wait_end {
+  const char *run_id;
+  int seq;
+};
+
+/* A child run ended: deliver its outcome to the parent's wait. */
+struct child_done {
+  const char *child_id, *outcome;
+};
+
+/* Cancel a run and its children. Unowned runs end at once; owned ones are
+** flagged for their owner. The entry's result is the run's status after
+** it ("cancelled", "cancelling"), or "ended:<status>" if it had ended. */
+struct cancel_row {
+  const char *run_id, *reason;
+  int64_t at;
+};
+
+/* A concurrency slot: acquire (the result is "1" when granted; otherwise
+** the run queues in order) or release (every slot and queue place of the run). */
+struct slot_row {
+  const char *run_id, *skill, *key;
+  int limit, acquire;
+  int64_t at;
+};
+
+/* A cron tick: fired once across all engines. When the tick is newer than
+** the last one fired for (skill, spec), the run is created and the entry's
+** result is "1". */
+struct cron_row {
+  const char *skill, *spec;
+  int64_t tick;
+  struct run_row run;
+};
+
+enum jkind {
+  J_RUN_NEW, J_RUN_SET, J_STEP, J_ATTEMPT, J_LOG, J_VERSION, J_SKILL,
+  J_EVENT, J_WAIT, J_WAIT_END, J_CHILD_DONE, J_CANCEL, J_SLOT, J_CRON,
+};
 
 struct jentry {
   enum jkind kind;
@@ -77,7 +136,16 @@ struct jentry {
     struct log_row log;
     struct version_row version;
     struct skill_row skill;
+    struct event_row event;
+    struct wait_row wait;
+    struct wait_end wait_end;
+    struct child_done child;
+    struct cancel_row cancel;
+    struct slot_row slot;
+    struct cron_row cron;
   } u;
+  char *result; /* set by the store for entries that answer (malloc'd; freed with the group) */
+  void *tag;    /* the caller's, to find its answer after the commit */
 };
 
 typedef struct journal journal_t;
@@ -102,5 +170,18 @@ int journal_attempt(journal_t *j, const struct attempt_row *a);
 int journal_log(journal_t *j, const struct log_row *l);
 int journal_version(journal_t *j, const struct version_row *v);
 int journal_skill(journal_t *j, const struct skill_row *s);
+int journal_event(journal_t *j, const struct event_row *ev);
+int journal_wait(journal_t *j, const struct wait_row *w);
+int journal_wait_end(journal_t *j, const struct wait_end *w);
+int journal_child_done(journal_t *j, const struct child_done *c);
+int journal_cancel(journal_t *j, const struct cancel_row *c);
+int journal_slot(journal_t *j, const struct slot_row *s);
+int journal_cron(journal_t *j, const struct cron_row *c);
+
+/* The entry appended last (to tag it), or NULL. */
+struct jentry *journal_last(journal_t *j);
+
+/* Set an entry's result (the store does, during a commit). */
+void journal_set_result(const struct jentry *e, char *result);
 
 #endif

@@ -5,13 +5,21 @@
 ** Budget. Skill code runs in "slices": from a resume (or a protected call)
 ** to the next yield. A slice may use at most slice_ms of time and grow the
 ** state's memory by at most run_memory bytes; past either, the slice is
-** killed: an error is raised in it, and the sandbox's pcall/xpcall raise it
-** again so skill code cannot swallow it. Time is checked by a count hook.
-** LuaJIT never calls hooks from compiled traces, so skill chunks are loaded
-** with the JIT off for them (luaJIT_setmode ALLFUNC|OFF): they always run
-** in the interpreter, where the hook fires; the runtime's own Lua keeps the
-** JIT. Time spent inside one C function (a huge string.rep, a pathological
-** pattern) is invisible to hooks; memory is still bounded by the allocator.
+** killed: an error naming the budget is raised in it, and the sandbox's
+** pcall/xpcall raise it again so skill code cannot swallow it. A killed
+** coroutine stays killed (core.killed() is true in its later slices too),
+** so a step that failed by a kill cannot be caught in orchestration code.
+** Time is checked by a count hook. LuaJIT never calls hooks from compiled
+** traces, so skill chunks are loaded with the JIT off for them
+** (luaJIT_setmode ALLFUNC|OFF): they always run in the interpreter, where
+** the hook fires; the runtime's own Lua keeps the JIT. Memory: growth past
+** the budget makes the hook run a full collection at the next instruction
+** and judge what is left (garbage does not count); one C call is refused
+** memory four budgets past that point. Time inside one C function is
+** invisible to hooks: the sandbox's string.find/match/gmatch/gsub are this
+** file's budget-checking copies of LuaJIT's, and string.rep checks the
+** memory budget first (core.reserve); other C functions are bounded by
+** the memory budget (see the known limits in tests/func/test_runaway.py).
 **
 ** The runtime's Lua files (lua/) are registered in package.preload and
 ** receive `core`, a table of C functions, as their first argument. Other

@@ -11,7 +11,8 @@
 
 enum {
   C_RUN = 1 << 0, C_INVOKE = 1 << 1, C_RUNS = 1 << 2, C_TRACE = 1 << 3, C_SKILLS = 1 << 4,
-  C_CHECK = 1 << 5, C_SERVE = 1 << 6, C_ALL = 0xffff,
+  C_CHECK = 1 << 5, C_SERVE = 1 << 6, C_SEND = 1 << 7, C_CANCEL = 1 << 8, C_RERUN = 1 << 9,
+  C_ALL = 0xffff,
 };
 
 struct command {
@@ -24,6 +25,9 @@ struct command {
 static const struct command commands[] = {
   {"run", C_RUN, cli_run, "run FILE-or-SKILL [--data JSON] | run --resume RUN_ID"},
   {"invoke", C_INVOKE, cli_invoke, "invoke SKILL [--data JSON] [--wait]"},
+  {"send", C_SEND, cli_send, "send NAME [--data JSON] [--id KEY]"},
+  {"cancel", C_CANCEL, cli_cancel, "cancel RUN_ID"},
+  {"rerun", C_RERUN, cli_rerun, "rerun RUN_ID"},
   {"runs", C_RUNS, cli_runs, "runs [--skill ID] [--status S] [--since 7d] [--trigger KIND] [--limit N]"},
   {"trace", C_TRACE, cli_trace, "trace RUN_ID"},
   {"skills", C_SKILLS, cli_skills, "skills"},
@@ -42,7 +46,8 @@ struct option {
 static const struct option options[] = {
   {"db", 1, C_ALL}, {"config", 1, C_ALL}, {"server", 1, C_ALL}, {"json", 0, C_ALL},
   {"verbose", 0, C_ALL}, {"quiet", 0, C_ALL},
-  {"data", 1, C_RUN | C_INVOKE}, {"resume", 1, C_RUN}, {"wait", 0, C_INVOKE},
+  {"data", 1, C_RUN | C_INVOKE | C_SEND}, {"resume", 1, C_RUN}, {"wait", 0, C_INVOKE},
+  {"id", 1, C_SEND},
   {"skill", 1, C_RUNS}, {"status", 1, C_RUNS}, {"since", 1, C_RUNS}, {"trigger", 1, C_RUNS},
   {"limit", 1, C_RUNS}, {"follow", 0, C_RUNS},
   {"workspace", 1, C_SERVE}, {"listen", 1, C_SERVE},
@@ -151,6 +156,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(name, "quiet")) c.quiet = 1;
     else if (!strcmp(name, "data")) c.data = val;
     else if (!strcmp(name, "resume")) c.resume = val;
+    else if (!strcmp(name, "id")) c.id = val;
     else if (!strcmp(name, "wait")) c.wait = 1;
     else if (!strcmp(name, "skill")) c.skill = val;
     else if (!strcmp(name, "status")) c.status = val;

@@ -12,13 +12,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void task_complete(struct task *t);
 
 /* ---- references and release ---- */
 
+void run__free_kids(struct task *t);
+
 static void run_free(struct run *r) {
-  free(r->trigger), free(r->input), free(r->parent_id), free(r->fail_error);
-  free(r->main.step_id);
+  run__free_kids(&r->main);
+  free(r->trigger), free(r->input), free(r->parent_id), free(r->fail_error), free(r->ckey);
+  free(r->main.step_id), free(r->main.wait_id), free(r->main.wait_child);
   free(r);
 }
 
@@ -26,8 +28,25 @@ void run_unref(struct run *r) {
   if (--r->refs <= 0) run_free(r);
 }
 
+void run__free_kids(struct task *t) {
+  for (int i = 0; i < t->nkids; i++) {
+    free(t->kid_value[i]);
+    if (t->kids[i]) {
+      run__task_cancel(t->kids[i]);
+      run__task_release(t->kids[i]);
+      free(t->kids[i]->step_id);
+      free(t->kids[i]);
+    }
+  }
+  free(t->kids), free(t->kid_value), free(t->kid_ok);
+  t->kids = NULL;
+  t->kid_value = NULL;
+  t->kid_ok = NULL;
+  t->nkids = t->kids_left = 0;
+}
+
 /* Drop the coroutine: nothing will resume it again. */
-static void task_release(struct task *t) {
+void run__task_release(struct task *t) {
   if (!t->co) return;
   lrt_t *lrt = sched__opts(t->run->sched)->lrt;
   luaL_unref(lrt_L(lrt), LUA_REGISTRYINDEX, t->co_ref);
@@ -36,8 +55,12 @@ static void task_release(struct task *t) {
 }
 
 /* Cancel whatever a task waits on that can be cancelled. */
-static void task_cancel(struct task *t) {
+void run__task_cancel(struct task *t) {
   sched_t *s = t->run->sched;
+  if (t->parked_long) {
+    t->parked_long = 0;
+    sched__parked(s, -1);
+  }
   sched__timer_stop(s, &t->timer);
   sched__timer_stop(s, &t->step_timer);
   if (t->xfer) {
@@ -49,12 +72,12 @@ static void task_cancel(struct task *t) {
 /* ---- waiting ---- */
 
 /* Park t until `waits` completions have come in. */
-static void park(struct task *t, int waits) {
+void run__park(struct task *t, int waits) {
   t->state = T_PARKED;
   t->waits = waits;
 }
 
-static void task_complete(struct task *t) {
+void run__complete(struct task *t) {
   if (t->run->aborted || t->state != T_PARKED) return;
   if (--t->waits <= 0) sched__ready(t->run->sched, t);
 }
@@ -62,22 +85,55 @@ static void task_complete(struct task *t) {
 static void on_durable(void *arg) {
   struct task *t = arg;
   struct run *r = t->run;
-  task_complete(t);
+  run__complete(t);
   run_unref(r);
 }
 
 /* Count one completion for t once the open group is durable. */
-static void wait_durable(struct task *t) {
+void run__wait_durable(struct task *t) {
   t->run->refs++;
   sched__after_commit(t->run->sched, on_durable, t);
 }
 
 static void on_timer(struct stimer *tm) {
   struct task *t = (struct task *)((char *)tm - offsetof(struct task, timer));
-  task_complete(t);
+  run__complete(t);
 }
 
 /* ---- finishing ---- */
+
+/* Create and start r's on_failure run, in the group that records r's failure. */
+static void start_on_failure(struct run *r, const char *error, int64_t now) {
+  sched_t *s = r->sched;
+  cJSON *trig = cJSON_CreateObject();
+  cJSON_AddStringToObject(trig, "kind", "on_failure");
+  cJSON_AddStringToObject(trig, "run_id", r->id);
+  cJSON *ej = error ? cJSON_Parse(error) : NULL;
+  cJSON_AddItemToObject(trig, "error", ej ? ej : cJSON_CreateNull());
+  char *tj = cJSON_PrintUnformatted(trig);
+  cJSON_Delete(trig);
+  struct run *f = calloc(1, sizeof *f);
+  if (!f || !tj) {
+    free(tj);
+    free(f);
+    return;
+  }
+  err_t e;
+  ids_ulid(now, f->id);
+  f->sched = s;
+  f->skill = r->skill;
+  f->entry = "on_failure";
+  f->trigger = tj;
+  f->input = r->input ? strdup(r->input) : NULL;
+  f->created_at = f->started_at = now;
+  struct run_row row = {
+    .id = f->id, .skill = r->skill->id, .version = r->skill->version, .status = "running",
+    .entry = "on_failure", .trigger = tj, .input = r->input, .owner = sched_owner(s),
+    .created_at = now, .started_at = now,
+  };
+  journal_run_new(sched__journal(s), &row);
+  if (run_start(s, f, NULL, &e)) fprintf(stderr, "moonloop: on_failure of %s: %s\n", r->id, e.msg);
+}
 
 struct done_ctx {
   struct run *r;
@@ -95,18 +151,38 @@ static void on_finished_durable(void *arg) {
 
 /* Journal the end of a run, its on_failure run if it has one, and report
 ** it once durable. */
-static void finish(struct run *r, const char *status, const char *output, const char *error) {
+void run__finish(struct run *r, const char *status, const char *output, const char *error) {
   sched_t *s = r->sched;
   const struct sched_opts *o = sched__opts(s);
   journal_t *j = sched__journal(s);
   int64_t now = units_now_ms();
+  if (strcmp(status, "completed")) {
+    /* A run that did not complete takes its live children with it. */
+    struct cancel_row c = {.run_id = r->id, .reason = "its parent run ended", .at = now};
+    journal_cancel(j, &c);
+  }
   struct run_set set = {.run_id = r->id, .status = status, .output = output, .error = error,
                         .ended_at = now};
   journal_run_set(j, &set);
+  if (r->parent_id) {
+    cJSON *oc = cJSON_CreateObject();
+    cJSON_AddStringToObject(oc, "run_id", r->id);
+    cJSON_AddStringToObject(oc, "status", status);
+    cJSON *ov = output ? cJSON_Parse(output) : NULL, *ev = error ? cJSON_Parse(error) : NULL;
+    cJSON_AddItemToObject(oc, "output", ov ? ov : cJSON_CreateNull());
+    cJSON_AddItemToObject(oc, "error", ev ? ev : cJSON_CreateNull());
+    char *ocj = cJSON_PrintUnformatted(oc);
+    cJSON_Delete(oc);
+    struct child_done cd = {.child_id = r->id, .outcome = ocj};
+    journal_child_done(j, &cd);
+    free(ocj);
+  }
   r->finished = 1;
-  task_cancel(&r->main);
-  task_release(&r->main);
+  run__free_kids(&r->main);
+  run__task_cancel(&r->main);
+  run__task_release(&r->main);
   sched__timer_stop(s, &r->deadline);
+  sched__timer_stop(s, &r->wake);
   if (o->verbose) {
     char d[32];
     units_fmt_duration(now - r->started_at, d, sizeof d);
@@ -115,36 +191,8 @@ static void finish(struct run *r, const char *status, const char *output, const 
   /* on_failure runs as its own durable run, created in the same group as
   ** the failure, so it cannot be lost between the two. */
   if (!strcmp(status, "failed") && r->skill && r->skill->has_on_failure &&
-      !strcmp(r->entry, "run")) {
-    cJSON *trig = cJSON_CreateObject();
-    cJSON_AddStringToObject(trig, "kind", "on_failure");
-    cJSON_AddStringToObject(trig, "run_id", r->id);
-    cJSON *ej = error ? cJSON_Parse(error) : NULL;
-    cJSON_AddItemToObject(trig, "error", ej ? ej : cJSON_CreateNull());
-    char *tj = cJSON_PrintUnformatted(trig);
-    cJSON_Delete(trig);
-    struct run *f = calloc(1, sizeof *f);
-    if (f && tj) {
-      err_t e;
-      ids_ulid(now, f->id);
-      f->sched = s;
-      f->skill = r->skill;
-      f->entry = "on_failure";
-      f->trigger = tj;
-      f->input = r->input ? strdup(r->input) : NULL;
-      f->created_at = f->started_at = now;
-      struct run_row row = {
-        .id = f->id, .skill = r->skill->id, .version = r->skill->version, .status = "running",
-        .entry = "on_failure", .trigger = tj, .input = r->input, .owner = sched_owner(s),
-        .created_at = now, .started_at = now,
-      };
-      journal_run_new(j, &row);
-      if (run_start(s, f, NULL, &e)) fprintf(stderr, "moonloop: on_failure of %s: %s\n", r->id, e.msg);
-    } else {
-      free(tj);
-      free(f);
-    }
-  }
+      !strcmp(r->entry, "run"))
+    start_on_failure(r, error, now);
   struct done_ctx *d = calloc(1, sizeof *d);
   if (d) {
     d->r = r;
@@ -160,22 +208,42 @@ static void finish(struct run *r, const char *status, const char *output, const 
 
 void run_abort(struct run *r, const char *status, const char *error_json) {
   if (r->aborted || r->finished) return;
-  r->aborted = 1;
   if (status) {
-    r->aborted = 0; /* finish() journals it as a normal end */
-    finish(r, status, NULL, error_json);
+    run__finish(r, status, NULL, error_json);
     r->aborted = 1;
     return;
   }
   /* Dropped without a write (lost lease, stop): whoever takes the run over
   ** replays it from its journal. */
+  r->aborted = 1;
   sched_t *s = r->sched;
-  task_cancel(&r->main);
-  task_release(&r->main);
+  run__free_kids(&r->main);
+  run__task_cancel(&r->main);
+  run__task_release(&r->main);
   sched__timer_stop(s, &r->deadline);
+  sched__timer_stop(s, &r->wake);
   sched__run_done(s, r, "abandoned", NULL, NULL);
   sched__run_unlink(s, r);
   run_unref(r);
+}
+
+void run_cancelled(struct run *r, const char *reason) {
+  if (r->aborted || r->finished) return;
+  cJSON *e = cJSON_CreateObject();
+  char msg[600];
+  /* The reason is a message, or the JSON of the event that cancelled it. */
+  cJSON *ev = reason && reason[0] == '{' ? cJSON_Parse(reason) : NULL;
+  cJSON *name = cJSON_GetObjectItem(ev, "name"), *id = cJSON_GetObjectItem(ev, "id");
+  if (cJSON_IsString(name))
+    snprintf(msg, sizeof msg, "cancelled by event %s (%s)", name->valuestring,
+             cJSON_IsString(id) ? id->valuestring : "?");
+  else snprintf(msg, sizeof msg, "cancelled: %s", reason ? reason : "on request");
+  cJSON_Delete(ev);
+  cJSON_AddStringToObject(e, "message", msg);
+  char *ej = cJSON_PrintUnformatted(e);
+  cJSON_Delete(e);
+  run_abort(r, "cancelled", ej);
+  free(ej);
 }
 
 static void on_deadline(struct stimer *tm) {
@@ -207,7 +275,8 @@ static void push_cfg(lua_State *L, struct skill *sk, const struct sched_opts *o)
   sk->cfg_ref = luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
-int run_start(sched_t *s, struct run *r, const cJSON *journal, err_t *e) {
+int run_boot(struct run *r, const cJSON *journal, err_t *e) {
+  sched_t *s = r->sched;
   const struct sched_opts *o = sched__opts(s);
   lua_State *L = lrt_L(o->lrt);
   int top = lua_gettop(L);
@@ -238,23 +307,131 @@ int run_start(sched_t *s, struct run *r, const cJSON *journal, err_t *e) {
   lua_settop(L, top);
   r->main.run = r;
   r->main.timer.fn = on_timer;
-  r->refs = 1;
-  r->deadline.fn = on_deadline;
-  sched__run_link(s, r);
-  if (r->deadline_at) sched__timer_start(s, &r->deadline, r->deadline_at);
+  r->main.state = T_PARKED;
+  r->dormant = 0;
+  sched__timer_stop(s, &r->wake);
   sched__ready(s, &r->main);
   return 0;
 fail:
   lua_settop(L, top);
-  err_prefix(e, "starting run %s", r->id);
-  run_free(r);
-  return e->code;
+  return err_prefix(e, "starting run %s", r->id);
+}
+
+static void on_wake(struct stimer *tm) {
+  run_wake((struct run *)((char *)tm - offsetof(struct run, wake)));
+}
+
+/* The value (compact JSON) at a path such as "event.data.service" or
+** "data.service" in r's event, whose data is the input for runs not
+** started by an event; "null" when it is not there. */
+static char *event_value(struct run *r, const char *path) {
+  cJSON *trig = r->trigger ? cJSON_Parse(r->trigger) : NULL;
+  cJSON *ev = cJSON_GetObjectItem(trig, "event"), *made = NULL;
+  if (!cJSON_IsObject(ev)) {
+    made = cJSON_CreateObject();
+    cJSON *in = r->input ? cJSON_Parse(r->input) : NULL;
+    cJSON_AddItemToObject(made, "data", in ? in : cJSON_CreateNull());
+    ev = made;
+  }
+  if (!strncmp(path, "event.", 6)) path += 6;
+  const cJSON *v = ev;
+  char seg[128];
+  while (v && *path) {
+    size_t n = strcspn(path, ".");
+    if (n >= sizeof seg) n = sizeof seg - 1;
+    memcpy(seg, path, n);
+    seg[n] = 0;
+    v = cJSON_GetObjectItemCaseSensitive(v, seg);
+    path += n + (path[n] == '.');
+  }
+  char *val = v ? cJSON_PrintUnformatted(v) : strdup("null");
+  cJSON_Delete(trig);
+  cJSON_Delete(made);
+  return val;
+}
+
+/* Register r's cancel_on events as waits (again, harmlessly, on a replay). */
+static void register_cancel_on(struct run *r) {
+  cJSON *list = cJSON_Parse(r->skill->cancel_on);
+  const cJSON *c;
+  int i = 0;
+  cJSON_ArrayForEach(c, list) {
+    const cJSON *ev = cJSON_GetObjectItem(c, "event"), *match = cJSON_GetObjectItem(c, "match");
+    if (!cJSON_IsString(ev)) continue;
+    char *value = cJSON_IsString(match) ? event_value(r, match->valuestring) : NULL;
+    struct wait_row w = {
+      .run_id = r->id, .seq = -(++i), .kind = "cancel", .name = ev->valuestring,
+      .match_path = cJSON_IsString(match) ? match->valuestring : NULL, .match_value = value,
+      .owner = sched_owner(r->sched), .since = r->created_at,
+    };
+    journal_wait(sched__journal(r->sched), &w);
+    free(value);
+  }
+  cJSON_Delete(list);
+}
+
+void run__release_slot(struct run *r) {
+  if (!r->slot_held) return;
+  r->slot_held = 0;
+  struct slot_row sl = {.run_id = r->id, .acquire = 0};
+  journal_slot(sched__journal(r->sched), &sl);
+}
+
+/* Take a run into the scheduler: references, timers, the map. */
+static void link_run(sched_t *s, struct run *r) {
+  if (r->skill && r->skill->concurrency_limit > 0 && !r->ckey)
+    r->ckey = r->skill->concurrency_key ? event_value(r, r->skill->concurrency_key) : strdup("");
+  if (r->skill && r->skill->cancel_on) register_cancel_on(r);
+  r->sched = s;
+  r->main.run = r;
+  r->main.timer.fn = on_timer;
+  r->refs = 1;
+  r->deadline.fn = on_deadline;
+  r->wake.fn = on_wake;
+  sched__run_link(s, r);
+  if (r->deadline_at) sched__timer_start(s, &r->deadline, r->deadline_at);
+}
+
+int run_start(sched_t *s, struct run *r, const cJSON *journal, err_t *e) {
+  link_run(s, r);
+  if (run_boot(r, journal, e)) {
+    sched__timer_stop(s, &r->deadline);
+    sched__run_unlink(s, r);
+    run_unref(r);
+    return e->code;
+  }
+  return 0;
+}
+
+int run_start_dormant(sched_t *s, struct run *r, int64_t wake_at) {
+  link_run(s, r);
+  r->dormant = 1;
+  r->wake_at = wake_at;
+  if (wake_at) sched__timer_start(s, &r->wake, wake_at);
+  return 0;
+}
+
+void run_wake(struct run *r) {
+  if (!r->dormant || r->aborted || r->finished) return;
+  sched_t *s = r->sched;
+  cJSON *steps = NULL;
+  err_t e;
+  if (store_get_steps(sched__opts(s)->store, r->id, &steps, &e) || run_boot(r, steps, &e)) {
+    /* The run cannot go on here: fail it with the reason in its trace. */
+    cJSON *ej = cJSON_CreateObject();
+    cJSON_AddStringToObject(ej, "message", e.msg);
+    char *js = cJSON_PrintUnformatted(ej);
+    cJSON_Delete(ej);
+    run_abort(r, "failed", js);
+    free(js);
+  }
+  cJSON_Delete(steps);
 }
 
 /* ---- resuming and the ops ---- */
 
-static void verbose_step(struct run *r, const char *mark, const char *id, int64_t ms,
-                         const char *extra) {
+void run__verbose(struct run *r, const char *mark, const char *id, int64_t ms,
+                  const char *extra) {
   if (!sched__opts(r->sched)->verbose) return;
   char d[32];
   units_fmt_duration(ms, d, sizeof d);
@@ -271,10 +448,10 @@ static void op_commit(struct task *t, lua_State *co) {
     .attempts = (int)lua_tointeger(co, 6), .started_at = num(co, 7), .ended_at = num(co, 8),
   };
   journal_step(sched__journal(r->sched), &row);
-  verbose_step(r, "\xe2\x9c\x93", row.id, row.ended_at - row.started_at, NULL);
+  run__verbose(r, "\xe2\x9c\x93", row.id, row.ended_at - row.started_at, NULL);
   lua_settop(co, 0);
-  park(t, 1);
-  wait_durable(t);
+  run__park(t, 1);
+  run__wait_durable(t);
 }
 
 static void op_retry(struct task *t, lua_State *co) {
@@ -296,11 +473,11 @@ static void op_retry(struct task *t, lua_State *co) {
   units_fmt_duration(delay, d, sizeof d);
   snprintf(extra, sizeof extra, "attempt %d failed: %.400s; retrying in %s", a.n,
            a.error ? a.error : "", d);
-  verbose_step(r, "\xe2\x86\xbb", row.id, now - a.started_at, extra);
+  run__verbose(r, "\xe2\x86\xbb", row.id, now - a.started_at, extra);
   lua_settop(co, 0);
   /* Both: the attempt is durable, and the backoff has passed. */
-  park(t, 2);
-  wait_durable(t);
+  run__park(t, 2);
+  run__wait_durable(t);
   sched__timer_start(r->sched, &t->timer, a.retry_at);
 }
 
@@ -319,65 +496,16 @@ static void op_fail(struct task *t, lua_State *co) {
   journal_t *j = sched__journal(r->sched);
   journal_attempt(j, &a);
   journal_step(j, &row);
-  verbose_step(r, "\xe2\x9c\x97", row.id, a.ended_at - row.started_at, a.error);
+  run__verbose(r, "\xe2\x9c\x97", row.id, a.ended_at - row.started_at, a.error);
   lua_settop(co, 0);
-  park(t, 1);
-  wait_durable(t);
-}
-
-struct sleep_ctx {
-  struct task *t;
-  int seq;
-  char *id;
-  int64_t started;
-};
-
-static void on_sleep_end(struct stimer *tm);
-
-static void op_sleep(struct task *t, lua_State *co) {
-  struct run *r = t->run;
-  int64_t wake_at = num(co, 4);
-  free(t->step_id);
-  t->step_id = strdup(lua_tostring(co, 3));
-  t->step_seq = (int)lua_tointeger(co, 2);
-  t->step_started = num(co, 5);
-  struct step_row row = {
-    .run_id = r->id, .seq = t->step_seq, .id = t->step_id, .kind = "sleep",
-    .status = "sleeping", .attempts = 1, .started_at = t->step_started, .wake_at = wake_at,
-  };
-  struct run_set set = {.run_id = r->id, .status = "sleeping", .wake_at = wake_at};
-  journal_t *j = sched__journal(r->sched);
-  journal_step(j, &row);
-  journal_run_set(j, &set);
-  lua_settop(co, 0);
-  park(t, 1);
-  t->timer.fn = on_sleep_end;
-  sched__timer_start(r->sched, &t->timer, wake_at);
-}
-
-static void on_sleep_end(struct stimer *tm) {
-  struct task *t = (struct task *)((char *)tm - offsetof(struct task, timer));
-  struct run *r = t->run;
-  t->timer.fn = on_timer;
-  int64_t now = units_now_ms();
-  struct step_row row = {
-    .run_id = r->id, .seq = t->step_seq, .id = t->step_id, .kind = "sleep",
-    .status = "completed", .attempts = 1, .started_at = t->step_started, .ended_at = now,
-  };
-  struct run_set set = {.run_id = r->id, .status = "running"};
-  journal_t *j = sched__journal(r->sched);
-  journal_step(j, &row);
-  journal_run_set(j, &set);
-  verbose_step(r, "\xe2\x9c\x93", t->step_id, now - t->step_started, "(sleep)");
-  lua_pushnumber(t->co, (lua_Number)now);
-  t->nres = 1;
-  wait_durable(t); /* waits stays 1: the durable write is the completion */
+  run__park(t, 1);
+  run__wait_durable(t);
 }
 
 static void op_backoff(struct task *t, lua_State *co) {
   int64_t at = num(co, 3);
   lua_settop(co, 0);
-  park(t, 1);
+  run__park(t, 1);
   sched__timer_start(t->run->sched, &t->timer, at);
 }
 
@@ -421,7 +549,7 @@ static void on_http(const struct httpc_resp *resp, void *ud) {
     lua_setfield(co, -2, "headers");
     t->nres = 1;
   }
-  task_complete(t);
+  run__complete(t);
 }
 
 static void op_http(struct task *t, lua_State *co) {
@@ -472,50 +600,51 @@ static void op_http(struct task *t, lua_State *co) {
   int rc = httpc_start(o->http, &req, on_http, t, &t->xfer, &e);
   for (int i = 0; i < nh; i++) free(hdrs[i]);
   lua_settop(co, 0);
-  park(t, 1);
+  run__park(t, 1);
   if (rc) {
     lua_pushnil(co);
     lua_pushstring(co, e.msg);
     t->nres = 2;
-    task_complete(t);
+    run__complete(t);
   }
   return;
 fail:
   for (int i = 0; i < nh; i++) free(hdrs[i]);
   lua_settop(co, 0);
-  park(t, 1);
+  run__park(t, 1);
   lua_pushnil(co);
   lua_pushstring(co, e.msg);
   t->nres = 2;
-  task_complete(t);
+  run__complete(t);
 }
 
-/* The main function returned (ok, payload) or raised past every handler. */
+/* A task's function returned (ok, payload) or raised past every handler. */
 static void task_finished(struct task *t, int rc) {
   struct run *r = t->run;
   lua_State *co = t->co;
   const char *kill = lrt_killed(sched__opts(r->sched)->lrt);
+  int ok = 0;
+  char *payload = NULL;
   if (rc == 0) {
-    int ok = lua_toboolean(co, 1);
-    char *payload = lua_isstring(co, 2) ? strdup(lua_tostring(co, 2)) : NULL;
-    lua_settop(co, 0);
-    finish(r, ok ? "completed" : "failed", ok ? (payload ? payload : "null") : NULL,
-           ok ? NULL : payload);
-    free(payload);
-    return;
+    ok = lua_toboolean(co, 1);
+    payload = lua_isstring(co, 2) ? strdup(lua_tostring(co, 2)) : NULL;
+  } else {
+    const char *msg = *kill ? kill : lua_isstring(co, -1) ? lua_tostring(co, -1) : "error";
+    cJSON *ej = cJSON_CreateObject();
+    cJSON_AddStringToObject(ej, "message", msg);
+    payload = cJSON_PrintUnformatted(ej);
+    cJSON_Delete(ej);
   }
-  const char *msg = *kill ? kill : lua_isstring(co, -1) ? lua_tostring(co, -1) : "error";
-  cJSON *ej = cJSON_CreateObject();
-  cJSON_AddStringToObject(ej, "message", msg);
-  char *js = cJSON_PrintUnformatted(ej);
-  cJSON_Delete(ej);
-  finish(r, "failed", NULL, js);
-  free(js);
+  lua_settop(co, 0);
+  if (t->parent) run_child_ended(t, ok, payload);
+  else run__finish(r, ok ? "completed" : "failed", ok ? (payload ? payload : "null") : NULL,
+                   ok ? NULL : payload);
+  free(payload);
 }
 
 void run_resume(struct task *t) {
   struct run *r = t->run;
-  if (r->aborted || r->finished || t->state != T_READY || !t->co) return;
+  if (r->aborted || r->finished || r->dormant || t->state != T_READY || !t->co) return;
   sched_t *s = r->sched;
   lrt_t *lrt = sched__opts(s)->lrt;
   t->state = T_RUNNING;
@@ -533,12 +662,16 @@ void run_resume(struct task *t) {
   case OP_COMMIT: op_commit(t, co); break;
   case OP_RETRY: op_retry(t, co); break;
   case OP_FAIL: op_fail(t, co); break;
-  case OP_SLEEP: op_sleep(t, co); break;
+  case OP_SLEEP: run_op_sleep(t, co); break;
+  case OP_WAIT: run_op_wait(t, co); break;
+  case OP_INVOKE: run_op_invoke(t, co); break;
+  case OP_SEND: run_op_send(t, co); break;
+  case OP_PARALLEL: run_op_parallel(t, co); break;
   case OP_BACKOFF: op_backoff(t, co); break;
   case OP_HTTP: op_http(t, co); break;
   default: {
     lua_settop(co, 0);
-    finish(r, "failed", NULL, "{\"message\":\"internal error: unknown op yielded\"}");
+    run__finish(r, "failed", NULL, "{\"message\":\"internal error: unknown op yielded\"}");
   }
   }
 }
@@ -583,7 +716,7 @@ static void on_step_timeout(struct stimer *tm) {
     lua_pushnil(t->co);
     lua_pushstring(t->co, msg);
     t->nres = 2;
-    task_complete(t);
+    run__complete(t);
   }
 }
 
@@ -618,10 +751,11 @@ void run_register_core(lrt_t *lrt, sched_t *s) {
   lrt_register(lrt, "log", c_log, s);
   lrt_register(lrt, "step_begin", c_step_begin, s);
   lrt_register(lrt, "step_end", c_step_end, s);
-  lua_createtable(L, 0, 8);
+  lua_createtable(L, 0, 12);
   static const struct { const char *name; int op; } ops[] = {
     {"COMMIT", OP_COMMIT}, {"RETRY", OP_RETRY}, {"FAIL", OP_FAIL},
     {"SLEEP", OP_SLEEP}, {"BACKOFF", OP_BACKOFF}, {"HTTP", OP_HTTP},
+    {"WAIT", OP_WAIT}, {"INVOKE", OP_INVOKE}, {"SEND", OP_SEND}, {"PARALLEL", OP_PARALLEL},
   };
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
     lua_pushinteger(L, ops[i].op);

@@ -38,6 +38,10 @@ enum run_op {
   OP_SLEEP,      /* durable sleep until a time */
   OP_BACKOFF,    /* replay: wait out a recorded backoff */
   OP_HTTP,       /* an HTTP request */
+  OP_WAIT,       /* wait for an event */
+  OP_INVOKE,     /* start a child run and wait for it */
+  OP_SEND,       /* send events */
+  OP_PARALLEL,   /* run step bodies in child tasks */
 };
 
 /* A timer in the scheduler's heap. */
@@ -69,6 +73,22 @@ struct task {
   int step_timed_out;
   int64_t step_timeout_ms;
   struct stimer step_timer;
+  /* a step.parallel child: its parent task and place */
+  struct task *parent;
+  int child_index;
+  /* a step.parallel parent: its children and what they returned */
+  struct task **kids;
+  int nkids, kids_left;
+  char **kid_value;
+  int *kid_ok;
+  /* a sleep, wait or invoke in progress (the main task only) */
+  int wait_seq;
+  char *wait_id;
+  const char *wait_kind; /* "sleep", "wait", "invoke" */
+  char *wait_child;      /* invoke: the child run's id */
+  int64_t wait_started, wait_until;
+  int waiting;           /* registered and not yet ending */
+  int parked_long;       /* counted in the scheduler's parked runs */
 };
 
 struct run {
@@ -82,7 +102,12 @@ struct run {
   int refs;          /* pending completions that cannot be cancelled, plus one while live */
   int finished;      /* its terminal status is journaled */
   int aborted;
+  int dormant;       /* parked without a coroutine: woken by replay */
+  int64_t wake_at;   /* dormant: when to wake (0: when something is delivered) */
+  struct stimer wake;
   struct stimer deadline;
+  char *ckey;        /* its concurrency key's value (JSON), when the skill has a limit */
+  int slot_held, slot_pending;
   struct run *prev, *next; /* the scheduler's list of live runs */
 };
 
@@ -90,6 +115,18 @@ struct run {
 ** a cJSON array from store_get_steps or NULL) and make its main task ready.
 ** On failure the run is not created. */
 int run_start(sched_t *s, struct run *r, const cJSON *journal, err_t *e);
+
+/* Build a run's coroutine and make its main task ready: replaying journal
+** (a cJSON array from store_get_steps, or NULL for a new run). The run
+** must be linked already. */
+int run_boot(struct run *r, const cJSON *journal, err_t *e);
+
+/* Keep a stored run without a coroutine until wake_at (0: until something
+** is delivered to it); it is then replayed. */
+int run_start_dormant(sched_t *s, struct run *r, int64_t wake_at);
+
+/* Wake a dormant run: read its journal and replay it. */
+void run_wake(struct run *r);
 
 /* Resume a ready task once and handle what it yields. */
 void run_resume(struct task *t);
@@ -101,12 +138,59 @@ void run_abort(struct run *r, const char *status, const char *error_json);
 /* Release a reference; frees the run at zero. */
 void run_unref(struct run *r);
 
+/* The store says a wait of r (at seq) got its result. */
+void run_delivered(struct run *r, int seq);
+
+/* Someone asked to cancel r (reason: a message or the cancelling event). */
+void run_cancelled(struct run *r, const char *reason);
+
+/* The ops of the flow steps (run_flow.c), called from run_resume. */
+void run_op_sleep(struct task *t, lua_State *co);
+void run_op_wait(struct task *t, lua_State *co);
+void run_op_invoke(struct task *t, lua_State *co);
+void run_op_send(struct task *t, lua_State *co);
+void run_op_parallel(struct task *t, lua_State *co);
+/* A step.parallel child ended with (ok, value JSON). */
+void run_child_ended(struct task *t, int ok, const char *value);
+/* Shared by run.c and run_flow.c. */
+void run__park(struct task *t, int waits);
+void run__complete(struct task *t);
+void run__wait_durable(struct task *t);
+void run__task_cancel(struct task *t);
+void run__task_release(struct task *t);
+void run__free_kids(struct task *t);
+void run__finish(struct run *r, const char *status, const char *output, const char *error);
+void run__verbose(struct run *r, const char *mark, const char *id, int64_t ms, const char *extra);
+/* Give back r's concurrency slot (it parks for long). */
+void run__release_slot(struct run *r);
+/* Wait for runs that could not get a slot (sched.c keeps them). */
+void sched__slot_wait(sched_t *s, struct run *r);
+
 /* Register the run context's C functions in core (log, step_begin, ...). */
 void run_register_core(lrt_t *lrt, sched_t *s);
 
 /* ---- scheduler internals used by the run context ---- */
 journal_t *sched__journal(sched_t *s);
 void sched__after_commit(sched_t *s, void (*fn)(void *arg), void *arg);
+/* Call fn with the entry appended last, once its group is durable. */
+void sched__after_entry(sched_t *s, void (*fn)(void *arg, const struct jentry *e), void *arg);
+struct run *sched__find(sched_t *s, const char *id);
+void sched__parked(sched_t *s, int delta);
+int sched__parked_count(const sched_t *s);
+void sched__want_poll(sched_t *s);
+void sched__want_dispatch(sched_t *s);
+/* A skill version, loaded (from the cache or the store). */
+int sched__version_skill(sched_t *s, const char *version, struct skill **out, err_t *e);
+/* The live version of a registered skill, loaded. */
+int sched__live_skill(sched_t *s, const char *id, struct skill **out, err_t *e);
+/* The registry changed: rearm the cron triggers (sched_cron.c). */
+void sched__skills_changed(sched_t *s);
+void sched__crons_free(sched_t *s);
+struct cron_entry *sched__crons(sched_t *s);
+void sched__set_crons(sched_t *s, struct cron_entry *list);
+/* Start a run whose row is already journaled (owned by this process). */
+int sched__start_existing(sched_t *s, struct skill *skill, const char *id, const char *trigger,
+                          const char *input, int64_t at, err_t *e);
 void sched__timer_start(sched_t *s, struct stimer *t, int64_t at_ms);
 void sched__timer_stop(sched_t *s, struct stimer *t);
 void sched__ready(sched_t *s, struct task *t);

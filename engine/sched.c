@@ -24,10 +24,13 @@
 #define DRAIN_MAX 20000
 #define TICK_MS 50
 
-/* Something to call once the group it belongs to is durable. */
+/* Something to call once the group it belongs to is durable: fn, or efn
+** with the journal entry idx of that group (to read the store's answer). */
 struct gwait {
   void (*fn)(void *arg);
+  void (*efn)(void *arg, const struct jentry *e);
   void *arg;
+  size_t idx;
 };
 
 struct group {
@@ -36,7 +39,7 @@ struct group {
   size_t nw, cap;
 };
 
-enum job_kind { JOB_COMMIT, JOB_CLAIM, JOB_REAP };
+enum job_kind { JOB_COMMIT, JOB_CLAIM, JOB_REAP, JOB_DISPATCH };
 
 struct job {
   uv_work_t work;
@@ -77,6 +80,14 @@ struct sched {
   struct done_waiter *done;
   int stopping;
   int claim_wanted;
+  int dispatch_wanted;
+  int poll_wanted;
+  struct run **map; /* live runs by id: open addressing, NULL or TOMBSTONE */
+  size_t map_cap, map_n;
+  int parked;       /* main tasks parked on a sleep, wait or invoke, in memory */
+  struct cron_entry *crons;
+  struct run **slot_waiters; /* runs refused a slot, to try again at the next poll */
+  int nslot_waiters;
   int64_t data_version;
   int64_t last_commit_ms, last_claim_ms, last_reap_ms;
   struct sched_stats stats;
@@ -100,7 +111,7 @@ static int group_init(struct group *g) {
 
 static int group_empty(const struct group *g) { return !g->j || (!journal_count(g->j) && !g->nw); }
 
-void sched__after_commit(sched_t *s, void (*fn)(void *arg), void *arg) {
+static struct gwait *add_wait(sched_t *s) {
   struct group *g = &s->open;
   if (g->nw == g->cap) {
     size_t cap = g->cap ? g->cap * 2 : 256;
@@ -109,14 +120,97 @@ void sched__after_commit(sched_t *s, void (*fn)(void *arg), void *arg) {
     g->w = w;
     g->cap = cap;
   }
-  g->w[g->nw].fn = fn;
-  g->w[g->nw].arg = arg;
-  g->nw++;
+  struct gwait *w = &g->w[g->nw++];
+  memset(w, 0, sizeof *w);
+  return w;
 }
+
+void sched__after_commit(sched_t *s, void (*fn)(void *arg), void *arg) {
+  struct gwait *w = add_wait(s);
+  w->fn = fn;
+  w->arg = arg;
+}
+
+void sched__after_entry(sched_t *s, void (*fn)(void *arg, const struct jentry *e), void *arg) {
+  size_t n = journal_count(s->open.j);
+  struct gwait *w = add_wait(s);
+  w->efn = fn;
+  w->arg = arg;
+  w->idx = n ? n - 1 : 0;
+}
+
+/* ---- the map of live runs ---- */
+
+#define TOMBSTONE ((struct run *)1)
+
+static size_t hash_id(const char *id) {
+  size_t h = 1469598103934665603u;
+  for (; *id; id++) h = (h ^ (unsigned char)*id) * 1099511628211u;
+  return h;
+}
+
+static void map_put(sched_t *s, struct run *r);
+
+static void map_grow(sched_t *s) {
+  struct run **old = s->map;
+  size_t oldcap = s->map_cap;
+  s->map_cap = oldcap ? oldcap * 2 : 1024;
+  s->map = calloc(s->map_cap, sizeof *s->map);
+  if (!s->map) abort();
+  s->map_n = 0;
+  for (size_t i = 0; i < oldcap; i++)
+    if (old[i] && old[i] != TOMBSTONE) map_put(s, old[i]);
+  free(old);
+}
+
+static void map_put(sched_t *s, struct run *r) {
+  if ((s->map_n + 1) * 2 > s->map_cap) map_grow(s);
+  size_t i = hash_id(r->id) & (s->map_cap - 1);
+  while (s->map[i] && s->map[i] != TOMBSTONE) i = (i + 1) & (s->map_cap - 1);
+  s->map[i] = r;
+  s->map_n++;
+}
+
+struct run *sched__find(sched_t *s, const char *id) {
+  if (!s->map_cap) return NULL;
+  size_t i = hash_id(id) & (s->map_cap - 1);
+  while (s->map[i]) {
+    if (s->map[i] != TOMBSTONE && !strcmp(s->map[i]->id, id)) return s->map[i];
+    i = (i + 1) & (s->map_cap - 1);
+  }
+  return NULL;
+}
+
+static void map_del(sched_t *s, struct run *r) {
+  if (!s->map_cap) return;
+  size_t i = hash_id(r->id) & (s->map_cap - 1);
+  while (s->map[i]) {
+    if (s->map[i] == r) {
+      s->map[i] = TOMBSTONE;
+      /* Tombstones count towards the load; map_n tracks live entries only
+      ** for growth, which is fine at these sizes. */
+      return;
+    }
+    i = (i + 1) & (s->map_cap - 1);
+  }
+}
+
+void sched__parked(sched_t *s, int delta) { s->parked += delta; }
+int sched__parked_count(const sched_t *s) { return s->parked; }
+void sched__want_poll(sched_t *s) { s->poll_wanted = 1; }
+void sched__want_dispatch(sched_t *s) { s->dispatch_wanted = 1; }
 
 /* ---- the ready queue ---- */
 
+static void gate(sched_t *s, struct run *r);
+
 void sched__ready(sched_t *s, struct task *t) {
+  struct run *r = t->run;
+  if (t == &r->main && r->skill && r->skill->concurrency_limit > 0 && !r->slot_held) {
+    /* A run executes only while it holds a concurrency slot. */
+    gate(s, r);
+    return;
+  }
   t->run->refs++; /* released once the task has been resumed (or skipped) */
   t->state = T_READY;
   t->next_ready = NULL;
@@ -147,6 +241,56 @@ static void idle_cb(uv_idle_t *h) {
     run_unref(r);
   }
   if (!s->ready_head) uv_idle_stop(&s->idle);
+}
+
+/* ---- concurrency slots ---- */
+
+static void on_slot(void *arg, const struct jentry *je) {
+  struct run *r = arg;
+  sched_t *s = r->sched;
+  r->slot_pending = 0;
+  if (!r->aborted && !r->finished && !r->dormant) {
+    if (je->result) {
+      r->slot_held = 1;
+      sched__ready(s, &r->main);
+    } else {
+      sched__slot_wait(s, r);
+    }
+  }
+  run_unref(r);
+}
+
+/* Ask the store for r's slot; the answer makes the run ready or queues it. */
+static void gate(sched_t *s, struct run *r) {
+  if (r->slot_pending) return;
+  r->slot_pending = 1;
+  struct slot_row sl = {.run_id = r->id, .skill = r->skill->id, .key = r->ckey ? r->ckey : "",
+                        .limit = r->skill->concurrency_limit, .acquire = 1, .at = r->created_at};
+  journal_slot(s->open.j, &sl);
+  r->refs++;
+  sched__after_entry(s, on_slot, r);
+}
+
+void sched__slot_wait(sched_t *s, struct run *r) {
+  struct run **w = realloc(s->slot_waiters, (size_t)(s->nslot_waiters + 1) * sizeof *w);
+  if (!w) return;
+  s->slot_waiters = w;
+  r->refs++;
+  s->slot_waiters[s->nslot_waiters++] = r;
+}
+
+/* Try again for every run waiting for a slot (something may have freed one). */
+static void retry_slots(sched_t *s) {
+  int n = s->nslot_waiters;
+  struct run **w = s->slot_waiters;
+  s->slot_waiters = NULL;
+  s->nslot_waiters = 0;
+  for (int i = 0; i < n; i++) {
+    struct run *r = w[i];
+    if (!r->aborted && !r->finished && !r->dormant && !r->slot_held) gate(s, r);
+    run_unref(r);
+  }
+  free(w);
 }
 
 /* ---- the timer heap ---- */
@@ -237,6 +381,7 @@ static void heap_timer_cb(uv_timer_t *h) {
 /* ---- runs ---- */
 
 void sched__run_link(sched_t *s, struct run *r) {
+  map_put(s, r);
   r->prev = NULL;
   r->next = s->runs;
   if (s->runs) s->runs->prev = r;
@@ -245,6 +390,7 @@ void sched__run_link(sched_t *s, struct run *r) {
 }
 
 void sched__run_unlink(sched_t *s, struct run *r) {
+  map_del(s, r);
   if (r->prev) r->prev->next = r->next;
   else if (s->runs == r) s->runs = r->next;
   if (r->next) r->next->prev = r->prev;
@@ -277,13 +423,12 @@ void sched__run_done(sched_t *s, struct run *r, const char *status, const char *
   }
 }
 
-/* A run of skill from here: journal it and start it. */
-int sched_run_new(sched_t *s, struct skill *skill, const char *trigger, const char *input,
-                  const char *parent_id, char *run_id, err_t *e) {
+/* A run struct for a run that starts now. */
+static struct run *run_new(sched_t *s, struct skill *skill, const char *id, const char *trigger,
+                           const char *input, const char *parent_id, int64_t now) {
   struct run *r = calloc(1, sizeof *r);
-  if (!r) return err_set(e, ERR_NOMEM, "out of memory");
-  int64_t now = units_now_ms();
-  ids_ulid(now, r->id);
+  if (!r) return NULL;
+  snprintf(r->id, sizeof r->id, "%s", id);
   r->sched = s;
   r->skill = skill;
   r->entry = "run";
@@ -292,6 +437,17 @@ int sched_run_new(sched_t *s, struct skill *skill, const char *trigger, const ch
   r->parent_id = parent_id ? strdup(parent_id) : NULL;
   r->created_at = r->started_at = now;
   r->deadline_at = skill->timeout_ms ? now + skill->timeout_ms : 0;
+  return r;
+}
+
+/* A run of skill from here: journal it and start it. */
+int sched_run_new(sched_t *s, struct skill *skill, const char *trigger, const char *input,
+                  const char *parent_id, char *run_id, err_t *e) {
+  int64_t now = units_now_ms();
+  char id[27];
+  ids_ulid(now, id);
+  struct run *r = run_new(s, skill, id, trigger, input, parent_id, now);
+  if (!r) return err_set(e, ERR_NOMEM, "out of memory");
   struct run_row row = {
     .id = r->id, .skill = skill->id, .version = skill->version, .status = "running",
     .entry = "run", .trigger = r->trigger, .parent_id = parent_id, .input = input,
@@ -305,8 +461,37 @@ int sched_run_new(sched_t *s, struct skill *skill, const char *trigger, const ch
   return run_start(s, r, NULL, e);
 }
 
+int sched__start_existing(sched_t *s, struct skill *skill, const char *id, const char *trigger,
+                          const char *input, int64_t at, err_t *e) {
+  struct run *r = run_new(s, skill, id, trigger, input, NULL, at);
+  if (!r) return err_set(e, ERR_NOMEM, "out of memory");
+  return run_start(s, r, NULL, e);
+}
+
+int sched__version_skill(sched_t *s, const char *version, struct skill **out, err_t *e) {
+  if ((*out = skills_find(s->o.skills, version))) return 0;
+  char *source = NULL, *file = NULL, *skill = NULL;
+  struct skill_error se;
+  int rc = store_get_version(s->o.store, version, &source, &skill, &file, &se.err);
+  if (!rc) rc = skills_load(s->o.skills, source, strlen(source), file ? file : skill, out, &se);
+  if (rc) err_set(e, rc, "cannot load version %.12s of skill '%s': %s", version,
+                  skill ? skill : "?", se.err.msg);
+  free(source), free(file), free(skill);
+  return rc;
+}
+
+int sched__live_skill(sched_t *s, const char *id, struct skill **out, err_t *e) {
+  cJSON *rec;
+  if (store_get_skill(s->o.store, id, &rec, e)) return e->code;
+  cJSON *v = cJSON_GetObjectItem(rec, "version");
+  int rc = cJSON_IsString(v) ? sched__version_skill(s, v->valuestring, out, e)
+                             : err_set(e, ERR_NOTFOUND, "skill '%s' has no live version", id);
+  cJSON_Delete(rec);
+  return rc;
+}
+
 int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
-  struct skill *skill = skills_find(s->o.skills, row->version);
+  struct skill *skill = NULL;
   struct run *r = calloc(1, sizeof *r);
   if (!r) return err_set(e, ERR_NOMEM, "out of memory");
   snprintf(r->id, sizeof r->id, "%s", row->id);
@@ -318,30 +503,19 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
   r->created_at = row->created_at;
   r->started_at = row->started_at ? row->started_at : units_now_ms();
   r->deadline_at = row->deadline_at;
-  if (!skill) {
-    char *source = NULL, *file = NULL;
-    struct skill_error se;
-    int rc = store_get_version(s->o.store, row->version, &source, NULL, &file, &se.err);
-    if (!rc) rc = skills_load(s->o.skills, source, strlen(source), file ? file : row->skill,
-                              &skill, &se);
-    free(source);
-    free(file);
-    if (rc) {
-      /* The version cannot run here any more: the run fails, saying why. */
-      cJSON *err = cJSON_CreateObject();
-      char msg[1200];
-      snprintf(msg, sizeof msg, "cannot load version %.12s of skill '%s': %s", row->version,
-               row->skill, se.err.msg);
-      cJSON_AddStringToObject(err, "message", msg);
-      char *ej = cJSON_PrintUnformatted(err);
-      cJSON_Delete(err);
-      r->skill = NULL;
-      sched__run_link(s, r);
-      r->refs = 1;
-      run_abort(r, "failed", ej);
-      free(ej);
-      return 0;
-    }
+  err_t le;
+  if (sched__version_skill(s, row->version, &skill, &le)) {
+    /* The version cannot run here any more: the run fails, saying why. */
+    cJSON *err = cJSON_CreateObject();
+    cJSON_AddStringToObject(err, "message", le.msg);
+    char *ej = cJSON_PrintUnformatted(err);
+    cJSON_Delete(err);
+    r->skill = NULL;
+    sched__run_link(s, r);
+    r->refs = 1;
+    run_abort(r, "failed", ej);
+    free(ej);
+    return 0;
   }
   r->skill = skill;
   if (!strcmp(row->status, "queued")) {
@@ -350,6 +524,9 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
     journal_run_set(s->open.j, &set);
     return run_start(s, r, NULL, e);
   }
+  /* A parked run costs no coroutine until it wakes: it is replayed then. */
+  if (!strcmp(row->status, "sleeping") || !strcmp(row->status, "waiting"))
+    return run_start_dormant(s, r, row->wake_at);
   cJSON *steps = NULL;
   if (store_get_steps(s->o.store, r->id, &steps, e)) {
     run_unref(r);
@@ -359,6 +536,9 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
   cJSON_Delete(steps);
   return rc;
 }
+
+struct cron_entry *sched__crons(sched_t *s) { return s->crons; }
+void sched__set_crons(sched_t *s, struct cron_entry *list) { s->crons = list; }
 
 /* ---- the commit pipeline ---- */
 
@@ -375,10 +555,24 @@ static void work_cb(uv_work_t *w) {
   case JOB_REAP:
     j->rc = store_reap(s->o.store, proc_hostname(), units_now_ms(), &j->err);
     break;
+  case JOB_DISPATCH: {
+    int runs = 0;
+    j->rc = store_dispatch(s->o.store, units_now_ms(), 200, &runs, &j->err);
+    j->nrows = (size_t)runs;
+    break;
+  }
   }
 }
 
 static void lease_lost(sched_t *s, const char *why);
+
+static void call_waiters(struct group *g) {
+  for (size_t i = 0; i < g->nw; i++) {
+    struct gwait *w = &g->w[i];
+    if (w->efn) w->efn(w->arg, journal_entry(g->j, w->idx));
+    else w->fn(w->arg);
+  }
+}
 
 static void after_work_cb(uv_work_t *w, int status) {
   struct job *j = w->data;
@@ -391,14 +585,20 @@ static void after_work_cb(uv_work_t *w, int status) {
       s->last_commit_ms = units_now_ms();
       s->stats.commits++;
       s->stats.committed_entries += journal_count(j->g.j);
-      for (size_t i = 0; i < j->g.nw; i++) j->g.w[i].fn(j->g.w[i].arg);
+      for (size_t i = 0, n = journal_count(j->g.j); i < n; i++) {
+        const struct jentry *je = journal_entry(j->g.j, i);
+        if (je->kind == J_EVENT) s->dispatch_wanted = 1;
+        if (je->kind == J_CHILD_DONE || je->kind == J_CANCEL || (je->kind == J_WAIT && je->result))
+          s->poll_wanted = 1;
+      }
+      call_waiters(&j->g);
       journal_free(j->g.j);
       free(j->g.w);
     } else if (j->rc == ERR_CONFLICT) {
       /* Fenced: another process owns our runs now. They are dropped first,
       ** without writing anything, so their waiters find them aborted. */
       lease_lost(s, j->err.msg);
-      for (size_t i = 0; i < j->g.nw; i++) j->g.w[i].fn(j->g.w[i].arg);
+      call_waiters(&j->g);
       journal_free(j->g.j);
       free(j->g.w);
     } else {
@@ -424,6 +624,15 @@ static void after_work_cb(uv_work_t *w, int status) {
   case JOB_REAP:
     s->last_reap_ms = units_now_ms();
     if (j->rc > 0) s->claim_wanted = 1;
+    break;
+  case JOB_DISPATCH:
+    if (j->rc < 0) {
+      fprintf(stderr, "moonloop: dispatching events failed: %s\n", j->err.msg);
+    } else {
+      if (j->rc == 200) s->dispatch_wanted = 1; /* more are waiting */
+      if (j->nrows) s->claim_wanted = 1;
+      if (j->rc > 0) s->poll_wanted = 1;
+    }
     break;
   }
   free(j);
@@ -468,6 +677,13 @@ static void maybe_submit(sched_t *s) {
     submit(s, j);
     return;
   }
+  if (s->dispatch_wanted && !s->stopping) {
+    s->dispatch_wanted = 0;
+    if (!(j = calloc(1, sizeof *j))) return;
+    j->kind = JOB_DISPATCH;
+    submit(s, j);
+    return;
+  }
   if (s->o.mode != SCHED_SERVE || s->stopping) return;
   if (now - s->last_reap_ms > ttl / 2) {
     if (!(j = calloc(1, sizeof *j))) return;
@@ -490,16 +706,45 @@ static void prepare_cb(uv_prepare_t *h) {
 
 static void close_handles(sched_t *s);
 
+/* Hand what other processes delivered to this process's runs: waits that
+** got their event or child outcome, and cancellations. */
+static void poll_runs(sched_t *s) {
+  if (s->nslot_waiters) retry_slots(s);
+  if (!s->nruns) return;
+  cJSON *out;
+  err_t e;
+  if (store_poll(s->o.store, s->owner, &out, &e)) {
+    fprintf(stderr, "moonloop: polling: %s\n", e.msg);
+    return;
+  }
+  const cJSON *x;
+  cJSON_ArrayForEach(x, cJSON_GetObjectItem(out, "cancels")) {
+    struct run *r = sched__find(s, cJSON_GetObjectItem(x, "run_id")->valuestring);
+    if (r) run_cancelled(r, cJSON_GetObjectItem(x, "reason")->valuestring);
+  }
+  cJSON_ArrayForEach(x, cJSON_GetObjectItem(out, "deliveries")) {
+    struct run *r = sched__find(s, cJSON_GetObjectItem(x, "run_id")->valuestring);
+    if (r) run_delivered(r, cJSON_GetObjectItem(x, "seq")->valueint);
+  }
+  cJSON_Delete(out);
+}
+
 /* Every 50 ms: notice other processes' writes, and stop a solo scheduler
 ** whose work is done. */
 static void tick_cb(uv_timer_t *h) {
   sched_t *s = h->data;
-  if (s->o.mode == SCHED_SERVE && !s->stopping) {
+  if (!s->stopping) {
     int64_t v = store_data_version(s->o.store);
     if (v != s->data_version) {
       s->data_version = v;
-      s->claim_wanted = 1;
+      s->claim_wanted = s->o.mode == SCHED_SERVE;
+      s->dispatch_wanted = 1;
+      s->poll_wanted = 1;
     }
+  }
+  if (s->poll_wanted && !s->stopping) {
+    s->poll_wanted = 0;
+    poll_runs(s);
   }
   if ((s->stopping || s->o.mode == SCHED_SOLO) && !s->nruns && !s->inflight &&
       group_empty(&s->open) && group_empty(&s->retry)) {
@@ -545,6 +790,8 @@ int sched_new(const struct sched_opts *o, sched_t **out, err_t *e) {
   if (s->o.backoff_ms <= 0) s->o.backoff_ms = 1000;
   if (s->o.backoff_max_ms <= 0) s->o.backoff_max_ms = 600000;
   if (s->o.step_output_limit <= 0) s->o.step_output_limit = 1 << 20;
+  if (s->o.event_limit <= 0) s->o.event_limit = 1 << 20;
+  if (s->o.max_parked == 0) s->o.max_parked = 10000;
   if (group_init(&s->open)) {
     free(s);
     return err_set(e, ERR_NOMEM, "out of memory");
@@ -569,6 +816,7 @@ int sched_start(sched_t *s, err_t *e) {
   if (s->ready_head) uv_idle_start(&s->idle, idle_cb);
   heap_rearm(s);
   if (s->o.mode == SCHED_SERVE) s->claim_wanted = 1;
+  sched__skills_changed(s);
   return 0;
 }
 
@@ -586,6 +834,7 @@ static void close_handles(sched_t *s) {
 
 void sched_stop(sched_t *s) {
   s->stopping = 1;
+  sched__crons_free(s);
   /* Runs still live are left to whoever takes them over; they are dropped
   ** here without a write, and the lease release makes them claimable. */
   while (s->runs) run_abort(s->runs, NULL, NULL);
@@ -617,5 +866,7 @@ void sched_free(sched_t *s) {
   journal_free(s->retry.j);
   free(s->retry.w);
   free(s->heap);
+  free(s->map);
+  free(s->slot_waiters);
   free(s);
 }

@@ -54,6 +54,8 @@ struct sched_opts {
   int64_t backoff_ms;       /* first retry delay, default 1000 */
   int64_t backoff_max_ms;   /* default 10 minutes */
   int64_t step_output_limit;/* bytes, default 1 MB */
+  int64_t event_limit;      /* bytes of an event's data, default 1 MB */
+  int max_parked;           /* runs parked in memory before eviction, default 10000 */
   int verbose;              /* print each step to stderr as it completes */
 };
 
@@ -92,6 +94,46 @@ int sched_active(const sched_t *s);
 ** claimable at once). The loop returns once everything is closed. */
 void sched_stop(sched_t *s);
 void sched_free(sched_t *s);
+
+/* ---- control operations, for the HTTP server ------------------------
+** Each validates its input at once (a failure returns a negative code and
+** the callback never fires), then writes through the open journal group;
+** the callback fires once the write is durable, from the loop, with the
+** JSON body to answer with, or with an error. */
+
+struct sched_reply {
+  int rc;              /* 0, or a negative ERR_* code (ERR_NOTFOUND -> 404, ...) */
+  const char *message; /* when rc != 0 */
+  const char *json;    /* when rc == 0: the answer's JSON body */
+};
+typedef void (*sched_reply_cb)(const struct sched_reply *r, void *arg);
+
+/* POST /v1/events: events is a JSON array of {name, data, id?} (id: an
+** idempotency key; a repeat is accepted and ignored). Answers {"ids": [...]},
+** the event ids in order (a repeat gets the first event's id). */
+int sched_send_events(sched_t *s, const cJSON *events, sched_reply_cb cb, void *arg, err_t *e);
+
+/* POST /v1/skills/{id}/invoke: queue a run of skill's live version with
+** input data_json. wait_ms 0 answers {"run_id"} once queued; wait_ms > 0
+** answers when the run ends, {"run_id", "status", "output", "error"}, or
+** after wait_ms with {"run_id", "status": "running"} (still going). */
+int sched_invoke(sched_t *s, const char *skill, const char *data_json, int64_t wait_ms,
+                 sched_reply_cb cb, void *arg, err_t *e);
+
+/* POST /v1/runs/{id}/cancel: answers {"run_id", "status"}; ERR_CONFLICT
+** for a run that already ended. Children are cancelled too. */
+int sched_cancel(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, err_t *e);
+
+/* POST /v1/runs/{id}/rerun: a new run of the same skill with the same
+** input; answers {"run_id"} of the new run. */
+int sched_rerun(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, err_t *e);
+
+/* PUT /v1/skills/{id}: validate Lua source and register it as the live
+** version of skill id (the id in the source must match); answers the
+** skill record. A file that fails validation answers ERR_INVALID with the
+** message (file, line). */
+int sched_put_skill(sched_t *s, const char *id, const char *source, size_t len,
+                    sched_reply_cb cb, void *arg, err_t *e);
 
 /* Figures for benchmarks and /metrics. Resume samples (the loop-thread
 ** time of one resume and the op it yields, in ns) are kept only when

@@ -78,6 +78,13 @@ int store_take_run(store_t *s, const char *run_id, const char *owner, const char
 
 void store_rows_free(struct run_row *rows, size_t n);
 
+/* Dispatch up to limit accepted events, oldest first, in one transaction:
+** start a run of every live skill with a matching event trigger (queued,
+** for any engine to claim), and deliver the event to the runs waiting for
+** it. *runs gets the number of runs started. Returns the number of events
+** dispatched, or a negative code. */
+int store_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e);
+
 /* ---- reads ----------------------------------------------------------- */
 
 /* The run record of DESIGN (with steps, attempts and logs when with_steps). */
@@ -98,6 +105,12 @@ struct run_filter {
 /* Runs matching f, newest first, as run records without steps. */
 int store_list_runs(store_t *s, const struct run_filter *f, cJSON **out, err_t *e);
 
+/* How many runs match f (its limit and paging are ignored). */
+int store_count_runs(store_t *s, const struct run_filter *f, int64_t *n, err_t *e);
+
+/* Runs by status, {"completed": 12, "failed": 1, ...}, for /metrics. */
+int store_count_by_status(store_t *s, cJSON **out, err_t *e);
+
 /* The source of a version (and its skill id and file); caller frees. */
 int store_get_version(store_t *s, const char *version, char **source, char **skill, char **file,
                       err_t *e);
@@ -105,6 +118,14 @@ int store_get_version(store_t *s, const char *version, char **source, char **ski
 /* A skill's registry record as DESIGN shows it; ERR_NOTFOUND if unknown. */
 int store_get_skill(store_t *s, const char *id, cJSON **out, err_t *e);
 int store_list_skills(store_t *s, cJSON **out, err_t *e);
+
+/* What the runs of owner got from others: waits delivered
+** ({"deliveries": [{"run_id", "seq"}]}) and cancellations asked for
+** ({"cancels": [{"run_id", "reason"}]}). */
+int store_poll(store_t *s, const char *owner, cJSON **out, err_t *e);
+
+/* The last cron tick fired for (skill, spec), or 0 when none was. */
+int64_t store_cron_last(store_t *s, const char *skill, const char *spec);
 
 /* Whether a live "serve" lease holds this database (for invoke --wait). */
 int store_engine_alive(store_t *s, int64_t now);

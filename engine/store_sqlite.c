@@ -15,15 +15,19 @@
 **   steps    (run_id, seq) -> id, kind, status, output, attempts, times
 **   attempts (run_id, seq, n) -> failed attempts with error and traceback
 **   logs     run_id, seq, ts, level, msg
-**   events   (id) -> name, data, idempotency key          [triggers issue]
-**   timers   (run_id) -> wake_at                           [triggers issue]
+**   events   (id) -> name, data, idempotency key, dispatched
+**   waits    (run_id, seq) -> what a parked run waits for (an event, a
+**            child run, a cancelling event) and, once delivered, the result
+**   deliveries (run_id, event_id): events a run's waits already took
+**   slots, slot_queue: concurrency slots held, and runs queued for them
+**   cron_state (skill, spec) -> the last tick fired
 **   leases   (owner) -> kind, host, pid, expires_at
 **
 ** A run is owned by at most one live lease. Finished runs have no owner.
 ** Claiming work takes unowned unfinished runs; reaping clears the owner of
 ** runs whose lease expired or whose process died.
 */
-#include "store.h"
+#include "store_db.h"
 #include "fault.h"
 #include "proc.h"
 #include "units.h"
@@ -77,15 +81,37 @@ static const char *const migrations[] = {
   "CREATE TABLE leases("
   "  owner TEXT PRIMARY KEY, kind TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL,"
   "  pid_start INTEGER NOT NULL, started_at INTEGER NOT NULL, expires_at INTEGER NOT NULL);",
+  /* 2: triggers and flow: waits, deliveries, cancellation, concurrency, cron */
+  "DROP TABLE timers;"
+  "ALTER TABLE runs ADD COLUMN cancel_requested INTEGER NOT NULL DEFAULT 0;"
+  "ALTER TABLE runs ADD COLUMN cancel_reason TEXT;"
+  "CREATE INDEX runs_cancel ON runs(owner) WHERE cancel_requested = 1;"
+  "CREATE INDEX events_pending ON events(ts, id) WHERE dispatched = 0;"
+  "CREATE INDEX events_name ON events(name, ts);"
+  "CREATE TABLE waits("
+  "  run_id TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL,"
+  "  match_path TEXT, match_value TEXT, since INTEGER NOT NULL, timeout_at INTEGER,"
+  "  owner TEXT, result TEXT, delivered_at INTEGER,"
+  "  PRIMARY KEY(run_id, seq)) WITHOUT ROWID;"
+  "CREATE INDEX waits_pending ON waits(kind, name) WHERE result IS NULL;"
+  "CREATE INDEX waits_delivered ON waits(run_id) WHERE result IS NOT NULL;"
+  "CREATE TABLE deliveries("
+  "  run_id TEXT NOT NULL, event_id TEXT NOT NULL, seq INTEGER NOT NULL,"
+  "  PRIMARY KEY(run_id, event_id)) WITHOUT ROWID;"
+  "CREATE TABLE slots("
+  "  skill TEXT NOT NULL, key TEXT NOT NULL, run_id TEXT NOT NULL, since INTEGER NOT NULL,"
+  "  PRIMARY KEY(skill, key, run_id)) WITHOUT ROWID;"
+  "CREATE INDEX slots_run ON slots(run_id);"
+  "CREATE TABLE slot_queue("
+  "  skill TEXT NOT NULL, key TEXT NOT NULL, run_id TEXT NOT NULL, since INTEGER NOT NULL,"
+  "  PRIMARY KEY(skill, key, since, run_id)) WITHOUT ROWID;"
+  "CREATE INDEX slot_queue_run ON slot_queue(run_id);"
+  "CREATE TABLE cron_state("
+  "  skill TEXT NOT NULL, spec TEXT NOT NULL, last_tick INTEGER NOT NULL,"
+  "  PRIMARY KEY(skill, spec)) WITHOUT ROWID;",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
-/* The writer's prepared statements, one per journal entry kind and more. */
-enum {
-  W_BEGIN, W_COMMIT, W_ROLLBACK, W_LEASE_RENEW,
-  W_RUN_NEW, W_RUN_SET, W_STEP, W_ATTEMPT, W_LOG, W_VERSION, W_SKILL,
-  W_COUNT
-};
 
 static const char *const wsql[W_COUNT] = {
   [W_BEGIN] = "BEGIN IMMEDIATE",
@@ -118,22 +144,17 @@ static const char *const wsql[W_COUNT] = {
     " triggers = COALESCE(?5, triggers), error = ?6, updated_at = ?7",
 };
 
-struct store {
-  sqlite3 *w, *r;
-  sqlite3_stmt *ws[W_COUNT];
-  char *path;
-};
 
 const char *store_path(const store_t *s) { return s->path; }
 
 /* Report the connection's last error as an ERR_IO with context. */
-static int db_err(err_t *e, sqlite3 *db, const char *what) {
+int store__db_err(err_t *e, sqlite3 *db, const char *what) {
   int code = sqlite3_errcode(db);
   return err_set(e, code == SQLITE_BUSY || code == SQLITE_LOCKED ? ERR_BUSY : ERR_IO,
                  "store: %s: %s", what, sqlite3_errmsg(db));
 }
 
-static int exec(sqlite3 *db, const char *sql, err_t *e) {
+int store__exec(sqlite3 *db, const char *sql, err_t *e) {
   char *msg = NULL;
   if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) {
     err_set(e, ERR_IO, "store: %s (in: %.80s)", msg ? msg : "error", sql);
@@ -162,7 +183,7 @@ static int migrate(sqlite3 *db, err_t *e) {
   sqlite3_stmt *st;
   int version = 0;
   if (sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &st, NULL) != SQLITE_OK)
-    return db_err(e, db, "reading the schema version");
+    return store__db_err(e, db, "reading the schema version");
   if (sqlite3_step(st) == SQLITE_ROW) version = sqlite3_column_int(st, 0);
   sqlite3_finalize(st);
   if (version > NMIGRATIONS)
@@ -171,7 +192,7 @@ static int migrate(sqlite3 *db, err_t *e) {
                    "upgrade moonloop", version, NMIGRATIONS);
   for (int v = version; v < NMIGRATIONS; v++) {
     char sql[64];
-    if (exec(db, "BEGIN IMMEDIATE", e)) return ERR_IO;
+    if (store__exec(db, "BEGIN IMMEDIATE", e)) return ERR_IO;
     /* Another process may have migrated meanwhile: check again inside the lock. */
     int now = 0;
     if (sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &st, NULL) == SQLITE_OK) {
@@ -179,17 +200,17 @@ static int migrate(sqlite3 *db, err_t *e) {
       sqlite3_finalize(st);
     }
     if (now > v) {
-      exec(db, "COMMIT", e);
+      store__exec(db, "COMMIT", e);
       v = now - 1;
       continue;
     }
     snprintf(sql, sizeof sql, "PRAGMA user_version = %d", v + 1);
-    if (exec(db, migrations[v], e) || exec(db, sql, e)) {
+    if (store__exec(db, migrations[v], e) || store__exec(db, sql, e)) {
       err_prefix(e, "migrating the database to version %d", v + 1);
-      exec(db, "ROLLBACK", NULL);
+      store__exec(db, "ROLLBACK", NULL);
       return ERR_IO;
     }
-    if (exec(db, "COMMIT", e)) return ERR_IO;
+    if (store__exec(db, "COMMIT", e)) return ERR_IO;
   }
   return 0;
 }
@@ -199,16 +220,16 @@ int store_open(const char *path, enum store_durability d, store_t **out, err_t *
   if (!s) return err_set(e, ERR_NOMEM, "out of memory");
   s->path = strdup(path);
   if (open_conn(path, &s->w, e)) goto fail;
-  if (exec(s->w, "PRAGMA journal_mode=WAL", e)) {
+  if (store__exec(s->w, "PRAGMA journal_mode=WAL", e)) {
     err_prefix(e, "cannot use '%s' as a database", path);
     goto fail;
   }
-  if (exec(s->w, d == STORE_FULL ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL", e))
+  if (store__exec(s->w, d == STORE_FULL ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL", e))
     goto fail;
   if (migrate(s->w, e)) goto fail;
   for (int i = 0; i < W_COUNT; i++)
     if (sqlite3_prepare_v3(s->w, wsql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->ws[i], NULL)) {
-      db_err(e, s->w, "preparing statements");
+      store__db_err(e, s->w, "preparing statements");
       goto fail;
     }
   if (open_conn(path, &s->r, e)) goto fail;
@@ -222,6 +243,7 @@ fail:
 void store_close(store_t *s) {
   if (!s) return;
   for (int i = 0; i < W_COUNT; i++) sqlite3_finalize(s->ws[i]);
+  store__flow_close(s);
   sqlite3_close(s->w);
   sqlite3_close(s->r);
   free(s->path);
@@ -230,23 +252,23 @@ void store_close(store_t *s) {
 
 /* ---- binding helpers ---- */
 
-static void bind_text(sqlite3_stmt *st, int i, const char *v) {
+void store__bind_text(sqlite3_stmt *st, int i, const char *v) {
   if (v) sqlite3_bind_text(st, i, v, -1, SQLITE_STATIC);
   else sqlite3_bind_null(st, i);
 }
 
 /* Bind a time, with 0 meaning "none" (NULL). */
-static void bind_time(sqlite3_stmt *st, int i, int64_t v) {
+void store__bind_time(sqlite3_stmt *st, int i, int64_t v) {
   if (v) sqlite3_bind_int64(st, i, v);
   else sqlite3_bind_null(st, i);
 }
 
 /* Step a bound write statement to completion and reset it. */
-static int run_stmt(store_t *s, sqlite3_stmt *st, err_t *e, const char *what) {
+int store__step(store_t *s, sqlite3_stmt *st, err_t *e, const char *what) {
   int rc = sqlite3_step(st);
   sqlite3_reset(st);
   sqlite3_clear_bindings(st);
-  if (rc != SQLITE_DONE && rc != SQLITE_ROW) return db_err(e, s->w, what);
+  if (rc != SQLITE_DONE && rc != SQLITE_ROW) return store__db_err(e, s->w, what);
   return 0;
 }
 
@@ -256,113 +278,119 @@ static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
   case J_RUN_NEW: {
     const struct run_row *r = &je->u.run;
     st = s->ws[W_RUN_NEW];
-    bind_text(st, 1, r->id);
-    bind_text(st, 2, r->skill);
-    bind_text(st, 3, r->version);
-    bind_text(st, 4, r->status);
-    bind_text(st, 5, r->entry);
-    bind_text(st, 6, r->trigger ? r->trigger : "{}");
-    bind_text(st, 7, r->parent_id);
-    bind_text(st, 8, r->input);
-    bind_text(st, 9, r->output);
-    bind_text(st, 10, r->error);
+    store__bind_text(st, 1, r->id);
+    store__bind_text(st, 2, r->skill);
+    store__bind_text(st, 3, r->version);
+    store__bind_text(st, 4, r->status);
+    store__bind_text(st, 5, r->entry);
+    store__bind_text(st, 6, r->trigger ? r->trigger : "{}");
+    store__bind_text(st, 7, r->parent_id);
+    store__bind_text(st, 8, r->input);
+    store__bind_text(st, 9, r->output);
+    store__bind_text(st, 10, r->error);
     sqlite3_bind_int64(st, 11, r->created_at);
-    bind_time(st, 12, r->started_at);
-    bind_time(st, 13, r->ended_at);
-    bind_time(st, 14, r->deadline_at);
-    bind_time(st, 15, r->wake_at);
-    bind_text(st, 16, r->owner);
-    return run_stmt(s, st, e, "creating a run");
+    store__bind_time(st, 12, r->started_at);
+    store__bind_time(st, 13, r->ended_at);
+    store__bind_time(st, 14, r->deadline_at);
+    store__bind_time(st, 15, r->wake_at);
+    store__bind_text(st, 16, r->owner);
+    return store__step(s, st, e, "creating a run");
   }
   case J_RUN_SET: {
     const struct run_set *r = &je->u.set;
     st = s->ws[W_RUN_SET];
-    bind_text(st, 1, r->run_id);
-    bind_text(st, 2, r->status);
-    bind_text(st, 3, r->output);
-    bind_text(st, 4, r->error);
-    bind_time(st, 5, r->started_at);
-    bind_time(st, 6, r->ended_at);
-    bind_time(st, 7, r->wake_at);
-    return run_stmt(s, st, e, "updating a run");
+    store__bind_text(st, 1, r->run_id);
+    store__bind_text(st, 2, r->status);
+    store__bind_text(st, 3, r->output);
+    store__bind_text(st, 4, r->error);
+    store__bind_time(st, 5, r->started_at);
+    store__bind_time(st, 6, r->ended_at);
+    store__bind_time(st, 7, r->wake_at);
+    if (store__step(s, st, e, "updating a run")) return e->code;
+    if (!strcmp(r->status, "completed") || !strcmp(r->status, "failed") ||
+        !strcmp(r->status, "cancelled"))
+      return store__run_ended(s, r->run_id, e);
+    return 0;
   }
   case J_STEP: {
     const struct step_row *r = &je->u.step;
     st = s->ws[W_STEP];
-    bind_text(st, 1, r->run_id);
+    store__bind_text(st, 1, r->run_id);
     sqlite3_bind_int(st, 2, r->seq);
-    bind_text(st, 3, r->id);
-    bind_text(st, 4, r->kind);
-    bind_text(st, 5, r->status);
-    bind_text(st, 6, r->output);
-    bind_text(st, 7, r->error);
-    bind_text(st, 8, r->usage);
+    store__bind_text(st, 3, r->id);
+    store__bind_text(st, 4, r->kind);
+    store__bind_text(st, 5, r->status);
+    store__bind_text(st, 6, r->output);
+    store__bind_text(st, 7, r->error);
+    store__bind_text(st, 8, r->usage);
     sqlite3_bind_int(st, 9, r->attempts);
-    bind_time(st, 10, r->started_at);
-    bind_time(st, 11, r->ended_at);
-    bind_time(st, 12, r->wake_at);
-    bind_time(st, 13, r->retry_at);
-    return run_stmt(s, st, e, "recording a step");
+    store__bind_time(st, 10, r->started_at);
+    store__bind_time(st, 11, r->ended_at);
+    store__bind_time(st, 12, r->wake_at);
+    store__bind_time(st, 13, r->retry_at);
+    return store__step(s, st, e, "recording a step");
   }
   case J_ATTEMPT: {
     const struct attempt_row *r = &je->u.attempt;
     st = s->ws[W_ATTEMPT];
-    bind_text(st, 1, r->run_id);
+    store__bind_text(st, 1, r->run_id);
     sqlite3_bind_int(st, 2, r->seq);
     sqlite3_bind_int(st, 3, r->n);
-    bind_text(st, 4, r->status);
-    bind_text(st, 5, r->error);
-    bind_text(st, 6, r->traceback);
-    bind_time(st, 7, r->started_at);
-    bind_time(st, 8, r->ended_at);
-    bind_time(st, 9, r->retry_at);
-    return run_stmt(s, st, e, "recording an attempt");
+    store__bind_text(st, 4, r->status);
+    store__bind_text(st, 5, r->error);
+    store__bind_text(st, 6, r->traceback);
+    store__bind_time(st, 7, r->started_at);
+    store__bind_time(st, 8, r->ended_at);
+    store__bind_time(st, 9, r->retry_at);
+    return store__step(s, st, e, "recording an attempt");
   }
   case J_LOG: {
     const struct log_row *r = &je->u.log;
     st = s->ws[W_LOG];
-    bind_text(st, 1, r->run_id);
+    store__bind_text(st, 1, r->run_id);
     sqlite3_bind_int(st, 2, r->seq);
     sqlite3_bind_int64(st, 3, r->ts);
-    bind_text(st, 4, r->level);
-    bind_text(st, 5, r->msg);
-    return run_stmt(s, st, e, "recording a log line");
+    store__bind_text(st, 4, r->level);
+    store__bind_text(st, 5, r->msg);
+    return store__step(s, st, e, "recording a log line");
   }
   case J_VERSION: {
     const struct version_row *r = &je->u.version;
     st = s->ws[W_VERSION];
-    bind_text(st, 1, r->version);
-    bind_text(st, 2, r->skill);
-    bind_text(st, 3, r->source);
-    bind_text(st, 4, r->file);
+    store__bind_text(st, 1, r->version);
+    store__bind_text(st, 2, r->skill);
+    store__bind_text(st, 3, r->source);
+    store__bind_text(st, 4, r->file);
     sqlite3_bind_int64(st, 5, r->loaded_at);
-    return run_stmt(s, st, e, "recording a skill version");
+    return store__step(s, st, e, "recording a skill version");
   }
   case J_SKILL: {
     const struct skill_row *r = &je->u.skill;
     st = s->ws[W_SKILL];
-    bind_text(st, 1, r->id);
-    bind_text(st, 2, r->version);
-    bind_text(st, 3, r->file);
-    bind_text(st, 4, r->description);
-    bind_text(st, 5, r->triggers);
-    bind_text(st, 6, r->error);
+    store__bind_text(st, 1, r->id);
+    store__bind_text(st, 2, r->version);
+    store__bind_text(st, 3, r->file);
+    store__bind_text(st, 4, r->description);
+    store__bind_text(st, 5, r->triggers);
+    store__bind_text(st, 6, r->error);
     sqlite3_bind_int64(st, 7, r->updated_at);
-    return run_stmt(s, st, e, "registering a skill");
+    return store__step(s, st, e, "registering a skill");
   }
+  default:
+    return store__write_flow(s, je, e);
   }
   return err_set(e, ERR_INTERNAL, "store: unknown journal entry kind %d", (int)je->kind);
 }
 
 int store_commit(store_t *s, const journal_t *j, err_t *e) {
-  if (run_stmt(s, s->ws[W_BEGIN], e, "beginning a transaction")) return e->code;
+  if (store__step(s, s->ws[W_BEGIN], e, "beginning a transaction")) return e->code;
   int64_t expires;
   const char *owner = journal_owner(j, &expires);
   if (owner) {
     sqlite3_stmt *st = s->ws[W_LEASE_RENEW];
-    bind_text(st, 1, owner);
+    store__bind_text(st, 1, owner);
     sqlite3_bind_int64(st, 2, expires);
-    if (run_stmt(s, st, e, "renewing the lease")) goto fail;
+    if (store__step(s, st, e, "renewing the lease")) goto fail;
     if (sqlite3_changes(s->w) == 0) {
       err_set(e, ERR_CONFLICT, "lease lost: another process took over the runs of %s", owner);
       goto fail;
@@ -371,68 +399,69 @@ int store_commit(store_t *s, const journal_t *j, err_t *e) {
   for (size_t i = 0, n = journal_count(j); i < n; i++)
     if (write_entry(s, journal_entry(j, i), e)) goto fail;
   fault_point("commit");
-  if (run_stmt(s, s->ws[W_COMMIT], e, "committing")) goto fail;
+  if (store__step(s, s->ws[W_COMMIT], e, "committing")) goto fail;
   return 0;
 fail:
-  run_stmt(s, s->ws[W_ROLLBACK], NULL, "rolling back");
+  store__step(s, s->ws[W_ROLLBACK], NULL, "rolling back");
   return e->code;
 }
 
 /* ---- leases and claiming work ---- */
 
 /* Prepare sql on db or fill e. */
-static sqlite3_stmt *prep(sqlite3 *db, const char *sql, err_t *e) {
+sqlite3_stmt *store__prep(sqlite3 *db, const char *sql, err_t *e) {
   sqlite3_stmt *st = NULL;
   if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
-    db_err(e, db, "preparing a query");
+    store__db_err(e, db, "preparing a query");
     return NULL;
   }
   return st;
 }
 
 int store_lease_acquire(store_t *s, const struct lease *l, err_t *e) {
-  sqlite3_stmt *st = prep(s->w,
+  sqlite3_stmt *st = store__prep(s->w,
     "INSERT OR REPLACE INTO leases(owner, kind, host, pid, pid_start, started_at, expires_at)"
     " VALUES(?1,?2,?3,?4,?5,?6,?7)", e);
   if (!st) return e->code;
-  bind_text(st, 1, l->owner);
-  bind_text(st, 2, l->kind);
-  bind_text(st, 3, l->host);
+  store__bind_text(st, 1, l->owner);
+  store__bind_text(st, 2, l->kind);
+  store__bind_text(st, 3, l->host);
   sqlite3_bind_int64(st, 4, l->pid);
   sqlite3_bind_int64(st, 5, l->pid_start);
   sqlite3_bind_int64(st, 6, units_now_ms());
   sqlite3_bind_int64(st, 7, l->expires_at);
-  int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(e, s->w, "taking a lease");
+  int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : store__db_err(e, s->w, "taking a lease");
   sqlite3_finalize(st);
   return rc;
 }
 
 /* Release the runs of owner and delete its lease; inside a transaction. */
 static int release_owner(store_t *s, const char *owner, err_t *e) {
-  sqlite3_stmt *a = prep(s->w, "UPDATE runs SET owner = NULL WHERE owner = ?1", e);
+  if (store__release_owner_slots(s, owner, e)) return e->code;
+  sqlite3_stmt *a = store__prep(s->w, "UPDATE runs SET owner = NULL WHERE owner = ?1", e);
   if (!a) return e->code;
-  sqlite3_stmt *b = prep(s->w, "DELETE FROM leases WHERE owner = ?1", e);
+  sqlite3_stmt *b = store__prep(s->w, "DELETE FROM leases WHERE owner = ?1", e);
   if (!b) {
     sqlite3_finalize(a);
     return e->code;
   }
-  bind_text(a, 1, owner);
-  bind_text(b, 1, owner);
+  store__bind_text(a, 1, owner);
+  store__bind_text(b, 1, owner);
   int rc = 0;
   if (sqlite3_step(a) != SQLITE_DONE || sqlite3_step(b) != SQLITE_DONE)
-    rc = db_err(e, s->w, "releasing a lease");
+    rc = store__db_err(e, s->w, "releasing a lease");
   sqlite3_finalize(a);
   sqlite3_finalize(b);
   return rc;
 }
 
 int store_lease_release(store_t *s, const char *owner, err_t *e) {
-  if (exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
+  if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
   if (release_owner(s, owner, e)) {
-    exec(s->w, "ROLLBACK", NULL);
+    store__exec(s->w, "ROLLBACK", NULL);
     return e->code;
   }
-  return exec(s->w, "COMMIT", e);
+  return store__exec(s->w, "COMMIT", e);
 }
 
 /* Whether a lease row is dead: expired, or its process is gone on this host. */
@@ -447,7 +476,7 @@ static int lease_dead(sqlite3_stmt *st, const char *host, int64_t now) {
 
 /* Reap dead leases inside an open write transaction. */
 static int reap_locked(store_t *s, const char *host, int64_t now, err_t *e) {
-  sqlite3_stmt *st = prep(s->w, "SELECT owner, host, pid, pid_start, expires_at FROM leases", e);
+  sqlite3_stmt *st = store__prep(s->w, "SELECT owner, host, pid, pid_start, expires_at FROM leases", e);
   if (!st) return e->code;
   char *dead[64];
   int n = 0;
@@ -463,13 +492,13 @@ static int reap_locked(store_t *s, const char *host, int64_t now, err_t *e) {
 }
 
 int store_reap(store_t *s, const char *host, int64_t now, err_t *e) {
-  if (exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
+  if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
   int n = reap_locked(s, host, now, e);
   if (n < 0) {
-    exec(s->w, "ROLLBACK", NULL);
+    store__exec(s->w, "ROLLBACK", NULL);
     return n;
   }
-  if (exec(s->w, "COMMIT", e)) return e->code;
+  if (store__exec(s->w, "COMMIT", e)) return e->code;
   return n;
 }
 
@@ -522,16 +551,16 @@ int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows,
                 err_t *e) {
   *rows = NULL;
   *n = 0;
-  if (exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
-  sqlite3_stmt *st = prep(s->w,
+  if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
+  sqlite3_stmt *st = store__prep(s->w,
     "UPDATE runs SET owner = ?1 WHERE id IN (SELECT id FROM runs WHERE owner IS NULL"
     " AND status IN ('queued','running','sleeping','waiting') ORDER BY id LIMIT ?2)"
     " RETURNING " RUN_COLS, e);
   if (!st) {
-    exec(s->w, "ROLLBACK", NULL);
+    store__exec(s->w, "ROLLBACK", NULL);
     return e->code;
   }
-  bind_text(st, 1, owner);
+  store__bind_text(st, 1, owner);
   sqlite3_bind_int(st, 2, limit);
   size_t cap = 0;
   int rc;
@@ -545,9 +574,9 @@ int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows,
     row_from_stmt(st, &(*rows)[(*n)++]);
   }
   sqlite3_finalize(st);
-  if (rc != SQLITE_DONE || exec(s->w, "COMMIT", e)) {
-    if (rc != SQLITE_DONE) db_err(e, s->w, "claiming runs");
-    exec(s->w, "ROLLBACK", NULL);
+  if (rc != SQLITE_DONE || store__exec(s->w, "COMMIT", e)) {
+    if (rc != SQLITE_DONE) store__db_err(e, s->w, "claiming runs");
+    store__exec(s->w, "ROLLBACK", NULL);
     store_rows_free(*rows, *n);
     *rows = NULL;
     *n = 0;
@@ -565,17 +594,17 @@ static int is_terminal(const char *status) {
 int store_take_run(store_t *s, const char *run_id, const char *owner, const char *host,
                    int64_t now, struct run_row **row, err_t *e) {
   *row = NULL;
-  if (exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
+  if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
   int rc = reap_locked(s, host, now, e);
   sqlite3_stmt *st = NULL;
   if (rc < 0) goto done;
   rc = 0;
-  st = prep(s->w, "SELECT " RUN_COLS " FROM runs WHERE id = ?1", e);
+  st = store__prep(s->w, "SELECT " RUN_COLS " FROM runs WHERE id = ?1", e);
   if (!st) {
     rc = e->code;
     goto done;
   }
-  bind_text(st, 1, run_id);
+  store__bind_text(st, 1, run_id);
   if (sqlite3_step(st) != SQLITE_ROW) {
     rc = err_set(e, ERR_NOTFOUND, "no run with id '%s'", run_id);
     goto done;
@@ -588,9 +617,9 @@ int store_take_run(store_t *s, const char *run_id, const char *owner, const char
     rc = err_set(e, ERR_CONFLICT, "run %s has already %s: nothing to resume", run_id,
                  r->status);
   } else if (r->owner && strcmp(r->owner, owner)) {
-    sqlite3_stmt *l = prep(s->w, "SELECT kind, host, pid, expires_at FROM leases WHERE owner=?1", e);
+    sqlite3_stmt *l = store__prep(s->w, "SELECT kind, host, pid, expires_at FROM leases WHERE owner=?1", e);
     if (l) {
-      bind_text(l, 1, r->owner);
+      store__bind_text(l, 1, r->owner);
       if (sqlite3_step(l) == SQLITE_ROW)
         rc = err_set(e, ERR_CONFLICT,
                      "run %s is held by a live process (moonloop %s, pid %lld on %s); "
@@ -604,20 +633,20 @@ int store_take_run(store_t *s, const char *run_id, const char *owner, const char
     }
   }
   if (!rc) {
-    st = prep(s->w, "UPDATE runs SET owner = ?2 WHERE id = ?1", e);
+    st = store__prep(s->w, "UPDATE runs SET owner = ?2 WHERE id = ?1", e);
     if (!st) rc = e->code;
     else {
-      bind_text(st, 1, run_id);
-      bind_text(st, 2, owner);
-      if (sqlite3_step(st) != SQLITE_DONE) rc = db_err(e, s->w, "taking a run");
+      store__bind_text(st, 1, run_id);
+      store__bind_text(st, 2, owner);
+      if (sqlite3_step(st) != SQLITE_DONE) rc = store__db_err(e, s->w, "taking a run");
     }
   }
   if (rc) store_rows_free(r, 1);
   else *row = r;
 done:
   sqlite3_finalize(st);
-  if (rc) exec(s->w, "ROLLBACK", NULL);
-  else if (exec(s->w, "COMMIT", e)) {
+  if (rc) store__exec(s->w, "ROLLBACK", NULL);
+  else if (store__exec(s->w, "COMMIT", e)) {
     store_rows_free(*row, 1);
     *row = NULL;
     rc = e->code;
@@ -673,21 +702,21 @@ static cJSON *record_from_stmt(sqlite3_stmt *st) {
 
 /* Attach steps (with attempts and logs) to record o for run id. */
 static int add_steps(store_t *s, cJSON *o, const char *id, err_t *e) {
-  sqlite3_stmt *st = prep(s->r,
+  sqlite3_stmt *st = store__prep(s->r,
     "SELECT seq, id, kind, status, output, error, usage, attempts, started_at, ended_at,"
     " wake_at, retry_at FROM steps WHERE run_id = ?1 ORDER BY seq", e);
-  sqlite3_stmt *at = prep(s->r,
+  sqlite3_stmt *at = store__prep(s->r,
     "SELECT seq, n, status, error, traceback, started_at, ended_at, retry_at FROM attempts"
     " WHERE run_id = ?1 ORDER BY seq, n", e);
-  sqlite3_stmt *lg = prep(s->r,
+  sqlite3_stmt *lg = store__prep(s->r,
     "SELECT seq, ts, level, msg FROM logs WHERE run_id = ?1 ORDER BY seq, rowid", e);
   if (!st || !at || !lg) {
     sqlite3_finalize(st), sqlite3_finalize(at), sqlite3_finalize(lg);
     return e->code;
   }
-  bind_text(st, 1, id);
-  bind_text(at, 1, id);
-  bind_text(lg, 1, id);
+  store__bind_text(st, 1, id);
+  store__bind_text(at, 1, id);
+  store__bind_text(lg, 1, id);
   cJSON *steps = cJSON_AddArrayToObject(o, "steps");
   cJSON *runlogs = cJSON_AddArrayToObject(o, "logs");
   int arc = sqlite3_step(at), lrc = sqlite3_step(lg);
@@ -772,13 +801,13 @@ static int add_steps(store_t *s, cJSON *o, const char *id, err_t *e) {
 
 int store_get_run(store_t *s, const char *id, int with_steps, cJSON **out, err_t *e) {
   *out = NULL;
-  sqlite3_stmt *st = prep(s->r, "SELECT " RUN_COLS " FROM runs WHERE id = ?1", e);
+  sqlite3_stmt *st = store__prep(s->r, "SELECT " RUN_COLS " FROM runs WHERE id = ?1", e);
   if (!st) return e->code;
-  bind_text(st, 1, id);
+  store__bind_text(st, 1, id);
   int rc = sqlite3_step(st);
   if (rc != SQLITE_ROW) {
     sqlite3_finalize(st);
-    if (rc != SQLITE_DONE) return db_err(e, s->r, "reading a run");
+    if (rc != SQLITE_DONE) return store__db_err(e, s->r, "reading a run");
     return err_set(e, ERR_NOTFOUND, "no run with id '%s'", id);
   }
   cJSON *o = record_from_stmt(st);
@@ -794,11 +823,11 @@ int store_get_run(store_t *s, const char *id, int with_steps, cJSON **out, err_t
 
 int store_get_steps(store_t *s, const char *run_id, cJSON **out, err_t *e) {
   *out = NULL;
-  sqlite3_stmt *st = prep(s->r,
+  sqlite3_stmt *st = store__prep(s->r,
     "SELECT seq, id, kind, status, output, error, attempts, started_at, ended_at, wake_at,"
     " retry_at FROM steps WHERE run_id = ?1 ORDER BY seq", e);
   if (!st) return e->code;
-  bind_text(st, 1, run_id);
+  store__bind_text(st, 1, run_id);
   cJSON *arr = cJSON_CreateArray();
   static const char *const names[] = {"seq", "id", "kind", "status", "output", "error",
                                       "attempts", "started_at", "ended_at", "wake_at",
@@ -821,32 +850,39 @@ int store_get_steps(store_t *s, const char *run_id, cJSON **out, err_t *e) {
   sqlite3_finalize(st);
   if (rc != SQLITE_DONE) {
     cJSON_Delete(arr);
-    return db_err(e, s->r, "reading steps");
+    return store__db_err(e, s->r, "reading steps");
   }
   *out = arr;
   return 0;
 }
 
-int store_list_runs(store_t *s, const struct run_filter *f, cJSON **out, err_t *e) {
-  *out = NULL;
-  char sql[1024];
-  snprintf(sql, sizeof sql,
-           "SELECT " RUN_COLS " FROM runs WHERE 1"
-           "%s%s%s%s%s%s%s ORDER BY id DESC LIMIT ?8",
-           f->skill ? " AND skill = ?1" : "", f->status ? " AND status = ?2" : "",
+/* The WHERE clause of a run filter (parameters ?1 to ?7). */
+static void filter_sql(const struct run_filter *f, char *out, size_t n) {
+  snprintf(out, n, "WHERE 1%s%s%s%s%s%s%s", f->skill ? " AND skill = ?1" : "",
+           f->status ? " AND status = ?2" : "",
            f->trigger ? " AND json_extract(trigger, '$.kind') = ?3" : "",
-           f->parent_id ? " AND parent_id = ?4" : "",
-           f->since ? " AND created_at >= ?5" : "", f->until ? " AND created_at < ?6" : "",
-           f->before ? " AND id < ?7" : "");
-  sqlite3_stmt *st = prep(s->r, sql, e);
-  if (!st) return e->code;
-  bind_text(st, 1, f->skill);
-  bind_text(st, 2, f->status);
-  bind_text(st, 3, f->trigger);
-  bind_text(st, 4, f->parent_id);
+           f->parent_id ? " AND parent_id = ?4" : "", f->since ? " AND created_at >= ?5" : "",
+           f->until ? " AND created_at < ?6" : "", f->before ? " AND id < ?7" : "");
+}
+
+static void filter_bind(sqlite3_stmt *st, const struct run_filter *f) {
+  store__bind_text(st, 1, f->skill);
+  store__bind_text(st, 2, f->status);
+  store__bind_text(st, 3, f->trigger);
+  store__bind_text(st, 4, f->parent_id);
   sqlite3_bind_int64(st, 5, f->since);
   sqlite3_bind_int64(st, 6, f->until);
-  bind_text(st, 7, f->before);
+  store__bind_text(st, 7, f->before);
+}
+
+int store_list_runs(store_t *s, const struct run_filter *f, cJSON **out, err_t *e) {
+  *out = NULL;
+  char where[512], sql[1024];
+  filter_sql(f, where, sizeof where);
+  snprintf(sql, sizeof sql, "SELECT " RUN_COLS " FROM runs %s ORDER BY id DESC LIMIT ?8", where);
+  sqlite3_stmt *st = store__prep(s->r, sql, e);
+  if (!st) return e->code;
+  filter_bind(st, f);
   sqlite3_bind_int(st, 8, f->limit > 0 ? f->limit : 100);
   cJSON *arr = cJSON_CreateArray();
   int rc;
@@ -854,17 +890,46 @@ int store_list_runs(store_t *s, const struct run_filter *f, cJSON **out, err_t *
   sqlite3_finalize(st);
   if (rc != SQLITE_DONE) {
     cJSON_Delete(arr);
-    return db_err(e, s->r, "listing runs");
+    return store__db_err(e, s->r, "listing runs");
   }
   *out = arr;
   return 0;
 }
 
+int store_count_runs(store_t *s, const struct run_filter *f, int64_t *n, err_t *e) {
+  char where[512], sql[700];
+  filter_sql(f, where, sizeof where);
+  snprintf(sql, sizeof sql, "SELECT count(*) FROM runs %s", where);
+  sqlite3_stmt *st = store__prep(s->r, sql, e);
+  if (!st) return e->code;
+  filter_bind(st, f);
+  int rc = sqlite3_step(st) == SQLITE_ROW ? 0 : store__db_err(e, s->r, "counting runs");
+  *n = rc ? 0 : sqlite3_column_int64(st, 0);
+  sqlite3_finalize(st);
+  return rc;
+}
+
+int store_count_by_status(store_t *s, cJSON **out, err_t *e) {
+  sqlite3_stmt *st = store__prep(s->r, "SELECT status, count(*) FROM runs GROUP BY status", e);
+  if (!st) return e->code;
+  cJSON *o = cJSON_CreateObject();
+  static const char *const all[] = {"queued", "running", "sleeping", "waiting",
+                                    "completed", "failed", "cancelled", NULL};
+  for (const char *const *a = all; *a; a++) cJSON_AddNumberToObject(o, *a, 0);
+  while (sqlite3_step(st) == SQLITE_ROW) {
+    const char *k = (const char *)sqlite3_column_text(st, 0);
+    cJSON_ReplaceItemInObject(o, k, cJSON_CreateNumber((double)sqlite3_column_int64(st, 1)));
+  }
+  sqlite3_finalize(st);
+  *out = o;
+  return 0;
+}
+
 int store_get_version(store_t *s, const char *version, char **source, char **skill, char **file,
                       err_t *e) {
-  sqlite3_stmt *st = prep(s->r, "SELECT source, skill, file FROM versions WHERE version = ?1", e);
+  sqlite3_stmt *st = store__prep(s->r, "SELECT source, skill, file FROM versions WHERE version = ?1", e);
   if (!st) return e->code;
-  bind_text(st, 1, version);
+  store__bind_text(st, 1, version);
   int rc = 0;
   if (sqlite3_step(st) == SQLITE_ROW) {
     if (source) *source = col_dup(st, 0);
@@ -888,10 +953,10 @@ static cJSON *skill_record(store_t *s, sqlite3_stmt *st) {
   cJSON *t = trig ? cJSON_Parse(trig) : NULL;
   cJSON_AddItemToObject(o, "triggers", t ? t : cJSON_CreateArray());
   cJSON *versions = cJSON_AddArrayToObject(o, "versions");
-  sqlite3_stmt *v = prep(s->r,
+  sqlite3_stmt *v = store__prep(s->r,
     "SELECT version, loaded_at FROM versions WHERE skill = ?1 ORDER BY loaded_at, rowid", NULL);
   if (v) {
-    bind_text(v, 1, (const char *)sqlite3_column_text(st, 0));
+    store__bind_text(v, 1, (const char *)sqlite3_column_text(st, 0));
     while (sqlite3_step(v) == SQLITE_ROW) {
       cJSON *x = cJSON_CreateObject();
       add_text(x, "version", v, 0);
@@ -906,10 +971,10 @@ static cJSON *skill_record(store_t *s, sqlite3_stmt *st) {
 
 int store_get_skill(store_t *s, const char *id, cJSON **out, err_t *e) {
   *out = NULL;
-  sqlite3_stmt *st = prep(s->r,
+  sqlite3_stmt *st = store__prep(s->r,
     "SELECT id, version, file, description, triggers, error FROM skills WHERE id = ?1", e);
   if (!st) return e->code;
-  bind_text(st, 1, id);
+  store__bind_text(st, 1, id);
   int rc = 0;
   if (sqlite3_step(st) == SQLITE_ROW) *out = skill_record(s, st);
   else rc = err_set(e, ERR_NOTFOUND, "no skill '%s' is registered", id);
@@ -918,7 +983,7 @@ int store_get_skill(store_t *s, const char *id, cJSON **out, err_t *e) {
 }
 
 int store_list_skills(store_t *s, cJSON **out, err_t *e) {
-  sqlite3_stmt *st = prep(s->r,
+  sqlite3_stmt *st = store__prep(s->r,
     "SELECT id, version, file, description, triggers, error FROM skills ORDER BY id", e);
   if (!st) return e->code;
   cJSON *arr = cJSON_CreateArray();
@@ -929,7 +994,7 @@ int store_list_skills(store_t *s, cJSON **out, err_t *e) {
 }
 
 int store_engine_alive(store_t *s, int64_t now) {
-  sqlite3_stmt *st = prep(s->r,
+  sqlite3_stmt *st = store__prep(s->r,
     "SELECT owner, host, pid, pid_start, expires_at FROM leases WHERE kind = 'serve'", NULL);
   if (!st) return 0;
   int alive = 0;
@@ -940,7 +1005,7 @@ int store_engine_alive(store_t *s, int64_t now) {
 }
 
 int64_t store_data_version(store_t *s) {
-  sqlite3_stmt *st = prep(s->r, "PRAGMA data_version", NULL);
+  sqlite3_stmt *st = store__prep(s->r, "PRAGMA data_version", NULL);
   int64_t v = -1;
   if (st && sqlite3_step(st) == SQLITE_ROW) v = sqlite3_column_int64(st, 0);
   sqlite3_finalize(st);

@@ -4,6 +4,7 @@ local core = ...
 local sandbox = require("sandbox")
 local modules = require("modules")
 local skill = require("skill")
+require("flow") -- installs the flow steps into run.step
 local M = {}
 
 local setfenv, pcall, type, tostring, error = setfenv, pcall, type, tostring, error

@@ -12,7 +12,7 @@ local OP = core.OP
 local yield = coroutine.yield
 local type, tostring, select, error, pairs = type, tostring, select, error, pairs
 local concat = table.concat
-local current = run.current
+local current_task = run.current_task
 
 local function message(...)
   local n = select("#", ...)
@@ -26,9 +26,9 @@ end
 -- again: its lines were already recorded, so they are not written twice.
 local function logger(level)
   return function(...)
-    local R = current()
-    if R and R.replaying and not R.in_step then return end
-    core.log(level, message(...), R and R.in_step and R.step_seq or 0)
+    local T = current_task()
+    if T and T.R.replaying and not T.in_step then return end
+    core.log(level, message(...), T and T.in_step and T.step_seq or 0)
   end
 end
 
@@ -39,11 +39,11 @@ end
 -- I/O must happen inside a step body, where its result is checkpointed;
 -- outside one it would run again on every replay.
 local function io_allowed(name)
-  local R = current()
-  if R and not R.in_step then
+  local T = current_task()
+  if T and not T.in_step then
     error(name .. " must be called inside a step body (ctx.step.run) so that its result is checkpointed", 3)
   end
-  if not R and not core.can_yield() then
+  if not T and not core.can_yield() then
     error(name .. " can only be called inside a run", 3)
   end
 end
@@ -116,8 +116,8 @@ local function make_time()
   -- Outside a step body the time is the one recorded at the last step, so
   -- a replay sees the same value; inside a body it is the real clock.
   function t.now()
-    local R = current()
-    if R and not R.in_step then return R.now / 1000 end
+    local T = current_task()
+    if T and not T.in_step then return T.R.now / 1000 end
     return core.now() / 1000
   end
   function t.parse_duration(s)

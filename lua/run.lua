@@ -1,21 +1,28 @@
--- run.lua: a run's body and the step API.
+-- run.lua: a run's body, its tasks, and step.run.
 --
--- Each run is a coroutine whose body is main() below. A step yields an op
--- to the C core (the op codes come from core.OP), which does the durable
--- part and resumes the coroutine:
+-- Each run is a coroutine whose body is main() below; step.parallel adds
+-- child coroutines ("tasks") to a run. A step yields an op to the C core
+-- (op codes from core.OP), which does the durable part and resumes the
+-- task. The ops of step.run:
 --
---   COMMIT  seq id kind output attempts started ended   -> after the group is durable
---   RETRY   seq id n message traceback t0 delay started  -> after the backoff
---   FAIL    seq id kind n message traceback t0 ended started -> after the group is durable
---   SLEEP   seq id wake_at started                       -> at wake_at, with the end time
---   BACKOFF seq retry_at                                 -> at retry_at (replay)
---   HTTP    request                                      -> response, or nil, message
+--   COMMIT  seq id kind output attempts started ended         -> after the group is durable
+--   RETRY   seq id n message traceback t0 delay started        -> after the backoff
+--   FAIL    seq id kind n message traceback t0 ended started   -> after the group is durable
+--   BACKOFF seq retry_at                                       -> at retry_at (replay)
+--   HTTP    request                                            -> response, or nil, message
+--
+-- flow.lua adds the other steps (sleep, wait_for_event, invoke,
+-- send_event, parallel) and their ops.
 --
 -- Replay: the journal (the steps recorded so far, by seq) is given at start.
 -- While the code reaches steps the journal holds, their recorded results
 -- are returned without running the bodies; the first step past the end of
--- the journal runs live. A step whose id differs from the journal's at the
--- same position means the code changed under the run: the run fails.
+-- the journal runs live. A step whose id or kind differs from the journal's
+-- at the same position means the code changed under the run: it fails.
+--
+-- State: R is the run's (run_id, journal, seq, ids, now, cfg...); T is a
+-- task's (in_step, attempt, step_seq while a step body runs). The main
+-- task's T is R itself, so a run without parallel steps costs one table.
 
 local core = ...
 local M = {}
@@ -24,26 +31,32 @@ local OP = core.OP
 local yield, running, create = coroutine.yield, coroutine.running, coroutine.create
 local real_xpcall, traceback = xpcall, debug.traceback
 local type, tostring, error, setmetatable, getmetatable = type, tostring, error, setmetatable, getmetatable
+local rawget = rawget
 local floor, min = math.floor, math.min
 local now_ms, encode, decode, killed = core.now, core.encode, core.decode, core.killed
 
-local runs = setmetatable({}, { __mode = "k" }) -- coroutine -> run state R
+local tasks = setmetatable({}, { __mode = "k" }) -- coroutine -> task state T (T.R is the run)
 local EMPTY = setmetatable({}, { __newindex = function() error("internal: the empty journal is read-only") end })
 
-M.runs = runs
+M.tasks = tasks
+M.EMPTY = EMPTY
 
--- The state of the run whose coroutine is running, or nil outside a run.
-local function current()
+-- The state of the task running now, or nil outside a run.
+local function current_task()
   local co = running()
-  return co and runs[co]
+  return co and tasks[co]
 end
-M.current = current
+
+-- The state of the run whose task is running, or nil outside a run.
+local function current()
+  local T = current_task()
+  return T and T.R
+end
+M.current, M.current_task = current, current_task
 
 -- Errors -----------------------------------------------------------------
 
-local fatal_mt = {
-  __tostring = function(e) return e.message end,
-}
+local fatal_mt = { __tostring = function(e) return e.message end }
 M.fatal_mt = fatal_mt
 
 -- fatal(msg): an error value that fails its step at once, without retries.
@@ -52,10 +65,12 @@ function M.fatal(msg)
 end
 
 local step_error_mt = { __tostring = function(e) return e.message end }
+M.step_error_mt = step_error_mt
 
--- Turn any error value into {message=, traceback=, fatal=}.
+-- Turn any error value into {message=, traceback=, fatal=, step=}.
 local function normalize(e, tb)
-  if type(e) == "table" and (getmetatable(e) == fatal_mt or getmetatable(e) == step_error_mt) then
+  local mt = type(e) == "table" and getmetatable(e)
+  if mt == fatal_mt or mt == step_error_mt then
     return { message = e.message, fatal = e.fatal, step = e.step, traceback = tb or e.traceback }
   end
   if type(e) == "table" and type(e.message) == "string" then
@@ -68,7 +83,7 @@ end
 local function clean_traceback(tb)
   local out = {}
   for line in tb:gmatch("[^\n]+") do
-    if not line:find("moonloop/", 1, true) and not line:find("%[C%]: in function 'xpcall'")
+    if not line:find("moonloop/", 1, true) and not line:find("%[C%]: in function '[%w_]*xpcall'")
       and not line:find("%[C%]: in function 'pcall'") and line ~= "stack traceback:" then
       out[#out + 1] = line
     end
@@ -85,48 +100,58 @@ local function unwrap(h)
   if type(h) == "table" and h.value ~= nil then return normalize(h.value, h.traceback) end
   return normalize(h)
 end
+M.handler, M.unwrap, M.normalize = handler, unwrap, normalize
 
 -- Steps ------------------------------------------------------------------
 
 local function need_run(name)
-  local R = current()
-  if not R then error(name .. " can only be called inside a run", 3) end
-  return R
+  local T = current_task()
+  if not T then error(name .. " can only be called inside a run", 3) end
+  return T.R, T
 end
+M.need_run = need_run
+
+local function mismatch(seq, rec, sid, kind)
+  error(setmetatable({
+    message = ("the code no longer matches this run's journal: step %d is '%s' (%s) in the journal, but the code reached '%s' (%s)")
+      :format(seq, rec.id, rec.kind, sid, kind),
+    fatal = true,
+  }, fatal_mt), 0)
+end
+
+-- The journal's record at seq, checked against the step the code reached.
+local function record_at(R, seq, sid, kind)
+  local rec = R.journal[seq]
+  if rec then
+    if rec.id ~= sid or rec.kind ~= kind then mismatch(seq, rec, sid, kind) end
+  else
+    R.replaying = false
+    R.journal = EMPTY -- past its end: the journal is not needed any more
+  end
+  return rec
+end
+M.record_at = record_at
 
 -- Number the next step and check it against the journal. Returns the
 -- numbered id, its seq, and the journal's record for it (during replay).
-local function next_step(R, id, kind)
+local function next_step(R, T, id, kind)
   if type(id) ~= "string" or id == "" then
     error(("step id must be a non-empty string, got %s"):format(type(id) == "string" and '""' or type(id)), 3)
   end
   if #id > 200 or id:find("#", 1, true) then
     error(("bad step id '%s': at most 200 characters and no '#'"):format(id:sub(1, 40)), 3)
   end
-  if R.in_step then
-    error(("steps cannot be nested: step '%s' was called inside the body of step '%s'"):format(id, R.in_step), 3)
+  if T.in_step then
+    error(("steps cannot be nested: step '%s' was called inside the body of step '%s'"):format(id, T.in_step), 3)
   end
   local n = (R.ids[id] or 0) + 1
   R.ids[id] = n
   local sid = n == 1 and id or (id .. "#" .. n)
   local seq = R.seq + 1
   R.seq = seq
-  local rec = R.journal[seq]
-  if rec then
-    if rec.id ~= sid or rec.kind ~= kind then
-      R.mismatch = true
-      error(setmetatable({
-        message = ("the code no longer matches this run's journal: step %d is '%s' (%s) in the journal, but the code reached '%s' (%s)")
-          :format(seq, rec.id, rec.kind, sid, kind),
-        fatal = true,
-      }, fatal_mt), 0)
-    end
-  else
-    R.replaying = false
-    R.journal = EMPTY -- past its end: the journal is not needed any more
-  end
-  return sid, seq, rec
+  return sid, seq, record_at(R, seq, sid, kind)
 end
+M.next_step = next_step
 
 local function backoff_ms(R, opts, n)
   local base = (opts and opts.backoff_ms) or R.cfg.backoff_ms
@@ -142,14 +167,22 @@ local function raise_step_error(sid, e)
     cause = e.message, traceback = e.traceback, fatal = e.fatal,
   }, step_error_mt), 0)
 end
+M.raise_step_error = raise_step_error
 
-local function step_run(id, fn, opts)
-  local R = need_run("step.run")
-  if type(fn) ~= "function" then
-    error(("step.run('%s', fn): fn must be a function, got %s"):format(tostring(id), type(fn)), 2)
+local function to_ms(v, what, level)
+  if type(v) == "number" then return v * 1000 end
+  if type(v) == "string" then
+    local ms, err = core.duration(v)
+    if not ms then error(what .. ": " .. err, level or 3) end
+    return ms
   end
-  if opts ~= nil and type(opts) ~= "table" then error("step.run: opts must be a table", 2) end
-  local sid, seq, rec = next_step(R, id, "run")
+  error(what .. ": expected a duration such as 30 or \"5m\", got " .. type(v), level or 3)
+end
+M.to_ms = to_ms
+
+-- Run a step body at (seq, sid) with retries, given its journal record.
+-- Shared by step.run and the bodies of step.parallel.
+local function run_body(R, T, seq, sid, rec, fn, opts)
   local n = 0
   if rec then
     if rec.status == "completed" then
@@ -170,26 +203,16 @@ local function step_run(id, fn, opts)
   end
   local retries = (opts and opts.retries) or R.cfg.retries
   local timeout = opts and opts.timeout
-  if timeout ~= nil then
-    if type(timeout) == "string" then
-      local ms, err = core.duration(timeout)
-      if not ms then error("step.run: opts.timeout: " .. err, 2) end
-      timeout = ms
-    elseif type(timeout) == "number" then
-      timeout = timeout * 1000
-    else
-      error("step.run: opts.timeout must be a duration", 2)
-    end
-  end
+  if timeout ~= nil then timeout = to_ms(timeout, "step.run: opts.timeout", 4) end
   local started = rec and rec.started_at or now_ms()
   while true do
     n = n + 1
-    R.in_step, R.attempt, R.step_seq = sid, n, seq
+    T.in_step, T.attempt, T.step_seq = sid, n, seq
     local t0 = now_ms()
     core.step_begin(seq, sid, n, timeout or 0, started)
     local ok, res = real_xpcall(fn, handler)
     core.step_end()
-    R.in_step = nil
+    T.in_step = nil
     local e
     if ok then
       local out, err = encode(res, R.cfg.output_limit)
@@ -218,105 +241,24 @@ local function step_run(id, fn, opts)
     yield(OP.RETRY, seq, sid, n, e.message, e.traceback, t0, backoff_ms(R, opts, n), started)
   end
 end
+M.run_body = run_body
 
-local function to_ms(v, what)
-  if type(v) == "number" then return v * 1000 end
-  if type(v) == "string" then
-    local ms, err = core.duration(v)
-    if not ms then error(what .. ": " .. err, 3) end
-    return ms
+local function step_run(id, fn, opts)
+  local R, T = need_run("step.run")
+  if type(fn) ~= "function" then
+    error(("step.run('%s', fn): fn must be a function, got %s"):format(tostring(id), type(fn)), 2)
   end
-  error(what .. ": expected a duration such as 30 or \"5m\", got " .. type(v), 3)
+  if opts ~= nil and type(opts) ~= "table" then error("step.run: opts must be a table", 2) end
+  local sid, seq, rec = next_step(R, T, id, "run")
+  return run_body(R, T, seq, sid, rec, fn, opts)
 end
 
-local function step_sleep_until(R, id, wake_at)
-  local sid, seq, rec = next_step(R, id, "sleep")
-  local started = R.now
-  if rec then
-    if rec.status == "completed" then
-      R.now = rec.ended_at or R.now
-      return nil
-    end
-    wake_at = rec.wake_at or wake_at
-    started = rec.started_at or started
-  end
-  local ended = yield(OP.SLEEP, seq, sid, wake_at, started)
-  R.now = ended or wake_at
-  return nil
-end
+M.step = { run = step_run }
 
-local function step_sleep(id, duration)
-  local R = need_run("step.sleep")
-  local ms = to_ms(duration, "step.sleep")
-  -- The wake time counts from the step's start as recorded (R.now), so a
-  -- replayed sleep wakes when the first one would have.
-  return step_sleep_until(R, id, R.now + ms)
-end
-
-local function step_sleep_until_fn(id, t)
-  local R = need_run("step.sleep_until")
-  local at
-  if type(t) == "number" then at = t * 1000
-  elseif type(t) == "string" then
-    local ms, err = core.parse_time(t)
-    if not ms then error("step.sleep_until: " .. err, 2) end
-    at = ms
-  else
-    error("step.sleep_until: expected a unix time or an RFC 3339 string, got " .. type(t), 2)
-  end
-  return step_sleep_until(R, id, at)
-end
-
-M.step = {
-  run = step_run,
-  sleep = step_sleep,
-  sleep_until = step_sleep_until_fn,
-}
-
--- Install further step functions (from other runtime files).
+-- Install further step functions (flow.lua).
 function M.add_step(name, fn) M.step[name] = fn end
-M.next_step = next_step
-M.need_run = need_run
-M.raise_step_error = raise_step_error
-M.to_ms = to_ms
 
 -- The run body -----------------------------------------------------------
-
--- ctx is one small table per run; its fields are read through from the
--- run's state, so a parked run costs little memory.
-local ctx_mt = {}
-local ctx_fields = {
-  run_id = function(R) return R.run_id end,
-  skill = function(R) return R.cfg.skill end,
-  version = function(R) return R.cfg.version end,
-  event = function(R) return M.event(R) end,
-  input = function(R) return M.input(R) end,
-  trigger = function(R) return M.trigger(R) end,
-  step = function() return M.step end,
-  log = function() return M.shared_log end,
-  attempt = function(R) return R.in_step and R.attempt or nil end,
-  step_key = function(R) return R.in_step and (R.run_id .. ":" .. R.in_step) or nil end,
-}
-ctx_mt.__index = function(ctx, k)
-  local f = ctx_fields[k]
-  if f then return f(rawget(ctx, ctx_mt)) end
-  return nil
-end
-
-local function main(R, def, err_arg)
-  local ctx = setmetatable({ [ctx_mt] = R }, ctx_mt)
-  local fn = R.entry == "on_failure" and def.on_failure or def.run
-  local ok, res = real_xpcall(fn, handler, ctx, err_arg)
-  if not ok then
-    local e = unwrap(res)
-    return false, encode({ message = e.message, step = e.step, traceback = e.traceback }, 0)
-  end
-  local out, err = encode(res, R.cfg.output_limit)
-  if not out then
-    return false, encode({ message = "the run's result is not a JSON value: " .. err }, 0)
-  end
-  return true, out
-end
 
 -- A run's trigger, input and event are decoded when first read: a parked
 -- run that never looks at them keeps only their JSON text.
@@ -353,19 +295,66 @@ function M.event(R)
   return ev
 end
 
+-- ctx is one small table per run; its fields are read through from the
+-- run's state, so a parked run costs little memory.
+local ctx_mt = {}
+local function in_step_of()
+  local T = current_task()
+  return T and T.in_step and T
+end
+local ctx_fields = {
+  run_id = function(R) return R.run_id end,
+  skill = function(R) return R.cfg.skill end,
+  version = function(R) return R.cfg.version end,
+  event = function(R) return M.event(R) end,
+  input = function(R) return M.input(R) end,
+  trigger = function(R) return M.trigger(R) end,
+  step = function() return M.step end,
+  log = function() return M.shared_log end,
+  attempt = function()
+    local T = in_step_of()
+    return T and T.attempt or nil
+  end,
+  step_key = function(R)
+    local T = in_step_of()
+    return T and (R.run_id .. ":" .. T.in_step) or nil
+  end,
+}
+ctx_mt.__index = function(ctx, k)
+  local f = ctx_fields[k]
+  if f then return f(rawget(ctx, ctx_mt)) end
+  return nil
+end
+
+local function main(R, def, err_arg)
+  local ctx = setmetatable({ [ctx_mt] = R }, ctx_mt)
+  local fn = R.entry == "on_failure" and def.on_failure or def.run
+  local ok, res = real_xpcall(fn, handler, ctx, err_arg)
+  if not ok then
+    local e = unwrap(res)
+    return false, encode({ message = e.message, step = e.step, traceback = e.traceback }, 0)
+  end
+  local out, err = encode(res, R.cfg.output_limit)
+  if not out then
+    return false, encode({ message = "the run's result is not a JSON value: " .. err }, 0)
+  end
+  return true, out
+end
+
 -- Create the coroutine of a run. info holds run_id, entry, started_at, cfg
 -- (a table shared by the runs of one skill version: skill, version,
 -- retries, backoff_ms, backoff_max_ms, output_limit), and, as JSON text,
 -- trigger and input. journal is the replay journal (or nil).
 function M.new(info, def, journal)
   local R = info
+  R.R = R
   R.trigger = info.trigger or "{}"
   R.journal = journal or EMPTY
   R.replaying = journal ~= nil and #journal > 0
   R.seq, R.ids, R.now = 0, {}, info.started_at
   local err_arg = R.entry == "on_failure" and M.trigger(R).error or nil
   local co = create(function() return main(R, def, err_arg) end)
-  runs[co] = R
+  tasks[co] = R
   return co
 end
 

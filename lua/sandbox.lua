@@ -17,11 +17,18 @@
 -- metatable is protected (__metatable set: the frozen globals, env), and
 -- pairs/next skip keys that are not plain data (strings, numbers,
 -- booleans) in tables that carry a runtime metatable.
+--
+-- Budgets. Skill code is stopped past its time or memory budget (lrt.c);
+-- a C function runs out of the hook's sight, so the ones that can run long
+-- on small input are replaced: string.find/match/gmatch/gsub check the time
+-- budget as they go (lrt.c), string.rep checks the memory budget first,
+-- and a large table.sort compares in (hooked) Lua. tostring always returns
+-- a string. pcall/xpcall cannot catch a kill.
 
 local core = ...
 local M = {}
 
-local pairs, next, type, error, select, tostring = pairs, next, type, error, select, tostring
+local pairs, next, type, error, select, tostring, tonumber = pairs, next, type, error, select, tostring, tonumber
 local real_pcall, real_xpcall = pcall, xpcall
 local setmetatable, getmetatable, rawset, rawget = setmetatable, getmetatable, rawset, rawget
 local raw_getmetatable = debug.getmetatable
@@ -65,6 +72,7 @@ end
 -- once with an error naming the budget.
 local real_rep = string.rep
 local function rep(s, n, sep)
+  n = tonumber(n) or n
   if type(n) == "number" and n > 1 then
     local ls = type(s) == "string" and #s or type(s) == "number" and #tostring(s) or 0
     local lsep = type(sep) == "string" and #sep or type(sep) == "number" and #tostring(sep) or 0
@@ -74,8 +82,26 @@ local function rep(s, n, sep)
   return real_rep(s, n, sep)
 end
 
+-- table.sort without a comparator compares in C, out of the hook's sight,
+-- and its quicksort has inputs that make it quadratic (32768 numbers take
+-- seconds, a million take hours). Past a few thousand elements it is
+-- given a comparator in Lua, with the JIT off so that the hook fires.
+local real_sort = table.sort
+local function lt(a, b) return a < b end
+jit.off(lt)
+local function sort(t, comp)
+  if comp == nil and type(t) == "table" and #t > 2000 then comp = lt end
+  return real_sort(t, comp)
+end
+local safe_table = copy(table)
+safe_table.sort = sort
+
 local safe_string = copy(string, { dump = true })
 safe_string.rep = rep
+-- Pattern functions that check the time budget as they go (a backtracking
+-- pattern can run for hours inside one C call, out of the hook's sight).
+safe_string.find, safe_string.match = core.str_find, core.str_match
+safe_string.gmatch, safe_string.gsub = core.str_gmatch, core.str_gsub
 do
   local mt = getmetatable("")
   mt.__index = safe_string
@@ -163,7 +189,7 @@ function M.new(mods)
     select = select, tonumber = tonumber, tostring = sb_tostring, type = type,
     unpack = unpack, setmetatable = sb_setmetatable, getmetatable = sb_getmetatable,
     _VERSION = _VERSION,
-    string = copy(safe_string), table = copy(table), math = copy(math), bit = copy(bit),
+    string = copy(safe_string), table = copy(safe_table), math = copy(math), bit = copy(bit),
     os = { time = os.time, date = os.date, clock = os.clock },
   }
   for k, v in pairs(mods) do env[k] = v end

@@ -4,7 +4,8 @@
 set -e
 pkgs="build-essential cmake pkg-config libluajit-5.1-dev libuv1-dev
 libsqlite3-dev libcurl4-openssl-dev libcjson-dev libh2o-dev libssl-dev
-libedit-dev python3 tzdata"
+libedit-dev python3 tzdata
+wrk clang libclang-rt-14-dev"
 [ -n "$MOONLOOP_DEPS_EXTRA" ] && pkgs="$pkgs $MOONLOOP_DEPS_EXTRA"
 missing=""
 for p in $pkgs; do

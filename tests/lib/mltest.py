@@ -149,6 +149,8 @@ class Workdir:
         self.env = dict(os.environ)
         self.env.pop("MOONLOOP_URL", None)
         self.env["MOONLOOP_DB"] = self.db
+        # Every `serve` a test starts binds a free port, so tests run side by side.
+        self.env.setdefault("MOONLOOP_LISTEN", "127.0.0.1:0")
         self.env["NO_COLOR"] = "1"
         self.procs = []
         conf = config or {}

@@ -1,0 +1,342 @@
+/*
+** client.c: the command line over the HTTP API (see client.h). Two layers:
+** client_call (one request, its answer and its error as an err_t), then
+** the commands, which print what the file mode prints (trace.c's tables and
+** trees, the same JSON) and exit with the same statuses.
+*/
+#include "client.h"
+#include "trace.h"
+#include "units.h"
+
+#include <curl/curl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define CONNECT_TIMEOUT_S 10L
+#define TOTAL_TIMEOUT_S 330L  /* the longest wait the API allows, and a margin */
+#define INVOKE_WAIT_S 300     /* what invoke --wait asks for per request */
+#define POLL_US 200000        /* between reads of a run still going after that */
+
+struct answer_buf {
+  char *p;
+  size_t len;
+};
+
+/* libcurl's write callback: gather the answer's body. */
+static size_t on_data(char *ptr, size_t size, size_t n, void *arg) {
+  struct answer_buf *b = arg;
+  size_t add = size * n;
+  char *np = realloc(b->p, b->len + add + 1);
+  if (!np) return 0;
+  memcpy(np + b->len, ptr, add);
+  b->len += add;
+  np[b->len] = 0;
+  b->p = np;
+  return add;
+}
+
+/* The ERR_* code for an HTTP error status. */
+static int code_of_status(long status) {
+  switch (status) {
+  case 400: return ERR_INVALID;
+  case 401: return ERR_AUTH;
+  case 404: return ERR_NOTFOUND;
+  case 405: return ERR_INVALID;
+  case 409: return ERR_CONFLICT;
+  case 413: return ERR_TOOBIG;
+  case 503: return ERR_BUSY;
+  default: return ERR_INTERNAL;
+  }
+}
+
+/* See client.h. */
+int client_call(const struct config *cfg, const char *method, const char *path,
+                const char *body, long *status, cJSON **answer, err_t *e) {
+  *status = 0;
+  if (answer) *answer = NULL;
+  const char *base = cfg->server ? cfg->server : "";
+  if (strncmp(base, "http://", 7) && strncmp(base, "https://", 8))
+    return err_set(e, ERR_INVALID, "--server must be a URL such as http://127.0.0.1:8288, "
+                   "got '%s'", base);
+  size_t bl = strlen(base);
+  while (bl && base[bl - 1] == '/') bl--;
+  size_t ul = bl + strlen(path) + 1;
+  char *url = malloc(ul);
+  if (!url) return err_set(e, ERR_NOMEM, "out of memory");
+  snprintf(url, ul, "%.*s%s", (int)bl, base, path);
+
+  CURL *h = curl_easy_init();
+  if (!h) {
+    free(url);
+    return err_set(e, ERR_NOMEM, "cannot start an HTTP request (libcurl)");
+  }
+  struct curl_slist *hdrs = NULL;
+  char auth[1024];
+  const char *tok = cfg->token_env ? getenv(cfg->token_env) : NULL;
+  if (tok && *tok) {
+    snprintf(auth, sizeof auth, "Authorization: Bearer %s", tok);
+    hdrs = curl_slist_append(hdrs, auth);
+  }
+  hdrs = curl_slist_append(hdrs, "Accept: application/json");
+  hdrs = curl_slist_append(hdrs, "Expect:");
+  if (body)
+    hdrs = curl_slist_append(hdrs, !strcmp(method, "PUT") ? "Content-Type: text/plain; charset=utf-8"
+                                                          : "Content-Type: application/json");
+  struct answer_buf buf = {0};
+  char errbuf[CURL_ERROR_SIZE] = "";
+  curl_easy_setopt(h, CURLOPT_URL, url);
+  curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, CONNECT_TIMEOUT_S);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT, TOTAL_TIMEOUT_S);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &buf);
+  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+  curl_easy_setopt(h, CURLOPT_USERAGENT, "moonloop-cli");
+  if (body) {
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(body));
+  } else if (!strcmp(method, "HEAD")) {
+    curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+  }
+  CURLcode cc = curl_easy_perform(h);
+  int rc = 0;
+  if (cc != CURLE_OK) {
+    rc = err_set(e, ERR_IO, "cannot reach the engine at %.*s: %s", (int)bl, base,
+                 *errbuf ? errbuf : curl_easy_strerror(cc));
+  } else {
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
+    cJSON *v = buf.p ? cJSON_ParseWithLength(buf.p, buf.len) : NULL;
+    if (*status < 200 || *status >= 300) {
+      cJSON *er = cJSON_GetObjectItemCaseSensitive(v, "error");
+      cJSON *msg = cJSON_GetObjectItemCaseSensitive(er, "message");
+      rc = code_of_status(*status);
+      if (cJSON_IsString(msg)) err_set(e, rc, "%s", msg->valuestring);
+      else err_set(e, rc, "the engine at %.*s answered HTTP %ld", (int)bl, base, *status);
+      if (*status == 401 && e)
+        err_prefix(e, "the engine at %.*s wants a token (set %s)", (int)bl, base,
+                   cfg->token_env ? cfg->token_env : "MOONLOOP_TOKEN");
+    }
+    if (answer) *answer = v;
+    else cJSON_Delete(v);
+  }
+  free(buf.p);
+  curl_slist_free_all(hdrs);
+  curl_easy_cleanup(h);
+  free(url);
+  return rc;
+}
+
+/* ---- the commands ------------------------------------------------------- */
+
+/* The exit status for a failed call: bad input is a usage error, as in
+** the file mode; an unknown thing is notfound_exit. */
+static int fail_exit(const err_t *e, int notfound_exit) {
+  int st = e->code == ERR_INVALID ? EXIT_USAGE
+           : e->code == ERR_NOTFOUND ? notfound_exit
+                                     : EXIT_FAILED;
+  return cli_fail(st, "%s", e->msg);
+}
+
+/* Append "&key=escaped value" to q. */
+static void add_param(CURL *h, char *q, size_t n, const char *key, const char *val) {
+  if (!val) return;
+  char *esc = curl_easy_escape(h, val, 0);
+  if (!esc) return;
+  size_t used = strlen(q);
+  snprintf(q + used, n - used, "%s%s=%s", used ? "&" : "?", key, esc);
+  curl_free(esc);
+}
+
+/* Print a JSON value and a newline, as the file mode does. */
+static void print_json(const cJSON *v, int pretty) {
+  char *s = pretty ? cJSON_Print(v) : cJSON_PrintUnformatted(v);
+  printf("%s\n", s ? s : "null");
+  free(s);
+}
+
+/* moonloop runs --server: GET /v1/runs with the filters as parameters. */
+int client_runs(struct cli *c) {
+  char path[2048] = "";
+  CURL *h = curl_easy_init();
+  if (!h) return cli_fail(EXIT_FAILED, "cannot start an HTTP request (libcurl)");
+  add_param(h, path, sizeof path, "skill", c->skill);
+  add_param(h, path, sizeof path, "status", c->status);
+  add_param(h, path, sizeof path, "since", c->since);
+  add_param(h, path, sizeof path, "trigger", c->trigger);
+  add_param(h, path, sizeof path, "limit", c->limit);
+  curl_easy_cleanup(h);
+  char full[2100];
+  snprintf(full, sizeof full, "/v1/runs%s", path);
+  long status;
+  cJSON *ans;
+  err_t e;
+  if (client_call(&c->cfg, "GET", full, NULL, &status, &ans, &e)) {
+    cJSON_Delete(ans);
+    return fail_exit(&e, EXIT_FAILED);
+  }
+  cJSON *runs = cJSON_GetObjectItemCaseSensitive(ans, "runs");
+  if (!cJSON_IsArray(runs)) {
+    cJSON_Delete(ans);
+    return cli_fail(EXIT_FAILED, "the engine's answer has no list of runs");
+  }
+  if (c->json) print_json(runs, 0);
+  else trace_print_runs(stdout, runs, c->color, units_now_ms());
+  cJSON_Delete(ans);
+  return EXIT_OK;
+}
+
+/* GET /v1/runs/{id}: the run record, or NULL after printing why. */
+static cJSON *get_run(struct cli *c, const char *id, int *exit_status) {
+  CURL *h = curl_easy_init();
+  char *esc = h ? curl_easy_escape(h, id, 0) : NULL;
+  char path[512];
+  snprintf(path, sizeof path, "/v1/runs/%s", esc ? esc : "");
+  curl_free(esc);
+  if (h) curl_easy_cleanup(h);
+  long status;
+  cJSON *run;
+  err_t e;
+  if (client_call(&c->cfg, "GET", path, NULL, &status, &run, &e)) {
+    cJSON_Delete(run);
+    *exit_status = fail_exit(&e, EXIT_FAILED);
+    return NULL;
+  }
+  return run;
+}
+
+/* moonloop trace --server: GET /v1/runs/{id}. */
+int client_trace(struct cli *c) {
+  if (c->nargs != 1) return cli_fail(EXIT_USAGE, "usage: moonloop trace RUN_ID");
+  int st = EXIT_OK;
+  cJSON *run = get_run(c, c->args[0], &st);
+  if (!run) return st;
+  if (c->json) print_json(run, 0);
+  else trace_print_run(stdout, run, c->color, units_now_ms());
+  cJSON_Delete(run);
+  return EXIT_OK;
+}
+
+/* moonloop skills --server: GET /v1/skills. */
+int client_skills(struct cli *c) {
+  long status;
+  cJSON *ans;
+  err_t e;
+  if (client_call(&c->cfg, "GET", "/v1/skills", NULL, &status, &ans, &e)) {
+    cJSON_Delete(ans);
+    return fail_exit(&e, EXIT_FAILED);
+  }
+  cJSON *skills = cJSON_GetObjectItemCaseSensitive(ans, "skills");
+  if (!cJSON_IsArray(skills)) {
+    cJSON_Delete(ans);
+    return cli_fail(EXIT_FAILED, "the engine's answer has no list of skills");
+  }
+  if (c->json) print_json(skills, 0);
+  else trace_print_skills(stdout, skills, c->color);
+  cJSON_Delete(ans);
+  return EXIT_OK;
+}
+
+/* Whether a run status is final. */
+static int terminal(const char *s) {
+  return s && (!strcmp(s, "completed") || !strcmp(s, "failed") || !strcmp(s, "cancelled"));
+}
+
+/* The string at key k of o, or NULL. */
+static const char *str_of(const cJSON *o, const char *k) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+  return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* Print a finished run's result as the file mode does (cli_run.c's
+** report): output on stdout, or the error on stderr; the exit status. */
+static int report(const struct cli *c, const char *run_id, const char *status,
+                  const cJSON *output, const cJSON *error) {
+  char *out = output ? cJSON_PrintUnformatted(output) : NULL;
+  char *err = error && !cJSON_IsNull(error) ? cJSON_PrintUnformatted(error) : NULL;
+  int rc;
+  if (!strcmp(status, "completed")) {
+    cli_print_json(stdout, out ? out : "null", !c->json && isatty(1));
+    rc = EXIT_OK;
+  } else if (c->json) {
+    cli_print_json(stderr, err ? err : "null", 0);
+    rc = EXIT_FAILED;
+  } else {
+    const char *msg = str_of(error, "message");
+    fprintf(stderr, "moonloop: run %s %s: %s\n", run_id, status,
+            msg ? msg : err ? err : "(no error recorded)");
+    const char *tb = str_of(error, "traceback");
+    if (tb && c->verbose) fprintf(stderr, "%s\n", tb);
+    rc = EXIT_FAILED;
+  }
+  free(out);
+  free(err);
+  return rc;
+}
+
+/* moonloop invoke --server [--wait]: POST /v1/skills/{id}/invoke. */
+int client_invoke(struct cli *c) {
+  if (c->nargs != 1) return cli_fail(EXIT_USAGE, "usage: moonloop invoke SKILL [--data JSON] [--wait]");
+  char *data = cli_data_json(c);
+  if (!data) return EXIT_USAGE;
+  size_t bl = strlen(data) + 64;
+  char *body = malloc(bl);
+  CURL *h = curl_easy_init();
+  char *esc = h ? curl_easy_escape(h, c->args[0], 0) : NULL;
+  if (h) curl_easy_cleanup(h);
+  if (!body || !esc) {
+    free(body), free(data), curl_free(esc);
+    return cli_fail(EXIT_FAILED, "out of memory");
+  }
+  if (c->wait) snprintf(body, bl, "{\"data\":%s,\"wait\":%d}", data, INVOKE_WAIT_S);
+  else snprintf(body, bl, "{\"data\":%s}", data);
+  free(data);
+  char path[512];
+  snprintf(path, sizeof path, "/v1/skills/%s/invoke", esc);
+  curl_free(esc);
+  long status;
+  cJSON *ans;
+  err_t e;
+  int rc = client_call(&c->cfg, "POST", path, body, &status, &ans, &e);
+  free(body);
+  if (rc) {
+    cJSON_Delete(ans);
+    return fail_exit(&e, EXIT_USAGE);
+  }
+  const char *run_id = str_of(ans, "run_id");
+  if (!run_id) {
+    cJSON_Delete(ans);
+    return cli_fail(EXIT_FAILED, "the engine's answer has no run_id");
+  }
+  if (!c->wait) {
+    if (c->json) printf("{\"run_id\":\"%s\"}\n", run_id);
+    else printf("%s\n", run_id);
+    cJSON_Delete(ans);
+    return EXIT_OK;
+  }
+  fprintf(stderr, "run %s\n", run_id);
+  fflush(stderr);
+  /* The answer came when the run ended, or when the wait ran out: then
+  ** read the run until it ends, as the file mode does. */
+  cJSON *rec = ans;
+  while (!terminal(str_of(rec, "status"))) {
+    usleep(POLL_US);
+    int st = EXIT_OK;
+    cJSON *run = get_run(c, run_id, &st);
+    if (!run) {
+      cJSON_Delete(ans);
+      if (rec != ans) cJSON_Delete(rec);
+      return st;
+    }
+    if (rec != ans) cJSON_Delete(rec);
+    rec = run;
+  }
+  rc = report(c, run_id, str_of(rec, "status"), cJSON_GetObjectItemCaseSensitive(rec, "output"),
+              cJSON_GetObjectItemCaseSensitive(rec, "error"));
+  if (rec != ans) cJSON_Delete(rec);
+  cJSON_Delete(ans);
+  return rc;
+}

@@ -1,0 +1,285 @@
+/*
+** control.c: control operations of a running engine (see sched.h): events,
+** invoke, cancel, rerun, skill registration, for the HTTP server. Each
+** validates at once, writes through the scheduler's open journal group,
+** and answers once the write is durable: so an HTTP 2xx means what the
+** CLI's exit 0 means.
+*/
+#include "ids.h"
+#include "run.h"
+#include "units.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct reply {
+  sched_t *s;
+  sched_reply_cb cb;
+  void *arg;
+  int n;          /* entries to answer for (events) */
+  char run_id[27];
+  int64_t wait_ms;
+  struct stimer timer;
+  int replied, done;
+};
+
+static struct reply *reply_new(sched_t *s, sched_reply_cb cb, void *arg) {
+  struct reply *r = calloc(1, sizeof *r);
+  if (r) {
+    r->s = s;
+    r->cb = cb;
+    r->arg = arg;
+  }
+  return r;
+}
+
+static void answer(struct reply *r, int rc, const char *message, const char *json) {
+  if (r->replied) return;
+  r->replied = 1;
+  struct sched_reply rep = {rc, message, json};
+  r->cb(&rep, r->arg);
+}
+
+/* ---- events ---- */
+
+static void on_events(void *arg, const struct jentry *last) {
+  struct reply *r = arg;
+  cJSON *o = cJSON_CreateObject();
+  cJSON *ids = cJSON_AddArrayToObject(o, "ids");
+  for (int i = r->n - 1; i >= 0; i--) {
+    const struct jentry *je = last - i;
+    cJSON_AddItemToArray(ids, cJSON_CreateString(je->result ? je->result : je->u.event.id));
+  }
+  char *js = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  answer(r, 0, NULL, js);
+  free(js);
+  free(r);
+}
+
+int sched_send_events(sched_t *s, const cJSON *events, sched_reply_cb cb, void *arg, err_t *e) {
+  int64_t limit = sched__opts(s)->event_limit, now = units_now_ms();
+  int n = cJSON_GetArraySize(events);
+  if (!cJSON_IsArray(events) || n == 0)
+    return err_set(e, ERR_INVALID, "expected an event {name, data, id?} or a non-empty list of them");
+  const cJSON *ev;
+  int i = 0;
+  /* Validate all first: a bad event in a list changes nothing. */
+  cJSON_ArrayForEach(ev, events) {
+    i++;
+    const cJSON *name = cJSON_GetObjectItem(ev, "name"), *id = cJSON_GetObjectItem(ev, "id");
+    if (!cJSON_IsObject(ev) || !cJSON_IsString(name) || !*name->valuestring ||
+        strlen(name->valuestring) > 256)
+      return err_set(e, ERR_INVALID, "event %d: 'name' must be a string of 1 to 256 characters", i);
+    if (id && !cJSON_IsNull(id) && (!cJSON_IsString(id) || strlen(id->valuestring) > 256))
+      return err_set(e, ERR_INVALID, "event %d: 'id' must be a string of at most 256 characters", i);
+    char *data = cJSON_PrintUnformatted(cJSON_GetObjectItem(ev, "data"));
+    int64_t len = data ? (int64_t)strlen(data) : 4;
+    free(data);
+    if (len > limit) {
+      char sz[32], lim[32];
+      units_fmt_size(len, sz, sizeof sz);
+      units_fmt_size(limit, lim, sizeof lim);
+      return err_set(e, ERR_TOOBIG, "event %d: its data is %s, over the limit of %s (limits.event)",
+                     i, sz, lim);
+    }
+  }
+  struct reply *r = reply_new(s, cb, arg);
+  if (!r) return err_set(e, ERR_NOMEM, "out of memory");
+  journal_t *j = sched__journal(s);
+  cJSON_ArrayForEach(ev, events) {
+    char id[27];
+    ids_ulid(now, id);
+    const cJSON *key = cJSON_GetObjectItem(ev, "id");
+    char *data = cJSON_PrintUnformatted(cJSON_GetObjectItem(ev, "data"));
+    struct event_row er = {.id = id, .name = cJSON_GetObjectItem(ev, "name")->valuestring,
+                           .data = data ? data : "null",
+                           .idem = cJSON_IsString(key) ? key->valuestring : NULL, .ts = now};
+    journal_event(j, &er);
+    free(data);
+    r->n++;
+  }
+  sched__after_entry(s, on_events, r);
+  return 0;
+}
+
+/* ---- invoke ---- */
+
+static void reply_outcome(struct reply *r, const struct sched_result *res) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "run_id", r->run_id);
+  cJSON_AddStringToObject(o, "status", res ? res->status : "running");
+  if (res) {
+    cJSON *ov = res->output ? cJSON_Parse(res->output) : NULL;
+    cJSON *ev = res->error ? cJSON_Parse(res->error) : NULL;
+    cJSON_AddItemToObject(o, "output", ov ? ov : cJSON_CreateNull());
+    cJSON_AddItemToObject(o, "error", ev ? ev : cJSON_CreateNull());
+  }
+  char *js = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  answer(r, 0, NULL, js);
+  free(js);
+}
+
+static void on_invoke_done(const struct sched_result *res, void *arg) {
+  struct reply *r = arg;
+  r->done = 1;
+  sched__timer_stop(r->s, &r->timer);
+  reply_outcome(r, res);
+  free(r);
+}
+
+static void on_invoke_timeout(struct stimer *tm) {
+  struct reply *r = (struct reply *)((char *)tm - offsetof(struct reply, timer));
+  /* Still going: answer now; the done callback frees the reply later. */
+  reply_outcome(r, NULL);
+}
+
+static void on_run_queued(void *arg) {
+  struct reply *r = arg;
+  char js[64];
+  snprintf(js, sizeof js, "{\"run_id\":\"%s\"}", r->run_id);
+  answer(r, 0, NULL, js);
+  free(r);
+}
+
+/* Start a run here and answer as invoke does. */
+static int start_and_answer(sched_t *s, struct skill *sk, const char *trigger, const char *input,
+                            int64_t wait_ms, sched_reply_cb cb, void *arg, err_t *e) {
+  struct reply *r = reply_new(s, cb, arg);
+  if (!r) return err_set(e, ERR_NOMEM, "out of memory");
+  if (sched_run_new(s, sk, trigger, input, NULL, r->run_id, e)) {
+    free(r);
+    return e->code;
+  }
+  if (wait_ms <= 0) {
+    sched__after_commit(s, on_run_queued, r);
+    return 0;
+  }
+  r->wait_ms = wait_ms;
+  r->timer.fn = on_invoke_timeout;
+  sched__timer_start(s, &r->timer, units_now_ms() + wait_ms);
+  sched_on_done(s, r->run_id, on_invoke_done, r);
+  return 0;
+}
+
+int sched_invoke(sched_t *s, const char *skill, const char *data_json, int64_t wait_ms,
+                 sched_reply_cb cb, void *arg, err_t *e) {
+  struct skill *sk;
+  if (sched__live_skill(s, skill, &sk, e)) return e->code;
+  return start_and_answer(s, sk, "{\"kind\":\"invoke\",\"by\":\"http\"}",
+                          data_json ? data_json : "null", wait_ms, cb, arg, e);
+}
+
+/* ---- cancel and rerun ---- */
+
+static void on_cancel(void *arg, const struct jentry *je) {
+  struct reply *r = arg;
+  const char *st = je->result;
+  if (!st || !strcmp(st, "notfound")) {
+    char msg[80];
+    snprintf(msg, sizeof msg, "no run with id '%s'", r->run_id);
+    answer(r, ERR_NOTFOUND, msg, NULL);
+  } else if (!strncmp(st, "ended:", 6)) {
+    char msg[120];
+    snprintf(msg, sizeof msg, "run %s has already %s: nothing to cancel", r->run_id, st + 6);
+    answer(r, ERR_CONFLICT, msg, NULL);
+  } else {
+    /* Ours: stop it now rather than at the next poll. */
+    struct run *run = sched__find(r->s, r->run_id);
+    if (run) run_cancelled(run, "cancelled over HTTP");
+    char js[96];
+    snprintf(js, sizeof js, "{\"run_id\":\"%s\",\"status\":\"%s\"}", r->run_id,
+             run ? "cancelled" : st);
+    answer(r, 0, NULL, js);
+  }
+  free(r);
+}
+
+int sched_cancel(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, err_t *e) {
+  if (!run_id || strlen(run_id) != 26) return err_set(e, ERR_NOTFOUND, "no run with id '%.40s'", run_id ? run_id : "");
+  struct reply *r = reply_new(s, cb, arg);
+  if (!r) return err_set(e, ERR_NOMEM, "out of memory");
+  snprintf(r->run_id, sizeof r->run_id, "%s", run_id);
+  struct cancel_row c = {.run_id = run_id, .reason = "cancelled over HTTP", .at = units_now_ms()};
+  journal_cancel(sched__journal(s), &c);
+  sched__after_entry(s, on_cancel, r);
+  return 0;
+}
+
+int sched_rerun(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, err_t *e) {
+  cJSON *run;
+  if (store_get_run(sched__opts(s)->store, run_id, 0, &run, e)) return e->code;
+  const char *skill_id = cJSON_GetObjectItem(run, "skill")->valuestring;
+  struct skill *sk;
+  /* The live version when there is one (a fixed skill is why one reruns). */
+  if (sched__live_skill(s, skill_id, &sk, e) &&
+      sched__version_skill(s, cJSON_GetObjectItem(run, "version")->valuestring, &sk, e)) {
+    cJSON_Delete(run);
+    return e->code;
+  }
+  char *input = cJSON_PrintUnformatted(cJSON_GetObjectItem(run, "input"));
+  char trig[96];
+  snprintf(trig, sizeof trig, "{\"kind\":\"rerun\",\"run_id\":\"%s\"}", run_id);
+  int rc = start_and_answer(s, sk, trig, input, 0, cb, arg, e);
+  free(input);
+  cJSON_Delete(run);
+  return rc;
+}
+
+/* ---- skills ---- */
+
+struct put_ctx {
+  struct reply *r;
+  char *id;
+};
+
+static void on_put(void *arg) {
+  struct put_ctx *p = arg;
+  cJSON *rec;
+  err_t e;
+  if (store_get_skill(sched__opts(p->r->s)->store, p->id, &rec, &e)) {
+    answer(p->r, e.code, e.msg, NULL);
+  } else {
+    char *js = cJSON_PrintUnformatted(rec);
+    answer(p->r, 0, NULL, js);
+    free(js);
+    cJSON_Delete(rec);
+  }
+  sched__skills_changed(p->r->s);
+  free(p->id);
+  free(p->r);
+  free(p);
+}
+
+int sched_put_skill(sched_t *s, const char *id, const char *source, size_t len,
+                    sched_reply_cb cb, void *arg, err_t *e) {
+  char file[300];
+  snprintf(file, sizeof file, "%s.lua", id);
+  struct skill *sk;
+  struct skill_error se;
+  if (skills_load(sched__opts(s)->skills, source, len, file, &sk, &se)) {
+    *e = se.err;
+    return e->code;
+  }
+  if (strcmp(sk->id, id))
+    return err_set(e, ERR_INVALID, "%s: the source declares id '%s', not '%s'", file, sk->id, id);
+  struct put_ctx *p = calloc(1, sizeof *p);
+  if (!p || !(p->r = reply_new(s, cb, arg))) {
+    free(p);
+    return err_set(e, ERR_NOMEM, "out of memory");
+  }
+  p->id = strdup(id);
+  int64_t now = units_now_ms();
+  journal_t *j = sched__journal(s);
+  struct version_row v = {.version = sk->version, .skill = sk->id, .source = sk->source,
+                          .file = file, .loaded_at = now};
+  struct skill_row k = {.id = sk->id, .version = sk->version, .file = file,
+                        .description = sk->description, .triggers = sk->triggers,
+                        .updated_at = now};
+  journal_version(j, &v);
+  journal_skill(j, &k);
+  sched__after_commit(s, on_put, p);
+  return 0;
+}

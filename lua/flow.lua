@@ -1,0 +1,226 @@
+-- flow.lua: the steps that park a run or fan out: sleep, sleep_until,
+-- wait_for_event, invoke, send_event, parallel. Their ops:
+--
+--   SLEEP    seq id wake_at started                      -> the end time
+--   WAIT     seq id event match_path match_value timeout_at started
+--                                                        -> the event (JSON) or nil, the end time
+--   INVOKE   seq id skill data timeout_at started child_id
+--                                                        -> the child's outcome (JSON) or nil, the end time [, error]
+--   SEND     seq id events started                       -> the event ids (JSON)
+--   PARALLEL seq id co1 ... coN                          -> {{ok=, value=}, ...} once every child ended
+--
+-- Times are counted from the step's start as recorded (R.now), so a replay
+-- after a restart waits for what is left, not for the whole duration again.
+
+local core = ...
+local run = require("run")
+local M = {}
+
+local OP = core.OP
+local yield, create = coroutine.yield, coroutine.create
+local real_xpcall = xpcall
+local type, tostring, error, ipairs, select = type, tostring, error, ipairs, select
+local encode, decode = core.encode, core.decode
+local need_run, next_step, record_at, to_ms = run.need_run, run.next_step, run.record_at, run.to_ms
+local null = core.json.null
+
+local function done_rec(R, rec)
+  if rec and rec.status == "completed" then
+    R.now = rec.ended_at or R.now
+    return true
+  end
+end
+
+local function sleep_until(R, T, id, wake_at)
+  local sid, seq, rec = next_step(R, T, id, "sleep")
+  if done_rec(R, rec) then return nil end
+  local started = R.now
+  if rec then
+    wake_at = rec.wake_at or wake_at
+    started = rec.started_at or started
+  end
+  local ended = yield(OP.SLEEP, seq, sid, wake_at, started)
+  R.now = ended or wake_at
+  return nil
+end
+
+run.add_step("sleep", function(id, duration)
+  local R, T = need_run("step.sleep")
+  return sleep_until(R, T, id, R.now + to_ms(duration, "step.sleep"))
+end)
+
+run.add_step("sleep_until", function(id, t)
+  local R, T = need_run("step.sleep_until")
+  local at
+  if type(t) == "number" then
+    at = t * 1000
+  elseif type(t) == "string" then
+    local ms, err = core.parse_time(t)
+    if not ms then error("step.sleep_until: " .. err, 2) end
+    at = ms
+  else
+    error("step.sleep_until: expected a unix time or an RFC 3339 string, got " .. type(t), 2)
+  end
+  return sleep_until(R, T, id, at)
+end)
+
+-- The value at a dotted path ("data.request_id") in a table, or nil.
+local function at_path(v, path)
+  for part in path:gmatch("[^.]+") do
+    if type(v) ~= "table" then return nil end
+    v = v[part]
+  end
+  return v
+end
+
+local function check_path(what, p)
+  if p ~= nil and (type(p) ~= "string" or not p:match("^[%w_]+[%w_.]*$")) then
+    error(what .. ": 'match' must be a path such as \"data.request_id\"", 3)
+  end
+end
+
+run.add_step("wait_for_event", function(id, opts)
+  local R, T = need_run("step.wait_for_event")
+  if type(opts) ~= "table" or type(opts.event) ~= "string" or opts.event == "" then
+    error("step.wait_for_event(id, {event=, timeout=, match=}): 'event' must be an event name", 2)
+  end
+  check_path("step.wait_for_event", opts.match)
+  local timeout = opts.timeout ~= nil and to_ms(opts.timeout, "step.wait_for_event: timeout") or nil
+  local sid, seq, rec = next_step(R, T, id, "wait")
+  if done_rec(R, rec) then
+    local v = decode(rec.output)
+    return v ~= null and v or nil
+  end
+  local started = rec and rec.started_at or R.now
+  local timeout_at = rec and rec.wake_at or (timeout and started + timeout or 0)
+  local match_value
+  if opts.match then
+    local v = at_path(run.event(R), opts.match)
+    match_value = encode(v == nil and null or v, 0)
+  end
+  local ev, ended = yield(OP.WAIT, seq, sid, opts.event, opts.match, match_value, timeout_at, started)
+  R.now = ended or R.now
+  return ev and decode(ev) or nil
+end)
+
+run.add_step("invoke", function(id, opts)
+  local R, T = need_run("step.invoke")
+  if type(opts) ~= "table" or type(opts.skill) ~= "string" or opts.skill == "" then
+    error("step.invoke(id, {skill=, data=, timeout=}): 'skill' must be a skill id", 2)
+  end
+  local data, err = encode(opts.data == nil and null or opts.data, 0)
+  if not data then error("step.invoke: data is not a JSON value: " .. err, 2) end
+  local timeout = opts.timeout ~= nil and to_ms(opts.timeout, "step.invoke: timeout") or nil
+  local sid, seq, rec = next_step(R, T, id, "invoke")
+  local outcome
+  if done_rec(R, rec) then
+    outcome = decode(rec.output)
+  else
+    local started = rec and rec.started_at or R.now
+    local timeout_at = rec and rec.wake_at or (timeout and started + timeout or 0)
+    local child = rec and rec.output and decode(rec.output)
+    child = type(child) == "table" and child.run_id or nil
+    local out, ended, failure = yield(OP.INVOKE, seq, sid, opts.skill, data, timeout_at, started, child)
+    R.now = ended or R.now
+    if failure then run.raise_step_error(sid, { message = failure, fatal = true }) end
+    outcome = out and decode(out)
+  end
+  if outcome and outcome.status == "completed" then
+    local v = outcome.output
+    return v ~= null and v or nil
+  end
+  local msg
+  if not outcome then
+    msg = ("child run did not end within its timeout")
+  else
+    local e = type(outcome.error) == "table" and outcome.error.message or tostring(outcome.status)
+    msg = ("child run %s %s: %s"):format(tostring(outcome.run_id), tostring(outcome.status), e)
+  end
+  error(setmetatable({ message = ("step '%s' failed: %s"):format(sid, msg), step = sid,
+    child = outcome and outcome.run_id, fatal = true }, run.step_error_mt), 0)
+end)
+
+run.add_step("send_event", function(id, events)
+  local R, T = need_run("step.send_event")
+  if type(events) ~= "table" then error("step.send_event(id, event or list): expected a table", 2) end
+  local list = events.name ~= nil and { events } or events
+  for i, ev in ipairs(list) do
+    if type(ev) ~= "table" or type(ev.name) ~= "string" or ev.name == "" then
+      error(("step.send_event: event %d needs a 'name'"):format(i), 2)
+    end
+  end
+  if #list == 0 then error("step.send_event: no events to send", 2) end
+  local sid, seq, rec = next_step(R, T, id, "send")
+  if done_rec(R, rec) then return decode(rec.output) end
+  local js, err = encode(core.json.array(list), R.cfg.output_limit)
+  if not js then error("step.send_event: " .. err, 2) end
+  local ids, ended = yield(OP.SEND, seq, sid, js, rec and rec.started_at or core.now())
+  R.now = ended or R.now
+  return decode(ids)
+end)
+
+-- A child of step.parallel: one step body at its own seq, with retries.
+local function child_body(R, T, seq, sid, rec, fn, opts)
+  local ok, res = real_xpcall(run.run_body, run.handler, R, T, seq, sid, rec, fn, opts)
+  if ok then return true, encode(res == nil and null or res, 0) end
+  local e = run.unwrap(res)
+  return false, encode({ message = e.message, step = e.step or sid }, 0)
+end
+
+run.add_step("parallel", function(id, fns, opts)
+  local R, T = need_run("step.parallel")
+  if type(fns) ~= "table" or #fns == 0 then
+    error("step.parallel(id, {fn, fn, ...}): expected a non-empty list of functions", 2)
+  end
+  for i, fn in ipairs(fns) do
+    if type(fn) ~= "function" then error(("step.parallel: item %d is not a function"):format(i), 2) end
+  end
+  local sid, seq, rec = next_step(R, T, id, "parallel")
+  if done_rec(R, rec) then return decode(rec.output) end
+  local n = #fns
+  -- The children's seqs follow the parent's; take their records before
+  -- anything can end the replay.
+  local recs = {}
+  for i = 1, n do recs[i] = R.journal[seq + i] end
+  R.seq = seq + n
+  local cos = {}
+  for i = 1, n do
+    local csid = sid .. "/" .. i
+    local crec = recs[i]
+    if crec and (crec.id ~= csid or crec.kind ~= "run") then
+      record_at(R, seq + i, csid, "run") -- raises the mismatch
+    end
+    local CT = { R = R }
+    local co = create(function() return child_body(R, CT, seq + i, csid, crec, fns[i], opts) end)
+    run.tasks[co] = CT
+    cos[i] = co
+  end
+  -- The parallel step had not ended: whatever follows it is live.
+  R.replaying = false
+  R.journal = run.EMPTY
+  local started = rec and rec.started_at or core.now()
+  local results = yield(OP.PARALLEL, seq, sid, started, unpack(cos))
+  local values, failed = {}, nil
+  for i = 1, n do
+    local r = results[i]
+    local v = decode(r.value)
+    if r.ok then
+      values[i] = v
+    elseif not failed then
+      failed = { i = i, message = type(v) == "table" and v.message or tostring(v) }
+    end
+  end
+  local ended = core.now()
+  if failed then
+    yield(OP.FAIL, seq, sid, "parallel", 1, failed.message, nil, started, ended, started)
+    R.now = ended
+    error(setmetatable({ message = ("step '%s' failed: %s"):format(sid, failed.message), step = sid .. "/" .. failed.i,
+      fatal = true }, run.step_error_mt), 0)
+  end
+  local out = encode(core.json.array(values), R.cfg.output_limit)
+  yield(OP.COMMIT, seq, sid, "parallel", out, 1, started, ended)
+  R.now = ended
+  return decode(out)
+end)
+
+return M

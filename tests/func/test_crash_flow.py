@@ -1,0 +1,139 @@
+"""Crash tests for triggers and flow: SIGKILL while runs wait for events or
+children, while events queue, during cron ticks; and eviction of parked runs."""
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from mltest import TestCase, kill9, wait_until  # noqa: E402
+
+
+class CrashFlowTest(TestCase):
+    config = None
+
+    def setUp(self):
+        super().setUp()
+        os.makedirs(os.path.join(self.w.path, "skills"))
+
+    def skill(self, name, src):
+        self.w.write("skills/%s.lua" % name, src)
+
+    def serve(self):
+        p = self.w.start("serve", "--workspace", "skills", "--listen", "127.0.0.1:0")
+        wait_until(lambda: self.w.json("skills"), what="the skills to be registered")
+        return p
+
+    def runs_of(self, skill, status=None):
+        kw = {"skill": skill}
+        if status:
+            kw["status"] = status
+        return self.w.runs(**kw)
+
+    def test_waiting_runs_get_an_event_sent_while_the_engine_was_dead(self):
+        self.skill("waiter", """
+return { id = "waiter", run = function(ctx)
+  ctx.step.run("before", function() return http.get_json(env.STANDIN .. "/before").n end)
+  local ev = ctx.step.wait_for_event("go", { event = "go", match = "data.k" })
+  ctx.step.run("after", function() return http.get_json(env.STANDIN .. "/after").n end)
+  return ev.data.v
+end }""")
+        p = self.serve()
+        for k in range(3):
+            self.w.ml("invoke", "waiter", "--data", json.dumps({"k": k}), check=0)
+        wait_until(lambda: len(self.runs_of("waiter", "waiting")) == 3, what="three waiting runs")
+        kill9(p)
+        for k in range(3):
+            self.w.ml("send", "go", "--data", json.dumps({"k": k, "v": k * 10}), check=0)
+        self.serve()
+        wait_until(lambda: len(self.runs_of("waiter", "completed")) == 3, what="all delivered")
+        self.assertEqual(sorted(r["output"] for r in self.runs_of("waiter")), [0, 10, 20])
+        self.assertEqual(self.si.count("/before"), 3)  # not run again by the replays
+        self.assertEqual(self.si.count("/after"), 3)
+
+    def test_parent_waiting_on_a_child_survives_kills(self):
+        self.skill("child", """
+return { id = "child", run = function(ctx)
+  ctx.step.sleep("nap", "1s")
+  return ctx.step.run("work", function() return http.get_json(env.STANDIN .. "/child").n end)
+end }""")
+        self.skill("parent", """
+return { id = "parent", run = function(ctx)
+  local a = ctx.step.run("a", function() return http.get_json(env.STANDIN .. "/a").n end)
+  local c = ctx.step.invoke("c", { skill = "child" })
+  return { a = a, c = c }
+end }""")
+        p = self.serve()
+        self.w.ml("invoke", "parent", check=0)
+        wait_until(lambda: self.runs_of("child", "sleeping"), what="the child asleep")
+        kill9(p)
+        p = self.serve()
+        time.sleep(0.3)
+        kill9(p)
+        self.serve()
+        wait_until(lambda: self.runs_of("parent", "completed"), timeout=20, what="the parent")
+        self.assertEqual(self.runs_of("parent")[0]["output"], {"a": 1, "c": 1})
+        self.assertEqual(len(self.runs_of("child")), 1)  # one child, not one per replay
+        self.assertEqual(self.si.count("/child"), 1)
+        self.assertEqual(self.si.count("/a"), 1)
+
+    def test_events_queued_during_kills_start_exactly_one_run_each(self):
+        self.skill("count", """
+return { id = "count", triggers = { { event = "tick" } }, run = function(ctx)
+  return ctx.step.run("call", function()
+    return http.post_json(env.STANDIN .. "/got/" .. ctx.event.id, {}).n
+  end)
+end }""")
+        p = self.serve()
+        sent = []
+        for i in range(40):
+            sent.append(self.w.ml("send", "tick", "--data", json.dumps({"i": i}), check=0).stdout.strip())
+            if i % 10 == 5:
+                kill9(p)
+                p = self.serve()
+        wait_until(lambda: len(self.runs_of("count", "completed")) == 40, timeout=40, what="40 runs")
+        by_event = {}
+        for r in self.runs_of("count"):
+            by_event.setdefault(r["trigger"]["event"]["id"], []).append(r["id"])
+        self.assertEqual(sorted(by_event), sorted(sent))
+        self.assertTrue(all(len(v) == 1 for v in by_event.values()))
+
+    def test_kill_during_a_cron_tick_commit(self):
+        self.skill("tick", """
+return { id = "tick", triggers = { { cron = "* * * * * *" } }, run = function(ctx)
+  return ctx.trigger.tick
+end }""")
+        p = self.serve()
+        wait_until(lambda: len(self.runs_of("tick")) >= 1, what="a tick")
+        kill9(p)
+        self.w.env["MOONLOOP_FAULT"] = "commit=400"  # commits linger: kills land inside them
+        for _ in range(3):
+            p = self.serve()
+            time.sleep(1.3)
+            kill9(p)
+        del self.w.env["MOONLOOP_FAULT"]
+        self.serve()
+        wait_until(lambda: all(r["status"] == "completed" for r in self.runs_of("tick")), timeout=20,
+                   what="every tick run to complete")
+        ticks = [r["trigger"]["tick"] for r in self.runs_of("tick")]
+        self.assertEqual(len(ticks), len(set(ticks)), "a tick fired twice")
+
+    def test_evicted_parked_runs_wake_by_replay(self):
+        self.w.write("moonloop.conf.lua", 'return { env = { "STANDIN" }, limits = { parked_runs = 20 } }')
+        self.skill("nap", """
+return { id = "nap", run = function(ctx)
+  local a = ctx.step.run("a", function() return http.get_json(env.STANDIN .. "/a").n end)
+  ctx.step.sleep("nap", "1500ms")
+  local ev = ctx.step.wait_for_event("go", { event = "go", timeout = "20s" })
+  return ctx.run_id
+end }""")
+        self.serve()
+        import sqlite3
+        for _ in range(100):
+            self.w.ml("invoke", "nap", check=0)
+        wait_until(lambda: len(self.runs_of("nap", "waiting")) == 100, timeout=30, what="all waiting")
+        self.w.ml("send", "go", check=0)
+        wait_until(lambda: len(self.runs_of("nap", "completed")) == 100, timeout=30, what="all done")
+        self.assertEqual(self.si.count("/a"), 100)  # replays did not run bodies again
+        for r in self.runs_of("nap"):
+            self.assertEqual(r["output"], r["id"])

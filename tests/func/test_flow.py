@@ -1,0 +1,233 @@
+"""Triggers and flow: events, waits, invoke, parallel, send_event, cancel, rerun, concurrency, cron."""
+import json
+import os
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from mltest import TestCase, kill9, wait_until  # noqa: E402
+
+
+class FlowTest(TestCase):
+    def setUp(self):
+        super().setUp()
+        os.makedirs(os.path.join(self.w.path, "skills"))
+
+    def skill(self, name, src):
+        self.w.write("skills/%s.lua" % name, src)
+
+    def serve(self):
+        p = self.w.start("serve", "--workspace", "skills", "--listen", "127.0.0.1:0")
+        wait_until(lambda: self.w.json("skills"), what="the skills to be registered")
+        return p
+
+    def runs_of(self, skill, status=None):
+        kw = {"skill": skill}
+        if status:
+            kw["status"] = status
+        return self.w.runs(**kw)
+
+    def test_events_sent_before_an_engine_runs_are_delivered_once_and_idempotent(self):
+        self.skill("greet", """
+return { id = "greet", triggers = { { event = "user.signup" } }, run = function(ctx)
+  return "welcome " .. ctx.event.data.name
+end }""")
+        # Register the skill, then stop the engine.
+        p = self.serve()
+        p.terminate()
+        p.wait(timeout=10)
+        a = self.w.ml("send", "user.signup", "--data", '{"name":"ada"}', "--id", "k1", check=0).stdout.strip()
+        b = self.w.ml("send", "user.signup", "--data", '{"name":"ada"}', "--id", "k1", check=0).stdout.strip()
+        self.assertEqual(a, b)  # a repeat is accepted and ignored
+        self.w.ml("send", "user.signup", "--data", '{"name":"bo"}', check=0)
+        self.assertEqual(self.runs_of("greet"), [])
+        self.serve()
+        wait_until(lambda: len(self.runs_of("greet", "completed")) == 2, what="two runs")
+        outs = sorted(r["output"] for r in self.runs_of("greet"))
+        self.assertEqual(outs, ["welcome ada", "welcome bo"])
+        run = self.runs_of("greet")[-1]
+        self.assertEqual(run["trigger"]["kind"], "event")
+        self.assertEqual(run["trigger"]["event"]["name"], "user.signup")
+        self.assertEqual(run["trigger"]["event"]["id"], a)
+
+    def test_event_size_limit(self):
+        self.w.write("moonloop.conf.lua", 'return { limits = { event = "100B" } }')
+        r = self.w.ml("send", "big", "--data", json.dumps({"x": "y" * 200}), check=2)
+        self.assertIn("over the limit of 100 B", r.stderr)
+
+    def test_wait_for_event_with_match_timeout_and_no_race(self):
+        self.skill("approve", """
+return { id = "approve", triggers = { { event = "order.placed" } }, run = function(ctx)
+  ctx.step.run("prepare", function() return 1 end)
+  local ev = ctx.step.wait_for_event("approval", { event = "order.approved", match = "data.order",
+    timeout = ctx.event.data.timeout or "10s" })
+  return ev and ev.data.by or "timed out"
+end }""")
+        self.serve()
+        self.w.ml("send", "order.placed", "--data", '{"order": 1}', check=0)
+        self.w.ml("send", "order.placed", "--data", '{"order": 2, "timeout": "300ms"}', check=0)
+        # An approval for order 3 sent in the same breath as the order itself:
+        # it may arrive before the run reaches its wait, and still counts.
+        self.w.ml("send", "order.placed", "--data", '{"order": 3}', check=0)
+        self.w.ml("send", "order.approved", "--data", '{"order": 3, "by": "early"}', check=0)
+        wait_until(lambda: len(self.runs_of("approve", "waiting")) >= 1, what="a waiting run")
+        self.w.ml("send", "order.approved", "--data", '{"order": 99, "by": "nobody"}', check=0)
+        self.w.ml("send", "order.approved", "--data", '{"order": 1, "by": "ann"}', check=0)
+        wait_until(lambda: len(self.runs_of("approve", "completed")) == 3, what="three runs")
+        by = {r["input"]["order"]: r["output"] for r in self.runs_of("approve")}
+        self.assertEqual(by, {1: "ann", 2: "timed out", 3: "early"})
+
+    def test_one_event_resumes_many_waiting_runs(self):
+        self.skill("waiter", """
+return { id = "waiter", run = function(ctx)
+  return ctx.step.wait_for_event("go", { event = "go" }).data.n
+end }""")
+        self.serve()
+        for _ in range(5):
+            self.w.ml("invoke", "waiter", check=0)
+        wait_until(lambda: len(self.runs_of("waiter", "waiting")) == 5, what="five waiting runs")
+        self.w.ml("send", "go", "--data", '{"n": 7}', check=0)
+        wait_until(lambda: len(self.runs_of("waiter", "completed")) == 5, what="all resumed")
+        self.assertEqual({r["output"] for r in self.runs_of("waiter")}, {7})
+
+    def test_invoke_returns_the_child_result_and_raises_its_failure(self):
+        self.skill("child", """
+return { id = "child", retries = 0, run = function(ctx)
+  if ctx.input.fail then ctx.step.run("boom", function() error("child exploded") end) end
+  return ctx.step.run("double", function() return ctx.input.x * 2 end)
+end }""")
+        self.skill("parent", """
+return { id = "parent", run = function(ctx)
+  local v = ctx.step.invoke("ok", { skill = "child", data = { x = 21 } })
+  local ok, err = pcall(ctx.step.invoke, "bad", { skill = "child", data = { fail = true } })
+  return { v = v, ok = ok, err = tostring(err) }
+end }""")
+        self.serve()
+        r = self.w.ml("invoke", "parent", "--wait", check=0)
+        out = json.loads(r.stdout)
+        self.assertEqual(out["v"], 42)
+        self.assertFalse(out["ok"])
+        self.assertIn("child exploded", out["err"])
+        parent = self.runs_of("parent")[0]
+        children = self.w.runs(skill="child")
+        self.assertEqual(len(children), 2)
+        for c in children:
+            self.assertEqual(c["parent_id"], parent["id"])
+        failed = [c for c in children if c["status"] == "failed"][0]
+        self.assertIn(failed["id"], out["err"])  # the child's run id is named
+
+    def test_parallel_and_send_event_fan_out(self):
+        self.skill("fan", """
+return { id = "fan", run = function(ctx)
+  local r = ctx.step.parallel("calls", {
+    function() return http.get_json(env.STANDIN .. "/a").path end,
+    function() return http.get_json(env.STANDIN .. "/b").path end,
+  })
+  local ids = ctx.step.send_event("notify", { { name = "done", data = { n = 1 } }, { name = "done", data = { n = 2 } } })
+  return { r = r, ids = #ids }
+end }""")
+        self.skill("listener", """
+return { id = "listener", triggers = { { event = "done" } }, run = function(ctx) return ctx.event.data.n end }""")
+        def slow(h, b, n):
+            with self.si.track("fan"):
+                time.sleep(0.3)
+            return 200, {"path": h.path}
+        self.si.routes["/a"] = slow
+        self.si.routes["/b"] = slow
+        self.serve()
+        r = self.w.ml("invoke", "fan", "--wait", check=0)
+        self.assertEqual(json.loads(r.stdout), {"r": ["/a", "/b"], "ids": 2})
+        self.assertEqual(self.si.max_inflight["fan"], 2)  # both bodies at once
+        wait_until(lambda: len(self.runs_of("listener", "completed")) == 2, what="fan-out runs")
+        t = self.w.trace(self.runs_of("fan")[0]["id"])
+        self.assertEqual([s["id"] for s in t["steps"]], ["calls", "calls/1", "calls/2", "notify"])
+        self.assertEqual(t["steps"][0]["kind"], "parallel")
+        self.assertEqual(t["steps"][3]["kind"], "send")
+
+    def test_cancel_a_waiting_run_and_its_children(self):
+        self.skill("child", """
+return { id = "child", run = function(ctx) ctx.step.sleep("long", "1h") end }""")
+        self.skill("parent", """
+return { id = "parent", run = function(ctx) return ctx.step.invoke("c", { skill = "child" }) end }""")
+        self.serve()
+        pid = self.w.ml("invoke", "parent", check=0).stdout.strip()
+        wait_until(lambda: self.runs_of("child", "sleeping"), what="the child to sleep")
+        r = self.w.ml("cancel", pid, check=0)
+        self.assertTrue(r.stdout.startswith("cancel"))
+        wait_until(lambda: self.w.trace(pid)["status"] == "cancelled", what="the parent cancelled")
+        wait_until(lambda: self.runs_of("child")[0]["status"] == "cancelled", what="the child cancelled")
+        r = self.w.ml("cancel", pid, check=1)
+        self.assertIn("already cancelled", r.stderr)
+        self.assertIn("no run", self.w.ml("cancel", "01NOSUCHRUN000000000000000", check=1).stderr)
+
+    def test_cancel_on_event(self):
+        self.skill("triage", """
+return { id = "triage", triggers = { { event = "incident" } },
+  cancel_on = { { event = "incident.resolved", match = "data.service" } },
+  run = function(ctx) ctx.step.sleep("think", "1h") end }""")
+        self.serve()
+        self.w.ml("send", "incident", "--data", '{"service": "api"}', check=0)
+        self.w.ml("send", "incident", "--data", '{"service": "db"}', check=0)
+        wait_until(lambda: len(self.runs_of("triage", "sleeping")) == 2, what="two sleeping runs")
+        self.w.ml("send", "incident.resolved", "--data", '{"service": "api"}', check=0)
+        wait_until(lambda: self.runs_of("triage", "cancelled"), what="the api run cancelled")
+        time.sleep(0.3)
+        st = {r["input"]["service"]: r["status"] for r in self.runs_of("triage")}
+        self.assertEqual(st, {"api": "cancelled", "db": "sleeping"})
+        self.assertIn("incident.resolved", self.runs_of("triage", "cancelled")[0]["error"]["message"])
+
+    def test_rerun_starts_again_with_the_same_input(self):
+        self.skill("echo", 'return { id = "echo", run = function(ctx) return ctx.input end }')
+        self.serve()
+        r = self.w.ml("invoke", "echo", "--data", '{"a": 1}', "--wait", check=0)
+        first = self.runs_of("echo")[0]["id"]
+        new = self.w.ml("rerun", first, check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(new)["status"] == "completed", what="the rerun")
+        t = self.w.trace(new)
+        self.assertEqual(t["input"], {"a": 1})
+        self.assertEqual(t["trigger"], {"kind": "rerun", "run_id": first})
+
+    def test_concurrency_limit_per_key_holds_and_other_keys_run_in_parallel(self):
+        self.skill("one", """
+return { id = "one", concurrency = { limit = 1, key = "event.data.service" }, run = function(ctx)
+  return ctx.step.run("call", function()
+    return http.get_json(env.STANDIN .. "/svc/" .. ctx.input.service).ok
+  end)
+end }""")
+        def call(h, b, n):
+            svc = h.path.rsplit("/", 1)[1]
+            with self.si.track(svc), self.si.track("all"):
+                time.sleep(0.2)
+            return 200, {"ok": True}
+        self.si.route_prefix("/svc/", call)
+        self.serve()
+        for svc in ["a", "a", "a", "b", "b", "b"]:
+            self.w.ml("invoke", "one", "--data", json.dumps({"service": svc}), check=0)
+        wait_until(lambda: len(self.runs_of("one", "completed")) == 6, timeout=30, what="six runs")
+        self.assertEqual(self.si.max_inflight["a"], 1)
+        self.assertEqual(self.si.max_inflight["b"], 1)
+        self.assertEqual(self.si.max_inflight["all"], 2)  # the keys ran side by side
+
+    def test_cron_fires_each_second_and_catches_up_once(self):
+        from datetime import datetime
+        self.skill("tick", """
+return { id = "tick", triggers = { { cron = "* * * * * *" } }, run = function(ctx)
+  return ctx.trigger.tick
+end }""")
+        p = self.serve()
+        wait_until(lambda: len(self.runs_of("tick", "completed")) >= 2, timeout=10, what="two ticks")
+        kill9(p)
+        before = {r["id"] for r in self.runs_of("tick")}
+        time.sleep(3.5)  # three ticks missed
+        restart = time.time()
+        self.serve()
+        wait_until(lambda: len(self.runs_of("tick")) >= len(before) + 3, timeout=10, what="ticks again")
+        runs = self.runs_of("tick")
+        ticks = [r["trigger"]["tick"] for r in runs]
+        self.assertEqual(len(ticks), len(set(ticks)))  # never twice the same tick
+        self.assertEqual(runs[0]["trigger"]["kind"], "cron")
+        ts = lambda t: datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp()
+        catch_up = [r for r in runs if r["id"] not in before and ts(r["trigger"]["tick"]) < restart - 0.5]
+        # One catch-up run, for the latest missed tick; not one per missed tick.
+        self.assertEqual(len(catch_up), 1, [r["trigger"]["tick"] for r in catch_up])
