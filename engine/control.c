@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct reply {
   sched_t *s;
@@ -233,13 +234,18 @@ int sched_rerun(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, er
 struct put_ctx {
   struct reply *r;
   char *id;
+  int rc;
+  char *message;
 };
 
 static void on_put(void *arg) {
   struct put_ctx *p = arg;
+  sched__skills_changed(p->r->s);
   cJSON *rec;
   err_t e;
-  if (store_get_skill(sched__opts(p->r->s)->store, p->id, &rec, &e)) {
+  if (p->rc) {
+    answer(p->r, p->rc, p->message, NULL);
+  } else if (store_get_skill(sched__opts(p->r->s)->store, p->id, &rec, &e)) {
     answer(p->r, e.code, e.msg, NULL);
   } else {
     char *js = cJSON_PrintUnformatted(rec);
@@ -247,39 +253,133 @@ static void on_put(void *arg) {
     free(js);
     cJSON_Delete(rec);
   }
-  sched__skills_changed(p->r->s);
   free(p->id);
+  free(p->message);
   free(p->r);
   free(p);
 }
 
-int sched_put_skill(sched_t *s, const char *id, const char *source, size_t len,
-                    sched_reply_cb cb, void *arg, err_t *e) {
-  char file[300];
-  snprintf(file, sizeof file, "%s.lua", id);
-  struct skill *sk;
-  struct skill_error se;
-  if (skills_load(sched__opts(s)->skills, source, len, file, &sk, &se)) {
-    *e = se.err;
-    return e->code;
+/* The skill a file registered last, or NULL (caller frees). */
+static char *skill_of_file(sched_t *s, const char *file) {
+  cJSON *all;
+  err_t e;
+  char *id = NULL;
+  if (store_list_skills(sched__opts(s)->store, &all, &e)) return NULL;
+  const cJSON *k;
+  cJSON_ArrayForEach(k, all) {
+    const cJSON *f = cJSON_GetObjectItem(k, "file");
+    if (cJSON_IsString(f) && !strcmp(f->valuestring, file)) {
+      id = strdup(cJSON_GetObjectItem(k, "id")->valuestring);
+      break;
+    }
   }
-  if (strcmp(sk->id, id))
-    return err_set(e, ERR_INVALID, "%s: the source declares id '%s', not '%s'", file, sk->id, id);
+  cJSON_Delete(all);
+  return id;
+}
+
+/* Whether another file that still exists holds id's live version. */
+static int held_elsewhere(sched_t *s, const char *id, const char *file, char *other, size_t n) {
+  cJSON *rec;
+  err_t e;
+  if (store_get_skill(sched__opts(s)->store, id, &rec, &e)) return 0;
+  const cJSON *v = cJSON_GetObjectItem(rec, "version"), *f = cJSON_GetObjectItem(rec, "file");
+  int held = cJSON_IsString(v) && cJSON_IsString(f) && strcmp(f->valuestring, file) &&
+             access(f->valuestring, F_OK) == 0;
+  if (held) snprintf(other, n, "%s", f->valuestring);
+  cJSON_Delete(rec);
+  return held;
+}
+
+/* Register (or reject) source as the file's skill; answer through cb. */
+static int put_source(sched_t *s, const char *file, const char *want_id, const char *source,
+                      size_t len, sched_reply_cb cb, void *arg, err_t *e) {
   struct put_ctx *p = calloc(1, sizeof *p);
   if (!p || !(p->r = reply_new(s, cb, arg))) {
     free(p);
     return err_set(e, ERR_NOMEM, "out of memory");
   }
-  p->id = strdup(id);
   int64_t now = units_now_ms();
   journal_t *j = sched__journal(s);
-  struct version_row v = {.version = sk->version, .skill = sk->id, .source = sk->source,
-                          .file = file, .loaded_at = now};
-  struct skill_row k = {.id = sk->id, .version = sk->version, .file = file,
-                        .description = sk->description, .triggers = sk->triggers,
-                        .updated_at = now};
-  journal_version(j, &v);
-  journal_skill(j, &k);
+  struct skill *sk = NULL;
+  struct skill_error se = {0};
+  char other[512];
+  int rc = skills_load(sched__opts(s)->skills, source, len, file, &sk, &se);
+  if (!rc && want_id && strcmp(sk->id, want_id))
+    rc = err_set(&se.err, ERR_INVALID, "%s: the source declares id '%s', not '%s'", file, sk->id,
+                 want_id);
+  if (!rc && held_elsewhere(s, sk->id, file, other, sizeof other))
+    rc = err_set(&se.err, ERR_CONFLICT, "%s: skill id '%s' is already defined by %s", file, sk->id,
+                 other);
+  if (rc) {
+    /* Keep the error on the skill's record; its live version stays. */
+    char *id = want_id ? strdup(want_id) : skill_of_file(s, file);
+    if (!id) {
+      char dflt[160];
+      skills_default_id(file, dflt, sizeof dflt);
+      id = strdup(dflt);
+    }
+    if (sk && rc == ERR_CONFLICT) {
+      free(id);
+      id = strdup(sk->id);
+    }
+    char at[40];
+    units_rfc3339(now, at, sizeof at);
+    cJSON *ej = cJSON_CreateObject();
+    cJSON_AddStringToObject(ej, "message", se.err.msg);
+    cJSON_AddStringToObject(ej, "file", file);
+    if (se.line) cJSON_AddNumberToObject(ej, "line", se.line);
+    else cJSON_AddNullToObject(ej, "line");
+    cJSON_AddStringToObject(ej, "at", at);
+    char *ejs = cJSON_PrintUnformatted(ej);
+    cJSON_Delete(ej);
+    struct skill_row k = {.op = SKILL_ERROR, .id = id, .file = file, .error = ejs,
+                          .updated_at = now};
+    journal_skill(j, &k);
+    free(ejs);
+    p->id = id;
+    p->rc = rc;
+    p->message = strdup(se.err.msg);
+  } else {
+    struct version_row v = {.version = sk->version, .skill = sk->id, .source = sk->source,
+                            .file = file, .loaded_at = now};
+    struct skill_row k = {.op = SKILL_PUT, .id = sk->id, .version = sk->version, .file = file,
+                          .description = sk->description, .triggers = sk->triggers,
+                          .updated_at = now};
+    journal_version(j, &v);
+    journal_skill(j, &k);
+    p->id = strdup(sk->id);
+  }
+  sched__after_commit(s, on_put, p);
+  return 0;
+}
+
+int sched_put_skill(sched_t *s, const char *id, const char *file, const char *source,
+                    size_t len, sched_reply_cb cb, void *arg, err_t *e) {
+  char dflt[300];
+  if (!file || !*file) {
+    snprintf(dflt, sizeof dflt, "%s.lua", id);
+    file = dflt;
+  }
+  return put_source(s, file, id, source, len, cb, arg, e);
+}
+
+int sched_load_file(sched_t *s, const char *path, const char *source, size_t len,
+                    sched_reply_cb cb, void *arg, err_t *e) {
+  return put_source(s, path, NULL, source, len, cb, arg, e);
+}
+
+int sched_unload_file(sched_t *s, const char *path, sched_reply_cb cb, void *arg, err_t *e) {
+  char *id = skill_of_file(s, path);
+  if (!id) return err_set(e, ERR_NOTFOUND, "no skill was registered from %s", path);
+  struct put_ctx *p = calloc(1, sizeof *p);
+  if (!p || !(p->r = reply_new(s, cb, arg))) {
+    free(p);
+    free(id);
+    return err_set(e, ERR_NOMEM, "out of memory");
+  }
+  struct skill_row k = {.op = SKILL_REMOVE, .id = id, .file = path, .updated_at = units_now_ms()};
+  journal_skill(sched__journal(s), &k);
+  p->id = id;
   sched__after_commit(s, on_put, p);
   return 0;
 }

@@ -58,9 +58,13 @@ struct version_row {
   int64_t loaded_at;
 };
 
-/* A skill's registry record: version NULL means unregistered; error is the
-** JSON of the last rejected load of its file (NULL: none). */
+/* A change to a skill's registry record:
+**   SKILL_PUT     the live version (and file, description, triggers); error as given
+**   SKILL_ERROR   only the last rejected load of its file (JSON); the live version stays
+**   SKILL_REMOVE  no live version any more (its file was deleted); the error is cleared */
+enum skill_op { SKILL_PUT, SKILL_ERROR, SKILL_REMOVE };
 struct skill_row {
+  enum skill_op op;
   const char *id, *version, *file, *description, *triggers, *error;
   int64_t updated_at;
 };

@@ -129,11 +129,30 @@ int sched_cancel(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, e
 int sched_rerun(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, err_t *e);
 
 /* PUT /v1/skills/{id}: validate Lua source and register it as the live
-** version of skill id (the id in the source must match); answers the
-** skill record. A file that fails validation answers ERR_INVALID with the
-** message (file, line). */
-int sched_put_skill(sched_t *s, const char *id, const char *source, size_t len,
+** version of skill id (the id in the source must match), as the file
+** `file` (the sidecar's path; NULL: "<id>.lua"); answers the skill record.
+** A source that fails answers its error (ERR_INVALID: file, line; ERR_CONFLICT:
+** the id belongs to another file) and keeps it as the skill's load error. */
+int sched_put_skill(sched_t *s, const char *id, const char *file, const char *source,
+                    size_t len, sched_reply_cb cb, void *arg, err_t *e);
+
+/* ---- the skill registry, for the sidecar ---------------------------- */
+
+/* A skill file's source changed (or appeared): validate it as `moonloop
+** check` does, refuse an id that another existing file already defines,
+** then make it its skill's live version. New runs start on it; runs in
+** flight finish on the version they started with. A file that fails is
+** recorded as its skill's last load error ({message, file, line, at}: the
+** skill is the one this file registered before, or the file's default id)
+** and the previous version stays live. The callback answers with the
+** skill record, or with the error. Synchronous failures: only out of memory. */
+int sched_load_file(sched_t *s, const char *path, const char *source, size_t len,
                     sched_reply_cb cb, void *arg, err_t *e);
+
+/* A skill file was removed: the skill it registered has no live version
+** any more (its triggers stop; runs in flight finish). Answers the skill
+** record; ERR_NOTFOUND when no skill came from that file. */
+int sched_unload_file(sched_t *s, const char *path, sched_reply_cb cb, void *arg, err_t *e);
 
 /* Figures for benchmarks and /metrics. Resume samples (the loop-thread
 ** time of one resume and the op it yields, in ns) are kept only when

@@ -218,7 +218,7 @@ static void control(server_t *srv, h2o_req_t *req, const struct server_plan *pl)
   case SERVER_OP_CANCEL: rc = sched_cancel(s, pl->id, on_reply, p, &e); break;
   case SERVER_OP_RERUN: rc = sched_rerun(s, pl->id, on_reply, p, &e); break;
   case SERVER_OP_PUT_SKILL:
-    rc = sched_put_skill(s, pl->id, pl->source, pl->source_len, on_reply, p, &e);
+    rc = sched_put_skill(s, pl->id, NULL, pl->source, pl->source_len, on_reply, p, &e);
     break;
   default: rc = err_set(&e, ERR_INTERNAL, "no control operation for this request"); break;
   }

@@ -36,6 +36,8 @@ void store__bind_time(sqlite3_stmt *st, int i, int64_t v);
 int store__step(store_t *s, sqlite3_stmt *st, err_t *e, const char *what);
 /* Write one of store_flow.c's entries inside the open transaction. */
 int store__write_flow(store_t *s, const struct jentry *je, err_t *e);
+/* SKILL_ERROR and SKILL_REMOVE changes to the registry. */
+int store__skill_change(store_t *s, const struct skill_row *r, err_t *e);
 /* A run ended: drop its waits, slots and queue places. */
 int store__run_ended(store_t *s, const char *run_id, err_t *e);
 /* Release the slots held by the runs of owner (a dead lease). */

@@ -709,3 +709,19 @@ int64_t store_cron_last(store_t *s, const char *skill, const char *spec) {
   sqlite3_finalize(st);
   return v;
 }
+
+int store__skill_change(store_t *s, const struct skill_row *r, err_t *e) {
+  const char *sql = r->op == SKILL_ERROR
+    ? "INSERT INTO skills(id, file, error, updated_at) VALUES(?1, ?2, ?3, ?4)"
+      " ON CONFLICT(id) DO UPDATE SET error = ?3, updated_at = ?4"
+    : "UPDATE skills SET version = NULL, error = NULL, updated_at = ?4 WHERE id = ?1";
+  sqlite3_stmt *st = store__prep(s->w, sql, e);
+  if (!st) return e->code;
+  store__bind_text(st, 1, r->id);
+  store__bind_text(st, 2, r->file);
+  store__bind_text(st, 3, r->error);
+  sqlite3_bind_int64(st, 4, r->updated_at);
+  int rc = sqlite3_step(st);
+  sqlite3_finalize(st);
+  return rc == SQLITE_DONE ? 0 : store__db_err(e, s->w, "changing a skill's record");
+}

@@ -366,6 +366,7 @@ static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
   }
   case J_SKILL: {
     const struct skill_row *r = &je->u.skill;
+    if (r->op != SKILL_PUT) return store__skill_change(s, r, e);
     st = s->ws[W_SKILL];
     store__bind_text(st, 1, r->id);
     store__bind_text(st, 2, r->version);

@@ -180,14 +180,14 @@ class BudgetDetailsTest(TestCase):
         self.assertEqual(r.stdout.strip(), "5")
 
     def test_garbage_is_not_counted_against_the_memory_budget(self):
-        # 100 MB allocated in one slice, but never more than a few MB alive.
+        # 50 MB allocated in one slice, but never more than a few MB alive.
         set_limits(self.w, MEMORY_SLICE)
         self.w.write("g.lua", in_step('''
     local n = 0
-    for i = 1, 100 do local s = ("x"):rep(2^20) .. i n = n + #s end
+    for i = 1, 50 do local s = ("x"):rep(2^20) .. i n = n + #s end
     return n'''))
         r = self.w.ml("run", "g.lua", check=0)
-        self.assertEqual(int(r.stdout), sum(2 ** 20 + len(str(i)) for i in range(1, 101)))
+        self.assertEqual(int(r.stdout), sum(2 ** 20 + len(str(i)) for i in range(1, 51)))
 
     def test_memory_held_across_yields_in_budget_is_fine(self):
         # 3 MB more per slice, 12 MB in all: the budget is per slice.
