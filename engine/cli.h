@@ -19,7 +19,7 @@ struct cli {
   int nargs;
   struct config cfg;
   int json, verbose, quiet, wait, follow;
-  const char *data, *resume, *id, *skill, *status, *since, *trigger, *limit;
+  const char *data, *resume, *id, *skill, *status, *since, *trigger, *limit, *older_than;
   int color; /* stdout is a terminal */
 };
 
@@ -29,10 +29,14 @@ int cli_runs(struct cli *c);
 int cli_trace(struct cli *c);
 int cli_skills(struct cli *c);
 int cli_check(struct cli *c);
+int cli_test(struct cli *c); /* cli_test.c */
 int cli_serve(struct cli *c);
+int cli_sidecar(struct cli *c); /* cli_sidecar.c */
 int cli_send(struct cli *c);
 int cli_cancel(struct cli *c);
 int cli_rerun(struct cli *c);
+int cli_prune(struct cli *c);
+int cli_repl(struct cli *c); /* cli_repl.c */
 
 /* Print "moonloop: message" to stderr and return status. */
 int cli_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -4,6 +4,7 @@
 ** exit status 0 means the change is durable, whether an engine runs or not.
 */
 #include "cli.h"
+#include "client.h"
 #include "engine.h"
 #include "ids.h"
 #include "units.h"
@@ -14,7 +15,6 @@
 
 static int open_store(struct cli *c, struct engine *en) {
   err_t e;
-  if (c->cfg.server) return cli_fail(EXIT_USAGE, "--server is not supported by %s yet", c->cmd);
   if (engine_open_store(en, &c->cfg, &e)) {
     engine_close(en);
     return cli_fail(EXIT_FAILED, "%s", e.msg);
@@ -47,6 +47,11 @@ int cli_send(struct cli *c) {
     free(data);
     return cli_fail(EXIT_USAGE, "the event's data is %s, over the limit of %s (limits.event)", sz, lim);
   }
+  if (c->cfg.server) { /* --server: through the HTTP API */
+    int rc = client_send(c, data);
+    free(data);
+    return rc;
+  }
   struct engine en;
   int rc = open_store(c, &en);
   if (rc) {
@@ -75,6 +80,7 @@ int cli_send(struct cli *c) {
 
 int cli_cancel(struct cli *c) {
   if (c->nargs != 1) return cli_fail(EXIT_USAGE, "usage: moonloop cancel RUN_ID");
+  if (c->cfg.server) return client_cancel(c); /* --server: through the HTTP API */
   struct engine en;
   int rc = open_store(c, &en);
   if (rc) return rc;
@@ -105,6 +111,7 @@ int cli_cancel(struct cli *c) {
 
 int cli_rerun(struct cli *c) {
   if (c->nargs != 1) return cli_fail(EXIT_USAGE, "usage: moonloop rerun RUN_ID");
+  if (c->cfg.server) return client_rerun(c); /* --server: through the HTTP API */
   struct engine en;
   int rc = open_store(c, &en);
   if (rc) return rc;
@@ -142,5 +149,26 @@ int cli_rerun(struct cli *c) {
   if (!alive && !c->json)
     fprintf(stderr, "moonloop: queued; no engine is running: start `moonloop serve`, or run it here "
             "with `moonloop run --resume %s`\n", id);
+  return EXIT_OK;
+}
+
+int cli_prune(struct cli *c) {
+  if (c->nargs || !c->older_than)
+    return cli_fail(EXIT_USAGE, "usage: moonloop prune --older-than 30d");
+  int64_t ms;
+  err_t e;
+  if (units_duration(c->older_than, &ms, &e))
+    return cli_fail(EXIT_USAGE, "--older-than: %s", e.msg);
+  if (c->cfg.server) return cli_fail(EXIT_USAGE, "prune works on the database file; run it where the database is");
+  struct engine en;
+  int rc = open_store(c, &en);
+  if (rc) return rc;
+  int64_t runs, events;
+  rc = store_prune(en.store, units_now_ms() - ms, &runs, &events, &e);
+  engine_close(&en);
+  if (rc) return cli_fail(EXIT_FAILED, "%s", e.msg);
+  if (c->json) printf("{\"runs\":%lld,\"events\":%lld}\n", (long long)runs, (long long)events);
+  else printf("pruned %lld run%s and %lld event%s older than %s\n", (long long)runs,
+              runs == 1 ? "" : "s", (long long)events, events == 1 ? "" : "s", c->older_than);
   return EXIT_OK;
 }

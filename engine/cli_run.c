@@ -180,6 +180,9 @@ static int resume(struct cli *c) {
 }
 
 int cli_run(struct cli *c) {
+  if (c->cfg.server)
+    return cli_fail(EXIT_USAGE, "run executes the skill in this process; to run it on the engine "
+                    "at %s use: moonloop invoke SKILL --wait --server URL", c->cfg.server);
   if (c->resume) {
     if (c->nargs) return cli_fail(EXIT_USAGE, "run --resume RUN_ID takes no other argument");
     return resume(c);

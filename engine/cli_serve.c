@@ -1,13 +1,15 @@
 /*
 ** cli_serve.c: moonloop serve: the engine as a long-running process. It
-** loads the workspace's skills, resumes every unfinished run it can claim,
-** executes queued ones, and stops cleanly on SIGINT or SIGTERM.
+** watches the workspace and hot-loads its skills (the sidecar: sidecar.h),
+** resumes every unfinished run it can claim, executes queued ones, and
+** stops cleanly on SIGINT or SIGTERM. "listening on URL" is printed once
+** the workspace's skills are registered.
 */
 #include "cli.h"
 #include "engine.h"
 #include "server.h"
+#include "sidecar.h"
 
-#include <dirent.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,13 +18,10 @@ struct serve {
   struct engine en;
   uv_signal_t sigint, sigterm;
   server_t *srv; /* the HTTP API */
+  sidecar_t *sc;  /* the workspace watcher */
+  const struct config *cfg;
   int stopping;
 };
-
-static void close_signals(struct serve *sv) {
-  uv_close((uv_handle_t *)&sv->sigint, NULL);
-  uv_close((uv_handle_t *)&sv->sigterm, NULL);
-}
 
 static void on_signal(uv_signal_t *h, int signum) {
   struct serve *sv = h->data;
@@ -33,58 +32,36 @@ static void on_signal(uv_signal_t *h, int signum) {
   }
   sv->stopping = 1;
   fprintf(stderr, "moonloop: %s, stopping\n", signum == SIGINT ? "interrupted" : "terminated");
-  close_signals(sv);
+  /* Still listening for a second signal, without keeping the loop alive. */
+  uv_unref((uv_handle_t *)&sv->sigint);
+  uv_unref((uv_handle_t *)&sv->sigterm);
+  sidecar_stop(sv->sc); /* no new versions while stopping */
   server_stop(sv->srv); /* before the scheduler: pending answers drain first */
-  sched_stop(sv->en.sched);
+  sched_stop(sv->en.sched, sv->en.cfg->shutdown_grace_ms);
 }
 
-static int cmp_str(const void *a, const void *b) {
-  return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* Load every skill file of the workspace folder, in name order. */
-static int load_workspace(struct serve *sv, const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d) {
-    fprintf(stderr, "moonloop: workspace '%s' cannot be read: %m (no skills loaded)\n", dir);
-    return 0;
-  }
-  char *names[4096];
-  int n = 0;
-  struct dirent *de;
-  while ((de = readdir(d)) && n < 4096) {
-    size_t len = strlen(de->d_name);
-    if (de->d_name[0] == '.' || len < 5 || strcmp(de->d_name + len - 4, ".lua")) continue;
-    names[n++] = strdup(de->d_name);
-  }
-  closedir(d);
-  qsort(names, (size_t)n, sizeof *names, cmp_str);
-  int loaded = 0;
-  for (int i = 0; i < n; i++) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-    free(names[i]);
-    struct skill *s;
-    struct skill_error se;
-    if (engine_load_file(&sv->en, path, 1, &s, &se)) {
-      fprintf(stderr, "moonloop: %s\n", se.err.msg);
-      continue;
-    }
-    loaded++;
-  }
-  return loaded;
+/* The workspace's skills are registered: say where we serve. */
+static void on_ready(void *arg, int loaded, int rejected) {
+  struct serve *sv = arg;
+  if (sv->stopping) return;
+  fprintf(stderr, "moonloop: serving %s (workspace %s, %d skill%s", sv->cfg->db,
+          sv->cfg->workspace, loaded, loaded == 1 ? "" : "s");
+  if (rejected) fprintf(stderr, ", %d file%s rejected", rejected, rejected == 1 ? "" : "s");
+  fprintf(stderr, ")\n");
+  fprintf(stderr, "moonloop: listening on %s\n", server_url(sv->srv));
+  fflush(stderr);
 }
 
 int cli_serve(struct cli *c) {
   if (c->nargs) return cli_fail(EXIT_USAGE, "usage: moonloop serve [--workspace DIR] [--listen ADDR]");
   struct serve sv;
   memset(&sv, 0, sizeof sv);
+  sv.cfg = &c->cfg;
   err_t e;
   if (engine_open(&sv.en, &c->cfg, SCHED_SERVE, c->verbose, &e)) {
     engine_close(&sv.en);
     return cli_fail(EXIT_FAILED, "%s", e.msg);
   }
-  int n = load_workspace(&sv, c->cfg.workspace);
   if (sched_start(sv.en.sched, &e)) {
     engine_close(&sv.en);
     return cli_fail(EXIT_FAILED, "%s", e.msg);
@@ -92,7 +69,7 @@ int cli_serve(struct cli *c) {
   /* The HTTP API, on the same loop. A refused address (no token for a
   ** non-loopback one) or a malformed one is a usage error. */
   if (server_start(&sv.en, c->cfg.listen, &sv.srv, &e)) {
-    sched_stop(sv.en.sched);
+    sched_stop(sv.en.sched, 0);
     engine_run(&sv.en);
     engine_close(&sv.en);
     return cli_fail(e.code == ERR_AUTH || e.code == ERR_INVALID ? EXIT_USAGE : EXIT_FAILED, "%s",
@@ -103,12 +80,14 @@ int cli_serve(struct cli *c) {
   sv.sigint.data = sv.sigterm.data = &sv;
   uv_signal_start(&sv.sigint, on_signal, SIGINT);
   uv_signal_start(&sv.sigterm, on_signal, SIGTERM);
-  fprintf(stderr, "moonloop: serving %s (workspace %s, %d skill%s)\n", c->cfg.db,
-          c->cfg.workspace, n, n == 1 ? "" : "s");
-  fprintf(stderr, "moonloop: listening on %s\n", server_url(sv.srv));
-  fflush(stderr);
+  /* The sidecar: the first scan registers the workspace, then it watches. */
+  if (sidecar_start(&sv.en, c->cfg.workspace, on_ready, &sv, &sv.sc, &e)) {
+    fprintf(stderr, "moonloop: %s\n", e.msg);
+    raise(SIGTERM);
+  }
   engine_run(&sv.en);
   server_free(sv.srv); /* after the loop, before the engine closes it */
   engine_close(&sv.en);
+  sidecar_free(sv.sc); /* after the engine: no registry answer can come any more */
   return EXIT_OK;
 }

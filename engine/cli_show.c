@@ -9,6 +9,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int open_store(struct cli *c, struct engine *en) {
   err_t e;
@@ -26,8 +27,72 @@ static void print_json(cJSON *v, int pretty) {
   free(s);
 }
 
+/* One line of `runs --follow`: when a run starts, and when it ends. */
+static void follow_line(const struct cli *c, const cJSON *r, int ended) {
+  const cJSON *st = cJSON_GetObjectItem(r, "status"), *trig = cJSON_GetObjectItem(r, "trigger");
+  const cJSON *kind = cJSON_GetObjectItem(trig, "kind");
+  char now[40], dur[32] = "";
+  units_rfc3339(units_now_ms(), now, sizeof now);
+  if (ended) {
+    int64_t a = 0, b = 0;
+    const cJSON *s1 = cJSON_GetObjectItem(r, "started_at"), *s2 = cJSON_GetObjectItem(r, "ended_at");
+    if (cJSON_IsString(s1) && cJSON_IsString(s2) && !units_parse_rfc3339(s1->valuestring, &a, NULL) &&
+        !units_parse_rfc3339(s2->valuestring, &b, NULL))
+      units_fmt_duration(b - a, dur, sizeof dur);
+  }
+  const char *status = cJSON_IsString(st) ? st->valuestring : "?";
+  const char *color = !c->color ? "" : !strcmp(status, "completed") ? "\033[32m"
+                      : !strcmp(status, "failed") ? "\033[31m" : "\033[33m";
+  printf("%.8s  %-26s  %-24.24s  %s%-10s%s  %-8s  %s\n", now + 11,
+         cJSON_GetObjectItem(r, "id")->valuestring, cJSON_GetObjectItem(r, "skill")->valuestring,
+         color, status, c->color ? "\033[0m" : "", cJSON_IsString(kind) ? kind->valuestring : "?",
+         dur);
+  fflush(stdout);
+}
+
+static int terminal_status(const char *s) {
+  return !strcmp(s, "completed") || !strcmp(s, "failed") || !strcmp(s, "cancelled");
+}
+
+/* moonloop runs --follow: print runs as they start and end, until interrupted. */
+static int follow(struct cli *c, struct engine *en, const struct run_filter *f) {
+  cJSON *seen = cJSON_CreateObject(); /* id -> last status printed */
+  int first = 1;
+  for (;;) {
+    cJSON *runs = NULL;
+    err_t e;
+    if (en) {
+      struct run_filter g = *f;
+      g.limit = 200;
+      if (store_list_runs(en->store, &g, &runs, &e)) {
+        cJSON_Delete(seen);
+        return cli_fail(EXIT_FAILED, "%s", e.msg);
+      }
+    } else if (!(runs = client_list_runs(c))) {
+      cJSON_Delete(seen);
+      return EXIT_FAILED;
+    }
+    /* Oldest first, so lines come in the order things happened. */
+    for (int i = cJSON_GetArraySize(runs) - 1; i >= 0; i--) {
+      const cJSON *r = cJSON_GetArrayItem(runs, i);
+      const char *id = cJSON_GetObjectItem(r, "id")->valuestring;
+      const char *st = cJSON_GetObjectItem(r, "status")->valuestring;
+      const cJSON *was = cJSON_GetObjectItem(seen, id);
+      int known = cJSON_IsString(was);
+      if (known && !strcmp(was->valuestring, st)) continue;
+      /* On the first look, only runs still going are news. */
+      if (!first || !terminal_status(st)) follow_line(c, r, terminal_status(st));
+      if (known) cJSON_ReplaceItemInObject(seen, id, cJSON_CreateString(st));
+      else cJSON_AddStringToObject(seen, id, st);
+    }
+    cJSON_Delete(runs);
+    first = 0;
+    usleep(300000);
+  }
+}
+
 int cli_runs(struct cli *c) {
-  if (c->cfg.server) return client_runs(c); /* --server: through the HTTP API */
+  if (c->cfg.server && !c->follow) return client_runs(c); /* --server: through the HTTP API */
   struct run_filter f = {.skill = c->skill, .status = c->status, .trigger = c->trigger};
   err_t e;
   if (c->since) {
@@ -46,6 +111,16 @@ int cli_runs(struct cli *c) {
     int ok = 0;
     for (const char *const *s = statuses; *s; s++) ok |= !strcmp(*s, c->status);
     if (!ok) return cli_fail(EXIT_USAGE, "--status must be one of queued, running, sleeping, waiting, completed, failed, cancelled; got '%s'", c->status);
+  }
+  if (c->follow) {
+    if (!c->json) printf("following runs (Ctrl-C to stop)\n");
+    if (c->cfg.server) return follow(c, NULL, &f);
+    struct engine fen;
+    int frc = open_store(c, &fen);
+    if (frc) return frc;
+    frc = follow(c, &fen, &f);
+    engine_close(&fen);
+    return frc;
   }
   struct engine en;
   int rc = open_store(c, &en);

@@ -159,6 +159,40 @@ static void print_json(const cJSON *v, int pretty) {
 }
 
 /* moonloop runs --server: GET /v1/runs with the filters as parameters. */
+/* The runs list over HTTP (filters from c), or NULL after printing why. */
+cJSON *client_list_runs(struct cli *c) {
+  char path[2048] = "";
+  CURL *h = curl_easy_init();
+  if (!h) {
+    cli_fail(EXIT_FAILED, "cannot start an HTTP request (libcurl)");
+    return NULL;
+  }
+  add_param(h, path, sizeof path, "skill", c->skill);
+  add_param(h, path, sizeof path, "status", c->status);
+  add_param(h, path, sizeof path, "since", c->since);
+  add_param(h, path, sizeof path, "trigger", c->trigger);
+  add_param(h, path, sizeof path, "limit", c->limit);
+  curl_easy_cleanup(h);
+  char full[2100];
+  snprintf(full, sizeof full, "/v1/runs%s", path);
+  long status;
+  cJSON *ans;
+  err_t e;
+  if (client_call(&c->cfg, "GET", full, NULL, &status, &ans, &e)) {
+    cJSON_Delete(ans);
+    fail_exit(&e, EXIT_FAILED);
+    return NULL;
+  }
+  cJSON *runs = cJSON_DetachItemFromObjectCaseSensitive(ans, "runs");
+  cJSON_Delete(ans);
+  if (!cJSON_IsArray(runs)) {
+    cJSON_Delete(runs);
+    cli_fail(EXIT_FAILED, "the engine's answer has no list of runs");
+    return NULL;
+  }
+  return runs;
+}
+
 int client_runs(struct cli *c) {
   char path[2048] = "";
   CURL *h = curl_easy_init();
@@ -340,3 +374,70 @@ int client_invoke(struct cli *c) {
   cJSON_Delete(ans);
   return rc;
 }
+
+/* A run id goes into a path as it is: only ULID characters are allowed. */
+static int valid_run_id(const char *id) {
+  if (!*id || strlen(id) > 40) return 0;
+  for (const char *p = id; *p; p++)
+    if (!((*p >= '0' && *p <= '9') || (*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z')))
+      return 0;
+  return 1;
+}
+
+int client_send(struct cli *c, const char *data) {
+  cJSON *ev = cJSON_CreateObject();
+  cJSON_AddStringToObject(ev, "name", c->args[0]);
+  cJSON *d = cJSON_Parse(data);
+  cJSON_AddItemToObject(ev, "data", d ? d : cJSON_CreateNull());
+  if (c->id) cJSON_AddStringToObject(ev, "id", c->id);
+  char *body = cJSON_PrintUnformatted(ev);
+  cJSON_Delete(ev);
+  long status;
+  cJSON *ans = NULL;
+  err_t e;
+  int rc = client_call(&c->cfg, "POST", "/v1/events", body, &status, &ans, &e);
+  free(body);
+  if (rc) {
+    cJSON_Delete(ans);
+    return fail_exit(&e, EXIT_FAILED);
+  }
+  const cJSON *id = cJSON_GetArrayItem(cJSON_GetObjectItem(ans, "ids"), 0);
+  if (!cJSON_IsString(id)) {
+    cJSON_Delete(ans);
+    return cli_fail(EXIT_FAILED, "the engine's answer has no event id");
+  }
+  if (c->json) printf("{\"id\":\"%s\"}\n", id->valuestring);
+  else printf("%s\n", id->valuestring);
+  cJSON_Delete(ans);
+  return EXIT_OK;
+}
+
+/* POST /v1/runs/{id}/{action} and print the answer's fields. */
+static int run_action(struct cli *c, const char *action) {
+  if (!valid_run_id(c->args[0])) return cli_fail(EXIT_FAILED, "no run with id '%.40s'", c->args[0]);
+  char path[128];
+  snprintf(path, sizeof path, "/v1/runs/%s/%s", c->args[0], action);
+  long status;
+  cJSON *ans = NULL;
+  err_t e;
+  int rc = client_call(&c->cfg, "POST", path, "{}", &status, &ans, &e);
+  if (rc) {
+    cJSON_Delete(ans);
+    return fail_exit(&e, EXIT_FAILED);
+  }
+  const char *run_id = str_of(ans, "run_id"), *st = str_of(ans, "status");
+  if (c->json) {
+    char *s = cJSON_PrintUnformatted(ans);
+    printf("%s\n", s);
+    free(s);
+  } else if (!strcmp(action, "cancel")) {
+    printf("%s %s\n", st && !strcmp(st, "cancelled") ? "cancelled" : "cancelling", c->args[0]);
+  } else {
+    printf("%s\n", run_id ? run_id : "?");
+  }
+  cJSON_Delete(ans);
+  return EXIT_OK;
+}
+
+int client_cancel(struct cli *c) { return run_action(c, "cancel"); }
+int client_rerun(struct cli *c) { return run_action(c, "rerun"); }

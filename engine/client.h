@@ -31,8 +31,14 @@ int client_call(const struct config *cfg, const char *method, const char *path,
 /* The commands over HTTP (called by cli_runs, cli_trace, cli_skills,
 ** cli_invoke when c->cfg.server is set); they return the exit status. */
 int client_runs(struct cli *c);
+/* GET /v1/runs with c's filters: the list, or NULL after printing why. */
+cJSON *client_list_runs(struct cli *c);
 int client_trace(struct cli *c);
 int client_skills(struct cli *c);
 int client_invoke(struct cli *c);
+/* send (data: the checked --data JSON), cancel, rerun over HTTP. */
+int client_send(struct cli *c, const char *data);
+int client_cancel(struct cli *c);
+int client_rerun(struct cli *c);
 
 #endif

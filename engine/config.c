@@ -35,6 +35,7 @@ static void defaults(struct config *c) {
   c->backoff_ms = 1000;
   c->backoff_max_ms = 600000;
   c->lease_ttl_ms = 15000;
+  c->shutdown_grace_ms = 10000;
 }
 
 static void free_list(char **l) {
@@ -45,6 +46,7 @@ static void free_list(char **l) {
 void config_free(struct config *c) {
   free(c->file), free(c->db), free(c->workspace), free(c->listen), free(c->server);
   free(c->token_env), free(c->llm_base_url), free(c->llm_model), free(c->llm_api_key_env);
+  free(c->otlp_endpoint), free(c->otlp_service);
   free_list(c->env);
   free_list(c->deployers);
   memset(c, 0, sizeof *c);
@@ -130,11 +132,13 @@ static int only_keys(lua_State *L, const char *path, const char *where,
 
 static int read_table(struct config *c, lua_State *L, const char *path, err_t *e) {
   static const char *const top[] = {"db", "workspace", "listen", "token_env", "durability",
-                                    "llm", "env", "deployers", "limits", "retry", "lease", NULL};
+                                    "llm", "env", "deployers", "limits", "retry", "lease",
+                                    "shutdown_grace", "retention", "otlp", NULL};
   static const char *const llm[] = {"base_url", "model", "api_key_env", NULL};
   static const char *const limits[] = {"step_output", "event", "run_seconds_between_yields",
                                        "run_memory", "parked_runs", NULL};
   static const char *const retry[] = {"retries", "backoff", "max_backoff", NULL};
+  static const char *const otlp[] = {"endpoint", "service_name", NULL};
   char *durability = NULL;
   if (only_keys(L, path, NULL, top, e) || get_string(L, "db", path, &c->db, e) ||
       get_string(L, "workspace", path, &c->workspace, e) ||
@@ -142,7 +146,9 @@ static int read_table(struct config *c, lua_State *L, const char *path, err_t *e
       get_string(L, "token_env", path, &c->token_env, e) ||
       get_string(L, "durability", path, &durability, e) ||
       get_list(L, "env", path, &c->env, e) || get_list(L, "deployers", path, &c->deployers, e) ||
-      get_unit(L, "lease", path, 0, 1000, &c->lease_ttl_ms, e)) {
+      get_unit(L, "lease", path, 0, 1000, &c->lease_ttl_ms, e) ||
+      get_unit(L, "shutdown_grace", path, 0, 1000, &c->shutdown_grace_ms, e) ||
+      get_unit(L, "retention", path, 0, 1000, &c->retention_ms, e)) {
     free(durability);
     return ERR_INVALID;
   }
@@ -172,6 +178,12 @@ static int read_table(struct config *c, lua_State *L, const char *path, err_t *e
        get_unit(L, "run_seconds_between_yields", path, 0, 1000, &c->slice_ms, e) ||
        get_unit(L, "run_memory", path, 1, 1, &c->run_memory, e) ||
        get_unit(L, "parked_runs", path, 1, 1, &c->parked_runs, e)))
+    return ERR_INVALID;
+  lua_pop(L, 1);
+  lua_getfield(L, -1, "otlp");
+  if (lua_istable(L, -1) &&
+      (only_keys(L, path, "otlp", otlp, e) || get_string(L, "endpoint", path, &c->otlp_endpoint, e) ||
+       get_string(L, "service_name", path, &c->otlp_service, e)))
     return ERR_INVALID;
   lua_pop(L, 1);
   lua_getfield(L, -1, "retry");
@@ -233,6 +245,7 @@ int config_load(struct config *c, const char *path, err_t *e) {
   if ((v = getenv("MOONLOOP_WORKSPACE")) && *v) config_set(&c->workspace, v);
   if ((v = getenv("MOONLOOP_LISTEN")) && *v) config_set(&c->listen, v);
   if ((v = getenv("MOONLOOP_URL")) && *v) config_set(&c->server, v);
+  if ((v = getenv("MOONLOOP_OTLP_ENDPOINT")) && *v) config_set(&c->otlp_endpoint, v);
   if ((v = getenv("MOONLOOP_DURABILITY")) && *v) {
     if (strcmp(v, "full") && strcmp(v, "normal"))
       return err_set(e, ERR_INVALID, "MOONLOOP_DURABILITY must be \"full\" or \"normal\", got \"%s\"", v);

@@ -31,6 +31,10 @@ struct config {
   int64_t backoff_ms;    /* retry.backoff: first retry delay */
   int64_t backoff_max_ms;/* retry.max_backoff */
   int64_t lease_ttl_ms;  /* lease: how long a silent process keeps its runs */
+  char *otlp_endpoint;   /* otlp.endpoint: an OTLP/HTTP collector (traces go to ENDPOINT/v1/traces) */
+  char *otlp_service;    /* otlp.service_name, default "moonloop" */
+  int64_t retention_ms;  /* retention: serve prunes finished runs older than this (0: never) */
+  int64_t shutdown_grace_ms; /* shutdown_grace: how long step bodies in flight may finish on SIGTERM */
 };
 
 /* Fill c with defaults, then the file (path, or moonloop.conf.lua when it

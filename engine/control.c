@@ -277,6 +277,13 @@ static char *skill_of_file(sched_t *s, const char *file) {
   return id;
 }
 
+/* Whether a registered file still exists. "//HOST/PATH" names a file of a
+** standalone sidecar (moonloop sidecar) on HOST: it exists until that
+** sidecar unregisters it (DELETE /v1/skills/{id}). */
+static int file_exists(const char *file) {
+  return !strncmp(file, "//", 2) || access(file, F_OK) == 0;
+}
+
 /* Whether another file that still exists holds id's live version. */
 static int held_elsewhere(sched_t *s, const char *id, const char *file, char *other, size_t n) {
   cJSON *rec;
@@ -284,10 +291,27 @@ static int held_elsewhere(sched_t *s, const char *id, const char *file, char *ot
   if (store_get_skill(sched__opts(s)->store, id, &rec, &e)) return 0;
   const cJSON *v = cJSON_GetObjectItem(rec, "version"), *f = cJSON_GetObjectItem(rec, "file");
   int held = cJSON_IsString(v) && cJSON_IsString(f) && strcmp(f->valuestring, file) &&
-             access(f->valuestring, F_OK) == 0;
+             file_exists(f->valuestring);
   if (held) snprintf(other, n, "%s", f->valuestring);
   cJSON_Delete(rec);
   return held;
+}
+
+/* (sidecar) The line of the source's `id = ...` (0 when there is none). */
+static int id_line(const char *src, size_t len) {
+  int line = 1;
+  for (size_t i = 0; i + 1 < len; i++) {
+    if (src[i] == '\n') line++;
+    if (src[i] != 'i' || src[i + 1] != 'd') continue;
+    char prev = i ? src[i - 1] : ' ';
+    if (prev == '_' || prev == '.' || (prev >= 'a' && prev <= 'z') || (prev >= 'A' && prev <= 'Z') ||
+        (prev >= '0' && prev <= '9'))
+      continue;
+    size_t j = i + 2;
+    while (j < len && (src[j] == ' ' || src[j] == '\t')) j++;
+    if (j + 1 < len && src[j] == '=' && src[j + 1] != '=') return line;
+  }
+  return 0;
 }
 
 /* Register (or reject) source as the file's skill; answer through cb. */
@@ -307,9 +331,14 @@ static int put_source(sched_t *s, const char *file, const char *want_id, const c
   if (!rc && want_id && strcmp(sk->id, want_id))
     rc = err_set(&se.err, ERR_INVALID, "%s: the source declares id '%s', not '%s'", file, sk->id,
                  want_id);
-  if (!rc && held_elsewhere(s, sk->id, file, other, sizeof other))
-    rc = err_set(&se.err, ERR_CONFLICT, "%s: skill id '%s' is already defined by %s", file, sk->id,
-                 other);
+  if (!rc && held_elsewhere(s, sk->id, file, other, sizeof other)) {
+    /* (sidecar) The error points at the line that declares the id. */
+    se.line = id_line(source, len);
+    char where[600];
+    snprintf(where, sizeof where, se.line ? "%s:%d" : "%s", file, se.line);
+    rc = err_set(&se.err, ERR_CONFLICT, "%s: skill id '%s' is already defined by %s", where,
+                 sk->id, other);
+  }
   if (rc) {
     /* Keep the error on the skill's record; its live version stays. */
     char *id = want_id ? strdup(want_id) : skill_of_file(s, file);
@@ -368,9 +397,9 @@ int sched_load_file(sched_t *s, const char *path, const char *source, size_t len
   return put_source(s, path, NULL, source, len, cb, arg, e);
 }
 
-int sched_unload_file(sched_t *s, const char *path, sched_reply_cb cb, void *arg, err_t *e) {
-  char *id = skill_of_file(s, path);
-  if (!id) return err_set(e, ERR_NOTFOUND, "no skill was registered from %s", path);
+/* Journal the removal of id's live version; answer its record once durable. */
+static int unload_id(sched_t *s, char *id, const char *path, sched_reply_cb cb, void *arg,
+                     err_t *e) {
   struct put_ctx *p = calloc(1, sizeof *p);
   if (!p || !(p->r = reply_new(s, cb, arg))) {
     free(p);
@@ -382,4 +411,35 @@ int sched_unload_file(sched_t *s, const char *path, sched_reply_cb cb, void *arg
   p->id = id;
   sched__after_commit(s, on_put, p);
   return 0;
+}
+
+int sched_unload_file(sched_t *s, const char *path, sched_reply_cb cb, void *arg, err_t *e) {
+  char *id = skill_of_file(s, path);
+  if (!id) return err_set(e, ERR_NOTFOUND, "no skill was registered from %s", path);
+  return unload_id(s, id, path, cb, arg, e);
+}
+
+/* (sidecar) DELETE /v1/skills/{id}, and a file that let go of its id. */
+int sched_unload_skill(sched_t *s, const char *id, const char *file, sched_reply_cb cb,
+                       void *arg, err_t *e) {
+  cJSON *rec;
+  if (store_get_skill(sched__opts(s)->store, id, &rec, e)) return e->code;
+  const cJSON *f = cJSON_GetObjectItem(rec, "file"), *v = cJSON_GetObjectItem(rec, "version");
+  int rc = 0;
+  if (file && (!cJSON_IsString(f) || strcmp(f->valuestring, file)))
+    rc = err_set(e, ERR_NOTFOUND, "skill '%s' is not registered from %s (its file is %s)", id,
+                 file, cJSON_IsString(f) ? f->valuestring : "unknown");
+  else if (!cJSON_IsString(v))
+    rc = err_set(e, ERR_NOTFOUND, "skill '%s' has no live version: nothing to unregister", id);
+  char *path = rc ? NULL : strdup(cJSON_IsString(f) ? f->valuestring : "");
+  cJSON_Delete(rec);
+  if (rc) return rc;
+  char *dup = strdup(id);
+  if (!dup || !path) {
+    free(dup), free(path);
+    return err_set(e, ERR_NOMEM, "out of memory");
+  }
+  rc = unload_id(s, dup, path, cb, arg, e);
+  free(path);
+  return rc;
 }

@@ -3,7 +3,11 @@
 */
 #include "engine.h"
 #include "json.h"
+#include "modules.h"
+#include "otlp.h"
 #include "units.h"
+
+#include <lauxlib.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +19,18 @@ int engine_open_store(struct engine *en, const struct config *cfg, err_t *e) {
   return store_open(cfg->db, cfg->durability_full ? STORE_FULL : STORE_NORMAL, &en->store, e);
 }
 
+/* core.llm_settings: the LLM endpoint from the configuration, the key read
+** from the variable it names. */
+static void llm_settings(struct engine *en, const struct config *cfg) {
+  lua_State *L = lrt_L(en->lrt);
+  lua_createtable(L, 0, 3);
+  lua_pushstring(L, cfg->llm_base_url), lua_setfield(L, -2, "base_url");
+  lua_pushstring(L, cfg->llm_model), lua_setfield(L, -2, "model");
+  const char *key = cfg->llm_api_key_env ? getenv(cfg->llm_api_key_env) : NULL;
+  if (key) lua_pushstring(L, key), lua_setfield(L, -2, "api_key");
+  lrt_register_value(en->lrt, "llm_settings");
+}
+
 int engine_open_runtime(struct engine *en, const struct config *cfg, err_t *e) {
   if (!en->cfg) memset(en, 0, sizeof *en);
   en->cfg = cfg;
@@ -22,6 +38,8 @@ int engine_open_runtime(struct engine *en, const struct config *cfg, err_t *e) {
   if (lrt_new(&lo, &en->lrt, e)) return e->code;
   en->skills = skills_new(en->lrt, (const char *const *)cfg->env);
   if (!en->skills) return err_set(e, ERR_NOMEM, "out of memory");
+  llm_settings(en, cfg);
+  modules_register(en);
   return 0;
 }
 
@@ -46,9 +64,11 @@ int engine_open(struct engine *en, const struct config *cfg, enum sched_mode mod
     .default_retries = cfg->retries, .backoff_ms = cfg->backoff_ms,
     .backoff_max_ms = cfg->backoff_max_ms, .step_output_limit = cfg->step_output,
     .event_limit = cfg->event_limit, .max_parked = (int)cfg->parked_runs,
+    .retention_ms = cfg->retention_ms,
     .verbose = verbose,
   };
   if (sched_new(&so, &en->sched, e)) return e->code;
+  otlp_start(en);
   return boot(en, e);
 }
 

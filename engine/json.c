@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lrt.h"
 #include "units.h"
 
 #define EXCERPT_BYTES 20   /* bytes of input shown after "near" */
@@ -248,6 +249,8 @@ typedef struct frame {
 typedef struct enc {
   lua_State *L;
   err_t *e;
+  size_t used, budget; /* bytes of text the values met so far would take, and the most allowed */
+  size_t values;
   int nframes;
   int nopen;  /* tables being encoded, outermost first: for cycles and depth */
   frame_t path[JSON_MAX_DEPTH + 1];
@@ -548,6 +551,21 @@ static cJSON *enc_table(enc_t *x, int idx) {
 static cJSON *enc_value(enc_t *x, int idx) {
   lua_State *L = x->L;
   cJSON *v;
+  /* A table met twice is encoded twice (a DAG is not a cycle): {t, t}
+  ** nested twenty times is a million values. Counting the text as it
+  ** grows stops such a value early, long before the memory it would take. */
+  size_t cost = 4;
+  if (lua_type(L, idx) == LUA_TSTRING) cost += lua_objlen(L, idx);
+  x->used += cost;
+  /* Encoding runs in C, out of the count hook's sight: watch the slice's time. */
+  if ((++x->values & 1023) == 0 && lrt_time_up(L))
+    return enc_fail(x, ERR_BUSY, "time is up", "%s", lrt_killed(lrt_from(L)));
+  if (x->used > x->budget) {
+    char max[32];
+    units_fmt_size((int64_t)x->budget, max, sizeof max);
+    return enc_fail(x, ERR_TOOBIG, "the value is too large to encode",
+                    "the value is larger than %s as JSON", max);
+  }
   switch (lua_type(L, idx)) {
   case LUA_TNIL: v = cJSON_CreateNull(); break;
   case LUA_TBOOLEAN: v = cJSON_CreateBool(lua_toboolean(L, idx)); break;
@@ -575,13 +593,16 @@ static cJSON *enc_value(enc_t *x, int idx) {
   return v ? v : enc_nomem(x);
 }
 
-cJSON *json_from_lua(lua_State *L, int idx, err_t *e) {
+/* json_from_lua with a bound on the text's size (bytes, 0: JSON_MAX_TEXT). */
+static cJSON *from_lua_bounded(lua_State *L, int idx, size_t budget, err_t *e) {
   idx = abs_index(L, idx);
   int top = lua_gettop(L);
   enc_t *x = malloc(sizeof *x);
   if (!x) return err_set(e, ERR_NOMEM, "out of memory while encoding JSON"), NULL;
   x->L = L;
   x->e = e;
+  x->used = x->values = 0;
+  x->budget = budget ? budget : JSON_MAX_TEXT;
   x->nframes = x->nopen = 0;
   cJSON *root = enc_value(x, idx);
   free(x);
@@ -589,9 +610,13 @@ cJSON *json_from_lua(lua_State *L, int idx, err_t *e) {
   return root;
 }
 
+cJSON *json_from_lua(lua_State *L, int idx, err_t *e) { return from_lua_bounded(L, idx, 0, e); }
+
 /* json_encode with a choice of compact or indented text. */
 static char *encode_text(lua_State *L, int idx, size_t limit, int pretty, size_t *len, err_t *e) {
-  cJSON *root = json_from_lua(L, idx, e);
+  /* The estimate counts at least the text's bytes: past limit (with room
+  ** for it to be an overestimate) the exact check below would fail anyway. */
+  cJSON *root = from_lua_bounded(L, idx, limit ? limit * 4 + 4096 : 0, e);
   if (!root) return NULL;
   char *text = pretty ? cJSON_Print(root) : cJSON_PrintUnformatted(root);
   cJSON_Delete(root);

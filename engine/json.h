@@ -58,6 +58,9 @@
 
 #include "err.h"
 
+/* The most text json_from_lua and json.encode produce: 64 MB. */
+#define JSON_MAX_TEXT ((size_t)64 << 20)
+
 /* The deepest nesting of tables json_from_lua accepts. */
 #define JSON_MAX_DEPTH 500
 

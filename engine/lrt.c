@@ -11,6 +11,7 @@
 #include <lauxlib.h>
 #include <luajit.h>
 #include <lualib.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,11 @@ struct lrt {
   size_t judge_at; /* heap size past which the memory is judged again */
   int64_t slice_ms;
   char kill_reason[200];
+  /* The REPL (engine/repl.c): a Ctrl-C asks the running slice to stop
+  ** (set from a signal handler, read by the hook), and the coroutine
+  ** that may yield ops to the engine outside a run (core.can_yield). */
+  volatile sig_atomic_t interrupt;
+  lua_State *yieldable;
 };
 
 static uint64_t coarse_ns(void) {
@@ -79,6 +85,18 @@ static void kill_time(lrt_t *r) {
            "stopped: %s ran for more than %lld ms without yielding "
            "(limits.run_seconds_between_yields)", r->in_run ? "the run" : "skill code",
            (long long)r->slice_ms);
+}
+
+static void *l_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
+
+int lrt_time_up(lua_State *L) {
+  void *ud;
+  if (lua_getallocf(L, &ud) != l_alloc) return 0;
+  lrt_t *r = ud;
+  if (r->killed) return 1;
+  if (!r->in_slice || coarse_ns() <= r->deadline_ns) return 0;
+  kill_time(r);
+  return 1;
 }
 
 /* Raise the kill in L, where the code was stopped ("file.lua:12: ..."). */
@@ -158,6 +176,12 @@ static void l_hook(lua_State *L, lua_Debug *ar) {
     lua_sethook(L, l_hook, LUA_MASKCOUNT, HOOK_COUNT);
   }
   if (!r->in_slice || r->killed) return;
+  if (r->interrupt) {
+    /* Ctrl-C in the REPL: stop whatever runs now (lrt_interrupt). */
+    r->killed = 1;
+    snprintf(r->kill_reason, sizeof r->kill_reason, "interrupted");
+    raise_kill(L, 0);
+  }
   if (coarse_ns() > r->deadline_ns) {
     kill_time(r);
     raise_kill(L, 0);
@@ -314,6 +338,20 @@ static int c_cron_check(lua_State *L) {
   return 1;
 }
 
+/* core.http_date(s): milliseconds since the epoch of an HTTP date
+** ("Sun, 06 Nov 1994 08:49:37 GMT"), or nil. */
+static int c_http_date(lua_State *L) {
+  struct tm tm = {0};
+  const char *s = luaL_checkstring(L, 1);
+  const char *end = strptime(s, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+  if (!end || *end) {
+    lua_pushnil(L);
+    return 1;
+  }
+  lua_pushnumber(L, (lua_Number)timegm(&tm) * 1000);
+  return 1;
+}
+
 /* core.random(): a double in [0, 1) from the OS, for jitter. */
 static int c_random(lua_State *L) {
   lua_pushnumber(L, ids_random_unit());
@@ -323,7 +361,8 @@ static int c_random(lua_State *L) {
 /* core.can_yield(): whether the running coroutine may yield to the engine
 ** outside a run (the REPL's coroutines do). */
 static int c_can_yield(lua_State *L) {
-  lua_pushboolean(L, 0);
+  lrt_t *r = lrt_from(L);
+  lua_pushboolean(L, r->yieldable && L == r->yieldable);
   return 1;
 }
 
@@ -823,6 +862,7 @@ int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e) {
   lrt_register(r, "decode", c_decode, NULL);
   lrt_register(r, "cron_check", c_cron_check, NULL);
   lrt_register(r, "random", c_random, NULL);
+  lrt_register(r, "http_date", c_http_date, NULL);
   lrt_register(r, "can_yield", c_can_yield, NULL);
   lrt_register(r, "str_find", c_str_find, NULL);
   lrt_register(r, "str_match", c_str_match, NULL);
@@ -970,6 +1010,21 @@ int lrt_pcall(lrt_t *r, int nargs, int nresults, err_t *e) {
   lua_remove(L, base);
   return 0;
 }
+
+int lrt_resume_unbounded(lrt_t *r, lua_State *co, int nargs) {
+  slice_begin(r, 0);
+  /* No deadline and no memory judgement: only an interrupt stops it. */
+  r->deadline_ns = UINT64_MAX;
+  r->judge_at = SIZE_MAX;
+  int rc = lua_resume(co, nargs);
+  r->in_slice = 0;
+  return rc;
+}
+
+void lrt_interrupt(lrt_t *r) { r->interrupt = 1; }
+int lrt_interrupted(const lrt_t *r) { return r->interrupt != 0; }
+void lrt_interrupt_clear(lrt_t *r) { r->interrupt = 0; }
+void lrt_set_yieldable(lrt_t *r, lua_State *co) { r->yieldable = co; }
 
 int lrt_resume(lrt_t *r, lua_State *co, int nargs) {
   slice_begin(r, 1);

@@ -73,8 +73,31 @@ int lrt_pcall(lrt_t *r, int nargs, int nresults, err_t *e);
 ** Returns LUA_YIELD, 0 (finished) or an error status (the error is on co). */
 int lrt_resume(lrt_t *r, lua_State *co, int nargs);
 
+/* ---- the REPL (engine/repl.c) ----
+** Resume co like lrt_resume, but without the slice's time and memory
+** budget: the REPL's own code, which a person stops with Ctrl-C. */
+int lrt_resume_unbounded(lrt_t *r, lua_State *co, int nargs);
+
+/* Ask the running slice (and any slice that starts before
+** lrt_interrupt_clear) to stop at the hook's next check with the error
+** "interrupted", as a kill (core.killed() is true, pcall cannot catch it).
+** Async-signal-safe: a SIGINT handler calls it. Code compiled by the JIT
+** is not stopped until it leaves the trace, as for the budgets. */
+void lrt_interrupt(lrt_t *r);
+int lrt_interrupted(const lrt_t *r);
+void lrt_interrupt_clear(lrt_t *r);
+
+/* The coroutine that may yield ops to the engine outside a run
+** (core.can_yield() is true only while it runs); NULL for none. */
+void lrt_set_yieldable(lrt_t *r, lua_State *co);
+
 /* Why the last slice was killed ("" if it was not). */
 const char *lrt_killed(const lrt_t *r);
+
+/* For long loops in C over skill data (JSON encoding): whether the running
+** slice has used up its time; if so the slice is now killed, and the caller
+** should stop and fail. 0 for states that are not an lrt's. */
+int lrt_time_up(lua_State *L);
 
 /* Bytes the state holds now. */
 size_t lrt_memory(const lrt_t *r);

@@ -12,6 +12,10 @@
 enum {
   C_RUN = 1 << 0, C_INVOKE = 1 << 1, C_RUNS = 1 << 2, C_TRACE = 1 << 3, C_SKILLS = 1 << 4,
   C_CHECK = 1 << 5, C_SERVE = 1 << 6, C_SEND = 1 << 7, C_CANCEL = 1 << 8, C_RERUN = 1 << 9,
+  C_PRUNE = 1 << 10,
+  C_REPL = 1 << 13, /* moonloop repl (cli_repl.c) */
+  C_TEST = 1 << 14, /* moonloop test (cli_test.c) */
+  C_SIDECAR = 1 << 15, /* moonloop sidecar (cli_sidecar.c) */
   C_ALL = 0xffff,
 };
 
@@ -28,11 +32,15 @@ static const struct command commands[] = {
   {"send", C_SEND, cli_send, "send NAME [--data JSON] [--id KEY]"},
   {"cancel", C_CANCEL, cli_cancel, "cancel RUN_ID"},
   {"rerun", C_RERUN, cli_rerun, "rerun RUN_ID"},
+  {"prune", C_PRUNE, cli_prune, "prune --older-than 30d"},
   {"runs", C_RUNS, cli_runs, "runs [--skill ID] [--status S] [--since 7d] [--trigger KIND] [--limit N]"},
   {"trace", C_TRACE, cli_trace, "trace RUN_ID"},
   {"skills", C_SKILLS, cli_skills, "skills"},
   {"check", C_CHECK, cli_check, "check FILE..."},
+  {"test", C_TEST, cli_test, "test [FILES or DIRS] [--json] [-v]"},
   {"serve", C_SERVE, cli_serve, "serve [--workspace DIR] [--listen ADDR]"},
+  {"sidecar", C_SIDECAR, cli_sidecar, "sidecar --workspace DIR --server URL"},
+  {"repl", C_REPL, cli_repl, "repl [--workspace DIR]"},
   {NULL, 0, NULL, NULL},
 };
 
@@ -47,10 +55,10 @@ static const struct option options[] = {
   {"db", 1, C_ALL}, {"config", 1, C_ALL}, {"server", 1, C_ALL}, {"json", 0, C_ALL},
   {"verbose", 0, C_ALL}, {"quiet", 0, C_ALL},
   {"data", 1, C_RUN | C_INVOKE | C_SEND}, {"resume", 1, C_RUN}, {"wait", 0, C_INVOKE},
-  {"id", 1, C_SEND},
+  {"id", 1, C_SEND}, {"older-than", 1, C_PRUNE},
   {"skill", 1, C_RUNS}, {"status", 1, C_RUNS}, {"since", 1, C_RUNS}, {"trigger", 1, C_RUNS},
   {"limit", 1, C_RUNS}, {"follow", 0, C_RUNS},
-  {"workspace", 1, C_SERVE}, {"listen", 1, C_SERVE},
+  {"workspace", 1, C_SERVE | C_SIDECAR | C_REPL}, {"listen", 1, C_SERVE},
   {NULL, 0, 0},
 };
 
@@ -157,6 +165,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(name, "data")) c.data = val;
     else if (!strcmp(name, "resume")) c.resume = val;
     else if (!strcmp(name, "id")) c.id = val;
+    else if (!strcmp(name, "older-than")) c.older_than = val;
     else if (!strcmp(name, "wait")) c.wait = 1;
     else if (!strcmp(name, "skill")) c.skill = val;
     else if (!strcmp(name, "status")) c.status = val;

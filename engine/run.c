@@ -4,6 +4,7 @@
 */
 #include "run.h"
 #include "ids.h"
+#include "run_pause.h"
 #include "json.h"
 #include "units.h"
 
@@ -440,14 +441,28 @@ void run__verbose(struct run *r, const char *mark, const char *id, int64_t ms,
 
 static int64_t num(lua_State *co, int i) { return (int64_t)lua_tonumber(co, i); }
 
+/* The step's LLM token usage as JSON (in buf), or NULL when it made no calls. */
+static const char *usage_json(const struct task *t, char *buf, size_t n) {
+  if (!t->usage_calls) return NULL;
+  snprintf(buf, n,
+           "{\"prompt_tokens\":%lld,\"completion_tokens\":%lld,\"total_tokens\":%lld,"
+           "\"calls\":%lld}",
+           (long long)t->usage_prompt, (long long)t->usage_completion,
+           (long long)t->usage_total, (long long)t->usage_calls);
+  return buf;
+}
+
 static void op_commit(struct task *t, lua_State *co) {
   struct run *r = t->run;
+  char ub[200];
   struct step_row row = {
+    .usage = usage_json(t, ub, sizeof ub),
     .run_id = r->id, .seq = (int)lua_tointeger(co, 2), .id = lua_tostring(co, 3),
     .kind = lua_tostring(co, 4), .status = "completed", .output = lua_tostring(co, 5),
     .attempts = (int)lua_tointeger(co, 6), .started_at = num(co, 7), .ended_at = num(co, 8),
   };
   journal_step(sched__journal(r->sched), &row);
+  sched__step_ended(r->sched, row.ended_at - row.started_at);
   run__verbose(r, "\xe2\x9c\x93", row.id, row.ended_at - row.started_at, NULL);
   lua_settop(co, 0);
   run__park(t, 1);
@@ -462,9 +477,11 @@ static void op_retry(struct task *t, lua_State *co) {
     .status = "failed", .error = lua_tostring(co, 5), .traceback = lua_tostring(co, 6),
     .started_at = num(co, 7), .ended_at = now, .retry_at = now + delay,
   };
+  char ub[200];
   struct step_row row = {
     .run_id = r->id, .seq = a.seq, .id = lua_tostring(co, 3), .kind = "run",
     .status = "running", .attempts = a.n, .started_at = num(co, 9), .retry_at = a.retry_at,
+    .usage = usage_json(t, ub, sizeof ub),
   };
   journal_t *j = sched__journal(r->sched);
   journal_attempt(j, &a);
@@ -488,18 +505,27 @@ static void op_fail(struct task *t, lua_State *co) {
     .status = "failed", .error = lua_tostring(co, 6), .traceback = lua_tostring(co, 7),
     .started_at = num(co, 8), .ended_at = num(co, 9),
   };
+  char ub[200];
   struct step_row row = {
     .run_id = r->id, .seq = a.seq, .id = lua_tostring(co, 3), .kind = lua_tostring(co, 4),
     .status = "failed", .error = a.error, .attempts = a.n, .started_at = num(co, 10),
-    .ended_at = a.ended_at,
+    .ended_at = a.ended_at, .usage = usage_json(t, ub, sizeof ub),
   };
   journal_t *j = sched__journal(r->sched);
   journal_attempt(j, &a);
   journal_step(j, &row);
+  sched__step_ended(r->sched, a.ended_at - row.started_at);
   run__verbose(r, "\xe2\x9c\x97", row.id, a.ended_at - row.started_at, a.error);
   lua_settop(co, 0);
   run__park(t, 1);
   run__wait_durable(t);
+}
+
+static void op_delay(struct task *t, lua_State *co) {
+  int64_t ms = num(co, 2);
+  lua_settop(co, 0);
+  run__park(t, 1);
+  sched__timer_start(t->run->sched, &t->timer, units_now_ms() + (ms > 0 ? ms : 0));
 }
 
 static void op_backoff(struct task *t, lua_State *co) {
@@ -646,6 +672,11 @@ void run_resume(struct task *t) {
   struct run *r = t->run;
   if (r->aborted || r->finished || r->dormant || t->state != T_READY || !t->co) return;
   sched_t *s = r->sched;
+  if (sched__draining(s) && !t->in_body) {
+    /* Stopping: the run is at a checkpoint; the next engine goes on from here. */
+    run_abort(r, NULL, NULL);
+    return;
+  }
   lrt_t *lrt = sched__opts(s)->lrt;
   t->state = T_RUNNING;
   int nres = t->nres;
@@ -653,6 +684,12 @@ void run_resume(struct task *t) {
   sched__set_current(s, t);
   int rc = lrt_resume(lrt, t->co, nres);
   sched__set_current(s, NULL);
+  if (lrt_interrupted(lrt)) {
+    /* Ctrl-C in the REPL (lrt_interrupt): drop the run without writing
+    ** what it yielded; it stays resumable from its journal. */
+    run_abort(r, NULL, NULL);
+    return;
+  }
   if (rc != LUA_YIELD) {
     task_finished(t, rc);
     return;
@@ -667,8 +704,10 @@ void run_resume(struct task *t) {
   case OP_INVOKE: run_op_invoke(t, co); break;
   case OP_SEND: run_op_send(t, co); break;
   case OP_PARALLEL: run_op_parallel(t, co); break;
+  case OP_DELAY: op_delay(t, co); break;
   case OP_BACKOFF: op_backoff(t, co); break;
   case OP_HTTP: op_http(t, co); break;
+  case OP_PAUSE: run_op_pause(t, co); break; /* the REPL's step_through */
   default: {
     lua_settop(co, 0);
     run__finish(r, "failed", NULL, "{\"message\":\"internal error: unknown op yielded\"}");
@@ -733,6 +772,8 @@ static int c_step_begin(lua_State *L) {
   t->step_started = (int64_t)luaL_optnumber(L, 5, (lua_Number)units_now_ms());
   t->step_marked = 0;
   t->step_timed_out = 0;
+  t->in_body = 1;
+  if (t->step_attempt <= 1) t->usage_prompt = t->usage_completion = t->usage_total = t->usage_calls = 0;
   t->step_timer.fn = on_step_timeout;
   if (t->step_timeout_ms > 0) sched__timer_start(s, &t->step_timer, units_now_ms() + t->step_timeout_ms);
   return 0;
@@ -742,7 +783,23 @@ static int c_step_begin(lua_State *L) {
 static int c_step_end(lua_State *L) {
   sched_t *s = up_sched(L);
   struct task *t = sched__current(s);
-  if (t) sched__timer_stop(s, &t->step_timer);
+  if (t) {
+    sched__timer_stop(s, &t->step_timer);
+    t->in_body = 0;
+  }
+  return 0;
+}
+
+/* core.step_usage(prompt, completion, total): an LLM call's tokens, added
+** to the step whose body is running. */
+static int c_step_usage(lua_State *L) {
+  struct task *t = sched__current(up_sched(L));
+  if (t) {
+    t->usage_prompt += (int64_t)luaL_optnumber(L, 1, 0);
+    t->usage_completion += (int64_t)luaL_optnumber(L, 2, 0);
+    t->usage_total += (int64_t)luaL_optnumber(L, 3, 0);
+    t->usage_calls++;
+  }
   return 0;
 }
 
@@ -751,11 +808,13 @@ void run_register_core(lrt_t *lrt, sched_t *s) {
   lrt_register(lrt, "log", c_log, s);
   lrt_register(lrt, "step_begin", c_step_begin, s);
   lrt_register(lrt, "step_end", c_step_end, s);
+  lrt_register(lrt, "step_usage", c_step_usage, s);
   lua_createtable(L, 0, 12);
   static const struct { const char *name; int op; } ops[] = {
     {"COMMIT", OP_COMMIT}, {"RETRY", OP_RETRY}, {"FAIL", OP_FAIL},
     {"SLEEP", OP_SLEEP}, {"BACKOFF", OP_BACKOFF}, {"HTTP", OP_HTTP},
     {"WAIT", OP_WAIT}, {"INVOKE", OP_INVOKE}, {"SEND", OP_SEND}, {"PARALLEL", OP_PARALLEL},
+    {"DELAY", OP_DELAY}, {"PAUSE", OP_PAUSE},
   };
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
     lua_pushinteger(L, ops[i].op);

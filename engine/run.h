@@ -42,6 +42,10 @@ enum run_op {
   OP_INVOKE,     /* start a child run and wait for it */
   OP_SEND,       /* send events */
   OP_PARALLEL,   /* run step bodies in child tasks */
+  OP_DELAY,      /* wait inside a step body, not journaled (llm.chat's retries) */
+  /* The REPL's step_through (engine/run_pause.c): pause before a live step.
+  ** A fixed value, apart from the ops above. */
+  OP_PAUSE = 40,
 };
 
 /* A timer in the scheduler's heap. */
@@ -71,8 +75,11 @@ struct task {
   int64_t step_started;
   int step_marked;      /* its "running" row has been journaled */
   int step_timed_out;
+  int in_body;          /* a step body is running (between step_begin and step_end) */
   int64_t step_timeout_ms;
   struct stimer step_timer;
+  /* LLM token usage of the step whose body is running (all its attempts) */
+  int64_t usage_prompt, usage_completion, usage_total, usage_calls;
   /* a step.parallel child: its parent task and place */
   struct task *parent;
   int child_index;
@@ -179,6 +186,10 @@ void sched__parked(sched_t *s, int delta);
 int sched__parked_count(const sched_t *s);
 void sched__want_poll(sched_t *s);
 void sched__want_dispatch(sched_t *s);
+/* A step ended after ms (for the duration histogram). */
+void sched__step_ended(sched_t *s, int64_t ms);
+/* The scheduler is stopping: runs are released at their next checkpoint. */
+int sched__draining(const sched_t *s);
 /* A skill version, loaded (from the cache or the store). */
 int sched__version_skill(sched_t *s, const char *version, struct skill **out, err_t *e);
 /* The live version of a registered skill, loaded. */

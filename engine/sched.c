@@ -39,7 +39,7 @@ struct group {
   size_t nw, cap;
 };
 
-enum job_kind { JOB_COMMIT, JOB_CLAIM, JOB_REAP, JOB_DISPATCH };
+enum job_kind { JOB_COMMIT, JOB_CLAIM, JOB_REAP, JOB_DISPATCH, JOB_PRUNE };
 
 struct job {
   uv_work_t work;
@@ -86,15 +86,31 @@ struct sched {
   size_t map_cap, map_n;
   int parked;       /* main tasks parked on a sleep, wait or invoke, in memory */
   struct cron_entry *crons;
+  struct stimer grace;       /* the end of the shutdown's grace period */
+  struct { sched_done_cb cb; void *arg; } finish[4];
+  int nfinish;
   struct run **slot_waiters; /* runs refused a slot, to try again at the next poll */
   int nslot_waiters;
   int64_t data_version;
-  int64_t last_commit_ms, last_claim_ms, last_reap_ms;
+  int64_t last_commit_ms, last_claim_ms, last_reap_ms, last_prune_ms;
   struct sched_stats stats;
+  sched_observer_cb observer; /* sched_observe (the REPL) */
+  void *observer_arg;
 };
 
 static void maybe_submit(sched_t *s);
 static void idle_cb(uv_idle_t *h);
+
+const double sched_step_bounds_ms[SCHED_STEP_BUCKETS] = {1, 5, 10, 50, 100, 500, 1000, 5000, 30000,
+                                                         1e300};
+
+void sched__step_ended(sched_t *s, int64_t ms) {
+  int i = 0;
+  while (i < SCHED_STEP_BUCKETS - 1 && (double)ms > sched_step_bounds_ms[i]) i++;
+  s->stats.step_buckets[i]++;
+  s->stats.step_count++;
+  s->stats.step_sum_ms += (double)ms;
+}
 
 const char *sched_owner(const sched_t *s) { return s->owner; }
 const struct sched_opts *sched__opts(const sched_t *s) { return &s->o; }
@@ -408,9 +424,21 @@ void sched_on_done(sched_t *s, const char *run_id, sched_done_cb cb, void *arg) 
   s->done = w;
 }
 
+void sched_on_finish(sched_t *s, sched_done_cb cb, void *arg) {
+  if (s->nfinish < 4) {
+    s->finish[s->nfinish].cb = cb;
+    s->finish[s->nfinish++].arg = arg;
+  }
+}
+
 void sched__run_done(sched_t *s, struct run *r, const char *status, const char *output,
                      const char *error) {
   struct sched_result res = {r->id, status, output, error};
+  if (!strcmp(status, "completed")) s->stats.runs_completed++;
+  else if (!strcmp(status, "failed")) s->stats.runs_failed++;
+  else if (!strcmp(status, "cancelled")) s->stats.runs_cancelled++;
+  if (strcmp(status, "abandoned"))
+    for (int i = 0; i < s->nfinish; i++) s->finish[i].cb(&res, s->finish[i].arg);
   for (struct done_waiter **p = &s->done; *p;) {
     struct done_waiter *w = *p;
     if (!strcmp(w->run_id, r->id)) {
@@ -518,6 +546,16 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
     return 0;
   }
   r->skill = skill;
+  if (strcmp(row->status, "queued")) {
+    /* Taken over: say so in the run's trace. */
+    s->stats.takeovers++;
+    char msg[300];
+    snprintf(msg, sizeof msg, "engine: resumed by %s on %s after its previous process stopped; "
+             "replaying its journal", s->owner, proc_hostname());
+    struct log_row l = {.run_id = r->id, .seq = 0, .ts = units_now_ms(), .level = "info",
+                        .msg = msg};
+    journal_log(s->open.j, &l);
+  }
   if (!strcmp(row->status, "queued")) {
     if (!r->deadline_at && skill->timeout_ms) r->deadline_at = r->started_at + skill->timeout_ms;
     struct run_set set = {.run_id = r->id, .status = "running", .started_at = r->started_at};
@@ -555,6 +593,12 @@ static void work_cb(uv_work_t *w) {
   case JOB_REAP:
     j->rc = store_reap(s->o.store, proc_hostname(), units_now_ms(), &j->err);
     break;
+  case JOB_PRUNE: {
+    int64_t runs = 0, events = 0;
+    j->rc = store_prune(s->o.store, units_now_ms() - s->o.retention_ms, &runs, &events, &j->err);
+    j->nrows = (size_t)runs;
+    break;
+  }
   case JOB_DISPATCH: {
     int runs = 0;
     j->rc = store_dispatch(s->o.store, units_now_ms(), 200, &runs, &j->err);
@@ -565,6 +609,29 @@ static void work_cb(uv_work_t *w) {
 }
 
 static void lease_lost(sched_t *s, const char *why);
+
+/* Errors of the engine that concern a run go into its trace: a group that
+** failed to commit gets a warning line for each run it touches (it is
+** retried as a whole, so the lines land with the writes). */
+static void note_commit_failure(journal_t *j, const char *why) {
+  const char *done[32];
+  int n = 0;
+  size_t count = journal_count(j);
+  char msg[1200];
+  snprintf(msg, sizeof msg, "engine: writing this run's journal failed, retrying: %s", why);
+  for (size_t i = 0; i < count && n < 32; i++) {
+    const struct jentry *e = journal_entry(j, i);
+    const char *id = e->kind == J_STEP ? e->u.step.run_id : e->kind == J_RUN_SET ? e->u.set.run_id
+                   : NULL;
+    if (!id) continue;
+    int seen = 0;
+    for (int k = 0; k < n && !seen; k++) seen = !strcmp(done[k], id);
+    if (seen) continue;
+    done[n++] = id;
+    struct log_row l = {.run_id = id, .seq = 0, .ts = units_now_ms(), .level = "warn", .msg = msg};
+    journal_log(j, &l);
+  }
+}
 
 static void call_waiters(struct group *g) {
   for (size_t i = 0; i < g->nw; i++) {
@@ -591,6 +658,9 @@ static void after_work_cb(uv_work_t *w, int status) {
         if (je->kind == J_CHILD_DONE || je->kind == J_CANCEL || (je->kind == J_WAIT && je->result))
           s->poll_wanted = 1;
       }
+      if (s->observer)
+        for (size_t i = 0, n = journal_count(j->g.j); i < n; i++)
+          s->observer(journal_entry(j->g.j, i), s->observer_arg);
       call_waiters(&j->g);
       journal_free(j->g.j);
       free(j->g.w);
@@ -603,6 +673,7 @@ static void after_work_cb(uv_work_t *w, int status) {
       free(j->g.w);
     } else {
       fprintf(stderr, "moonloop: commit failed, retrying: %s\n", j->err.msg);
+      note_commit_failure(j->g.j, j->err.msg);
       s->retry = j->g;
       s->retry_at = units_now_ms() + 200;
     }
@@ -624,6 +695,11 @@ static void after_work_cb(uv_work_t *w, int status) {
   case JOB_REAP:
     s->last_reap_ms = units_now_ms();
     if (j->rc > 0) s->claim_wanted = 1;
+    break;
+  case JOB_PRUNE:
+    s->last_prune_ms = units_now_ms();
+    if (j->rc) fprintf(stderr, "moonloop: pruning history failed: %s\n", j->err.msg);
+    else if (j->nrows) fprintf(stderr, "moonloop: pruned %zu runs past the retention\n", j->nrows);
     break;
   case JOB_DISPATCH:
     if (j->rc < 0) {
@@ -685,6 +761,12 @@ static void maybe_submit(sched_t *s) {
     return;
   }
   if (s->o.mode != SCHED_SERVE || s->stopping) return;
+  if (s->o.retention_ms > 0 && now - s->last_prune_ms > 3600 * 1000) {
+    if (!(j = calloc(1, sizeof *j))) return;
+    j->kind = JOB_PRUNE;
+    submit(s, j);
+    return;
+  }
   if (now - s->last_reap_ms > ttl / 2) {
     if (!(j = calloc(1, sizeof *j))) return;
     j->kind = JOB_REAP;
@@ -784,7 +866,8 @@ int sched_new(const struct sched_opts *o, sched_t **out, err_t *e) {
   sched_t *s = calloc(1, sizeof *s);
   if (!s) return err_set(e, ERR_NOMEM, "out of memory");
   s->o = *o;
-  if (!s->o.lease_kind) s->o.lease_kind = o->mode == SCHED_SERVE ? "serve" : "run";
+  if (!s->o.lease_kind)
+    s->o.lease_kind = o->mode == SCHED_SERVE ? "serve" : o->mode == SCHED_REPL ? "repl" : "run";
   if (s->o.lease_ttl_ms <= 0) s->o.lease_ttl_ms = 15000;
   if (s->o.default_retries < 0) s->o.default_retries = 3;
   if (s->o.backoff_ms <= 0) s->o.backoff_ms = 1000;
@@ -832,16 +915,57 @@ static void close_handles(sched_t *s) {
     fprintf(stderr, "moonloop: releasing the lease: %s\n", e.msg);
 }
 
-void sched_stop(sched_t *s) {
+/* A run with a step body in flight (in its main task or a parallel child). */
+static int in_body(const struct run *r) {
+  if (r->main.in_body) return 1;
+  for (int i = 0; i < r->main.nkids; i++)
+    if (r->main.kids[i] && r->main.kids[i]->in_body) return 1;
+  return 0;
+}
+
+/* Release every run that is not inside a step body (all of them when force). */
+static void release_runs(sched_t *s, int force) {
+  for (struct run *r = s->runs, *next; r; r = next) {
+    next = r->next;
+    if (force || !in_body(r)) run_abort(r, NULL, NULL);
+  }
+}
+
+static void on_grace_over(struct stimer *t) {
+  sched_t *s = (sched_t *)((char *)t - offsetof(struct sched, grace));
+  if (s->nruns)
+    fprintf(stderr, "moonloop: grace period over: releasing %d run%s with a step in flight "
+            "(the next engine runs those steps again)\n", s->nruns, s->nruns == 1 ? "" : "s");
+  release_runs(s, 1);
+}
+
+int sched__draining(const sched_t *s) { return s->stopping; }
+
+void sched_stop(sched_t *s, int64_t grace_ms) {
+  if (s->stopping) return;
   s->stopping = 1;
   sched__crons_free(s);
-  /* Runs still live are left to whoever takes them over; they are dropped
-  ** here without a write, and the lease release makes them claimable. */
-  while (s->runs) run_abort(s->runs, NULL, NULL);
+  /* Runs are left to whoever takes them over: dropped here without a
+  ** write; the lease release makes them claimable. Bodies in flight may
+  ** first reach their checkpoint (run_resume releases them there). */
+  release_runs(s, grace_ms <= 0);
+  if (s->nruns) {
+    s->grace.fn = on_grace_over;
+    sched__timer_start(s, &s->grace, units_now_ms() + grace_ms);
+  }
   if (!s->inflight && s->handles_open) {
     /* Commit what is open first; the tick closes the handles after. */
     maybe_submit(s);
   }
+}
+
+void sched_observe(sched_t *s, sched_observer_cb cb, void *arg) {
+  s->observer = cb;
+  s->observer_arg = arg;
+}
+
+void sched_abandon_all(sched_t *s) {
+  while (s->runs) run_abort(s->runs, NULL, NULL);
 }
 
 void sched_stats_enable(sched_t *s, size_t cap) {
@@ -851,7 +975,12 @@ void sched_stats_enable(sched_t *s, size_t cap) {
   s->stats.nsamples = 0;
 }
 
-const struct sched_stats *sched_stats(const sched_t *s) { return &s->stats; }
+const struct sched_stats *sched_stats(const sched_t *s) {
+  int n = 0;
+  for (struct task *t = s->ready_head; t; t = t->next_ready) n++;
+  ((sched_t *)s)->stats.ready = n;
+  return &s->stats;
+}
 
 void sched_free(sched_t *s) {
   if (!s) return;

@@ -39,7 +39,9 @@
 
 typedef struct sched sched_t;
 
-enum sched_mode { SCHED_SOLO, SCHED_SERVE };
+/* SCHED_REPL: as SCHED_SOLO, but it stays open (lease, ticks) while it
+** has no runs, until sched_stop: the REPL starts runs between prompts. */
+enum sched_mode { SCHED_SOLO, SCHED_SERVE, SCHED_REPL };
 
 struct sched_opts {
   uv_loop_t *loop;
@@ -56,6 +58,7 @@ struct sched_opts {
   int64_t step_output_limit;/* bytes, default 1 MB */
   int64_t event_limit;      /* bytes of an event's data, default 1 MB */
   int max_parked;           /* runs parked in memory before eviction, default 10000 */
+  int64_t retention_ms;     /* serve: prune history older than this every hour (0: keep all) */
   int verbose;              /* print each step to stderr as it completes */
 };
 
@@ -87,12 +90,32 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e);
 /* Call cb when run_id reaches a terminal status (once, from the loop). */
 void sched_on_done(sched_t *s, const char *run_id, sched_done_cb cb, void *arg);
 
+/* Call cb for every run that ends in this process (completed, failed or
+** cancelled), once its end is durable. Up to 4 observers. */
+void sched_on_finish(sched_t *s, sched_done_cb cb, void *arg);
+
 /* Runs in this process that have not finished. */
 int sched_active(const sched_t *s);
 
-/* Stop: no new work; close handles; give up the lease (its runs become
-** claimable at once). The loop returns once everything is closed. */
-void sched_stop(sched_t *s);
+/* Watch the journal (the REPL prints each step as it completes): cb is
+** called from the loop for every entry of each committed group (steps,
+** attempts, logs, ...), in order, once the group is durable. One
+** observer per scheduler; NULL removes it. */
+typedef void (*sched_observer_cb)(const struct jentry *e, void *arg);
+void sched_observe(sched_t *s, sched_observer_cb cb, void *arg);
+
+/* Drop every live run without a write (the REPL's Ctrl-C): each stays
+** resumable from its journal by whoever takes it (moonloop run --resume,
+** or any engine once this process's lease is gone). Their done callbacks
+** fire with status "abandoned". */
+void sched_abandon_all(sched_t *s);
+
+/* Stop: no new work (no claims, events, cron ticks). Step bodies in flight
+** get up to grace_ms to reach their checkpoint; every other run is
+** released at once, without a write. Then the open group is committed, the
+** lease given up (its runs become claimable at once) and the handles
+** closed: the loop returns. grace_ms 0 releases everything at once. */
+void sched_stop(sched_t *s, int64_t grace_ms);
 void sched_free(sched_t *s);
 
 /* ---- control operations, for the HTTP server ------------------------
@@ -154,11 +177,30 @@ int sched_load_file(sched_t *s, const char *path, const char *source, size_t len
 ** record; ERR_NOTFOUND when no skill came from that file. */
 int sched_unload_file(sched_t *s, const char *path, sched_reply_cb cb, void *arg, err_t *e);
 
+/* DELETE /v1/skills/{id} (the standalone sidecar's file deletions), and a
+** file that now declares another id: skill id has no live version any more
+** (its triggers stop; runs in flight finish). With file (may be NULL),
+** only when id's live version came from that file: a deletion that arrives
+** after another file took the id changes nothing. Answers the skill record;
+** ERR_NOTFOUND for an unknown skill, one with no live version, or one whose
+** file is another. */
+int sched_unload_skill(sched_t *s, const char *id, const char *file, sched_reply_cb cb,
+                       void *arg, err_t *e);
+
 /* Figures for benchmarks and /metrics. Resume samples (the loop-thread
 ** time of one resume and the op it yields, in ns) are kept only when
 ** enabled, up to cap of them. */
+#define SCHED_STEP_BUCKETS 10
+extern const double sched_step_bounds_ms[SCHED_STEP_BUCKETS]; /* upper bounds, the last is +Inf */
+
 struct sched_stats {
   uint64_t resumes, commits, committed_entries;
+  uint64_t step_buckets[SCHED_STEP_BUCKETS]; /* steps ended, by duration (not cumulative) */
+  uint64_t step_count;
+  double step_sum_ms;
+  uint64_t runs_completed, runs_failed, runs_cancelled;
+  uint64_t takeovers;   /* runs resumed that another process had started */
+  int ready;            /* tasks ready to resume now */
   uint32_t *samples;
   size_t nsamples, cap;
 };

@@ -64,6 +64,10 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     server__respond_error(srv, req, 503, "unavailable", "the engine is stopping");
     return 0;
   }
+  /* The dashboard's page, script and style sheet hold no data: they are
+  ** served without the token, so a browser (which cannot send a bearer
+  ** token when it navigates) can load the page that then asks for it. */
+  if (server__static(srv, req)) return 0;
   if (srv->toklen) {
     ssize_t i = h2o_find_header(&req->headers, H2O_TOKEN_AUTHORIZATION, -1);
     const char *hv = i >= 0 ? req->headers.entries[i].value.base : NULL;

@@ -17,12 +17,15 @@
 ** Invariants: a request whose client went away before its scheduler
 ** callback fired is never touched again (the pending answer is marked
 ** abandoned by a dispose callback in the request's memory pool); every
-** response carries Content-Length; every error is {"error": {"code",
+** response carries Content-Length (but a 304, which has no body); every error is {"error": {"code",
 ** "message"}}.
 **
 ** Authentication: when the variable named by the configuration's token_env
-** (MOONLOOP_TOKEN) is set and not empty, every path, /metrics and /
-** included, needs `Authorization: Bearer TOKEN`. Without a token the server
+** (MOONLOOP_TOKEN) is set and not empty, every path, /metrics included,
+** needs `Authorization: Bearer TOKEN`, except GET and HEAD of the
+** dashboard's static files (/, /app.js, /style.css: web.h), which hold no
+** data; the page asks for the token and sends it with its own requests.
+** Without a token the server
 ** binds loopback addresses only (127.0.0.0/8, ::1, localhost) and refuses
 ** any other with ERR_AUTH.
 **

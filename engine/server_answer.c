@@ -1,8 +1,9 @@
 /*
 ** server_answer.c: answering the HTTP API's requests (see server.h):
 ** reads from the store's reader connection, control operations through the
-** scheduler, /metrics and the placeholder dashboard. Every answer goes
-** through server__respond, which sets Content-Length and counts it.
+** scheduler, /metrics and the dashboard's embedded files (web.h). Every API
+** answer goes through server__respond, which sets Content-Length and counts
+** it; the dashboard's files go through server__static (ETag, 304).
 **
 ** A request that needs the scheduler becomes a `pending` record (malloc'd,
 ** linked in the server's list) and a `guard` (in the request's memory pool,
@@ -19,6 +20,7 @@
 */
 #include "server_int.h"
 #include "units.h"
+#include "web.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +52,7 @@ static const char *reason_of(int status) {
   switch (status) {
   case 200: return "OK";
   case 202: return "Accepted";
+  case 304: return "Not Modified";
   case 400: return "Bad Request";
   case 401: return "Unauthorized";
   case 404: return "Not Found";
@@ -218,7 +221,11 @@ static void control(server_t *srv, h2o_req_t *req, const struct server_plan *pl)
   case SERVER_OP_CANCEL: rc = sched_cancel(s, pl->id, on_reply, p, &e); break;
   case SERVER_OP_RERUN: rc = sched_rerun(s, pl->id, on_reply, p, &e); break;
   case SERVER_OP_PUT_SKILL:
-    rc = sched_put_skill(s, pl->id, NULL, pl->source, pl->source_len, on_reply, p, &e);
+    rc = sched_put_skill(s, pl->id, pl->file[0] ? pl->file : NULL, pl->source, pl->source_len,
+                         on_reply, p, &e);
+    break;
+  case SERVER_OP_DELETE_SKILL:
+    rc = sched_unload_skill(s, pl->id, pl->file[0] ? pl->file : NULL, on_reply, p, &e);
     break;
   default: rc = err_set(&e, ERR_INTERNAL, "no control operation for this request"); break;
   }
@@ -340,14 +347,80 @@ static void metrics(server_t *srv, h2o_req_t *req) {
   server__respond(srv, req, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
 }
 
-/* GET /: a placeholder until the dashboard exists. */
+/* GET /v1/versions/{hash}: {"version", "skill", "file", "source"}. */
+static void get_version(server_t *srv, h2o_req_t *req, const char *version) {
+  char *source = NULL, *skill = NULL, *file = NULL;
+  err_t e;
+  if (store_get_version(srv->en->store, version, &source, &skill, &file, &e)) {
+    respond_err(srv, req, &e);
+    return;
+  }
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "version", version);
+  cJSON_AddItemToObject(o, "skill", skill ? cJSON_CreateString(skill) : cJSON_CreateNull());
+  cJSON_AddItemToObject(o, "file", file ? cJSON_CreateString(file) : cJSON_CreateNull());
+  cJSON_AddItemToObject(o, "source", source ? cJSON_CreateString(source) : cJSON_CreateNull());
+  free(source), free(skill), free(file);
+  respond_cjson(srv, req, 200, o);
+}
+
+/* Headers of every dashboard file: its validator, revalidation on each use
+** (a new binary serves new files at once), and a policy that lets the page
+** load nothing but its own files and talk to nothing but this server. */
+static void static_headers(h2o_req_t *req, const struct web_file *f) {
+  h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ETAG, NULL, f->etag, strlen(f->etag));
+  h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL,
+                 H2O_STRLIT("no-cache"));
+  h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-content-type-options"), 0,
+                        NULL, H2O_STRLIT("nosniff"));
+  h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("content-security-policy"), 0,
+                        NULL, H2O_STRLIT("default-src 'self'; img-src 'self' data:; "
+                                         "object-src 'none'; base-uri 'none'; "
+                                         "frame-ancestors 'none'; form-action 'self'"));
+  h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("referrer-policy"), 0, NULL,
+                        H2O_STRLIT("no-referrer"));
+}
+
+/* See server_int.h. */
+int server__static(server_t *srv, h2o_req_t *req) {
+  int get = h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET"));
+  if (!get && !h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD"))) return 0;
+  size_t plen = 0;
+  while (plen < req->path.len && req->path.base[plen] != '?' && req->path.base[plen] != '#')
+    plen++;
+  const struct web_file *f = web_find(req->path.base, plen);
+  if (!f) return 0;
+  ssize_t i = h2o_find_header(&req->headers, H2O_TOKEN_IF_NONE_MATCH, -1);
+  int fresh = i >= 0 && web_etag_matches(req->headers.entries[i].value.base,
+                                         req->headers.entries[i].value.len, f->etag);
+  static_headers(req, f);
+  if (fresh) {
+    /* No Content-Length on a 304 (RFC 9110 8.6 allows only the 200's). */
+    req->res.status = 304;
+    req->res.content_length = SIZE_MAX;
+  } else {
+    req->res.status = 200;
+    req->res.content_length = f->len;
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, f->ctype,
+                   strlen(f->ctype));
+  }
+  req->res.reason = reason_of(req->res.status);
+  server__count(srv, req->res.status);
+  static h2o_generator_t generator = {NULL, NULL};
+  h2o_start_response(req, &generator);
+  /* The bytes are the binary's own: nothing to free once sent. */
+  h2o_iovec_t buf = h2o_iovec_init(f->data, f->len);
+  h2o_send(req, &buf, fresh ? 0 : 1, H2O_SEND_STATE_FINAL);
+  return 1;
+}
+
+/* GET / when the dashboard's files were left out: a short page that says so. */
 static void index_page(server_t *srv, h2o_req_t *req) {
   static const char page[] =
     "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>moonloop</title></head>\n"
-    "<body><h1>moonloop dashboard: coming soon</h1>\n"
-    "<p>Meanwhile, the API: <a href=\"/v1/runs\">/v1/runs</a>, "
-    "<a href=\"/v1/skills\">/v1/skills</a>, <a href=\"/metrics\">/metrics</a>.</p>\n"
-    "</body></html>\n";
+    "<body><p>This moonloop was built without its dashboard (web/). The API: "
+    "<a href=\"/v1/runs\">/v1/runs</a>, <a href=\"/v1/skills\">/v1/skills</a>, "
+    "<a href=\"/metrics\">/metrics</a>.</p>\n</body></html>\n";
   char *body = strdup(page);
   server__respond(srv, req, 200, "text/html; charset=utf-8", body, body ? sizeof page - 1 : 0);
 }
@@ -362,6 +435,7 @@ void server__answer(server_t *srv, h2o_req_t *req, const struct server_plan *pl)
   case SERVER_OP_GET_RUN: get_run(srv, req, pl->id); break;
   case SERVER_OP_LIST_SKILLS: list_skills(srv, req); break;
   case SERVER_OP_GET_SKILL: get_skill(srv, req, pl->id); break;
+  case SERVER_OP_GET_VERSION: get_version(srv, req, pl->id); break;
   default: control(srv, req, pl); break;
   }
 }

@@ -50,6 +50,11 @@ void server__respond(server_t *srv, h2o_req_t *req, int status, const char *ctyp
 void server__respond_error(server_t *srv, h2o_req_t *req, int status, const char *code,
                            const char *message);
 
+/* Answer a GET or HEAD of one of the dashboard's files (web.h) and return
+** 1, or return 0 when req is no such request. The files hold no data, so
+** this runs before authentication. */
+int server__static(server_t *srv, h2o_req_t *req);
+
 /* Answer a routed request: from the store at once, or through a scheduler
 ** control operation (later, from its callback). */
 void server__answer(server_t *srv, h2o_req_t *req, const struct server_plan *pl);

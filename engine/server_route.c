@@ -13,8 +13,10 @@
 **   /v1/runs/{id}/rerun            POST             RERUN
 **   /v1/events                     POST             EVENTS
 **   /v1/skills                     GET              LIST_SKILLS
-**   /v1/skills/{id}                GET, PUT         GET_SKILL, PUT_SKILL
+**   /v1/skills/{id}                GET, PUT, DELETE GET_SKILL, PUT_SKILL, DELETE_SKILL
+**                                  (PUT and DELETE take ?file=NAME: the sidecar's file)
 **   /v1/skills/{id}/invoke         POST             INVOKE
+**   /v1/versions/{hash}            GET              GET_VERSION
 **
 ** HEAD is taken wherever GET is. Order of checks: path (404), method (405),
 ** then query and body (400, 413), so a client learns the coarsest mistake
@@ -89,6 +91,14 @@ static int is_run_id(const char *s, size_t len) {
   if (len == 0 || len > 64) return 0;
   for (size_t i = 0; i < len; i++)
     if (!isalnum((unsigned char)s[i])) return 0;
+  return 1;
+}
+
+/* Versions: the SHA-256 of a source, 64 lowercase hex digits. */
+static int is_version(const char *s, size_t len) {
+  if (len != 64) return 0;
+  for (size_t i = 0; i < len; i++)
+    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return 0;
   return 1;
 }
 
@@ -401,7 +411,7 @@ static int route_invoke(const char *body, size_t blen, const struct server_limit
 
 /* ---- GET /v1/runs query -------------------------------------------------- */
 
-/* GET /v1/runs's query: skill, status, since, limit, before, trigger. */
+/* GET /v1/runs's query: skill, status, since, limit, before, trigger, parent. */
 static int route_list(const char *q, size_t qlen, int64_t now_ms, struct server_plan *p,
                       int *status, err_t *e) {
   static const char *const statuses[] = {"queued", "running", "sleeping", "waiting",
@@ -428,9 +438,10 @@ static int route_list(const char *q, size_t qlen, int64_t now_ms, struct server_
     }
     if (kl < 0 || (size_t)kl != strlen(key) ||
         (strcmp(key, "skill") && strcmp(key, "status") && strcmp(key, "since") &&
-         strcmp(key, "limit") && strcmp(key, "before") && strcmp(key, "trigger")))
+         strcmp(key, "limit") && strcmp(key, "before") && strcmp(key, "trigger") &&
+         strcmp(key, "parent")))
       return fail(status, 400, e, ERR_INVALID, "unknown parameter '%s' (GET /v1/runs takes "
-                  "skill, status, since, limit, before and trigger)", shown);
+                  "skill, status, since, limit, before, trigger and parent)", shown);
     printable(shown, sizeof shown, val, vl > 0 ? (size_t)vl : 0);
     if (vl == -2 || (vl > 0 && (size_t)vl != strlen(val)))
       return fail(status, 400, e, ERR_INVALID, "parameter '%s' is too long or holds a NUL byte",
@@ -463,6 +474,11 @@ static int route_list(const char *q, size_t qlen, int64_t now_ms, struct server_
         return fail(status, 400, e, ERR_INVALID, "before: '%s' is not a run id", shown);
       memcpy(p->before, val, (size_t)vl + 1);
       p->filter.before = p->before;
+    } else if (!strcmp(key, "parent")) {
+      if (!is_run_id(val, (size_t)vl))
+        return fail(status, 400, e, ERR_INVALID, "parent: '%s' is not a run id", shown);
+      memcpy(p->parent, val, (size_t)vl + 1);
+      p->filter.parent_id = p->parent;
     } else if (!strcmp(key, "since")) {
       int64_t ms;
       err_t sub;
@@ -488,6 +504,43 @@ static int route_list(const char *q, size_t qlen, int64_t now_ms, struct server_
   }
   /* One more than asked: whether it comes back says if there is a next page. */
   p->filter.limit = p->limit + 1;
+  return 0;
+}
+
+/* ---- PUT and DELETE /v1/skills/{id} query ----------------------------- */
+
+/* The only parameter: file, the name of the skill's file (the standalone
+** sidecar's "//HOST/PATH"): printable UTF-8, at most SERVER_FILE_MAX bytes. */
+static int route_file(const char *q, size_t qlen, struct server_plan *p, int *status, err_t *e) {
+  size_t i = 0;
+  while (i < qlen) {
+    size_t j = i;
+    while (j < qlen && q[j] != '&') j++;
+    size_t eq = i;
+    while (eq < j && q[eq] != '=') eq++;
+    char shown[80];
+    printable(shown, sizeof shown, q + i, eq - i);
+    if (j == i) {
+      i = j + 1;
+      continue;
+    }
+    if (eq - i != 4 || memcmp(q + i, "file", 4))
+      return fail(status, 400, e, ERR_INVALID, "unknown parameter '%s' (this path takes only "
+                  "file)", shown);
+    long vl = eq < j ? pct_decode(q + eq + 1, j - eq - 1, p->file, sizeof p->file, 1) : 0;
+    if (vl == -1)
+      return fail(status, 400, e, ERR_INVALID, "malformed percent-encoding in parameter 'file'");
+    if (vl == -2)
+      return fail(status, 400, e, ERR_INVALID, "parameter 'file' is longer than %d bytes",
+                  SERVER_FILE_MAX);
+    int ok = server_utf8_valid(p->file, (size_t)vl);
+    for (long k = 0; k < vl && ok; k++) ok = (unsigned char)p->file[k] >= 0x20 && p->file[k] != 0x7f;
+    if (!ok) {
+      p->file[0] = 0;
+      return fail(status, 400, e, ERR_INVALID, "parameter 'file' must be printable UTF-8");
+    }
+    i = j + 1;
+  }
   return 0;
 }
 
@@ -556,6 +609,7 @@ int server_route(const char *method, size_t mlen, const char *target, size_t tle
 #define SEG(k, lit) (nseg > (k) && segs[k].len == sizeof(lit) - 1 && !memcmp(segs[k].s, lit, sizeof(lit) - 1))
   int get = is_method(method, mlen, "GET"), head = is_method(method, mlen, "HEAD");
   int post = is_method(method, mlen, "POST"), put = is_method(method, mlen, "PUT");
+  int del = is_method(method, mlen, "DELETE");
   p->head = head;
   get |= head;
   enum server_op op = SERVER_OP_NONE;
@@ -585,16 +639,27 @@ int server_route(const char *method, size_t mlen, const char *target, size_t tle
     op = SERVER_OP_LIST_SKILLS, allow = "GET, HEAD";
     if (!get) return not_allowed(p, allow, status, e, method, mlen, "/v1/skills");
   } else if (SEG(0, "v1") && SEG(1, "skills") && nseg == 3) {
-    allow = "GET, HEAD, PUT", id_seg = 2, skill_path = 1;
+    allow = "GET, HEAD, PUT, DELETE", id_seg = 2, skill_path = 1;
     if (get) op = SERVER_OP_GET_SKILL;
     else if (put) op = SERVER_OP_PUT_SKILL;
+    else if (del) op = SERVER_OP_DELETE_SKILL;
     else return not_allowed(p, allow, status, e, method, mlen, "/v1/skills/{id}");
   } else if (SEG(0, "v1") && SEG(1, "skills") && nseg == 4 && SEG(3, "invoke")) {
     op = SERVER_OP_INVOKE, allow = "POST", id_seg = 2, skill_path = 1;
     if (!post) return not_allowed(p, allow, status, e, method, mlen, "/v1/skills/{id}/invoke");
+  } else if (SEG(0, "v1") && SEG(1, "versions") && nseg == 3) {
+    op = SERVER_OP_GET_VERSION, allow = "GET, HEAD";
+    if (!get) return not_allowed(p, allow, status, e, method, mlen, "/v1/versions/{hash}");
+    char v[80];
+    printable(v, sizeof v, segs[2].s, segs[2].len);
+    if (segs[2].too_long || !is_version(segs[2].s, segs[2].len))
+      return fail(status, 404, e, ERR_NOTFOUND, "no skill version '%s': a version is the 64 "
+                  "lowercase hex digits of its source's SHA-256", v);
+    memcpy(p->id, segs[2].s, segs[2].len);
+    p->id[segs[2].len] = 0;
   } else {
     return fail(status, 404, e, ERR_NOTFOUND, "no such path: '%s' (the API is under /v1: "
-                "runs, events, skills)", shown);
+                "runs, events, skills, versions)", shown);
   }
 #undef SEG
   p->op = op;
@@ -638,7 +703,9 @@ int server_route(const char *method, size_t mlen, const char *target, size_t tle
     }
     p->source = body;
     p->source_len = blen;
+    rc = route_file(q, qlen, p, status, e);
     break;
+  case SERVER_OP_DELETE_SKILL: rc = route_file(q, qlen, p, status, e); break;
   default: break;
   }
   if (rc) {

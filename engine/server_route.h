@@ -32,6 +32,7 @@
 #define SERVER_WAIT_MAX_MS 300000          /* invoke {"wait": 300} at most */
 #define SERVER_LIST_DEFAULT 100            /* GET /v1/runs without limit */
 #define SERVER_LIST_MAX 1000
+#define SERVER_FILE_MAX 1024               /* PUT/DELETE /v1/skills/{id}?file= */
 
 enum server_op {
   SERVER_OP_NONE,
@@ -45,7 +46,9 @@ enum server_op {
   SERVER_OP_INVOKE,      /* POST /v1/skills/{id}/invoke */
   SERVER_OP_LIST_SKILLS, /* GET /v1/skills */
   SERVER_OP_GET_SKILL,   /* GET /v1/skills/{id} */
-  SERVER_OP_PUT_SKILL,   /* PUT /v1/skills/{id} */
+  SERVER_OP_PUT_SKILL,   /* PUT /v1/skills/{id}[?file=NAME] */
+  SERVER_OP_DELETE_SKILL,/* DELETE /v1/skills/{id}[?file=NAME] (the standalone sidecar) */
+  SERVER_OP_GET_VERSION, /* GET /v1/versions/{hash}: a version's source */
 };
 
 /* What the route needs from the configuration. */
@@ -59,19 +62,21 @@ struct server_limits {
 struct server_plan {
   enum server_op op;
   int head;                        /* HEAD: answer as GET, without a body */
-  char id[SERVER_ID_MAX + 1];      /* the run or skill id of the path */
+  char id[SERVER_ID_MAX + 1];      /* the run or skill id (or version hash) of the path */
   /* LIST_RUNS: filter's strings point into the arrays below. limit is what
   ** the client asked for; filter.limit is one more, to know whether there
   ** is a next page. */
   struct run_filter filter;
   int limit;
   char skill[SERVER_ID_MAX + 1], status[16], trigger[16], before[SERVER_ID_MAX + 1];
+  char parent[SERVER_ID_MAX + 1];  /* LIST_RUNS ?parent=: the children of a run */
   cJSON *events;                   /* EVENTS: a JSON array of {name, data, id?} (owned) */
   int nevents;
   char *data;                      /* INVOKE: the input as JSON text (owned) */
   int64_t wait_ms;                 /* INVOKE: 0 answers once queued */
   const char *source;              /* PUT_SKILL: the Lua source (the body) */
   size_t source_len;
+  char file[SERVER_FILE_MAX + 1];  /* PUT_SKILL, DELETE_SKILL: ?file=, "" when absent */
   const char *allow;               /* after a 405: the methods the path takes */
 };
 

@@ -85,6 +85,11 @@ void store_rows_free(struct run_row *rows, size_t n);
 ** dispatched, or a negative code. */
 int store_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e);
 
+/* Retention: delete the history of runs that ended before `before` (ms),
+** and dispatched events accepted before it; runs not ended are kept.
+** Counts go to *runs and *events. Works in batches of one transaction. */
+int store_prune(store_t *s, int64_t before, int64_t *runs, int64_t *events, err_t *e);
+
 /* ---- reads ----------------------------------------------------------- */
 
 /* The run record of DESIGN (with steps, attempts and logs when with_steps). */

@@ -800,6 +800,24 @@ static int add_steps(store_t *s, cJSON *o, const char *id, err_t *e) {
   return 0;
 }
 
+/* Attach the run's child runs (invoked by its steps): [{id, skill, status}]. */
+static int add_children(store_t *s, cJSON *o, const char *id, err_t *e) {
+  sqlite3_stmt *st = store__prep(s->r,
+    "SELECT id, skill, status FROM runs WHERE parent_id = ?1 ORDER BY id", e);
+  if (!st) return e->code;
+  store__bind_text(st, 1, id);
+  cJSON *kids = cJSON_AddArrayToObject(o, "children");
+  while (sqlite3_step(st) == SQLITE_ROW) {
+    cJSON *k = cJSON_CreateObject();
+    add_text(k, "id", st, 0);
+    add_text(k, "skill", st, 1);
+    add_text(k, "status", st, 2);
+    cJSON_AddItemToArray(kids, k);
+  }
+  sqlite3_finalize(st);
+  return 0;
+}
+
 int store_get_run(store_t *s, const char *id, int with_steps, cJSON **out, err_t *e) {
   *out = NULL;
   sqlite3_stmt *st = store__prep(s->r, "SELECT " RUN_COLS " FROM runs WHERE id = ?1", e);
@@ -814,7 +832,7 @@ int store_get_run(store_t *s, const char *id, int with_steps, cJSON **out, err_t
   cJSON *o = record_from_stmt(st);
   sqlite3_finalize(st);
   /* Read the steps in the same snapshot as the run itself. */
-  if (with_steps && add_steps(s, o, id, e)) {
+  if (with_steps && (add_steps(s, o, id, e) || add_children(s, o, id, e))) {
     cJSON_Delete(o);
     return e->code;
   }

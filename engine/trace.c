@@ -158,6 +158,9 @@ void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
             str(trig, "by") ? str(trig, "by") : "");
   }
   if (str(run, "parent_id")) fprintf(f, "  parent   %s\n", str(run, "parent_id"));
+  const cJSON *kid;
+  cJSON_ArrayForEach(kid, cJSON_GetObjectItem(run, "children"))
+    fprintf(f, "  child    %s  %s  %s\n", str(kid, "id"), str(kid, "skill"), str(kid, "status"));
   char ts[40];
   units_rfc3339(t0, ts, sizeof ts);
   fprintf(f, "  started  %s (%s)\n", ts, ago);
@@ -232,6 +235,37 @@ void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
   }
 }
 
+/* A skill's last rejected load: where (file:line), when, why, and what
+** stays live:
+**   rejected skills/x.lua:3, 12s ago (2026-11-29T17:12:59.245Z): unknown key ...
+**     version 941f6671a2b3 stays live
+** The message's own "file:line: " prefix is not repeated. */
+static void print_load_error(FILE *f, const cJSON *err, const char *live, int color) {
+  const char *file = str(err, "file"), *msg = str(err, "message"), *at = str(err, "at");
+  const cJSON *line = cJSON_GetObjectItem(err, "line");
+  char where[600] = "";
+  if (file && cJSON_IsNumber(line))
+    snprintf(where, sizeof where, "%s:%d", file, line->valueint);
+  else if (file)
+    snprintf(where, sizeof where, "%s", file);
+  if (!msg) msg = "?";
+  size_t wl = strlen(where);
+  if (wl && !strncmp(msg, where, wl) && msg[wl] == ':') msg += wl + 1;
+  else if (file && !strncmp(msg, file, strlen(file)) && msg[strlen(file)] == ':')
+    msg += strlen(file) + 1;
+  while (*msg == ' ') msg++;
+  char ago[64] = "";
+  int64_t ms = time_of(err, "at");
+  if (ms) trace_fmt_ago(ms, units_now_ms(), ago, sizeof ago);
+  fprintf(f, "  %srejected%s %s%s%s%s%s%s: %s\n", color ? RED : "", color ? RESET : "",
+          wl ? where : "", *ago ? (wl ? ", " : "") : "", ago, at ? " (" : "", at ? at : "",
+          at ? ")" : "", msg);
+  if (live)
+    fprintf(f, "    %sversion %.12s stays live%s\n", color ? DIM : "", live, color ? RESET : "");
+  else
+    fprintf(f, "    %sno live version%s\n", color ? DIM : "", color ? RESET : "");
+}
+
 void trace_print_skills(FILE *f, const cJSON *skills, int color) {
   if (!cJSON_GetArraySize(skills)) {
     fprintf(f, "no skills registered\n");
@@ -255,9 +289,6 @@ void trace_print_skills(FILE *f, const cJSON *skills, int color) {
             cJSON_GetArraySize(cJSON_GetObjectItem(s, "versions")), k ? trig : "invoke only",
             str(s, "file") ? str(s, "file") : "");
     const cJSON *err = cJSON_GetObjectItem(s, "error");
-    if (err && !cJSON_IsNull(err)) {
-      fprintf(f, "  %slast load failed:%s %s\n", color ? RED : "", color ? RESET : "",
-              str(err, "message") ? str(err, "message") : "?");
-    }
+    if (err && !cJSON_IsNull(err)) print_load_error(f, err, ver, color);
   }
 }

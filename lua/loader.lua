@@ -19,6 +19,7 @@ function M.load(chunk, file, src, default_id, env_values, extra)
   if not ok then
     if type(def) == "table" and def.message then def = def.message end
     local msg = tostring(def)
+    if type(msg) ~= "string" then msg = "the file raised an error that is not a string" end
     error({ message = msg, line = tonumber(msg:match("^[^:\n]+:(%d+):")) }, 0)
   end
   sandbox.freeze(env)

@@ -129,6 +129,90 @@ local function make_time()
   return t
 end
 
+local function make_llm()
+  local llm = require("llm")
+  -- llm.chat does its I/O through http.request, under the same rules.
+  llm.request = http_request
+  return { chat = llm.chat }
+end
+
+-- runs: run history, for review loops. Reads happen inside step bodies
+-- (where their answer is checkpointed), like any I/O.
+local function since_ms(v, what)
+  if v == nil then return nil end
+  if type(v) == "number" then return v * 1000 end
+  if type(v) == "string" then
+    local d = core.duration(v)
+    if d then return core.now() - d end
+    local t, err = core.parse_time(v)
+    if t then return t end
+    error(what .. ": expected a duration such as \"7d\", a unix time or an RFC 3339 time, got '" .. v .. "'", 3)
+  end
+  error(what .. ": expected a duration, a unix time or an RFC 3339 time", 3)
+end
+
+local function make_runs()
+  local runs = {}
+  function runs.list(f)
+    f = f or {}
+    if type(f) ~= "table" then error("runs.list expects a table {skill=, status=, since=, until=, limit=}", 2) end
+    io_allowed("runs.list")
+    local limit = f.limit or 100
+    if type(limit) ~= "number" or limit < 1 or limit > 10000 then
+      error("runs.list: limit must be a number from 1 to 10000", 2)
+    end
+    local js, err = core.runs_list{ skill = f.skill, status = f.status, trigger = f.trigger,
+      parent = f.parent, since = since_ms(f.since, "runs.list: since"),
+      ["until"] = since_ms(f["until"], "runs.list: until"), limit = limit }
+    if not js then error("runs.list: " .. err, 2) end
+    return core.decode(js)
+  end
+  function runs.get(id)
+    if type(id) ~= "string" then error("runs.get expects a run id", 2) end
+    io_allowed("runs.get")
+    local js, err = core.runs_get(id)
+    if not js then return nil, err end
+    return core.decode(js)
+  end
+  return runs
+end
+
+-- skills: the registry. check is pure (it loads the source in a fresh
+-- sandbox); list and get read the store; deploy writes a skill file into
+-- the workspace, where the sidecar picks it up.
+local function make_skills()
+  local skills = {}
+  function skills.list()
+    io_allowed("skills.list")
+    local js, err = core.skills_list()
+    if not js then error("skills.list: " .. err, 2) end
+    return core.decode(js)
+  end
+  function skills.get(id)
+    if type(id) ~= "string" then error("skills.get expects a skill id", 2) end
+    io_allowed("skills.get")
+    local js, err = core.skills_get(id)
+    if not js then return nil, err end
+    return core.decode(js)
+  end
+  function skills.check(source, name)
+    if type(source) ~= "string" then error("skills.check expects Lua source (a string)", 2) end
+    local ok, id_or_err, line = core.skills_check(source, name)
+    if ok then return { ok = true, id = id_or_err } end
+    return { ok = false, error = id_or_err, line = line }
+  end
+  function skills.deploy(id, source)
+    if type(id) ~= "string" or type(source) ~= "string" then
+      error("skills.deploy(id, source) expects a skill id and Lua source", 2)
+    end
+    io_allowed("skills.deploy")
+    local res, err = core.skills_deploy(id, source)
+    if not res then error(err, 2) end
+    return res
+  end
+  return skills
+end
+
 local function make_env(values)
   return setmetatable({}, {
     __index = values,
@@ -143,7 +227,8 @@ function M.build(env_values, extra)
   for k, v in pairs(core.json) do json[k] = v end
   local mods = {
     json = json, http = make_http(), log = make_log(), time = make_time(),
-    env = make_env(env_values or {}), fatal = run.fatal,
+    env = make_env(env_values or {}), fatal = run.fatal, llm = make_llm(),
+    runs = make_runs(), skills = make_skills(),
   }
   if extra then for k, v in pairs(extra) do mods[k] = v end end
   return mods

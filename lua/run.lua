@@ -76,7 +76,9 @@ local function normalize(e, tb)
   if type(e) == "table" and type(e.message) == "string" then
     return { message = e.message, traceback = tb }
   end
-  return { message = tostring(e), traceback = tb }
+  local m = tostring(e)
+  if type(m) ~= "string" then m = "an error value that is not a string" end
+  return { message = m, traceback = tb }
 end
 
 -- Keep the skill's frames in a traceback and drop the runtime's.
@@ -149,7 +151,10 @@ local function next_step(R, T, id, kind)
   local sid = n == 1 and id or (id .. "#" .. n)
   local seq = R.seq + 1
   R.seq = seq
-  return sid, seq, record_at(R, seq, sid, kind)
+  local rec = record_at(R, seq, sid, kind)
+  -- The REPL's step_through (run_pause.lua): pause before a live step.
+  if not rec and R.pause then rec = R.pause(R, seq, sid, kind) end
+  return sid, seq, rec
 end
 M.next_step = next_step
 
@@ -225,6 +230,7 @@ local function run_body(R, T, seq, sid, rec, fn, opts)
       e = { message = ("result is not a JSON value: %s"):format(err), fatal = true }
     elseif killed() then
       e = normalize(res.value ~= nil and res.value or res, res.traceback)
+      e.message = core.kill_reason and core.kill_reason() or e.message
       e.fatal = true
     else
       e = unwrap(res)
@@ -296,8 +302,19 @@ function M.event(R)
 end
 
 -- ctx is one small table per run; its fields are read through from the
--- run's state, so a parked run costs little memory.
-local ctx_mt = {}
+-- run's state, so a parked run costs little memory. The state itself is
+-- kept outside ctx (skill code cannot reach it), and ctx.step and ctx.log
+-- are read-only views: no skill can replace them for the others.
+local ctx_mt = { __metatable = false }
+local ctx_runs = setmetatable({}, { __mode = "k" }) -- ctx -> R
+local function read_only(t, what)
+  return setmetatable({}, {
+    __index = t,
+    __newindex = function(_, k) error(("%s is read-only (tried to set '%s')"):format(what, tostring(k)), 2) end,
+    __metatable = false,
+  })
+end
+local step_view, log_view
 local function in_step_of()
   local T = current_task()
   return T and T.in_step and T
@@ -309,8 +326,14 @@ local ctx_fields = {
   event = function(R) return M.event(R) end,
   input = function(R) return M.input(R) end,
   trigger = function(R) return M.trigger(R) end,
-  step = function() return M.step end,
-  log = function() return M.shared_log end,
+  step = function()
+    step_view = step_view or read_only(M.step, "ctx.step")
+    return step_view
+  end,
+  log = function()
+    log_view = log_view or read_only(M.shared_log, "ctx.log")
+    return log_view
+  end,
   attempt = function()
     local T = in_step_of()
     return T and T.attempt or nil
@@ -322,12 +345,13 @@ local ctx_fields = {
 }
 ctx_mt.__index = function(ctx, k)
   local f = ctx_fields[k]
-  if f then return f(rawget(ctx, ctx_mt)) end
+  if f then return f(ctx_runs[ctx]) end
   return nil
 end
 
 local function main(R, def, err_arg)
-  local ctx = setmetatable({ [ctx_mt] = R }, ctx_mt)
+  local ctx = setmetatable({}, ctx_mt)
+  ctx_runs[ctx] = R
   local fn = R.entry == "on_failure" and def.on_failure or def.run
   local ok, res = real_xpcall(fn, handler, ctx, err_arg)
   if not ok then

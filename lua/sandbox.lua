@@ -189,7 +189,7 @@ function M.new(mods)
     select = select, tonumber = tonumber, tostring = sb_tostring, type = type,
     unpack = unpack, setmetatable = sb_setmetatable, getmetatable = sb_getmetatable,
     _VERSION = _VERSION,
-    string = copy(safe_string), table = copy(safe_table), math = copy(math), bit = copy(bit),
+    string = copy(safe_string), table = copy(safe_table), math = copy(math, { randomseed = true }), bit = copy(bit),
     os = { time = os.time, date = os.date, clock = os.clock },
   }
   for k, v in pairs(mods) do env[k] = v end

@@ -46,6 +46,7 @@ end
 -- The line where `key = ` first appears in src, or nil.
 local function line_of(src, key)
   if not src or type(key) ~= "string" then return nil end
+  key = key:gsub("%p", "%%%0") -- a key is text, not a pattern
   local n = 1
   for line in (src .. "\n"):gmatch("([^\n]*)\n") do
     local s = line:gsub("%-%-.*$", "")

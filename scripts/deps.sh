@@ -6,6 +6,12 @@ pkgs="build-essential cmake pkg-config libluajit-5.1-dev libuv1-dev
 libsqlite3-dev libcurl4-openssl-dev libcjson-dev libh2o-dev libssl-dev
 libedit-dev python3 tzdata
 wrk clang libclang-rt-14-dev"
+# The dashboard's browser test (tests/func/test_dashboard.py): Debian's
+# Chromium, and Node.js with npm unless a node and an npm are already on the
+# PATH (a machine may have them from elsewhere, such as Node 20).
+pkgs="$pkgs chromium"
+command -v node >/dev/null 2>&1 || pkgs="$pkgs nodejs"
+command -v npm >/dev/null 2>&1 || pkgs="$pkgs npm"
 [ -n "$MOONLOOP_DEPS_EXTRA" ] && pkgs="$pkgs $MOONLOOP_DEPS_EXTRA"
 missing=""
 for p in $pkgs; do

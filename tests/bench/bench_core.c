@@ -154,7 +154,7 @@ static void parked(int runs) {
   long rss1 = rss_kb();
   printf("parked runs: %d asleep; Lua heap %.0f bytes per run, process RSS %.0f bytes per run\n",
          runs, (double)(heap1 - heap0) / runs, (double)(rss1 - rss0) * 1024.0 / runs);
-  sched_stop(en.sched);
+  sched_stop(en.sched, 0);
   engine_close(&en);
   config_free(&cfg);
 }

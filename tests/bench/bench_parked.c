@@ -159,7 +159,7 @@ int main(int argc, char **argv) {
   printf("  waking one run among them: %.1f ms from its event's commit to the run's end "
          "(includes the 50 ms poll of other processes' writes)\n",
          d.done ? (double)(d.at - w0) / 1e6 : -1.0);
-  sched_stop(en.sched);
+  sched_stop(en.sched, 0);
   engine_close(&en);
   config_free(&cfg);
   if (getenv("BENCH_KEEP")) {

@@ -1,10 +1,20 @@
 #!/bin/sh
-# make bench: build the benchmarks and print their figures.
+# make bench: run every benchmark and print its figures. Each prints what it
+# measured; none asserts a speed. RUNS/STEPS scale the core benchmark.
 set -e
 top=$(cd "$(dirname "$0")/../.." && pwd)
+b="$top/build"
 echo "== core: durable steps/s, step overhead, parked-run memory"
-"$top/build/bench_core" "${RUNS:-10000}" "${STEPS:-10}"
-for extra in "$top"/tests/bench/sandbox_*.sh; do
+"$b/bench_core" "${RUNS:-10000}" "${STEPS:-10}"
+echo "== 100,000 parked runs: memory, and waking one"
+"$b/bench_parked" 100000 10000
+echo "== moonloop runs over 100,000 runs"
+python3 "$top/tests/bench/runs_list.py" 100000 "$b/moonloop"
+echo "== HTTP: events accepted per second"
+sh "$top/tests/bench/http_events.sh"
+echo "== HTTP: invoke with wait"
+sh "$top/tests/bench/http_invoke.sh"
+for extra in "$top"/tests/bench/sandbox_*.sh "$top"/tests/bench/bench_sidecar*.sh; do
   [ -f "$extra" ] || continue
   echo "== $(basename "$extra" .sh)"
   sh "$extra"

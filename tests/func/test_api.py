@@ -306,7 +306,7 @@ class ApiReadTest(ApiTestBase):
                  ("GET", "/v1/events", "POST"), ("PUT", "/v1/events", "POST"),
                  ("GET", "/v1/runs/01J00000000000000000000000/cancel", "POST"),
                  ("GET", "/v1/runs/01J00000000000000000000000/rerun", "POST"),
-                 ("GET", "/v1/skills/hello/invoke", "POST"), ("DELETE", "/v1/skills/hello", "PUT"),
+                 ("GET", "/v1/skills/hello/invoke", "POST"), ("PATCH", "/v1/skills/hello", "PUT"),
                  ("POST", "/metrics", "GET"), ("PATCH", "/", "GET")]
         for method, path, allowed in cases:
             st, h, b = jrequest(self.port, method, path)
@@ -521,12 +521,12 @@ class ApiReadTest(ApiTestBase):
                           request(self.port, "GET", "/metrics")[2]).group(1)
         self.assertGreaterEqual(int(after), before + 2)
 
-    def test_index_is_a_placeholder_page(self):
+    def test_index_is_the_dashboard(self):
+        # (The dashboard itself is tested in test_dashboard.py.)
         st, h, data = request(self.port, "GET", "/")
         self.assertEqual(st, 200)
         self.assertTrue(h["content-type"].startswith("text/html"))
-        self.assertIn(b"coming soon", data)
-        self.assertIn(b'href="/v1/runs"', data)
+        self.assertIn(b'src="/app.js"', data)
 
     # ---- the engine keeps working while it serves ----
 
@@ -612,7 +612,9 @@ class ApiAuthTest(ApiTestBase):
     listen = "0.0.0.0:0"
 
     def test_every_path_needs_the_token(self):
-        for method, path in (("GET", "/v1/runs"), ("GET", "/metrics"), ("GET", "/"),
+        # But the dashboard's static files (GET /, /app.js, /style.css: no
+        # data in them; the page asks for the token): see test_dashboard.py.
+        for method, path in (("GET", "/v1/runs"), ("GET", "/metrics"), ("POST", "/"),
                              ("GET", "/nowhere"), ("POST", "/v1/events"),
                              ("PUT", "/v1/skills/x"), ("GET", "/v1/skills")):
             st, h, b = jrequest(self.port, method, path)

@@ -164,20 +164,21 @@ class BudgetDetailsTest(TestCase):
         self.assertIn(MEMORY, r.stderr)
 
     def test_code_that_yields_in_time_is_not_stopped(self):
-        # Busy for about half the budget, five times over: more than the
+        # Busy for a fifth of the budget (CPU time: a loaded machine
+        # stretches it in wall time), eight times over: more than the
         # budget in all, but never between two yields.
         self.w.write("ok.lua", in_orch('''
   local n = 0
-  for i = 1, 5 do
+  for i = 1, 8 do
     n = n + ctx.step.run("busy", function()
       local t0 = os.clock()
       while os.clock() - t0 < %s do end
       return 1
     end)
   end
-  return n''' % (SLICE / 2)))
+  return n''' % (SLICE / 5)))
         r = self.w.ml("run", "ok.lua", check=0)
-        self.assertEqual(r.stdout.strip(), "5")
+        self.assertEqual(r.stdout.strip(), "8")
 
     def test_garbage_is_not_counted_against_the_memory_budget(self):
         # 50 MB allocated in one slice, but never more than a few MB alive.
@@ -283,7 +284,6 @@ class BudgetDetailsTest(TestCase):
         self.assertEqual(r.returncode, 1)
         self.assertLess(time.time() - t0, 5)
 
-    @unittest.expectedFailure
     def test_json_encode_of_shared_subtables_is_bounded(self):
         """KNOWN HOLE, outside the sandbox's files: engine/json.c.
 
@@ -377,7 +377,9 @@ class ServeKeepsServingTest(TestCase):
         self.assertEqual(json.loads(after.stdout), {"n": 15, "slow": True})
         self.assertIsNone(p.poll(), "the engine died")
         skills = {s["id"]: s for s in self.w.json("skills")}
-        self.assertNotIn("zz-top-loop", skills)
+        # (sidecar) A rejected file is kept as its skill's load error, with no live version.
+        self.assertIsNone(skills["zz-top-loop"]["version"])
+        self.assertIn("without yielding", skills["zz-top-loop"]["error"]["message"])
 
 
 if __name__ == "__main__":

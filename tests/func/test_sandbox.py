@@ -429,7 +429,6 @@ class CrossSkillTest(TestCase):
         for where in ("load", "orch", "step"):
             self.assertFalse(v["output"][where], where)  # the list of what looked tampered
 
-    @unittest.expectedFailure
     def test_ctx_step_and_ctx_log_are_not_shared_between_runs(self):
         """One skill replacing ctx.step.run or ctx.log.info must not change them for others.
 

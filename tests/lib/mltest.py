@@ -111,6 +111,27 @@ class StandIn:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
+    def llm(self, answers, path="/v1/chat/completions"):
+        """Answer an OpenAI-compatible chat endpoint with scripted answers, in
+        order (the last one repeats): a string is the model's text; an int is
+        an error status; (status, headers) adds headers such as Retry-After."""
+        standin = self
+
+        def chat(handler, body, n):
+            a = answers[min(n, len(answers)) - 1]
+            if isinstance(a, int):
+                return a, {"error": {"message": "scripted %d" % a}}
+            if isinstance(a, tuple):
+                return a[0], {"error": {"message": "scripted"}}, dict(a[1])
+            req = json.loads(body or b"{}")
+            standin.last_llm_request = req
+            standin.last_llm_auth = handler.headers.get("Authorization")
+            return 200, {"id": "chatcmpl-%d" % n, "model": req.get("model"),
+                         "choices": [{"index": 0, "message": {"role": "assistant", "content": a},
+                                      "finish_reason": "stop"}],
+                         "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}}
+        self.routes[path] = chat
+
     def route_prefix(self, prefix, fn):
         """Answer every path that starts with prefix with fn (or a fixed (status, body))."""
         self.prefixes.append((prefix, fn))

@@ -1,0 +1,124 @@
+-- llm.lua: llm.chat against an OpenAI-compatible endpoint.
+--
+--   llm.chat{prompt = "..."} or llm.chat{messages = {{role=, content=}, ...}}
+--     options: model, json (ask for and parse a JSON answer), temperature,
+--     max_tokens, timeout, system (a system message put first)
+--   returns {text=, json=, usage = {prompt_tokens=, completion_tokens=, total_tokens=}, model=}
+--
+-- The endpoint, model and key come from the configuration (llm.base_url,
+-- llm.model, and the variable named by llm.api_key_env). Answers 429 and
+-- 5xx are retried here, honouring Retry-After, before the step's own
+-- retries come into play. Token usage is added to the step's record. Call
+-- it inside a step body: the answer is then checkpointed like any step
+-- result, so a replay never pays for the same call twice.
+
+local core = ...
+local M = {}
+
+local OP = core.OP
+local yield = coroutine.yield
+local type, tostring, error, ipairs, pcall, tonumber = type, tostring, error, ipairs, pcall, tonumber
+local encode, decode = core.encode, core.decode
+
+local MAX_RETRIES = 4
+
+local function excerpt(s)
+  s = tostring(s or "")
+  if #s > 300 then s = s:sub(1, 300) .. "..." end
+  return s
+end
+
+-- Delay before retry n: Retry-After when the endpoint sent one.
+local function retry_delay(resp, n)
+  local ra = resp and resp.headers and resp.headers["retry-after"]
+  if ra then
+    local secs = tonumber(ra)
+    if not secs then
+      local at = core.http_date(ra)
+      if at then secs = (at - core.now()) / 1000 end
+    end
+    if secs then return math.max(0, math.min(secs, 120)) * 1000 end
+  end
+  return math.min(1000 * 2 ^ (n - 1), 30000) * (0.5 + core.random() / 2)
+end
+
+-- Answers wrapped in ``` fences (models do that) are unwrapped before parsing.
+local function unfence(text)
+  local inner = text:match("^%s*```[%w_-]*%s*\n(.-)\n?```%s*$")
+  return inner or text
+end
+
+local function messages_of(req)
+  local msgs = {}
+  if req.system ~= nil then
+    if type(req.system) ~= "string" then error("llm.chat: 'system' must be a string", 3) end
+    msgs[#msgs + 1] = { role = "system", content = req.system }
+  end
+  if req.messages ~= nil then
+    if type(req.messages) ~= "table" or #req.messages == 0 then
+      error("llm.chat: 'messages' must be a non-empty list of {role=, content=}", 3)
+    end
+    for i, m in ipairs(req.messages) do
+      if type(m) ~= "table" or type(m.role) ~= "string" or type(m.content) ~= "string" then
+        error(("llm.chat: message %d needs a 'role' and a 'content' string"):format(i), 3)
+      end
+      msgs[#msgs + 1] = { role = m.role, content = m.content }
+    end
+  elseif type(req.prompt) == "string" then
+    msgs[#msgs + 1] = { role = "user", content = req.prompt }
+  else
+    error("llm.chat: give 'prompt' (a string) or 'messages' (a list)", 3)
+  end
+  return core.json.array(msgs)
+end
+
+function M.chat(req)
+  if type(req) ~= "table" then error("llm.chat expects a table {prompt= or messages=, json=, model=}", 2) end
+  local cfg = core.llm_settings or { base_url = "http://127.0.0.1:11434/v1", model = "llama3" }
+  local body = {
+    model = req.model or cfg.model, messages = messages_of(req),
+    temperature = req.temperature, max_tokens = req.max_tokens,
+  }
+  if req.json then body.response_format = { type = "json_object" } end
+  local url = cfg.base_url:gsub("/+$", "") .. "/chat/completions"
+  local headers = { ["Content-Type"] = "application/json", Accept = "application/json" }
+  if cfg.api_key and cfg.api_key ~= "" then headers.Authorization = "Bearer " .. cfg.api_key end
+  local payload = encode(body, 0)
+  local n = 0
+  while true do
+    n = n + 1
+    local resp, err = M.request{ method = "POST", url = url, headers = headers, body = payload,
+                                 timeout = req.timeout or 120 }
+    local retryable = not resp or resp.status == 429 or resp.status >= 500
+    if retryable and n <= MAX_RETRIES then
+      yield(OP.DELAY, retry_delay(resp, n))
+    elseif not resp then
+      error(("llm.chat: %s (after %d tries)"):format(err, n), 2)
+    elseif resp.status < 200 or resp.status > 299 then
+      error(("llm.chat: POST %s returned %d: %s"):format(url, resp.status, excerpt(resp.body)), 2)
+    else
+      local ok, data = pcall(decode, resp.body)
+      local choice = ok and type(data) == "table" and type(data.choices) == "table" and data.choices[1]
+      local text = choice and type(choice.message) == "table" and choice.message.content
+      if type(text) ~= "string" then
+        error(("llm.chat: the endpoint's answer has no choices[1].message.content: %s"):format(excerpt(resp.body)), 2)
+      end
+      local usage = type(data.usage) == "table" and data.usage or nil
+      if usage then
+        core.step_usage(tonumber(usage.prompt_tokens) or 0, tonumber(usage.completion_tokens) or 0,
+                        tonumber(usage.total_tokens) or 0)
+      end
+      local out = { text = text, usage = usage, model = data.model }
+      if req.json then
+        local jok, v = pcall(decode, unfence(text))
+        if not jok then
+          error(("llm.chat: the model's answer is not JSON (json = true): %s"):format(excerpt(text)), 2)
+        end
+        out.json = v
+      end
+      return out
+    end
+  end
+end
+
+return M

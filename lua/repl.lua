@@ -1,0 +1,495 @@
+-- repl.lua: the Lua half of `moonloop repl` (engine/repl.c drives it).
+--
+-- Each chunk typed at the prompt runs in a coroutine of its own (M.eval)
+-- that the engine resumes. What needs the engine yields an op to
+-- engine/repl.c and gets the answer back when it is ready, while the loop
+-- goes on running runs and transfers:
+--
+--   SKILL  target                -> skill info table, or nil, message
+--   RUN    version data pause    -> status, output, error, run_id (JSON texts)
+--   RESUME run_id pause          -> the same
+--   WAIT   run_id                -> the same, for a run another engine executes
+--   HTTP   request               -> as for runs (modules.lua), so top-level
+--                                   http calls work at the prompt
+--
+-- Reads and writes that never wait (send, invoke, runs, trace) are plain C
+-- functions of core. C also calls M.check (is a chunk complete?),
+-- M.complete (tab completion) and M.value_json (step_through's values).
+--
+-- The REPL's globals (M.env) are the whole standard library of LuaJIT (it
+-- is the developer's own process, not a sandbox), the modules a skill sees
+-- (json, http, log, env, time, fatal, ...) and the functions below. Chunks
+-- are compiled with the JIT off, so that Ctrl-C (the count hook) can stop a
+-- loop typed at the prompt.
+
+local core = ...
+local modules = require("modules")
+local M = {}
+
+local ROP = core.repl_ops
+local yield = coroutine.yield
+local null = core.json.null
+local encode, decode = core.encode, core.decode
+local type, tostring, pairs, next, select, error, rawget = type, tostring, pairs, next, select, error, rawget
+local raw_getmetatable = debug.getmetatable
+local concat, sort = table.concat, table.sort
+local floor, huge = math.floor, math.huge
+
+local env -- the REPL's globals, made by M.init
+
+-- Pretty printing -----------------------------------------------------------
+
+local MAX_DEPTH, MAX_ITEMS, WIDTH = 6, 200, 78
+
+local KEYWORDS = {}
+for w in ("and break do else elseif end false for function goto if in local nil not or repeat return then true until while"):gmatch("%a+") do
+  KEYWORDS[w] = true
+end
+
+local ESC = { ["\n"] = "\\n", ["\t"] = "\\t", ["\r"] = "\\r", ['"'] = '\\"', ["\\"] = "\\\\" }
+local function quote(s)
+  return '"' .. string.gsub(s, '[%c"\\]', function(c) return ESC[c] or ("\\%03d"):format(c:byte()) end) .. '"'
+end
+
+local function number(v)
+  if v ~= v then return "nan" end
+  if v == huge then return "inf" elseif v == -huge then return "-inf" end
+  if v == floor(v) and v > -2 ^ 53 and v < 2 ^ 53 then return ("%d"):format(v) end
+  for p = 14, 17 do
+    local s = ("%." .. p .. "g"):format(v)
+    if tonumber(s) == v then return s end
+  end
+  return tostring(v)
+end
+
+local function scalar(v)
+  local t = type(v)
+  if t == "string" then return quote(v) end
+  if t == "number" then return number(v) end
+  if v == null then return "null" end
+  return tostring(v)
+end
+
+local function key_text(k)
+  if type(k) == "string" and k:match("^[%a_][%w_]*$") and not KEYWORDS[k] then return k end
+  return "[" .. scalar(k) .. "]"
+end
+
+local TYPE_ORDER = { number = 1, string = 2, boolean = 3 }
+local function key_less(a, b)
+  local ta, tb = type(a), type(b)
+  if ta ~= tb then
+    local oa, ob = TYPE_ORDER[ta] or 4, TYPE_ORDER[tb] or 4
+    if oa ~= ob then return oa < ob end
+    return ta < tb
+  end
+  if ta == "number" or ta == "string" then return a < b end
+  return tostring(a) < tostring(b)
+end
+
+-- The length of t's array part (1..n all present) and its other keys, sorted.
+local function keys_of(t)
+  local n = 0
+  while rawget(t, n + 1) ~= nil do n = n + 1 end
+  local keys = {}
+  for k in next, t do
+    if not (type(k) == "number" and k >= 1 and k <= n and k == floor(k)) then keys[#keys + 1] = k end
+  end
+  sort(keys, key_less)
+  return n, keys
+end
+
+-- v as text: tables on one line when they fit, else one item per line.
+-- path holds the tables being printed (a table met again on it is a cycle).
+local function render(v, depth, path, indent)
+  if type(v) ~= "table" then return scalar(v) end
+  if path[v] then return "<cycle>" end
+  local mt = raw_getmetatable(v)
+  if type(mt) == "table" and rawget(mt, "__tostring") then return tostring(v) end
+  if depth > MAX_DEPTH then return "{...}" end
+  local n, keys = keys_of(v)
+  if n == 0 and #keys == 0 then return "{}" end
+  path[v] = true
+  local inner = indent .. "  "
+  local items = {}
+  for i = 1, n do
+    if #items >= MAX_ITEMS then break end
+    items[#items + 1] = render(rawget(v, i), depth + 1, path, inner)
+  end
+  for _, k in ipairs(keys) do
+    if #items >= MAX_ITEMS then break end
+    items[#items + 1] = key_text(k) .. " = " .. render(rawget(v, k), depth + 1, path, inner)
+  end
+  path[v] = nil
+  local more = n + #keys - #items
+  if more > 0 then items[#items + 1] = ("... (%d more)"):format(more) end
+  local one = "{ " .. concat(items, ", ") .. " }"
+  if #one + #indent <= WIDTH and not one:find("\n", 1, true) then return one end
+  return "{\n" .. inner .. concat(items, ",\n" .. inner) .. ",\n" .. indent .. "}"
+end
+
+-- The text the REPL prints for a value.
+function M.pretty(v) return render(v, 1, {}, "") end
+
+local function show(v)
+  local mt = raw_getmetatable(v)
+  if type(mt) == "table" and rawget(mt, "__repl_show") then return mt.__repl_show(v) end
+  io.stdout:write(M.pretty(v), "\n")
+end
+
+-- Errors ---------------------------------------------------------------------
+
+-- The frames of the REPL's code and of skill files; the runtime's and C's dropped.
+local function short_traceback(tb)
+  local out = {}
+  for line in tostring(tb or ""):gmatch("[^\n]+") do
+    local l = line:gsub("^%s+", "")
+    if l ~= "stack traceback:" and not l:find("moonloop/", 1, true) and not l:find("^%[C%]")
+      and not l:find("^%[builtin") and not l:find("^%(tail call%)") and not l:find("^%.%.%.") then
+      out[#out + 1] = "  " .. l
+      if #out >= 6 then break end
+    end
+  end
+  return out
+end
+
+local run_error_mt = { __tostring = function(e) return e.message end }
+
+local function handler(e)
+  if type(e) == "table" and raw_getmetatable(e) == run_error_mt then
+    return { value = e, traceback = e.traceback }
+  end
+  return { value = e, traceback = debug.traceback("", 2) }
+end
+
+local function message_of(v)
+  if type(v) == "table" and type(v.message) == "string" then return v.message end
+  if type(v) == "string" then return v end
+  local mt = raw_getmetatable(v)
+  if type(mt) == "table" and rawget(mt, "__tostring") then return tostring(v) end
+  return "(error value) " .. M.pretty(v)
+end
+
+local function print_error(e)
+  io.stderr:write(message_of(e.value), "\n")
+  local tb = short_traceback(e.traceback)
+  -- A traceback that only names the chunk typed at the prompt says nothing new.
+  if #tb == 1 and tb[1]:find("in main chunk$") then tb = {} end
+  if #tb > 0 then io.stderr:write("stack traceback:\n", concat(tb, "\n"), "\n") end
+end
+
+-- Compiling and evaluating -----------------------------------------------------
+
+-- "=expr" is "return expr", as in the standalone interpreter.
+local function source_of(src)
+  local rest = src:match("^%s*=(.*)$")
+  if rest then return "return " .. rest end
+  return src
+end
+
+-- Compile a chunk: as an expression list first (its values are printed),
+-- else as statements. Returns the function and whether it is an
+-- expression, or nil and the statements' error. An expression list is
+-- compiled as the arguments of a call, not as `return explist`: a call
+-- there would be a tail call, and `error("x")` would lose its "stdin:1:".
+local function compile(src)
+  src = source_of(src)
+  local expr = true
+  local fn = loadstring("return " .. src, "=stdin")
+  if fn then
+    fn = loadstring("return (function(...) return select('#', ...), ... end)(" .. src .. "\n)", "=stdin")
+  end
+  if not fn then
+    local err
+    expr = false
+    fn, err = loadstring(src, "=stdin")
+    if not fn then return nil, err end
+  end
+  setfenv(fn, env)
+  jit.off(fn, true) -- every function of the chunk runs in the interpreter, where the hook sees it
+  return fn, expr
+end
+
+-- "complete" (or a syntax error: eval reports it) or "incomplete": the
+-- chunk ends too early, and the prompt should read another line.
+function M.check(src)
+  if loadstring("return " .. source_of(src), "=stdin") then return "complete" end
+  local fn, err = loadstring(source_of(src), "=stdin")
+  if fn then return "complete" end
+  if err:sub(-7) == "'<eof>'" then return "incomplete" end
+  return "complete"
+end
+
+local function pack(...) return { n = select("#", ...), ... } end
+
+-- Evaluate one chunk and print its values (stdout) or its error (stderr).
+-- Runs in the REPL's coroutine. Returns true, or false after an error.
+function M.eval(src)
+  local fn, expr = compile(src)
+  if not fn then
+    io.stderr:write(tostring(expr), "\n")
+    return false
+  end
+  local res = pack(xpcall(fn, handler))
+  if not res[1] then
+    print_error(res[2])
+    return false
+  end
+  if expr then
+    for i = 3, 2 + res[2] do show(res[i]) end
+  end
+  return true
+end
+
+-- The JSON text of a Lua expression evaluated in the REPL's globals (a value
+-- typed to skip a step), or nil and a message.
+function M.value_json(src)
+  local fn, err = loadstring("return " .. src, "=value")
+  if not fn then return nil, err end
+  setfenv(fn, env)
+  local ok, v = pcall(fn)
+  if not ok then return nil, message_of(v) end
+  local js, e = encode(v == nil and null or v, 0)
+  if not js then return nil, "not a JSON value: " .. e end
+  return js
+end
+
+-- Completion -------------------------------------------------------------------
+
+local function index(v, k)
+  local tv = type(v)
+  if tv == "string" then return string[k] end
+  if tv ~= "table" then return nil end
+  local ok, r = pcall(function() return v[k] end)
+  if ok then return r end
+  return nil
+end
+
+-- The identifier keys of t and of the tables its metatables' __index lead to.
+local function names_of(t, into, methods_only)
+  local seen = 0
+  while type(t) == "table" and seen < 8 do
+    for k, val in next, t do
+      if type(k) == "string" and k:match("^[%a_][%w_]*$") and (not methods_only or type(val) == "function") then
+        into[k] = true
+      end
+    end
+    local mt = raw_getmetatable(t)
+    t = type(mt) == "table" and rawget(mt, "__index") or nil
+    seen = seen + 1
+  end
+end
+
+-- Candidates completing `word` ("js", "json.en", "s:up"), as whole words.
+function M.complete(word)
+  local names, prefix, part = {}, "", nil
+  local base, sep, tail = word:match("^(.-)([%.:])([%w_]*)$")
+  if base then
+    if not base:match("^[%a_][%w_]*$") and not base:match("^[%a_][%w_.]*[%w_]$") then return {} end
+    local v = env
+    for name in base:gmatch("[^.]+") do
+      v = index(v, name)
+      if v == nil then return {} end
+    end
+    if type(v) == "string" then
+      if sep == ":" then names_of(string, names, true) end
+    else
+      names_of(v, names, sep == ":")
+    end
+    prefix, part = base .. sep, tail
+  else
+    part = word:match("^[%a_][%w_]*$") or (word == "" and "" or nil)
+    if not part then return {} end
+    names_of(env, names)
+    for w in pairs(KEYWORDS) do names[w] = true end
+  end
+  local out = {}
+  for k in pairs(names) do
+    if k:sub(1, #part) == part then out[#out + 1] = prefix .. k end
+  end
+  sort(out)
+  return out
+end
+
+-- The REPL's functions ---------------------------------------------------------
+
+-- Yield an op to engine/repl.c: only the REPL's own coroutine can.
+local function engine_op(name, ...)
+  if not core.can_yield() then
+    error(name .. " can only be called at the REPL's top level, not inside a coroutine", 3)
+  end
+  return yield(...)
+end
+
+local skill_mt = {
+  __tostring = function(s)
+    return ("<skill %s %s%s>"):format(s.id, s.version:sub(1, 12), s.file and (" " .. s.file) or "")
+  end,
+}
+
+-- The skill a REPL function is given (a handle, a path, an id), or nil
+-- and a message.
+local function need_skill(target, fname)
+  if type(target) == "table" and raw_getmetatable(target) == skill_mt then return target end
+  if type(target) ~= "string" or target == "" then
+    return nil, ("%s: expected a skill: a file path, a registered skill id, or the value of skill(...); got %s")
+      :format(fname, type(target))
+  end
+  local info, err = engine_op(fname, ROP.SKILL, target)
+  if not info then return nil, err end
+  return setmetatable(info, skill_mt)
+end
+
+local function data_json(data, fname)
+  if data == nil then return "null" end
+  local js, err = encode(data, 0)
+  if not js then error(("%s: data is not a JSON value: %s"):format(fname, err), 3) end
+  return js
+end
+
+-- What run() and its kin return: the output and the run id, or raise the
+-- run's error. A run stopped in step_through (q) returns nil and its id.
+-- Called as `local a, b = finish(...)`, never as a tail call, so that
+-- level 3 is the caller's code.
+local function finish(fname, status, output, err, run_id)
+  if status == nil then error(("%s: %s"):format(fname, tostring(output)), 3) end -- the op failed
+  if status == "completed" then
+    local v = decode(output or "null")
+    if v == null then v = nil end
+    return v, run_id
+  end
+  if status == "abandoned" then return nil, run_id end
+  local ok, e = pcall(decode, err or "null")
+  if not ok or type(e) ~= "table" then e = {} end
+  error(setmetatable({
+    message = ("run %s %s: %s"):format(run_id, status, tostring(e.message or "no error recorded")),
+    traceback = e.traceback, run_id = run_id,
+  }, run_error_mt), 0)
+end
+
+local function check_run_id(id, fname)
+  if type(id) ~= "string" or not id:match("^[0-9A-Z]+$") then
+    error(("%s: expected a run id (such as \"01J...\"), got %s"):format(fname,
+      type(id) == "string" and ("'" .. id:sub(1, 40) .. "'") or type(id)), 3)
+  end
+end
+
+local runs_mt = {
+  __repl_show = function(list) core.repl_show("runs", encode(core.json.array(list), 0)) end,
+}
+local trace_mt = {
+  __repl_show = function(rec) core.repl_show("trace", encode(rec, 0)) end,
+}
+
+local HELP = [[
+moonloop repl: Lua with the engine inside. Beside Lua's libraries and the
+modules skills see (json, http, log, env, time, fatal, ...):
+
+  skill(path or id)              load a skill file (checked) or a registered skill
+  run(skill, data)               run it here to its end, printing each step;
+                                 returns its output and its run id
+  step_through(skill, data)      the same, pausing before each step:
+                                   Enter runs it, s VALUE skips it with VALUE
+                                   (a Lua expression), q stops (resumable)
+  resume(run_id [, {step=true}]) finish an unfinished run here
+  send(name, data [, id])        send an event; returns its id
+  invoke(id, data [, {wait=true}])  queue a run of a registered skill (as the CLI)
+  runs{skill=, status=, since=, limit=}   recent runs, newest first
+  trace(run_id)                  one run as a tree
+
+Tab completes names, Ctrl-C stops what runs, Ctrl-D leaves.]]
+
+local function make_functions()
+  local f = {}
+
+  function f.skill(target)
+    local s, err = need_skill(target, "skill")
+    if not s then error(err, 2) end
+    return s
+  end
+
+  function f.run(target, data)
+    local s, err = need_skill(target, "run")
+    if not s then error(err, 2) end
+    local out, id = finish("run", engine_op("run", ROP.RUN, s.version, data_json(data, "run"), false))
+    return out, id
+  end
+
+  function f.step_through(target, data)
+    local s, err = need_skill(target, "step_through")
+    if not s then error(err, 2) end
+    local js = data_json(data, "step_through")
+    local out, id = finish("step_through", engine_op("step_through", ROP.RUN, s.version, js, true))
+    return out, id
+  end
+
+  function f.resume(run_id, opts)
+    check_run_id(run_id, "resume")
+    local step = type(opts) == "table" and opts.step and true or false
+    local out, id = finish("resume", engine_op("resume", ROP.RESUME, run_id, step))
+    return out, id
+  end
+
+  function f.send(name, data, id)
+    if type(name) ~= "string" or name == "" then error("send(name, data [, id]): name must be an event name", 2) end
+    if id ~= nil and type(id) ~= "string" then error("send: id (the idempotency key) must be a string", 2) end
+    local ev, err = core.repl_send(name, data_json(data, "send"), id)
+    if not ev then error("send: " .. err, 2) end
+    return ev
+  end
+
+  function f.invoke(id, data, opts)
+    if type(id) ~= "string" or id == "" then error("invoke(id, data [, {wait=true}]): id must be a registered skill id", 2) end
+    if opts ~= nil and type(opts) ~= "table" then error("invoke: opts must be a table such as {wait = true}", 2) end
+    local js = data_json(data, "invoke")
+    local alive = core.repl_engine_alive()
+    if opts and opts.wait and not alive then
+      -- As `moonloop invoke --wait`: no engine holds the database, so run it here.
+      local out, rid = f.run(id, data)
+      return out, rid
+    end
+    local run_id, err = core.repl_enqueue(id, js)
+    if not run_id then error("invoke: " .. err, 2) end
+    if opts and opts.wait then
+      local out, rid = finish("invoke", engine_op("invoke", ROP.WAIT, run_id))
+      return out, rid
+    end
+    if not alive then
+      io.stderr:write(("queued; no engine is running: resume(\"%s\") runs it here\n"):format(run_id))
+    end
+    return run_id
+  end
+
+  function f.runs(filter)
+    if filter == nil then filter = {} end
+    if type(filter) == "string" then filter = { skill = filter } end
+    if type(filter) ~= "table" then error("runs{skill=, status=, since=, limit=}: expected a table", 2) end
+    local js, err = core.repl_runs(filter.skill, filter.status, filter.since and tostring(filter.since),
+      tonumber(filter.limit) or 20, filter.trigger)
+    if not js then error("runs: " .. err, 2) end
+    return setmetatable(decode(js), runs_mt)
+  end
+
+  function f.trace(run_id)
+    check_run_id(run_id, "trace")
+    local js, err = core.repl_trace(run_id)
+    if not js then error("trace: " .. err, 2) end
+    return setmetatable(decode(js), trace_mt)
+  end
+
+  function f.help() io.stdout:write(HELP, "\n") end
+
+  return f
+end
+
+-- Build the REPL's globals. env_values: the configuration's env.* values.
+function M.init(env_values)
+  env = {}
+  for k, v in pairs(_G) do env[k] = v end
+  for k, v in pairs(modules.build(env_values)) do env[k] = v end
+  for k, v in pairs(make_functions()) do env[k] = v end
+  env._G = env
+  M.env = env
+end
+
+return M

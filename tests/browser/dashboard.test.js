@@ -1,0 +1,315 @@
+#!/usr/bin/env node
+/*
+ * dashboard.test.js: the dashboard (GET / of `moonloop serve`) driven as an
+ * operator would, in Debian's headless Chromium through playwright-core.
+ *
+ * It starts a real `moonloop serve --listen 127.0.0.1:0` on a temporary
+ * database, with a token (so the page must ask for it) and a skills folder:
+ * `flaky` fails after its retries, `greet` succeeds, `parent` invokes
+ * `greet` as a child. Then, in the browser: the page loads and asks for the
+ * token; the run list shows the runs and updates by itself; a failed run
+ * opens with its error, its failing step's attempts and a link to the source
+ * of its version; rerun (confirmed) starts a new run that shows and appears
+ * in the list; a parent lists its child; the skills page shows versions and
+ * the last load error. A screenshot of the failed run goes to
+ * tests/artifacts/dashboard.png (ARTIFACTS_DIR overrides the folder).
+ *
+ * Environment: MOONLOOP_BIN (the binary), CHROMIUM (default /usr/bin/chromium).
+ * Prints "ok - ..." per check and ends with "N passed, N failed".
+ */
+'use strict';
+const assert = require('node:assert/strict');
+const { spawn } = require('node:child_process');
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+const { chromium } = require('playwright-core');
+
+const ROOT = path.resolve(__dirname, '..', '..');
+const BIN = process.env.MOONLOOP_BIN || path.join(ROOT, 'build', 'moonloop');
+const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
+const ARTIFACTS = process.env.ARTIFACTS_DIR || path.join(ROOT, 'tests', 'artifacts');
+const TOKEN = 'dash-test-token-' + process.pid;
+const WAIT = 15000; /* the longest any one expectation may take */
+
+let passed = 0, failed = 0;
+const cleanups = [];
+
+/* ---- the engine ------------------------------------------------------------ */
+
+const SKILLS = {
+  'flaky.lua': `-- fails after its retries: what an operator comes to the dashboard for
+return {
+  id = "flaky", description = "calls an API that keeps failing", retries = 2, backoff = "50ms",
+  run = function(ctx)
+    ctx.step.run("prepare", function() log.info("preparing order", ctx.input.order) return { ok = true } end)
+    ctx.step.run("call-api", function()
+      log.warn("calling the API, attempt", ctx.attempt)
+      error("upstream returned 503 for order " .. tostring(ctx.input.order))
+    end)
+  end,
+}
+`,
+  'greet.lua': `return {
+  id = "greet", description = "says hello", triggers = { { event = "greet.please" } },
+  run = function(ctx)
+    local t = ctx.step.run("compose", function()
+      log.info("composing for", ctx.input.who)
+      return { text = "hello " .. tostring(ctx.input.who) }
+    end)
+    return t
+  end,
+}
+`,
+  'parent.lua': `return {
+  id = "parent", description = "invokes greet as a child run",
+  run = function(ctx)
+    local out = ctx.step.invoke("child", { skill = "greet", data = { who = "child" } })
+    return { child = out }
+  end,
+}
+`,
+};
+
+function startEngine(dir) {
+  return new Promise((resolve, reject) => {
+    const env = { ...process.env, MOONLOOP_TOKEN: TOKEN, NO_COLOR: '1' };
+    delete env.MOONLOOP_URL;
+    const p = spawn(BIN, ['serve', '--workspace', path.join(dir, 'skills'), '--listen', '127.0.0.1:0',
+      '--db', path.join(dir, 'moonloop.db')], { cwd: dir, env, stdio: ['ignore', 'ignore', 'pipe'] });
+    let err = '';
+    const timer = setTimeout(() => reject(new Error('moonloop serve did not listen within 10 s: ' + err)), 10000);
+    p.stderr.on('data', (b) => {
+      err += b.toString();
+      const m = /listening on (http:\/\/[0-9.:]+)/.exec(err);
+      if (m) { clearTimeout(timer); resolve({ proc: p, url: m[1], log: () => err }); }
+    });
+    p.on('exit', (code) => { clearTimeout(timer); reject(new Error(`moonloop serve exited ${code}: ${err}`)); });
+  });
+}
+
+/* A request to the API with the token; returns the decoded JSON. */
+async function call(url, method, p, body) {
+  const res = await fetch(url + p, {
+    method, headers: { Authorization: 'Bearer ' + TOKEN, 'Content-Type': 'application/json' },
+    body: body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body),
+  });
+  const text = await res.text();
+  return { status: res.status, json: text ? JSON.parse(text) : null };
+}
+
+async function until(what, fn, ms = WAIT) {
+  const end = Date.now() + ms;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > end) throw new Error('timed out waiting for ' + what);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+async function check(name, fn) {
+  try {
+    await fn();
+    passed++;
+    console.log('ok - ' + name);
+  } catch (e) {
+    failed++;
+    console.log('not ok - ' + name + '\n    ' + String(e && e.stack || e).split('\n').join('\n    '));
+  }
+}
+
+/* ---- the test -------------------------------------------------------------- */
+
+async function main() {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ml-dash-'));
+  cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }));
+  fs.mkdirSync(path.join(dir, 'skills'));
+  for (const [f, src] of Object.entries(SKILLS)) fs.writeFileSync(path.join(dir, 'skills', f), src);
+
+  const eng = await startEngine(dir);
+  cleanups.unshift(() => { try { process.kill(eng.proc.pid, 'SIGKILL'); } catch (e) { /* gone */ } });
+  const url = eng.url;
+
+  /* The runs to look at, made through the API. */
+  const flaky = (await call(url, 'POST', '/v1/skills/flaky/invoke', { data: { order: 4242 } })).json.run_id;
+  const parent = (await call(url, 'POST', '/v1/skills/parent/invoke', { data: {} })).json.run_id;
+  await call(url, 'POST', '/v1/events', { name: 'greet.please', data: { who: 'ada' } });
+  /* A skill with two versions and a last load error, as PUT (the sidecar's path) makes them. */
+  const notes1 = 'return { id = "notes", description = "v1", run = function(ctx) return 1 end }\n';
+  const notes2 = 'return { id = "notes", description = "v2", run = function(ctx) return 2 end }\n';
+  assert.equal((await call(url, 'PUT', '/v1/skills/notes', notes1)).status, 200);
+  assert.equal((await call(url, 'PUT', '/v1/skills/notes', notes2)).status, 200);
+  assert.equal((await call(url, 'PUT', '/v1/skills/notes', 'return { id = "notes", retires = 1, run = function() end }\n')).status, 400);
+  await until('the failed and the parent runs to end', async () => {
+    const a = (await call(url, 'GET', '/v1/runs/' + flaky)).json;
+    const b = (await call(url, 'GET', '/v1/runs/' + parent)).json;
+    return a.status === 'failed' && b.status === 'completed';
+  });
+  const child = (await call(url, 'GET', '/v1/runs?parent=' + parent)).json.runs[0].id;
+
+  const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'ml-dash-chromium-'));
+  cleanups.push(() => fs.rmSync(profile, { recursive: true, force: true }));
+  const ctx = await chromium.launchPersistentContext(profile, {
+    executablePath: CHROMIUM,
+    headless: true,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+    viewport: { width: 1280, height: 900 },
+    timeout: 30000,
+  });
+  cleanups.unshift(() => ctx.close().catch(() => {}));
+  ctx.setDefaultTimeout(WAIT);
+  const page = ctx.pages()[0] || await ctx.newPage();
+
+  /* Nothing but the engine is ever asked for, and the page raises no error. */
+  const problems = [];
+  const origin = new URL(url).origin;
+  page.on('request', (r) => {
+    const u = r.url();
+    if (!u.startsWith(origin + '/') && !u.startsWith('data:')) problems.push('request outside the engine: ' + u);
+  });
+  page.on('pageerror', (e) => problems.push('page error: ' + e.message));
+  page.on('console', (m) => {
+    /* The one expected console error is the 401 of the first fetch, before the token. */
+    if (m.type() === 'error' && !/401/.test(m.text())) problems.push('console error: ' + m.text());
+  });
+
+  await check('the page loads and asks for the token', async () => {
+    const res = await page.goto(url + '/');
+    assert.equal(res.status(), 200);
+    assert.match(res.headers()['content-type'], /^text\/html/);
+    await page.locator('#token').waitFor();
+    assert.match(await page.locator('.login').innerText(), /token/i);
+    await page.fill('#token', TOKEN);
+    await page.press('#token', 'Enter');
+  });
+
+  await check('the run list shows the runs, the failed one marked failed', async () => {
+    await page.locator('table.runs tbody tr').nth(3).waitFor(); /* flaky, parent, child, greet by event */
+    const row = page.locator(`table.runs tr[data-id="${flaky}"]`);
+    assert.equal(await row.getAttribute('data-status'), 'failed');
+    assert.match(await row.innerText(), /upstream returned 503 for order 4242/);
+    assert.match(await row.innerText(), /flaky/);
+    assert.match(await page.locator(`table.runs tr[data-id="${child}"]`).innerText(), /child of/);
+    assert.equal(await page.evaluate(() => sessionStorage.getItem('moonloop.token')), TOKEN);
+  });
+
+  await check('the list updates by itself when a run starts', async () => {
+    const fresh = (await call(url, 'POST', '/v1/skills/greet/invoke', { data: { who: 'live' } })).json.run_id;
+    await page.locator(`table.runs tr[data-id="${fresh}"]`).waitFor();
+  });
+
+  await check('the status filter narrows the list', async () => {
+    await page.selectOption('#f-status', 'failed');
+    await until('only failed runs', async () => {
+      const st = await page.locator('table.runs tbody tr').evaluateAll((rows) => rows.map((r) => r.dataset.status));
+      return st.length >= 1 && st.every((s) => s === 'failed') && /status=failed/.test(await page.evaluate(() => location.hash));
+    });
+  });
+
+  await check('"Older" pages through the list', async () => {
+    await page.goto(url + '/#/runs?limit=2');
+    const ids = () => page.locator('table.runs tbody tr').evaluateAll((rows) => rows.map((r) => r.dataset.id));
+    await until('a page of 2', async () => (await ids()).length === 2);
+    const first = await ids();
+    await page.click('#older');
+    await until('the older page', async () => {
+      const next = await ids();
+      return /before=/.test(await page.evaluate(() => location.hash)) && next.length === 2 &&
+        next.every((id) => !first.includes(id) && id < first[1]);
+    });
+  });
+
+  await check('keys: j moves to the first run, Enter opens it, Esc comes back', async () => {
+    await page.goto(url + '/#/runs');
+    await page.locator('table.runs tbody tr').nth(3).waitFor();
+    const top = await page.locator('table.runs tbody tr').first().getAttribute('data-id');
+    await page.keyboard.press('j');
+    await page.keyboard.press('Enter');
+    await until('the run view', async () => (await page.evaluate(() => location.hash)) === '#/runs/' + top);
+    await page.locator('.run-head').waitFor();
+    await page.keyboard.press('Escape');
+    await until('the list again', async () => (await page.evaluate(() => location.hash)) === '#/runs');
+    await page.selectOption('#f-status', 'failed');
+    await page.locator(`table.runs tr[data-id="${flaky}"]`).waitFor();
+  });
+
+  await check('a failed run opens with its error, failing step and attempts', async () => {
+    await page.click(`table.runs tr[data-id="${flaky}"] a.run-link`);
+    await page.locator('#run-error').waitFor();
+    const err = await page.locator('#run-error').innerText();
+    assert.match(err, /upstream returned 503 for order 4242/);
+    assert.match(err, /in step call-api after 3 attempts/);
+    assert.match(err, /stack traceback/);
+    /* The failing step is open: its three attempts, each with the error. */
+    const step = page.locator('#waterfall .wf-row[data-step="call-api"]');
+    assert.equal(await step.getAttribute('data-status'), 'failed');
+    const attempts = step.locator('tr.attempt');
+    await until('3 attempts', async () => (await attempts.count()) === 3);
+    for (let i = 0; i < 3; i++) {
+      assert.equal(await attempts.nth(i).getAttribute('data-status'), 'failed');
+      assert.match(await attempts.nth(i).innerText(), /upstream returned 503/);
+    }
+    assert.match(await step.locator('.logs').innerText(), /calling the API, attempt 3/);
+    /* The input, and the first step's bar placed in the waterfall. */
+    assert.match(await page.locator('.cols').innerText(), /"order": 4242/);
+    const bar = await page.locator('#waterfall .wf-row[data-step="prepare"] .wf-bar').first().evaluate((el) => el.style.left);
+    assert.match(bar, /%$/);
+    fs.mkdirSync(ARTIFACTS, { recursive: true });
+    await page.screenshot({ path: path.join(ARTIFACTS, 'dashboard.png'), fullPage: true });
+  });
+
+  await check('the version links to the source that ran', async () => {
+    await page.click('#version-link');
+    await page.locator('#source').waitFor();
+    assert.match(await page.locator('#source').innerText(), /upstream returned 503 for order/);
+    await page.goBack();
+    await page.locator('#run-error').waitFor();
+  });
+
+  let rerun = null;
+  await check('rerun asks, starts a new run and shows it; it appears in the list', async () => {
+    page.once('dialog', (d) => d.accept());
+    await page.click('#rerun');
+    await until('the new run', async () => {
+      const m = /^#\/runs\/([0-9A-Z]+)$/.exec(await page.evaluate(() => location.hash));
+      return m && m[1] !== flaky && (rerun = m[1]);
+    });
+    await until('the new run\'s header', async () => /rerun/.test(await page.locator('dl.facts').first().innerText().catch(() => '')));
+    assert.match(await page.locator('dl.facts').first().innerText(), new RegExp('rerun\\s+of\\s+' + flaky));
+    assert.match(await page.locator('#banner').innerText(), /Rerun started/);
+    await page.click('#nav-runs');
+    await page.locator(`table.runs tr[data-id="${rerun}"]`).waitFor();
+  });
+
+  await check('a parent run links to its child, and the child to its parent', async () => {
+    await page.goto(url + '/#/runs/' + parent);
+    await page.locator('#run-children').waitFor();
+    await page.click(`table.runs tr[data-id="${child}"] a.run-link`);
+    await until('the child run', async () => (await page.evaluate(() => location.hash)) === '#/runs/' + child);
+    await page.locator(`dl.facts a[href="#/runs/${parent}"]`).first().waitFor();
+  });
+
+  await check('the skills page shows versions and the last load error', async () => {
+    await page.click('#nav-skills');
+    const row = page.locator('tr[data-skill="notes"]');
+    await row.waitFor();
+    assert.equal(await row.locator('.versions li').count(), 2);
+    assert.match(await row.locator('.skill-err').innerText(), /unknown key 'retires'/);
+    assert.equal(await page.locator('tr[data-skill="flaky"] .versions li').count(), 1);
+  });
+
+  await check('the page fetched nothing from elsewhere and raised no error', async () => {
+    assert.deepEqual(problems, []);
+  });
+}
+
+main().catch((e) => {
+  failed++;
+  console.log('not ok - the test could not run\n    ' + String(e && e.stack || e).split('\n').join('\n    '));
+}).finally(async () => {
+  for (const f of cleanups) { try { await f(); } catch (e) { /* best effort */ } }
+  console.log(`${passed} passed, ${failed} failed`);
+  process.exit(failed ? 1 : 0);
+});

@@ -1,0 +1,88 @@
+"""The llm module against an OpenAI-compatible stand-in: answers, JSON mode,
+retries on 429/5xx with Retry-After, usage in the trace, and no second call on replay."""
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from mltest import TestCase, kill9, wait_until  # noqa: E402
+
+
+class LlmTest(TestCase):
+    def setUp(self):
+        super().setUp()
+        self.w.write("moonloop.conf.lua", """return {
+  env = { "STANDIN" },
+  llm = { base_url = "%s/v1", model = "tiny-1", api_key_env = "TEST_LLM_KEY" },
+}""" % self.si.url)
+        self.w.env["TEST_LLM_KEY"] = "sk-test"
+
+    def skill(self, body, name="s.lua", retries=0):
+        self.w.write(name, "return { retries = %d, backoff = '10ms', run = function(ctx)\n%s\nend }\n"
+                     % (retries, body))
+
+    def test_prompt_answer_usage_model_and_key(self):
+        self.si.llm(["all good"])
+        self.skill('return ctx.step.run("ask", function() return llm.chat{ prompt = "status?" } end)')
+        r = self.w.ml("run", "s.lua", check=0)
+        out = json.loads(r.stdout)
+        self.assertEqual(out["text"], "all good")
+        self.assertEqual(out["usage"]["total_tokens"], 18)
+        self.assertEqual(self.si.last_llm_request["model"], "tiny-1")
+        self.assertEqual(self.si.last_llm_request["messages"], [{"role": "user", "content": "status?"}])
+        self.assertEqual(self.si.last_llm_auth, "Bearer sk-test")
+        step = self.w.trace(self.run_id_of(r))["steps"][0]
+        self.assertEqual(step["usage"], {"prompt_tokens": 11, "completion_tokens": 7,
+                                         "total_tokens": 18, "calls": 1})
+
+    def test_messages_system_and_json_mode(self):
+        self.si.llm(['```json\n{"health": "degraded", "reasons": ["latency"]}\n```'])
+        self.skill('''return ctx.step.run("classify", function()
+  return llm.chat{ system = "be terse", messages = { { role = "user", content = "classify" } },
+                   json = true }.json
+end)''')
+        r = self.w.ml("run", "s.lua", check=0)
+        self.assertEqual(json.loads(r.stdout), {"health": "degraded", "reasons": ["latency"]})
+        req = self.si.last_llm_request
+        self.assertEqual(req["response_format"], {"type": "json_object"})
+        self.assertEqual(req["messages"][0], {"role": "system", "content": "be terse"})
+
+    def test_json_mode_fails_clearly_on_nonsense(self):
+        self.si.llm(["I think it is probably fine?"])
+        self.skill('return ctx.step.run("c", function() return llm.chat{ prompt = "x", json = true }.json end)')
+        r = self.w.ml("run", "s.lua", check=1)
+        self.assertIn("the model's answer is not JSON", r.stderr)
+        self.assertIn("probably fine", r.stderr)
+
+    def test_429_and_5xx_are_retried_honouring_retry_after(self):
+        self.si.llm([(429, {"Retry-After": "1"}), 503, "finally"])
+        self.skill('return ctx.step.run("ask", function() return llm.chat{ prompt = "x" }.text end)')
+        t0 = time.time()
+        r = self.w.ml("run", "s.lua", check=0)
+        self.assertEqual(json.loads(r.stdout), "finally")
+        self.assertGreaterEqual(time.time() - t0, 1.0)  # waited for Retry-After
+        self.assertEqual(self.si.count("/v1/chat/completions"), 3)
+        # One step attempt: the retries were the module's own.
+        self.assertEqual(len(self.w.trace(self.run_id_of(r))["steps"][0]["attempts"]), 1)
+
+    def test_bad_arguments_and_io_outside_steps(self):
+        self.skill('return ctx.step.run("c", function() return llm.chat{ temperature = 1 } end)')
+        self.assertIn("give 'prompt'", self.w.ml("run", "s.lua", check=1).stderr)
+        self.skill('return llm.chat{ prompt = "x" }')
+        self.assertIn("must be called inside a step body", self.w.ml("run", "s.lua", check=1).stderr)
+
+    def test_a_replay_after_sigkill_never_pays_twice(self):
+        self.si.llm(['{"root_cause": "deploy 42"}'])
+        self.si.routes["/hang"] = lambda h, b, n: (time.sleep(30 if n == 1 else 0), (200, {"n": n}))[1]
+        self.skill('''
+local a = ctx.step.run("correlate", function() return llm.chat{ prompt = "why?", json = true }.json end)
+local b = ctx.step.run("post", function() return http.get_json(env.STANDIN .. "/hang").n end)
+return { cause = a.root_cause, post = b }''')
+        p = self.w.start("run", "s.lua")
+        wait_until(lambda: self.si.count("/hang") == 1, what="the step after the LLM call")
+        kill9(p)
+        run_id = self.w.runs()[0]["id"]
+        r = self.w.ml("run", "--resume", run_id, check=0)
+        self.assertEqual(json.loads(r.stdout), {"cause": "deploy 42", "post": 2})
+        self.assertEqual(self.si.count("/v1/chat/completions"), 1)
