@@ -326,6 +326,32 @@ static void metrics(server_t *srv, h2o_req_t *req) {
       fprintf(f, "moonloop_runs{status=\"%s\"} %.0f\n", c->string, c->valuedouble);
     cJSON_Delete(counts);
   }
+  fprintf(f, "# HELP moonloop_runs_finished_total Runs that ended in this process, by status.\n"
+             "# TYPE moonloop_runs_finished_total counter\n"
+             "moonloop_runs_finished_total{status=\"completed\"} %llu\n"
+             "moonloop_runs_finished_total{status=\"failed\"} %llu\n"
+             "moonloop_runs_finished_total{status=\"cancelled\"} %llu\n",
+          (unsigned long long)st->runs_completed, (unsigned long long)st->runs_failed,
+          (unsigned long long)st->runs_cancelled);
+  fprintf(f, "# HELP moonloop_step_duration_seconds Time from a step's start to its end.\n"
+             "# TYPE moonloop_step_duration_seconds histogram\n");
+  uint64_t cum = 0;
+  for (int i = 0; i < SCHED_STEP_BUCKETS; i++) {
+    cum += st->step_buckets[i];
+    if (i == SCHED_STEP_BUCKETS - 1)
+      fprintf(f, "moonloop_step_duration_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+    else
+      fprintf(f, "moonloop_step_duration_seconds_bucket{le=\"%g\"} %llu\n",
+              sched_step_bounds_ms[i] / 1000.0, (unsigned long long)cum);
+  }
+  fprintf(f, "moonloop_step_duration_seconds_sum %.3f\nmoonloop_step_duration_seconds_count %llu\n",
+          st->step_sum_ms / 1000.0, (unsigned long long)st->step_count);
+  fprintf(f, "# HELP moonloop_lease_takeovers_total Runs this process resumed after another stopped.\n"
+             "# TYPE moonloop_lease_takeovers_total counter\n"
+             "moonloop_lease_takeovers_total %llu\n", (unsigned long long)st->takeovers);
+  fprintf(f, "# HELP moonloop_ready_tasks Tasks ready to resume now (the loop's queue).\n"
+             "# TYPE moonloop_ready_tasks gauge\n"
+             "moonloop_ready_tasks %d\n", st->ready);
   fprintf(f, "# HELP moonloop_http_connections Open HTTP connections.\n"
              "# TYPE moonloop_http_connections gauge\n"
              "moonloop_http_connections %zu\n", srv->nconns);

@@ -149,3 +149,34 @@ end }""")
         lines = [l for l in out.splitlines() if rid in l]
         self.assertTrue(any("completed" in l for l in lines), out)
         self.assertTrue(any("sleeping" in l or "running" in l for l in lines), out)
+
+
+class MetricsTest(TestCase):
+    def test_metrics_count_runs_steps_and_takeovers(self):
+        import re
+        import urllib.request
+        os.makedirs(os.path.join(self.w.path, "skills"))
+        self.w.write("skills/m.lua", """
+return { id = "m", retries = 0, run = function(ctx)
+  ctx.step.run("a", function() return 1 end)
+  if ctx.input and ctx.input.fail then ctx.step.run("b", function() error("no") end) end
+end }""")
+        p = self.w.start("serve", "--workspace", "skills", "--listen", "127.0.0.1:0")
+        url = wait_until(lambda: re.search(r"listening on (http://\S+)", p.stderr.readline() or ""),
+                         what="the listening line").group(1)
+        wait_until(lambda: self.w.json("skills"), what="registration")
+        self.w.ml("invoke", "m", "--wait", check=0)
+        self.w.ml("invoke", "m", "--data", '{"fail": true}', "--wait", check=1)
+        text = urllib.request.urlopen(url + "/metrics").read().decode()
+        metrics = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                k, v = line.rsplit(" ", 1)
+                metrics[k] = float(v)
+        self.assertEqual(metrics['moonloop_runs{status="completed"}'], 1)
+        self.assertEqual(metrics['moonloop_runs{status="failed"}'], 1)
+        self.assertEqual(metrics['moonloop_runs_finished_total{status="failed"}'], 1)
+        self.assertEqual(metrics["moonloop_step_duration_seconds_count"], 3)
+        self.assertEqual(metrics['moonloop_step_duration_seconds_bucket{le="+Inf"}'], 3)
+        self.assertIn("moonloop_lease_takeovers_total", metrics)
+        self.assertIn("moonloop_ready_tasks", metrics)
