@@ -1,0 +1,234 @@
+"""moonloop test: skill tests with mocks, supplied events and a virtual clock.
+
+Runs the tests of every skill in skills/, the examples of docs/testing.md
+(and checks the documented failure output word for word), and checks that
+a wrong expectation fails at its line, that a day-long sleep plus an
+hour-long wait pass at once on the virtual clock, and that tests are
+hermetic (an unmocked request never leaves the process).
+"""
+import glob
+import json
+import os
+import re
+import shutil
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from mltest import SRC, TestCase, wait_until  # noqa: E402
+
+DIGEST = """return {
+  id = "digest",
+  timeout = "3d",
+  run = function(ctx)
+    local t0 = time.now()
+    local items = ctx.step.run("collect", function() return http.get_json(env.FEED .. "/items") end)
+    ctx.step.sleep("cool-off", "1d")
+    local ok = ctx.step.wait_for_event("approval", { event = "digest.approved", timeout = "1h" })
+    ctx.step.run("post", function() return http.post_json(env.FEED .. "/post", { n = #items }) end)
+    return { approved = ok ~= nil, waited = time.now() - t0 }
+  end,
+}
+"""
+
+DIGEST_TEST = """local t = test.skill("digest.lua", { env = { FEED = "http://feed.test" } })
+t:before_each(function(c)
+  c:mock("collect", { 1, 2 })
+  c:http("POST http://feed.test/post", { json = { ok = true } })
+end)
+t:case("approved after the sleep", function(c)
+  c:event("digest.approved", { ok = true }, { after = "1d10m" })
+  local out = c:run({})
+  c:eq(out, { approved = true, waited = 86400 + 600 })
+  c:eq(c:step("cool-off").duration, 86400)
+end)
+t:case("not approved: the wait times out after an hour", function(c)
+  local out = c:run({})
+  c:eq(out, { approved = false, waited = 86400 + 3600 })
+  c:eq(c:step("approval").duration, 3600)
+  c:steps({ "collect", "cool-off", "approval", "post" })
+end)
+return t
+"""
+
+
+def doc_examples():
+    """The example files of docs/testing.md: {path: text}, and the documented failure output."""
+    with open(os.path.join(SRC, "docs", "testing.md")) as f:
+        doc = f.read()
+    files = {}
+    for m in re.finditer(r"```lua\n(-- (examples/[\w./-]+\.lua)\n.*?)```", doc, re.S):
+        files[m.group(2)] = m.group(1)
+    out = re.search(r"```text\n\$ moonloop test examples/failing/\n(.*?)```", doc, re.S)
+    return files, out.group(1) if out else None
+
+
+class SkillTestsTest(TestCase):
+    def copy_skills(self):
+        dst = os.path.join(self.w.path, "skills")
+        shutil.copytree(os.path.join(SRC, "skills"), dst)
+        return dst
+
+    def test_skills_dir_passes(self):
+        self.copy_skills()
+        r = self.w.ml("test", "skills/", check=0)
+        m = re.search(r"^(\d+) passed, 0 failed$", r.stdout, re.M)
+        self.assertTrue(m and int(m.group(1)) > 0, r.stdout + r.stderr)
+        doc = self.w.json("test", "skills/")
+        self.assertEqual(doc["failed"], 0)
+        self.assertIsNone(doc["db"])  # removed: everything passed
+        self.assertTrue(all(t["ok"] and t["file"].startswith("skills/") for t in doc["tests"]))
+
+    def test_every_skill_has_a_test_file(self):
+        missing = []
+        for path in sorted(glob.glob(os.path.join(SRC, "skills", "*.lua"))):
+            if path.endswith("_test.lua"):
+                continue
+            test = path[:-len(".lua")] + "_test.lua"
+            name = os.path.basename(path)
+            if not os.path.exists(test):
+                missing.append("skills/%s has no test file skills/%s (see docs/testing.md)"
+                               % (name, os.path.basename(test)))
+                continue
+            with open(test) as f:
+                if 'test.skill("%s"' % name not in f.read():
+                    missing.append("skills/%s does not call test.skill(\"%s\")"
+                                   % (os.path.basename(test), name))
+        self.assertEqual(missing, [])
+
+    def test_wrong_expectation_fails_at_its_line(self):
+        self.copy_skills()
+        self.w.write("skills/wrong_test.lua", "\n".join([
+            'local t = test.skill("service_check.lua")',
+            't:case("right", function(c)',
+            '  c:mock("fetch-metrics", { services = { { name = "api", error_rate = 0.5, latency_ms = 1 } } })',
+            '  c:mock("confirm", { "api" })',
+            '  c:mock("post-summary", { ok = true })',
+            '  local out = c:run({})',
+            '  c:eq(out.unhealthy, { "api" })',
+            '  c:eq(out.unhealthy, { "db" })   -- line 8: wrong on purpose',
+            'end)',
+            'return t', ""]))
+        r = self.w.ml("test", "skills/wrong_test.lua", check=1)
+        lines = r.stdout.splitlines()
+        self.assertEqual(lines[0], 'skills/wrong_test.lua:8: FAIL right: values differ at [1]: '
+                                   'expected "db", got "api"', r.stdout)
+        self.assertEqual(lines[-1], "0 passed, 1 failed")
+        doc = json.loads(self.w.ml("test", "skills/wrong_test.lua", "--json", check=1).stdout)
+        self.assertEqual((doc["tests"][0]["line"], doc["failed"]), (8, 1))
+        # The failed case's run stays in the kept database, as `moonloop trace` shows it.
+        trace = self.w.json("trace", doc["tests"][0]["run_id"], "--db", doc["db"])
+        self.assertEqual([s["id"] for s in trace["steps"]],
+                         ["fetch-metrics", "settle", "confirm", "post-summary"])
+        self.assertEqual(trace["status"], "completed")
+        shutil.rmtree(os.path.dirname(doc["db"]), ignore_errors=True)
+
+    def test_day_long_sleep_and_hour_wait_take_no_wall_time(self):
+        self.w.write("t/digest.lua", DIGEST)
+        self.w.write("t/digest_test.lua", DIGEST_TEST)
+        t0 = time.monotonic()
+        r = self.w.ml("test", "t", "-v", check=0)
+        wall = time.monotonic() - t0
+        self.assertIn("2 passed, 0 failed", r.stdout)
+        print("\n  a day's sleep and an hour's wait, 2 cases: %.3fs of wall time" % wall,
+              file=sys.stderr)
+        self.assertLess(wall, 5.0)
+
+    def test_docs_examples(self):
+        files, failing_out = doc_examples()
+        self.assertGreaterEqual(len(files), 4)
+        self.assertIsNotNone(failing_out)
+        self.copy_skills()
+        for path, text in files.items():
+            self.w.write(path, text)
+        tests = sorted(p for p in files if p.endswith("_test.lua") and "/failing/" not in p)
+        r = self.w.ml("test", *tests, check=0)
+        self.assertRegex(r.stdout, r"^\d+ passed, 0 failed$")
+        r = self.w.ml("test", "examples/failing/", check=1)
+        self.assertEqual(r.stdout, failing_out)
+
+    def test_hermetic_unmocked_request_never_leaves(self):
+        self.w.write("h/call.lua", 'return { run = function(ctx)\n'
+                     '  return ctx.step.run("call", function() return http.get_json(env.URL .. "/x") end)\n'
+                     'end }\n')
+        self.w.write("h/call_test.lua", 'local t = test.skill("call.lua", { env = { URL = %s } })\n'
+                     't:case("unmocked", function(c)\n'
+                     '  c:run()\n'
+                     '  c:err("GET " .. %s .. "/x is not mocked in this test")\n'
+                     '  c:eq(c:step("call").attempts, 4)\n'
+                     'end)\nreturn t\n' % (json.dumps(self.si.url), json.dumps(self.si.url)))
+        r = self.w.ml("test", "h", check=0)
+        self.assertIn("1 passed, 0 failed", r.stdout)
+        self.assertEqual(self.si.count("/x"), 0)
+
+    def test_registered_skill_by_id(self):
+        self.w.write("ws/greet.lua", 'return { id = "greet", run = function(ctx)\n'
+                     '  return ctx.step.run("hello", function() return "hi " .. ctx.input.name end)\n'
+                     'end }\n')
+        # A test file beside the skill in a live workspace is not taken for a skill.
+        self.w.write("ws/greet_test.lua", 'local t = test.skill("greet.lua")\n'
+                     't:case("x", function(c) c:eq(c:run({ name = "bo" }), "hi bo") end)\nreturn t\n')
+        p = self.w.start("serve", "--workspace", "ws", "--listen", "127.0.0.1:0")
+        try:
+            wait_until(lambda: any(s["id"] == "greet" for s in self.w.json("skills")),
+                       what="greet registered")
+            time.sleep(1.5)  # past the watcher's debounce: a rejected test file would show by now
+            self.assertEqual([s["id"] for s in self.w.json("skills")], ["greet"])
+        finally:
+            p.terminate()
+            p.wait(timeout=20)
+        r = self.w.ml("test", "ws", check=0)
+        self.assertIn("1 passed, 0 failed", r.stdout)
+        self.w.write("byid/greet_test.lua", 'local t = test.skill("greet")\n'
+                     't:case("by id", function(c)\n'
+                     '  c:eq(c:run({ name = "ana" }), "hi ana")\n'
+                     'end)\nreturn t\n')
+        r = self.w.ml("test", "byid", check=0)
+        self.assertIn("1 passed, 0 failed", r.stdout)
+        self.w.write("byid2/x_test.lua", 'local t = test.skill("nope")\nreturn t\n')
+        r = self.w.ml("test", "byid2", check=1)
+        self.assertIn("byid2/x_test.lua:1: FAIL loading the test file: no skill file 'nope'", r.stdout)
+
+    def test_bad_input(self):
+        os.makedirs(os.path.join(self.w.path, "empty"))
+        r = self.w.ml("test", "empty", check=2)
+        self.assertIn("no test files", r.stderr)
+        r = self.w.ml("test", "no/such/dir", check=2)
+        self.assertIn("no such file or directory: no/such/dir", r.stderr)
+        self.copy_skills()
+        self.w.write("skills/syntax_test.lua", 'local t = test.skill("service_check.lua")\n'
+                     't:case("x", function(c)\n  local = 1\nend)\nreturn t\n')
+        r = self.w.ml("test", "skills/syntax_test.lua", check=1)
+        self.assertTrue(r.stdout.startswith("skills/syntax_test.lua:3: FAIL loading the test file:"),
+                        r.stdout)
+        self.w.write("skills/err_test.lua", 'local t = test.skill("service_check.lua")\n'
+                     't:case("x", function(c)\n  local v\n  c:eq(v.field, 1)\nend)\nreturn t\n')
+        r = self.w.ml("test", "skills/err_test.lua", check=1)
+        self.assertIn("skills/err_test.lua:4: FAIL x: attempt to index local 'v' (a nil value)", r.stdout)
+
+    def test_test_files_are_sandboxed(self):
+        self.copy_skills()
+        self.w.write("skills/evil_test.lua", 'local t = test.skill("service_check.lua")\n'
+                     't:case("io", function(c) io.open("/tmp/x", "w") end)\n'
+                     't:case("os", function(c) os.execute("true") end)\n'
+                     'return t\n')
+        r = self.w.ml("test", "skills/evil_test.lua", check=1)
+        self.assertIn("evil_test.lua:2: FAIL io: undefined global 'io'", r.stdout)
+        self.assertIn("evil_test.lua:3: FAIL os:", r.stdout)
+        self.assertIn("0 passed, 2 failed", r.stdout)
+
+    def test_runaway_step_fails_the_run_not_the_runner(self):
+        self.w.write("moonloop.conf.lua", "return { limits = { run_seconds_between_yields = 0.2 } }\n")
+        self.w.write("r/spin.lua", 'return { run = function(ctx)\n'
+                     '  return ctx.step.run("spin", function() while true do end end)\n'
+                     'end }\n')
+        self.w.write("r/spin_test.lua", 'local t = test.skill("spin.lua")\n'
+                     't:case("stopped", function(c)\n'
+                     '  c:run()\n'
+                     '  c:err("ran for more than 200 ms without yielding")\n'
+                     '  c:eq(c:step("spin").status, "failed")\n'
+                     'end)\n'
+                     't:case("next case runs", function(c) c:ok(true) end)\n'
+                     'return t\n')
+        r = self.w.ml("test", "r", check=0)
+        self.assertIn("2 passed, 0 failed", r.stdout)
