@@ -28,7 +28,7 @@ unit: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L unit
 
 demo: build
-	@sh scripts/demo.sh
+	@python3 scripts/demo.py
 
 bench: build
 	@sh tests/bench/run.sh

@@ -37,9 +37,9 @@
 static repl_t *the_repl;
 static volatile sig_atomic_t got_sigint;
 
-/* SIGINT: stop the chunk that runs, or (at a prompt) clear the line. */
-static int on_tty;
+static int on_tty; /* stdin and stdout are a terminal */
 
+/* SIGINT: stop the chunk that runs, or (at a prompt) clear the line. */
 static void on_sigint(int sig) {
   (void)sig;
   got_sigint = 1;
@@ -54,6 +54,7 @@ struct chunk {
   size_t len, cap;
 };
 
+/* Append a line and its newline. */
 static void chunk_add(struct chunk *c, const char *line) {
   size_t n = strlen(line);
   if (c->len + n + 2 > c->cap) {
@@ -69,11 +70,13 @@ static void chunk_add(struct chunk *c, const char *line) {
   c->s[c->len] = 0;
 }
 
+/* Empty the chunk, keeping its memory. */
 static void chunk_reset(struct chunk *c) {
   c->len = 0;
   if (c->s) c->s[0] = 0;
 }
 
+/* Whether s holds nothing but spaces. */
 static int blank(const char *s) {
   for (; s && *s; s++)
     if (*s != ' ' && *s != '\t' && *s != '\n' && *s != '\r') return 0;
@@ -82,22 +85,61 @@ static int blank(const char *s) {
 
 /* ---- reading from a pipe ---- */
 
-static char *pipe_line(void) {
+/* Lines of stdin, read with read(2) behind poll(2), so that the engine
+** works while the input is slow to come (an agent thinking): its lease is
+** renewed and its commits go on. */
+static struct {
+  char buf[65536];
+  size_t start, end;
+  int eof;
+} in;
+
+/* The next line of stdin without its newline (malloc'd), or NULL at the
+** end of the input or on SIGINT. */
+static char *pipe_line(repl_t *rp) {
   char *line = NULL;
-  size_t cap = 0;
-  ssize_t n = getline(&line, &cap, stdin);
-  if (n < 0) {
-    free(line);
-    return NULL;
+  size_t len = 0;
+  for (;;) {
+    char *nl = memchr(in.buf + in.start, '\n', in.end - in.start);
+    size_t take = nl ? (size_t)(nl - (in.buf + in.start)) : in.end - in.start;
+    if (take || nl) {
+      char *p = realloc(line, len + take + 1);
+      if (!p) break;
+      line = p;
+      memcpy(line + len, in.buf + in.start, take);
+      len += take;
+      line[len] = 0;
+      in.start += take + (nl ? 1 : 0);
+    }
+    if (nl) break;
+    in.start = in.end = 0;
+    if (in.eof) {
+      if (!line) return NULL;
+      break; /* a last line without its newline */
+    }
+    struct pollfd p = {.fd = 0, .events = POLLIN};
+    int n = poll(&p, 1, PUMP_MS);
+    if (got_sigint) {
+      free(line);
+      return NULL;
+    }
+    if (n == 0 || (n < 0 && errno == EINTR)) {
+      if (rp) repl_pump(rp);
+      continue;
+    }
+    ssize_t got = read(0, in.buf, sizeof in.buf);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (got <= 0) in.eof = 1;
+    else in.end = (size_t)got;
   }
-  if (n && line[n - 1] == '\n') line[--n] = 0;
-  if (n && line[n - 1] == '\r') line[--n] = 0;
+  if (len && line[len - 1] == '\r') line[--len] = 0;
   return line;
 }
 
+/* step_through's questions, from a pipe: the next line. */
 static char *pipe_ask(const char *prompt, void *arg) {
   (void)prompt, (void)arg;
-  return pipe_line();
+  return pipe_line(the_repl);
 }
 
 /* Run the chunks of a pipe; 1 if any raised an error. */
@@ -105,7 +147,7 @@ static int run_pipe(repl_t *rp) {
   struct chunk c = {0};
   int failed = 0;
   char *line;
-  while ((line = pipe_line())) {
+  while ((line = pipe_line(rp))) {
     chunk_add(&c, line);
     free(line);
     if (blank(c.s)) {
@@ -119,7 +161,7 @@ static int run_pipe(repl_t *rp) {
   /* What is left ends too early: evaluating it reports why. */
   if (c.len && !blank(c.s) && repl_eval(rp, c.s)) failed = 1;
   free(c.s);
-  if (got_sigint && !failed) return 130;
+  if (got_sigint) return 130; /* stopped by SIGINT */
   return failed ? EXIT_FAILED : EXIT_OK;
 }
 
@@ -135,6 +177,7 @@ static struct {
   size_t next_match;
 } term;
 
+/* libedit's callback: a line was entered (NULL: Ctrl-D on an empty line). */
 static void on_line(char *line) {
   term.done = 1;
   if (line) term.line = line;
@@ -181,12 +224,14 @@ static int tty_read(const char *prompt, char **line, int pump) {
   return 1;
 }
 
+/* step_through's questions, at a terminal (the engine works meanwhile). */
 static char *tty_ask(const char *prompt, void *arg) {
   (void)arg;
   char *line;
-  return tty_read(prompt, &line, 0) == 1 ? line : NULL;
+  return tty_read(prompt, &line, 1) == 1 ? line : NULL;
 }
 
+/* libedit's generator: the completions found by complete(), one by one. */
 static char *match_next(const char *text, int state) {
   (void)text;
   if (!term.matches) return NULL;
@@ -209,6 +254,7 @@ static char **complete(const char *text, int start, int end) {
   return rl_completion_matches(text, match_next);
 }
 
+/* $MOONLOOP_HISTORY, else ~/.moonloop_history, or NULL (no history file). */
 static const char *history_path(char *buf, size_t n) {
   const char *p = getenv("MOONLOOP_HISTORY");
   if (p && *p) return p;
@@ -218,6 +264,7 @@ static const char *history_path(char *buf, size_t n) {
   return buf;
 }
 
+/* The session at a terminal: prompt, history, chunks; returns the exit status. */
 static int run_tty(repl_t *rp) {
   char hbuf[4096];
   const char *hist = history_path(hbuf, sizeof hbuf);
@@ -270,23 +317,25 @@ static int run_tty(repl_t *rp) {
 
 #else /* no libedit: a plain prompt */
 
+/* step_through's questions, without line editing. */
 static char *tty_ask(const char *prompt, void *arg) {
   (void)arg;
   fputs(prompt, stdout);
   fflush(stdout);
-  return pipe_line();
+  return pipe_line(the_repl);
 }
 
+/* The session at a terminal, without line editing or history. */
 static int run_tty(repl_t *rp) {
   struct chunk c = {0};
   for (;;) {
     fputs(c.len ? PROMPT_MORE : PROMPT, stdout);
     fflush(stdout);
     got_sigint = 0;
-    char *line = pipe_line();
+    char *line = pipe_line(rp);
     if (!line) {
       if (got_sigint) {
-        clearerr(stdin);
+        got_sigint = 0;
         fputc('\n', stdout);
         chunk_reset(&c);
         continue;
@@ -321,7 +370,7 @@ int cli_repl(struct cli *c) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   struct repl_opts o = {
     .cfg = &c->cfg, .color = c->color, .load_workspace = 1,
-    .ask = tty ? tty_ask : pipe_ask, .ask_arg = NULL,
+    .ask = tty ? tty_ask : pipe_ask,
   };
   repl_t *rp;
   err_t e;

@@ -8,6 +8,7 @@
 #include "cli.h"
 #include "standalone.h"
 
+/* moonloop sidecar: run until a signal; a start that fails exits 1 (2 for bad usage). */
 int cli_sidecar(struct cli *c) {
   if (c->nargs || !c->cfg.server)
     return cli_fail(EXIT_USAGE, "usage: moonloop sidecar --workspace DIR --server URL");

@@ -235,6 +235,7 @@ int journal_wait(journal_t *j, const struct wait_row *w) {
   c->match_path = dup(j, w->match_path, &fail);
   c->match_value = dup(j, w->match_value, &fail);
   c->owner = dup(j, w->owner, &fail);
+  c->exclude = dup(j, w->exclude, &fail);
   return fail ? ERR_NOMEM : 0;
 }
 

@@ -85,6 +85,7 @@ struct wait_row {
   const char *run_id;
   int seq;
   const char *kind, *name, *match_path, *match_value, *owner;
+  const char *exclude; /* an event that never counts: the run's own triggering event */
   int64_t since, timeout_at;
 };
 

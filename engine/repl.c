@@ -12,6 +12,7 @@
 **   RESUME id p    take an unfinished run and adopt it     the same
 **   WAIT id        poll the store until another engine     the same
 **                  ends the run
+**   SLEEP ms       a timer (the REPL's ctx.step.sleep)     nothing
 **
 ** The evaluation's state machine:
 **
@@ -54,7 +55,7 @@
 #include <sys/stat.h>
 
 /* Ops of the REPL's coroutine, apart from run.h's (it also yields OP_HTTP). */
-enum repl_op { ROP_SKILL = 101, ROP_RUN, ROP_RESUME, ROP_WAIT };
+enum repl_op { ROP_SKILL = 101, ROP_RUN, ROP_RESUME, ROP_WAIT, ROP_SLEEP };
 
 enum co_state { CO_NONE, CO_READY, CO_RUNNING, CO_PARKED };
 
@@ -98,6 +99,12 @@ struct repl {
   struct { char run_id[27]; int seq; } skips[MAX_SKIPS];
   int nskips;
   char *last_attempt_error; /* of the attempt row journaled before a step row */
+  /* a run parked before a step, waiting for the person's answer */
+  struct {
+    int pending;
+    char run_id[27], step_id[256], kind[16];
+    int seq;
+  } pause;
 };
 
 static const char *col(const struct repl *rp, const char *c) { return rp->color ? c : ""; }
@@ -110,6 +117,7 @@ static int watch_index(const struct repl *rp, const char *run_id) {
   return -1;
 }
 
+/* Print the steps of run_id from now on (up to MAX_WATCH runs). */
 static void watch_add(struct repl *rp, const char *run_id, const char *skill) {
   if (rp->nwatch >= MAX_WATCH || watch_index(rp, run_id) >= 0) return;
   snprintf(rp->watch[rp->nwatch], sizeof rp->watch[0], "%s", run_id);
@@ -131,6 +139,7 @@ static void short_json(const char *json, char *out, size_t max) {
   memcpy(out + k, "...", 4);
 }
 
+/* Whether (run_id, seq) was completed by a skip; forgets it. */
 static int take_skip(struct repl *rp, const char *run_id, int seq) {
   for (int i = 0; i < rp->nskips; i++) {
     if (rp->skips[i].seq == seq && !strcmp(rp->skips[i].run_id, run_id)) {
@@ -254,8 +263,16 @@ static void co_outcome(struct repl *rp, const char *status, const char *output, 
   rp->wait_id[0] = 0;
 }
 
+/* A run ended (or was dropped): say so, and resume the coroutine that
+** waits for it with its outcome. */
 static void on_run_done(const struct sched_result *res, void *arg) {
   struct repl *rp = arg;
+  if (rp->pause.pending && !strcmp(rp->pause.run_id, res->run_id)) {
+    /* It ended while its question waited (its lease was lost): no question. */
+    err_t e;
+    rp->pause.pending = 0;
+    run_pause_answer(rp->en.sched, res->run_id, PAUSE_STOP, NULL, &e);
+  }
   int waited = rp->wait_id[0] && !strcmp(rp->wait_id, res->run_id);
   if (!waited) return;
   char d[32];
@@ -435,6 +452,7 @@ static int load_target(struct repl *rp, const char *target, struct skill **out, 
   return load_registered(rp, target, out, e);
 }
 
+/* SKILL target: resumed with {id, version, file, description, triggers}. */
 static void op_skill(struct repl *rp, lua_State *co) {
   const char *target = lua_tostring(co, 2);
   struct skill *sk;
@@ -483,6 +501,8 @@ static void op_run(struct repl *rp, lua_State *co) {
   sched_on_done(s, id, on_run_done, rp);
 }
 
+/* RESUME id pause: take an unfinished run (ours, unowned, or its owner's
+** lease gone) and go on with it here, replaying its journal. */
 static void op_resume(struct repl *rp, lua_State *co) {
   sched_t *s = rp->en.sched;
   char id[27];
@@ -507,10 +527,12 @@ static void op_resume(struct repl *rp, lua_State *co) {
     fprintf(stderr, "  (it is parked: pausing starts when it wakes up, not before)\n");
 }
 
+/* Whether a run status is final. */
 static int terminal(const char *st) {
   return !strcmp(st, "completed") || !strcmp(st, "failed") || !strcmp(st, "cancelled");
 }
 
+/* WAIT's timer: read the run's status until it is final. */
 static void on_poll(uv_timer_t *h) {
   struct repl *rp = h->data;
   if (!rp->co || rp->state != CO_PARKED || !rp->wait_id[0]) {
@@ -534,12 +556,31 @@ static void on_poll(uv_timer_t *h) {
   cJSON_Delete(rec);
 }
 
+/* WAIT id: a run another engine executes (invoke with wait). */
 static void op_wait(struct repl *rp, lua_State *co) {
   snprintf(rp->wait_id, sizeof rp->wait_id, "%s", lua_tostring(co, 2));
   fprintf(stderr, "run %s queued; waiting for the engine running it\n", rp->wait_id);
   lua_settop(co, 0);
   rp->state = CO_PARKED;
   uv_timer_start(&rp->poll, on_poll, WAIT_POLL_MS, WAIT_POLL_MS);
+}
+
+/* SLEEP's timer. */
+static void on_sleep(uv_timer_t *h) {
+  struct repl *rp = h->data;
+  if (!rp->co || rp->state != CO_PARKED) return;
+  lua_settop(rp->co, 0);
+  rp->nres = 0;
+  rp->state = CO_READY;
+}
+
+/* SLEEP ms: ctx.step.sleep at the prompt (nothing journaled). */
+static void op_sleep(struct repl *rp, lua_State *co) {
+  double ms = lua_tonumber(co, 2);
+  lua_settop(co, 0);
+  rp->state = CO_PARKED;
+  uv_update_time(&rp->en.loop); /* the loop may not have turned for a while */
+  uv_timer_start(&rp->poll, on_sleep, ms > 0 ? (uint64_t)ms : 0, 0);
 }
 
 /* Handle what the coroutine yielded. */
@@ -558,6 +599,7 @@ static void dispatch(struct repl *rp, lua_State *co) {
   case ROP_RUN: op_run(rp, co); break;
   case ROP_RESUME: op_resume(rp, co); break;
   case ROP_WAIT: op_wait(rp, co); break;
+  case ROP_SLEEP: op_sleep(rp, co); break;
   default:
     fprintf(stderr, "internal error: the REPL got an op it does not know (%d)\n",
             (int)lua_tointeger(co, 1));
@@ -591,6 +633,8 @@ static void co_step(struct repl *rp) {
   co_drop(rp);
 }
 
+static void answer_pause(struct repl *rp);
+
 int repl_eval(repl_t *rp, const char *src) {
   lua_State *L = main_L(rp);
   int top = lua_gettop(L);
@@ -608,10 +652,17 @@ int repl_eval(repl_t *rp, const char *src) {
   rp->interrupted = 0;
   rp->evaluating = 1;
   while (rp->co && !rp->interrupted) {
-    if (rp->state == CO_READY) co_step(rp);
+    if (rp->pause.pending) answer_pause(rp);
+    else if (rp->state == CO_READY) co_step(rp);
     else uv_run(&rp->en.loop, UV_RUN_ONCE);
   }
   rp->evaluating = 0;
+  if (rp->pause.pending) {
+    /* Interrupted at the question: the paused run stops with the others. */
+    err_t e;
+    run_pause_answer(rp->en.sched, rp->pause.run_id, PAUSE_STOP, NULL, &e);
+    rp->pause.pending = 0;
+  }
   if (rp->interrupted) {
     /* Ctrl-C: the Lua that ran was stopped by the hook; what waits is
     ** dropped, and so is every run (without a write: resumable). */
@@ -661,6 +712,7 @@ static char *value_json(struct repl *rp, const char *expr, char *msg, size_t n) 
   return js;
 }
 
+/* s without its leading and trailing spaces (in place). */
 static char *trim(char *s) {
   while (isspace((unsigned char)*s)) s++;
   size_t n = strlen(s);
@@ -668,16 +720,30 @@ static char *trim(char *s) {
   return s;
 }
 
+/* The scheduler's pause handler: note the step, and let repl_eval ask. */
 static enum run_pause_decision on_pause(const struct run_pause_step *p, char **value, void *arg) {
   struct repl *rp = arg;
-  fprintf(stderr, "  %s\xe2\x96\xb8%s next: %s (%s)\n", col(rp, C_CYAN), col(rp, C_RESET), p->step_id,
-          p->kind);
+  (void)value;
+  if (rp->pause.pending) return PAUSE_RUN; /* one question at a time */
+  rp->pause.pending = 1;
+  snprintf(rp->pause.run_id, sizeof rp->pause.run_id, "%s", p->run_id);
+  snprintf(rp->pause.step_id, sizeof rp->pause.step_id, "%s", p->step_id ? p->step_id : "?");
+  snprintf(rp->pause.kind, sizeof rp->pause.kind, "%s", p->kind ? p->kind : "?");
+  rp->pause.seq = p->seq;
+  return PAUSE_WAIT;
+}
+
+/* Ask what to do with the paused step (Enter, s VALUE, q) and answer. */
+static void answer_pause(struct repl *rp) {
+  enum run_pause_decision d = PAUSE_STOP;
+  char *value = NULL;
+  fprintf(stderr, "  %s\xe2\x96\xb8%s next: %s (%s)\n", col(rp, C_CYAN), col(rp, C_RESET),
+          rp->pause.step_id, rp->pause.kind);
   for (;;) {
-    if (rp->interrupted || !rp->ask) return PAUSE_STOP;
+    if (rp->interrupted || !rp->ask) break;
     char *line = rp->ask("step> ", rp->ask_arg);
-    if (!line) return PAUSE_STOP; /* end of input, or Ctrl-C */
+    if (!line) break; /* end of input, or Ctrl-C: stop */
     char *a = trim(line);
-    enum run_pause_decision d = PAUSE_RUN;
     int decided = 1;
     if (!*a || !strcmp(a, "r") || !strcmp(a, "run")) {
       d = PAUSE_RUN;
@@ -687,39 +753,42 @@ static enum run_pause_decision on_pause(const struct run_pause_step *p, char **v
       char *expr = trim(a + 1), *asked = NULL, msg[1100];
       if (!*expr) {
         asked = rp->ask("value> ", rp->ask_arg);
-        if (!asked) {
-          free(line);
-          return PAUSE_STOP;
-        }
-        expr = trim(asked);
+        expr = asked ? trim(asked) : NULL;
       }
-      char *js = value_json(rp, expr, msg, sizeof msg);
-      free(asked);
-      if (js) {
-        *value = js;
+      if (!expr) {
+        d = PAUSE_STOP;
+      } else if ((value = value_json(rp, expr, msg, sizeof msg))) {
         d = PAUSE_SKIP;
         if (rp->nskips < MAX_SKIPS) {
-          snprintf(rp->skips[rp->nskips].run_id, sizeof rp->skips[0].run_id, "%s", p->run_id);
-          rp->skips[rp->nskips++].seq = p->seq;
+          snprintf(rp->skips[rp->nskips].run_id, sizeof rp->skips[0].run_id, "%s",
+                   rp->pause.run_id);
+          rp->skips[rp->nskips++].seq = rp->pause.seq;
         }
       } else {
         fprintf(stderr, "  %s\n", msg);
         decided = 0;
       }
+      free(asked);
     } else {
       fprintf(stderr, "  Enter runs the step; s VALUE skips it, completing it with VALUE (a Lua "
               "expression, such as s {ok = true}); q stops the run (it stays resumable)\n");
       decided = 0;
     }
     free(line);
-    if (decided) return d;
+    if (decided) break;
   }
+  rp->pause.pending = 0;
+  err_t e;
+  if (run_pause_answer(rp->en.sched, rp->pause.run_id, d, value, &e))
+    fprintf(stderr, "  %s\n", e.msg);
+  free(value);
 }
 
 /* ---- core functions for lua/repl.lua (plain C: they never call Lua) ---- */
 
 static struct repl *up_repl(lua_State *L) { return lua_touserdata(L, lua_upvalueindex(1)); }
 
+/* Return nil, msg to Lua. */
 static int push_fail(lua_State *L, const char *msg) {
   lua_pushnil(L);
   lua_pushstring(L, msg);
@@ -863,6 +932,7 @@ static int c_show(lua_State *L) {
   return 0;
 }
 
+/* The C functions and op codes lua/repl.lua finds in core. */
 static void register_core(struct repl *rp) {
   lrt_t *lrt = rp->en.lrt;
   lua_State *L = lrt_L(lrt);
@@ -875,6 +945,7 @@ static void register_core(struct repl *rp) {
   lua_createtable(L, 0, 4);
   static const struct { const char *name; int op; } ops[] = {
     {"SKILL", ROP_SKILL}, {"RUN", ROP_RUN}, {"RESUME", ROP_RESUME}, {"WAIT", ROP_WAIT},
+    {"SLEEP", ROP_SLEEP},
   };
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
     lua_pushinteger(L, ops[i].op);

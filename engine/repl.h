@@ -3,7 +3,9 @@
 ** half (lua/repl.lua) that evaluates chunks in a coroutine the engine
 ** resumes. The terminal (line editing, history, the prompt) is
 ** cli_repl.c's; this unit never reads the terminal itself, it asks
-** through repl_ask_cb when a run pauses before a step (step_through).
+** through repl_ask_cb when a run pauses before a step (step_through),
+** from repl_eval (never from inside a loop callback): the question may
+** call repl_pump while it waits, as the prompt does.
 **
 ** An evaluation runs the loop until its chunk is done: runs it starts go
 ** on, and their steps are printed (stderr) as they become durable. The

@@ -21,6 +21,7 @@ void run__free_kids(struct task *t);
 static void run_free(struct run *r) {
   run__free_kids(&r->main);
   free(r->trigger), free(r->input), free(r->parent_id), free(r->fail_error), free(r->ckey);
+  free(r->trigger_event);
   free(r->main.step_id), free(r->main.wait_id), free(r->main.wait_child);
   free(r);
 }
@@ -363,7 +364,7 @@ static void register_cancel_on(struct run *r) {
     struct wait_row w = {
       .run_id = r->id, .seq = -(++i), .kind = "cancel", .name = ev->valuestring,
       .match_path = cJSON_IsString(match) ? match->valuestring : NULL, .match_value = value,
-      .owner = sched_owner(r->sched), .since = r->created_at,
+      .owner = sched_owner(r->sched), .since = r->since, .exclude = r->trigger_event,
     };
     journal_wait(sched__journal(r->sched), &w);
     free(value);
@@ -378,8 +379,24 @@ void run__release_slot(struct run *r) {
   journal_slot(sched__journal(r->sched), &sl);
 }
 
+/* When the events a run may wait for begin: its triggering event's
+** acceptance (a run is created only when that event is dispatched, and an
+** answer sent right after the event must count), or its creation. */
+static int64_t events_since(struct run *r) {
+  int64_t since = r->created_at;
+  cJSON *trig = r->trigger ? cJSON_Parse(r->trigger) : NULL;
+  const cJSON *ev = cJSON_GetObjectItem(trig, "event");
+  const cJSON *ts = cJSON_GetObjectItem(ev, "ts"), *id = cJSON_GetObjectItem(ev, "id");
+  int64_t ms;
+  if (cJSON_IsString(ts) && !units_parse_rfc3339(ts->valuestring, &ms, NULL) && ms < since) since = ms;
+  if (cJSON_IsString(id) && !r->trigger_event) r->trigger_event = strdup(id->valuestring);
+  cJSON_Delete(trig);
+  return since;
+}
+
 /* Take a run into the scheduler: references, timers, the map. */
 static void link_run(sched_t *s, struct run *r) {
+  r->since = events_since(r);
   if (r->skill && r->skill->concurrency_limit > 0 && !r->ckey)
     r->ckey = r->skill->concurrency_key ? event_value(r, r->skill->concurrency_key) : strdup("");
   if (r->skill && r->skill->cancel_on) register_cancel_on(r);
@@ -495,6 +512,7 @@ static void op_retry(struct task *t, lua_State *co) {
   /* Both: the attempt is durable, and the backoff has passed. */
   run__park(t, 2);
   run__wait_durable(t);
+  t->timer.fn = on_timer; /* the task's one timer may have served a sleep or a wait before */
   sched__timer_start(r->sched, &t->timer, a.retry_at);
 }
 
@@ -525,6 +543,7 @@ static void op_delay(struct task *t, lua_State *co) {
   int64_t ms = num(co, 2);
   lua_settop(co, 0);
   run__park(t, 1);
+  t->timer.fn = on_timer;
   sched__timer_start(t->run->sched, &t->timer, units_now_ms() + (ms > 0 ? ms : 0));
 }
 
@@ -532,6 +551,7 @@ static void op_backoff(struct task *t, lua_State *co) {
   int64_t at = num(co, 3);
   lua_settop(co, 0);
   run__park(t, 1);
+  t->timer.fn = on_timer;
   sched__timer_start(t->run->sched, &t->timer, at);
 }
 

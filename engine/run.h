@@ -105,6 +105,8 @@ struct run {
   char *trigger, *input, *parent_id, *fail_error;
   const char *entry; /* "run" or "on_failure" */
   int64_t created_at, started_at, deadline_at;
+  int64_t since;     /* events from this time on count for its waits: its triggering event's time, or its creation */
+  char *trigger_event; /* the id of its triggering event (never counts for its waits), or NULL */
   struct task main;
   int refs;          /* pending completions that cannot be cancelled, plus one while live */
   int finished;      /* its terminal status is journaled */

@@ -206,7 +206,8 @@ static void register_wait(struct task *t, const char *kind, const char *name,
   struct run_set set = {.run_id = r->id, .status = "waiting", .wake_at = t->wait_until};
   struct wait_row w = {
     .run_id = r->id, .seq = t->wait_seq, .kind = kind, .name = name, .match_path = match_path,
-    .match_value = match_value, .owner = sched_owner(s), .since = r->created_at,
+    .match_value = match_value, .owner = sched_owner(s), .since = r->since,
+    .exclude = r->trigger_event,
     .timeout_at = t->wait_until,
   };
   journal_step(j, &row);

@@ -9,6 +9,8 @@
 **               its completed row is journaled as if its body returned it
 **   PAUSE_STOP  the run is dropped here without a write (run_abort with no
 **               status): it stays resumable from its journal
+**   PAUSE_WAIT  decide later: the run stays parked until run_pause_answer
+**               (the REPL asks the person from outside the loop's callbacks)
 **
 ** Steps that replay from the journal never pause. One handler per process.
 */
@@ -19,7 +21,7 @@
 #include "err.h"
 #include "sched.h"
 
-enum run_pause_decision { PAUSE_RUN, PAUSE_SKIP, PAUSE_STOP };
+enum run_pause_decision { PAUSE_RUN, PAUSE_SKIP, PAUSE_STOP, PAUSE_WAIT };
 
 /* The step a run is about to take. Strings are valid during the call. */
 struct run_pause_step {
@@ -39,6 +41,12 @@ void run_pause_handler(sched_t *s, run_pause_cb cb, void *arg);
 ** coroutine), before each of its live steps from now on. ERR_NOTFOUND if
 ** there is no such run. Call it outside any resume (between loop turns). */
 int run_pause_enable(sched_t *s, const char *run_id, err_t *e);
+
+/* Answer a pause the handler left waiting (PAUSE_WAIT) with RUN, SKIP
+** (value: the step's result, JSON text) or STOP. ERR_NOTFOUND when run_id
+** is not waiting on a pause (it ended, or was dropped meanwhile). */
+int run_pause_answer(sched_t *s, const char *run_id, enum run_pause_decision d, const char *value,
+                     err_t *e);
 
 struct task;
 /* OP_PAUSE seq id kind, from run_resume. */

@@ -855,10 +855,12 @@ static int take_lease(sched_t *s, err_t *e) {
 static void lease_lost(sched_t *s, const char *why) {
   fprintf(stderr, "moonloop: %s; dropping this process's runs\n", why);
   while (s->runs) run_abort(s->runs, NULL, NULL);
-  if (s->o.mode == SCHED_SERVE && !s->stopping) {
+  /* Long-lived engines go on with a new lease (the REPL too: its next
+  ** runs need one). */
+  if ((s->o.mode == SCHED_SERVE || s->o.mode == SCHED_REPL) && !s->stopping) {
     err_t e;
     if (take_lease(s, &e)) fprintf(stderr, "moonloop: cannot take a new lease: %s\n", e.msg);
-    s->claim_wanted = 1;
+    s->claim_wanted = s->o.mode == SCHED_SERVE;
   }
 }
 

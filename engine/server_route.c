@@ -18,6 +18,10 @@
 **   /v1/skills/{id}/invoke         POST             INVOKE
 **   /v1/versions/{hash}            GET              GET_VERSION
 **
+** The dashboard's files (GET and HEAD of /, /app.js, /style.css: web.h) are
+** answered by server.c before authentication and routing; INDEX answers /
+** only in a build without them, and other methods on / (405).
+**
 ** HEAD is taken wherever GET is. Order of checks: path (404), method (405),
 ** then query and body (400, 413), so a client learns the coarsest mistake
 ** first.
@@ -463,10 +467,11 @@ static int route_list(const char *q, size_t qlen, int64_t now_ms, struct server_
       p->filter.status = p->status;
     } else if (!strcmp(key, "trigger")) {
       int ok = vl < (long)sizeof p->trigger;
-      for (long k = 0; k < vl && ok; k++) ok = val[k] >= 'a' && val[k] <= 'z';
+      /* Kinds are lowercase words, on_failure included. */
+      for (long k = 0; k < vl && ok; k++) ok = (val[k] >= 'a' && val[k] <= 'z') || val[k] == '_';
       if (!ok)
         return fail(status, 400, e, ERR_INVALID, "trigger must be a trigger kind such as "
-                    "event, cron, invoke or rerun; got '%s'", shown);
+                    "event, cron, invoke, rerun or on_failure; got '%s'", shown);
       memcpy(p->trigger, val, (size_t)vl + 1); /* vl < sizeof p->trigger: checked above */
       p->filter.trigger = p->trigger;
     } else if (!strcmp(key, "before")) {

@@ -39,8 +39,8 @@ static const char *const fsql[F_COUNT] = {
                     " timeout_at, owner, result, delivered_at)"
                     " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)",
   [F_EVENTS_SINCE] = "SELECT id, name, data, ts FROM events WHERE name = ?1 AND ts >= ?2"
-                     " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.run_id = ?3"
-                     " AND d.event_id = events.id) ORDER BY ts, id LIMIT 1000",
+                     " AND id IS NOT ?4 AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE"
+                     " d.run_id = ?3 AND d.event_id = events.id) ORDER BY ts, id LIMIT 1000",
   [F_DELIVERY_INSERT] = "INSERT OR IGNORE INTO deliveries(run_id, event_id, seq) VALUES(?1,?2,?3)",
   [F_WAIT_DELETE] = "DELETE FROM waits WHERE run_id = ?1 AND seq = ?2",
   [F_CHILD_DONE] = "UPDATE waits SET result = ?2, delivered_at = ?3"
@@ -203,6 +203,7 @@ static int find_event(store_t *s, const struct wait_row *w, char **result, char 
   store__bind_text(st, 1, w->name);
   sqlite3_bind_int64(st, 2, w->since);
   store__bind_text(st, 3, w->run_id);
+  store__bind_text(st, 4, w->exclude);
   int rc;
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
     char *ej = event_json((const char *)sqlite3_column_text(st, 0),

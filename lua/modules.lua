@@ -120,6 +120,13 @@ local function make_time()
     if T and not T.in_step then return T.R.now / 1000 end
     return core.now() / 1000
   end
+  -- An RFC 3339 time ("2026-11-29T16:51:24.123Z") as unix seconds.
+  function t.parse(s)
+    if type(s) ~= "string" then error("time.parse expects an RFC 3339 string", 2) end
+    local ms, err = core.parse_time(s)
+    if not ms then error("time.parse: " .. err, 2) end
+    return ms / 1000
+  end
   function t.parse_duration(s)
     if type(s) == "number" then return s end
     local ms, err = core.duration(s)

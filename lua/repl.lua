@@ -106,9 +106,9 @@ local function render(v, depth, path, indent)
   if path[v] then return "<cycle>" end
   local mt = raw_getmetatable(v)
   if type(mt) == "table" and rawget(mt, "__tostring") then return tostring(v) end
+  if next(v) == nil then return "{}" end
   if depth > MAX_DEPTH then return "{...}" end
   local n, keys = keys_of(v)
-  if n == 0 and #keys == 0 then return "{}" end
   path[v] = true
   local inner = indent .. "  "
   local items = {}
@@ -235,9 +235,10 @@ function M.eval(src)
     print_error(res[2])
     return false
   end
-  if expr then
-    for i = 3, 2 + res[2] do show(res[i]) end
-  end
+  -- An expression's values (after their count), or what statements return.
+  local first, last = 2, res.n
+  if expr then first, last = 3, 2 + res[2] end
+  for i = first, last do show(res[i]) end
   return true
 end
 
@@ -396,6 +397,8 @@ modules skills see (json, http, log, env, time, fatal, ...):
   invoke(id, data [, {wait=true}])  queue a run of a registered skill (as the CLI)
   runs{skill=, status=, since=, limit=}   recent runs, newest first
   trace(run_id)                  one run as a tree
+  ctx                            a stand-in for a run's ctx, to try step code
+                                 here: its steps run at once, nothing is journaled
 
 Tab completes names, Ctrl-C stops what runs, Ctrl-D leaves.]]
 
@@ -479,13 +482,100 @@ local function make_functions()
 
   function f.help() io.stdout:write(HELP, "\n") end
 
+  f.ctx = M.scratch_ctx(f)
   return f
+end
+
+-- The REPL's `ctx`: a stand-in for a run's ctx, to try the body of a
+-- skill at the prompt. Its steps run at once and nothing is journaled:
+-- step.run calls its function, step.sleep waits on the engine's loop,
+-- step.invoke is run(), step.send_event is send(), step.parallel calls its
+-- functions in turn; step.wait_for_event needs a real run.
+function M.scratch_ctx(f)
+  local step = {}
+  local function check_id(name, id)
+    if type(id) ~= "string" or id == "" then error(("ctx.step.%s: the step id must be a non-empty string"):format(name), 3) end
+  end
+  local function sleep_ms(name, ms)
+    engine_op("ctx.step." .. name, ROP.SLEEP, ms)
+  end
+  function step.run(id, fn)
+    check_id("run", id)
+    if type(fn) ~= "function" then error("ctx.step.run(id, fn): fn must be a function", 2) end
+    local v = fn()
+    return v
+  end
+  function step.sleep(id, duration)
+    check_id("sleep", id)
+    local ms = type(duration) == "number" and duration * 1000 or core.duration(tostring(duration))
+    if not ms then error("ctx.step.sleep: expected a duration such as 30 or \"5m\"", 2) end
+    sleep_ms("sleep", ms)
+  end
+  function step.sleep_until(id, t)
+    check_id("sleep_until", id)
+    local at = type(t) == "number" and t * 1000 or core.parse_time(tostring(t))
+    if not at then error("ctx.step.sleep_until: expected a unix time or an RFC 3339 string", 2) end
+    sleep_ms("sleep_until", math.max(0, at - core.now()))
+  end
+  function step.wait_for_event(id)
+    error("ctx.step.wait_for_event needs a real run: try the skill with run() or step_through()", 2)
+  end
+  function step.invoke(id, opts)
+    check_id("invoke", id)
+    if type(opts) ~= "table" then error("ctx.step.invoke(id, {skill=, data=})", 2) end
+    local out = f.run(opts.skill, opts.data)
+    return out
+  end
+  function step.send_event(id, events)
+    check_id("send_event", id)
+    if type(events) ~= "table" then error("ctx.step.send_event(id, event or list): expected a table", 2) end
+    local list = events.name ~= nil and { events } or events
+    local ids = {}
+    for i, ev in ipairs(list) do ids[i] = f.send(ev.name, ev.data, ev.id) end
+    return ids
+  end
+  function step.parallel(id, fns)
+    check_id("parallel", id)
+    local out = {}
+    for i, fn in ipairs(fns) do out[i] = fn() end
+    return out
+  end
+  return {
+    step = step, log = modules.make_log(), run_id = "repl", skill = "repl", version = "repl",
+    input = nil, event = { name = "moonloop.repl", id = "repl" }, attempt = 1, step_key = "repl:step",
+  }
+end
+
+-- pcall, xpcall and coroutine.resume that cannot swallow Ctrl-C: the
+-- "interrupted" error (a kill, lrt.h) is raised again, as the sandbox's
+-- pcall does for skill code.
+local function unswallowable()
+  local real_pcall, real_xpcall, real_resume = pcall, xpcall, coroutine.resume
+  local killed, kill_reason = core.killed, core.kill_reason
+  local function check(ok, ...)
+    if not ok and killed() then error(kill_reason() or (...), 0) end
+    return ok, ...
+  end
+  local co = {}
+  for k, v in pairs(coroutine) do co[k] = v end
+  co.resume = function(c, ...) return check(real_resume(c, ...)) end
+  return {
+    pcall = function(f, ...) return check(real_pcall(f, ...)) end,
+    xpcall = function(f, h, ...)
+      return check(real_xpcall(f, function(e)
+        if killed() then return e end
+        return h(e)
+      end, ...))
+    end,
+    coroutine = co,
+  }
 end
 
 -- Build the REPL's globals. env_values: the configuration's env.* values.
 function M.init(env_values)
   env = {}
   for k, v in pairs(_G) do env[k] = v end
+  for k, v in pairs(unswallowable()) do env[k] = v end
   for k, v in pairs(modules.build(env_values)) do env[k] = v end
   for k, v in pairs(make_functions()) do env[k] = v end
   env._G = env

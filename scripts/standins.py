@@ -1,74 +1,248 @@
 #!/usr/bin/env python3
-"""Local stand-ins for the outside services the demo needs.
+"""Local stand-ins for the outside world of the agent loop (demo and tests).
 
-  GET  /metrics   service metrics; the first request answers 503 (a flaky API)
-  POST /chat      a chat webhook that records the messages it receives
-  GET  /chat      the recorded messages
+One small HTTP server plays every service the skills talk to:
 
-Prints its port on stdout, then serves until killed. Standard library only.
+  GET  /metrics                  services' error rate, latency, memory, CPU
+  GET  /detailed?service=NAME    one service in detail (per endpoint, per minute)
+  GET  /deploys?since=2h         recent deploys
+  GET  /outcomes?since=7d        what became of last week's incidents
+  POST /v1/chat/completions      an OpenAI-compatible LLM with scripted answers
+  POST /chat, GET /chat          the team's chat webhook (records messages)
+  POST /ops, GET /ops            the ops channel (records messages)
+  POST /control, GET /control    the demo's and tests' knobs (see World.state)
+
+The metrics simulate a night-time latency spike on "checkout" while
+`spike` is on (set by /control, or for a time window with --spike-at and
+--spike-for). The LLM answers like a careful model would, from what the
+prompts contain: it classifies from the metrics, correlates the spike
+with the checkout deploy, advises raising the latency threshold, and
+writes the updated skill file. `llm` = "fail" makes it answer 503,
+"nonsense" makes it ramble. `metrics_down` makes the metrics API answer 503.
+
+Run alone: python3 scripts/standins.py [--spike-at S --spike-for S] prints
+its port, then serves until killed. Standard library only.
 """
 import json
+import re
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
 
-lock = threading.Lock()
-state = {"metrics_calls": 0, "messages": []}
+HEALTHY = [
+    {"name": "api", "error_rate": 0.004, "latency_ms": 120, "memory": 0.61, "cpu": 0.42},
+    {"name": "checkout", "error_rate": 0.006, "latency_ms": 180, "memory": 0.58, "cpu": 0.37},
+    {"name": "search", "error_rate": 0.001, "latency_ms": 95, "memory": 0.55, "cpu": 0.30},
+]
+SPIKE = {"name": "checkout", "error_rate": 0.031, "latency_ms": 1850, "memory": 0.71, "cpu": 0.66}
 
-SERVICES = [
-    {"name": "api", "error_rate": 0.01, "latency_ms": 120, "memory": 0.61, "cpu": 0.40},
-    {"name": "checkout", "error_rate": 0.09, "latency_ms": 840, "memory": 0.72, "cpu": 0.88},
-    {"name": "search", "error_rate": 0.00, "latency_ms": 95, "memory": 0.55, "cpu": 0.30},
+DEPLOYS = [
+    {"id": "4f2a9c1", "service": "checkout", "author": "dana", "minutes_ago": 14,
+     "change": "switch payment client to the new connection pool"},
+    {"id": "9b03e77", "service": "search", "author": "lee", "minutes_ago": 95,
+     "change": "tune ranking weights"},
 ]
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
+class World:
+    """The stand-ins' state and HTTP server. Thread-safe."""
 
-    def log_message(self, *a):
-        pass
+    def __init__(self, spike_at=None, spike_for=None):
+        self.lock = threading.Lock()
+        self.started = time.time()
+        self.spike_at, self.spike_for = spike_at, spike_for
+        self.state = {"spike": False, "metrics_down": False, "llm": "ok", "llm_delay": 0.0,
+                      "advice_change": True}
+        self.calls = {}
+        self.chat, self.ops = [], []
+        self.llm_requests = []
+        world = self
 
-    def reply(self, status, value):
-        data = json.dumps(value).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
 
-    def do_GET(self):
-        if self.path == "/metrics":
-            with lock:
-                state["metrics_calls"] += 1
-                n = state["metrics_calls"]
-            if n == 1:
-                return self.reply(503, {"error": "metrics backend warming up"})
-            return self.reply(200, {"services": SERVICES})
-        if self.path == "/chat":
-            with lock:
-                return self.reply(200, state["messages"])
-        self.reply(404, {"error": "no such path"})
+            def log_message(self, *a):
+                pass
 
-    def do_POST(self):
-        n = int(self.headers.get("Content-Length") or 0)
-        body = json.loads(self.rfile.read(n) or b"null")
-        if self.path == "/chat":
-            with lock:
-                state["messages"].append(body)
-            return self.reply(200, {"ok": True})
-        self.reply(404, {"error": "no such path"})
+            def reply(self, status, value, ctype="application/json"):
+                data = value if isinstance(value, bytes) else json.dumps(value).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                try:
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
 
+            def body(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(n) if n else b""
+                try:
+                    return json.loads(raw or b"null")
+                except ValueError:
+                    return None
 
-class Server(ThreadingHTTPServer):
-    request_queue_size = 1024
-    daemon_threads = True
+            def do_GET(self):
+                world.route(self, "GET", None)
+
+            def do_POST(self):
+                world.route(self, "POST", self.body())
+
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 1024
+            daemon_threads = True
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = "http://127.0.0.1:%d" % self.port
+
+    # ---- the simulated world ----
+
+    def spiking(self):
+        if self.state["spike"]:
+            return True
+        if self.spike_at is None:
+            return False
+        t = time.time() - self.started
+        return self.spike_at <= t < self.spike_at + (self.spike_for or 1e9)
+
+    def services(self):
+        if not self.spiking():
+            return [dict(s) for s in HEALTHY]
+        return [dict(SPIKE) if s["name"] == "checkout" else dict(s) for s in HEALTHY]
+
+    def count(self, key):
+        with self.lock:
+            return self.calls.get(key, 0)
+
+    def route(self, h, method, body):
+        u = urlparse(h.path)
+        q = parse_qs(u.query)
+        key = "%s %s" % (method, u.path)
+        with self.lock:
+            self.calls[key] = self.calls.get(key, 0) + 1
+        if u.path == "/control":
+            if method == "POST" and isinstance(body, dict):
+                with self.lock:
+                    self.state.update(body)
+            return h.reply(200, self.state)
+        if u.path in ("/metrics", "/detailed") and self.state["metrics_down"]:
+            return h.reply(503, {"error": "metrics backend unavailable"})
+        if u.path == "/metrics":
+            return h.reply(200, {"services": self.services(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        if u.path == "/detailed":
+            name = (q.get("service") or ["?"])[0]
+            svc = next((s for s in self.services() if s["name"] == name), None)
+            if not svc:
+                return h.reply(404, {"error": "no service %s" % name})
+            slow = svc["latency_ms"] > 500
+            return h.reply(200, {"service": svc, "endpoints": [
+                {"path": "/pay", "p95_ms": svc["latency_ms"] * (1.4 if slow else 1.0), "errors": 41 if slow else 0},
+                {"path": "/cart", "p95_ms": svc["latency_ms"] * 0.6, "errors": 3 if slow else 0}],
+                "pool": {"db_connections_in_use": 98 if slow else 22, "db_connections_max": 100}})
+        if u.path == "/deploys":
+            return h.reply(200, {"deploys": DEPLOYS})
+        if u.path == "/outcomes":
+            return h.reply(200, {"incidents": 9, "confirmed": 3, "false_positives": 5, "acted_on": 2,
+                                 "note": "most false positives were latency alerts between 450 and 800 ms"})
+        if u.path in ("/chat", "/ops"):
+            box = self.chat if u.path == "/chat" else self.ops
+            if method == "POST":
+                with self.lock:
+                    box.append(body)
+                return h.reply(200, {"ok": True})
+            with self.lock:
+                return h.reply(200, list(box))
+        if u.path == "/v1/chat/completions" and method == "POST":
+            return self.llm(h, body or {})
+        return h.reply(404, {"error": "no such path: %s" % u.path})
+
+    # ---- the LLM ----
+
+    def llm(self, h, req):
+        with self.lock:
+            self.llm_requests.append(req)
+            mode, delay = self.state["llm"], float(self.state["llm_delay"] or 0)
+        if mode == "fail":
+            return h.reply(503, {"error": {"message": "model overloaded"}})
+        if delay:
+            time.sleep(delay)  # a slow model: the demo kills the engine meanwhile
+        msgs = req.get("messages") or []
+        prompt = "\n".join(m.get("content", "") for m in msgs if m.get("role") == "user")
+        # A skill file in the prompt holds other prompts' words: look at it first.
+        if mode == "nonsense":
+            text = "Honestly it is hard to say, the services seem fine-ish? Maybe check back later."
+        elif "Skill file:" in prompt:
+            source = prompt.split("Skill file:\n", 1)[1]
+            new = re.sub(r"latency_ms = 500,(\s*)--[^\n]*", r"latency_ms = 800,\1-- p95 latency (raised by the weekly review)",
+                         source, count=1)
+            text = "```lua\n" + new + "\n```"
+        elif "Classify" in prompt:
+            text = json.dumps(self.classify(prompt))
+        elif "Correlate" in prompt:
+            text = json.dumps({
+                "root_cause": "deploy 4f2a9c1 (new payment connection pool) exhausts the database pool: "
+                              "98 of 100 connections in use, /pay p95 up 10x since the deploy",
+                "severity": "high",
+                "actions": ["roll back 4f2a9c1", "raise db pool size to 200 until the fix",
+                            "add a pool saturation alert"]})
+        elif "Review" in prompt:
+            change = bool(self.state.get("advice_change", True))
+            text = json.dumps({
+                "change": change, "skill": "health-check",
+                "reason": "5 of 9 incidents were false positives, all latency alerts under 800 ms",
+                "suggestion": "raise the latency threshold from 500 ms to 800 ms"})
+        else:
+            text = "I am a stand-in model; I did not recognise this prompt."
+        reply = {"id": "chatcmpl-standin", "object": "chat.completion", "model": req.get("model", "standin"),
+                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                              "finish_reason": "stop"}],
+                 "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(text) // 4,
+                           "total_tokens": len(prompt) // 4 + len(text) // 4}}
+        return h.reply(200, reply)
+
+    def classify(self, prompt):
+        """Classify from the metrics in the prompt, against the thresholds it gives."""
+        try:
+            metrics = json.loads(prompt.split("METRICS: ", 1)[1].strip())
+            limits = json.loads(prompt.split("Thresholds: ", 1)[1].split("\n", 1)[0])
+        except (IndexError, ValueError):
+            return {"health": "unknown"}
+        affected, reasons, health = [], [], "normal"
+        for s in metrics.get("services", []):
+            why = [k for k, lim in limits.items() if s.get(k, 0) > lim]
+            if why:
+                affected.append(s["name"])
+                reasons.append("%s: %s above threshold" % (s["name"], ", ".join(sorted(why))))
+                health = "degraded"
+        return {"health": health, "affected": affected, "reasons": reasons}
+
+    # ---- life ----
+
+    def start(self):
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
 
 
 if __name__ == "__main__":
-    srv = Server(("127.0.0.1", 0), Handler)
-    print(srv.server_address[1], flush=True)
+    args = sys.argv[1:]
+    opts = {}
+    while args:
+        a = args.pop(0)
+        if a in ("--spike-at", "--spike-for"):
+            opts[a[2:].replace("-", "_")] = float(args.pop(0))
+    w = World(**opts).start()
+    print(w.port, flush=True)
     try:
-        srv.serve_forever()
+        while True:
+            time.sleep(3600)
     except KeyboardInterrupt:
         pass

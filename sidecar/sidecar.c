@@ -28,6 +28,7 @@ static void on_reply(const struct sched_reply *r, void *arg) {
   cJSON_Delete(rec);
 }
 
+/* The watcher's sink: a load or an unload through the registry API. */
 static int submit(void *ud, const struct watcher_op *op, void *token, err_t *e) {
   struct sidecar *sc = ud;
   sched_t *s = sc->en->sched;
@@ -36,6 +37,7 @@ static int submit(void *ud, const struct watcher_op *op, void *token, err_t *e) 
   return sched_unload_skill(s, op->id, op->path, on_reply, token, e);
 }
 
+/* See sidecar.h. */
 int sidecar_start(struct engine *en, const char *workspace,
                   void (*on_ready)(void *arg, int loaded, int rejected), void *arg,
                   sidecar_t **out, err_t *e) {
@@ -75,10 +77,12 @@ int sidecar_start(struct engine *en, const char *workspace,
   return 0;
 }
 
+/* See sidecar.h. */
 void sidecar_stop(sidecar_t *sc) {
   if (sc) watcher_stop(sc->w);
 }
 
+/* See sidecar.h. */
 void sidecar_free(sidecar_t *sc) {
   if (!sc) return;
   watcher_free(sc->w);

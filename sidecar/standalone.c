@@ -177,6 +177,7 @@ static int submit(void *ud, const struct watcher_op *op, void *token, err_t *e) 
   return 0;
 }
 
+/* The first scan is registered: say what is watched, for where. */
 static void on_ready(void *arg, int loaded, int rejected) {
   struct standalone *sa = arg;
   fprintf(stderr, "moonloop: sidecar: watching %s for %s (%d skill%s, %d rejected)\n",
@@ -184,6 +185,7 @@ static void on_ready(void *arg, int loaded, int rejected) {
   fflush(stderr);
 }
 
+/* SIGINT, SIGTERM: stop watching, drop the request in flight, let the loop end. */
 static void on_signal(uv_signal_t *h, int signum) {
   struct standalone *sa = h->data;
   if (sa->stopping) return;
@@ -218,6 +220,7 @@ static char *file_prefix(const char *root) {
   return p;
 }
 
+/* See standalone.h. */
 int standalone_run(const struct config *cfg, err_t *e) {
   struct standalone sa;
   memset(&sa, 0, sizeof sa);

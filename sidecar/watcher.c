@@ -114,6 +114,7 @@ struct watcher {
 
 static int64_t now_ms(void) { return (int64_t)(units_mono_ns() / 1000000); }
 
+/* strdup that passes NULL through. */
 static char *dupstr(const char *s) { return s ? strdup(s) : NULL; }
 
 /* a + "/" + b, or b when a is empty (malloc'd). */
@@ -136,6 +137,7 @@ static char *local_path(const watcher_t *w, const char *rel) {
   return *rel ? join(w->root, rel) : strdup(w->root);
 }
 
+/* See watcher.h. */
 int watcher_counts(const char *name) {
   size_t n = strlen(name);
   /* (issue 6) "*_test.lua" files are skill tests (moonloop test), not skills. */
@@ -143,6 +145,7 @@ int watcher_counts(const char *name) {
   return n > 4 && name[0] != '.' && name[0] != '#' && !strcmp(name + n - 4, ".lua");
 }
 
+/* The parts of a stat that say a file changed. */
 static void wstat_of(const struct stat *st, struct wstat *ws) {
   ws->dev = st->st_dev;
   ws->ino = st->st_ino;
@@ -151,6 +154,7 @@ static void wstat_of(const struct stat *st, struct wstat *ws) {
   ws->ctime_ns = (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
 }
 
+/* Whether two looks saw the same file, unchanged. */
 static int wstat_same(const struct wstat *a, const struct wstat *b) {
   return a->dev == b->dev && a->ino == b->ino && a->size == b->size &&
          a->mtime_ns == b->mtime_ns && a->ctime_ns == b->ctime_ns;
@@ -175,12 +179,14 @@ static void log_line(watcher_t *w, const char *word, const char *rel, const char
 
 /* ---- file records ----------------------------------------------------- */
 
+/* The record of rel, or NULL. */
 static struct wfile *find_file(watcher_t *w, const char *rel) {
   for (size_t i = 0; i < w->nfiles; i++)
     if (!strcmp(w->files[i]->rel, rel)) return w->files[i];
   return NULL;
 }
 
+/* The record of rel, made when missing; NULL when out of memory. */
 static struct wfile *add_file(watcher_t *w, const char *rel) {
   struct wfile *f = find_file(w, rel);
   if (f) return f;
@@ -207,6 +213,7 @@ static struct wfile *add_file(watcher_t *w, const char *rel) {
   return f;
 }
 
+/* Drop a record (not busy): the last record takes its place in the table. */
 static void remove_file(watcher_t *w, struct wfile *f) {
   for (size_t i = 0; i < w->nfiles; i++) {
     if (w->files[i] != f) continue;
@@ -236,6 +243,7 @@ static void touch(watcher_t *w, struct wfile *f, int64_t delay, int extend) {
   arm_due(w);
 }
 
+/* Unload id (registered from path) in the next batch. */
 static void push_stale(watcher_t *w, const char *id, const char *path) {
   for (struct stale *s = w->stale; s; s = s->next)
     if (!strcmp(s->id, id) && !strcmp(s->path, path)) return;
@@ -253,12 +261,14 @@ static void push_stale(watcher_t *w, const char *id, const char *path) {
 
 static void on_event(uv_fs_event_t *h, const char *filename, int events, int status);
 
+/* The watched folder rel, or NULL. */
 static struct wdir *find_dir(watcher_t *w, const char *rel) {
   for (struct wdir *d = w->dirs; d; d = d->next)
     if (!strcmp(d->rel, rel)) return d;
   return NULL;
 }
 
+/* A folder's watch is closed: its record goes. */
 static void on_dir_closed(uv_handle_t *h) {
   struct wdir *d = h->data;
   free(d->rel);
@@ -347,8 +357,12 @@ static void scan_dir(watcher_t *w, const char *rel, int depth, int64_t delay) {
     struct stat st;
     if (cpath && lstat(cpath, &st) == 0) {
       if (S_ISDIR(st.st_mode)) {
-        /* Symbolic links to folders are not followed: no cycles. */
-        if (depth < MAX_DEPTH && watch_dir(w, child, &st) >= 0) scan_dir(w, child, depth + 1, delay);
+        /* Symbolic links to folders are not followed: no cycles. A folder
+        ** that cannot be watched (too many) is still scanned. */
+        if (depth < MAX_DEPTH) {
+          watch_dir(w, child, &st);
+          scan_dir(w, child, depth + 1, delay);
+        }
       } else if (watcher_counts(name)) {
         if (S_ISLNK(st.st_mode) && stat(cpath, &st)) st.st_mode = 0;
         if (S_ISREG(st.st_mode)) file_seen(w, child, &st, delay);
@@ -400,6 +414,7 @@ static void rescan(watcher_t *w) {
   }
 }
 
+/* The scan timer: rescan, then plan the next one. */
 static void on_scan(uv_timer_t *t) {
   watcher_t *w = t->data;
   if (w->stopping) return;
@@ -458,8 +473,11 @@ static void on_event(uv_fs_event_t *h, const char *filename, int events, int sta
 
 static void build_batch(watcher_t *w);
 
+/* The due timer: the earliest dirty file is due. */
 static void on_due(uv_timer_t *t) { build_batch(t->data); }
 
+/* Set the due timer to the earliest due file (or stale id); none while a
+** batch is in flight (its end calls this again). */
 static void arm_due(watcher_t *w) {
   if (w->stopping || w->pending) return;
   int64_t next = w->stale ? now_ms() : INT64_MAX;
@@ -619,6 +637,7 @@ static void batch_end(watcher_t *w);
 /* The registry could not be reached or could not write: try again later. */
 static int is_transport(int rc) { return rc == ERR_IO || rc == ERR_BUSY; }
 
+/* Records by name, for qsort. */
 static int cmp_file(const void *a, const void *b) {
   return strcmp((*(struct wfile *const *)a)->rel, (*(struct wfile *const *)b)->rel);
 }
@@ -629,7 +648,7 @@ static int cmp_file(const void *a, const void *b) {
 static void build_batch(watcher_t *w) {
   if (w->stopping || w->pending) return;
   int64_t now = now_ms();
-  qsort(w->files, w->nfiles, sizeof *w->files, cmp_file);
+  if (w->nfiles > 1) qsort(w->files, w->nfiles, sizeof *w->files, cmp_file);
   size_t nstale = 0;
   for (struct stale *s = w->stale; s; s = s->next) nstale++;
   size_t cap = nstale + w->nfiles;
@@ -776,6 +795,7 @@ static void handle(struct wop *op, const struct watcher_result *r) {
   if (--w->pending == 0 && !w->submitting) batch_end(w);
 }
 
+/* See watcher.h. */
 void watcher_done(void *token, const struct watcher_result *r) {
   struct wop *op = token;
   if (op->w->stopping) {
@@ -786,6 +806,8 @@ void watcher_done(void *token, const struct watcher_result *r) {
   handle(op, r);
 }
 
+/* Every op of the batch was answered: free it, retry refused duplicates
+** if an id was let go, say ready after the first scan, arm the next batch. */
 static void batch_end(watcher_t *w) {
   for (size_t i = 0; i < w->nbatch; i++) {
     struct wop *op = &w->batch[i];
@@ -823,6 +845,7 @@ static void batch_end(watcher_t *w) {
 
 /* ---- start and stop ----------------------------------------------------- */
 
+/* See watcher.h. */
 int watcher_start(const struct watcher_opts *o, watcher_t **out, err_t *e) {
   if (!o->loop || !o->root || !*o->root || !o->sink.submit)
     return err_set(e, ERR_INVALID, "watcher: a loop, a folder and a registry are needed");
@@ -867,6 +890,7 @@ int watcher_start(const struct watcher_opts *o, watcher_t **out, err_t *e) {
   return 0;
 }
 
+/* See watcher.h. */
 void watcher_stop(watcher_t *w) {
   if (!w || w->stopping) return;
   w->stopping = 1;
@@ -875,6 +899,7 @@ void watcher_stop(watcher_t *w) {
   while (w->dirs) close_dir(w, w->dirs);
 }
 
+/* See watcher.h. */
 void watcher_free(watcher_t *w) {
   if (!w) return;
   /* Folders still listed were never closed by us (watcher_stop not called):

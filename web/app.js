@@ -275,6 +275,9 @@
         if (my !== gen) return;
         if (e.status === 401) { askToken(e); return; }
         showError(e);
+        /* A refused request (a bad filter, a run that does not exist) will
+         * be refused again: stop until the user changes something. */
+        if (e.status >= 400 && e.status < 500) { setLive('paused', 'stopped'); return; }
         setLive('offline', 'offline · retrying');
       }
       if (my === gen && again !== false) timer = setTimeout(tick, every || POLL_MS);
@@ -617,7 +620,15 @@
     };
 
     poll(my, async () => {
-      const [r, c] = await Promise.all([api('/v1/runs/' + enc(id)), api('/v1/runs?parent=' + enc(id) + '&limit=100')]);
+      let r, c;
+      try {
+        [r, c] = await Promise.all([api('/v1/runs/' + enc(id)), api('/v1/runs?parent=' + enc(id) + '&limit=100')]);
+      } catch (e) {
+        if (e.status === 404 && my === gen) {
+          draw(h('div', { class: 'empty' }, e.message, '. ', h('a', { href: '#/runs' }, 'Back to the runs.')));
+        }
+        throw e;
+      }
       if (my !== gen) return false;
       run = r;
       kids = (c && c.runs) || [];

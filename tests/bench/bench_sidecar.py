@@ -5,9 +5,10 @@ Starts `moonloop serve` on a temporary workspace, keeps RUNNERS runs busy
 with quick durable steps, and rewrites a skill file CHANGES times. For each
 change: the time from the write (open, write, close) to GET /v1/skills/{id}
 answering the file's SHA-256 as the live version (polled every 2 ms). Beside
-it, the engine's step rate (/metrics resumes, sampled every 50 ms): over a
-quiet baseline, and while the changes happen; the slowest 100 ms window of
-each shows a pause if there is one.
+it, the engine's step rate (/metrics resumes) while each change goes live,
+against a window of the same polling without a change just before it (the
+pairing keeps the machine's drift out of the comparison); the slowest
+window shows a pause if there is one.
 
 Usage: python3 bench_sidecar.py [MOONLOOP_BIN] [CHANGES]
 Prints the figures; asserts nothing about speed.
@@ -29,7 +30,6 @@ import time
 BIN = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("MOONLOOP_BIN", "build/moonloop")
 CHANGES = int(sys.argv[2]) if len(sys.argv) > 2 else 100
 RUNNERS = int(os.environ.get("RUNNERS", "100"))
-BASELINE_S = 3.0
 
 STEPPER = """
 -- Quick durable steps until the time in its input.
@@ -106,80 +106,56 @@ def resumes(c):
 
 
 def run(port, target):
-    c = conn(port)
+    c, mc = conn(port), conn(port)
     # Runs in flight during the whole benchmark.
-    until = time.time() + 2 * BASELINE_S + CHANGES * 0.3 + 30
+    until = time.time() + CHANGES * 0.6 + 30
     for _ in range(RUNNERS):
         c.request("POST", "/v1/skills/stepper/invoke", json.dumps({"data": {"until": until}}))
         r = c.getresponse()
         r.read()
         if r.status >= 300:
             sys.exit("bench: invoke failed: %d" % r.status)
-    samples = []  # (monotonic time, resumes)
-    stop = threading.Event()
-
-    def sampler():
-        sc = conn(port)
-        while not stop.is_set():
-            samples.append((time.monotonic(), resumes(sc)))
-            time.sleep(0.05)
-    th = threading.Thread(target=sampler, daemon=True)
-    th.start()
-    time.sleep(BASELINE_S)
-    # Control: the same polling as below, without any change, so the figures
-    # below separate the cost of the changes from the cost of being asked.
-    t_poll = time.monotonic()
-    while time.monotonic() - t_poll < BASELINE_S:
-        get(c, "/v1/skills/target")
-        time.sleep(0.002)
-    t_changes = time.monotonic()
-    lat = []
+    time.sleep(1.0)  # the runs get going
+    # Each change is paired with a control window of the same polling and no
+    # change just before it, so the machine's drift affects both alike.
+    lat, quiet, changed = [], [], []  # quiet/changed: (steps, seconds) per window
     for i in range(1, CHANGES + 1):
+        t0, r0 = time.monotonic(), resumes(mc)
+        while time.monotonic() - t0 < 0.12:
+            get(c, "/v1/skills/target")
+            time.sleep(0.002)
+        t1, r1 = time.monotonic(), resumes(mc)
+        quiet.append((r1 - r0, t1 - t0))
         text = TARGET % (i, i, i)
-        want = hashlib.sha256(text.encode()).hexdigest().encode()
-        t0 = time.monotonic()
+        want = hashlib.sha256(text.encode()).hexdigest()
+        t1 = time.monotonic()
         with open(target, "w") as f:
             f.write(text)
         while True:
             st, body = get(c, "/v1/skills/target")
-            if want in body and json.loads(body)["version"] == want.decode():
+            if json.loads(body)["version"] == want:
                 break
-            if time.monotonic() - t0 > 10:
+            if time.monotonic() - t1 > 10:
                 sys.exit("bench: change %d not live after 10 s" % i)
             time.sleep(0.002)
-        lat.append((time.monotonic() - t0) * 1000)
-    t_end = time.monotonic()
-    stop.set()
-    th.join()
-
-    def rates(a, b):
-        """Steps per second over each 100 ms window of samples within [a, b)."""
-        pts = [s for s in samples if a <= s[0] < b]
-        out = []
-        for k in range(0, len(pts) - 2, 2):
-            (t1, r1), (t2, r2) = pts[k], pts[k + 2]
-            if t2 > t1:
-                out.append((r2 - r1) / (t2 - t1))
-        total = (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]) if len(pts) > 1 else 0
-        return total, out
-
-    base, base_w = rates(t_poll - BASELINE_S + 0.5, t_poll)
-    polled, polled_w = rates(t_poll, t_changes)
-    during, during_w = rates(t_changes, t_end)
+        t2 = time.monotonic()
+        lat.append((t2 - t1) * 1000)
+        r2 = resumes(mc)
+        changed.append((r2 - r1, time.monotonic() - t1))
     lat.sort()
     q = lambda x: lat[min(len(lat) - 1, int(x * len(lat)))]
+    rate = lambda ws: sum(n for n, _ in ws) / sum(t for _, t in ws)
+    slowest = lambda ws: min(n / t for n, t in ws)
     print("%d changes of a skill file, from the write to the version being live (GET /v1/skills/{id}):"
           % len(lat))
     print("  median %.0f ms, p90 %.0f ms, worst %.0f ms, best %.0f ms (debounce %d ms included)"
           % (statistics.median(lat), q(0.9), lat[-1], lat[0], 100))
-    print("runs in flight (%d runs of quick durable steps) while the changes went live:" % RUNNERS)
-    mn = lambda w: min(w) if w else 0
-    print("  steps/s, quiet: %.0f (slowest 100 ms window %.0f)" % (base, mn(base_w)))
-    print("  steps/s, polled every 2 ms, no change: %.0f (slowest 100 ms window %.0f)"
-          % (polled, mn(polled_w)))
-    print("  steps/s, polled and changed: %.0f (slowest 100 ms window %.0f)" % (during, mn(during_w)))
-    stalls = sum(1 for r in during_w if r == 0)
-    print("  100 ms windows with no step at all during the changes: %d of %d" % (stalls, len(during_w)))
+    print("runs in flight (%d runs of quick durable steps), steps/s (engine's resumes):" % RUNNERS)
+    print("  while a change goes live: %.0f (slowest window %.0f)" % (rate(changed), slowest(changed)))
+    print("  in the quiet window before each change: %.0f (slowest window %.0f)"
+          % (rate(quiet), slowest(quiet)))
+    print("  windows with no step at all while a change went live: %d of %d"
+          % (sum(1 for n, _ in changed if n == 0), len(changed)))
 
 
 if __name__ == "__main__":

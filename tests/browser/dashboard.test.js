@@ -300,7 +300,16 @@ async function main() {
     assert.equal(await page.locator('tr[data-skill="flaky"] .versions li').count(), 1);
   });
 
+  await check('an unknown run and a bad filter say what is wrong', async () => {
+    await page.goto(url + '/#/runs/NOSUCHRUN1');
+    assert.match(await page.locator('main .empty').innerText(), /no run with id 'NOSUCHRUN1'/);
+    await page.goto(url + '/#/runs?since=yesterday');
+    await until('the error banner', async () => /since: expected a duration/.test(await page.locator('#banner').innerText()));
+  });
+
   await check('the page fetched nothing from elsewhere and raised no error', async () => {
+    /* The two refused requests just above log their status; nothing else may. */
+    for (let i = problems.length - 1; i >= 0; i--) if (/status of (404|400)/.test(problems[i])) problems.splice(i, 1);
     assert.deepEqual(problems, []);
   });
 }

@@ -15,6 +15,7 @@ fresh folder, against a real `moonloop serve`:
 The `runs` module part (between the `begin: runs module` and
 `end: runs module` markers) runs when the engine has the module.
 """
+import calendar
 import hashlib
 import json
 import os
@@ -125,7 +126,7 @@ class AgentsDocTest(TestCase):
             if version == want:
                 return True
             if err and err.get("file") == path:
-                at = time.mktime(time.strptime(err["at"][:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone
+                at = calendar.timegm(time.strptime(err["at"][:19], "%Y-%m-%dT%H:%M:%S"))
                 return at >= int(since) - 1
             return False
         wait_until(taken, timeout=10, what="the engine to take " + path)

@@ -500,14 +500,17 @@ class ApiReadTest(ApiTestBase):
         for line in text.decode().splitlines():
             if line.startswith("# TYPE "):
                 _, _, name, kind = line.split(" ")
-                self.assertIn(kind, ("counter", "gauge"))
+                self.assertIn(kind, ("counter", "gauge", "histogram"))
                 types[name] = kind
                 continue
             if line.startswith("# HELP "):
                 continue
             m = sample.match(line)
             self.assertIsNotNone(m, "not a Prometheus sample line: %r" % line)
-            self.assertIn(m.group(1), types, "sample before its TYPE: %r" % line)
+            # A histogram's samples are NAME_bucket, NAME_sum and NAME_count.
+            family = re.sub(r"_(bucket|sum|count)$", "", m.group(1))
+            family = family if types.get(family) == "histogram" else m.group(1)
+            self.assertIn(family, types, "sample before its TYPE: %r" % line)
             samples[m.group(1) + (m.group(2) or "")] = float(m.group(5))
         for name in ("moonloop_resumes_total", "moonloop_commits_total",
                      "moonloop_committed_entries_total", "moonloop_active_runs",

@@ -5,6 +5,7 @@ Real serve, real files, real HTTP. A version is the SHA-256 of a file's
 bytes: the tests compute it here and poll GET /v1/skills/{id} until the
 engine's live version is that hash.
 """
+import calendar
 import hashlib
 import http.client
 import json
@@ -200,8 +201,8 @@ class SidecarTest(TestCase):
                     return err and err["file"] == path and re.search(pattern, err["message"]) and err
                 err = wait_until(rejected, what="the rejection of " + name)
                 self.assertEqual(err["line"], line)
-                self.assertGreaterEqual(time.mktime(time.strptime(err["at"][:19], "%Y-%m-%dT%H:%M:%S"))
-                                        - time.timezone, int(before) - 1)
+                self.assertGreaterEqual(calendar.timegm(time.strptime(err["at"][:19], "%Y-%m-%dT%H:%M:%S")),
+                                        int(before) - 1)
                 # The previous version stays live and serves.
                 self.assertEqual(srv.version("greet"), sha(good))
                 self.assertEqual(srv.invoke("greet")[1]["output"], "v1")

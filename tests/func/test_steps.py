@@ -191,3 +191,23 @@ end }""")
         t = json.loads(r.stdout)
         steps = self.w.trace(run_id)["steps"]
         self.assertAlmostEqual(t * 1000, ms(steps[0]["ended_at"]), delta=2)
+
+
+class TimerReuseTest(TestCase):
+    def test_a_retry_after_a_sleep_does_not_end_the_sleep_again(self):
+        self.si.routes["/once"] = lambda h, b, n: (500, "no") if n == 1 else (200, {"n": n})
+        self.w.write("s.lua", """
+return { backoff = "50ms", run = function(ctx)
+  ctx.step.sleep("nap", "200ms")
+  local n = ctx.step.run("flaky", function() return http.get_json(env.STANDIN .. "/once").n end)
+  local m = ctx.step.run("after", function() return 7 end)
+  return { n = n, m = m }
+end }""")
+        r = self.w.ml("run", "s.lua", check=0)
+        self.assertEqual(json.loads(r.stdout), {"n": 2, "m": 7})
+        steps = self.w.trace(self.run_id_of(r))["steps"]
+        self.assertEqual([s["id"] for s in steps], ["nap", "flaky", "after"])
+        self.assertEqual([s["status"] for s in steps], ["completed"] * 3)
+        # The sleep ended once, before the next step began (the retry's backoff
+        # timer must not end it again).
+        self.assertLessEqual(ms(steps[0]["ended_at"]), ms(steps[1]["started_at"]))

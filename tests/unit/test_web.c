@@ -109,10 +109,21 @@ TEST(parent_filter) {
   CHECK_CONTAINS(e.msg, "parent)");
 }
 
+/* The dashboard's trigger filter offers every kind, on_failure included. */
+TEST(trigger_filter_takes_on_failure) {
+  struct server_plan p;
+  err_t e;
+  CHECK_INT_EQ(route_get("/v1/runs?trigger=on_failure", &p, &e), 200);
+  CHECK_STR_EQ(p.filter.trigger, "on_failure");
+  CHECK_INT_EQ(route_get("/v1/runs?trigger=On-Failure", &p, &e), 400);
+  CHECK_CONTAINS(e.msg, "on_failure");
+}
+
 int main(void) {
   RUN(files_are_embedded_with_types);
   RUN(if_none_match);
   RUN(versions_route);
   RUN(parent_filter);
+  RUN(trigger_filter_takes_on_failure);
   return test_summary();
 }

@@ -1,0 +1,517 @@
+"""moonloop repl: driven through a real pseudo-terminal (line editing,
+history, completion, Ctrl-C) and through a pipe (scripts and agents), and
+the examples of docs/repl.md, run as written.
+
+docs/repl.md's examples: a ```lua block whose first line is `-- NAME.lua`
+is written to NAME.lua; a ```repl block is a session piped into `moonloop
+repl`: lines starting with `> `, `>> ` or `step> ` are what is typed (the
+prompt is not), the other lines are the output (stdout and stderr
+together), where run ids, version hashes and durations may differ, runs
+of spaces count as one, `...` matches any text within a line and a line
+of only `...` any number of lines. Each line of a ```sh block is a
+command that must succeed.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from mltest import BIN, SRC, TestCase  # noqa: E402
+from pty_driver import Pty  # noqa: E402
+
+DOC = os.path.join(SRC, "docs", "repl.md")
+
+HELLO = """
+return {
+  id = "hello",
+  run = function(ctx)
+    local a = ctx.step.run("greet", function()
+      log.info("greeting", ctx.input.who)
+      return { text = "hello " .. ctx.input.who }
+    end)
+    for i = 1, 3 do ctx.step.run("count", function() return i end) end
+    return { greeting = a.text, key = ctx.run_id }
+  end,
+}
+"""
+
+STEPS = """
+return {
+  id = "steps",
+  run = function(ctx)
+    local a = ctx.step.run("one", function() return 1 end)
+    local b = ctx.step.run("two", function() return a + 1 end)
+    local c = ctx.step.run("three", function() return b * 10 end)
+    return { a = a, b = b, c = c }
+  end,
+}
+"""
+
+# A step body that never yields: only Ctrl-C (or the slice budget, set
+# high in these tests) stops it.
+SPIN = """
+return {
+  id = "spin",
+  run = function(ctx)
+    ctx.step.run("first", function() return "ok" end)
+    ctx.step.run("spin", function() local n = 0 while true do n = n + 1 end end)
+    return "never"
+  end,
+}
+"""
+
+SLOW = """
+return {
+  id = "slow",
+  run = function(ctx)
+    ctx.step.run("first", function() return "ok" end)
+    return ctx.step.run("fetch", function() return http.get(env.STANDIN .. ctx.input.path) end)
+  end,
+}
+"""
+
+RUN_ID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
+
+
+class ReplCase(TestCase):
+    config = {"limits": "{ run_seconds_between_yields = 60 }"}
+
+    def setUp(self):
+        super().setUp()
+        self.history = os.path.join(self.w.path, "history")
+        self.w.env["MOONLOOP_HISTORY"] = self.history
+        self.ptys = []
+
+    def tearDown(self):
+        for p in self.ptys:
+            p.close()
+        super().tearDown()
+
+    def repl(self):
+        """A REPL on a pseudo-terminal, at its first prompt."""
+        p = Pty([BIN, "repl"], cwd=self.w.path, env=self.w.env)
+        self.ptys.append(p)
+        p.expect(r"\n> ")
+        return p
+
+    def pipe(self, text, timeout=60):
+        """Pipe text into moonloop repl; returns (status, stdout, stderr)."""
+        r = subprocess.run([BIN, "repl"], cwd=self.w.path, env=self.w.env, input=text,
+                           capture_output=True, text=True, timeout=timeout)
+        return r.returncode, r.stdout, r.stderr
+
+    def leave(self, p):
+        p.send("\x04")
+        self.assertEqual(p.wait(), 0)
+
+
+class TerminalTest(ReplCase):
+    def test_run_prints_each_step_and_returns_output_and_run_id(self):
+        self.w.write("hello.lua", HELLO)
+        p = self.repl()
+        p.line('out, id = run("hello.lua", {who = "ada"})')
+        m = p.expect(r"run (%s) hello" % RUN_ID.pattern)
+        run_id = m.group(1)
+        p.expect(r"info: greeting ada")
+        p.expect(r"✓ greet +\d+ms +\{\"text\":\"hello ada\"\}")
+        p.expect(r"✓ count +\d+ms +1\n")
+        p.expect(r"✓ count#3 +\d+ms +3\n")
+        p.expect(r"run %s completed in" % run_id)
+        p.line("out.greeting, id")
+        p.expect(r'"hello ada"\n"%s"' % run_id)
+        self.leave(p)
+        t = self.w.trace(run_id)
+        self.assertEqual(t["status"], "completed")
+        self.assertEqual(t["trigger"], {"kind": "invoke", "by": "repl"})
+        self.assertEqual(t["output"]["key"], run_id)
+
+    def test_step_through_skips_a_step_with_a_typed_value(self):
+        self.w.write("steps.lua", STEPS)
+        p = self.repl()
+        p.line('out, id = step_through("steps.lua")')
+        p.expect(r"next: one \(run\)")
+        p.expect(r"step> ")
+        p.line("")
+        p.expect(r"✓ one .* 1\n")
+        p.expect(r"next: two \(run\)")
+        p.expect(r"step> ")
+        p.line("s 40 + 1")
+        p.expect(r"two .*skipped with 41")
+        p.expect(r"next: three \(run\)")
+        p.expect(r"step> ")
+        p.line("")
+        p.expect(r"✓ three .* 410\n")
+        p.expect(r"completed in")
+        p.line("out.c, id")
+        run_id = p.expect(r'410\n"(%s)"' % RUN_ID.pattern).group(1)
+        self.leave(p)
+        t = self.w.trace(run_id)
+        self.assertEqual(t["status"], "completed")
+        self.assertEqual(t["output"], {"a": 1, "b": 41, "c": 410})
+        two = t["steps"][1]
+        self.assertEqual((two["id"], two["status"], two["output"]), ("two", "completed", 41))
+
+    def test_q_leaves_the_run_resumable_and_run_resume_finishes_it(self):
+        self.w.write("steps.lua", STEPS)
+        p = self.repl()
+        p.line('out, id = step_through("steps.lua")')
+        p.expect(r"step> ")
+        p.line("")
+        p.expect(r"next: two")
+        p.expect(r"step> ")
+        p.line("q")
+        p.expect(r"stays resumable")
+        p.expect(r"\n> ")
+        p.line("id")
+        run_id = p.expect(r'"(%s)"' % RUN_ID.pattern).group(1)
+        self.leave(p)
+        t = self.w.trace(run_id)
+        self.assertEqual(t["status"], "running")
+        self.assertEqual([s["id"] for s in t["steps"]], ["one"])
+        r = self.w.ml("run", "--resume", run_id, check=0)
+        self.assertEqual(json.loads(r.stdout), {"a": 1, "b": 2, "c": 20})
+        self.assertEqual(self.w.trace(run_id)["status"], "completed")
+
+    def test_ctrl_c_stops_a_looping_step_and_the_prompt_comes_back(self):
+        self.w.write("spin.lua", SPIN)
+        p = self.repl()
+        p.line('run("spin.lua")')
+        run_id = p.expect(r"run (%s) spin" % RUN_ID.pattern).group(1)
+        p.expect(r"✓ first")
+        time.sleep(0.3)  # inside the endless step body
+        p.send("\x03")
+        p.expect(r"run %s stopped; it stays resumable" % run_id)
+        p.expect(r"\n> ")
+        p.line("6 * 7")
+        p.expect(r"\n42\n")
+        self.leave(p)
+        # Nothing was written for the interrupted step: it runs again on resume.
+        t = self.w.trace(run_id)
+        self.assertEqual(t["status"], "running")
+        self.assertEqual([(s["id"], s["status"]) for s in t["steps"]], [("first", "completed")])
+
+    def test_ctrl_c_stops_a_step_waiting_on_a_slow_request(self):
+        release = threading.Event()
+
+        def slow(handler, body, n):
+            release.wait(30)
+            return 200, "late"
+        self.si.routes["/slow"] = slow
+        self.si.routes["/fast"] = (200, "quick")
+        self.addCleanup(release.set)
+        self.w.write("slow.lua", SLOW)
+        p = self.repl()
+        p.line('run("slow.lua", {path = "/slow"})')
+        run_id = p.expect(r"run (%s) slow" % RUN_ID.pattern).group(1)
+        p.expect(r"✓ first")
+        for _ in range(200):
+            if self.si.count("/slow"):
+                break
+            time.sleep(0.02)
+        p.send("\x03")
+        p.expect(r"interrupted")
+        p.expect(r"run %s stopped; it stays resumable" % run_id)
+        p.expect(r"\n> ")
+        # The run goes on from its last completed step, here in the REPL.
+        self.si.routes["/slow"] = (200, "now fast")
+        p.line('resume("%s")' % run_id)
+        p.expect(r"✓ fetch .*\"now fast\"")
+        p.expect(r"run %s completed" % run_id)
+        self.leave(p)
+        t = self.w.trace(run_id)
+        self.assertEqual(t["status"], "completed")
+        self.assertEqual(t["output"], "now fast")
+        self.assertEqual([s["id"] for s in t["steps"]], ["first", "fetch"])
+
+    def test_ctrl_c_stops_lua_typed_at_the_prompt(self):
+        p = self.repl()
+        p.line("n = 0 while true do n = n + 1 end")
+        time.sleep(0.3)
+        p.send("\x03")
+        p.expect(r"stdin:1: interrupted")
+        p.expect(r"\n> ")
+        p.line("n > 0")
+        p.expect(r"\ntrue\n")
+        # pcall cannot swallow it.
+        p.line("while true do pcall(function() while true do end end) end")
+        time.sleep(0.3)
+        p.send("\x03")
+        p.expect(r"interrupted")
+        p.expect(r"\n> ")
+        self.leave(p)
+
+    def test_ctrl_c_at_the_prompt_clears_the_line(self):
+        p = self.repl()
+        p.send("error('never run')")
+        time.sleep(0.2)
+        p.send("\x03")
+        p.expect(r"\^C\n> ")
+        p.line("1 + 2")
+        p.expect(r"\n3\n")
+        self.assertNotIn("never run\n", p.text())
+        self.leave(p)
+
+    def test_history_recalls_lines_and_persists_across_sessions(self):
+        p = self.repl()
+        p.line('"first" .. 1')
+        p.expect(r'"first1"')
+        p.line('"second" .. 2')
+        p.expect(r'"second2"')
+        p.send("\x1b[A\x1b[A\r")  # up twice: the first line
+        p.expect(r'"first1"')
+        self.leave(p)
+        with open(self.history) as f:  # libedit's format: \040 for a space
+            self.assertIn('"second"\\040..\\0402', f.read())
+        p = self.repl()
+        p.send("\x1b[A\r")  # the last line of the previous session
+        p.expect(r'"first1"')
+        self.leave(p)
+
+    def test_tab_completes_globals_and_fields(self):
+        p = self.repl()
+        p.send("json.en\t")
+        time.sleep(0.3)
+        p.line("({b = 1})")
+        p.expect(r'"\{\\"b\\":1\}"')
+        p.send("ctx.st\t")  # -> ctx.step (step and step_key share it)
+        time.sleep(0.3)
+        p.send(".ru\t")  # -> ctx.step.run
+        time.sleep(0.3)
+        p.line('("x", function() return 6 * 7 end)')
+        p.expect(r"\n42\n")
+        self.leave(p)
+
+    def test_multi_line_function_definition(self):
+        p = self.repl()
+        p.line("function add(a, b)")
+        p.expect(r"\n>> ")
+        p.line("  return a + b")
+        p.expect(r"\n>> ")
+        p.line("end")
+        p.expect(r"\n> ")
+        p.line("add(40, 2)")
+        p.expect(r"\n42\n")
+        self.leave(p)
+
+    def test_pretty_prints_nested_tables_with_a_cycle(self):
+        p = self.repl()
+        p.line('t = {b = {1, 2, 3}, a = {x = json.null, y = "s"}, [1] = "one"}')
+        p.line("t.self = t")
+        p.line("t")
+        p.expect(r'\{ "one", a = \{ x = null, y = "s" \}, b = \{ 1, 2, 3 \}, self = <cycle> \}')
+        p.line("{a = {b = {c = {d = {e = {f = {g = {}}}}}}}}")
+        p.expect(r"\{ a = \{ b = \{ c = \{ d = \{ e = \{ f = \{\.\.\.\} \} \} \} \} \} \}")
+        self.leave(p)
+
+
+class PipeTest(ReplCase):
+    def test_a_run_from_a_pipe_prints_its_result_and_exits_0(self):
+        self.w.write("hello.lua", HELLO)
+        status, out, err = self.pipe('return run("hello.lua", {who="x"})\n')
+        self.assertEqual(status, 0, err)
+        lines = out.splitlines()
+        self.assertRegex(lines[0], r'^\{ greeting = "hello x", key = "%s" \}$' % RUN_ID.pattern)
+        self.assertRegex(lines[1], r'^"%s"$' % RUN_ID.pattern)
+        self.assertIn("✓ greet", err)
+        self.assertNotIn("> ", out)  # no prompts
+
+    def test_a_line_that_errors_makes_it_exit_1(self):
+        status, out, err = self.pipe('x = 1\nerror("boom")\nx + 1\n')
+        self.assertEqual(status, 1)
+        self.assertIn("stdin:1: boom", err)
+        self.assertEqual(out, "2\n")  # the next lines still run
+        status, out, err = self.pipe('x = (\n')  # a chunk left unfinished at the end
+        self.assertEqual(status, 1)
+        self.assertIn("<eof>", err)
+
+    def test_a_failed_run_raises_its_error(self):
+        self.w.write("bad.lua", 'return { retries = 0, run = function(ctx)\n'
+                     '  ctx.step.run("s", function() error("nope") end) end }')
+        status, out, err = self.pipe('run("bad.lua")\n')
+        self.assertEqual(status, 1)
+        self.assertRegex(err, r"run %s failed: step 's' failed: bad.lua:2: nope" % RUN_ID.pattern)
+
+    def test_step_through_reads_its_answers_from_the_pipe(self):
+        self.w.write("steps.lua", STEPS)
+        status, out, err = self.pipe('out = step_through("steps.lua")\n\ns\n{n = 5}\nq\n'
+                                     'print(out)\n')
+        self.assertEqual(status, 0, err)
+        self.assertIn("skipped with {\"n\":5}", err)
+        self.assertIn("stays resumable", err)
+        self.assertEqual(out, "nil\n")
+        runs = self.w.runs(skill="steps")
+        t = self.w.trace(runs[0]["id"])
+        self.assertEqual([(s["id"], s["output"]) for s in t["steps"]], [("one", 1), ("two", {"n": 5})])
+
+    def test_http_works_at_the_top_level(self):
+        self.si.routes["/v"] = (200, {"value": [1, 2]})
+        status, out, err = self.pipe('http.get_json(env.STANDIN .. "/v")\n')
+        self.assertEqual(status, 0, err)
+        self.assertEqual(out, "{ value = { 1, 2 } }\n")
+        self.assertEqual(self.si.count("/v"), 1)
+        # Not from a coroutine of one's own: only the REPL's can wait for the engine.
+        status, out, err = self.pipe('coroutine.wrap(function() http.get(env.STANDIN) end)()\n')
+        self.assertEqual(status, 1)
+        self.assertIn("can only be called inside a run", err)
+
+    def test_send_invoke_runs_and_trace_against_the_database(self):
+        ws = os.path.join(self.w.path, "skills")
+        os.makedirs(ws)
+        self.w.write("skills/hello.lua", HELLO)
+        status, out, err = self.pipe(
+            'ev = send("order.created", {id = 7})\n'
+            'queued = invoke("hello", {who = "q"})\n'
+            'out, id = invoke("hello", {who = "w"}, {wait = true})\n'
+            'print(out.greeting)\n'
+            'print(#runs{skill = "hello"}, runs{status = "queued"}[1].id == queued)\n'
+            'print(trace(id).steps[1].output.text)\n'
+            'runs{skill = "hello"}\n', timeout=60)
+        self.assertEqual(status, 0, err)
+        self.assertIn("workspace skills: 1 skill registered", err)
+        self.assertEqual(out.splitlines()[:3], ["hello w", "2\ttrue", "hello w"])
+        self.assertIn("RUN", out.splitlines()[3])  # the table `moonloop runs` prints
+        ev = self.w.ml("runs", "--json", check=0)
+        self.assertEqual(len(json.loads(ev.stdout)), 2)
+
+    def wait_listening(self, serve):
+        line = ""
+        while "listening on" not in line:
+            line = serve.stderr.readline()
+            self.assertTrue(line or serve.poll() is None, "serve exited")
+
+    def test_the_lease_stays_renewed_while_input_is_slow(self):
+        # Leases of 1s, and a serve that reaps expired ones: a REPL that did
+        # not renew its lease while it waits for input (at the prompt, at a
+        # step's question) would lose its run to the serve and have its
+        # next commit refused.
+        self.w.write("moonloop.conf.lua", 'return { lease = "1s", env = {"STANDIN"} }\n')
+        self.w.write("steps.lua", STEPS)
+        self.wait_listening(self.w.start("serve"))
+        p = subprocess.Popen([BIN, "repl"], cwd=self.w.path, env=self.w.env, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            for line, pause in (('out = step_through("steps.lua")', 2.5), ("", 0), ("", 2.5),
+                                ("", 0), ("print(out.c)", 2.5), ('print(run("steps.lua").c)', 0)):
+                p.stdin.write(line + "\n")
+                p.stdin.flush()
+                time.sleep(pause)
+            out, err = p.communicate(timeout=30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.assertEqual(p.returncode, 0, err)
+        self.assertEqual(out, "20\n20\n")
+        self.assertNotIn("lease", err)
+
+    def test_invoke_wait_waits_for_the_engine_that_runs_it(self):
+        os.makedirs(os.path.join(self.w.path, "skills"))
+        self.w.write("skills/hello.lua", HELLO)
+        self.wait_listening(self.w.start("serve"))
+        status, out, err = self.pipe('out, id = invoke("hello", {who = "s"}, {wait = true})\n'
+                                     'print(out.greeting)\n')
+        self.assertEqual(status, 0, err)
+        self.assertEqual(out, "hello s\n")
+        self.assertIn("waiting for the engine running it", err)
+        self.assertEqual(self.w.runs()[0]["status"], "completed")
+
+    def test_bad_input_gets_a_clear_error(self):
+        status, out, err = self.pipe('run(42)\nrun("hello.lua", {f = print})\nskill("nope")\n'
+                                     'runs{status = "done"}\ntrace("not-an-id")\n')
+        self.assertEqual(status, 1)
+        self.assertIn("run: expected a skill", err)
+        self.assertIn("no skill 'nope'", err)
+        self.assertIn("status must be one of", err)
+        self.assertIn("trace: expected a run id", err)
+        self.w.write("hello.lua", HELLO)
+        status, out, err = self.pipe('run("hello.lua", {f = print})\n')
+        self.assertIn("data is not a JSON value", err)
+
+
+def doc_blocks(text):
+    return [(m.group(1), m.group(2))
+            for m in re.finditer(r"^```(lua|repl|sh)\n(.*?)^```", text, re.S | re.M)]
+
+
+def session(body):
+    """(typed lines, expected output lines) of a ```repl block."""
+    typed, expected = [], []
+    for line in body.splitlines():
+        for prompt in ("> ", ">> ", "step> ", "value> "):
+            if line.startswith(prompt) or line == prompt.rstrip():
+                typed.append(line[len(prompt):])
+                break
+        else:
+            expected.append(line)
+    return typed, expected
+
+
+NORMALIZE = [
+    (re.compile(r"\b[0-9A-HJKMNP-TV-Z]{26}\b"), "RUNID"),
+    (re.compile(r"\b[0-9a-f]{12,64}\b"), "HEX"),
+    (re.compile(r"just now"), "0s ago"),
+    (re.compile(r"\b(\d+(\.\d+)?(ms|s|m|h|d))+\b"), "DUR"),
+]
+
+
+def normalize(line):
+    for rx, to in NORMALIZE:
+        line = rx.sub(to, line)
+    return " ".join(line.split())
+
+
+def line_re(pattern):
+    return re.compile(".*".join(re.escape(p) for p in pattern.split("...")) + r"\Z")
+
+
+def matches(expected, actual):
+    exp = [normalize(e) for e in expected]
+    act = [normalize(a) for a in actual]
+    while exp and not exp[-1]:
+        exp.pop()
+    while act and not act[-1]:
+        act.pop()
+
+    def go(i, j):
+        if i == len(exp):
+            return j == len(act)
+        if exp[i] == "...":
+            return any(go(i + 1, k) for k in range(j, len(act) + 1))
+        return j < len(act) and line_re(exp[i]).match(act[j]) is not None and go(i + 1, j + 1)
+    return go(0, 0)
+
+
+class DocTest(ReplCase):
+    def test_docs_repl_md_examples_run_as_written(self):
+        with open(DOC) as f:
+            blocks = doc_blocks(f.read())
+        sessions = 0
+        for kind, body in blocks:
+            if kind == "lua":
+                first = body.splitlines()[0]
+                m = re.match(r"^-- (\S+\.lua)$", first)
+                self.assertTrue(m, "a lua block must start with -- NAME.lua: %r" % first)
+                self.w.write(m.group(1), body)
+        for kind, body in blocks:
+            if kind == "repl":
+                sessions += 1
+                typed, expected = session(body)
+                r = subprocess.run([BIN, "repl"], cwd=self.w.path, env=self.w.env,
+                                   input="\n".join(typed) + "\n", stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, timeout=60)
+                if not matches(expected, r.stdout.splitlines()):
+                    self.fail("docs/repl.md session %d:\n%s\ngave:\n%s" % (sessions, body, r.stdout))
+            elif kind == "sh":
+                for line in body.splitlines():
+                    if line.startswith("moonloop repl ["):
+                        continue  # the synopsis
+                    cmd = line.replace("moonloop", BIN, 1) if line.startswith("moonloop") else \
+                        line.replace("| moonloop", "| " + BIN)
+                    r = subprocess.run(["bash", "-c", cmd], cwd=self.w.path, env=self.w.env,
+                                       capture_output=True, text=True, timeout=60)
+                    self.assertEqual(r.returncode, 0, "%s:\n%s%s" % (line, r.stdout, r.stderr))
+        self.assertGreaterEqual(sessions, 5)
