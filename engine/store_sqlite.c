@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const char *const migrations[] = {
   /* 1: the durable core */
@@ -215,12 +216,36 @@ static int migrate(sqlite3 *db, err_t *e) {
   return 0;
 }
 
+/* Put the database in WAL mode. Asking when it already is changes nothing,
+** and is only a read: another process writing then is no obstacle. Setting
+** it (a new file) can meet a busy database past the busy handler (SQLite
+** does not wait in every case): try again for a while. */
+static int use_wal(sqlite3 *db, err_t *e) {
+  for (int tries = 0;; tries++) {
+    sqlite3_stmt *st;
+    int rc = sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &st, NULL);
+    if (rc == SQLITE_OK) {
+      rc = sqlite3_step(st);
+      const char *mode = rc == SQLITE_ROW ? (const char *)sqlite3_column_text(st, 0) : NULL;
+      int wal = mode && !strcmp(mode, "wal");
+      sqlite3_finalize(st);
+      if (wal) return 0;
+      if (rc == SQLITE_ROW) rc = sqlite3_exec(db, "PRAGMA journal_mode=WAL", NULL, NULL, NULL);
+      if (rc == SQLITE_OK) return 0;
+    }
+    if ((rc != SQLITE_BUSY && rc != SQLITE_LOCKED) || tries >= 100)
+      return store__db_err(e, db, "setting WAL mode");
+    struct timespec ts = {0, 50 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+}
+
 int store_open(const char *path, enum store_durability d, store_t **out, err_t *e) {
   store_t *s = calloc(1, sizeof *s);
   if (!s) return err_set(e, ERR_NOMEM, "out of memory");
   s->path = strdup(path);
   if (open_conn(path, &s->w, e)) goto fail;
-  if (store__exec(s->w, "PRAGMA journal_mode=WAL", e)) {
+  if (use_wal(s->w, e)) {
     err_prefix(e, "cannot use '%s' as a database", path);
     goto fail;
   }

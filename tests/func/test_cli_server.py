@@ -18,10 +18,8 @@ return { id = "greet", triggers = { { event = "hello" } }, run = function(ctx)
   return "hi " .. ctx.input.who
 end }""")
         self.w.env["MOONLOOP_TOKEN"] = "s3cret"
-        p = self.w.start("serve", "--workspace", "skills", "--listen", "127.0.0.1:0")
-        line = wait_until(lambda: re.search(r"listening on (http://\S+)", p.stderr.readline() or ""),
-                          what="the listening line")
-        self.url = line.group(1)
+        p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0")
+        self.url = p.url
         # From here on the CLI must not touch the file: point it elsewhere.
         self.w.env["MOONLOOP_DB"] = os.path.join(self.w.path, "not-used.db")
 

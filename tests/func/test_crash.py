@@ -77,8 +77,7 @@ class CrashTest(TestCase):
     def test_serve_killed_repeatedly_loses_nothing_and_repeats_nothing(self):
         self.route_all_calls(self.slow)
         self.w.write("skills/twenty.lua", TWENTY)
-        p = self.w.start("serve", "--workspace", "skills")
-        wait_until(lambda: self.w.json("skills"), what="registration")
+        p = self.w.serve("--workspace", "skills")
         for i in range(6):
             self.w.ml("invoke", "twenty", "--data", json.dumps({"i": i}), check=0)
         rnd = random.Random(7)
@@ -94,7 +93,7 @@ class CrashTest(TestCase):
             kills += 1
             if progress < 6 * 20:
                 mid_run_kills += 1
-            p = self.w.start("serve", "--workspace", "skills")
+            p = self.w.serve("--workspace", "skills")
         # The kills must have landed while runs were unfinished to prove anything.
         self.assertGreaterEqual(mid_run_kills, 3)
         wait_until(lambda: all(r["status"] == "completed" for r in self.w.runs(skill="twenty"))
@@ -122,7 +121,7 @@ class CrashTest(TestCase):
         p = self.w.start("run", "skills/twenty.lua")
         wait_until(lambda: sum(self.calls_per_step().values()) >= 5, what="some steps")
         kill9(p)
-        self.w.start("serve", "--workspace", "skills")
+        self.w.serve("--workspace", "skills")
         wait_until(lambda: self.w.runs()[0]["status"] == "completed", timeout=30, what="takeover")
         self.assert_exactly_once_except_in_flight(1)
 

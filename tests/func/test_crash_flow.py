@@ -20,8 +20,7 @@ class CrashFlowTest(TestCase):
         self.w.write("skills/%s.lua" % name, src)
 
     def serve(self):
-        p = self.w.start("serve", "--workspace", "skills", "--listen", "127.0.0.1:0")
-        wait_until(lambda: self.w.json("skills"), what="the skills to be registered")
+        p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0")
         return p
 
     def runs_of(self, skill, status=None):

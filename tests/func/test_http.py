@@ -75,8 +75,7 @@ end)""")
 return { id = "slow", run = function(ctx)
   return ctx.step.run("call", function() return http.get_json(env.STANDIN .. "/slow").n end)
 end }""")
-        p = self.w.start("serve", "--workspace", "skills")
-        wait_until(lambda: self.w.json("skills"), what="registration")
+        p = self.w.serve("--workspace", "skills")
         # A few runs through the CLI, the rest queued in one transaction, so
         # that serve finds hundreds waiting at once.
         n = 300

@@ -129,9 +129,7 @@ end }""")
         os.makedirs(os.path.join(self.w.path, "skills"))
         self.w.write("skills/greeter.lua", 'return { id = "greeter", run = function(ctx) return ctx.input end }')
         # serve registers the workspace; stop it at once.
-        p = self.w.start("serve", "--workspace", "skills")
-        from mltest import wait_until
-        wait_until(lambda: self.w.json("skills"), what="the skill to be registered")
+        p = self.w.serve("--workspace", "skills")
         p.terminate()
         p.wait(timeout=10)
         r = self.w.ml("run", "greeter", "--data", '[1,2]', check=0)

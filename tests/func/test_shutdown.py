@@ -27,8 +27,7 @@ class ShutdownTest(TestCase):
         self.si.routes["/slow"] = lambda h, b, n: (time.sleep(1.0), (200, {"n": n}))[1]
 
     def serve(self):
-        p = self.w.start("serve", "--workspace", "skills")
-        wait_until(lambda: self.w.json("skills"), what="registration")
+        p = self.w.serve("--workspace", "skills")
         return p
 
     def test_sigterm_lets_the_step_in_flight_finish_then_exits_0(self):
@@ -70,7 +69,8 @@ class ShutdownTest(TestCase):
         p.send_signal(signal.SIGINT)
         p.wait(timeout=5)
         self.assertLess(time.time() - t0, 2)
-        self.assertIn("second signal", p.stderr.read())
+        time.sleep(0.2)  # let the drain thread take serve's last words
+        self.assertIn("second signal", "".join(p.stderr_lines))
 
     def test_idle_serve_stops_promptly(self):
         p = self.serve()

@@ -17,8 +17,7 @@ class TraceTest(TestCase):
         os.makedirs(os.path.join(self.w.path, "skills"))
 
     def serve(self):
-        p = self.w.start("serve", "--workspace", "skills")
-        wait_until(lambda: self.w.json("skills"), what="registration")
+        p = self.w.serve("--workspace", "skills")
         return p
 
     def test_retried_and_failed_runs(self):
@@ -161,10 +160,8 @@ return { id = "m", retries = 0, run = function(ctx)
   ctx.step.run("a", function() return 1 end)
   if ctx.input and ctx.input.fail then ctx.step.run("b", function() error("no") end) end
 end }""")
-        p = self.w.start("serve", "--workspace", "skills", "--listen", "127.0.0.1:0")
-        url = wait_until(lambda: re.search(r"listening on (http://\S+)", p.stderr.readline() or ""),
-                         what="the listening line").group(1)
-        wait_until(lambda: self.w.json("skills"), what="registration")
+        p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0")
+        url = p.url
         self.w.ml("invoke", "m", "--wait", check=0)
         self.w.ml("invoke", "m", "--data", '{"fail": true}', "--wait", check=1)
         text = urllib.request.urlopen(url + "/metrics").read().decode()

@@ -206,6 +206,33 @@ class Workdir:
         self.procs.append(p)
         return p
 
+    def serve(self, *args, timeout=30):
+        """Start `moonloop serve` (with args) and wait until it listens: by
+        then its workspace is registered. Returns the Popen; its URL is in
+        .url. Fails with serve's own stderr if it exits first."""
+        import re
+        p = self.start("serve", *args)
+        seen = []
+        end = time.time() + timeout
+        while time.time() < end:
+            line = p.stderr.readline()
+            if not line:
+                raise AssertionError("moonloop serve exited (%s): %s" % (p.wait(), "".join(seen)))
+            seen.append(line)
+            m = re.search(r"listening on (http://\S+)", line)
+            if m:
+                p.url = m.group(1)
+                # Keep draining stderr so serve never blocks on a full pipe;
+                # what it says stays in p.stderr_lines.
+                p.stderr_lines = seen
+
+                def drain():
+                    for line in p.stderr:
+                        seen.append(line)
+                threading.Thread(target=drain, daemon=True).start()
+                return p
+        raise AssertionError("moonloop serve did not listen within %ds: %s" % (timeout, "".join(seen)))
+
     def json(self, *args, timeout=60):
         r = self.ml(*args, "--json", timeout=timeout)
         if r.returncode != 0:
