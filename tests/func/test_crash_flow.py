@@ -136,3 +136,33 @@ end }""")
         self.assertEqual(self.si.count("/a"), 100)  # replays did not run bodies again
         for r in self.runs_of("nap"):
             self.assertEqual(r["output"], r["id"])
+
+
+class ConcurrencyAcrossProcessesTest(TestCase):
+    def test_the_limit_holds_across_two_engines_and_a_kill(self):
+        os.makedirs(os.path.join(self.w.path, "skills"))
+        self.w.write("skills/one.lua", """
+return { id = "one", concurrency = { limit = 1, key = "event.data.service" }, run = function(ctx)
+  return ctx.step.run("call", function()
+    return http.get_json(env.STANDIN .. "/svc/" .. ctx.input.service).ok
+  end)
+end }""")
+
+        def call(h, b, n):
+            svc = h.path.rsplit("/", 1)[1]
+            with self.si.track(svc):
+                time.sleep(0.3)
+            return 200, {"ok": True}
+        self.si.route_prefix("/svc/", call)
+        a = self.w.serve("--workspace", "skills")
+        b = self.w.serve("--workspace", "skills")  # a second engine on the same database
+        for _ in range(6):
+            self.w.ml("invoke", "one", "--data", '{"service": "a"}', check=0)
+        wait_until(lambda: self.si.count("/svc/a") >= 2, what="some calls")
+        kill9(a)  # the slot holder may die: its slot must come back, and the limit hold
+        c = self.w.serve("--workspace", "skills")
+        wait_until(lambda: len(self.w.runs(skill="one", status="completed")) == 6, timeout=40,
+                   what="six runs")
+        self.assertEqual(self.si.max_inflight["a"], 1)
+        for p in (b, c):
+            p.terminate()
