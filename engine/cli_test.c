@@ -73,7 +73,7 @@ static int find_tests(const char *dir, struct files *out) {
     if (files_add(&names, de->d_name)) break;
   }
   closedir(d);
-  qsort(names.v, (size_t)names.n, sizeof *names.v, cmp_str);
+  if (names.n) qsort(names.v, (size_t)names.n, sizeof *names.v, cmp_str);
   int rc = 0;
   for (int i = 0; i < names.n && !rc; i++) {
     size_t len = strlen(dir) + strlen(names.v[i]) + 2;

@@ -1,11 +1,11 @@
 /*
 ** skilltest.h: the engine under `moonloop test`: a Lua runtime, a
 ** throwaway store and a virtual clock, driving the cases of *_test.lua
-** files (the driver itself is lua/testing.lua).
+** files (the driver itself is lua/testing_driver.lua).
 **
 ** A test engine is an engine without a scheduler loop: the skill's run
 ** coroutine is made by lua/run.lua's run.new (the same step code as in
-** production) and its ops are interpreted by lua/testing.lua, which mocks
+** production) and its ops are interpreted by lua/testing_driver.lua, which mocks
 ** step bodies by id, answers HTTP requests from mocks, delivers supplied
 ** events and moves a virtual clock instead of waiting. What the runs did
 ** is journaled into the throwaway store with store_commit, so their
@@ -16,7 +16,7 @@
 ** here after every slice of skill code it resumes, so each slice gets the
 ** engine's time and memory budget as in production.
 **
-** core functions added for lua/testing.lua (and nothing else):
+** core functions added for lua/testing*.lua (and nothing else):
 **   now()                    the virtual clock (ms) while one is set, else the wall clock
 **   test_clock(ms or nil)    set or clear the virtual clock
 **   test_compile(src, name)  compile like a skill file (text only, JIT off); main state only
