@@ -47,4 +47,11 @@ char *cli_data_json(const struct cli *c);
 /* Print a JSON value (pretty when human) followed by a newline. */
 void cli_print_json(FILE *f, const char *json, int pretty);
 
+/* Print a finished run's result the way DESIGN says (output on stdout, or
+** the error on stderr); returns the exit status. output and error are JSON
+** text or NULL. cli_run.c; client.c prints --server results with it too.
+** (Added by the refactor: client.c had a copy.) */
+int cli_report_run(const struct cli *c, const char *run_id, const char *status,
+                   const char *output, const char *error);
+
 #endif

@@ -83,6 +83,21 @@ static int blank(const char *s) {
   return 1;
 }
 
+/* Add a line to the chunk; once the chunk is complete, evaluate it and
+** empty it (a blank chunk is just emptied). Returns repl_eval's status,
+** or -1 when nothing was evaluated. */
+static int chunk_feed(repl_t *rp, struct chunk *c, const char *line) {
+  chunk_add(c, line);
+  if (blank(c->s)) {
+    chunk_reset(c);
+    return -1;
+  }
+  if (!repl_complete(rp, c->s)) return -1;
+  int rc = repl_eval(rp, c->s);
+  chunk_reset(c);
+  return rc;
+}
+
 /* ---- reading from a pipe ---- */
 
 /* Lines of stdin, read with read(2) behind poll(2), so that the engine
@@ -148,15 +163,8 @@ static int run_pipe(repl_t *rp) {
   int failed = 0;
   char *line;
   while ((line = pipe_line(rp))) {
-    chunk_add(&c, line);
+    if (chunk_feed(rp, &c, line) > 0) failed = 1;
     free(line);
-    if (blank(c.s)) {
-      chunk_reset(&c);
-      continue;
-    }
-    if (!repl_complete(rp, c.s)) continue;
-    if (repl_eval(rp, c.s)) failed = 1;
-    chunk_reset(&c);
   }
   /* What is left ends too early: evaluating it reports why. */
   if (c.len && !blank(c.s) && repl_eval(rp, c.s)) failed = 1;
@@ -242,14 +250,19 @@ static char *match_next(const char *text, int state) {
   return strdup(m);
 }
 
+/* Free the completions handed to libedit last. */
+static void free_matches(void) {
+  if (!term.matches) return;
+  for (char **m = term.matches; *m; m++) free(*m);
+  free(term.matches);
+  term.matches = NULL;
+}
+
 /* Tab: complete globals and fields ("json.en" -> "json.encode"). */
 static char **complete(const char *text, int start, int end) {
   (void)start, (void)end;
   rl_attempted_completion_over = 1; /* never file names */
-  if (term.matches) {
-    for (char **m = term.matches; *m; m++) free(*m);
-    free(term.matches);
-  }
+  free_matches();
   term.matches = repl_completions(term.rp, text);
   return rl_completion_matches(text, match_next);
 }
@@ -296,22 +309,11 @@ static int run_tty(repl_t *rp) {
       add_history(line);
       if (hist) write_history(hist);
     }
-    chunk_add(&c, line);
+    chunk_feed(rp, &c, line);
     free(line);
-    if (blank(c.s)) {
-      chunk_reset(&c);
-      continue;
-    }
-    if (!repl_complete(rp, c.s)) continue;
-    repl_eval(rp, c.s);
-    chunk_reset(&c);
   }
   free(c.s);
-  if (term.matches) {
-    for (char **m = term.matches; *m; m++) free(*m);
-    free(term.matches);
-    term.matches = NULL;
-  }
+  free_matches();
   return EXIT_OK;
 }
 
@@ -343,15 +345,8 @@ static int run_tty(repl_t *rp) {
       fputc('\n', stdout);
       break;
     }
-    chunk_add(&c, line);
+    chunk_feed(rp, &c, line);
     free(line);
-    if (blank(c.s)) {
-      chunk_reset(&c);
-      continue;
-    }
-    if (!repl_complete(rp, c.s)) continue;
-    repl_eval(rp, c.s);
-    chunk_reset(&c);
   }
   free(c.s);
   return EXIT_OK;
@@ -359,6 +354,8 @@ static int run_tty(repl_t *rp) {
 
 #endif
 
+/* moonloop repl: open the REPL, then read chunks from the terminal or the
+** pipe until the input ends; SIGINT goes to on_sigint meanwhile. */
 int cli_repl(struct cli *c) {
   if (c->nargs) return cli_fail(EXIT_USAGE, "usage: moonloop repl [--db PATH] [--workspace DIR]");
   if (c->cfg.server)

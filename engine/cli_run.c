@@ -1,5 +1,11 @@
 /*
-** cli_run.c: commands that run skills: run, run --resume, invoke.
+** cli_run.c: commands that run skills: run, run --resume, invoke; and how
+** a finished run's result is printed (cli_report_run, for --server too).
+**
+** run executes the skill in this process (SCHED_SOLO) to its end; invoke
+** queues a run for the engine holding the database, or, with --wait and no
+** engine alive, runs it here. Exit statuses: 0 completed, 1 failed or
+** cancelled, 2 usage.
 */
 #include "cli.h"
 #include "client.h"
@@ -14,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* See cli.h. */
 char *cli_data_json(const struct cli *c) {
   if (!c->data) return strdup("null");
   const char *end = NULL;
@@ -28,6 +35,7 @@ char *cli_data_json(const struct cli *c) {
   return s;
 }
 
+/* See cli.h: text that is not JSON is printed as it is. */
 void cli_print_json(FILE *f, const char *json, int pretty) {
   cJSON *v = json ? cJSON_Parse(json) : NULL;
   char *s = v ? (pretty ? cJSON_Print(v) : cJSON_PrintUnformatted(v)) : NULL;
@@ -36,11 +44,13 @@ void cli_print_json(FILE *f, const char *json, int pretty) {
   cJSON_Delete(v);
 }
 
+/* What a run waited for in this process ended with (copied). */
 struct outcome {
   int done;
   char *status, *output, *error;
 };
 
+/* sched_on_done's callback: keep the outcome for after the loop. */
 static void on_done(const struct sched_result *r, void *arg) {
   struct outcome *o = arg;
   o->done = 1;
@@ -49,10 +59,9 @@ static void on_done(const struct sched_result *r, void *arg) {
   o->error = r->error ? strdup(r->error) : NULL;
 }
 
-/* Print a finished run's result the way DESIGN says: output on stdout, or
-** the error on stderr; returns the exit status. */
-static int report(const struct cli *c, const char *run_id, const char *status,
-                  const char *output, const char *error) {
+/* See cli.h: a run taken over by another process ("abandoned") fails too. */
+int cli_report_run(const struct cli *c, const char *run_id, const char *status,
+                   const char *output, const char *error) {
   if (!strcmp(status, "completed")) {
     cli_print_json(stdout, output, !c->json && isatty(1));
     return EXIT_OK;
@@ -76,36 +85,10 @@ static int report(const struct cli *c, const char *run_id, const char *status,
   return EXIT_FAILED;
 }
 
+/* Whether p names a regular file. */
 static int is_file(const char *p) {
   struct stat st;
   return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-/* Find a registered skill's live version and load it. */
-static int load_registered(struct engine *en, const char *id, struct skill **out, err_t *e) {
-  cJSON *rec;
-  if (store_get_skill(en->store, id, &rec, e)) {
-    if (e->code == ERR_NOTFOUND)
-      err_set(e, ERR_NOTFOUND, "no skill '%s': not a file and not a registered skill "
-              "(see moonloop skills)", id);
-    return e->code;
-  }
-  cJSON *v = cJSON_GetObjectItem(rec, "version");
-  if (!cJSON_IsString(v)) {
-    cJSON_Delete(rec);
-    return err_set(e, ERR_NOTFOUND, "skill '%s' has no live version (its file was removed or "
-                   "never loaded)", id);
-  }
-  char *source = NULL, *file = NULL;
-  int rc = store_get_version(en->store, v->valuestring, &source, NULL, &file, e);
-  cJSON_Delete(rec);
-  if (rc) return rc;
-  struct skill_error se;
-  rc = skills_load(en->skills, source, strlen(source), file ? file : id, out, &se);
-  if (rc) *e = se.err;
-  free(source);
-  free(file);
-  return rc;
 }
 
 /* Run a skill (a file or a registered id) to its end in this process. */
@@ -124,7 +107,7 @@ static int run_here(struct cli *c, const char *target, const char *data, const c
       engine_close(&en);
       return cli_fail(se.err.code == ERR_INVALID ? EXIT_FAILED : EXIT_FAILED, "%s", se.err.msg);
     }
-  } else if (load_registered(&en, target, &skill, &e)) {
+  } else if (engine_load_registered(&en, target, &skill, &e)) {
     engine_close(&en);
     return cli_fail(EXIT_FAILED, "%s", e.msg);
   }
@@ -140,12 +123,13 @@ static int run_here(struct cli *c, const char *target, const char *data, const c
   sched_on_done(en.sched, run_id, on_done, &out);
   engine_run(&en);
   engine_close(&en);
-  int rc = out.done ? report(c, run_id, out.status, out.output, out.error)
+  int rc = out.done ? cli_report_run(c, run_id, out.status, out.output, out.error)
                     : cli_fail(EXIT_FAILED, "run %s did not finish", run_id);
   free(out.status), free(out.output), free(out.error);
   return rc;
 }
 
+/* run --resume RUN_ID: take an unfinished run and go on with it here. */
 static int resume(struct cli *c) {
   struct engine en;
   err_t e;
@@ -173,12 +157,13 @@ static int resume(struct cli *c) {
   }
   engine_run(&en);
   engine_close(&en);
-  rc = out.done ? report(c, run_id, out.status, out.output, out.error)
+  rc = out.done ? cli_report_run(c, run_id, out.status, out.output, out.error)
                 : cli_fail(EXIT_FAILED, "run %s did not finish", run_id);
   free(out.status), free(out.output), free(out.error);
   return rc;
 }
 
+/* moonloop run FILE-or-SKILL | run --resume RUN_ID. */
 int cli_run(struct cli *c) {
   if (c->cfg.server)
     return cli_fail(EXIT_USAGE, "run executes the skill in this process; to run it on the engine "
@@ -221,10 +206,13 @@ static int enqueue(struct engine *en, const char *skill_id, const char *data, ch
   return rc;
 }
 
+/* Whether a run status is final. */
 static int terminal(const char *s) {
   return !strcmp(s, "completed") || !strcmp(s, "failed") || !strcmp(s, "cancelled");
 }
 
+/* moonloop invoke SKILL [--data JSON] [--wait]: queue a run (--wait: and
+** read it until it ends). */
 int cli_invoke(struct cli *c) {
   if (c->nargs != 1) return cli_fail(EXIT_USAGE, "usage: moonloop invoke SKILL [--data JSON] [--wait]");
   if (c->cfg.server) return client_invoke(c); /* --server: through the HTTP API */
@@ -267,7 +255,7 @@ int cli_invoke(struct cli *c) {
     if (terminal(st)) {
       char *out = cJSON_PrintUnformatted(cJSON_GetObjectItem(rec, "output"));
       char *err = cJSON_PrintUnformatted(cJSON_GetObjectItem(rec, "error"));
-      rc = report(c, run_id, st, out, err);
+      rc = cli_report_run(c, run_id, st, out, err);
       free(out), free(err);
       cJSON_Delete(rec);
       break;

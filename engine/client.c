@@ -151,6 +151,15 @@ static void add_param(CURL *h, char *q, size_t n, const char *key, const char *v
   curl_free(esc);
 }
 
+/* s percent-encoded for a URL (free with curl_free), or NULL when out of
+** memory. */
+static char *url_escape(const char *s) {
+  CURL *h = curl_easy_init();
+  char *esc = h ? curl_easy_escape(h, s, 0) : NULL;
+  if (h) curl_easy_cleanup(h);
+  return esc;
+}
+
 /* Print a JSON value and a newline, as the file mode does. */
 static void print_json(const cJSON *v, int pretty) {
   char *s = pretty ? cJSON_Print(v) : cJSON_PrintUnformatted(v);
@@ -158,13 +167,14 @@ static void print_json(const cJSON *v, int pretty) {
   free(s);
 }
 
-/* moonloop runs --server: GET /v1/runs with the filters as parameters. */
-/* The runs list over HTTP (filters from c), or NULL after printing why. */
-cJSON *client_list_runs(struct cli *c) {
+/* GET /v1/runs with c's filters as parameters: the list of runs (the
+** caller frees it), or NULL after printing why, with the exit status in
+** *exit_status. */
+static cJSON *list_runs(struct cli *c, int *exit_status) {
   char path[2048] = "";
   CURL *h = curl_easy_init();
   if (!h) {
-    cli_fail(EXIT_FAILED, "cannot start an HTTP request (libcurl)");
+    *exit_status = cli_fail(EXIT_FAILED, "cannot start an HTTP request (libcurl)");
     return NULL;
   }
   add_param(h, path, sizeof path, "skill", c->skill);
@@ -180,57 +190,42 @@ cJSON *client_list_runs(struct cli *c) {
   err_t e;
   if (client_call(&c->cfg, "GET", full, NULL, &status, &ans, &e)) {
     cJSON_Delete(ans);
-    fail_exit(&e, EXIT_FAILED);
+    *exit_status = fail_exit(&e, EXIT_FAILED);
     return NULL;
   }
   cJSON *runs = cJSON_DetachItemFromObjectCaseSensitive(ans, "runs");
   cJSON_Delete(ans);
   if (!cJSON_IsArray(runs)) {
     cJSON_Delete(runs);
-    cli_fail(EXIT_FAILED, "the engine's answer has no list of runs");
+    *exit_status = cli_fail(EXIT_FAILED, "the engine's answer has no list of runs");
     return NULL;
   }
   return runs;
 }
 
+/* The runs list over HTTP (filters from c), or NULL after printing why. */
+cJSON *client_list_runs(struct cli *c) {
+  int st;
+  return list_runs(c, &st);
+}
+
+/* moonloop runs --server: the list, as the file mode prints it. */
 int client_runs(struct cli *c) {
-  char path[2048] = "";
-  CURL *h = curl_easy_init();
-  if (!h) return cli_fail(EXIT_FAILED, "cannot start an HTTP request (libcurl)");
-  add_param(h, path, sizeof path, "skill", c->skill);
-  add_param(h, path, sizeof path, "status", c->status);
-  add_param(h, path, sizeof path, "since", c->since);
-  add_param(h, path, sizeof path, "trigger", c->trigger);
-  add_param(h, path, sizeof path, "limit", c->limit);
-  curl_easy_cleanup(h);
-  char full[2100];
-  snprintf(full, sizeof full, "/v1/runs%s", path);
-  long status;
-  cJSON *ans;
-  err_t e;
-  if (client_call(&c->cfg, "GET", full, NULL, &status, &ans, &e)) {
-    cJSON_Delete(ans);
-    return fail_exit(&e, EXIT_FAILED);
-  }
-  cJSON *runs = cJSON_GetObjectItemCaseSensitive(ans, "runs");
-  if (!cJSON_IsArray(runs)) {
-    cJSON_Delete(ans);
-    return cli_fail(EXIT_FAILED, "the engine's answer has no list of runs");
-  }
+  int st = EXIT_OK;
+  cJSON *runs = list_runs(c, &st);
+  if (!runs) return st;
   if (c->json) print_json(runs, 0);
   else trace_print_runs(stdout, runs, c->color, units_now_ms());
-  cJSON_Delete(ans);
+  cJSON_Delete(runs);
   return EXIT_OK;
 }
 
 /* GET /v1/runs/{id}: the run record, or NULL after printing why. */
 static cJSON *get_run(struct cli *c, const char *id, int *exit_status) {
-  CURL *h = curl_easy_init();
-  char *esc = h ? curl_easy_escape(h, id, 0) : NULL;
+  char *esc = url_escape(id);
   char path[512];
   snprintf(path, sizeof path, "/v1/runs/%s", esc ? esc : "");
   curl_free(esc);
-  if (h) curl_easy_cleanup(h);
   long status;
   cJSON *run;
   err_t e;
@@ -274,7 +269,7 @@ int client_skills(struct cli *c) {
   return EXIT_OK;
 }
 
-/* Whether a run status is final. */
+/* Whether a run status is final (NULL is not). */
 static int terminal(const char *s) {
   return s && (!strcmp(s, "completed") || !strcmp(s, "failed") || !strcmp(s, "cancelled"));
 }
@@ -285,27 +280,14 @@ static const char *str_of(const cJSON *o, const char *k) {
   return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
-/* Print a finished run's result as the file mode does (cli_run.c's
-** report): output on stdout, or the error on stderr; the exit status. */
+/* Print a finished run's result as the file mode does (cli_report_run):
+** output on stdout, or the error on stderr (a null error is none); the
+** exit status. */
 static int report(const struct cli *c, const char *run_id, const char *status,
                   const cJSON *output, const cJSON *error) {
   char *out = output ? cJSON_PrintUnformatted(output) : NULL;
   char *err = error && !cJSON_IsNull(error) ? cJSON_PrintUnformatted(error) : NULL;
-  int rc;
-  if (!strcmp(status, "completed")) {
-    cli_print_json(stdout, out ? out : "null", !c->json && isatty(1));
-    rc = EXIT_OK;
-  } else if (c->json) {
-    cli_print_json(stderr, err ? err : "null", 0);
-    rc = EXIT_FAILED;
-  } else {
-    const char *msg = str_of(error, "message");
-    fprintf(stderr, "moonloop: run %s %s: %s\n", run_id, status,
-            msg ? msg : err ? err : "(no error recorded)");
-    const char *tb = str_of(error, "traceback");
-    if (tb && c->verbose) fprintf(stderr, "%s\n", tb);
-    rc = EXIT_FAILED;
-  }
+  int rc = cli_report_run(c, run_id, status, out, err);
   free(out);
   free(err);
   return rc;
@@ -318,9 +300,7 @@ int client_invoke(struct cli *c) {
   if (!data) return EXIT_USAGE;
   size_t bl = strlen(data) + 64;
   char *body = malloc(bl);
-  CURL *h = curl_easy_init();
-  char *esc = h ? curl_easy_escape(h, c->args[0], 0) : NULL;
-  if (h) curl_easy_cleanup(h);
+  char *esc = url_escape(c->args[0]);
   if (!body || !esc) {
     free(body), free(data), curl_free(esc);
     return cli_fail(EXIT_FAILED, "out of memory");
@@ -384,6 +364,7 @@ static int valid_run_id(const char *id) {
   return 1;
 }
 
+/* moonloop send --server: POST /v1/events with one event. */
 int client_send(struct cli *c, const char *data) {
   cJSON *ev = cJSON_CreateObject();
   cJSON_AddStringToObject(ev, "name", c->args[0]);
@@ -439,5 +420,6 @@ static int run_action(struct cli *c, const char *action) {
   return EXIT_OK;
 }
 
+/* moonloop cancel / rerun --server. */
 int client_cancel(struct cli *c) { return run_action(c, "cancel"); }
 int client_rerun(struct cli *c) { return run_action(c, "rerun"); }

@@ -99,6 +99,37 @@ int engine_load_file(struct engine *en, const char *path, int register_it, struc
   return rc;
 }
 
+/* See engine.h. (Added by the refactor: one copy for cli_run.c and repl.c.) */
+int engine_load_registered(struct engine *en, const char *id, struct skill **out, err_t *e) {
+  cJSON *rec;
+  if (store_get_skill(en->store, id, &rec, e)) {
+    if (e->code == ERR_NOTFOUND)
+      err_set(e, ERR_NOTFOUND, "no skill '%s': not a file and not a registered skill (see "
+              "moonloop skills)", id);
+    return e->code;
+  }
+  cJSON *v = cJSON_GetObjectItem(rec, "version");
+  if (!cJSON_IsString(v)) {
+    cJSON_Delete(rec);
+    return err_set(e, ERR_NOTFOUND, "skill '%s' has no live version (its file was removed or "
+                   "never loaded)", id);
+  }
+  if ((*out = skills_find(en->skills, v->valuestring))) {
+    cJSON_Delete(rec);
+    return 0;
+  }
+  char *source = NULL, *file = NULL;
+  int rc = store_get_version(en->store, v->valuestring, &source, NULL, &file, e);
+  cJSON_Delete(rec);
+  if (rc) return rc;
+  struct skill_error se;
+  rc = skills_load(en->skills, source, strlen(source), file ? file : id, out, &se);
+  if (rc) *e = se.err;
+  free(source);
+  free(file);
+  return rc;
+}
+
 int engine_run(struct engine *en) { return uv_run(&en->loop, UV_RUN_DEFAULT); }
 
 static void walk_close(uv_handle_t *h, void *arg) {

@@ -42,6 +42,12 @@ int engine_open(struct engine *en, const struct config *cfg, enum sched_mode mod
 int engine_load_file(struct engine *en, const char *path, int register_it, struct skill **out,
                      struct skill_error *se);
 
+/* Load the live version of a registered skill (from the skill cache, else
+** its source from the store), for the CLI's run and the REPL. ERR_NOTFOUND
+** says when id is neither a file nor a registered skill, or has no live
+** version. (Added by the refactor: cli_run.c and repl.c had a copy each.) */
+int engine_load_registered(struct engine *en, const char *id, struct skill **out, err_t *e);
+
 /* Run the loop until the scheduler stops. */
 int engine_run(struct engine *en);
 

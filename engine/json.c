@@ -722,3 +722,50 @@ int json_open(lua_State *L) {
   lua_setfield(L, -2, "null");
   return 1;
 }
+
+/* ---- helpers for the engine's own JSON values ------------------------- */
+
+/* See json.h. Each segment is compared whole, so a segment of any length is
+** looked up as written (no copy into a fixed buffer). */
+const cJSON *json_path(const cJSON *v, const char *path) {
+  const char *p = path ? path : "";
+  while (v && *p) {
+    size_t n = strcspn(p, ".");
+    const cJSON *c = NULL;
+    if (cJSON_IsObject(v))
+      for (c = v->child; c; c = c->next)
+        if (c->string && !strncmp(c->string, p, n) && c->string[n] == 0) break;
+    v = c;
+    p += n;
+    if (*p == '.') p++;
+  }
+  return v;
+}
+
+/* See json.h. */
+char *json_message(const char *msg) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "message", msg);
+  char *s = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  return s;
+}
+
+/* The JSON text s as a cJSON value, or null when s is NULL or not JSON. */
+static cJSON *parsed_or_null(const char *s) {
+  cJSON *v = s ? cJSON_Parse(s) : NULL;
+  return v ? v : cJSON_CreateNull();
+}
+
+/* See json.h. */
+char *json_run_outcome(const char *run_id, const char *status, const char *output,
+                       const char *error) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "run_id", run_id);
+  cJSON_AddStringToObject(o, "status", status);
+  cJSON_AddItemToObject(o, "output", parsed_or_null(output));
+  cJSON_AddItemToObject(o, "error", parsed_or_null(error));
+  char *s = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  return s;
+}

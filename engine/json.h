@@ -95,4 +95,22 @@ int json_open(lua_State *L);
 /* True if the value at idx is json.null. */
 int json_is_null(lua_State *L, int idx);
 
+/* ---- helpers for the engine's own JSON values ----
+** (not part of the Lua bridge: the run context and the store share them) */
+
+/* The value at a dotted path of keys in v ("data.request_id"), or NULL when
+** a key is missing or a value on the way is not an object. Keys are
+** compared case-sensitively; an empty path gives v itself. */
+const cJSON *json_path(const cJSON *v, const char *path);
+
+/* {"message": msg} as compact JSON text, the shape of a run's error record
+** (malloc'd; NULL only when out of memory). */
+char *json_message(const char *msg);
+
+/* A finished run's outcome as its parent gets it, compact JSON text:
+** {run_id, status, output, error}; output and error are JSON texts (NULL or
+** text that is not JSON gives null). malloc'd. */
+char *json_run_outcome(const char *run_id, const char *status, const char *output,
+                       const char *error);
+
 #endif

@@ -1,7 +1,12 @@
 /*
-** lrt.c: the Lua runtime (see lrt.h for the budget and the boot sequence).
+** lrt.c: the Lua runtime's core: the state and its allocator, the slice
+** budget (the count hook, the memory judgement, kills), the boot of the
+** runtime's Lua files, and core's plain functions (time, JSON, cron,
+** random). See lrt.h for the budget and the boot sequence, lrt_int.h for
+** the invariants of struct lrt. The budget-checking copies of
+** string.find/match/gmatch/gsub are in lrt_pattern.c.
 */
-#include "lrt.h"
+#include "lrt_int.h"
 #include "cron.h"
 #include "embed.h"
 #include "ids.h"
@@ -11,42 +16,12 @@
 #include <lauxlib.h>
 #include <luajit.h>
 #include <lualib.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #define HOOK_COUNT 10000
-
-struct lrt {
-  lua_State *L;
-  int core_ref;
-  size_t mem_used, mem_cap;
-  int killed_ref; /* weak set of coroutines that were killed once */
-  /* the slice in progress */
-  int in_slice;
-  int killed;
-  int in_run;    /* the slice is a run's coroutine (lrt_resume), not lrt_pcall */
-  int mem_over;  /* grew past judge_at: the hook collects, then judges */
-  int hook_fast; /* the hook runs at every instruction until it judged */
-  uint64_t deadline_ns;
-  size_t mem_base, mem_limit;
-  size_t judge_at; /* heap size past which the memory is judged again */
-  int64_t slice_ms;
-  char kill_reason[200];
-  /* The REPL (engine/repl.c): a Ctrl-C asks the running slice to stop
-  ** (set from a signal handler, read by the hook), and the coroutine
-  ** that may yield ops to the engine outside a run (core.can_yield). */
-  volatile sig_atomic_t interrupt;
-  lua_State *yieldable;
-};
-
-static uint64_t coarse_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static void l_hook(lua_State *L, lua_Debug *ar);
 
@@ -63,6 +38,8 @@ static void l_hook(lua_State *L, lua_Debug *ar);
 ** lrt_pcall, task_finished and the sandbox's pcall report the budget (a
 ** step body's error keeps Lua's message). A slice that yields or returns
 ** while over budget is judged there. */
+
+/* v as text for a kill message: "64 MB", "1.5 MB", "512 KB", "100 bytes". */
 static void fmt_bytes(char *buf, size_t n, size_t v) {
   if (v >= ((size_t)1 << 20) && v % ((size_t)1 << 20) == 0) snprintf(buf, n, "%zu MB", v >> 20);
   else if (v >= ((size_t)1 << 20)) snprintf(buf, n, "%.1f MB", (double)v / (1 << 20));
@@ -70,6 +47,7 @@ static void fmt_bytes(char *buf, size_t n, size_t v) {
   else snprintf(buf, n, "%zu bytes", v);
 }
 
+/* Mark the slice killed for holding more than its memory budget. */
 static void kill_memory(lrt_t *r) {
   char b[32];
   fmt_bytes(b, sizeof b, r->mem_limit);
@@ -79,7 +57,8 @@ static void kill_memory(lrt_t *r) {
            "(limits.run_memory)", r->in_run ? "the run" : "skill code", b);
 }
 
-static void kill_time(lrt_t *r) {
+/* See lrt_int.h. */
+void lrt__kill_time(lrt_t *r) {
   r->killed = 1;
   snprintf(r->kill_reason, sizeof r->kill_reason,
            "stopped: %s ran for more than %lld ms without yielding "
@@ -89,18 +68,19 @@ static void kill_time(lrt_t *r) {
 
 static void *l_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
 
+/* See lrt.h. */
 int lrt_time_up(lua_State *L) {
   void *ud;
   if (lua_getallocf(L, &ud) != l_alloc) return 0;
   lrt_t *r = ud;
   if (r->killed) return 1;
-  if (!r->in_slice || coarse_ns() <= r->deadline_ns) return 0;
-  kill_time(r);
+  if (!r->in_slice || lrt__coarse_ns() <= r->deadline_ns) return 0;
+  lrt__kill_time(r);
   return 1;
 }
 
-/* Raise the kill in L, where the code was stopped ("file.lua:12: ..."). */
-static int raise_kill(lua_State *L, int level) {
+/* See lrt_int.h. */
+int lrt__raise_kill(lua_State *L, int level) {
   luaL_where(L, level);
   lua_pushstring(L, lrt_from(L)->kill_reason);
   lua_concat(L, 2);
@@ -180,38 +160,43 @@ static void l_hook(lua_State *L, lua_Debug *ar) {
     /* Ctrl-C in the REPL: stop whatever runs now (lrt_interrupt). */
     r->killed = 1;
     snprintf(r->kill_reason, sizeof r->kill_reason, "interrupted");
-    raise_kill(L, 0);
+    lrt__raise_kill(L, 0);
   }
-  if (coarse_ns() > r->deadline_ns) {
-    kill_time(r);
-    raise_kill(L, 0);
+  if (lrt__coarse_ns() > r->deadline_ns) {
+    lrt__kill_time(r);
+    lrt__raise_kill(L, 0);
   }
-  if (r->mem_over && mem_judge(r, L)) raise_kill(L, 0);
+  if (r->mem_over && mem_judge(r, L)) lrt__raise_kill(L, 0);
 }
 
+/* See lrt.h: the allocator's userdata is the lrt. */
 lrt_t *lrt_from(lua_State *L) {
   void *ud;
   lua_getallocf(L, &ud);
   return ud;
 }
 
+/* See lrt.h (lrt_L, lrt_killed, lrt_memory). */
 lua_State *lrt_L(lrt_t *r) { return r->L; }
 const char *lrt_killed(const lrt_t *r) { return r->killed ? r->kill_reason : ""; }
 size_t lrt_memory(const lrt_t *r) { return r->mem_used; }
-/* Two cycles: LuaJIT's weak-keyed tables (the runtime's task table) keep a
+
+/* See lrt.h. Two cycles: LuaJIT's weak-keyed tables (the runtime's task table) keep a
 ** dead key's value until the cycle after the key was collected. */
 void lrt_gc(lrt_t *r) {
   lua_gc(r->L, LUA_GCCOLLECT, 0);
   lua_gc(r->L, LUA_GCCOLLECT, 0);
 }
 
+/* Start a slice: a fresh deadline and memory base, no kill yet. in_run:
+** a run's coroutine (kill messages say "the run"), else "skill code". */
 static void slice_begin(lrt_t *r, int in_run) {
   r->in_slice = 1;
   r->in_run = in_run;
   r->killed = 0;
   r->mem_over = 0;
   r->kill_reason[0] = 0;
-  r->deadline_ns = coarse_ns() + (uint64_t)r->slice_ms * 1000000u;
+  r->deadline_ns = lrt__coarse_ns() + (uint64_t)r->slice_ms * 1000000u;
   r->mem_base = r->mem_used;
   r->judge_at = r->mem_base + r->mem_limit;
 }
@@ -258,7 +243,7 @@ static int c_reserve(lua_State *L) {
       if (n <= (lua_Number)(r->mem_base + r->mem_limit) - (lua_Number)r->mem_used) return 0;
     }
     kill_memory(r);
-    return raise_kill(L, 2); /* where the skill code called string.rep */
+    return lrt__raise_kill(L, 2); /* where the skill code called string.rep */
   }
   return 0;
 }
@@ -366,471 +351,7 @@ static int c_can_yield(lua_State *L) {
   return 1;
 }
 
-/* ---- Pattern matching under the time budget ----
-**
-** string.find/match/gmatch/gsub spend all their time inside one C call,
-** where the count hook never fires: a backtracking pattern such as
-** ("a*"):rep(3) .. "b" on a long string runs for hours, and LuaJIT's plain
-** find is O(n*m). These are the same functions (Lua 5.1's matcher, with
-** LuaJIT's ASCII character classes, its "pattern too complex" depth limit
-** and its gmatch/gsub rules), checking the slice's deadline every
-** PAT_CHECK steps; the sandbox installs them in the string library that
-** skill code sees (and in the string metatable). Plain finds use memmem,
-** which is linear. */
-
-#define PAT_MAXCAPTURES 32
-#define PAT_MAXDEPTH 200 /* LuaJIT's LJ_MAX_XLEVEL */
-#define PAT_CHECK 0x3fff
-#define CAP_UNFINISHED (-1)
-#define CAP_POSITION (-2)
-#define L_ESC '%'
-#define PAT_SPECIALS "^$*+?.([%-"
-
-typedef struct {
-  const char *src_init, *src_end;
-  lua_State *L;
-  lrt_t *r;
-  int level, depth;
-  unsigned steps;
-  struct {
-    const char *init;
-    ptrdiff_t len;
-  } capture[PAT_MAXCAPTURES];
-} pat_state;
-
-static void pat_tick(pat_state *ms) {
-  if ((++ms->steps & PAT_CHECK) != 0) return;
-  lrt_t *r = ms->r;
-  if (r->in_slice && !r->killed && coarse_ns() > r->deadline_ns) {
-    kill_time(r);
-    raise_kill(ms->L, 1);
-  }
-}
-
-/* LuaJIT's character classes: ASCII only, whatever the locale. */
-static int pc_upper(int c) { return c >= 'A' && c <= 'Z'; }
-static int pc_lower(int c) { return c >= 'a' && c <= 'z'; }
-static int pc_alpha(int c) { return pc_upper(c) || pc_lower(c); }
-static int pc_digit(int c) { return c >= '0' && c <= '9'; }
-static int pc_alnum(int c) { return pc_alpha(c) || pc_digit(c); }
-static int pc_space(int c) { return c == ' ' || (c >= 9 && c <= 13); }
-static int pc_cntrl(int c) { return c < 32 || c == 127; }
-static int pc_punct(int c) { return c > 32 && c < 127 && !pc_alnum(c); }
-static int pc_xdigit(int c) { return pc_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
-static int pc_tolower(int c) { return pc_upper(c) ? c + 32 : c; }
-
-static int pat_check_capture(pat_state *ms, int l) {
-  l -= '1';
-  if (l < 0 || l >= ms->level || ms->capture[l].len == CAP_UNFINISHED)
-    return luaL_error(ms->L, "invalid capture index");
-  return l;
-}
-
-static int pat_capture_to_close(pat_state *ms) {
-  int level = ms->level;
-  for (level--; level >= 0; level--)
-    if (ms->capture[level].len == CAP_UNFINISHED) return level;
-  return luaL_error(ms->L, "invalid pattern capture");
-}
-
-static const char *pat_classend(pat_state *ms, const char *p) {
-  switch (*p++) {
-  case L_ESC:
-    if (*p == '\0') luaL_error(ms->L, "malformed pattern (ends with '%%')");
-    return p + 1;
-  case '[':
-    if (*p == '^') p++;
-    do { /* look for a `]' */
-      if (*p == '\0') luaL_error(ms->L, "malformed pattern (missing ']')");
-      if (*(p++) == L_ESC && *p != '\0') p++; /* skip escapes (e.g. `%]') */
-    } while (*p != ']');
-    return p + 1;
-  default:
-    return p;
-  }
-}
-
-static int pat_match_class(int c, int cl) {
-  int res;
-  switch (pc_tolower(cl)) {
-  case 'a': res = pc_alpha(c); break;
-  case 'c': res = pc_cntrl(c); break;
-  case 'd': res = pc_digit(c); break;
-  case 'g': res = c > 32 && c < 127; break;
-  case 'l': res = pc_lower(c); break;
-  case 'p': res = pc_punct(c); break;
-  case 's': res = pc_space(c); break;
-  case 'u': res = pc_upper(c); break;
-  case 'w': res = pc_alnum(c); break;
-  case 'x': res = pc_xdigit(c); break;
-  case 'z': res = (c == 0); break;
-  default: return (cl == c);
-  }
-  if (pc_upper(cl)) res = !res;
-  return res;
-}
-
-static int pat_match_bracket(int c, const char *p, const char *ec) {
-  int sig = 1;
-  if (*(p + 1) == '^') {
-    sig = 0;
-    p++; /* skip the `^' */
-  }
-  while (++p < ec) {
-    if (*p == L_ESC) {
-      p++;
-      if (pat_match_class(c, (unsigned char)*p)) return sig;
-    } else if (*(p + 1) == '-' && (p + 2 < ec)) {
-      p += 2;
-      if ((unsigned char)*(p - 2) <= c && c <= (unsigned char)*p) return sig;
-    } else if ((unsigned char)*p == c) {
-      return sig;
-    }
-  }
-  return !sig;
-}
-
-static int pat_single(int c, const char *p, const char *ep) {
-  switch (*p) {
-  case '.': return 1;
-  case L_ESC: return pat_match_class(c, (unsigned char)*(p + 1));
-  case '[': return pat_match_bracket(c, p, ep - 1);
-  default: return ((unsigned char)*p == c);
-  }
-}
-
-static const char *pat_match(pat_state *ms, const char *s, const char *p);
-
-static const char *pat_balance(pat_state *ms, const char *s, const char *p) {
-  if (*p == 0 || *(p + 1) == 0) luaL_error(ms->L, "unbalanced pattern");
-  if (*s != *p) return NULL;
-  int b = *p, e = *(p + 1), cont = 1;
-  while (++s < ms->src_end) {
-    if (*s == e) {
-      if (--cont == 0) return s + 1;
-    } else if (*s == b) {
-      cont++;
-    }
-  }
-  return NULL;
-}
-
-static const char *pat_max_expand(pat_state *ms, const char *s, const char *p, const char *ep) {
-  ptrdiff_t i = 0;
-  while ((s + i) < ms->src_end && pat_single((unsigned char)*(s + i), p, ep)) i++;
-  /* try with maximum repetitions; then fewer */
-  while (i >= 0) {
-    const char *res = pat_match(ms, (s + i), ep + 1);
-    if (res) return res;
-    i--;
-  }
-  return NULL;
-}
-
-static const char *pat_min_expand(pat_state *ms, const char *s, const char *p, const char *ep) {
-  for (;;) {
-    const char *res = pat_match(ms, s, ep + 1);
-    if (res != NULL) return res;
-    if (s < ms->src_end && pat_single((unsigned char)*s, p, ep)) s++;
-    else return NULL;
-  }
-}
-
-static const char *pat_start_capture(pat_state *ms, const char *s, const char *p, int what) {
-  int level = ms->level;
-  if (level >= PAT_MAXCAPTURES) luaL_error(ms->L, "too many captures");
-  ms->capture[level].init = s;
-  ms->capture[level].len = what;
-  ms->level = level + 1;
-  const char *res = pat_match(ms, s, p);
-  if (res == NULL) ms->level--; /* undo capture */
-  return res;
-}
-
-static const char *pat_end_capture(pat_state *ms, const char *s, const char *p) {
-  int l = pat_capture_to_close(ms);
-  ms->capture[l].len = s - ms->capture[l].init; /* close capture */
-  const char *res = pat_match(ms, s, p);
-  if (res == NULL) ms->capture[l].len = CAP_UNFINISHED; /* undo capture */
-  return res;
-}
-
-static const char *pat_match_capture(pat_state *ms, const char *s, int l) {
-  l = pat_check_capture(ms, l);
-  size_t len = (size_t)ms->capture[l].len;
-  if ((size_t)(ms->src_end - s) >= len && memcmp(ms->capture[l].init, s, len) == 0)
-    return s + len;
-  return NULL;
-}
-
-static const char *pat_match(pat_state *ms, const char *s, const char *p) {
-  pat_tick(ms);
-  if (++ms->depth > PAT_MAXDEPTH) luaL_error(ms->L, "pattern too complex");
-init: /* using goto's to optimize tail recursion */
-  switch (*p) {
-  case '(': /* start capture */
-    if (*(p + 1) == ')') s = pat_start_capture(ms, s, p + 2, CAP_POSITION);
-    else s = pat_start_capture(ms, s, p + 1, CAP_UNFINISHED);
-    break;
-  case ')': /* end capture */
-    s = pat_end_capture(ms, s, p + 1);
-    break;
-  case L_ESC:
-    switch (*(p + 1)) {
-    case 'b': /* balanced string? */
-      s = pat_balance(ms, s, p + 2);
-      if (s == NULL) break;
-      p += 4;
-      goto init;
-    case 'f': { /* frontier? */
-      const char *ep;
-      char previous;
-      p += 2;
-      if (*p != '[') luaL_error(ms->L, "missing '[' after '%%f' in pattern");
-      ep = pat_classend(ms, p);
-      previous = (s == ms->src_init) ? '\0' : *(s - 1);
-      if (pat_match_bracket((unsigned char)previous, p, ep - 1) ||
-          !pat_match_bracket((unsigned char)*s, p, ep - 1)) {
-        s = NULL;
-        break;
-      }
-      p = ep;
-      goto init;
-    }
-    default:
-      if (pc_digit((unsigned char)*(p + 1))) { /* capture results (%0-%9)? */
-        s = pat_match_capture(ms, s, (unsigned char)*(p + 1));
-        if (s == NULL) break;
-        p += 2;
-        goto init;
-      }
-      goto dflt;
-    }
-    break;
-  case '\0': /* end of pattern */
-    break;   /* match succeeded */
-  case '$':
-    if (*(p + 1) != '\0') goto dflt; /* not the last char of the pattern */
-    if (s != ms->src_end) s = NULL;  /* check end of string */
-    break;
-  default:
-  dflt: { /* a pattern item */
-    const char *ep = pat_classend(ms, p);
-    int m = s < ms->src_end && pat_single((unsigned char)*s, p, ep);
-    switch (*ep) {
-    case '?': {
-      const char *res;
-      if (m && ((res = pat_match(ms, s + 1, ep + 1)) != NULL)) {
-        s = res;
-        break;
-      }
-      p = ep + 1;
-      goto init;
-    }
-    case '*': s = pat_max_expand(ms, s, p, ep); break;
-    case '+': s = (m ? pat_max_expand(ms, s + 1, p, ep) : NULL); break;
-    case '-': s = pat_min_expand(ms, s, p, ep); break;
-    default:
-      if (m) {
-        s++;
-        p = ep;
-        goto init;
-      }
-      s = NULL;
-      break;
-    }
-    break;
-  }
-  }
-  ms->depth--;
-  return s;
-}
-
-static void pat_push_one(pat_state *ms, int i, const char *s, const char *e) {
-  if (i >= ms->level) {
-    if (i == 0) lua_pushlstring(ms->L, s, (size_t)(e - s)); /* whole match */
-    else luaL_error(ms->L, "invalid capture index");
-  } else {
-    ptrdiff_t l = ms->capture[i].len;
-    if (l == CAP_UNFINISHED) luaL_error(ms->L, "unfinished capture");
-    if (l == CAP_POSITION) lua_pushinteger(ms->L, ms->capture[i].init - ms->src_init + 1);
-    else lua_pushlstring(ms->L, ms->capture[i].init, (size_t)l);
-  }
-}
-
-static int pat_push_captures(pat_state *ms, const char *s, const char *e) {
-  int nlevels = (ms->level == 0 && s) ? 1 : ms->level;
-  luaL_checkstack(ms->L, nlevels, "too many captures");
-  for (int i = 0; i < nlevels; i++) pat_push_one(ms, i, s, e);
-  return nlevels;
-}
-
-static void pat_init(pat_state *ms, lua_State *L, const char *s, size_t ls) {
-  ms->L = L;
-  ms->r = lrt_from(L);
-  ms->src_init = s;
-  ms->src_end = s + ls;
-  ms->steps = 0;
-}
-
-static int pat_has_specials(const char *p, size_t lp) {
-  for (size_t i = 0; i < lp; i++)
-    if (strchr(PAT_SPECIALS, p[i]) && p[i]) return 1;
-  return 0;
-}
-
-static int pat_find_aux(lua_State *L, int find) {
-  size_t ls, lp;
-  const char *s = luaL_checklstring(L, 1, &ls);
-  const char *p = luaL_checklstring(L, 2, &lp);
-  ptrdiff_t init = (ptrdiff_t)luaL_optinteger(L, 3, 1);
-  if (init < 0) init += (ptrdiff_t)ls;
-  else init--;
-  if (init < 0) init = 0;
-  if ((size_t)init > ls) init = (ptrdiff_t)ls;
-  if (find && (lua_toboolean(L, 4) || !pat_has_specials(p, lp))) {
-    /* plain search: memmem is linear (two-way), unlike a naive search */
-    const char *q = lp == 0 ? s + init : memmem(s + init, ls - (size_t)init, p, lp);
-    if (q) {
-      lua_pushinteger(L, q - s + 1);
-      lua_pushinteger(L, q - s + (ptrdiff_t)lp);
-      return 2;
-    }
-  } else {
-    pat_state ms;
-    const char *s1 = s + init;
-    int anchor = (*p == '^');
-    if (anchor) p++;
-    pat_init(&ms, L, s, ls);
-    do {
-      const char *res;
-      ms.level = ms.depth = 0;
-      if ((res = pat_match(&ms, s1, p)) != NULL) {
-        if (find) {
-          lua_pushinteger(L, s1 - s + 1); /* start */
-          lua_pushinteger(L, res - s);    /* end */
-          return pat_push_captures(&ms, NULL, 0) + 2;
-        }
-        return pat_push_captures(&ms, s1, res);
-      }
-    } while (s1++ < ms.src_end && !anchor);
-  }
-  lua_pushnil(L);
-  return 1;
-}
-
-static int c_str_find(lua_State *L) { return pat_find_aux(L, 1); }
-static int c_str_match(lua_State *L) { return pat_find_aux(L, 0); }
-
-static int pat_gmatch_aux(lua_State *L) {
-  size_t ls;
-  const char *s = lua_tolstring(L, lua_upvalueindex(1), &ls);
-  const char *p = lua_tostring(L, lua_upvalueindex(2));
-  pat_state ms;
-  pat_init(&ms, L, s, ls);
-  for (const char *src = s + (size_t)lua_tointeger(L, lua_upvalueindex(3)); src <= ms.src_end;
-       src++) {
-    const char *e;
-    ms.level = ms.depth = 0;
-    if ((e = pat_match(&ms, src, p)) != NULL) {
-      lua_Integer newstart = e - s;
-      if (e == src) newstart++; /* empty match: go at least one position */
-      lua_pushinteger(L, newstart);
-      lua_replace(L, lua_upvalueindex(3));
-      return pat_push_captures(&ms, src, e);
-    }
-  }
-  return 0; /* not found */
-}
-
-static int c_str_gmatch(lua_State *L) {
-  luaL_checkstring(L, 1);
-  luaL_checkstring(L, 2);
-  lua_settop(L, 2);
-  lua_pushinteger(L, 0);
-  lua_pushcclosure(L, pat_gmatch_aux, 3);
-  return 1;
-}
-
-static void pat_add_s(pat_state *ms, luaL_Buffer *b, const char *s, const char *e) {
-  size_t l;
-  const char *news = lua_tolstring(ms->L, 3, &l);
-  for (size_t i = 0; i < l; i++) {
-    if (news[i] != L_ESC) {
-      luaL_addchar(b, news[i]);
-    } else {
-      i++; /* skip ESC */
-      if (!pc_digit((unsigned char)news[i])) {
-        luaL_addchar(b, news[i]);
-      } else if (news[i] == '0') {
-        luaL_addlstring(b, s, (size_t)(e - s));
-      } else {
-        pat_push_one(ms, news[i] - '1', s, e);
-        luaL_addvalue(b); /* add capture to accumulated result */
-      }
-    }
-  }
-}
-
-static void pat_add_value(pat_state *ms, luaL_Buffer *b, const char *s, const char *e) {
-  lua_State *L = ms->L;
-  switch (lua_type(L, 3)) {
-  case LUA_TNUMBER:
-  case LUA_TSTRING: pat_add_s(ms, b, s, e); return;
-  case LUA_TFUNCTION: {
-    lua_pushvalue(L, 3);
-    int n = pat_push_captures(ms, s, e);
-    lua_call(L, n, 1);
-    break;
-  }
-  case LUA_TTABLE:
-    pat_push_one(ms, 0, s, e);
-    lua_gettable(L, 3);
-    break;
-  }
-  if (!lua_toboolean(L, -1)) { /* nil or false? */
-    lua_pop(L, 1);
-    lua_pushlstring(L, s, (size_t)(e - s)); /* keep original text */
-  } else if (!lua_isstring(L, -1)) {
-    luaL_error(L, "invalid replacement value (a %s)", luaL_typename(L, -1));
-  }
-  luaL_addvalue(b); /* add result to accumulator */
-}
-
-static int c_str_gsub(lua_State *L) {
-  size_t srcl;
-  const char *src = luaL_checklstring(L, 1, &srcl);
-  const char *p = luaL_checkstring(L, 2);
-  int tr = lua_type(L, 3);
-  lua_Integer max_s = luaL_optinteger(L, 4, (lua_Integer)srcl + 1);
-  int anchor = (*p == '^');
-  if (anchor) p++;
-  lua_Integer n = 0;
-  pat_state ms;
-  luaL_Buffer b;
-  luaL_argcheck(L, tr == LUA_TNUMBER || tr == LUA_TSTRING || tr == LUA_TFUNCTION || tr == LUA_TTABLE,
-                3, "string/function/table expected");
-  luaL_buffinit(L, &b);
-  pat_init(&ms, L, src, srcl);
-  while (n < max_s) {
-    const char *e;
-    ms.level = ms.depth = 0;
-    e = pat_match(&ms, src, p);
-    if (e) {
-      n++;
-      pat_add_value(&ms, &b, src, e);
-    }
-    if (e && e > src) src = e; /* non empty match: skip it */
-    else if (src < ms.src_end) luaL_addchar(&b, *src++);
-    else break;
-    if (anchor) break;
-  }
-  luaL_addlstring(&b, src, (size_t)(ms.src_end - src));
-  luaL_pushresult(&b);
-  lua_pushinteger(L, n); /* number of substitutions */
-  return 2;
-}
-
+/* See lrt.h: the state, core with its functions, and the count hook. */
 int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e) {
   lrt_t *r = calloc(1, sizeof *r);
   if (!r) return err_set(e, ERR_NOMEM, "out of memory");
@@ -864,10 +385,7 @@ int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e) {
   lrt_register(r, "random", c_random, NULL);
   lrt_register(r, "http_date", c_http_date, NULL);
   lrt_register(r, "can_yield", c_can_yield, NULL);
-  lrt_register(r, "str_find", c_str_find, NULL);
-  lrt_register(r, "str_match", c_str_match, NULL);
-  lrt_register(r, "str_gmatch", c_str_gmatch, NULL);
-  lrt_register(r, "str_gsub", c_str_gsub, NULL);
+  lrt__patterns_open(r);
   json_open(L);
   lrt_register_value(r, "json");
 #ifdef LRT_BENCH_BUDGET
@@ -882,12 +400,14 @@ int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e) {
   return 0;
 }
 
+/* See lrt.h. NULL is ignored. */
 void lrt_free(lrt_t *r) {
   if (!r) return;
   lua_close(r->L);
   free(r);
 }
 
+/* See lrt.h. */
 void lrt_register(lrt_t *r, const char *name, lua_CFunction f, void *ud) {
   lua_State *L = r->L;
   lua_rawgeti(L, LUA_REGISTRYINDEX, r->core_ref);
@@ -897,6 +417,7 @@ void lrt_register(lrt_t *r, const char *name, lua_CFunction f, void *ud) {
   lua_pop(L, 1);
 }
 
+/* See lrt.h. */
 void lrt_register_value(lrt_t *r, const char *name) {
   lua_State *L = r->L;
   lua_rawgeti(L, LUA_REGISTRYINDEX, r->core_ref);
@@ -915,6 +436,8 @@ static int embedded_loader(lua_State *L) {
   return 1;
 }
 
+/* The message handler of lrt_pcall and lrt_require: the error's text (or
+** an error table's message, or its type) with a traceback. */
 static int traceback_handler(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
   if (!msg) {
@@ -928,6 +451,7 @@ static int traceback_handler(lua_State *L) {
   return 1;
 }
 
+/* See lrt.h: every embedded file becomes a package.preload loader. */
 int lrt_boot(lrt_t *r, err_t *e) {
   lua_State *L = r->L;
   lua_getglobal(L, "package");
@@ -947,6 +471,7 @@ int lrt_boot(lrt_t *r, err_t *e) {
   return 0;
 }
 
+/* See lrt.h. */
 int lrt_require(lrt_t *r, const char *name, err_t *e) {
   lua_State *L = r->L;
   lua_pushcfunction(L, traceback_handler);
@@ -961,6 +486,7 @@ int lrt_require(lrt_t *r, const char *name, err_t *e) {
   return 0;
 }
 
+/* See lrt.h. */
 int lrt_load_skill_text(lrt_t *r, const char *src, size_t len, const char *chunkname, err_t *e) {
   lua_State *L = r->L;
   char name[512];
@@ -982,6 +508,7 @@ int lrt_load_skill_text(lrt_t *r, const char *src, size_t len, const char *chunk
   return 0;
 }
 
+/* See lrt.h. A call made inside a slice (outer) runs in that slice. */
 int lrt_pcall(lrt_t *r, int nargs, int nresults, err_t *e) {
   lua_State *L = r->L;
   int base = lua_gettop(L) - nargs;
@@ -1011,6 +538,7 @@ int lrt_pcall(lrt_t *r, int nargs, int nresults, err_t *e) {
   return 0;
 }
 
+/* See lrt.h. */
 int lrt_resume_unbounded(lrt_t *r, lua_State *co, int nargs) {
   slice_begin(r, 0);
   /* No deadline and no memory judgement: only an interrupt stops it. */
@@ -1021,11 +549,14 @@ int lrt_resume_unbounded(lrt_t *r, lua_State *co, int nargs) {
   return rc;
 }
 
+/* See lrt.h (lrt_interrupt, lrt_interrupted, lrt_interrupt_clear,
+** lrt_set_yieldable). */
 void lrt_interrupt(lrt_t *r) { r->interrupt = 1; }
 int lrt_interrupted(const lrt_t *r) { return r->interrupt != 0; }
 void lrt_interrupt_clear(lrt_t *r) { r->interrupt = 0; }
 void lrt_set_yieldable(lrt_t *r, lua_State *co) { r->yieldable = co; }
 
+/* See lrt.h. */
 int lrt_resume(lrt_t *r, lua_State *co, int nargs) {
   slice_begin(r, 1);
   int rc = lua_resume(co, nargs);

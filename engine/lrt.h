@@ -16,10 +16,11 @@
 ** the budget makes the hook run a full collection at the next instruction
 ** and judge what is left (garbage does not count); one C call is refused
 ** memory four budgets past that point. Time inside one C function is
-** invisible to hooks: the sandbox's string.find/match/gmatch/gsub are this
-** file's budget-checking copies of LuaJIT's, and string.rep checks the
-** memory budget first (core.reserve); other C functions are bounded by
-** the memory budget (see the known limits in tests/func/test_runaway.py).
+** invisible to hooks: the sandbox's string.find/match/gmatch/gsub are
+** budget-checking copies of LuaJIT's (lrt_pattern.c), and string.rep
+** checks the memory budget first (core.reserve); other C functions are
+** bounded by the memory budget (see the known limits in
+** tests/func/test_runaway.py).
 **
 ** The runtime's Lua files (lua/) are registered in package.preload and
 ** receive `core`, a table of C functions, as their first argument. Other

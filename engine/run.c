@@ -1,6 +1,14 @@
 /*
 ** run.c: the run context (see run.h): starting a run's coroutine,
-** resuming it, and doing the durable part of each op it yields.
+** resuming it, and doing the durable part of each op it yields (the step
+** ops and OP_HTTP here; the flow ops in run_flow.c, OP_PAUSE in
+** run_pause.c), then finishing or aborting it.
+**
+** Invariants: a run's reference count is one while it is live plus one per
+** pending completion that cannot be cancelled (a commit it waits on); it
+** is freed at zero, never before. A task is resumed only from the ready
+** queue, never from a completion handler: handlers push the values to
+** resume with and count the completion (run__complete).
 */
 #include "run.h"
 #include "ids.h"
@@ -16,8 +24,7 @@
 
 /* ---- references and release ---- */
 
-void run__free_kids(struct task *t);
-
+/* Free a run and what it owns (its references are all gone). */
 static void run_free(struct run *r) {
   run__free_kids(&r->main);
   free(r->trigger), free(r->input), free(r->parent_id), free(r->fail_error), free(r->ckey);
@@ -26,10 +33,12 @@ static void run_free(struct run *r) {
   free(r);
 }
 
+/* See run.h. */
 void run_unref(struct run *r) {
   if (--r->refs <= 0) run_free(r);
 }
 
+/* Cancel, release and free t's step.parallel children. */
 void run__free_kids(struct task *t) {
   for (int i = 0; i < t->nkids; i++) {
     free(t->kid_value[i]);
@@ -79,11 +88,13 @@ void run__park(struct task *t, int waits) {
   t->waits = waits;
 }
 
+/* One completion t was parked for came in: ready once all have. */
 void run__complete(struct task *t) {
   if (t->run->aborted || t->state != T_PARKED) return;
   if (--t->waits <= 0) sched__ready(t->run->sched, t);
 }
 
+/* A group t waited on is durable. */
 static void on_durable(void *arg) {
   struct task *t = arg;
   struct run *r = t->run;
@@ -97,12 +108,24 @@ void run__wait_durable(struct task *t) {
   sched__after_commit(t->run->sched, on_durable, t);
 }
 
+/* A task's timer (a sleep, a backoff, a delay) fired. */
 static void on_timer(struct stimer *tm) {
   struct task *t = (struct task *)((char *)tm - offsetof(struct task, timer));
   run__complete(t);
 }
 
 /* ---- finishing ---- */
+
+/* Stop everything r holds in the loop: its step.parallel children, what
+** its main task waits on, its coroutine, its deadline and wake timers. */
+static void stop_run(struct run *r) {
+  sched_t *s = r->sched;
+  run__free_kids(&r->main);
+  run__task_cancel(&r->main);
+  run__task_release(&r->main);
+  sched__timer_stop(s, &r->deadline);
+  sched__timer_stop(s, &r->wake);
+}
 
 /* Create and start r's on_failure run, in the group that records r's failure. */
 static void start_on_failure(struct run *r, const char *error, int64_t now) {
@@ -142,6 +165,7 @@ struct done_ctx {
   char *status, *output, *error;
 };
 
+/* The run's end is durable: report it and drop the reference it held. */
 static void on_finished_durable(void *arg) {
   struct done_ctx *d = arg;
   struct run *r = d->r;
@@ -167,24 +191,13 @@ void run__finish(struct run *r, const char *status, const char *output, const ch
                         .ended_at = now};
   journal_run_set(j, &set);
   if (r->parent_id) {
-    cJSON *oc = cJSON_CreateObject();
-    cJSON_AddStringToObject(oc, "run_id", r->id);
-    cJSON_AddStringToObject(oc, "status", status);
-    cJSON *ov = output ? cJSON_Parse(output) : NULL, *ev = error ? cJSON_Parse(error) : NULL;
-    cJSON_AddItemToObject(oc, "output", ov ? ov : cJSON_CreateNull());
-    cJSON_AddItemToObject(oc, "error", ev ? ev : cJSON_CreateNull());
-    char *ocj = cJSON_PrintUnformatted(oc);
-    cJSON_Delete(oc);
+    char *ocj = json_run_outcome(r->id, status, output, error);
     struct child_done cd = {.child_id = r->id, .outcome = ocj};
     journal_child_done(j, &cd);
     free(ocj);
   }
   r->finished = 1;
-  run__free_kids(&r->main);
-  run__task_cancel(&r->main);
-  run__task_release(&r->main);
-  sched__timer_stop(s, &r->deadline);
-  sched__timer_stop(s, &r->wake);
+  stop_run(r);
   if (o->verbose) {
     char d[32];
     units_fmt_duration(now - r->started_at, d, sizeof d);
@@ -208,6 +221,7 @@ void run__finish(struct run *r, const char *status, const char *output, const ch
   run_unref(r); /* the live reference */
 }
 
+/* See run.h. */
 void run_abort(struct run *r, const char *status, const char *error_json) {
   if (r->aborted || r->finished) return;
   if (status) {
@@ -219,19 +233,15 @@ void run_abort(struct run *r, const char *status, const char *error_json) {
   ** replays it from its journal. */
   r->aborted = 1;
   sched_t *s = r->sched;
-  run__free_kids(&r->main);
-  run__task_cancel(&r->main);
-  run__task_release(&r->main);
-  sched__timer_stop(s, &r->deadline);
-  sched__timer_stop(s, &r->wake);
+  stop_run(r);
   sched__run_done(s, r, "abandoned", NULL, NULL);
   sched__run_unlink(s, r);
   run_unref(r);
 }
 
+/* See run.h: the run ends "cancelled", with a message saying by what. */
 void run_cancelled(struct run *r, const char *reason) {
   if (r->aborted || r->finished) return;
-  cJSON *e = cJSON_CreateObject();
   char msg[600];
   /* The reason is a message, or the JSON of the event that cancelled it. */
   cJSON *ev = reason && reason[0] == '{' ? cJSON_Parse(reason) : NULL;
@@ -241,13 +251,12 @@ void run_cancelled(struct run *r, const char *reason) {
              cJSON_IsString(id) ? id->valuestring : "?");
   else snprintf(msg, sizeof msg, "cancelled: %s", reason ? reason : "on request");
   cJSON_Delete(ev);
-  cJSON_AddStringToObject(e, "message", msg);
-  char *ej = cJSON_PrintUnformatted(e);
-  cJSON_Delete(e);
+  char *ej = json_message(msg);
   run_abort(r, "cancelled", ej);
   free(ej);
 }
 
+/* The run's timeout passed: it fails. */
 static void on_deadline(struct stimer *tm) {
   struct run *r = (struct run *)((char *)tm - offsetof(struct run, deadline));
   char d[32], msg[160];
@@ -277,6 +286,7 @@ static void push_cfg(lua_State *L, struct skill *sk, const struct sched_opts *o)
   sk->cfg_ref = luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
+/* See run.h: run.lua's new(ctx, def, journal) makes the coroutine. */
 int run_boot(struct run *r, const cJSON *journal, err_t *e) {
   sched_t *s = r->sched;
   const struct sched_opts *o = sched__opts(s);
@@ -319,6 +329,7 @@ fail:
   return err_prefix(e, "starting run %s", r->id);
 }
 
+/* A dormant run's wake time came. */
 static void on_wake(struct stimer *tm) {
   run_wake((struct run *)((char *)tm - offsetof(struct run, wake)));
 }
@@ -336,16 +347,7 @@ static char *event_value(struct run *r, const char *path) {
     ev = made;
   }
   if (!strncmp(path, "event.", 6)) path += 6;
-  const cJSON *v = ev;
-  char seg[128];
-  while (v && *path) {
-    size_t n = strcspn(path, ".");
-    if (n >= sizeof seg) n = sizeof seg - 1;
-    memcpy(seg, path, n);
-    seg[n] = 0;
-    v = cJSON_GetObjectItemCaseSensitive(v, seg);
-    path += n + (path[n] == '.');
-  }
+  const cJSON *v = json_path(ev, path);
   char *val = v ? cJSON_PrintUnformatted(v) : strdup("null");
   cJSON_Delete(trig);
   cJSON_Delete(made);
@@ -372,6 +374,7 @@ static void register_cancel_on(struct run *r) {
   cJSON_Delete(list);
 }
 
+/* See run.h. */
 void run__release_slot(struct run *r) {
   if (!r->slot_held) return;
   r->slot_held = 0;
@@ -410,6 +413,7 @@ static void link_run(sched_t *s, struct run *r) {
   if (r->deadline_at) sched__timer_start(s, &r->deadline, r->deadline_at);
 }
 
+/* See run.h. */
 int run_start(sched_t *s, struct run *r, const cJSON *journal, err_t *e) {
   link_run(s, r);
   if (run_boot(r, journal, e)) {
@@ -421,6 +425,7 @@ int run_start(sched_t *s, struct run *r, const cJSON *journal, err_t *e) {
   return 0;
 }
 
+/* See run.h. */
 int run_start_dormant(sched_t *s, struct run *r, int64_t wake_at) {
   link_run(s, r);
   r->dormant = 1;
@@ -429,6 +434,7 @@ int run_start_dormant(sched_t *s, struct run *r, int64_t wake_at) {
   return 0;
 }
 
+/* See run.h: a run that cannot be replayed here fails, saying why. */
 void run_wake(struct run *r) {
   if (!r->dormant || r->aborted || r->finished) return;
   sched_t *s = r->sched;
@@ -436,10 +442,7 @@ void run_wake(struct run *r) {
   err_t e;
   if (store_get_steps(sched__opts(s)->store, r->id, &steps, &e) || run_boot(r, steps, &e)) {
     /* The run cannot go on here: fail it with the reason in its trace. */
-    cJSON *ej = cJSON_CreateObject();
-    cJSON_AddStringToObject(ej, "message", e.msg);
-    char *js = cJSON_PrintUnformatted(ej);
-    cJSON_Delete(ej);
+    char *js = json_message(e.msg);
     run_abort(r, "failed", js);
     free(js);
   }
@@ -448,6 +451,7 @@ void run_wake(struct run *r) {
 
 /* ---- resuming and the ops ---- */
 
+/* With --verbose, one line per step event on stderr. */
 void run__verbose(struct run *r, const char *mark, const char *id, int64_t ms,
                   const char *extra) {
   if (!sched__opts(r->sched)->verbose) return;
@@ -456,6 +460,7 @@ void run__verbose(struct run *r, const char *mark, const char *id, int64_t ms,
   fprintf(stderr, "  %s %-28s %8s%s%s\n", mark, id, d, extra ? "  " : "", extra ? extra : "");
 }
 
+/* Value i of co as an integer (times, delays: Lua numbers). */
 static int64_t num(lua_State *co, int i) { return (int64_t)lua_tonumber(co, i); }
 
 /* The step's LLM token usage as JSON (in buf), or NULL when it made no calls. */
@@ -469,6 +474,7 @@ static const char *usage_json(const struct task *t, char *buf, size_t n) {
   return buf;
 }
 
+/* OP_COMMIT: a step body returned; journal its row, resume once durable. */
 static void op_commit(struct task *t, lua_State *co) {
   struct run *r = t->run;
   char ub[200];
@@ -486,6 +492,7 @@ static void op_commit(struct task *t, lua_State *co) {
   run__wait_durable(t);
 }
 
+/* OP_RETRY: an attempt failed and will be retried; journal it, wait the backoff. */
 static void op_retry(struct task *t, lua_State *co) {
   struct run *r = t->run;
   int64_t now = units_now_ms(), delay = num(co, 8);
@@ -516,6 +523,7 @@ static void op_retry(struct task *t, lua_State *co) {
   sched__timer_start(r->sched, &t->timer, a.retry_at);
 }
 
+/* OP_FAIL: a step failed for good; journal it, resume once durable. */
 static void op_fail(struct task *t, lua_State *co) {
   struct run *r = t->run;
   struct attempt_row a = {
@@ -539,6 +547,7 @@ static void op_fail(struct task *t, lua_State *co) {
   run__wait_durable(t);
 }
 
+/* OP_DELAY: wait inside a step body, not journaled. */
 static void op_delay(struct task *t, lua_State *co) {
   int64_t ms = num(co, 2);
   lua_settop(co, 0);
@@ -547,6 +556,7 @@ static void op_delay(struct task *t, lua_State *co) {
   sched__timer_start(t->run->sched, &t->timer, units_now_ms() + (ms > 0 ? ms : 0));
 }
 
+/* OP_BACKOFF: on replay, wait out what is left of a recorded backoff. */
 static void op_backoff(struct task *t, lua_State *co) {
   int64_t at = num(co, 3);
   lua_settop(co, 0);
@@ -569,60 +579,31 @@ static void mark_running(struct task *t) {
   t->step_marked = 1;
 }
 
-static void push_headers(lua_State *co, const struct httpc_resp *resp) {
-  lua_createtable(co, 0, (int)resp->nheaders);
-  for (size_t i = 0; i < resp->nheaders; i++) {
-    lua_pushstring(co, resp->header_values[i]);
-    lua_setfield(co, -2, resp->header_names[i]);
-  }
-}
-
-static void on_http(const struct httpc_resp *resp, void *ud) {
-  struct task *t = ud;
-  lua_State *co = t->co;
-  t->xfer = NULL;
-  if (resp->error) {
-    lua_pushnil(co);
-    lua_pushstring(co, resp->errmsg);
-    t->nres = 2;
-  } else {
-    lua_createtable(co, 0, 3);
-    lua_pushinteger(co, resp->status);
-    lua_setfield(co, -2, "status");
-    lua_pushlstring(co, resp->body ? resp->body : "", resp->body_len);
-    lua_setfield(co, -2, "body");
-    push_headers(co, resp);
-    lua_setfield(co, -2, "headers");
-    t->nres = 1;
-  }
-  run__complete(t);
-}
-
-static void op_http(struct task *t, lua_State *co) {
-  struct run *r = t->run;
-  const struct sched_opts *o = sched__opts(r->sched);
-  char *hdrs[65];
+/* See run.h. */
+int run__http_request_from_lua(lua_State *co, int idx, struct httpc_req *req,
+                               char *hdrs[RUN_HTTP_MAX_HEADERS + 1]) {
   int nh = 0;
   err_t e;
-  struct httpc_req req = {0};
-  lua_getfield(co, 2, "method");
-  req.method = lua_tostring(co, -1);
-  lua_getfield(co, 2, "url");
-  req.url = lua_tostring(co, -1);
-  lua_getfield(co, 2, "body");
+  memset(req, 0, sizeof *req);
+  lua_getfield(co, idx, "method");
+  req->method = lua_tostring(co, -1);
+  lua_getfield(co, idx, "url");
+  req->url = lua_tostring(co, -1);
+  lua_getfield(co, idx, "body");
   size_t blen = 0;
-  req.body = lua_tolstring(co, -1, &blen);
-  req.body_len = blen;
-  lua_getfield(co, 2, "timeout");
-  if (lua_isnumber(co, -1)) req.timeout_ms = (long)(lua_tonumber(co, -1) * 1000);
-  else if (lua_isstring(co, -1)) {
+  req->body = lua_tolstring(co, -1, &blen);
+  req->body_len = blen;
+  lua_getfield(co, idx, "timeout");
+  if (lua_isnumber(co, -1)) {
+    req->timeout_ms = (long)(lua_tonumber(co, -1) * 1000);
+  } else if (lua_isstring(co, -1)) {
     int64_t ms;
-    if (!units_duration(lua_tostring(co, -1), &ms, &e)) req.timeout_ms = (long)ms;
+    if (!units_duration(lua_tostring(co, -1), &ms, &e)) req->timeout_ms = (long)ms;
   }
-  lua_getfield(co, 2, "headers");
+  lua_getfield(co, idx, "headers");
   if (lua_istable(co, -1)) {
     lua_pushnil(co);
-    while (nh < 64 && lua_next(co, -2)) {
+    while (nh < RUN_HTTP_MAX_HEADERS && lua_next(co, -2)) {
       if (lua_type(co, -2) == LUA_TSTRING && lua_isstring(co, -1)) {
         const char *k = lua_tostring(co, -2), *v = lua_tostring(co, -1);
         size_t n = strlen(k) + strlen(v) + 3;
@@ -632,19 +613,65 @@ static void op_http(struct task *t, lua_State *co) {
     }
   }
   hdrs[nh] = NULL;
-  req.headers = (const char *const *)hdrs;
+  req->headers = (const char *const *)hdrs;
+  return nh;
+}
+
+/* See run.h. */
+void run__http_headers_free(char **hdrs, int nh) {
+  for (int i = 0; i < nh; i++) free(hdrs[i]);
+}
+
+/* See run.h. */
+int run__push_http_response(lua_State *co, const struct httpc_resp *resp) {
+  if (resp->error) {
+    lua_pushnil(co);
+    lua_pushstring(co, resp->errmsg);
+    return 2;
+  }
+  lua_createtable(co, 0, 3);
+  lua_pushinteger(co, resp->status);
+  lua_setfield(co, -2, "status");
+  lua_pushlstring(co, resp->body ? resp->body : "", resp->body_len);
+  lua_setfield(co, -2, "body");
+  lua_createtable(co, 0, (int)resp->nheaders);
+  for (size_t i = 0; i < resp->nheaders; i++) {
+    lua_pushstring(co, resp->header_values[i]);
+    lua_setfield(co, -2, resp->header_names[i]);
+  }
+  lua_setfield(co, -2, "headers");
+  return 1;
+}
+
+/* The response of a task's request: resume it with the response table, or
+** nil and the message. */
+static void on_http(const struct httpc_resp *resp, void *ud) {
+  struct task *t = ud;
+  t->xfer = NULL;
+  t->nres = run__push_http_response(t->co, resp);
+  run__complete(t);
+}
+
+/* OP_HTTP (request table): start the transfer; the task parks until the
+** response, a failure, or its step's timeout. */
+static void op_http(struct task *t, lua_State *co) {
+  struct run *r = t->run;
+  const struct sched_opts *o = sched__opts(r->sched);
+  char *hdrs[RUN_HTTP_MAX_HEADERS + 1];
+  struct httpc_req req;
+  err_t e;
+  int nh = run__http_request_from_lua(co, 2, &req, hdrs);
+  int rc;
   /* A step whose time is up gets no more I/O in this attempt. */
   if (t->step_timed_out) {
-    err_set(&e, ERR_BUSY, "the step timed out");
-    goto fail;
+    rc = err_set(&e, ERR_BUSY, "the step timed out");
+  } else if (!o->http) {
+    rc = err_set(&e, ERR_INTERNAL, "no HTTP client in this process");
+  } else {
+    mark_running(t);
+    rc = httpc_start(o->http, &req, on_http, t, &t->xfer, &e);
   }
-  if (!o->http) {
-    err_set(&e, ERR_INTERNAL, "no HTTP client in this process");
-    goto fail;
-  }
-  mark_running(t);
-  int rc = httpc_start(o->http, &req, on_http, t, &t->xfer, &e);
-  for (int i = 0; i < nh; i++) free(hdrs[i]);
+  run__http_headers_free(hdrs, nh);
   lua_settop(co, 0);
   run__park(t, 1);
   if (rc) {
@@ -653,15 +680,6 @@ static void op_http(struct task *t, lua_State *co) {
     t->nres = 2;
     run__complete(t);
   }
-  return;
-fail:
-  for (int i = 0; i < nh; i++) free(hdrs[i]);
-  lua_settop(co, 0);
-  run__park(t, 1);
-  lua_pushnil(co);
-  lua_pushstring(co, e.msg);
-  t->nres = 2;
-  run__complete(t);
 }
 
 /* A task's function returned (ok, payload) or raised past every handler. */
@@ -676,10 +694,7 @@ static void task_finished(struct task *t, int rc) {
     payload = lua_isstring(co, 2) ? strdup(lua_tostring(co, 2)) : NULL;
   } else {
     const char *msg = *kill ? kill : lua_isstring(co, -1) ? lua_tostring(co, -1) : "error";
-    cJSON *ej = cJSON_CreateObject();
-    cJSON_AddStringToObject(ej, "message", msg);
-    payload = cJSON_PrintUnformatted(ej);
-    cJSON_Delete(ej);
+    payload = json_message(msg);
   }
   lua_settop(co, 0);
   if (t->parent) run_child_ended(t, ok, payload);
@@ -688,6 +703,7 @@ static void task_finished(struct task *t, int rc) {
   free(payload);
 }
 
+/* See run.h: a run that is stopping or was interrupted is dropped instead. */
 void run_resume(struct task *t) {
   struct run *r = t->run;
   if (r->aborted || r->finished || r->dormant || t->state != T_READY || !t->co) return;
@@ -737,6 +753,7 @@ void run_resume(struct task *t) {
 
 /* ---- core functions for the runtime's Lua ---- */
 
+/* The scheduler, the C function's upvalue. */
 static sched_t *up_sched(lua_State *L) { return lua_touserdata(L, lua_upvalueindex(1)); }
 
 /* core.log(level, msg, seq): a line in the current run's trace. */
@@ -763,6 +780,8 @@ static int c_log(lua_State *L) {
   return 0;
 }
 
+/* A step body's time is up: its request in flight fails now, and it gets
+** no more I/O in this attempt. */
 static void on_step_timeout(struct stimer *tm) {
   struct task *t = (struct task *)((char *)tm - offsetof(struct task, step_timer));
   t->step_timed_out = 1;
@@ -823,6 +842,7 @@ static int c_step_usage(lua_State *L) {
   return 0;
 }
 
+/* See run.h: core.log, core.step_*, and core.OP. */
 void run_register_core(lrt_t *lrt, sched_t *s) {
   lua_State *L = lrt_L(lrt);
   lrt_register(lrt, "log", c_log, s);

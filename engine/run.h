@@ -175,6 +175,25 @@ void run__release_slot(struct run *r);
 /* Wait for runs that could not get a slot (sched.c keeps them). */
 void sched__slot_wait(sched_t *s, struct run *r);
 
+/* ---- OP_HTTP's conversions, shared with the REPL (repl.c) ---- */
+
+/* Headers of one request taken from its Lua table, at most. */
+#define RUN_HTTP_MAX_HEADERS 64
+
+/* Fill req from the request table at idx of co ({method, url, body,
+** timeout (seconds, or a duration string), headers {name = value}}): its
+** strings stay on co's stack, so they live until the caller pops them;
+** hdrs gets "Name: value" lines (malloc'd, NULL-terminated) that req points
+** to. Returns how many lines (free them with run__http_headers_free after
+** httpc_start). */
+int run__http_request_from_lua(lua_State *co, int idx, struct httpc_req *req,
+                               char *hdrs[RUN_HTTP_MAX_HEADERS + 1]);
+void run__http_headers_free(char **hdrs, int nh);
+
+/* Push a response on co as Lua sees it: {status, body, headers}, or nil and
+** the message of a failed transfer. Returns the number of values pushed. */
+int run__push_http_response(lua_State *co, const struct httpc_resp *resp);
+
 /* Register the run context's C functions in core (log, step_begin, ...). */
 void run_register_core(lrt_t *lrt, sched_t *s);
 

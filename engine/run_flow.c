@@ -25,10 +25,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Value i of co as an integer (times: Lua numbers). */
 static int64_t num(lua_State *co, int i) { return (int64_t)lua_tonumber(co, i); }
 
 /* ---- parking long, and eviction ---- */
 
+/* Drop r's coroutine: it stays dormant until wake_at (0: a delivery). */
 static void evict(struct run *r, int64_t wake_at) {
   struct task *t = &r->main;
   run__task_cancel(t); /* stops its timer and uncounts it */
@@ -56,6 +58,7 @@ static void parked_long(struct task *t, int64_t wake_at) {
     evict(r, wake_at);
 }
 
+/* t is no longer parked for long: uncount it. */
 static void unpark_long(struct task *t) {
   if (t->parked_long) {
     t->parked_long = 0;
@@ -63,6 +66,8 @@ static void unpark_long(struct task *t) {
   }
 }
 
+/* Note the step that parks t: its seq and id (values 2 and 3 of co), kind,
+** until when, and when it started. */
 static void set_wait(struct task *t, lua_State *co, const char *kind, int64_t until,
                      int64_t started) {
   t->wait_seq = (int)lua_tointeger(co, 2);
@@ -77,6 +82,8 @@ static void set_wait(struct task *t, lua_State *co, const char *kind, int64_t un
 
 static void on_sleep_end(struct stimer *tm);
 
+/* OP_SLEEP (seq, id, wake_at, started): journal the sleeping step and park
+** until wake_at. */
 void run_op_sleep(struct task *t, lua_State *co) {
   struct run *r = t->run;
   int64_t wake_at = num(co, 4);
@@ -96,6 +103,7 @@ void run_op_sleep(struct task *t, lua_State *co) {
   parked_long(t, wake_at);
 }
 
+/* The sleep is over: complete the step; resume once that is durable. */
 static void on_sleep_end(struct stimer *tm) {
   struct task *t = (struct task *)((char *)tm - offsetof(struct task, timer));
   struct run *r = t->run;
@@ -150,6 +158,7 @@ static void wait_finish(struct task *t, const char *result) {
   run__wait_durable(t);
 }
 
+/* J_WAIT_END is durable: finish the step with what the store held. */
 static void on_wait_ended(void *arg, const struct jentry *je) {
   struct task *t = arg;
   struct run *r = t->run;
@@ -170,10 +179,13 @@ static void wait_end(struct task *t) {
   sched__after_entry(r->sched, on_wait_ended, t);
 }
 
+/* A wait's timeout passed. */
 static void on_wait_timeout(struct stimer *tm) {
   wait_end((struct task *)((char *)tm - offsetof(struct task, timer)));
 }
 
+/* J_WAIT is durable: finish at once with what the store already had, or
+** park (with the timeout armed) until a delivery or the timeout. */
 static void on_wait_registered(void *arg, const struct jentry *je) {
   struct task *t = arg;
   struct run *r = t->run;
@@ -218,6 +230,7 @@ static void register_wait(struct task *t, const char *kind, const char *name,
   run__park(t, 1);
 }
 
+/* OP_WAIT (seq, id, name, path, value, until, started): wait for an event. */
 void run_op_wait(struct task *t, lua_State *co) {
   set_wait(t, co, "wait", num(co, 7), num(co, 8));
   free(t->wait_child);
@@ -230,6 +243,7 @@ void run_op_wait(struct task *t, lua_State *co) {
   free(name), free(path), free(value);
 }
 
+/* See run.h: a dormant run is replayed (it finds the result then). */
 void run_delivered(struct run *r, int seq) {
   if (r->aborted || r->finished) return;
   if (r->dormant) {
@@ -258,6 +272,8 @@ static void invoke_failed(struct task *t, const char *msg) {
   run__wait_durable(t);
 }
 
+/* OP_INVOKE (seq, id, skill, data, until, started, child): start the child
+** run (unless a replay names it already) and wait for its outcome. */
 void run_op_invoke(struct task *t, lua_State *co) {
   struct run *r = t->run;
   sched_t *s = r->sched;
@@ -300,11 +316,13 @@ void run_op_invoke(struct task *t, lua_State *co) {
 
 /* ---- send_event ---- */
 
+/* A send_event step waiting for its events to be accepted. */
 struct send_ctx {
   struct task *t;
   int n;
 };
 
+/* The events are durable: complete the step with their ids. */
 static void on_sent(void *arg, const struct jentry *last) {
   struct send_ctx *sc = arg;
   struct task *t = sc->t;
@@ -336,6 +354,8 @@ static void on_sent(void *arg, const struct jentry *last) {
   free(sc);
 }
 
+/* OP_SEND (seq, id, events JSON, started): journal the events (each with an
+** idempotency key, so a replay sends nothing twice). */
 void run_op_send(struct task *t, lua_State *co) {
   struct run *r = t->run;
   sched_t *s = r->sched;
@@ -382,6 +402,8 @@ void run_op_send(struct task *t, lua_State *co) {
 
 /* ---- parallel ---- */
 
+/* OP_PARALLEL (seq, id, started, coroutines...): run each body as a child
+** task; the parent parks until all have ended. */
 void run_op_parallel(struct task *t, lua_State *co) {
   struct run *r = t->run;
   sched_t *s = r->sched;
@@ -416,6 +438,7 @@ void run_op_parallel(struct task *t, lua_State *co) {
   for (int i = 0; i < n; i++) sched__ready(s, t->kids[i]);
 }
 
+/* See run.h: the last child resumes the parent with [{ok, value}...]. */
 void run_child_ended(struct task *k, int ok, const char *value) {
   struct task *t = k->parent;
   int i = k->child_index;

@@ -415,6 +415,15 @@ static int route_invoke(const char *body, size_t blen, const struct server_limit
 
 /* ---- GET /v1/runs query -------------------------------------------------- */
 
+/* The parameter of query q (qlen bytes) that starts at i: *j gets where it
+** ends (the next '&' or qlen) and *eq where its '=' is (*j when it has none). */
+static void split_param(const char *q, size_t qlen, size_t i, size_t *j, size_t *eq) {
+  *j = i;
+  while (*j < qlen && q[*j] != '&') (*j)++;
+  *eq = i;
+  while (*eq < *j && q[*eq] != '=') (*eq)++;
+}
+
 /* GET /v1/runs's query: skill, status, since, limit, before, trigger, parent. */
 static int route_list(const char *q, size_t qlen, int64_t now_ms, struct server_plan *p,
                       int *status, err_t *e) {
@@ -423,10 +432,8 @@ static int route_list(const char *q, size_t qlen, int64_t now_ms, struct server_
   p->limit = SERVER_LIST_DEFAULT;
   size_t i = 0;
   while (i < qlen) {
-    size_t j = i;
-    while (j < qlen && q[j] != '&') j++;
-    size_t eq = i;
-    while (eq < j && q[eq] != '=') eq++;
+    size_t j, eq;
+    split_param(q, qlen, i, &j, &eq);
     char key[32], val[SERVER_ID_MAX * 2 + 1];
     long kl = pct_decode(q + i, eq - i, key, sizeof key, 1);
     long vl = eq < j ? pct_decode(q + eq + 1, j - eq - 1, val, sizeof val, 1) : 0;
@@ -474,16 +481,15 @@ static int route_list(const char *q, size_t qlen, int64_t now_ms, struct server_
                     "event, cron, invoke, rerun or on_failure; got '%s'", shown);
       memcpy(p->trigger, val, (size_t)vl + 1); /* vl < sizeof p->trigger: checked above */
       p->filter.trigger = p->trigger;
-    } else if (!strcmp(key, "before")) {
+    } else if (!strcmp(key, "before") || !strcmp(key, "parent")) {
+      /* Both hold a run id: before pages, parent lists a run's children. */
+      int before = key[0] == 'b';
       if (!is_run_id(val, (size_t)vl))
-        return fail(status, 400, e, ERR_INVALID, "before: '%s' is not a run id", shown);
-      memcpy(p->before, val, (size_t)vl + 1);
-      p->filter.before = p->before;
-    } else if (!strcmp(key, "parent")) {
-      if (!is_run_id(val, (size_t)vl))
-        return fail(status, 400, e, ERR_INVALID, "parent: '%s' is not a run id", shown);
-      memcpy(p->parent, val, (size_t)vl + 1);
-      p->filter.parent_id = p->parent;
+        return fail(status, 400, e, ERR_INVALID, "%s: '%s' is not a run id", key, shown);
+      char *dst = before ? p->before : p->parent;
+      memcpy(dst, val, (size_t)vl + 1);
+      if (before) p->filter.before = dst;
+      else p->filter.parent_id = dst;
     } else if (!strcmp(key, "since")) {
       int64_t ms;
       err_t sub;
@@ -519,10 +525,8 @@ static int route_list(const char *q, size_t qlen, int64_t now_ms, struct server_
 static int route_file(const char *q, size_t qlen, struct server_plan *p, int *status, err_t *e) {
   size_t i = 0;
   while (i < qlen) {
-    size_t j = i;
-    while (j < qlen && q[j] != '&') j++;
-    size_t eq = i;
-    while (eq < j && q[eq] != '=') eq++;
+    size_t j, eq;
+    split_param(q, qlen, i, &j, &eq);
     char shown[80];
     printable(shown, sizeof shown, q + i, eq - i);
     if (j == i) {

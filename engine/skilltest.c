@@ -1,6 +1,6 @@
 /*
 ** skilltest.c: the test engine under `moonloop test` (see skilltest.h):
-** opening it, the core functions lua/testing.lua needs, and the loop that
+** opening it, the core functions lua/testing*.lua need, and the loop that
 ** runs a test file's cases with the slice budget applied per slice.
 */
 #include "skilltest.h"
@@ -25,9 +25,18 @@ struct skilltest {
   double clock_ms;       /* the virtual clock, while clock_on */
 };
 
+/* The test engine, the C function's upvalue. */
 static skilltest_t *up_test(lua_State *L) { return lua_touserdata(L, lua_upvalueindex(1)); }
 
+/* See skilltest.h. */
 store_t *skilltest_store(skilltest_t *t) { return t->en.store; }
+
+/* An expected failure at the Lua boundary: return nil, msg. */
+static int push_fail(lua_State *L, const char *msg) {
+  lua_pushnil(L);
+  lua_pushstring(L, msg);
+  return 2;
+}
 
 /* ---- core functions ---- */
 
@@ -63,9 +72,7 @@ static int c_compile(lua_State *L) {
     return luaL_error(L, "test.skill and test files are loaded at the top of a test file, not inside a case");
   err_t e;
   if (lrt_load_skill_text(t->en.lrt, src, len, name, &e)) {
-    lua_pushnil(L);
-    lua_pushstring(L, e.msg);
-    return 2;
+    return push_fail(L, e.msg);
   }
   return 1;
 }
@@ -77,9 +84,7 @@ static int c_read(lua_State *L) {
   size_t len;
   err_t e;
   if (skills_read_file(path, &src, &len, &e)) {
-    lua_pushnil(L);
-    lua_pushstring(L, e.msg);
-    return 2;
+    return push_fail(L, e.msg);
   }
   lua_pushlstring(L, src, len);
   free(src);
@@ -123,9 +128,7 @@ static int c_registered(lua_State *L) {
     store_close(s);
   }
   if (rc) {
-    lua_pushnil(L);
-    lua_pushstring(L, e.msg);
-    return 2;
+    return push_fail(L, e.msg);
   }
   lua_pushstring(L, source);
   lua_pushstring(L, file ? file : id);
@@ -175,6 +178,7 @@ static const char *fstr(lua_State *L, int idx, const char *k) {
   return lua_isstring(L, -1) ? lua_tostring(L, -1) : NULL;
 }
 
+/* Field k of the table at idx as an integer (0 when absent); popped. */
 static int64_t fint(lua_State *L, int idx, const char *k) {
   lua_getfield(L, idx, k);
   int64_t v = lua_isnumber(L, -1) ? (int64_t)lua_tonumber(L, -1) : 0;
@@ -252,9 +256,7 @@ static int c_commit(lua_State *L) {
   t->j = journal_new();
   if (!t->j) return luaL_error(L, "out of memory");
   if (rc) {
-    lua_pushnil(L);
-    lua_pushstring(L, e.msg);
-    return 2;
+    return push_fail(L, e.msg);
   }
   lua_pushboolean(L, 1);
   return 1;
@@ -269,13 +271,13 @@ static int c_trace(lua_State *L) {
   if (!rc) rc = json_push(L, rec, &e);
   cJSON_Delete(rec);
   if (rc) {
-    lua_pushnil(L);
-    lua_pushstring(L, e.msg);
-    return 2;
+    return push_fail(L, e.msg);
   }
   return 1;
 }
 
+/* The core functions and values lua/testing*.lua need (core.now replaced
+** by the virtual clock, a hermetic LLM endpoint). */
 static void register_core(skilltest_t *t) {
   lrt_t *r = t->en.lrt;
   lua_State *L = lrt_L(r);
@@ -310,6 +312,7 @@ static void register_core(skilltest_t *t) {
   lrt_register_value(r, "llm_settings");
 }
 
+/* See skilltest.h. */
 int skilltest_open(const struct config *cfg, const char *db_path, skilltest_t **out, err_t *e) {
   skilltest_t *t = calloc(1, sizeof *t);
   if (!t || !(t->j = journal_new())) {
@@ -343,6 +346,7 @@ int skilltest_open(const struct config *cfg, const char *db_path, skilltest_t **
   return 0;
 }
 
+/* See skilltest.h. */
 void skilltest_close(skilltest_t *t) {
   if (!t) return;
   engine_close(&t->en);
@@ -352,6 +356,7 @@ void skilltest_close(skilltest_t *t) {
 
 /* ---- running a file ---- */
 
+/* A monotonic clock in ms, for the durations of cases. */
 static double mono_ms(void) { return (double)units_mono_ns() / 1e6; }
 
 /* Push testing[fn]; returns 0 or fills e. */
@@ -378,6 +383,14 @@ static void read_result(lua_State *L, const char *path, struct skilltest_result 
   lua_getfield(L, idx, "ok");
   r->ok = lua_toboolean(L, -1);
   lua_pop(L, 1);
+}
+
+/* Report the result table on top of the stack (timed from t0) to cb. */
+static void report_result(lua_State *L, const char *path, double t0, skilltest_cb cb, void *arg) {
+  struct skilltest_result r;
+  read_result(L, path, &r);
+  r.ms = mono_ms() - t0;
+  cb(&r, arg);
 }
 
 /* Run case i (1-based) of the loaded file and report it. */
@@ -414,14 +427,13 @@ static int run_case(skilltest_t *t, const char *path, int i, skilltest_cb cb, vo
   else lua_pushnil(L);
   free(escaped);
   if (lrt_pcall(lrt, 1, 1, e)) return err_prefix(e, "%s: finishing case %d", path, i);
-  struct skilltest_result r;
-  read_result(L, path, &r);
-  r.ms = mono_ms() - t0;
-  cb(&r, arg);
+  report_result(L, path, t0, cb, arg);
   lua_settop(L, top);
   return 0;
 }
 
+/* See skilltest.h: a file that cannot be read or loaded is reported as a
+** failed result, not an error. */
 int skilltest_run_file(skilltest_t *t, const char *path, skilltest_cb cb, void *arg, err_t *e) {
   lrt_t *lrt = t->en.lrt;
   lua_State *L = lrt_L(lrt);
@@ -451,10 +463,7 @@ int skilltest_run_file(skilltest_t *t, const char *path, skilltest_cb cb, void *
     return 0;
   }
   if (!lua_isnumber(L, -1)) {
-    struct skilltest_result r;
-    read_result(L, path, &r);
-    r.ms = mono_ms() - t0;
-    cb(&r, arg);
+    report_result(L, path, t0, cb, arg);
     lua_settop(L, top);
     return 0;
   }

@@ -1,8 +1,9 @@
 /*
 ** store_flow.c: the SQLite store's part for triggers and flow (see
 ** journal.h for each entry's contract): accepted events, waits and their
-** deliveries, cancellation, concurrency slots, cron ticks; and the jobs and
-** reads around them: dispatching events, polling what a process's runs got.
+** deliveries, cancellation, concurrency slots, cron ticks; and the job
+** around them: dispatching events. (Polling what a process's runs got,
+** store_poll, is a read: store_read.c.)
 **
 ** Waits and events meet in exactly one transaction, whichever comes
 ** first: registering a wait looks for an event that already arrived (since
@@ -15,6 +16,7 @@
 */
 #include "store_db.h"
 #include "ids.h"
+#include "json.h"
 #include "units.h"
 
 #include <stdio.h>
@@ -25,7 +27,7 @@ enum {
   F_EVENT_INSERT, F_EVENT_BY_IDEM, F_WAIT_GET, F_WAIT_UPDATE, F_WAIT_INSERT, F_EVENTS_SINCE,
   F_DELIVERY_INSERT, F_WAIT_DELETE, F_CHILD_DONE, F_RUN_OUTCOME, F_CANCEL_FLAG,
   F_SLOT_HELD, F_SLOT_COUNT, F_SLOT_AHEAD, F_SLOT_QUEUE_SINCE, F_SLOT_INSERT, F_SLOT_QUEUE_DEL,
-  F_SLOT_QUEUE_INSERT, F_SLOT_RELEASE, F_CRON_GET, F_CRON_SET, F_RUN_INSERT,
+  F_SLOT_QUEUE_INSERT, F_SLOT_RELEASE, F_CRON_GET, F_CRON_SET,
   F_COUNT
 };
 
@@ -61,9 +63,6 @@ static const char *const fsql[F_COUNT] = {
   [F_CRON_GET] = "SELECT last_tick FROM cron_state WHERE skill = ?1 AND spec = ?2",
   [F_CRON_SET] = "INSERT INTO cron_state(skill, spec, last_tick) VALUES(?1,?2,?3)"
                  " ON CONFLICT(skill, spec) DO UPDATE SET last_tick = ?3",
-  [F_RUN_INSERT] =
-    "INSERT INTO runs(id, skill, version, status, entry, trigger, parent_id, input, created_at,"
-    " started_at, owner) VALUES(?1,?2,?3,?4,COALESCE(?5,'run'),?6,?7,?8,?9,?10,?11)",
 };
 
 /* The statement f of the writer, prepared on first use. */
@@ -76,16 +75,12 @@ static sqlite3_stmt *fst(store_t *s, int f, err_t *e) {
   return s->fs[f];
 }
 
+/* Finalize this file's statements (store_close). */
 void store__flow_close(store_t *s) {
   for (int i = 0; i < F_COUNT; i++) {
     sqlite3_finalize(s->fs[i]);
     s->fs[i] = NULL;
   }
-}
-
-static char *col_dup(sqlite3_stmt *st, int i) {
-  const unsigned char *t = sqlite3_column_text(st, i);
-  return t ? strdup((const char *)t) : NULL;
 }
 
 /* The JSON of an event as skills see it: {name, id, data, ts}. */
@@ -107,18 +102,8 @@ static char *event_json(const char *id, const char *name, const char *data, int6
 ** the event object {name, id, data, ts}: "data.request_id". */
 static int event_matches(const char *event_json_text, const char *path, const char *value) {
   if (!path || !*path) return 1;
-  cJSON *ev = cJSON_Parse(event_json_text), *v = ev;
-  char seg[256];
-  const char *p = path;
-  while (v && *p) {
-    size_t n = strcspn(p, ".");
-    if (n >= sizeof seg) n = sizeof seg - 1;
-    memcpy(seg, p, n);
-    seg[n] = 0;
-    v = cJSON_GetObjectItemCaseSensitive(v, seg);
-    p += n;
-    if (*p == '.') p++;
-  }
+  cJSON *ev = cJSON_Parse(event_json_text);
+  const cJSON *v = json_path(ev, path);
   char *got = v ? cJSON_PrintUnformatted(v) : strdup("null");
   int ok = got && value && !strcmp(got, value);
   free(got);
@@ -126,25 +111,17 @@ static int event_matches(const char *event_json_text, const char *path, const ch
   return ok;
 }
 
-static int is_terminal(const char *st) {
-  return st && (!strcmp(st, "completed") || !strcmp(st, "failed") || !strcmp(st, "cancelled"));
-}
-
-/* Outcome JSON of an ended run, for its parent: {run_id, status, output, error}. */
+/* Outcome JSON of an ended run, for its parent, from a row of (id,
+** status, output, error): {run_id, status, output, error}. */
 static char *outcome_json(sqlite3_stmt *st) {
-  cJSON *o = cJSON_CreateObject();
-  cJSON_AddStringToObject(o, "run_id", (const char *)sqlite3_column_text(st, 0));
-  cJSON_AddStringToObject(o, "status", (const char *)sqlite3_column_text(st, 1));
-  const char *out = (const char *)sqlite3_column_text(st, 2);
-  const char *err = (const char *)sqlite3_column_text(st, 3);
-  cJSON *ov = out ? cJSON_Parse(out) : NULL, *ev = err ? cJSON_Parse(err) : NULL;
-  cJSON_AddItemToObject(o, "output", ov ? ov : cJSON_CreateNull());
-  cJSON_AddItemToObject(o, "error", ev ? ev : cJSON_CreateNull());
-  char *s = cJSON_PrintUnformatted(o);
-  cJSON_Delete(o);
-  return s;
+  return json_run_outcome((const char *)sqlite3_column_text(st, 0),
+                          (const char *)sqlite3_column_text(st, 1),
+                          (const char *)sqlite3_column_text(st, 2),
+                          (const char *)sqlite3_column_text(st, 3));
 }
 
+/* J_EVENT: accept an event; the result is its id (the first event's id for
+** a repeated idempotency key). */
 static int write_event(store_t *s, const struct jentry *je, err_t *e) {
   const struct event_row *ev = &je->u.event;
   sqlite3_stmt *st = fst(s, F_EVENT_INSERT, e);
@@ -160,7 +137,7 @@ static int write_event(store_t *s, const struct jentry *je, err_t *e) {
     sqlite3_stmt *q = fst(s, F_EVENT_BY_IDEM, e);
     if (!q) return e->code;
     store__bind_text(q, 1, ev->idem);
-    if (sqlite3_step(q) == SQLITE_ROW) journal_set_result(je, col_dup(q, 0));
+    if (sqlite3_step(q) == SQLITE_ROW) journal_set_result(je, store__col_dup(q, 0));
     sqlite3_reset(q);
     sqlite3_clear_bindings(q);
   } else {
@@ -187,6 +164,7 @@ static int insert_wait(store_t *s, const struct wait_row *w, const char *result,
   return store__step(s, st, e, "registering a wait");
 }
 
+/* Ask the owner of run_id (if unfinished) to cancel it, for reason. */
 static int flag_cancel(store_t *s, const char *run_id, const char *reason, err_t *e) {
   sqlite3_stmt *st = fst(s, F_CANCEL_FLAG, e);
   if (!st) return e->code;
@@ -211,7 +189,7 @@ static int find_event(store_t *s, const struct wait_row *w, char **result, char 
                           (const char *)sqlite3_column_text(st, 2), sqlite3_column_int64(st, 3));
     if (ej && event_matches(ej, w->match_path, w->match_value)) {
       *result = ej;
-      *event_id = col_dup(st, 0);
+      *event_id = store__col_dup(st, 0);
       break;
     }
     free(ej);
@@ -221,6 +199,8 @@ static int find_event(store_t *s, const struct wait_row *w, char **result, char 
   return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : store__db_err(e, s->w, "finding events");
 }
 
+/* J_WAIT: register a wait, or renew it (a replay, a new owner); the result
+** is what it got already: a child's outcome, or a matching event. */
 static int write_wait(store_t *s, const struct jentry *je, err_t *e) {
   const struct wait_row *w = &je->u.wait;
   sqlite3_stmt *st = fst(s, F_WAIT_GET, e);
@@ -229,7 +209,7 @@ static int write_wait(store_t *s, const struct jentry *je, err_t *e) {
   sqlite3_bind_int(st, 2, w->seq);
   int rc = sqlite3_step(st);
   int exists = rc == SQLITE_ROW;
-  char *result = exists ? col_dup(st, 0) : NULL;
+  char *result = exists ? store__col_dup(st, 0) : NULL;
   sqlite3_reset(st);
   sqlite3_clear_bindings(st);
   if (exists) {
@@ -251,7 +231,7 @@ static int write_wait(store_t *s, const struct jentry *je, err_t *e) {
     st = fst(s, F_RUN_OUTCOME, e);
     if (!st) return e->code;
     store__bind_text(st, 1, w->name);
-    if (sqlite3_step(st) == SQLITE_ROW && is_terminal((const char *)sqlite3_column_text(st, 1)))
+    if (sqlite3_step(st) == SQLITE_ROW && store__is_terminal((const char *)sqlite3_column_text(st, 1)))
       result = outcome_json(st);
     sqlite3_reset(st);
     sqlite3_clear_bindings(st);
@@ -279,13 +259,14 @@ static int write_wait(store_t *s, const struct jentry *je, err_t *e) {
   return 0;
 }
 
+/* J_WAIT_END: end a wait; the result is what it got meanwhile, if anything. */
 static int write_wait_end(store_t *s, const struct jentry *je, err_t *e) {
   const struct wait_end *w = &je->u.wait_end;
   sqlite3_stmt *st = fst(s, F_WAIT_GET, e);
   if (!st) return e->code;
   store__bind_text(st, 1, w->run_id);
   sqlite3_bind_int(st, 2, w->seq);
-  if (sqlite3_step(st) == SQLITE_ROW) journal_set_result(je, col_dup(st, 0));
+  if (sqlite3_step(st) == SQLITE_ROW) journal_set_result(je, store__col_dup(st, 0));
   sqlite3_reset(st);
   sqlite3_clear_bindings(st);
   st = fst(s, F_WAIT_DELETE, e);
@@ -295,6 +276,7 @@ static int write_wait_end(store_t *s, const struct jentry *je, err_t *e) {
   return store__step(s, st, e, "ending a wait");
 }
 
+/* J_CHILD_DONE: hand a child run's outcome to the waits on it. */
 static int write_child_done(store_t *s, const struct jentry *je, err_t *e) {
   sqlite3_stmt *st = fst(s, F_CHILD_DONE, e);
   if (!st) return e->code;
@@ -324,7 +306,7 @@ static int write_cancel(store_t *s, const struct jentry *je, err_t *e) {
       found = 1;
       top_status = strdup(status);
     }
-    if (is_terminal(status) || n == 256) continue;
+    if (store__is_terminal(status) || n == 256) continue;
     owned[n] = sqlite3_column_type(st, 2) != SQLITE_NULL;
     ids[n++] = strdup(id);
   }
@@ -333,15 +315,12 @@ static int write_cancel(store_t *s, const struct jentry *je, err_t *e) {
   if (rc != SQLITE_DONE) err = store__db_err(e, s->w, "finding runs to cancel");
   if (!err && !found) {
     journal_set_result(je, strdup("notfound"));
-  } else if (!err && is_terminal(top_status)) {
+  } else if (!err && store__is_terminal(top_status)) {
     char buf[64];
     snprintf(buf, sizeof buf, "ended:%s", top_status);
     journal_set_result(je, strdup(buf));
   } else if (!err) {
-    cJSON *ej = cJSON_CreateObject();
-    cJSON_AddStringToObject(ej, "message", c->reason ? c->reason : "cancelled");
-    char *errjson = cJSON_PrintUnformatted(ej);
-    cJSON_Delete(ej);
+    char *errjson = json_message(c->reason ? c->reason : "cancelled");
     const char *top = "cancelling";
     for (int i = 0; i < n && !err; i++) {
       if (owned[i]) {
@@ -377,6 +356,8 @@ static int write_cancel(store_t *s, const struct jentry *je, err_t *e) {
   return err;
 }
 
+/* Run write statement f with ?1..?3 bound to a, b, c and ?4 to d (each
+** bound only when given, b and c when not NULL, d when not 0). */
 static int bind_step(store_t *s, int f, err_t *e, const char *what, const char *a, const char *b,
                      const char *c, int64_t d) {
   sqlite3_stmt *st = fst(s, f, e);
@@ -388,6 +369,8 @@ static int bind_step(store_t *s, int f, err_t *e, const char *what, const char *
   return store__step(s, st, e, what);
 }
 
+/* The count statement f answers for (a, b, c, d) (c and d bound only when
+** given), or -1 with e filled. */
 static int64_t count_query(store_t *s, int f, const char *a, const char *b, int64_t c,
                            const char *d, err_t *e) {
   sqlite3_stmt *st = fst(s, f, e);
@@ -401,6 +384,18 @@ static int64_t count_query(store_t *s, int f, const char *a, const char *b, int6
   sqlite3_clear_bindings(st);
   if (n < 0) store__db_err(e, s->w, "counting slots");
   return n;
+}
+
+/* Insert (skill, key, run_id, at) of sl with statement f: a slot taken
+** (F_SLOT_INSERT) or a place in its queue (F_SLOT_QUEUE_INSERT). */
+static int slot_put(store_t *s, int f, const struct slot_row *sl, const char *what, err_t *e) {
+  sqlite3_stmt *st = fst(s, f, e);
+  if (!st) return e->code;
+  store__bind_text(st, 1, sl->skill);
+  store__bind_text(st, 2, sl->key);
+  store__bind_text(st, 3, sl->run_id);
+  sqlite3_bind_int64(st, 4, sl->at);
+  return store__step(s, st, e, what);
 }
 
 /* Acquire: granted when the slots in use plus the runs queued ahead of
@@ -430,27 +425,17 @@ static int write_slot(store_t *s, const struct jentry *je, err_t *e) {
   int64_t ahead = count_query(s, F_SLOT_AHEAD, sl->skill, sl->key, sl->at, sl->run_id, e);
   if (inuse < 0 || ahead < 0) return e->code;
   if (inuse + ahead < sl->limit) {
-    sqlite3_stmt *ins = fst(s, F_SLOT_INSERT, e);
-    if (!ins) return e->code;
-    store__bind_text(ins, 1, sl->skill);
-    store__bind_text(ins, 2, sl->key);
-    store__bind_text(ins, 3, sl->run_id);
-    sqlite3_bind_int64(ins, 4, sl->at);
-    if (store__step(s, ins, e, "taking a slot") ||
+    if (slot_put(s, F_SLOT_INSERT, sl, "taking a slot", e) ||
         bind_step(s, F_SLOT_QUEUE_DEL, e, "leaving a slot queue", sl->run_id, NULL, NULL, 0))
       return e->code;
     journal_set_result(je, strdup("1"));
     return 0;
   }
-  sqlite3_stmt *q = fst(s, F_SLOT_QUEUE_INSERT, e);
-  if (!q) return e->code;
-  store__bind_text(q, 1, sl->skill);
-  store__bind_text(q, 2, sl->key);
-  store__bind_text(q, 3, sl->run_id);
-  sqlite3_bind_int64(q, 4, sl->at);
-  return store__step(s, q, e, "queueing for a slot");
+  return slot_put(s, F_SLOT_QUEUE_INSERT, sl, "queueing for a slot", e);
 }
 
+/* J_CRON: record a cron tick and start its run, unless another engine
+** fired that tick already; the result is "1" when the run was created. */
 static int write_cron(store_t *s, const struct jentry *je, err_t *e) {
   const struct cron_row *c = &je->u.cron;
   sqlite3_stmt *st = fst(s, F_CRON_GET, e);
@@ -469,25 +454,12 @@ static int write_cron(store_t *s, const struct jentry *je, err_t *e) {
   sqlite3_bind_int64(set, 3, c->tick);
   if (store__step(s, set, e, "recording a cron tick")) return e->code;
   if (!c->run.id) return 0; /* only the state (first registration) */
-  const struct run_row *r = &c->run;
-  sqlite3_stmt *ins = fst(s, F_RUN_INSERT, e);
-  if (!ins) return e->code;
-  store__bind_text(ins, 1, r->id);
-  store__bind_text(ins, 2, r->skill);
-  store__bind_text(ins, 3, r->version);
-  store__bind_text(ins, 4, r->status);
-  store__bind_text(ins, 5, r->entry);
-  store__bind_text(ins, 6, r->trigger);
-  store__bind_text(ins, 7, r->parent_id);
-  store__bind_text(ins, 8, r->input);
-  sqlite3_bind_int64(ins, 9, r->created_at);
-  store__bind_time(ins, 10, r->started_at);
-  store__bind_text(ins, 11, r->owner);
-  if (store__step(s, ins, e, "creating a cron run")) return e->code;
+  if (store__put_run(s, &c->run, "creating a cron run", e)) return e->code;
   journal_set_result(je, strdup("1"));
   return 0;
 }
 
+/* See store_db.h: the journal entries of this file, by kind. */
 int store__write_flow(store_t *s, const struct jentry *je, err_t *e) {
   switch (je->kind) {
   case J_EVENT: return write_event(s, je, e);
@@ -501,36 +473,13 @@ int store__write_flow(store_t *s, const struct jentry *je, err_t *e) {
   }
 }
 
+/* See store_db.h: a run ended, so drop its waits, slots and queue places. */
 int store__run_ended(store_t *s, const char *run_id, err_t *e) {
   static const char *const sql[] = {
     "DELETE FROM waits WHERE run_id = ?1", "DELETE FROM slots WHERE run_id = ?1",
     "DELETE FROM slot_queue WHERE run_id = ?1",
   };
-  for (size_t i = 0; i < sizeof sql / sizeof *sql; i++) {
-    sqlite3_stmt *st = store__prep(s->w, sql[i], e);
-    if (!st) return e->code;
-    store__bind_text(st, 1, run_id);
-    int rc = sqlite3_step(st);
-    sqlite3_finalize(st);
-    if (rc != SQLITE_DONE) return store__db_err(e, s->w, "cleaning up after a run");
-  }
-  return 0;
-}
-
-int store__release_owner_slots(store_t *s, const char *owner, err_t *e) {
-  static const char *const sql[] = {
-    "DELETE FROM slots WHERE run_id IN (SELECT id FROM runs WHERE owner = ?1)",
-    "DELETE FROM slot_queue WHERE run_id IN (SELECT id FROM runs WHERE owner = ?1)",
-  };
-  for (size_t i = 0; i < 2; i++) {
-    sqlite3_stmt *st = store__prep(s->w, sql[i], e);
-    if (!st) return e->code;
-    store__bind_text(st, 1, owner);
-    int rc = sqlite3_step(st);
-    sqlite3_finalize(st);
-    if (rc != SQLITE_DONE) return store__db_err(e, s->w, "releasing slots");
-  }
-  return 0;
+  return store__exec_bound(s, sql, 3, run_id, "cleaning up after a run", e);
 }
 
 /* Start the runs of skills triggered by this event. */
@@ -546,27 +495,16 @@ static int trigger_runs(store_t *s, const char *ej, const char *name, const char
   cJSON_AddItemToObject(trig, "event", cJSON_Parse(ej));
   char *tj = cJSON_PrintUnformatted(trig);
   cJSON_Delete(trig);
-  int rc, err = 0;
-  while (!err && (rc = sqlite3_step(st)) == SQLITE_ROW) {
-    sqlite3_stmt *ins = fst(s, F_RUN_INSERT, e);
-    if (!ins) {
-      err = e->code;
-      break;
-    }
+  int err = 0;
+  while (!err && sqlite3_step(st) == SQLITE_ROW) {
     char id[27];
     ids_ulid(now, id);
-    store__bind_text(ins, 1, id);
-    store__bind_text(ins, 2, (const char *)sqlite3_column_text(st, 0));
-    store__bind_text(ins, 3, (const char *)sqlite3_column_text(st, 1));
-    store__bind_text(ins, 4, "queued");
-    store__bind_text(ins, 5, "run");
-    store__bind_text(ins, 6, tj);
-    store__bind_text(ins, 7, NULL);
-    store__bind_text(ins, 8, data ? data : "null");
-    sqlite3_bind_int64(ins, 9, now);
-    store__bind_time(ins, 10, 0);
-    store__bind_text(ins, 11, NULL);
-    err = store__step(s, ins, e, "starting a triggered run");
+    struct run_row r = {
+      .id = id, .skill = (const char *)sqlite3_column_text(st, 0),
+      .version = (const char *)sqlite3_column_text(st, 1), .status = "queued", .entry = "run",
+      .trigger = tj, .input = data ? data : "null", .created_at = now,
+    };
+    err = store__put_run(s, &r, "starting a triggered run", e);
     if (!err) (*runs)++;
   }
   sqlite3_finalize(st);
@@ -621,6 +559,7 @@ static int deliver_event(store_t *s, const char *id, const char *name, const cha
   return err;
 }
 
+/* See store.h. */
 int store_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e) {
   *runs = 0;
   if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
@@ -661,56 +600,8 @@ int store_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e) {
   return n;
 }
 
-int store_poll(store_t *s, const char *owner, cJSON **out, err_t *e) {
-  *out = NULL;
-  sqlite3_stmt *d = store__prep(s->r,
-    /* Delivered waits are few; the runs a process owns may be many: the
-    ** delivered ones drive the join (CROSS JOIN fixes the order). */
-    "SELECT w.run_id, w.seq FROM waits w INDEXED BY waits_delivered CROSS JOIN runs r"
-    " ON r.id = w.run_id WHERE w.result IS NOT NULL AND w.kind != 'cancel' AND r.owner = ?1", e);
-  if (!d) return e->code;
-  sqlite3_stmt *c = store__prep(s->r,
-    "SELECT id, cancel_reason FROM runs WHERE owner = ?1 AND cancel_requested = 1"
-    " AND status NOT IN ('completed','failed','cancelled')", e);
-  if (!c) {
-    sqlite3_finalize(d);
-    return e->code;
-  }
-  store__bind_text(d, 1, owner);
-  store__bind_text(c, 1, owner);
-  cJSON *o = cJSON_CreateObject();
-  cJSON *dl = cJSON_AddArrayToObject(o, "deliveries");
-  cJSON *cl = cJSON_AddArrayToObject(o, "cancels");
-  while (sqlite3_step(d) == SQLITE_ROW) {
-    cJSON *x = cJSON_CreateObject();
-    cJSON_AddStringToObject(x, "run_id", (const char *)sqlite3_column_text(d, 0));
-    cJSON_AddNumberToObject(x, "seq", sqlite3_column_int(d, 1));
-    cJSON_AddItemToArray(dl, x);
-  }
-  while (sqlite3_step(c) == SQLITE_ROW) {
-    cJSON *x = cJSON_CreateObject();
-    cJSON_AddStringToObject(x, "run_id", (const char *)sqlite3_column_text(c, 0));
-    const char *reason = (const char *)sqlite3_column_text(c, 1);
-    cJSON_AddStringToObject(x, "reason", reason ? reason : "cancelled");
-    cJSON_AddItemToArray(cl, x);
-  }
-  sqlite3_finalize(d);
-  sqlite3_finalize(c);
-  *out = o;
-  return 0;
-}
-
-int64_t store_cron_last(store_t *s, const char *skill, const char *spec) {
-  sqlite3_stmt *st = store__prep(s->r,
-    "SELECT last_tick FROM cron_state WHERE skill = ?1 AND spec = ?2", NULL);
-  if (!st) return 0;
-  store__bind_text(st, 1, skill);
-  store__bind_text(st, 2, spec);
-  int64_t v = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
-  sqlite3_finalize(st);
-  return v;
-}
-
+/* See store_db.h: SKILL_ERROR records a load error; SKILL_REMOVE clears
+** the live version. */
 int store__skill_change(store_t *s, const struct skill_row *r, err_t *e) {
   const char *sql = r->op == SKILL_ERROR
     ? "INSERT INTO skills(id, file, error, updated_at) VALUES(?1, ?2, ?3, ?4)"

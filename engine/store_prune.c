@@ -46,6 +46,7 @@ static int prune_batch(store_t *s, int64_t before, err_t *e) {
   return n;
 }
 
+/* See store.h: runs batch by batch, then the dispatched events. */
 int store_prune(store_t *s, int64_t before, int64_t *runs, int64_t *events, err_t *e) {
   *runs = *events = 0;
   int n;

@@ -26,6 +26,12 @@
 ** A run is owned by at most one live lease. Finished runs have no owner.
 ** Claiming work takes unowned unfinished runs; reaping clears the owner of
 ** runs whose lease expired or whose process died.
+**
+** This file holds the connections, the schema, the core journal entries
+** (store_commit), leases and claiming work. The other parts of the store:
+** store_flow.c (events, waits, cancellation, slots, cron), store_prune.c
+** (retention) and store_read.c (every read: run records, lists, skills);
+** what they share is in store_db.h.
 */
 #include "store_db.h"
 #include "fault.h"
@@ -146,6 +152,7 @@ static const char *const wsql[W_COUNT] = {
 };
 
 
+/* See store.h. */
 const char *store_path(const store_t *s) { return s->path; }
 
 /* Report the connection's last error as an ERR_IO with context. */
@@ -155,6 +162,8 @@ int store__db_err(err_t *e, sqlite3 *db, const char *what) {
                  "store: %s: %s", what, sqlite3_errmsg(db));
 }
 
+/* Run sql (one or more statements, no parameters) on db; ERR_IO with the
+** start of the SQL on failure. */
 int store__exec(sqlite3 *db, const char *sql, err_t *e) {
   char *msg = NULL;
   if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) {
@@ -165,6 +174,8 @@ int store__exec(sqlite3 *db, const char *sql, err_t *e) {
   return 0;
 }
 
+/* Open one connection to the file at path (created if missing), with a
+** busy timeout of 10 s; *db is NULL on failure. */
 static int open_conn(const char *path, sqlite3 **db, err_t *e) {
   int rc = sqlite3_open_v2(path, db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
                                        SQLITE_OPEN_NOMUTEX, NULL);
@@ -240,6 +251,8 @@ static int use_wal(sqlite3 *db, err_t *e) {
   }
 }
 
+/* See store.h: the writer first (WAL, durability, migrations, its
+** statements), then the reader. */
 int store_open(const char *path, enum store_durability d, store_t **out, err_t *e) {
   store_t *s = calloc(1, sizeof *s);
   if (!s) return err_set(e, ERR_NOMEM, "out of memory");
@@ -265,6 +278,7 @@ fail:
   return e ? e->code : ERR_IO;
 }
 
+/* See store.h. NULL is a no-op. */
 void store_close(store_t *s) {
   if (!s) return;
   for (int i = 0; i < W_COUNT; i++) sqlite3_finalize(s->ws[i]);
@@ -277,6 +291,7 @@ void store_close(store_t *s) {
 
 /* ---- binding helpers ---- */
 
+/* Bind text v (not copied: it must outlive the step), or NULL for NULL. */
 void store__bind_text(sqlite3_stmt *st, int i, const char *v) {
   if (v) sqlite3_bind_text(st, i, v, -1, SQLITE_STATIC);
   else sqlite3_bind_null(st, i);
@@ -297,30 +312,63 @@ int store__step(store_t *s, sqlite3_stmt *st, err_t *e, const char *what) {
   return 0;
 }
 
+/* Column i as a malloc'd string, or NULL for NULL. */
+char *store__col_dup(sqlite3_stmt *st, int i) {
+  const unsigned char *t = sqlite3_column_text(st, i);
+  return t ? strdup((const char *)t) : NULL;
+}
+
+/* Whether a run status is final (completed, failed, cancelled); NULL is not. */
+int store__is_terminal(const char *status) {
+  return status && (!strcmp(status, "completed") || !strcmp(status, "failed") ||
+                    !strcmp(status, "cancelled"));
+}
+
+/* Run each of the n statements of sql on the writer, in order, with ?1
+** bound to arg; stops at the first failure (what names it). */
+int store__exec_bound(store_t *s, const char *const *sql, size_t n, const char *arg,
+                      const char *what, err_t *e) {
+  for (size_t i = 0; i < n; i++) {
+    sqlite3_stmt *st = store__prep(s->w, sql[i], e);
+    if (!st) return e->code;
+    store__bind_text(st, 1, arg);
+    int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE) return store__db_err(e, s->w, what);
+  }
+  return 0;
+}
+
+/* Insert a run row (every column of struct run_row) inside the open
+** transaction; what names the write in an error. */
+int store__put_run(store_t *s, const struct run_row *r, const char *what, err_t *e) {
+  sqlite3_stmt *st = s->ws[W_RUN_NEW];
+  store__bind_text(st, 1, r->id);
+  store__bind_text(st, 2, r->skill);
+  store__bind_text(st, 3, r->version);
+  store__bind_text(st, 4, r->status);
+  store__bind_text(st, 5, r->entry);
+  store__bind_text(st, 6, r->trigger ? r->trigger : "{}");
+  store__bind_text(st, 7, r->parent_id);
+  store__bind_text(st, 8, r->input);
+  store__bind_text(st, 9, r->output);
+  store__bind_text(st, 10, r->error);
+  sqlite3_bind_int64(st, 11, r->created_at);
+  store__bind_time(st, 12, r->started_at);
+  store__bind_time(st, 13, r->ended_at);
+  store__bind_time(st, 14, r->deadline_at);
+  store__bind_time(st, 15, r->wake_at);
+  store__bind_text(st, 16, r->owner);
+  return store__step(s, st, e, what);
+}
+
+/* Write one journal entry inside the open transaction: the core kinds
+** here, the others through store_flow.c. */
 static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
   sqlite3_stmt *st;
   switch (je->kind) {
-  case J_RUN_NEW: {
-    const struct run_row *r = &je->u.run;
-    st = s->ws[W_RUN_NEW];
-    store__bind_text(st, 1, r->id);
-    store__bind_text(st, 2, r->skill);
-    store__bind_text(st, 3, r->version);
-    store__bind_text(st, 4, r->status);
-    store__bind_text(st, 5, r->entry);
-    store__bind_text(st, 6, r->trigger ? r->trigger : "{}");
-    store__bind_text(st, 7, r->parent_id);
-    store__bind_text(st, 8, r->input);
-    store__bind_text(st, 9, r->output);
-    store__bind_text(st, 10, r->error);
-    sqlite3_bind_int64(st, 11, r->created_at);
-    store__bind_time(st, 12, r->started_at);
-    store__bind_time(st, 13, r->ended_at);
-    store__bind_time(st, 14, r->deadline_at);
-    store__bind_time(st, 15, r->wake_at);
-    store__bind_text(st, 16, r->owner);
-    return store__step(s, st, e, "creating a run");
-  }
+  case J_RUN_NEW:
+    return store__put_run(s, &je->u.run, "creating a run", e);
   case J_RUN_SET: {
     const struct run_set *r = &je->u.set;
     st = s->ws[W_RUN_SET];
@@ -332,9 +380,7 @@ static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
     store__bind_time(st, 6, r->ended_at);
     store__bind_time(st, 7, r->wake_at);
     if (store__step(s, st, e, "updating a run")) return e->code;
-    if (!strcmp(r->status, "completed") || !strcmp(r->status, "failed") ||
-        !strcmp(r->status, "cancelled"))
-      return store__run_ended(s, r->run_id, e);
+    if (store__is_terminal(r->status)) return store__run_ended(s, r->run_id, e);
     return 0;
   }
   case J_STEP: {
@@ -408,6 +454,8 @@ static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
   return err_set(e, ERR_INTERNAL, "store: unknown journal entry kind %d", (int)je->kind);
 }
 
+/* See store.h: renew the lease (fencing), write every entry, commit; roll
+** back on any failure. */
 int store_commit(store_t *s, const journal_t *j, err_t *e) {
   if (store__step(s, s->ws[W_BEGIN], e, "beginning a transaction")) return e->code;
   int64_t expires;
@@ -444,6 +492,7 @@ sqlite3_stmt *store__prep(sqlite3 *db, const char *sql, err_t *e) {
   return st;
 }
 
+/* See store.h. */
 int store_lease_acquire(store_t *s, const struct lease *l, err_t *e) {
   sqlite3_stmt *st = store__prep(s->w,
     "INSERT OR REPLACE INTO leases(owner, kind, host, pid, pid_start, started_at, expires_at)"
@@ -461,26 +510,18 @@ int store_lease_acquire(store_t *s, const struct lease *l, err_t *e) {
   return rc;
 }
 
-/* Release the runs of owner and delete its lease; inside a transaction. */
+/* Release the runs of owner and delete its lease; inside a transaction.
+** The runs keep their concurrency slots: a slot belongs to a run, and a
+** run whose process died may have a step still running out there; the
+** next owner resumes the run in the slot it holds. */
 static int release_owner(store_t *s, const char *owner, err_t *e) {
-  if (store__release_owner_slots(s, owner, e)) return e->code;
-  sqlite3_stmt *a = store__prep(s->w, "UPDATE runs SET owner = NULL WHERE owner = ?1", e);
-  if (!a) return e->code;
-  sqlite3_stmt *b = store__prep(s->w, "DELETE FROM leases WHERE owner = ?1", e);
-  if (!b) {
-    sqlite3_finalize(a);
-    return e->code;
-  }
-  store__bind_text(a, 1, owner);
-  store__bind_text(b, 1, owner);
-  int rc = 0;
-  if (sqlite3_step(a) != SQLITE_DONE || sqlite3_step(b) != SQLITE_DONE)
-    rc = store__db_err(e, s->w, "releasing a lease");
-  sqlite3_finalize(a);
-  sqlite3_finalize(b);
-  return rc;
+  static const char *const sql[] = {
+    "UPDATE runs SET owner = NULL WHERE owner = ?1", "DELETE FROM leases WHERE owner = ?1",
+  };
+  return store__exec_bound(s, sql, 2, owner, "releasing a lease", e);
 }
 
+/* See store.h. */
 int store_lease_release(store_t *s, const char *owner, err_t *e) {
   if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
   if (release_owner(s, owner, e)) {
@@ -490,8 +531,9 @@ int store_lease_release(store_t *s, const char *owner, err_t *e) {
   return store__exec(s->w, "COMMIT", e);
 }
 
-/* Whether a lease row is dead: expired, or its process is gone on this host. */
-static int lease_dead(sqlite3_stmt *st, const char *host, int64_t now) {
+/* Whether a lease row (owner, host, pid, pid_start, expires_at) is dead:
+** expired, or its process is gone on this host. */
+int store__lease_dead(sqlite3_stmt *st, const char *host, int64_t now) {
   const char *h = (const char *)sqlite3_column_text(st, 1);
   long pid = (long)sqlite3_column_int64(st, 2);
   long long start = sqlite3_column_int64(st, 3);
@@ -507,7 +549,7 @@ static int reap_locked(store_t *s, const char *host, int64_t now, err_t *e) {
   char *dead[64];
   int n = 0;
   while (n < 64 && sqlite3_step(st) == SQLITE_ROW)
-    if (lease_dead(st, host, now)) dead[n++] = strdup((const char *)sqlite3_column_text(st, 0));
+    if (store__lease_dead(st, host, now)) dead[n++] = strdup((const char *)sqlite3_column_text(st, 0));
   sqlite3_finalize(st);
   int rc = 0;
   for (int i = 0; i < n; i++) {
@@ -517,6 +559,7 @@ static int reap_locked(store_t *s, const char *host, int64_t now, err_t *e) {
   return rc ? rc : n;
 }
 
+/* See store.h. */
 int store_reap(store_t *s, const char *host, int64_t now, err_t *e) {
   if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
   int n = reap_locked(s, host, now, e);
@@ -528,35 +571,27 @@ int store_reap(store_t *s, const char *host, int64_t now, err_t *e) {
   return n;
 }
 
-#define RUN_COLS \
-  "id, skill, version, status, entry, trigger, parent_id, input, output, error," \
-  " created_at, started_at, ended_at, deadline_at, wake_at, owner"
-
-static char *col_dup(sqlite3_stmt *st, int i) {
-  const unsigned char *t = sqlite3_column_text(st, i);
-  return t ? strdup((const char *)t) : NULL;
-}
-
-/* Fill r from a row of RUN_COLS; strings are malloc'd. */
+/* Fill r from a row of STORE_RUN_COLS; strings are malloc'd. */
 static void row_from_stmt(sqlite3_stmt *st, struct run_row *r) {
-  r->id = col_dup(st, 0);
-  r->skill = col_dup(st, 1);
-  r->version = col_dup(st, 2);
-  r->status = col_dup(st, 3);
-  r->entry = col_dup(st, 4);
-  r->trigger = col_dup(st, 5);
-  r->parent_id = col_dup(st, 6);
-  r->input = col_dup(st, 7);
-  r->output = col_dup(st, 8);
-  r->error = col_dup(st, 9);
+  r->id = store__col_dup(st, 0);
+  r->skill = store__col_dup(st, 1);
+  r->version = store__col_dup(st, 2);
+  r->status = store__col_dup(st, 3);
+  r->entry = store__col_dup(st, 4);
+  r->trigger = store__col_dup(st, 5);
+  r->parent_id = store__col_dup(st, 6);
+  r->input = store__col_dup(st, 7);
+  r->output = store__col_dup(st, 8);
+  r->error = store__col_dup(st, 9);
   r->created_at = sqlite3_column_int64(st, 10);
   r->started_at = sqlite3_column_int64(st, 11);
   r->ended_at = sqlite3_column_int64(st, 12);
   r->deadline_at = sqlite3_column_int64(st, 13);
   r->wake_at = sqlite3_column_int64(st, 14);
-  r->owner = col_dup(st, 15);
+  r->owner = store__col_dup(st, 15);
 }
 
+/* See store.h. */
 void store_rows_free(struct run_row *rows, size_t n) {
   if (!rows) return;
   for (size_t i = 0; i < n; i++) {
@@ -569,10 +604,12 @@ void store_rows_free(struct run_row *rows, size_t n) {
   free(rows);
 }
 
+/* qsort's order of run rows: by id (ULIDs: by creation). */
 static int cmp_rows(const void *a, const void *b) {
   return strcmp(((const struct run_row *)a)->id, ((const struct run_row *)b)->id);
 }
 
+/* See store.h. */
 int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows, size_t *n,
                 err_t *e) {
   *rows = NULL;
@@ -581,7 +618,7 @@ int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows,
   sqlite3_stmt *st = store__prep(s->w,
     "UPDATE runs SET owner = ?1 WHERE id IN (SELECT id FROM runs WHERE owner IS NULL"
     " AND status IN ('queued','running','sleeping','waiting') ORDER BY id LIMIT ?2)"
-    " RETURNING " RUN_COLS, e);
+    " RETURNING " STORE_RUN_COLS, e);
   if (!st) {
     store__exec(s->w, "ROLLBACK", NULL);
     return e->code;
@@ -612,11 +649,8 @@ int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows,
   return 0;
 }
 
-static int is_terminal(const char *status) {
-  return !strcmp(status, "completed") || !strcmp(status, "failed") ||
-         !strcmp(status, "cancelled");
-}
-
+/* See store.h: reap dead leases first, so a run whose owner died can be
+** taken at once. */
 int store_take_run(store_t *s, const char *run_id, const char *owner, const char *host,
                    int64_t now, struct run_row **row, err_t *e) {
   *row = NULL;
@@ -625,7 +659,7 @@ int store_take_run(store_t *s, const char *run_id, const char *owner, const char
   sqlite3_stmt *st = NULL;
   if (rc < 0) goto done;
   rc = 0;
-  st = store__prep(s->w, "SELECT " RUN_COLS " FROM runs WHERE id = ?1", e);
+  st = store__prep(s->w, "SELECT " STORE_RUN_COLS " FROM runs WHERE id = ?1", e);
   if (!st) {
     rc = e->code;
     goto done;
@@ -639,7 +673,7 @@ int store_take_run(store_t *s, const char *run_id, const char *owner, const char
   row_from_stmt(st, r);
   sqlite3_finalize(st);
   st = NULL;
-  if (is_terminal(r->status)) {
+  if (store__is_terminal(r->status)) {
     rc = err_set(e, ERR_CONFLICT, "run %s has already %s: nothing to resume", run_id,
                  r->status);
   } else if (r->owner && strcmp(r->owner, owner)) {
@@ -678,380 +712,4 @@ done:
     rc = e->code;
   }
   return rc;
-}
-
-/* ---- reads ---- */
-
-/* Parse column i as JSON; text that is not JSON is kept as a string. */
-static cJSON *col_json(sqlite3_stmt *st, int i) {
-  const char *t = (const char *)sqlite3_column_text(st, i);
-  if (!t) return cJSON_CreateNull();
-  cJSON *v = cJSON_Parse(t);
-  return v ? v : cJSON_CreateString(t);
-}
-
-static void add_time(cJSON *o, const char *key, sqlite3_stmt *st, int i) {
-  if (sqlite3_column_type(st, i) == SQLITE_NULL) {
-    cJSON_AddNullToObject(o, key);
-    return;
-  }
-  char ts[40];
-  units_rfc3339(sqlite3_column_int64(st, i), ts, sizeof ts);
-  cJSON_AddStringToObject(o, key, ts);
-}
-
-static void add_text(cJSON *o, const char *key, sqlite3_stmt *st, int i) {
-  const char *t = (const char *)sqlite3_column_text(st, i);
-  if (t) cJSON_AddStringToObject(o, key, t);
-  else cJSON_AddNullToObject(o, key);
-}
-
-/* A run record without steps from a row of RUN_COLS. */
-static cJSON *record_from_stmt(sqlite3_stmt *st) {
-  cJSON *o = cJSON_CreateObject();
-  add_text(o, "id", st, 0);
-  add_text(o, "skill", st, 1);
-  add_text(o, "version", st, 2);
-  add_text(o, "status", st, 3);
-  cJSON_AddItemToObject(o, "trigger", col_json(st, 5));
-  add_text(o, "parent_id", st, 6);
-  cJSON_AddItemToObject(o, "input", col_json(st, 7));
-  cJSON_AddItemToObject(o, "output", col_json(st, 8));
-  cJSON_AddItemToObject(o, "error", col_json(st, 9));
-  add_time(o, "created_at", st, 10);
-  add_time(o, "started_at", st, 11);
-  add_time(o, "ended_at", st, 12);
-  if (sqlite3_column_type(st, 13) != SQLITE_NULL) add_time(o, "deadline_at", st, 13);
-  if (sqlite3_column_type(st, 14) != SQLITE_NULL) add_time(o, "wake_at", st, 14);
-  return o;
-}
-
-/* Attach steps (with attempts and logs) to record o for run id. */
-static int add_steps(store_t *s, cJSON *o, const char *id, err_t *e) {
-  sqlite3_stmt *st = store__prep(s->r,
-    "SELECT seq, id, kind, status, output, error, usage, attempts, started_at, ended_at,"
-    " wake_at, retry_at FROM steps WHERE run_id = ?1 ORDER BY seq", e);
-  sqlite3_stmt *at = store__prep(s->r,
-    "SELECT seq, n, status, error, traceback, started_at, ended_at, retry_at FROM attempts"
-    " WHERE run_id = ?1 ORDER BY seq, n", e);
-  sqlite3_stmt *lg = store__prep(s->r,
-    "SELECT seq, ts, level, msg FROM logs WHERE run_id = ?1 ORDER BY seq, rowid", e);
-  if (!st || !at || !lg) {
-    sqlite3_finalize(st), sqlite3_finalize(at), sqlite3_finalize(lg);
-    return e->code;
-  }
-  store__bind_text(st, 1, id);
-  store__bind_text(at, 1, id);
-  store__bind_text(lg, 1, id);
-  cJSON *steps = cJSON_AddArrayToObject(o, "steps");
-  cJSON *runlogs = cJSON_AddArrayToObject(o, "logs");
-  int arc = sqlite3_step(at), lrc = sqlite3_step(lg);
-  /* Run-level logs come before any step (seq 0). */
-  while (lrc == SQLITE_ROW && sqlite3_column_int(lg, 0) == 0) {
-    cJSON *l = cJSON_CreateObject();
-    add_time(l, "ts", lg, 1);
-    add_text(l, "level", lg, 2);
-    add_text(l, "msg", lg, 3);
-    cJSON_AddItemToArray(runlogs, l);
-    lrc = sqlite3_step(lg);
-  }
-  while (sqlite3_step(st) == SQLITE_ROW) {
-    int seq = sqlite3_column_int(st, 0);
-    cJSON *p = cJSON_CreateObject();
-    cJSON_AddNumberToObject(p, "seq", seq);
-    add_text(p, "id", st, 1);
-    add_text(p, "kind", st, 2);
-    add_text(p, "status", st, 3);
-    cJSON_AddItemToObject(p, "output", col_json(st, 4));
-    add_text(p, "error", st, 5);
-    if (sqlite3_column_type(st, 6) != SQLITE_NULL) cJSON_AddItemToObject(p, "usage", col_json(st, 6));
-    add_time(p, "started_at", st, 8);
-    add_time(p, "ended_at", st, 9);
-    if (sqlite3_column_type(st, 10) != SQLITE_NULL) add_time(p, "wake_at", st, 10);
-    int nattempts = sqlite3_column_int(st, 7);
-    const char *status = (const char *)sqlite3_column_text(st, 3);
-    cJSON *atts = cJSON_AddArrayToObject(p, "attempts");
-    int last_n = 0;
-    int64_t next_start = sqlite3_column_int64(st, 8);
-    while (arc == SQLITE_ROW && sqlite3_column_int(at, 0) < seq) arc = sqlite3_step(at);
-    while (arc == SQLITE_ROW && sqlite3_column_int(at, 0) == seq) {
-      cJSON *a = cJSON_CreateObject();
-      last_n = sqlite3_column_int(at, 1);
-      cJSON_AddNumberToObject(a, "n", last_n);
-      add_text(a, "status", at, 2);
-      add_text(a, "error", at, 3);
-      if (sqlite3_column_type(at, 4) != SQLITE_NULL) add_text(a, "traceback", at, 4);
-      add_time(a, "started_at", at, 5);
-      add_time(a, "ended_at", at, 6);
-      if (sqlite3_column_type(at, 7) != SQLITE_NULL) {
-        add_time(a, "retry_at", at, 7);
-        next_start = sqlite3_column_int64(at, 7);
-      }
-      cJSON_AddItemToArray(atts, a);
-      arc = sqlite3_step(at);
-    }
-    /* The attempt that succeeded, or the one in flight, is implied by the
-    ** step row: it started when the last failed attempt's backoff ended. */
-    const char *kind = (const char *)sqlite3_column_text(st, 2);
-    if (kind && !strcmp(kind, "run") && last_n < nattempts && status &&
-        (!strcmp(status, "completed") || !strcmp(status, "running"))) {
-      cJSON *a = cJSON_CreateObject();
-      char ts[40];
-      cJSON_AddNumberToObject(a, "n", nattempts);
-      cJSON_AddStringToObject(a, "status", status);
-      cJSON_AddNullToObject(a, "error");
-      if (next_start) {
-        units_rfc3339(next_start, ts, sizeof ts);
-        cJSON_AddStringToObject(a, "started_at", ts);
-      } else {
-        cJSON_AddNullToObject(a, "started_at");
-      }
-      add_time(a, "ended_at", st, 9);
-      cJSON_AddItemToArray(atts, a);
-    }
-    cJSON *logs = cJSON_AddArrayToObject(p, "logs");
-    while (lrc == SQLITE_ROW && sqlite3_column_int(lg, 0) < seq) lrc = sqlite3_step(lg);
-    while (lrc == SQLITE_ROW && sqlite3_column_int(lg, 0) == seq) {
-      cJSON *l = cJSON_CreateObject();
-      add_time(l, "ts", lg, 1);
-      add_text(l, "level", lg, 2);
-      add_text(l, "msg", lg, 3);
-      cJSON_AddItemToArray(logs, l);
-      lrc = sqlite3_step(lg);
-    }
-    cJSON_AddItemToArray(steps, p);
-  }
-  sqlite3_finalize(st), sqlite3_finalize(at), sqlite3_finalize(lg);
-  return 0;
-}
-
-/* Attach the run's child runs (invoked by its steps): [{id, skill, status}]. */
-static int add_children(store_t *s, cJSON *o, const char *id, err_t *e) {
-  sqlite3_stmt *st = store__prep(s->r,
-    "SELECT id, skill, status FROM runs WHERE parent_id = ?1 ORDER BY id", e);
-  if (!st) return e->code;
-  store__bind_text(st, 1, id);
-  cJSON *kids = cJSON_AddArrayToObject(o, "children");
-  while (sqlite3_step(st) == SQLITE_ROW) {
-    cJSON *k = cJSON_CreateObject();
-    add_text(k, "id", st, 0);
-    add_text(k, "skill", st, 1);
-    add_text(k, "status", st, 2);
-    cJSON_AddItemToArray(kids, k);
-  }
-  sqlite3_finalize(st);
-  return 0;
-}
-
-int store_get_run(store_t *s, const char *id, int with_steps, cJSON **out, err_t *e) {
-  *out = NULL;
-  sqlite3_stmt *st = store__prep(s->r, "SELECT " RUN_COLS " FROM runs WHERE id = ?1", e);
-  if (!st) return e->code;
-  store__bind_text(st, 1, id);
-  int rc = sqlite3_step(st);
-  if (rc != SQLITE_ROW) {
-    sqlite3_finalize(st);
-    if (rc != SQLITE_DONE) return store__db_err(e, s->r, "reading a run");
-    return err_set(e, ERR_NOTFOUND, "no run with id '%s'", id);
-  }
-  cJSON *o = record_from_stmt(st);
-  sqlite3_finalize(st);
-  /* Read the steps in the same snapshot as the run itself. */
-  if (with_steps && (add_steps(s, o, id, e) || add_children(s, o, id, e))) {
-    cJSON_Delete(o);
-    return e->code;
-  }
-  *out = o;
-  return 0;
-}
-
-int store_get_steps(store_t *s, const char *run_id, cJSON **out, err_t *e) {
-  *out = NULL;
-  sqlite3_stmt *st = store__prep(s->r,
-    "SELECT seq, id, kind, status, output, error, attempts, started_at, ended_at, wake_at,"
-    " retry_at FROM steps WHERE run_id = ?1 ORDER BY seq", e);
-  if (!st) return e->code;
-  store__bind_text(st, 1, run_id);
-  cJSON *arr = cJSON_CreateArray();
-  static const char *const names[] = {"seq", "id", "kind", "status", "output", "error",
-                                      "attempts", "started_at", "ended_at", "wake_at",
-                                      "retry_at"};
-  int rc;
-  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-    cJSON *o = cJSON_CreateObject();
-    for (int i = 0; i < 11; i++) {
-      switch (sqlite3_column_type(st, i)) {
-      case SQLITE_NULL: break;
-      case SQLITE_INTEGER:
-        cJSON_AddNumberToObject(o, names[i], (double)sqlite3_column_int64(st, i));
-        break;
-      default:
-        cJSON_AddStringToObject(o, names[i], (const char *)sqlite3_column_text(st, i));
-      }
-    }
-    cJSON_AddItemToArray(arr, o);
-  }
-  sqlite3_finalize(st);
-  if (rc != SQLITE_DONE) {
-    cJSON_Delete(arr);
-    return store__db_err(e, s->r, "reading steps");
-  }
-  *out = arr;
-  return 0;
-}
-
-/* The WHERE clause of a run filter (parameters ?1 to ?7). */
-static void filter_sql(const struct run_filter *f, char *out, size_t n) {
-  snprintf(out, n, "WHERE 1%s%s%s%s%s%s%s", f->skill ? " AND skill = ?1" : "",
-           f->status ? " AND status = ?2" : "",
-           f->trigger ? " AND json_extract(trigger, '$.kind') = ?3" : "",
-           f->parent_id ? " AND parent_id = ?4" : "", f->since ? " AND created_at >= ?5" : "",
-           f->until ? " AND created_at < ?6" : "", f->before ? " AND id < ?7" : "");
-}
-
-static void filter_bind(sqlite3_stmt *st, const struct run_filter *f) {
-  store__bind_text(st, 1, f->skill);
-  store__bind_text(st, 2, f->status);
-  store__bind_text(st, 3, f->trigger);
-  store__bind_text(st, 4, f->parent_id);
-  sqlite3_bind_int64(st, 5, f->since);
-  sqlite3_bind_int64(st, 6, f->until);
-  store__bind_text(st, 7, f->before);
-}
-
-int store_list_runs(store_t *s, const struct run_filter *f, cJSON **out, err_t *e) {
-  *out = NULL;
-  char where[512], sql[1024];
-  filter_sql(f, where, sizeof where);
-  snprintf(sql, sizeof sql, "SELECT " RUN_COLS " FROM runs %s ORDER BY id DESC LIMIT ?8", where);
-  sqlite3_stmt *st = store__prep(s->r, sql, e);
-  if (!st) return e->code;
-  filter_bind(st, f);
-  sqlite3_bind_int(st, 8, f->limit > 0 ? f->limit : 100);
-  cJSON *arr = cJSON_CreateArray();
-  int rc;
-  while ((rc = sqlite3_step(st)) == SQLITE_ROW) cJSON_AddItemToArray(arr, record_from_stmt(st));
-  sqlite3_finalize(st);
-  if (rc != SQLITE_DONE) {
-    cJSON_Delete(arr);
-    return store__db_err(e, s->r, "listing runs");
-  }
-  *out = arr;
-  return 0;
-}
-
-int store_count_runs(store_t *s, const struct run_filter *f, int64_t *n, err_t *e) {
-  char where[512], sql[700];
-  filter_sql(f, where, sizeof where);
-  snprintf(sql, sizeof sql, "SELECT count(*) FROM runs %s", where);
-  sqlite3_stmt *st = store__prep(s->r, sql, e);
-  if (!st) return e->code;
-  filter_bind(st, f);
-  int rc = sqlite3_step(st) == SQLITE_ROW ? 0 : store__db_err(e, s->r, "counting runs");
-  *n = rc ? 0 : sqlite3_column_int64(st, 0);
-  sqlite3_finalize(st);
-  return rc;
-}
-
-int store_count_by_status(store_t *s, cJSON **out, err_t *e) {
-  sqlite3_stmt *st = store__prep(s->r, "SELECT status, count(*) FROM runs GROUP BY status", e);
-  if (!st) return e->code;
-  cJSON *o = cJSON_CreateObject();
-  static const char *const all[] = {"queued", "running", "sleeping", "waiting",
-                                    "completed", "failed", "cancelled", NULL};
-  for (const char *const *a = all; *a; a++) cJSON_AddNumberToObject(o, *a, 0);
-  while (sqlite3_step(st) == SQLITE_ROW) {
-    const char *k = (const char *)sqlite3_column_text(st, 0);
-    cJSON_ReplaceItemInObject(o, k, cJSON_CreateNumber((double)sqlite3_column_int64(st, 1)));
-  }
-  sqlite3_finalize(st);
-  *out = o;
-  return 0;
-}
-
-int store_get_version(store_t *s, const char *version, char **source, char **skill, char **file,
-                      err_t *e) {
-  sqlite3_stmt *st = store__prep(s->r, "SELECT source, skill, file FROM versions WHERE version = ?1", e);
-  if (!st) return e->code;
-  store__bind_text(st, 1, version);
-  int rc = 0;
-  if (sqlite3_step(st) == SQLITE_ROW) {
-    if (source) *source = col_dup(st, 0);
-    if (skill) *skill = col_dup(st, 1);
-    if (file) *file = col_dup(st, 2);
-  } else {
-    rc = err_set(e, ERR_NOTFOUND, "no skill version '%.12s' in the database", version);
-  }
-  sqlite3_finalize(st);
-  return rc;
-}
-
-/* A skill record from a row of (id, version, file, description, triggers, error). */
-static cJSON *skill_record(store_t *s, sqlite3_stmt *st) {
-  cJSON *o = cJSON_CreateObject();
-  add_text(o, "id", st, 0);
-  add_text(o, "version", st, 1);
-  add_text(o, "file", st, 2);
-  add_text(o, "description", st, 3);
-  const char *trig = (const char *)sqlite3_column_text(st, 4);
-  cJSON *t = trig ? cJSON_Parse(trig) : NULL;
-  cJSON_AddItemToObject(o, "triggers", t ? t : cJSON_CreateArray());
-  cJSON *versions = cJSON_AddArrayToObject(o, "versions");
-  sqlite3_stmt *v = store__prep(s->r,
-    "SELECT version, loaded_at FROM versions WHERE skill = ?1 ORDER BY loaded_at, rowid", NULL);
-  if (v) {
-    store__bind_text(v, 1, (const char *)sqlite3_column_text(st, 0));
-    while (sqlite3_step(v) == SQLITE_ROW) {
-      cJSON *x = cJSON_CreateObject();
-      add_text(x, "version", v, 0);
-      add_time(x, "loaded_at", v, 1);
-      cJSON_AddItemToArray(versions, x);
-    }
-    sqlite3_finalize(v);
-  }
-  cJSON_AddItemToObject(o, "error", col_json(st, 5));
-  return o;
-}
-
-int store_get_skill(store_t *s, const char *id, cJSON **out, err_t *e) {
-  *out = NULL;
-  sqlite3_stmt *st = store__prep(s->r,
-    "SELECT id, version, file, description, triggers, error FROM skills WHERE id = ?1", e);
-  if (!st) return e->code;
-  store__bind_text(st, 1, id);
-  int rc = 0;
-  if (sqlite3_step(st) == SQLITE_ROW) *out = skill_record(s, st);
-  else rc = err_set(e, ERR_NOTFOUND, "no skill '%s' is registered", id);
-  sqlite3_finalize(st);
-  return rc;
-}
-
-int store_list_skills(store_t *s, cJSON **out, err_t *e) {
-  sqlite3_stmt *st = store__prep(s->r,
-    "SELECT id, version, file, description, triggers, error FROM skills ORDER BY id", e);
-  if (!st) return e->code;
-  cJSON *arr = cJSON_CreateArray();
-  while (sqlite3_step(st) == SQLITE_ROW) cJSON_AddItemToArray(arr, skill_record(s, st));
-  sqlite3_finalize(st);
-  *out = arr;
-  return 0;
-}
-
-int store_engine_alive(store_t *s, int64_t now) {
-  sqlite3_stmt *st = store__prep(s->r,
-    "SELECT owner, host, pid, pid_start, expires_at FROM leases WHERE kind = 'serve'", NULL);
-  if (!st) return 0;
-  int alive = 0;
-  while (!alive && sqlite3_step(st) == SQLITE_ROW)
-    alive = !lease_dead(st, proc_hostname(), now);
-  sqlite3_finalize(st);
-  return alive;
-}
-
-int64_t store_data_version(store_t *s) {
-  sqlite3_stmt *st = store__prep(s->r, "PRAGMA data_version", NULL);
-  int64_t v = -1;
-  if (st && sqlite3_step(st) == SQLITE_ROW) v = sqlite3_column_int64(st, 0);
-  sqlite3_finalize(st);
-  return v;
 }

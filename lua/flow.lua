@@ -73,6 +73,14 @@ local function at_path(v, path)
   return v
 end
 
+-- The value at a dotted path in v as JSON text ("null" when there is none):
+-- how a wait's match is compared (testing_driver.lua compares the same way).
+local function json_at(v, path)
+  v = at_path(v, path)
+  return encode(v == nil and null or v, 0)
+end
+M.json_at = json_at
+
 local function check_path(what, p)
   if p ~= nil and (type(p) ~= "string" or not p:match("^[%w_]+[%w_.]*$")) then
     error(what .. ": 'match' must be a path such as \"data.request_id\"", 3)
@@ -94,10 +102,7 @@ run.add_step("wait_for_event", function(id, opts)
   local started = rec and rec.started_at or R.now
   local timeout_at = rec and rec.wake_at or (timeout and started + timeout or 0)
   local match_value
-  if opts.match then
-    local v = at_path(run.event(R), opts.match)
-    match_value = encode(v == nil and null or v, 0)
-  end
+  if opts.match then match_value = json_at(run.event(R), opts.match) end
   local ev, ended = yield(OP.WAIT, seq, sid, opts.event, opts.match, match_value, timeout_at, started)
   R.now = ended or R.now
   return ev and decode(ev) or nil

@@ -21,9 +21,9 @@
 -- Budgets. Skill code is stopped past its time or memory budget (lrt.c);
 -- a C function runs out of the hook's sight, so the ones that can run long
 -- on small input are replaced: string.find/match/gmatch/gsub check the time
--- budget as they go (lrt.c), string.rep checks the memory budget first,
--- and a large table.sort compares in (hooked) Lua. tostring always returns
--- a string. pcall/xpcall cannot catch a kill.
+-- budget as they go (lrt_pattern.c), string.rep checks the memory budget
+-- first, and a large table.sort compares in (hooked) Lua. tostring always
+-- returns a string. pcall/xpcall cannot catch a kill.
 
 local core = ...
 local M = {}

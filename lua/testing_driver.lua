@@ -1,0 +1,662 @@
+-- testing_driver.lua: the driver of skill tests (`moonloop test`): it runs
+-- the skill under test for a case (testing.lua's c:run) on a virtual clock
+-- and answers what the run yields.
+--
+-- The run under test is the production one: the skill file is loaded by
+-- loader.load (the real sandbox and validation) and its run coroutine is
+-- made by run.new, so step.run, retries, JSON rules, replay checks and
+-- every flow step are the engine's own code. Only the other side of the
+-- yields is different: where the engine's scheduler (run.c, run_flow.c)
+-- does the durable part of an op, this driver interprets it:
+--
+--   COMMIT, RETRY, FAIL   recorded in the case's step records; a retry
+--                         waits its backoff on the virtual clock
+--   BACKOFF, DELAY        wait on the virtual clock
+--   HTTP                  answered by the case's http/llm mocks, or
+--                         refused: "GET http://... is not mocked"
+--   SLEEP                 the virtual clock jumps to the wake time
+--   WAIT                  the first supplied event that matches (c:event),
+--                         delivered at its time, or nil at the timeout
+--   INVOKE                the case's child mock for that skill (c:child)
+--   SEND                  recorded (c:sent) and added to the case's events
+--   PARALLEL              the children run as tasks of this driver
+--
+-- Tasks (the run's main coroutine and step.parallel's children) wait in a
+-- queue ordered by virtual time, then by arrival; the driver takes the
+-- earliest, sets the clock to its time and resumes it. So sleeps, backoffs
+-- and timeouts pass at once and in order, and time.now() (core.now,
+-- replaced by skilltest.c) reads the virtual clock. The run's own timeout
+-- (the skill's `timeout`) and its cancel_on events apply on that clock.
+--
+-- Mocks by step id replace the body before step.run runs it: run.step.run
+-- and run.step.parallel are wrapped (in this process only) to swap in the
+-- mock's body, then tail-call the real function, so the mocked result goes
+-- through the same encode/decode and retry code as a real one.
+--
+-- Budgets: the driver is a coroutine resumed by skilltest.c with
+-- lrt_resume; it yields back after each resume of skill code (tick), so
+-- every slice of skill code has the engine's time and memory budget.
+--
+-- When a run ends, everything it did is journaled into the throwaway
+-- store (skilltest.c's test_journal/test_commit), so `moonloop trace RUN
+-- --db THAT.db` shows it as it would show a production run.
+--
+-- Invariants: only the earliest task of the queue is resumed, and the
+-- clock is set to its time first; a run ends (st.done) when its main
+-- coroutine returns or fails, when it times out or is cancelled, when it
+-- waits with nothing left to wake it, or after MAX_RESUMES resumes, so an
+-- endless loop in skill code cannot hang `moonloop test`.
+
+local core = ...
+local run = require("run")
+local flow = require("flow")
+local report = require("testing_report")
+
+local M = {}
+
+local OP = core.OP
+local encode, decode, null = core.encode, core.decode, core.json.null
+local resume, yield = coroutine.resume, coroutine.yield
+local co_status = coroutine.status
+local type, tostring, error, pairs, ipairs, select = type, tostring, error, pairs, ipairs, select
+local getmetatable, pcall = getmetatable, pcall
+local floor, max = math.floor, math.max
+local sort, remove = table.sort, table.remove
+local json_at = flow.json_at
+local cur, failure_mt = report.cur, report.failure_mt
+local failf, message_of, duration_ms = report.failf, report.message_of, report.duration_ms
+
+local TC = core.test_config
+local MAX_RESUMES = 20000           -- resumes of one run before it counts as endless
+
+-- The virtual clock ---------------------------------------------------------
+
+local clock = 0
+
+-- Set the virtual clock (here and for core.now).
+local function set_clock(ms)
+  clock = ms
+  core.test_clock(ms)
+end
+
+-- os.time() and os.date() without a time read the virtual clock too (the
+-- sandbox copies them from here when it builds an environment).
+do
+  local real_time, real_date = os.time, os.date
+  os.time = function(t)
+    if t == nil then return floor(core.now() / 1000) end
+    return real_time(t)
+  end
+  os.date = function(fmt, t)
+    if t == nil then t = floor(core.now() / 1000) end
+    return real_date(fmt, t)
+  end
+end
+
+-- ms since the epoch as RFC 3339 text in UTC, with milliseconds.
+local function rfc3339(ms)
+  local s = floor(ms / 1000)
+  return os.date("!%Y-%m-%dT%H:%M:%S", s) .. (".%03dZ"):format(ms - s * 1000)
+end
+
+-- The values ... as a list with its length in n (nils kept).
+local function pack(...) return { n = select("#", ...), ... } end
+
+-- Skill code under test ------------------------------------------------------
+
+-- The run state of the running skill coroutine (set in run.new's info).
+local function current_st()
+  local R = run.current()
+  return R and R.test
+end
+
+-- The id the next step named id gets in run R: id, then "id#2", ...
+local function numbered(R, id)
+  local n = (R.ids[id] or 0) + 1
+  return n == 1 and id or (id .. "#" .. n)
+end
+
+-- The mock body for the step sid (its numbered id) or id, or nil.
+local function mock_body(st, sid, id)
+  local m = st.C.mocks[sid] or st.C.mocks[id]
+  if not m then return nil end
+  m.used = true
+  if m.kind == "value" then
+    return function() return m.value end
+  elseif m.kind == "error" then
+    return function() error(m.fatal and run.fatal(m.message) or m.message, 0) end
+  end
+  return function()
+    local T = run.current_task()
+    return m.fn(T.attempt, T.in_step)
+  end
+end
+
+-- step.run and step.parallel with mocks: swap the body, then tail-call the
+-- engine's function (a tail call, so its errors still name the skill's line).
+do
+  local real_run, real_parallel = run.step.run, run.step.parallel
+  run.step.run = function(id, fn, opts)
+    local st = current_st()
+    if st and type(id) == "string" and type(fn) == "function" then
+      fn = mock_body(st, numbered(run.current(), id), id) or fn
+    end
+    return real_run(id, fn, opts)
+  end
+  run.step.parallel = function(id, fns, opts)
+    local st = current_st()
+    if st and type(id) == "string" and type(fns) == "table" then
+      local sid, copy = numbered(run.current(), id), nil
+      for i = 1, #fns do
+        local m = mock_body(st, sid .. "/" .. i, id .. "/" .. i)
+        if m then
+          copy = copy or { unpack(fns) }
+          copy[i] = m
+        end
+      end
+      fns = copy or fns
+    end
+    return real_parallel(id, fns, opts)
+  end
+end
+
+-- The run context's core functions, for a process without a scheduler:
+-- logs are kept in the run's state; a step's timeout and LLM usage in its
+-- task.
+core.log = function(level, msg, seq)
+  local st = current_st()
+  if st then
+    st.logs[#st.logs + 1] = { seq = seq or 0, ts = clock, level = level, msg = msg }
+  else
+    io.stderr:write(("[%s] %s\n"):format(tostring(level), tostring(msg)))
+  end
+end
+-- A step attempt begins: its timeout counts from now on the virtual clock.
+core.step_begin = function(seq, sid, n, timeout_ms, started)
+  local T = run.current_task()
+  if not T then return end
+  T.test_timeout = (timeout_ms and timeout_ms > 0) and timeout_ms or nil
+  T.test_deadline = T.test_timeout and (core.now() + timeout_ms) or nil
+  if (n or 1) <= 1 then T.test_usage = nil end
+end
+-- A step attempt ended: no timeout any more.
+core.step_end = function()
+  local T = run.current_task()
+  if T then T.test_deadline = nil end
+end
+-- Tests are hermetic: the modules that read or change the engine itself
+-- (runs.*, skills.list/get/deploy) answer with an error that says to mock
+-- the step; skills.check, which is pure, works.
+for _, name in ipairs({ "runs_list", "runs_get", "skills_list", "skills_get", "skills_deploy" }) do
+  local what = name:gsub("_", ".", 1)
+  core[name] = function()
+    local T = run.current_task()
+    local sid = T and T.in_step
+    return nil, ("%s is not available in skill tests: mock the step%s with c:mock"):format(what,
+      sid and (" '" .. sid .. "'") or "")
+  end
+end
+
+-- Backoffs have no jitter in tests, so virtual times are exact: retry n of
+-- a step waits backoff * 2^(n-1) (capped), every time.
+core.random = function() return 1 end
+-- LLM usage of the running step (llm.chat), summed over its attempts.
+core.step_usage = function(p, c, t)
+  local T = run.current_task()
+  if not T then return end
+  local u = T.test_usage or { prompt_tokens = 0, completion_tokens = 0, total_tokens = 0, calls = 0 }
+  u.prompt_tokens = u.prompt_tokens + (tonumber(p) or 0)
+  u.completion_tokens = u.completion_tokens + (tonumber(c) or 0)
+  u.total_tokens = u.total_tokens + (tonumber(t) or 0)
+  u.calls = u.calls + 1
+  T.test_usage = u
+end
+
+-- The driver ----------------------------------------------------------------
+
+-- Queue task co to be resumed at virtual time `at` with args (or with
+-- what fn returns then, for an answer that must be made at that time).
+local function push(st, co, at, args, fn)
+  st.qn = st.qn + 1
+  st.queue[#st.queue + 1] = { co = co, at = at, args = args, fn = fn, n = st.qn }
+end
+
+-- Take the earliest task from the queue (ties: the first queued), or nil.
+local function pop(st)
+  local best, bi
+  for i, e in ipairs(st.queue) do
+    if not best or e.at < best.at or (e.at == best.at and e.n < best.n) then best, bi = e, i end
+  end
+  if bi then remove(st.queue, bi) end
+  return best
+end
+
+local NONE = { n = 0 } -- resume with no values
+
+-- The record of step seq in the run, made when missing.
+local function step_rec(st, seq, id, kind)
+  local s = st.steps[seq]
+  if not s then
+    s = { seq = seq, id = id, kind = kind, attempts = 0, failures = {} }
+    st.steps[seq] = s
+  end
+  return s
+end
+
+-- A supplied event as a wait step sees it: {name, id, data, ts}.
+local function event_object(ev)
+  return { name = ev.name, id = ev.id, data = ev.data == nil and null or ev.data, ts = rfc3339(ev.ts) }
+end
+
+-- The first supplied event for a wait of this run: name, time, match.
+local function find_event(st, name, path, value, upto)
+  local best
+  for _, ev in ipairs(st.C.events) do
+    if ev.name == name and not ev.taken[st.run_id] and ev.ts >= st.started
+      and (upto == 0 or ev.ts <= upto)
+      and (not path or json_at(event_object(ev), path) == value)
+      and (not best or ev.ts < best.ts) then
+      best = ev
+    end
+  end
+  return best
+end
+
+-- The earliest event of the skill's cancel_on that arrives by `upto`.
+local function find_cancel(st, upto)
+  local list = st.spec.cancel_on
+  if not list then return nil end
+  local best
+  for _, ev in ipairs(st.C.events) do
+    if ev.ts >= st.started and ev.ts <= upto and (not best or ev.ts < best.ts) then
+      for _, c in ipairs(list) do
+        if c.event == ev.name then
+          local ok = true
+          if c.match then
+            local path = c.match:gsub("^event%.", "")
+            ok = json_at(event_object(ev), path) == json_at(st.event, path)
+          end
+          if ok then best = ev break end
+        end
+      end
+    end
+  end
+  return best
+end
+
+-- The case's http mock for a request: the last one added that matches.
+local function find_http(C, method, url)
+  for i = #C.http, 1, -1 do
+    local m = C.http[i]
+    if (not m.method or m.method == method) and url:find(m.url, 1, true) then return m end
+  end
+end
+
+-- A mock's response as the HTTP op answers: {status, body, headers}, or nil, message.
+local function http_response(resp)
+  if type(resp) ~= "table" then
+    return nil, nil, ("an http mock must answer a table {status=, body= or json=, headers=}, got %s"):format(type(resp))
+  end
+  if resp.error ~= nil then return nil, nil, tostring(resp.error) end
+  local headers = {}
+  if type(resp.headers) == "table" then
+    for k, v in pairs(resp.headers) do headers[tostring(k):lower()] = tostring(v) end
+  end
+  local body = resp.body
+  if resp.json ~= nil then
+    local err
+    body, err = encode(resp.json, 0)
+    if not body then return nil, nil, "http mock: json is not a JSON value: " .. err end
+    headers["content-type"] = headers["content-type"] or "application/json"
+  end
+  if body ~= nil and type(body) ~= "string" then body = encode(body, 0) or tostring(body) end
+  local status = resp.status or 200
+  if type(status) ~= "number" then return nil, nil, "http mock: status must be a number" end
+  return { status = status, body = body or "", headers = headers }, duration_ms(resp.delay, "http mock: delay")
+end
+
+-- The HTTP op: record the request and queue the mock's answer (after its
+-- delay, or the step's timeout), or an error when nothing mocks it.
+local function handle_http(st, co, T, req)
+  local C = st.C
+  local method = tostring(req.method or "GET"):upper()
+  local url = tostring(req.url)
+  local rec = { method = method, url = url, headers = req.headers or {}, body = req.body,
+                step = T and T.in_step }
+  if type(req.body) == "string" then
+    local ok, v = pcall(decode, req.body)
+    if ok then rec.json = v end
+  end
+  st.requests[#st.requests + 1] = rec
+  local m = find_http(C, method, url)
+  if not m then
+    local msg = ("%s %s is not mocked in this test: mock the step '%s' with c:mock, or the request with c:http(%s, response)")
+      :format(method, url, tostring(rec.step), encode(method .. " " .. url, 0))
+    C.unmocked[#C.unmocked + 1] = method .. " " .. url
+    push(st, co, clock, pack(nil, msg))
+    return
+  end
+  m.n = m.n + 1
+  local resp, delay, err = m.resp, 0, nil
+  if type(resp) == "function" then
+    local ok, v = pcall(resp, rec, m.n)
+    if getmetatable(v) == failure_mt then error(v, 0) end
+    if not ok then
+      resp, err = nil, message_of(v)
+    else
+      resp = v
+    end
+  end
+  if resp ~= nil then resp, delay, err = http_response(resp) end
+  if not resp and not err then err = "http mock gave no response" end
+  local at = clock + (delay or 0)
+  local dl = T and T.test_deadline
+  if dl and at > dl then
+    push(st, co, dl, pack(nil, ("step '%s' timed out after %s"):format(tostring(T.in_step),
+      core.test_fmt_duration(T.test_timeout))))
+    return
+  end
+  if resp then push(st, co, at, pack(resp)) else push(st, co, at, pack(nil, err)) end
+end
+
+-- The INVOKE op: answer with the case's child mock for the skill (after its
+-- `after`, or nil at the step's timeout), or fail the step if none.
+local function handle_invoke(st, co, seq, id, skill, data, timeout_at, started)
+  local s = step_rec(st, seq, id, "invoke")
+  s.status, s.started_at, s.attempts = "waiting", started, 1
+  local input = decode(data)
+  if input == null then input = nil end
+  st.invoked[#st.invoked + 1] = { skill = skill, data = input, step = id }
+  local m = st.C.children[skill]
+  if not m then
+    local msg = ("child skill '%s' is not mocked in this test: add c:child(%s, output)"):format(skill, encode(skill, 0))
+    s.status, s.error, s.ended_at = "failed", msg, clock
+    push(st, co, clock, pack(nil, clock, msg))
+    return
+  end
+  m.n = m.n + 1
+  local status, output, err = "completed", m.value, nil
+  if m.error then
+    status, err = "failed", { message = m.error }
+  elseif m.fn then
+    local ok, v = pcall(m.fn, input, m.n)
+    if getmetatable(v) == failure_mt then error(v, 0) end
+    if ok then output = v else status, err = "failed", { message = message_of(v) } end
+  end
+  local outcome = encode({ run_id = core.test_ulid(clock), status = status,
+    output = output == nil and null or output, error = err or null }, 0)
+  if not outcome then failf("c:child(%s): the output is not a JSON value", encode(skill, 0)) end
+  local at = clock + (m.after or 0)
+  if timeout_at > 0 and at > timeout_at then
+    push(st, co, timeout_at, nil, function()
+      s.status, s.output, s.ended_at = "completed", "null", clock
+      return nil, clock
+    end)
+    return
+  end
+  push(st, co, at, nil, function()
+    s.status, s.output, s.ended_at = "completed", outcome, clock
+    return outcome, clock
+  end)
+end
+
+-- Interpret the op task co yielded (r: resume's results, r[2] the op):
+-- record it, and queue the task with the op's answer (see the table above).
+local function handle_op(st, co, r)
+  local op = r[2]
+  local T = run.tasks[co]
+  if op == OP.COMMIT then
+    local s = step_rec(st, r[3], r[4], r[5])
+    s.status, s.output, s.attempts, s.started_at, s.ended_at = "completed", r[6], r[7], r[8], r[9]
+    s.retry_at = nil
+    s.usage = T and T.test_usage
+    push(st, co, clock, NONE)
+  elseif op == OP.RETRY then
+    local seq, id, n, msg, tb, t0, delay, started = r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10]
+    local s = step_rec(st, seq, id, "run")
+    s.status, s.attempts, s.started_at, s.retry_at = "running", n, started, clock + delay
+    s.failures[#s.failures + 1] = { n = n, error = msg, traceback = tb, started_at = t0, ended_at = clock,
+                                   retry_at = clock + delay }
+    push(st, co, clock + delay, NONE)
+  elseif op == OP.FAIL then
+    local seq, id, kind, n, msg, tb, t0, ended, started = r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11]
+    local s = step_rec(st, seq, id, kind)
+    s.status, s.error, s.attempts, s.started_at, s.ended_at, s.retry_at = "failed", msg, n, started, ended, nil
+    s.failures[#s.failures + 1] = { n = n, error = msg, traceback = tb, started_at = t0, ended_at = ended }
+    s.usage = T and T.test_usage
+    push(st, co, clock, NONE)
+  elseif op == OP.BACKOFF then
+    push(st, co, max(clock, r[4] or clock), NONE)
+  elseif op == OP.DELAY then
+    push(st, co, clock + max(0, r[3] or 0), NONE)
+  elseif op == OP.HTTP then
+    handle_http(st, co, T, r[3])
+  elseif op == OP.SLEEP then
+    local s = step_rec(st, r[3], r[4], "sleep")
+    s.status, s.started_at, s.wake_at, s.attempts = "sleeping", r[6], r[5], 1
+    push(st, co, max(clock, r[5]), nil, function()
+      s.status, s.ended_at, s.wake_at = "completed", clock, nil
+      return clock
+    end)
+  elseif op == OP.WAIT then
+    local seq, id, name, path, value, timeout_at, started = r[3], r[4], r[5], r[6], r[7], r[8], r[9]
+    local s = step_rec(st, seq, id, "wait")
+    s.status, s.started_at, s.attempts = "waiting", started, 1
+    s.wake_at = timeout_at > 0 and timeout_at or nil
+    local ev = find_event(st, name, path, value, timeout_at)
+    if ev then
+      ev.taken[st.run_id] = true
+      push(st, co, max(clock, ev.ts), nil, function()
+        local js = encode(event_object(ev), 0)
+        s.status, s.output, s.ended_at, s.wake_at = "completed", js, clock, nil
+        return js, clock
+      end)
+    elseif timeout_at > 0 then
+      push(st, co, max(clock, timeout_at), nil, function()
+        s.status, s.output, s.ended_at, s.wake_at = "completed", "null", clock, nil
+        return nil, clock
+      end)
+    else
+      st.stuck = ("the run waits for event '%s' (step '%s') with no timeout, and the test supplied none that matches: add c:event(%s, data)")
+        :format(name, id, encode(name, 0))
+    end
+  elseif op == OP.INVOKE then
+    handle_invoke(st, co, r[3], r[4], r[5], r[6], r[7], r[8])
+  elseif op == OP.SEND then
+    local s = step_rec(st, r[3], r[4], "send")
+    local list, ids = decode(r[5]), {}
+    for i, ev in ipairs(list) do
+      local eid = core.test_ulid(clock)
+      ids[i] = eid
+      local data = ev.data
+      if data == null then data = nil end
+      st.sent[#st.sent + 1] = { name = ev.name, data = data, id = eid, key = ev.id, step = r[4] }
+      st.C.events[#st.C.events + 1] = { name = ev.name, data = data, id = eid, ts = clock, taken = {} }
+    end
+    local js = encode(core.json.array(ids), 0)
+    s.status, s.output, s.attempts, s.started_at, s.ended_at = "completed", js, 1, r[6], clock
+    push(st, co, clock, pack(js, clock))
+  elseif op == OP.PARALLEL then
+    local seq, id, started = r[3], r[4], r[5]
+    local s = step_rec(st, seq, id, "parallel")
+    s.status, s.started_at, s.attempts = "running", started, 1
+    local group = { parent = co, left = r.n - 5, results = {} }
+    for i = 1, group.left do
+      local kid = r[5 + i]
+      st.kids[kid] = { group = group, i = i }
+      push(st, kid, clock, NONE)
+    end
+  else
+    error(("internal: the skill yielded an op this driver does not know (%s)"):format(tostring(op)), 0)
+  end
+end
+
+-- Journal what a run did into the throwaway store (as the engine would
+-- have, ending with its final state).
+local function journal_run(st)
+  local J = core.test_journal
+  local skill = st.suite
+  local recorded = cur.file.recorded
+  if not recorded[skill.version] then
+    recorded[skill.version] = true
+    J("version", { version = skill.version, skill = st.spec.id, source = skill.src, file = skill.file,
+                   loaded_at = st.started })
+    J("skill", { id = st.spec.id, version = skill.version, file = skill.file,
+                 description = st.spec.description,
+                 triggers = encode(core.json.array(st.spec.triggers or {}), 0), updated_at = st.started })
+  end
+  J("run_new", { id = st.run_id, skill = st.spec.id, version = skill.version, status = "running",
+                 entry = st.entry, trigger = st.trigger, input = st.input,
+                 created_at = st.started, started_at = st.started })
+  for _, seq in ipairs(st.seqs) do
+    local s = st.steps[seq]
+    for _, a in ipairs(s.failures) do
+      J("attempt", { run_id = st.run_id, seq = seq, n = a.n, status = "failed", error = a.error,
+                     traceback = a.traceback, started_at = a.started_at, ended_at = a.ended_at,
+                     retry_at = a.retry_at })
+    end
+    J("step", { run_id = st.run_id, seq = seq, id = s.id, kind = s.kind, status = s.status,
+                output = s.output, error = s.error, usage = s.usage and encode(s.usage, 0),
+                attempts = s.attempts, started_at = s.started_at, ended_at = s.ended_at,
+                wake_at = s.wake_at, retry_at = s.retry_at })
+  end
+  for _, l in ipairs(st.logs) do
+    J("log", { run_id = st.run_id, seq = l.seq, ts = l.ts, level = l.level, msg = l.msg })
+  end
+  local terminal = st.status == "completed" or st.status == "failed" or st.status == "cancelled"
+  J("run_set", { run_id = st.run_id, status = st.status, output = st.output_json, error = st.error_json,
+                 ended_at = terminal and st.ended or 0 })
+end
+
+-- End the run with its status, output and error (JSON text).
+local function finish(st, status, output_json, error_json)
+  st.done, st.status, st.ended = true, status, clock
+  st.output_json, st.error_json = output_json, error_json
+  if output_json then
+    local v = decode(output_json)
+    if v ~= null then st.output = v end
+  end
+  if error_json then
+    local e = decode(error_json)
+    st.error = type(e) == "table" and e or { message = tostring(e) }
+  end
+  local seqs = {}
+  for seq in pairs(st.steps) do seqs[#seqs + 1] = seq end
+  sort(seqs)
+  st.seqs = seqs
+  st.queue = {}
+end
+
+-- End the run with status and an error message.
+local function fail_run(st, status, message)
+  finish(st, status, nil, encode({ message = message }, 0))
+end
+
+-- A child of step.parallel ended: once all have, resume the parent.
+local function child_done(st, kid, ok, value)
+  local k = st.kids[kid]
+  if not k then return end
+  st.kids[kid] = nil
+  local g = k.group
+  g.results[k.i] = { ok = ok and true or false, value = value or "null" }
+  g.left = g.left - 1
+  if g.left == 0 then push(st, g.parent, clock, pack(g.results)) end
+end
+
+-- Resume one task with args and deal with what it yields or returns.
+local function step_once(st, co, args)
+  local C = st.C
+  yield() -- a tick: skilltest.c starts a fresh budget for the next slice
+  st.resumes = st.resumes + 1
+  local r = pack(resume(co, unpack(args, 1, args.n or #args)))
+  local kill = core.kill_reason()
+  if C.pending then error(C.pending, 0) end
+  if kill then
+    -- Skill code ran past its budget: as in the engine, that is final for
+    -- the run. Record the step it failed (if any), then end the run.
+    local msg = kill
+    if r[1] and co_status(co) ~= "dead" and r[2] == OP.FAIL then
+      handle_op(st, co, r)
+      msg = ("step '%s' failed: %s"):format(tostring(r[4]), tostring(r[7]))
+    elseif r[1] and co_status(co) == "dead" and not r[2] then
+      local ok, e = pcall(decode, r[3])
+      msg = ok and type(e) == "table" and e.message or msg
+    end
+    fail_run(st, "failed", msg)
+    return
+  end
+  if not r[1] then
+    local msg = message_of(r[2])
+    if co == st.main then fail_run(st, "failed", msg) else child_done(st, co, false, encode({ message = msg }, 0)) end
+    return
+  end
+  if co_status(co) == "dead" then
+    if co == st.main then
+      if r[2] then finish(st, "completed", r[3] or "null", nil) else finish(st, "failed", nil, r[3]) end
+    else
+      child_done(st, co, r[2], r[3])
+    end
+    return
+  end
+  handle_op(st, co, r)
+end
+
+-- Run one run of the suite's skill to its end (or until it parks for good).
+local function exec(C, suite, def, spec, how)
+  local started = clock
+  local run_id = core.test_ulid(started)
+  local st = {
+    C = C, suite = suite, spec = spec, run_id = run_id, entry = how.entry, trigger = how.trigger,
+    input = how.input, event = how.event, started = started, steps = {}, logs = {}, requests = {},
+    sent = {}, invoked = {}, kids = {}, queue = {}, qn = 0, resumes = 0, status = "running",
+  }
+  local cfg = {
+    skill = spec.id, version = suite.version, retries = spec.retries or TC.retries,
+    backoff_ms = spec.backoff_ms or TC.backoff_ms, backoff_max_ms = TC.backoff_max_ms,
+    output_limit = TC.output_limit,
+  }
+  local info = { run_id = run_id, entry = how.entry, started_at = started, cfg = cfg,
+                 trigger = how.trigger, input = how.input, test = st }
+  st.main = run.new(info, def, nil)
+  push(st, st.main, started, NONE)
+  local deadline = spec.timeout_ms and started + spec.timeout_ms
+  while not st.done do
+    local e = pop(st)
+    if not e then
+      fail_run(st, "waiting", st.stuck or "internal: the run has nothing left to do but did not end")
+      break
+    end
+    if e.at > clock then
+      local cancel = find_cancel(st, e.at)
+      if deadline and e.at > deadline and not (cancel and cancel.ts <= deadline) then
+        set_clock(deadline)
+        fail_run(st, "failed", ("the run timed out after %s (its timeout)"):format(core.test_fmt_duration(spec.timeout_ms)))
+        break
+      end
+      if cancel then
+        set_clock(max(clock, cancel.ts))
+        fail_run(st, "cancelled", ("cancelled by event %s (%s)"):format(cancel.name, cancel.id))
+        break
+      end
+      set_clock(e.at)
+    end
+    if st.resumes >= MAX_RESUMES then
+      fail_run(st, "failed", ("the run did not end after %d resumes (an endless loop?)"):format(MAX_RESUMES))
+      break
+    end
+    local args = e.args
+    if e.fn then args = pack(e.fn()) end
+    step_once(st, e.co, args)
+  end
+  journal_run(st)
+  local ok, err = core.test_commit()
+  if not ok then error("recording the run in the test database: " .. tostring(err), 0) end
+  return st
+end
+
+M.exec, M.set_clock, M.rfc3339 = exec, set_clock, rfc3339
+
+-- The virtual clock now (ms since the epoch).
+function M.now() return clock end
+
+return M
