@@ -31,12 +31,20 @@ enum {
   "id, skill, version, status, entry, trigger, parent_id, input, output, error," \
   " created_at, started_at, ended_at, deadline_at, wake_at, owner"
 
+#define STORE_CACHED_STMTS 32
+
 struct store {
   sqlite3 *w, *r;
   sqlite3_stmt *ws[W_COUNT];
   sqlite3_stmt *fs[STORE_FLOW_STMTS]; /* store_flow.c's, prepared on first use */
+  /* the writer's statements from static SQL texts, by the text's address */
+  struct { const char *sql; sqlite3_stmt *st; } cache[STORE_CACHED_STMTS];
   char *path;
 };
+
+/* The writer's prepared statement for a static SQL text (its address is
+** the key), reset and ready to bind; prepared on first use. */
+sqlite3_stmt *store__cached(store_t *s, const char *sql, err_t *e);
 
 #define store_db_err store__db_err
 int store__db_err(err_t *e, sqlite3 *db, const char *what);

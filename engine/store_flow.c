@@ -485,7 +485,7 @@ int store__run_ended(store_t *s, const char *run_id, err_t *e) {
 /* Start the runs of skills triggered by this event. */
 static int trigger_runs(store_t *s, const char *ej, const char *name, const char *data,
                         int64_t now, int *runs, err_t *e) {
-  sqlite3_stmt *st = store__prep(s->w,
+  sqlite3_stmt *st = store__cached(s,
     "SELECT DISTINCT s.id, s.version FROM skills s, json_each(s.triggers) t"
     " WHERE s.version IS NOT NULL AND json_extract(t.value, '$.event') = ?1", e);
   if (!st) return e->code;
@@ -507,7 +507,7 @@ static int trigger_runs(store_t *s, const char *ej, const char *name, const char
     err = store__put_run(s, &r, "starting a triggered run", e);
     if (!err) (*runs)++;
   }
-  sqlite3_finalize(st);
+  sqlite3_reset(st);
   free(tj);
   return err;
 }
@@ -515,7 +515,7 @@ static int trigger_runs(store_t *s, const char *ej, const char *name, const char
 /* Deliver the event to the pending waits on its name that it matches. */
 static int deliver_event(store_t *s, const char *id, const char *name, const char *ej,
                          int64_t ts, int64_t now, err_t *e) {
-  sqlite3_stmt *st = store__prep(s->w,
+  sqlite3_stmt *st = store__cached(s,
     "SELECT run_id, seq, kind, match_path, match_value FROM waits"
     " WHERE kind IN ('event', 'cancel') AND name = ?1 AND result IS NULL AND since <= ?2"
     " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.run_id = waits.run_id"
@@ -531,11 +531,10 @@ static int deliver_event(store_t *s, const char *id, const char *name, const cha
       continue;
     const char *run_id = (const char *)sqlite3_column_text(st, 0);
     int seq = sqlite3_column_int(st, 1);
-    sqlite3_stmt *u = store__prep(s->w,
+    sqlite3_stmt *u = store__cached(s,
       "UPDATE waits SET result = ?3, delivered_at = ?4 WHERE run_id = ?1 AND seq = ?2", e);
     sqlite3_stmt *d = fst(s, F_DELIVERY_INSERT, e);
     if (!u || !d) {
-      sqlite3_finalize(u);
       err = e->code;
       break;
     }
@@ -544,7 +543,7 @@ static int deliver_event(store_t *s, const char *id, const char *name, const cha
     store__bind_text(u, 3, ej);
     sqlite3_bind_int64(u, 4, now);
     int rc = sqlite3_step(u);
-    sqlite3_finalize(u);
+    sqlite3_reset(u);
     if (rc != SQLITE_DONE) err = store__db_err(e, s->w, "delivering an event");
     if (!err) {
       store__bind_text(d, 1, run_id);
@@ -555,7 +554,7 @@ static int deliver_event(store_t *s, const char *id, const char *name, const cha
     if (!err && !strcmp((const char *)sqlite3_column_text(st, 2), "cancel"))
       err = flag_cancel(s, run_id, ej, e);
   }
-  sqlite3_finalize(st);
+  sqlite3_reset(st);
   return err;
 }
 
@@ -581,12 +580,12 @@ int store_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e) {
     if (!err) err = deliver_event(s, id, name, ej, ts, now, e);
     free(ej);
     if (!err) {
-      sqlite3_stmt *u = store__prep(s->w, "UPDATE events SET dispatched = 1 WHERE id = ?1", e);
+      sqlite3_stmt *u = store__cached(s, "UPDATE events SET dispatched = 1 WHERE id = ?1", e);
       if (!u) err = e->code;
       else {
         store__bind_text(u, 1, id);
         if (sqlite3_step(u) != SQLITE_DONE) err = store__db_err(e, s->w, "dispatching an event");
-        sqlite3_finalize(u);
+        sqlite3_reset(u);
       }
     }
     n++;

@@ -283,6 +283,7 @@ void store_close(store_t *s) {
   if (!s) return;
   for (int i = 0; i < W_COUNT; i++) sqlite3_finalize(s->ws[i]);
   store__flow_close(s);
+  for (int i = 0; i < STORE_CACHED_STMTS; i++) sqlite3_finalize(s->cache[i].st);
   sqlite3_close(s->w);
   sqlite3_close(s->r);
   free(s->path);
@@ -326,14 +327,36 @@ int store__is_terminal(const char *status) {
 
 /* Run each of the n statements of sql on the writer, in order, with ?1
 ** bound to arg; stops at the first failure (what names it). */
+sqlite3_stmt *store__cached(store_t *s, const char *sql, err_t *e) {
+  int i = 0;
+  for (; i < STORE_CACHED_STMTS && s->cache[i].sql; i++)
+    if (s->cache[i].sql == sql) {
+      sqlite3_reset(s->cache[i].st);
+      sqlite3_clear_bindings(s->cache[i].st);
+      return s->cache[i].st;
+    }
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v3(s->w, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, NULL) != SQLITE_OK) {
+    store__db_err(e, s->w, "preparing a statement");
+    return NULL;
+  }
+  if (i < STORE_CACHED_STMTS) {
+    s->cache[i].sql = sql;
+    s->cache[i].st = st;
+  }
+  /* A full cache only happens if someone passes non-static SQL: then the
+  ** statement leaks no more than one per call site ever seen. */
+  return st;
+}
+
 int store__exec_bound(store_t *s, const char *const *sql, size_t n, const char *arg,
                       const char *what, err_t *e) {
   for (size_t i = 0; i < n; i++) {
-    sqlite3_stmt *st = store__prep(s->w, sql[i], e);
+    sqlite3_stmt *st = store__cached(s, sql[i], e);
     if (!st) return e->code;
     store__bind_text(st, 1, arg);
     int rc = sqlite3_step(st);
-    sqlite3_finalize(st);
+    sqlite3_reset(st);
     if (rc != SQLITE_DONE) return store__db_err(e, s->w, what);
   }
   return 0;
