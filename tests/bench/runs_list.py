@@ -16,7 +16,7 @@ import tempfile
 import time
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 100000
-BIN = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.path.dirname(__file__), "..", "..", "build", "moonloop")
+BIN = os.path.abspath(sys.argv[2]) if len(sys.argv) > 2 else os.path.join(os.path.dirname(__file__), "..", "..", "build", "moonloop")
 
 d = tempfile.mkdtemp(prefix="ml-runs-bench-")
 db = os.path.join(d, "moonloop.db")
