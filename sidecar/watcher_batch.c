@@ -23,6 +23,10 @@
 #define MAX_SOURCE ((size_t)16 << 20)
 #define RETRY_MIN_MS 500
 #define RETRY_MAX_MS 30000
+/* A batch takes the files due within this many ms from now: the two halves
+** of a rename arrive a millisecond or two apart, and split across batches
+** the id they move would be missing in between. */
+#define BATCH_SLACK_MS 20
 
 /* strdup that passes NULL through. */
 static char *dupstr(const char *s) { return s ? strdup(s) : NULL; }
@@ -259,7 +263,7 @@ static void build_batch(watcher_t *w) {
   }
   for (size_t i = 0; i < w->nfiles;) {
     struct wfile *f = w->files[i];
-    if (!f->due || f->busy || f->due > now) {
+    if (!f->due || f->busy || f->due > now + BATCH_SLACK_MS) {
       i++;
       continue;
     }

@@ -1,6 +1,5 @@
 """The agent loop end to end, against the stand-ins (scripts/standins.py):
 health check, incident triage, the weekly review and the update skill."""
-import json
 import os
 import sys
 import time

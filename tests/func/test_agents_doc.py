@@ -28,7 +28,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import BIN, SRC, TestCase, wait_until  # noqa: E402
+from mltest import BIN, SRC, TestCase, lines_match, wait_until  # noqa: E402
 
 DOC = os.path.join(SRC, "docs", "agents.md")
 
@@ -55,28 +55,6 @@ def commands(body):
         elif line.strip():
             raise AssertionError("output before any command in a sh block: %r" % line)
     return out
-
-
-def line_re(pattern):
-    return re.compile(".*".join(re.escape(p) for p in pattern.rstrip().split("...")) + r"\Z")
-
-
-def matches(expected, actual):
-    """Whether actual lines match expected lines (see the module's docstring)."""
-    exp = [e.rstrip() for e in expected]
-    act = [a.rstrip() for a in actual]
-    while exp and not exp[-1]:
-        exp.pop()
-    while act and not act[-1]:
-        act.pop()
-
-    def go(i, j):
-        if i == len(exp):
-            return j == len(act)
-        if exp[i] == "...":
-            return any(go(i + 1, k) for k in range(j, len(act) + 1))
-        return j < len(act) and line_re(exp[i]).match(act[j]) is not None and go(i + 1, j + 1)
-    return go(0, 0)
 
 
 class AgentsDocTest(TestCase):
@@ -177,7 +155,7 @@ class AgentsDocTest(TestCase):
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                        timeout=60)
                     self.assertIn(r.returncode, (0, 1), r.stdout)
-                    self.assertTrue(matches(expected, r.stdout.splitlines()),
+                    self.assertTrue(lines_match(expected, r.stdout.splitlines()),
                                     "$ %s\n--- expected:\n%s\n--- got:\n%s" % (
                                         cmd, "\n".join(expected), r.stdout))
         # The page has its parts: files, and commands.
@@ -185,12 +163,12 @@ class AgentsDocTest(TestCase):
         self.assertGreaterEqual(ran["sh"], 6)
 
     def test_the_matcher_can_fail(self):
-        self.assertTrue(matches(["run ...", "{\"a\":1}"], ["run 01ABC", "{\"a\":1}"]))
-        self.assertTrue(matches(["x", "...", "z"], ["x", "y1", "y2", "z"]))
-        self.assertTrue(matches(["x", "...", "z"], ["x", "z"]))
-        self.assertFalse(matches(["{\"a\":1}"], ["{\"a\":2}"]))
-        self.assertFalse(matches(["x"], ["x", "extra"]))
-        self.assertFalse(matches(["a...b"], ["a-c"]))
+        self.assertTrue(lines_match(["run ...", "{\"a\":1}"], ["run 01ABC", "{\"a\":1}"]))
+        self.assertTrue(lines_match(["x", "...", "z"], ["x", "y1", "y2", "z"]))
+        self.assertTrue(lines_match(["x", "...", "z"], ["x", "z"]))
+        self.assertFalse(lines_match(["{\"a\":1}"], ["{\"a\":2}"]))
+        self.assertFalse(lines_match(["x"], ["x", "extra"]))
+        self.assertFalse(lines_match(["a...b"], ["a-c"]))
 
 
 if __name__ == "__main__":

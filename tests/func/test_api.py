@@ -58,36 +58,8 @@ class Serve:
     """
 
     def __init__(self, w, *args, listen="127.0.0.1:0", env=None):
-        saved = dict(w.env)
-        if env:
-            w.env.update(env)
-        try:
-            self.p = w.start("serve", "--listen", listen, *args)
-        finally:
-            w.env.clear()
-            w.env.update(saved)
-        self.lines = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        self.url = wait_until(self._url, timeout=20, what="serve to print its address")
-        self.port = int(self.url.rsplit(":", 1)[1])
-
-    def _read(self):
-        try:
-            for line in self.p.stderr:
-                self.lines.append(line)
-        except (ValueError, OSError):
-            pass
-
-    def _url(self):
-        for line in list(self.lines):
-            m = re.search(r"listening on (http://\S+)", line)
-            if m:
-                return m.group(1)
-        if self.p.poll() is not None:
-            time.sleep(0.1)
-            raise AssertionError("serve exited %d: %s" % (self.p.returncode, "".join(self.lines)))
-        return None
+        self.p = w.serve("--listen", listen, *args, env=env)
+        self.url, self.port, self.lines = self.p.url, self.p.port, self.p.stderr_lines
 
     def stop(self, sig=signal.SIGTERM, timeout=15):
         self.p.send_signal(sig)

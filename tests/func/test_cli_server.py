@@ -1,7 +1,6 @@
 """CLI commands that change state, sent to a running engine with --server (and a token)."""
 import json
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))

@@ -7,28 +7,11 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import TestCase, kill9, wait_until  # noqa: E402
+from mltest import SkillsTestCase, kill9, wait_until  # noqa: E402
 
 
-class CrashFlowTest(TestCase):
+class CrashFlowTest(SkillsTestCase):
     config = None
-
-    def setUp(self):
-        super().setUp()
-        os.makedirs(os.path.join(self.w.path, "skills"))
-
-    def skill(self, name, src):
-        self.w.write("skills/%s.lua" % name, src)
-
-    def serve(self):
-        p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0")
-        return p
-
-    def runs_of(self, skill, status=None):
-        kw = {"skill": skill}
-        if status:
-            kw["status"] = status
-        return self.w.runs(**kw)
 
     def test_waiting_runs_get_an_event_sent_while_the_engine_was_dead(self):
         self.skill("waiter", """
@@ -128,7 +111,6 @@ return { id = "nap", run = function(ctx)
   return ctx.run_id
 end }""")
         self.serve()
-        import sqlite3
         for _ in range(100):
             self.w.ml("invoke", "nap", check=0)
         wait_until(lambda: len(self.runs_of("nap", "waiting")) == 100, timeout=30, what="all waiting")
@@ -139,9 +121,8 @@ end }""")
             self.assertEqual(r["output"], r["id"])
 
 
-class ConcurrencyAcrossProcessesTest(TestCase):
+class ConcurrencyAcrossProcessesTest(SkillsTestCase):
     def test_the_limit_holds_across_two_engines_and_a_kill(self):
-        os.makedirs(os.path.join(self.w.path, "skills"))
         self.w.write("skills/one.lua", """
 return { id = "one", concurrency = { limit = 1, key = "event.data.service" }, run = function(ctx)
   return ctx.step.run("call", function()

@@ -2,31 +2,13 @@
 import json
 import os
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import TestCase, kill9, wait_until  # noqa: E402
+from mltest import SkillsTestCase, kill9, wait_until  # noqa: E402
 
 
-class FlowTest(TestCase):
-    def setUp(self):
-        super().setUp()
-        os.makedirs(os.path.join(self.w.path, "skills"))
-
-    def skill(self, name, src):
-        self.w.write("skills/%s.lua" % name, src)
-
-    def serve(self):
-        p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0")
-        return p
-
-    def runs_of(self, skill, status=None):
-        kw = {"skill": skill}
-        if status:
-            kw["status"] = status
-        return self.w.runs(**kw)
-
+class FlowTest(SkillsTestCase):
     def test_events_sent_before_an_engine_runs_are_delivered_once_and_idempotent(self):
         self.skill("greet", """
 return { id = "greet", triggers = { { event = "user.signup" } }, run = function(ctx)
@@ -179,7 +161,7 @@ return { id = "triage", triggers = { { event = "incident" } },
     def test_rerun_starts_again_with_the_same_input(self):
         self.skill("echo", 'return { id = "echo", run = function(ctx) return ctx.input end }')
         self.serve()
-        r = self.w.ml("invoke", "echo", "--data", '{"a": 1}', "--wait", check=0)
+        self.w.ml("invoke", "echo", "--data", '{"a": 1}', "--wait", check=0)
         first = self.runs_of("echo")[0]["id"]
         new = self.w.ml("rerun", first, check=0).stdout.strip()
         wait_until(lambda: self.w.trace(new)["status"] == "completed", what="the rerun")

@@ -4,7 +4,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import TestCase, wait_until  # noqa: E402
+from mltest import TestCase  # noqa: E402
 
 
 class ModulesTest(TestCase):

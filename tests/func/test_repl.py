@@ -20,7 +20,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import BIN, SRC, TestCase  # noqa: E402
+from mltest import BIN, SRC, TestCase, lines_match  # noqa: E402
 from pty_driver import Pty  # noqa: E402
 
 DOC = os.path.join(SRC, "docs", "repl.md")
@@ -464,27 +464,6 @@ def normalize(line):
     return " ".join(line.split())
 
 
-def line_re(pattern):
-    return re.compile(".*".join(re.escape(p) for p in pattern.split("...")) + r"\Z")
-
-
-def matches(expected, actual):
-    exp = [normalize(e) for e in expected]
-    act = [normalize(a) for a in actual]
-    while exp and not exp[-1]:
-        exp.pop()
-    while act and not act[-1]:
-        act.pop()
-
-    def go(i, j):
-        if i == len(exp):
-            return j == len(act)
-        if exp[i] == "...":
-            return any(go(i + 1, k) for k in range(j, len(act) + 1))
-        return j < len(act) and line_re(exp[i]).match(act[j]) is not None and go(i + 1, j + 1)
-    return go(0, 0)
-
-
 class DocTest(ReplCase):
     def test_docs_repl_md_examples_run_as_written(self):
         with open(DOC) as f:
@@ -503,7 +482,7 @@ class DocTest(ReplCase):
                 r = subprocess.run([BIN, "repl"], cwd=self.w.path, env=self.w.env,
                                    input="\n".join(typed) + "\n", stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, timeout=60)
-                if not matches(expected, r.stdout.splitlines()):
+                if not lines_match(expected, r.stdout.splitlines(), normalize):
                     self.fail("docs/repl.md session %d:\n%s\ngave:\n%s" % (sessions, body, r.stdout))
             elif kind == "sh":
                 for line in body.splitlines():

@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 import unittest
-import urllib.parse
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 from mltest import BIN, TestCase, kill9, wait_until  # noqa: E402
@@ -48,33 +47,9 @@ class Serve:
     """`moonloop serve` on a free port; .url once it printed "listening on"."""
 
     def __init__(self, w, workspace="skills", env=None):
-        e = dict(w.env)
-        e.update(env or {})
-        self.p = subprocess.Popen([BIN, "serve", "--workspace", workspace, "--listen", "127.0.0.1:0"],
-                                  cwd=w.path, env=e, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True, start_new_session=True)
-        w.procs.append(self.p)
-        self.lines = []
-        threading.Thread(target=self._read, daemon=True).start()
-        self.url = wait_until(self._url, timeout=20, what="serve to print its address")
-        self.port = int(self.url.rsplit(":", 1)[1])
-
-    def _read(self):
-        try:
-            for line in self.p.stderr:
-                self.lines.append(line)
-        except (ValueError, OSError):
-            pass
-
-    def _url(self):
-        for line in list(self.lines):
-            m = re.search(r"listening on (http://\S+)", line)
-            if m:
-                return m.group(1)
-        if self.p.poll() is not None:
-            time.sleep(0.1)
-            raise AssertionError("serve exited: %s" % "".join(self.lines))
-        return None
+        self.p = w.serve("--workspace", workspace, "--listen", "127.0.0.1:0", env=env,
+                         stdout=subprocess.DEVNULL)
+        self.url, self.port, self.lines = self.p.url, self.p.port, self.p.stderr_lines
 
     def log(self):
         return "".join(self.lines)

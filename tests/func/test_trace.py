@@ -1,6 +1,5 @@
 """The trace: every field of the run record for runs that retried, failed,
 slept, waited, invoked and were cancelled; engine notes; prune; runs --follow."""
-import json
 import os
 import sqlite3
 import subprocess
@@ -152,7 +151,6 @@ end }""")
 
 class MetricsTest(TestCase):
     def test_metrics_count_runs_steps_and_takeovers(self):
-        import re
         import urllib.request
         os.makedirs(os.path.join(self.w.path, "skills"))
         self.w.write("skills/m.lua", """

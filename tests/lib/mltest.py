@@ -6,10 +6,10 @@ the outside world (StandIn below). Standard library only.
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -199,19 +199,22 @@ class Workdir:
                 " ".join(args), r.returncode, check, r.stdout, r.stderr))
         return r
 
-    def start(self, *args, stdout=subprocess.PIPE):
-        """Start moonloop in the background (serve, run); returns Popen."""
-        p = subprocess.Popen([BIN] + list(args), cwd=self.path, env=self.env, stdout=stdout,
+    def start(self, *args, stdout=subprocess.PIPE, env=None):
+        """Start moonloop in the background (serve, run), with env added to
+        the workdir's environment; returns Popen."""
+        e = dict(self.env)
+        e.update(env or {})
+        p = subprocess.Popen([BIN] + list(args), cwd=self.path, env=e, stdout=stdout,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.procs.append(p)
         return p
 
-    def serve(self, *args, timeout=30):
+    def serve(self, *args, timeout=30, env=None, stdout=subprocess.PIPE):
         """Start `moonloop serve` (with args) and wait until it listens: by
         then its workspace is registered. Returns the Popen; its URL is in
-        .url. Fails with serve's own stderr if it exits first."""
-        import re
-        p = self.start("serve", *args)
+        .url, its port in .port, what it said on stderr in .stderr_lines.
+        Fails with serve's own stderr if it exits first."""
+        p = self.start("serve", *args, env=env, stdout=stdout)
         seen = []
         end = time.time() + timeout
         while time.time() < end:
@@ -222,6 +225,7 @@ class Workdir:
             m = re.search(r"listening on (http://\S+)", line)
             if m:
                 p.url = m.group(1)
+                p.port = int(p.url.rsplit(":", 1)[1])
                 # Keep draining stderr so serve never blocks on a full pipe;
                 # what it says stays in p.stderr_lines.
                 p.stderr_lines = seen
@@ -291,3 +295,47 @@ class TestCase(unittest.TestCase):
             if line.startswith("run "):
                 return line.split()[1]
         raise AssertionError("no run id in stderr: %r" % r.stderr)
+
+
+class SkillsTestCase(TestCase):
+    """A TestCase whose workdir has a skills/ workspace that serve loads."""
+
+    def setUp(self):
+        super().setUp()
+        os.makedirs(os.path.join(self.w.path, "skills"))
+
+    def skill(self, name, src):
+        self.w.write("skills/%s.lua" % name, src)
+
+    def serve(self):
+        return self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0")
+
+    def runs_of(self, skill, status=None):
+        kw = {"skill": skill}
+        if status:
+            kw["status"] = status
+        return self.w.runs(**kw)
+
+
+def _line_re(pattern):
+    return re.compile(".*".join(re.escape(p) for p in pattern.split("...")) + r"\Z")
+
+
+def lines_match(expected, actual, normalize=str.rstrip):
+    """Whether actual output lines match the expected lines of a doc example:
+    "..." inside a line matches any text, a line of just "..." any number of
+    lines; both sides pass through normalize; trailing blank lines are ignored."""
+    exp = [normalize(e) for e in expected]
+    act = [normalize(a) for a in actual]
+    while exp and not exp[-1]:
+        exp.pop()
+    while act and not act[-1]:
+        act.pop()
+
+    def go(i, j):
+        if i == len(exp):
+            return j == len(act)
+        if exp[i] == "...":
+            return any(go(i + 1, k) for k in range(j, len(act) + 1))
+        return j < len(act) and _line_re(exp[i]).match(act[j]) is not None and go(i + 1, j + 1)
+    return go(0, 0)
