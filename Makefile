@@ -19,10 +19,10 @@ asan: deps
 	@cmake --build $(ASAN) -j $(JOBS) >$(ASAN)/build.log 2>&1 || { grep -vE '^\[ *[0-9]+%\]|directory' $(ASAN)/build.log; exit 1; }
 
 # Every test: unit, functional and crash tests on the normal build, then the
-# unit tests again under ASan+UBSan.
+# whole suite again on the ASan+UBSan build.
 test: build asan
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
-	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -L unit
+	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS)
 
 unit: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L unit

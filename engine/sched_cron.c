@@ -57,8 +57,9 @@ static void on_fired(void *arg, const struct jentry *je) {
   free(f);
 }
 
-/* Fire c for tick: create its run in the store if no engine did yet. */
-static void fire(struct cron_entry *c, int64_t tick) {
+/* Fire c for tick: create its run in the store if no engine did yet.
+** A catch-up run says so in its trigger, for whoever reads it at 9 a.m. */
+static void fire(struct cron_entry *c, int64_t tick, int catch_up) {
   sched_t *s = c->s;
   struct fire_ctx *f = calloc(1, sizeof *f);
   if (!f) return;
@@ -70,6 +71,7 @@ static void fire(struct cron_entry *c, int64_t tick) {
   cJSON_AddStringToObject(t, "cron", c->expr);
   if (c->tz) cJSON_AddStringToObject(t, "tz", c->tz);
   cJSON_AddStringToObject(t, "tick", ts);
+  if (catch_up) cJSON_AddTrueToObject(t, "catch_up");
   f->trigger = cJSON_PrintUnformatted(t);
   cJSON_Delete(t);
   f->s = s;
@@ -95,7 +97,7 @@ static void arm(struct cron_entry *c, int64_t after) {
 static void on_tick(struct stimer *tm) {
   struct cron_entry *c = (struct cron_entry *)((char *)tm - offsetof(struct cron_entry, timer));
   int64_t tick = tm->at;
-  fire(c, tick);
+  fire(c, tick, 0);
   int64_t now = units_now_ms();
   arm(c, now > tick ? now : tick);
 }
@@ -114,7 +116,7 @@ static void start_entry(struct cron_entry *c) {
       int64_t latest = next, n;
       for (int i = 0; i < 1000000 && (n = cron_next(c->cron, latest)) > 0 && n <= now; i++)
         latest = n;
-      fire(c, latest);
+      fire(c, latest, 1);
     }
   }
   arm(c, now);

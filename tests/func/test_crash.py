@@ -38,7 +38,7 @@ class CrashTest(TestCase):
         os.makedirs(os.path.join(self.w.path, "skills"))
         # Each call takes a little while, so kills land while steps are in flight.
         def slow(handler, body, n):
-            time.sleep(0.03)
+            time.sleep(0.06)
             return 200, {"n": n}
         self.slow = slow
 

@@ -173,6 +173,13 @@ class Workdir:
         # Every `serve` a test starts binds a free port, so tests run side by side.
         self.env.setdefault("MOONLOOP_LISTEN", "127.0.0.1:0")
         self.env["NO_COLOR"] = "1"
+        # Under the ASan+UBSan build every moonloop process writes what the
+        # sanitizers find to a file here; close() fails the test with it.
+        self.reports = os.path.join(self.path, ".sanitizer")
+        os.makedirs(self.reports)
+        for name in ("ASAN_OPTIONS", "UBSAN_OPTIONS"):
+            opts = [o for o in self.env.get(name, "").split(":") if o and not o.startswith("log_path=")]
+            self.env[name] = ":".join(opts + ["log_path=" + os.path.join(self.reports, "report")])
         self.procs = []
         conf = config or {}
         lines = ["return {"]
@@ -263,7 +270,13 @@ class Workdir:
             for f in (p.stdout, p.stderr):
                 if f:
                     f.close()
+        found = []
+        for name in sorted(os.listdir(self.reports)):
+            with open(os.path.join(self.reports, name), errors="replace") as f:
+                found.append("== %s\n%s" % (name, f.read()))
         shutil.rmtree(self.path, ignore_errors=True)
+        if found:
+            raise AssertionError("the sanitizers reported:\n" + "\n".join(found))
 
 
 def kill9(p):
