@@ -152,7 +152,12 @@ void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
   } else if (kind && (!strcmp(kind, "rerun") || !strcmp(kind, "on_failure"))) {
     fprintf(f, "  trigger  %s of run %s\n", kind, str(trig, "run_id") ? str(trig, "run_id") : "?");
   } else if (kind && !strcmp(kind, "cron")) {
-    fprintf(f, "  trigger  cron %s\n", str(trig, "cron") ? str(trig, "cron") : "");
+    fprintf(f, "  trigger  cron %s%s%s, tick %s%s\n", str(trig, "cron") ? str(trig, "cron") : "",
+            str(trig, "tz") ? " " : "", str(trig, "tz") ? str(trig, "tz") : "",
+            str(trig, "tick") ? str(trig, "tick") : "?",
+            cJSON_IsTrue(cJSON_GetObjectItem(trig, "catch_up")) ? " (catch-up after downtime)" : "");
+  } else if (str(trig, "step")) {
+    fprintf(f, "  trigger  %s by step %s of the parent run\n", kind ? kind : "?", str(trig, "step"));
   } else {
     fprintf(f, "  trigger  %s%s%s\n", kind ? kind : "?", str(trig, "by") ? " by " : "",
             str(trig, "by") ? str(trig, "by") : "");

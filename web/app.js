@@ -335,7 +335,8 @@
       }
       case 'cron':
         out.push(' ', h('span', { class: 'mono' }, t.cron || ''), t.tz ? ' ' + t.tz : '');
-        if (t.tick) out.push(h('span', { class: 'sub', title: t.tick }, 'tick ' + fmtTime(t.tick)));
+        if (t.tick) out.push(h('span', { class: 'sub', title: t.tick }, 'tick ' + fmtTime(t.tick) +
+          (t.catch_up ? ' · catch-up after downtime' : '')));
         break;
       case 'invoke':
         if (t.by) out.push(' by ', t.by);

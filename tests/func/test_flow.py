@@ -221,3 +221,5 @@ end }""")
         self.assertGreaterEqual(ts(new[0]["trigger"]["tick"]) - last_before, 3)
         self.assertEqual(ts(new[1]["trigger"]["tick"]) - ts(new[0]["trigger"]["tick"]), 1)
         self.assertNotIn("catch_up", new[1]["trigger"])
+        text = self.w.ml("trace", new[0]["id"], check=0).stdout
+        self.assertIn("tick %s (catch-up after downtime)" % new[0]["trigger"]["tick"], text)

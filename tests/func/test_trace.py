@@ -86,6 +86,13 @@ end }""")
         child = self.w.trace(inv["output"]["run_id"])
         self.assertEqual(child["parent_id"], run["id"])
         self.assertEqual(child["trigger"]["kind"], "invoke")
+        self.assertEqual(child["trigger"]["step"], "child")
+        text = self.w.ml("trace", child["id"], check=0).stdout
+        self.assertIn("trigger  invoke by step child of the parent run", text)
+        self.assertIn("parent   " + run["id"], text)
+        text = self.w.ml("trace", run["id"], check=0).stdout
+        self.assertIn("trigger  event go (id %s)" % eid, text)
+        self.assertIn("child    %s  child  completed" % child["id"], text)
         self.assertEqual(t["children"], [{"id": child["id"], "skill": "child", "status": "completed"}])
         stuck = self.w.ml("invoke", "stuck", check=0).stdout.strip()
         wait_until(lambda: self.w.trace(stuck)["status"] == "sleeping", what="the sleeping run")
