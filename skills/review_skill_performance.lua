@@ -30,7 +30,7 @@ return {
       end
       return { total = total, completed = completed, failed = failed,
                success_rate = total > 0 and completed / total or json.null,
-               avg_duration_s = completed > 0 and seconds / completed or json.null }
+               avg_duration_s = completed > 0 and math.floor(seconds / completed * 1000 + 0.5) / 1000 or json.null }
     end)
 
     local outcomes = ctx.step.run("fetch-outcomes", function()
