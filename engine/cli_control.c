@@ -42,8 +42,7 @@ int cli_send(struct cli *c) {
   if (!data) return EXIT_USAGE;
   if ((int64_t)strlen(data) > c->cfg.event_limit) {
     char sz[32], lim[32];
-    units_fmt_size((int64_t)strlen(data), sz, sizeof sz);
-    units_fmt_size(c->cfg.event_limit, lim, sizeof lim);
+    units_fmt_over((int64_t)strlen(data), c->cfg.event_limit, sz, lim, sizeof sz);
     free(data);
     return cli_fail(EXIT_USAGE, "the event's data is %s, over the limit of %s (limits.event)", sz, lim);
   }
@@ -98,7 +97,7 @@ int cli_cancel(struct cli *c) {
     return cli_fail(EXIT_FAILED, "no run with id '%s'", c->args[0]);
   }
   if (!strncmp(got, "ended:", 6)) {
-    cli_fail(EXIT_FAILED, "run %s has already %s: nothing to cancel", c->args[0], got + 6);
+    cli_fail(EXIT_FAILED, "run %s is already %s: nothing to cancel", c->args[0], got + 6);
     free(got);
     return EXIT_FAILED;
   }
@@ -115,19 +114,20 @@ int cli_rerun(struct cli *c) {
   struct engine en;
   int rc = open_store(c, &en);
   if (rc) return rc;
-  cJSON *run = NULL, *skill = NULL;
+  cJSON *run = NULL;
   err_t e;
   if (store_get_run(en.store, c->args[0], 0, &run, &e)) {
     engine_close(&en);
     return cli_fail(EXIT_FAILED, "%s", e.msg);
   }
   const char *skill_id = cJSON_GetObjectItem(run, "skill")->valuestring;
-  const cJSON *live = NULL;
-  if (!store_get_skill(en.store, skill_id, &skill, &e)) live = cJSON_GetObjectItem(skill, "version");
-  /* A rerun takes the skill's live version (a fixed skill is why one
-  ** reruns); a skill no longer registered reruns on the run's own version. */
-  const char *version = cJSON_IsString(live) ? live->valuestring
-                                             : cJSON_GetObjectItem(run, "version")->valuestring;
+  char *version;
+  if (store_rerun_version(en.store, skill_id, cJSON_GetObjectItem(run, "version")->valuestring,
+                          &version, &e)) {
+    cJSON_Delete(run);
+    engine_close(&en);
+    return cli_fail(EXIT_FAILED, "%s", e.msg);
+  }
   char *input = cJSON_PrintUnformatted(cJSON_GetObjectItem(run, "input"));
   char trig[96], id[27];
   snprintf(trig, sizeof trig, "{\"kind\":\"rerun\",\"run_id\":\"%s\"}", c->args[0]);
@@ -140,8 +140,8 @@ int cli_rerun(struct cli *c) {
   rc = commit_one(&en, j, NULL, &e);
   int alive = store_engine_alive(en.store, now);
   free(input);
+  free(version);
   cJSON_Delete(run);
-  cJSON_Delete(skill);
   engine_close(&en);
   if (rc) return cli_fail(EXIT_FAILED, "%s", e.msg);
   if (c->json) printf("{\"run_id\":\"%s\"}\n", id);

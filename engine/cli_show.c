@@ -4,6 +4,7 @@
 #include "cli.h"
 #include "client.h"
 #include "engine.h"
+#include "jsontext.h"
 #include "trace.h"
 #include "units.h"
 
@@ -22,6 +23,7 @@ static int open_store(struct cli *c, struct engine *en) {
 }
 
 static void print_json(cJSON *v, int pretty) {
+  jsontext_fix_utf8(v);
   char *s = pretty ? cJSON_Print(v) : cJSON_PrintUnformatted(v);
   printf("%s\n", s);
   free(s);
@@ -111,6 +113,12 @@ int cli_runs(struct cli *c) {
     int ok = 0;
     for (const char *const *s = statuses; *s; s++) ok |= !strcmp(*s, c->status);
     if (!ok) return cli_fail(EXIT_USAGE, "--status must be one of queued, running, sleeping, waiting, completed, failed, cancelled; got '%s'", c->status);
+  }
+  static const char *const kinds[] = {"event", "cron", "invoke", "rerun", "on_failure", NULL};
+  if (c->trigger) {
+    int ok = 0;
+    for (const char *const *k = kinds; *k; k++) ok |= !strcmp(*k, c->trigger);
+    if (!ok) return cli_fail(EXIT_USAGE, "--trigger must be one of event, cron, invoke, rerun, on_failure; got '%s'", c->trigger);
   }
   if (c->follow) {
     if (!c->json) printf("following runs (Ctrl-C to stop)\n");

@@ -6,6 +6,7 @@
 ** CLI's exit 0 means.
 */
 #include "ids.h"
+#include "jsontext.h"
 #include "run.h"
 #include "units.h"
 
@@ -80,8 +81,7 @@ int sched_send_events(sched_t *s, const cJSON *events, sched_reply_cb cb, void *
     free(data);
     if (len > limit) {
       char sz[32], lim[32];
-      units_fmt_size(len, sz, sizeof sz);
-      units_fmt_size(limit, lim, sizeof lim);
+      units_fmt_over(len, limit, sz, lim, sizeof sz);
       return err_set(e, ERR_TOOBIG, "event %d: its data is %s, over the limit of %s (limits.event)",
                      i, sz, lim);
     }
@@ -117,6 +117,7 @@ static void reply_outcome(struct reply *r, const struct sched_result *res) {
     cJSON_AddItemToObject(o, "output", ov ? ov : cJSON_CreateNull());
     cJSON_AddItemToObject(o, "error", ev ? ev : cJSON_CreateNull());
   }
+  jsontext_fix_utf8(o);
   char *js = cJSON_PrintUnformatted(o);
   cJSON_Delete(o);
   answer(r, 0, NULL, js);
@@ -184,7 +185,7 @@ static void on_cancel(void *arg, const struct jentry *je) {
     answer(r, ERR_NOTFOUND, msg, NULL);
   } else if (!strncmp(st, "ended:", 6)) {
     char msg[120];
-    snprintf(msg, sizeof msg, "run %s has already %s: nothing to cancel", r->run_id, st + 6);
+    snprintf(msg, sizeof msg, "run %s is already %s: nothing to cancel", r->run_id, st + 6);
     answer(r, ERR_CONFLICT, msg, NULL);
   } else {
     /* Ours: stop it now rather than at the next poll. */
@@ -214,16 +215,21 @@ int sched_rerun(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, er
   if (store_get_run(sched__opts(s)->store, run_id, 0, &run, e)) return e->code;
   const char *skill_id = cJSON_GetObjectItem(run, "skill")->valuestring;
   struct skill *sk;
-  /* The live version when there is one (a fixed skill is why one reruns). */
-  if (sched__live_skill(s, skill_id, &sk, e) &&
-      sched__version_skill(s, cJSON_GetObjectItem(run, "version")->valuestring, &sk, e)) {
+  char *version;
+  int rc = store_rerun_version(sched__opts(s)->store, skill_id,
+                               cJSON_GetObjectItem(run, "version")->valuestring, &version, e);
+  if (!rc) {
+    rc = sched__version_skill(s, version, &sk, e);
+    free(version);
+  }
+  if (rc) {
     cJSON_Delete(run);
-    return e->code;
+    return rc;
   }
   char *input = cJSON_PrintUnformatted(cJSON_GetObjectItem(run, "input"));
   char trig[96];
   snprintf(trig, sizeof trig, "{\"kind\":\"rerun\",\"run_id\":\"%s\"}", run_id);
-  int rc = start_and_answer(s, sk, trig, input, 0, cb, arg, e);
+  rc = start_and_answer(s, sk, trig, input, 0, cb, arg, e);
   free(input);
   cJSON_Delete(run);
   return rc;
@@ -246,7 +252,19 @@ static void on_put(void *arg) {
   if (p->rc) {
     answer(p->r, p->rc, p->message, NULL);
   } else if (store_get_skill(sched__opts(p->r->s)->store, p->id, &rec, &e)) {
-    answer(p->r, e.code, e.msg, NULL);
+    if (e.code != ERR_NOTFOUND) answer(p->r, e.code, e.msg, NULL);
+    else { /* an unregistered skill that never loaded: its record is gone */
+      cJSON *o = cJSON_CreateObject();
+      cJSON_AddStringToObject(o, "id", p->id);
+      cJSON_AddNullToObject(o, "version");
+      cJSON_AddArrayToObject(o, "triggers");
+      cJSON_AddArrayToObject(o, "versions");
+      cJSON_AddNullToObject(o, "error");
+      char *js = cJSON_PrintUnformatted(o);
+      cJSON_Delete(o);
+      answer(p->r, 0, NULL, js);
+      free(js);
+    }
   } else {
     char *js = cJSON_PrintUnformatted(rec);
     answer(p->r, 0, NULL, js);
@@ -429,7 +447,7 @@ int sched_unload_skill(sched_t *s, const char *id, const char *file, sched_reply
   if (file && (!cJSON_IsString(f) || strcmp(f->valuestring, file)))
     rc = err_set(e, ERR_NOTFOUND, "skill '%s' is not registered from %s (its file is %s)", id,
                  file, cJSON_IsString(f) ? f->valuestring : "unknown");
-  else if (!cJSON_IsString(v))
+  else if (!cJSON_IsString(v) && cJSON_IsNull(cJSON_GetObjectItem(rec, "error")))
     rc = err_set(e, ERR_NOTFOUND, "skill '%s' has no live version: nothing to unregister", id);
   char *path = rc ? NULL : strdup(cJSON_IsString(f) ? f->valuestring : "");
   cJSON_Delete(rec);

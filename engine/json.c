@@ -15,14 +15,15 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "jsontext.h"
 #include "lrt.h"
 #include "units.h"
 
-#define EXCERPT_BYTES 20   /* bytes of input shown after "near" */
 #define KEY_SHOW_BYTES 48  /* longest key shown whole in a path */
 #define PATH_SHOW_BYTES 400
 
@@ -123,114 +124,9 @@ int json_push(lua_State *L, const cJSON *item, err_t *e) {
   return rc;
 }
 
-/* JSON whitespace only: cJSON itself skips every byte <= 32, but text after
-** the value must be real whitespace to count as nothing. */
-static size_t skip_ws(const char *s, size_t len, size_t i) {
-  while (i < len && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) i++;
-  return i;
-}
-
-/* True if parsing failed because the text stopped early. cJSON reports both
-** "the last byte is wrong" and "ran out of text" at the last byte; parsing a
-** copy with a NUL appended tells them apart, as running out then moves past
-** the original end. Only called on the error path. */
-static int ends_early(const char *s, size_t len) {
-  char *copy = malloc(len + 1);
-  if (!copy) return 0;
-  memcpy(copy, s, len);
-  copy[len] = 0;
-  const char *end = NULL;
-  cJSON *r = cJSON_ParseWithLengthOpts(copy, len + 1, &end, 0);
-  int early = !r && end && (size_t)(end - copy) >= len;
-  cJSON_Delete(r);
-  free(copy);
-  return early;
-}
-
-/* How many arrays and objects are open at pos (strings skipped). */
-static int depth_at(const char *s, size_t pos) {
-  int depth = 0, in_str = 0;
-  for (size_t i = 0; i < pos; i++) {
-    char ch = s[i];
-    if (in_str) {
-      if (ch == '\\') i++;
-      else if (ch == '"') in_str = 0;
-    } else if (ch == '"') in_str = 1;
-    else if (ch == '[' || ch == '{') depth++;
-    else if (ch == ']' || ch == '}') depth--;
-  }
-  return depth;
-}
-
-/* Fill e with "invalid JSON at line L column C near '...'" plus a reason if
-** one is given; pos is the byte offset of the error. */
-static int syntax_error(const char *s, size_t len, size_t pos, const char *reason, err_t *e) {
-  if (pos > len) pos = len;
-  int line = 1;
-  size_t bol = 0;
-  for (size_t i = 0; i < pos; i++)
-    if (s[i] == '\n') line++, bol = i + 1;
-  size_t col = pos - bol + 1;
-  if (pos == len)
-    return err_set(e, ERR_INVALID, "invalid JSON at line %d column %zu: %s", line, col,
-                   reason ? reason : "unexpected end of input");
-
-  /* The excerpt shows control bytes as escapes, and stops before a UTF-8
-  ** sequence that the 20-byte cut would split. */
-  size_t n = len - pos < EXCERPT_BYTES ? len - pos : EXCERPT_BYTES;
-  const unsigned char *p = (const unsigned char *)s + pos;
-  if (n < len - pos) {
-    size_t start = n;
-    while (start > 0 && (p[start] & 0xC0) == 0x80) start--;
-    n = start;
-  }
-  char ex[EXCERPT_BYTES * 4 + 1];
-  size_t k = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (p[i] == '\n') k += (size_t)sprintf(ex + k, "\\n");
-    else if (p[i] == '\r') k += (size_t)sprintf(ex + k, "\\r");
-    else if (p[i] == '\t') k += (size_t)sprintf(ex + k, "\\t");
-    else if (p[i] < 0x20 || p[i] == 0x7F) k += (size_t)sprintf(ex + k, "\\x%02X", p[i]);
-    else ex[k++] = (char)p[i];
-  }
-  ex[k] = 0;
-  return err_set(e, ERR_INVALID, "invalid JSON at line %d column %zu near '%s'%s%s", line, col, ex,
-                 reason ? ": " : "", reason ? reason : "");
-}
-
-/* Offset of the first \u0000 escape in (valid) JSON text, or len. In valid
-** JSON every backslash is inside a string, so skipping each escaped byte is
-** enough to read "\\u0000" (a backslash, then text) correctly. */
-static size_t find_nul_escape(const char *s, size_t len) {
-  const char *p = s, *end = s + len;
-  while ((p = memchr(p, '\\', (size_t)(end - p))) && end - p >= 2) {
-    if (p[1] == 'u' && end - p >= 6 && !memcmp(p + 2, "0000", 4)) return (size_t)(p - s);
-    p += 2;
-  }
-  return len;
-}
-
 int json_decode_push(lua_State *L, const char *s, size_t len, err_t *e) {
-  if (!s || skip_ws(s, len, 0) == len) return err_set(e, ERR_INVALID, "empty input");
-  const char *end = NULL;
-  cJSON *root = cJSON_ParseWithLengthOpts(s, len, &end, 0);
-  if (!root) {
-    size_t pos = end ? (size_t)(end - s) : 0;
-    if (pos + 1 >= len && ends_early(s, len)) return syntax_error(s, len, len, NULL, e);
-    char reason[64];
-    int deep = pos < len && (s[pos] == '[' || s[pos] == '{') && depth_at(s, pos) >= CJSON_NESTING_LIMIT;
-    snprintf(reason, sizeof reason, "nested deeper than %d levels", CJSON_NESTING_LIMIT);
-    return syntax_error(s, len, pos, deep ? reason : NULL, e);
-  }
-  size_t pos = skip_ws(s, len, (size_t)(end - s));
-  if (pos < len) {
-    cJSON_Delete(root);
-    return syntax_error(s, len, pos, "unexpected text after the JSON value", e);
-  }
-  if ((pos = find_nul_escape(s, len)) < len) {
-    cJSON_Delete(root);
-    return syntax_error(s, len, pos, "\\u0000 (NUL) in strings is not supported", e);
-  }
+  cJSON *root;
+  if (jsontext_parse(s, len, &root, e)) return e->code;
   int rc = json_push(L, root, e);
   cJSON_Delete(root);
   return rc;
@@ -264,15 +160,6 @@ static void key_text(double d, char *out, size_t cap) {
   else snprintf(out, cap, "%.17g", d);
 }
 
-static int is_ident(const char *s, size_t n) {
-  if (n == 0 || (s[0] >= '0' && s[0] <= '9')) return 0;
-  for (size_t i = 0; i < n; i++) {
-    char c = s[i];
-    if (!(c == '_' || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))) return 0;
-  }
-  return 1;
-}
-
 /* Render one frame (.name, ["odd key"], [3]); returns its length. out holds
 ** at least KEY_SHOW_BYTES * 6 + 16 bytes. */
 static size_t frame_text(const frame_t *f, char *out) {
@@ -283,7 +170,7 @@ static size_t frame_text(const frame_t *f, char *out) {
   }
   /* Long keys are cut, and marked with "...". */
   size_t n = f->n > KEY_SHOW_BYTES ? KEY_SHOW_BYTES - 3 : f->n, k = 0;
-  if (is_ident(f->s, f->n))
+  if (jsontext_is_ident(f->s, f->n))
     return (size_t)sprintf(out, ".%.*s%s", (int)n, f->s, n < f->n ? "..." : "");
   out[k++] = '[';
   out[k++] = '"';
@@ -624,13 +511,8 @@ static char *encode_text(lua_State *L, int idx, size_t limit, int pretty, size_t
   size_t n = strlen(text);
   if (limit && n > limit) {
     char have[32], max[32];
-    units_fmt_size((int64_t)n, have, sizeof have);
-    units_fmt_size((int64_t)limit, max, sizeof max);
-    /* Rounded sizes can look equal ("1.0 MB, over 1.0 MB"); then show bytes. */
-    if (strcmp(have, max))
-      err_set(e, ERR_TOOBIG, "JSON text is %s, over the limit of %s", have, max);
-    else
-      err_set(e, ERR_TOOBIG, "JSON text is %s (%zu bytes), over the limit of %s (%zu bytes)", have, n, max, limit);
+    units_fmt_over((int64_t)n, (int64_t)limit, have, max, sizeof have);
+    err_set(e, ERR_TOOBIG, "JSON text is %s, over the limit of %s", have, max);
     free(text);
     return NULL;
   }

@@ -57,6 +57,7 @@
 #include <lua.h>
 
 #include "err.h"
+#include "jsontext.h"
 
 /* The most text json_from_lua and json.encode produce: 64 MB. */
 #define JSON_MAX_TEXT ((size_t)64 << 20)

@@ -10,6 +10,7 @@
 #include "otlp.h"
 #include "engine.h"
 #include "ids.h"
+#include "jsontext.h"
 #include "units.h"
 
 #include <stdio.h>
@@ -220,6 +221,7 @@ static void on_finish(const struct sched_result *r, void *arg) {
   cJSON *run;
   err_t e;
   if (store_get_run(en->store, r->run_id, 1, &run, &e)) return;
+  jsontext_fix_utf8(run);
   cJSON *req = otlp_trace_of(run, en->cfg->otlp_service);
   cJSON_Delete(run);
   struct export *x = calloc(1, sizeof *x);

@@ -49,8 +49,7 @@ static int c_send(lua_State *L) {
   if (strlen(name) > 256) return push_fail(L, "the event name is longer than 256 characters");
   if ((int64_t)strlen(data) > rp->cfg->event_limit) {
     char sz[32], lim[32];
-    units_fmt_size((int64_t)strlen(data), sz, sizeof sz);
-    units_fmt_size(rp->cfg->event_limit, lim, sizeof lim);
+    units_fmt_over((int64_t)strlen(data), rp->cfg->event_limit, sz, lim, sizeof sz);
     snprintf(msg, sizeof msg, "the event's data is %s, over the limit of %s (limits.event)", sz, lim);
     return push_fail(L, msg);
   }

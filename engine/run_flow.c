@@ -376,8 +376,7 @@ void run_op_send(struct task *t, lua_State *co) {
     char *data = cJSON_PrintUnformatted(cJSON_GetObjectItem(ev, "data"));
     if (limit > 0 && data && (int64_t)strlen(data) > limit) {
       char msg[200], sz[32], lim[32];
-      units_fmt_size((int64_t)strlen(data), sz, sizeof sz);
-      units_fmt_size(limit, lim, sizeof lim);
+      units_fmt_over((int64_t)strlen(data), limit, sz, lim, sizeof sz);
       snprintf(msg, sizeof msg, "event %d is %s, over the limit of %s (limits.event)", n + 1, sz,
                lim);
       free(data);

@@ -18,6 +18,7 @@
 ** Pending records whose callback never fires (the scheduler stopped) are
 ** freed by server_free.
 */
+#include "jsontext.h"
 #include "server_int.h"
 #include "units.h"
 #include "web.h"
@@ -70,6 +71,12 @@ void server__count(server_t *srv, int status) {
 }
 
 /* Dispose callback of a body slot: frees the malloc'd body. */
+/* A HEAD request gets the headers of its GET (Content-Length included)
+** and no body: H2O leaves that to the handler. */
+static int is_head(const h2o_req_t *req) {
+  return h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD"));
+}
+
 static void free_slot(void *x) { free(*(char **)x); }
 
 /* Answer req with status and body (malloc'd; ownership passes to the
@@ -98,7 +105,7 @@ void server__respond(server_t *srv, h2o_req_t *req, int status, const char *ctyp
   static h2o_generator_t generator = {NULL, NULL};
   h2o_start_response(req, &generator);
   h2o_iovec_t buf = h2o_iovec_init(body, len);
-  h2o_send(req, &buf, len ? 1 : 0, H2O_SEND_STATE_FINAL);
+  h2o_send(req, &buf, len && !is_head(req) ? 1 : 0, H2O_SEND_STATE_FINAL);
 }
 
 /* Answer a JSON body (malloc'd text; NULL answers a 500). */
@@ -108,6 +115,7 @@ static void respond_json(server_t *srv, h2o_req_t *req, int status, char *json) 
 
 /* Answer a cJSON tree (consumed). */
 static void respond_cjson(server_t *srv, h2o_req_t *req, int status, cJSON *v) {
+  jsontext_fix_utf8(v);
   char *s = cJSON_PrintUnformatted(v);
   cJSON_Delete(v);
   respond_json(srv, req, status, s);
@@ -436,7 +444,7 @@ int server__static(server_t *srv, h2o_req_t *req) {
   h2o_start_response(req, &generator);
   /* The bytes are the binary's own: nothing to free once sent. */
   h2o_iovec_t buf = h2o_iovec_init(f->data, f->len);
-  h2o_send(req, &buf, fresh ? 0 : 1, H2O_SEND_STATE_FINAL);
+  h2o_send(req, &buf, fresh || is_head(req) ? 0 : 1, H2O_SEND_STATE_FINAL);
   return 1;
 }
 

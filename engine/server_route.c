@@ -26,6 +26,7 @@
 ** then query and body (400, 413), so a client learns the coarsest mistake
 ** first.
 */
+#include "jsontext.h"
 #include "server_route.h"
 #include "units.h"
 
@@ -90,11 +91,11 @@ static long pct_decode(const char *s, size_t len, char *out, size_t cap, int plu
   return (long)o;
 }
 
-/* Run ids: ULIDs, but any 1..64 letters and digits are looked up. */
+/* Run ids: ULIDs, 26 characters of Crockford's base 32. */
 static int is_run_id(const char *s, size_t len) {
-  if (len == 0 || len > 64) return 0;
+  if (len != 26) return 0;
   for (size_t i = 0; i < len; i++)
-    if (!isalnum((unsigned char)s[i])) return 0;
+    if (!s[i] || !strchr("0123456789ABCDEFGHJKMNPQRSTVWXYZ", s[i])) return 0;
   return 1;
 }
 
@@ -158,36 +159,6 @@ char *server_error_json(const char *code, const char *message) {
 }
 
 /* See server_route.h. */
-int server_utf8_valid(const char *str, size_t len) {
-  const unsigned char *s = (const unsigned char *)str;
-  size_t i = 0;
-  while (i < len) {
-    unsigned char c = s[i];
-    if (c < 0x80) {
-      i++;
-      continue;
-    }
-    size_t n;
-    uint32_t cp;
-    if (c >= 0xc2 && c <= 0xdf) n = 1, cp = c & 0x1f;
-    else if (c >= 0xe0 && c <= 0xef) n = 2, cp = c & 0x0f;
-    else if (c >= 0xf0 && c <= 0xf4) n = 3, cp = c & 0x07;
-    else return 0;
-    if (i + n >= len) return 0;
-    for (size_t k = 1; k <= n; k++) {
-      if ((s[i + k] & 0xc0) != 0x80) return 0;
-      cp = (cp << 6) | (s[i + k] & 0x3f);
-    }
-    /* Overlong forms, surrogates and code points past U+10FFFF. */
-    if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10ffff ||
-        (cp >= 0xd800 && cp <= 0xdfff))
-      return 0;
-    i += n + 1;
-  }
-  return 1;
-}
-
-/* See server_route.h. */
 int server_auth_ok(const char *header, size_t hlen, const char *token, size_t toklen) {
   if (!token || !toklen) return 1;
   const char *got = "";
@@ -243,29 +214,19 @@ static int only_space(const char *s, size_t len) {
   return 1;
 }
 
-/* Parse a JSON body, refusing NUL bytes, invalid UTF-8, and trailing data. */
+/* Parse a JSON body, refusing NUL bytes, invalid UTF-8, and what json_parse refuses. */
 static int parse_json(const char *body, size_t blen, cJSON **out, int *status, err_t *e) {
   *out = NULL;
   if (memchr(body, 0, blen))
     return fail(status, 400, e, ERR_INVALID, "malformed JSON: the body holds a NUL byte");
-  if (!server_utf8_valid(body, blen))
+  if (!jsontext_utf8_valid(body, blen))
     return fail(status, 400, e, ERR_INVALID, "malformed JSON: the body is not valid UTF-8");
-  const char *end = NULL;
-  cJSON *v = cJSON_ParseWithLengthOpts(body, blen, &end, 0);
-  if (!v) {
-    size_t at = end && end >= body && end <= body + blen ? (size_t)(end - body) : 0;
-    char near[80];
-    printable(near, sizeof near, body + at, blen - at < 20 ? blen - at : 20);
-    return fail(status, 400, e, ERR_INVALID, "malformed JSON at byte %zu%s%s%s", at + 1,
-                *near ? " near '" : "", near, *near ? "'" : "");
+  err_t pe;
+  if (jsontext_parse(body, blen, out, &pe)) {
+    if (!strncmp(pe.msg, "invalid JSON", 12))
+      return fail(status, 400, e, ERR_INVALID, "malformed JSON%s", pe.msg + 12);
+    return fail(status, 400, e, ERR_INVALID, "malformed JSON: %s", pe.msg);
   }
-  size_t used = end ? (size_t)(end - body) : blen;
-  if (used < blen && !only_space(body + used, blen - used)) {
-    cJSON_Delete(v);
-    return fail(status, 400, e, ERR_INVALID, "malformed JSON: unexpected data after the value "
-                "at byte %zu", used + 1);
-  }
-  *out = v;
   return 0;
 }
 
@@ -302,8 +263,7 @@ static int check_size(const cJSON *v, int64_t limit, const char *where, const ch
   int64_t n = (int64_t)strlen(s);
   if (limit > 0 && n > limit) {
     char a[32], b[32];
-    units_fmt_size(n, a, sizeof a);
-    units_fmt_size(limit, b, sizeof b);
+    units_fmt_over(n, limit, a, b, sizeof a);
     free(s);
     return fail(status, 413, e, ERR_TOOBIG, "%s%s is %s, over the limit of %s (limits.event)",
                 where, what, a, b);
@@ -429,6 +389,8 @@ static int route_list(const char *q, size_t qlen, int64_t now_ms, struct server_
                       int *status, err_t *e) {
   static const char *const statuses[] = {"queued", "running", "sleeping", "waiting",
                                          "completed", "failed", "cancelled", NULL};
+  static const char *const trigger_kinds[] = {"event", "cron", "invoke", "rerun", "on_failure",
+                                              NULL};
   p->limit = SERVER_LIST_DEFAULT;
   size_t i = 0;
   while (i < qlen) {
@@ -473,19 +435,19 @@ static int route_list(const char *q, size_t qlen, int64_t now_ms, struct server_
       memcpy(p->status, val, (size_t)vl + 1); /* one of the statuses: shorter than 16 */
       p->filter.status = p->status;
     } else if (!strcmp(key, "trigger")) {
-      int ok = vl < (long)sizeof p->trigger;
-      /* Kinds are lowercase words, on_failure included. */
-      for (long k = 0; k < vl && ok; k++) ok = (val[k] >= 'a' && val[k] <= 'z') || val[k] == '_';
+      int ok = 0;
+      for (const char *const *k = trigger_kinds; *k && !ok; k++) ok = !strcmp(*k, val);
       if (!ok)
-        return fail(status, 400, e, ERR_INVALID, "trigger must be a trigger kind such as "
-                    "event, cron, invoke, rerun or on_failure; got '%s'", shown);
+        return fail(status, 400, e, ERR_INVALID, "trigger must be one of event, cron, invoke, "
+                    "rerun, on_failure; got '%s'", shown);
       memcpy(p->trigger, val, (size_t)vl + 1); /* vl < sizeof p->trigger: checked above */
       p->filter.trigger = p->trigger;
     } else if (!strcmp(key, "before") || !strcmp(key, "parent")) {
       /* Both hold a run id: before pages, parent lists a run's children. */
       int before = key[0] == 'b';
       if (!is_run_id(val, (size_t)vl))
-        return fail(status, 400, e, ERR_INVALID, "%s: '%s' is not a run id", key, shown);
+        return fail(status, 400, e, ERR_INVALID, "%s: '%s' is not a run id (26 characters "
+                    "such as 01J00000000000000000000000)", key, shown);
       char *dst = before ? p->before : p->parent;
       memcpy(dst, val, (size_t)vl + 1);
       if (before) p->filter.before = dst;
@@ -542,7 +504,7 @@ static int route_file(const char *q, size_t qlen, struct server_plan *p, int *st
     if (vl == -2)
       return fail(status, 400, e, ERR_INVALID, "parameter 'file' is longer than %d bytes",
                   SERVER_FILE_MAX);
-    int ok = server_utf8_valid(p->file, (size_t)vl);
+    int ok = jsontext_utf8_valid(p->file, (size_t)vl);
     for (long k = 0; k < vl && ok; k++) ok = (unsigned char)p->file[k] >= 0x20 && p->file[k] != 0x7f;
     if (!ok) {
       p->file[0] = 0;
@@ -684,6 +646,9 @@ int server_route(const char *method, size_t mlen, const char *target, size_t tle
       if (op == SERVER_OP_PUT_SKILL)
         return fail(status, 400, e, ERR_INVALID, "bad skill id '%s': it must match "
                     "[a-z0-9][a-z0-9._-]* and have at most %d characters", id, SERVER_ID_MAX);
+      if (s->too_long)
+        return fail(status, 404, e, ERR_NOTFOUND, "no %s has an id that long (over %d bytes)",
+                    skill_path ? "skill" : "run", SERVER_ID_MAX * 3);
       if (skill_path)
         return fail(status, 404, e, ERR_NOTFOUND, "no skill '%s' is registered", id);
       return fail(status, 404, e, ERR_NOTFOUND, "no run with id '%s'", id);
@@ -694,8 +659,7 @@ int server_route(const char *method, size_t mlen, const char *target, size_t tle
 
   if (blen > body_max) {
     char a[32], b[32];
-    units_fmt_size((int64_t)blen, a, sizeof a);
-    units_fmt_size((int64_t)body_max, b, sizeof b);
+    units_fmt_over((int64_t)blen, (int64_t)body_max, a, b, sizeof a);
     p->op = SERVER_OP_NONE;
     return fail(status, 413, e, ERR_TOOBIG, "the body is %s, over the limit of %s", a, b);
   }

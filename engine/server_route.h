@@ -111,7 +111,4 @@ char *server_error_json(const char *code, const char *message);
 ** whatever the header's length). */
 int server_auth_ok(const char *header, size_t hlen, const char *token, size_t toklen);
 
-/* Whether len bytes are valid UTF-8 (no overlongs, no surrogates). */
-int server_utf8_valid(const char *s, size_t len);
-
 #endif

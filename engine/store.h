@@ -124,6 +124,14 @@ int store_get_version(store_t *s, const char *version, char **source, char **ski
 int store_get_skill(store_t *s, const char *id, cJSON **out, err_t *e);
 int store_list_skills(store_t *s, cJSON **out, err_t *e);
 
+/* The version a rerun of a run of skill (which ran run_version) starts on,
+** malloc'd in *out: the skill's live version; the run's own when the skill
+** was never registered (a file run with `moonloop run FILE`); ERR_CONFLICT
+** when it is registered but has no live version (its file was deleted or
+** never loaded): a rerun is a new run, and those stopped with the file. */
+int store_rerun_version(store_t *s, const char *skill, const char *run_version, char **out,
+                        err_t *e);
+
 /* What the runs of owner got from others: waits delivered
 ** ({"deliveries": [{"run_id", "seq"}]}) and cancellations asked for
 ** ({"cancels": [{"run_id", "reason"}]}). */

@@ -339,14 +339,15 @@ static int write_cancel(store_t *s, const struct jentry *je, err_t *e) {
       store__bind_text(u, 3, errjson);
       char *outcome = sqlite3_step(u) == SQLITE_ROW ? outcome_json(u) : NULL;
       sqlite3_finalize(u);
+      err = store__run_ended(s, ids[i], e);
       if (!strcmp(ids[i], c->run_id)) top = "cancelled";
-      if (outcome) {
+      if (outcome && !err) {
         struct jentry fake = {.kind = J_CHILD_DONE};
         fake.u.child.child_id = ids[i];
         fake.u.child.outcome = outcome;
         err = write_child_done(s, &fake, e);
-        free(outcome);
       }
+      free(outcome);
     }
     free(errjson);
     if (!err) journal_set_result(je, strdup(top));
@@ -478,8 +479,14 @@ int store__run_ended(store_t *s, const char *run_id, err_t *e) {
   static const char *const sql[] = {
     "DELETE FROM waits WHERE run_id = ?1", "DELETE FROM slots WHERE run_id = ?1",
     "DELETE FROM slot_queue WHERE run_id = ?1",
+    /* A step still open (asleep, waiting, running) ended with its run: the
+    ** trace must not show it asleep forever. */
+    "UPDATE steps SET status = CASE (SELECT status FROM runs WHERE id = ?1)"
+    " WHEN 'cancelled' THEN 'cancelled' ELSE 'failed' END,"
+    " ended_at = (SELECT ended_at FROM runs WHERE id = ?1), wake_at = NULL, retry_at = NULL"
+    " WHERE run_id = ?1 AND status IN ('running', 'sleeping', 'waiting')",
   };
-  return store__exec_bound(s, sql, 3, run_id, "cleaning up after a run", e);
+  return store__exec_bound(s, sql, 4, run_id, "cleaning up after a run", e);
 }
 
 /* Start the runs of skills triggered by this event. */
@@ -614,5 +621,11 @@ int store__skill_change(store_t *s, const struct skill_row *r, err_t *e) {
   sqlite3_bind_int64(st, 4, r->updated_at);
   int rc = sqlite3_step(st);
   sqlite3_finalize(st);
-  return rc == SQLITE_DONE ? 0 : store__db_err(e, s->w, "changing a skill's record");
+  if (rc != SQLITE_DONE) return store__db_err(e, s->w, "changing a skill's record");
+  /* A skill that never had a version (only a load error) leaves no record. */
+  static const char *const forget[] = {
+    "DELETE FROM skills WHERE id = ?1 AND version IS NULL AND error IS NULL"
+    " AND NOT EXISTS (SELECT 1 FROM versions WHERE skill = ?1)",
+  };
+  return r->op == SKILL_ERROR ? 0 : store__exec_bound(s, forget, 1, r->id, "forgetting a skill", e);
 }

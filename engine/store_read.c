@@ -361,6 +361,10 @@ static cJSON *skill_record(store_t *s, sqlite3_stmt *st) {
   add_text(o, "description", st, 3);
   const char *trig = (const char *)sqlite3_column_text(st, 4);
   cJSON *t = trig ? cJSON_Parse(trig) : NULL;
+  if (t && !cJSON_IsArray(t)) { /* none: an empty Lua table, stored as {} */
+    cJSON_Delete(t);
+    t = NULL;
+  }
   cJSON_AddItemToObject(o, "triggers", t ? t : cJSON_CreateArray());
   cJSON *versions = cJSON_AddArrayToObject(o, "versions");
   sqlite3_stmt *v = store__prep(s->r,
@@ -403,6 +407,23 @@ int store_list_skills(store_t *s, cJSON **out, err_t *e) {
   sqlite3_finalize(st);
   *out = arr;
   return 0;
+}
+
+/* See store.h. */
+int store_rerun_version(store_t *s, const char *skill, const char *run_version, char **out,
+                        err_t *e) {
+  *out = NULL;
+  cJSON *rec;
+  if (store_get_skill(s, skill, &rec, e)) {
+    if (e->code != ERR_NOTFOUND) return e->code;
+    return (*out = strdup(run_version)) ? 0 : err_set(e, ERR_NOMEM, "out of memory");
+  }
+  const cJSON *v = cJSON_GetObjectItem(rec, "version");
+  int rc = cJSON_IsString(v) ? ((*out = strdup(v->valuestring)) ? 0 : err_set(e, ERR_NOMEM, "out of memory"))
+         : err_set(e, ERR_CONFLICT, "skill '%s' has no live version (its file was deleted or "
+                   "failed to load): restore it to rerun its runs", skill);
+  cJSON_Delete(rec);
+  return rc;
 }
 
 /* See store.h: delivered waits of owner's runs (not cancel waits) and the

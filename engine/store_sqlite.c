@@ -147,8 +147,7 @@ static const char *const wsql[W_COUNT] = {
   [W_SKILL] =
     "INSERT INTO skills(id, version, file, description, triggers, error, updated_at)"
     " VALUES(?1,?2,?3,?4,?5,?6,?7) ON CONFLICT(id) DO UPDATE SET version = ?2,"
-    " file = COALESCE(?3, file), description = COALESCE(?4, description),"
-    " triggers = COALESCE(?5, triggers), error = ?6, updated_at = ?7",
+    " file = COALESCE(?3, file), description = ?4, triggers = ?5, error = ?6, updated_at = ?7",
 };
 
 
@@ -697,7 +696,7 @@ int store_take_run(store_t *s, const char *run_id, const char *owner, const char
   sqlite3_finalize(st);
   st = NULL;
   if (store__is_terminal(r->status)) {
-    rc = err_set(e, ERR_CONFLICT, "run %s has already %s: nothing to resume", run_id,
+    rc = err_set(e, ERR_CONFLICT, "run %s is already %s: nothing to resume", run_id,
                  r->status);
   } else if (r->owner && strcmp(r->owner, owner)) {
     sqlite3_stmt *l = store__prep(s->w, "SELECT kind, host, pid, expires_at FROM leases WHERE owner=?1", e);

@@ -153,3 +153,12 @@ void units_fmt_size(int64_t bytes, char *out, size_t n) {
   else if (bytes < 1073741824) snprintf(out, n, "%.1f MB", bytes / 1048576.0);
   else snprintf(out, n, "%.1f GB", bytes / 1073741824.0);
 }
+
+/* See units.h. */
+void units_fmt_over(int64_t size, int64_t limit, char *size_out, char *limit_out, size_t n) {
+  units_fmt_size(size, size_out, n);
+  units_fmt_size(limit, limit_out, n);
+  if (strcmp(size_out, limit_out)) return;
+  snprintf(size_out, n, "%lld bytes", (long long)size);
+  snprintf(limit_out, n, "%lld bytes", (long long)limit);
+}

@@ -35,4 +35,9 @@ void units_fmt_duration(int64_t ms, char *out, size_t n);
 /* Format a size for people: "512 B", "1.5 KB", "2.0 MB". */
 void units_fmt_size(int64_t bytes, char *out, size_t n);
 
+/* Format a size and the limit it went over, for "X, over the limit of Y":
+** as units_fmt_size, or in bytes when rounding would show them equal
+** ("1048577 bytes" and "1048576 bytes", not "1.0 MB" twice). */
+void units_fmt_over(int64_t size, int64_t limit, char *size_out, char *limit_out, size_t n);
+
 #endif

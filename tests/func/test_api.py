@@ -218,7 +218,8 @@ class ApiReadTest(ApiTestBase):
             "limit=0": "limit", "limit=1001": "limit", "limit=ten": "limit",
             "status=done": "status", "since=yesterday": "since", "colour=red": "colour",
             "before=not-an-id!": "before", "skill=Bad%20Skill": "skill", "limit=%zz": "limit",
-            "trigger=EVENT": "trigger",
+            "trigger=EVENT": "trigger", "trigger=bogus": "trigger", "before=zzzz": "before",
+            "parent=01J0000000000000000000000I": "parent",
         }
         for q, word in cases.items():
             st, _, b = self.get("/v1/runs?" + q)
@@ -290,6 +291,23 @@ class ApiReadTest(ApiTestBase):
         self.assertEqual(st, 200)
         self.assertEqual(data, b"")
         self.assertGreater(int(h["content-length"]), 10)
+        # On a kept-alive connection no body follows the headers: the next
+        # answer starts right after them.
+        for path in ("/v1/skills/hello", "/metrics", "/"):
+            s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+            s.sendall(b"HEAD %s HTTP/1.1\r\nHost: x\r\n\r\n"
+                      b"GET /v1/skills HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                      % path.encode())
+            out = b""
+            while True:  # until the server closes, after the second answer
+                b = s.recv(65536)
+                if not b:
+                    break
+                out += b
+            s.close()
+            first, rest = out.split(b"\r\n\r\n", 1)
+            self.assertTrue(first.startswith(b"HTTP/1.1 200"), first)
+            self.assertTrue(rest.startswith(b"HTTP/1.1 200"), (path, rest[:80]))
 
     def test_events_bodies_are_validated_before_anything_is_written(self):
         bad = [
@@ -310,6 +328,12 @@ class ApiReadTest(ApiTestBase):
             ('[{"name": "a"}, 3]', 400, "events[1]"),
             ('{"name": "a", "data": "%s"}' % ("x" * 2000), 413, "limits.event"),
             ('[{"name": "a"}, {"name": "b", "data": "%s"}]' % ("x" * 2000), 413, "events[1]"),
+            # cJSON would cut the string at the NUL, and read 1e400 as infinity:
+            # refused, rather than stored as something else than was sent.
+            ('{"name": "a", "data": "x\\u0000y"}', 400, "\\u0000"),
+            ('{"name": "a", "id": "k\\u0000a"}', 400, "\\u0000"),
+            ('{"name": "a", "data": {"n": [1, 1e400]}}', 400, "$.data.n[2] is out of range"),
+            ("{bad json", 400, "line 1 column"),
         ]
         for body, status, word in bad:
             st, _, b = self.post("/v1/events", body)

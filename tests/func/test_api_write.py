@@ -176,6 +176,67 @@ class ApiWriteTest(unittest.TestCase):
                             'return { id = "not-other", run = function() end }')
         self.assertEqual(st, 400, b)
 
+    def put(self, skill, src):
+        return jrequest(self.port, "PUT", "/v1/skills/" + skill, src)
+
+    def test_a_new_version_replaces_description_and_triggers(self):
+        st, _, b = self.put("ticker", 'return { id = "ticker", description = "every second",'
+                            ' triggers = { { cron = "* * * * * *" } }, run = function() return 1 end }')
+        self.assertEqual(st, 200, b)
+        self.assertEqual(b["triggers"], [{"cron": "* * * * * *"}])
+        wait_until(lambda: self.get("/v1/runs?skill=ticker")[2]["runs"], what="a tick")
+        st, _, b = self.put("ticker", 'return { id = "ticker", run = function() return 2 end }')
+        self.assertEqual(st, 200, b)
+        self.assertIsNone(b["description"])
+        self.assertEqual(b["triggers"], [])  # a list, also when empty
+        time.sleep(0.5)  # a tick already due may still start
+        n = len(self.get("/v1/runs?skill=ticker")[2]["runs"])
+        time.sleep(2.2)
+        self.assertEqual(len(self.get("/v1/runs?skill=ticker")[2]["runs"]), n, "the cron still fires")
+
+    def test_a_skill_that_never_loaded_can_be_deleted(self):
+        st, _, b = self.put("neverloaded", "return {")
+        self.assertEqual(st, 400, b)
+        self.assertIn("neverloaded", [s["id"] for s in self.get("/v1/skills")[2]["skills"]])
+        st, _, b = jrequest(self.port, "DELETE", "/v1/skills/neverloaded")
+        self.assertEqual(st, 200, b)
+        self.assertIsNone(b["version"])
+        self.assertNotIn("neverloaded", [s["id"] for s in self.get("/v1/skills")[2]["skills"]])
+        st, _, b = jrequest(self.port, "DELETE", "/v1/skills/neverloaded")
+        self.assertEqual(st, 404, b)
+
+    def test_rerun_of_a_deleted_skill_is_409(self):
+        self.assertEqual(self.put("gone", 'return { id = "gone", run = function() return 1 end }')[0], 200)
+        first = self.post("/v1/skills/gone/invoke", {"wait": True})[2]
+        self.assertEqual(first["status"], "completed")
+        self.assertEqual(jrequest(self.port, "DELETE", "/v1/skills/gone")[0], 200)
+        st, _, b = self.post("/v1/runs/%s/rerun" % first["run_id"])
+        self.assertEqual(st, 409, b)
+        self.assertIn("no live version", b["error"]["message"])
+        r = self.w.ml("rerun", first["run_id"], check=1)
+        self.assertIn("no live version", r.stderr)
+
+    def test_output_that_is_not_utf8_is_kept_and_shown_as_replacement_characters(self):
+        src = ('return { id = "bytes", run = function(ctx)\n'
+               '  log.info("raw \\255 byte")\n'
+               '  local s = ctx.step.run("s", function() return "\\255\\254ok" end)\n'
+               '  assert(s == "\\255\\254ok")\n'
+               '  return { s = s }\n'
+               'end }')
+        self.assertEqual(self.put("bytes", src)[0], 200)
+        st, _, data = request(self.port, "POST", "/v1/skills/bytes/invoke", '{"wait": true}')
+        out = json.loads(data.decode("utf-8"))  # strict: valid UTF-8
+        self.assertEqual(out["status"], "completed", out)
+        self.assertEqual(out["output"], {"s": "\ufffd\ufffdok"})
+        st, _, data = request(self.port, "GET", "/v1/runs/" + out["run_id"])
+        rec = json.loads(data.decode("utf-8"))
+        self.assertEqual(rec["logs"][0]["msg"], "raw \ufffd byte")
+        self.assertEqual(rec["steps"][0]["output"], "\ufffd\ufffdok")
+        json.loads(request(self.port, "GET", "/v1/runs?limit=1000")[2].decode("utf-8"))
+        r = subprocess.run([BIN, "trace", out["run_id"], "--json"], cwd=self.w.path, env=self.w.env,
+                           capture_output=True, timeout=30)
+        self.assertEqual(json.loads(r.stdout.decode("utf-8"))["output"], {"s": "\ufffd\ufffdok"})
+
     # ---- the client went away ----
 
     def test_client_gone_before_the_answer_does_not_hurt(self):

@@ -101,6 +101,10 @@ end }""")
         t = self.w.trace(stuck)
         self.assertIn("cancelled", t["error"]["message"])
         self.assertTrue(t["ended_at"])
+        # Its sleep ended with it: not shown asleep forever.
+        self.assertEqual(t["steps"][0]["status"], "cancelled")
+        self.assertEqual(t["steps"][0]["ended_at"], t["ended_at"])
+        self.assertNotIn("wake_at", t["steps"][0])
         rerun = self.w.ml("rerun", run["id"], check=0).stdout.strip()
         self.assertEqual(self.w.trace(rerun)["trigger"], {"kind": "rerun", "run_id": run["id"]})
 

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "jsontext.h"
 #include "server_route.h"
 
 /* picohttpparser's interface (libh2o exports it; no header is installed). */
@@ -50,7 +51,7 @@ static void check_error(int status, const err_t *e) {
   CHECK(memchr(e->msg, 0, sizeof e->msg) != NULL);
   char *json = server_error_json(server_error_code(status, e->code), e->msg);
   CHECK(json != NULL);
-  CHECK(server_utf8_valid(json, strlen(json)));
+  CHECK(jsontext_utf8_valid(json, strlen(json)));
   cJSON *back = cJSON_Parse(json);
   CHECK(back != NULL);
   cJSON *msg = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(back, "error"),
@@ -74,7 +75,7 @@ static void check_plan(const struct server_plan *p) {
       CHECK(len >= 1 && len <= SERVER_NAME_MAX);
       CHECK(cJSON_GetObjectItemCaseSensitive(ev, "data") != NULL);
       char *s = cJSON_PrintUnformatted(ev);
-      CHECK(s && server_utf8_valid(s, strlen(s)));
+      CHECK(s && jsontext_utf8_valid(s, strlen(s)));
       free(s);
     }
     break;
