@@ -67,6 +67,8 @@ static int depth_at(const char *s, size_t pos) {
 ** one is given; pos is the byte offset of the error. */
 static int syntax_error(const char *s, size_t len, size_t pos, const char *reason, err_t *e) {
   if (pos > len) pos = len;
+  /* cJSON can stop inside a UTF-8 sequence: point at its first byte. */
+  while (pos > 0 && pos < len && ((unsigned char)s[pos] & 0xC0) == 0x80) pos--;
   int line = 1;
   size_t bol = 0;
   for (size_t i = 0; i < pos; i++)

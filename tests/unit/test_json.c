@@ -347,6 +347,9 @@ TEST(decode_errors_give_line_column_and_excerpt) {
   CHECK_RUN(L, "return json.decode('[x' .. string.rep('\xC3\xA9', 15))",
             "error: json.decode: invalid JSON at line 1 column 2 near 'x"
             "\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9'");
+  /* cJSON stops inside the two-byte letter: the excerpt starts at its first byte. */
+  CHECK_RUN(L, "return json.decode('{\xDE\x92}')",
+            "error: json.decode: invalid JSON at line 1 column 2 near '\xDE\x92}'");
   CHECK_RUN(L, "return json.decode('[1,\\n\\n  @\\1]')",
             "error: json.decode: invalid JSON at line 3 column 3 near '@\\x01]'");
   lua_close(L);
