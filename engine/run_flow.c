@@ -125,17 +125,40 @@ static void on_sleep_end(struct stimer *tm) {
 
 /* ---- waits: events and child runs ---- */
 
-/* Complete the wait step with result (JSON text, or NULL: timed out). */
+/* Why an invoke's outcome (JSON text, NULL: timed out) fails its step, in
+** msg; 0 when the child completed. The skill raises the same words. */
+static int invoke_failure(const char *outcome, char *msg, size_t cap) {
+  if (!outcome) {
+    snprintf(msg, cap, "child run did not end within its timeout");
+    return 1;
+  }
+  cJSON *o = cJSON_Parse(outcome);
+  const char *st = cJSON_GetStringValue(cJSON_GetObjectItem(o, "status"));
+  int failed = !st || strcmp(st, "completed");
+  if (failed) {
+    const char *m = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "error"), "message"));
+    const char *id = cJSON_GetStringValue(cJSON_GetObjectItem(o, "run_id"));
+    snprintf(msg, cap, "child run %s %s: %s", id ? id : "?", st ? st : "?",
+             m ? m : (st ? st : "?"));
+  }
+  cJSON_Delete(o);
+  return failed;
+}
+
+/* Complete the wait step with result (JSON text, or NULL: timed out). An
+** invoke whose child did not complete is a failed step, its outcome kept. */
 static void wait_finish(struct task *t, const char *result) {
   struct run *r = t->run;
   unpark_long(t);
   t->waiting = 0;
   sched__timer_stop(r->sched, &t->timer);
   int64_t now = units_now_ms();
+  char why[1024];
+  int failed = !strcmp(t->wait_kind, "invoke") && invoke_failure(result, why, sizeof why);
   struct step_row row = {
     .run_id = r->id, .seq = t->wait_seq, .id = t->wait_id, .kind = t->wait_kind,
-    .status = "completed", .output = result ? result : "null", .attempts = 1,
-    .started_at = t->wait_started, .ended_at = now,
+    .status = failed ? "failed" : "completed", .output = result ? result : "null",
+    .error = failed ? why : NULL, .attempts = 1, .started_at = t->wait_started, .ended_at = now,
   };
   struct wait_end we = {.run_id = r->id, .seq = t->wait_seq};
   struct run_set set = {.run_id = r->id, .status = "running"};
@@ -149,8 +172,8 @@ static void wait_finish(struct task *t, const char *result) {
                            .at = now};
     journal_cancel(j, &c);
   }
-  run__verbose(r, "\xe2\x9c\x93", t->wait_id, now - t->wait_started,
-               result ? "(delivered)" : "(timed out)");
+  run__verbose(r, failed ? "\xe2\x9c\x97" : "\xe2\x9c\x93", t->wait_id, now - t->wait_started,
+               failed ? why : result ? "(delivered)" : "(timed out)");
   if (result) lua_pushstring(t->co, result);
   else lua_pushnil(t->co);
   lua_pushnumber(t->co, (lua_Number)now);

@@ -286,16 +286,19 @@ static int write_child_done(store_t *s, const struct jentry *je, err_t *e) {
   return store__step(s, st, e, "delivering a child's outcome");
 }
 
-/* Cancel run_id and its descendants: unowned ones end now (and their
-** parents' waits get the outcome); owned ones are flagged for their owner. */
+/* Cancel run_id and its descendants: ones held by a live engine are flagged
+** for it; the others (queued, or left by an engine that stopped or died)
+** end now, and their parents' waits get the outcome. */
 static int write_cancel(store_t *s, const struct jentry *je, err_t *e) {
   const struct cancel_row *c = &je->u.cancel;
   sqlite3_stmt *st = store__prep(s->w,
     "WITH RECURSIVE tree(id) AS (SELECT ?1 UNION SELECT r.id FROM runs r JOIN tree"
-    " ON r.parent_id = tree.id) SELECT runs.id, status, owner FROM runs JOIN tree"
+    " ON r.parent_id = tree.id) SELECT runs.id, status, EXISTS (SELECT 1 FROM leases l"
+    " WHERE l.owner = runs.owner AND l.expires_at > ?2) FROM runs JOIN tree"
     " ON runs.id = tree.id", e);
   if (!st) return e->code;
   store__bind_text(st, 1, c->run_id);
+  sqlite3_bind_int64(st, 2, c->at);
   char *ids[256];
   int owned[256], n = 0, rc, found = 0;
   char *top_status = NULL;
@@ -307,7 +310,7 @@ static int write_cancel(store_t *s, const struct jentry *je, err_t *e) {
       top_status = strdup(status);
     }
     if (store__is_terminal(status) || n == 256) continue;
-    owned[n] = sqlite3_column_type(st, 2) != SQLITE_NULL;
+    owned[n] = sqlite3_column_int(st, 2);
     ids[n++] = strdup(id);
   }
   sqlite3_finalize(st);
@@ -328,8 +331,8 @@ static int write_cancel(store_t *s, const struct jentry *je, err_t *e) {
         continue;
       }
       sqlite3_stmt *u = store__prep(s->w,
-        "UPDATE runs SET status = 'cancelled', ended_at = ?2, error = ?3, wake_at = NULL"
-        " WHERE id = ?1 RETURNING id, status, output, error", e);
+        "UPDATE runs SET status = 'cancelled', ended_at = ?2, error = ?3, wake_at = NULL,"
+        " owner = NULL WHERE id = ?1 RETURNING id, status, output, error", e);
       if (!u) {
         err = e->code;
         break;

@@ -208,6 +208,11 @@ void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
                 str(a, "error") ? str(a, "error") : "");
       }
     }
+    /* A step that failed without attempts of its own (an invoke whose
+    ** child failed, a wait that could not start): its error. */
+    const char *perr = str(p, "error") ? str(p, "error") : str(cJSON_GetObjectItem(p, "error"), "message");
+    if (perr && !cJSON_GetArraySize(atts))
+      fprintf(f, "  %s   %serror%s %s\n", cont, color ? RED : "", color ? RESET : "", perr);
     if (str(p, "wake_at") && pst && !strcmp(pst, "sleeping")) {
       char w[32];
       trace_fmt_ago(time_of(p, "wake_at"), now, w, sizeof w);

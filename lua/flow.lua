@@ -118,8 +118,12 @@ run.add_step("invoke", function(id, opts)
   local timeout = opts.timeout ~= nil and to_ms(opts.timeout, "step.invoke: timeout") or nil
   local sid, seq, rec = next_step(R, T, id, "invoke")
   local outcome
-  if done_rec(R, rec) then
+  -- Done: completed, or failed with the child's outcome kept (a child that
+  -- failed or did not end in time). A failure to start the child has none.
+  if done_rec(R, rec) or (rec and rec.status == "failed" and rec.output ~= nil) then
+    R.now = rec.ended_at or R.now
     outcome = decode(rec.output)
+    if outcome == null then outcome = nil end -- timed out
   else
     local started = rec and rec.started_at or R.now
     local timeout_at = rec and rec.wake_at or (timeout and started + timeout or 0)

@@ -34,6 +34,38 @@ end }""")
         self.assertEqual(self.si.count("/before"), 3)  # not run again by the replays
         self.assertEqual(self.si.count("/after"), 3)
 
+    def test_failed_and_timed_out_invokes_replay_as_they_ran(self):
+        self.skill("child", """
+return { id = "child", retries = 0, run = function(ctx)
+  if ctx.input.mode == "fail" then error("child broke") end
+  ctx.step.sleep("long", "1h")
+end }""")
+        self.skill("parent", """
+return { id = "parent", run = function(ctx)
+  local _, slow = pcall(ctx.step.invoke, "slow", { skill = "child", data = { mode = "sleep" }, timeout = "300ms" })
+  local _, bad = pcall(ctx.step.invoke, "bad", { skill = "child", data = { mode = "fail" } })
+  ctx.step.sleep("nap", "2s")
+  return { slow = tostring(slow), bad = tostring(bad) }
+end }""")
+        p = self.serve()
+        rid = self.w.ml("invoke", "parent", check=0).stdout.strip()
+        wait_until(lambda: [s for s in self.w.trace(rid)["steps"] if s["id"] == "nap"], what="the nap")
+        kill9(p)  # the replay goes through both failed invokes again
+        self.serve()
+        wait_until(lambda: self.w.trace(rid)["status"] == "completed", what="the parent")
+        t = self.w.trace(rid)
+        self.assertEqual(t["output"]["slow"], "step 'slow' failed: child run did not end within its timeout")
+        self.assertRegex(t["output"]["bad"], r"^step 'bad' failed: child run \w+ failed: .*child broke$")
+        steps = {s["id"]: s for s in t["steps"]}
+        self.assertEqual(steps["slow"]["status"], "failed")
+        self.assertEqual(steps["slow"]["error"], "child run did not end within its timeout")
+        self.assertEqual(steps["bad"]["status"], "failed")
+        self.assertIn("child broke", steps["bad"]["error"])
+        self.assertEqual(steps["bad"]["output"]["status"], "failed")
+        self.assertIn("error child run did not end within its timeout",
+                      self.w.ml("trace", rid, check=0).stdout)
+        self.assertEqual(len(self.runs_of("child")), 2)  # not started again by the replay
+
     def test_parent_waiting_on_a_child_survives_kills(self):
         self.skill("child", """
 return { id = "child", run = function(ctx)

@@ -1,6 +1,7 @@
 """Triggers and flow: events, waits, invoke, parallel, send_event, cancel, rerun, concurrency, cron."""
 import json
 import os
+import signal
 import sys
 import time
 
@@ -141,6 +142,30 @@ return { id = "parent", run = function(ctx) return ctx.step.invoke("c", { skill 
         r = self.w.ml("cancel", pid, check=1)
         self.assertIn("already cancelled", r.stderr)
         self.assertIn("no run", self.w.ml("cancel", "01NOSUCHRUN000000000000000", check=1).stderr)
+
+    def test_cancel_while_no_engine_runs_ends_the_runs_at_once(self):
+        self.skill("child", """
+return { id = "child", run = function(ctx) ctx.step.sleep("long", "1h") end }""")
+        self.skill("parent", """
+return { id = "parent", run = function(ctx) return ctx.step.invoke("c", { skill = "child" }) end }""")
+        p = self.serve()
+        pid = self.w.ml("invoke", "parent", check=0).stdout.strip()
+        wait_until(lambda: self.runs_of("child", "sleeping"), what="the child to sleep")
+        p.send_signal(signal.SIGTERM)  # stops, releasing its lease: nobody holds the runs
+        self.assertEqual(p.wait(timeout=30), 0)
+        r = self.w.ml("cancel", pid, check=0)
+        self.assertEqual(r.stdout.strip(), "cancelled " + pid)
+        parent = self.w.trace(pid)
+        self.assertEqual(parent["status"], "cancelled")
+        self.assertEqual(parent["steps"][0]["status"], "cancelled")
+        child = self.w.trace(parent["children"][0]["id"])
+        self.assertEqual(child["status"], "cancelled")
+        self.assertEqual(child["steps"][0]["status"], "cancelled")
+        self.assertTrue(child["steps"][0]["ended_at"])
+        # An engine that starts later finds nothing to resume.
+        self.serve()
+        time.sleep(0.5)
+        self.assertEqual([r["status"] for r in self.w.runs()], ["cancelled", "cancelled"])
 
     def test_cancel_on_event(self):
         self.skill("triage", """
