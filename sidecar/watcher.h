@@ -114,6 +114,10 @@ struct watcher_opts {
   FILE *log;               /* one line per file answered (NULL: none) */
   const char *log_prefix;  /* before each line, e.g. "moonloop: " */
   int log_rel;             /* name files by rel (else by registered name) in the log */
+  /* Lines about the workspace folder itself (missing, gone, back, too many
+  ** folders); NULL: log and log_prefix. */
+  FILE *status_log;
+  const char *status_prefix;
   /* After the first scan's batch was answered, with the number of files
   ** loaded and rejected. */
   void (*on_ready)(void *arg, int loaded, int rejected);
