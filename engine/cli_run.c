@@ -169,7 +169,9 @@ int cli_run(struct cli *c) {
     return cli_fail(EXIT_USAGE, "run executes the skill in this process; to run it on the engine "
                     "at %s use: moonloop invoke SKILL --wait --server URL", c->cfg.server);
   if (c->resume) {
-    if (c->nargs) return cli_fail(EXIT_USAGE, "run --resume RUN_ID takes no other argument");
+    if (c->nargs)
+      return cli_fail(EXIT_USAGE, "run --resume RUN_ID takes no other argument, got '%s'",
+                      c->args[0]);
     return resume(c);
   }
   if (c->nargs != 1)

@@ -24,24 +24,25 @@ struct command {
   int bit;
   int (*fn)(struct cli *c);
   const char *usage;
+  int max_args; /* positional arguments it takes at most; -1: any number */
 };
 
 static const struct command commands[] = {
-  {"run", C_RUN, cli_run, "run FILE-or-SKILL [--data JSON] | run --resume RUN_ID"},
-  {"invoke", C_INVOKE, cli_invoke, "invoke SKILL [--data JSON] [--wait]"},
-  {"send", C_SEND, cli_send, "send NAME [--data JSON] [--id KEY]"},
-  {"cancel", C_CANCEL, cli_cancel, "cancel RUN_ID"},
-  {"rerun", C_RERUN, cli_rerun, "rerun RUN_ID"},
-  {"prune", C_PRUNE, cli_prune, "prune --older-than 30d"},
-  {"runs", C_RUNS, cli_runs, "runs [--skill ID] [--status S] [--since 7d] [--trigger KIND] [--limit N]"},
-  {"trace", C_TRACE, cli_trace, "trace RUN_ID"},
-  {"skills", C_SKILLS, cli_skills, "skills"},
-  {"check", C_CHECK, cli_check, "check FILE..."},
-  {"test", C_TEST, cli_test, "test [FILES or DIRS] [--json] [-v]"},
-  {"serve", C_SERVE, cli_serve, "serve [--workspace DIR] [--listen ADDR]"},
-  {"sidecar", C_SIDECAR, cli_sidecar, "sidecar --workspace DIR --server URL"},
-  {"repl", C_REPL, cli_repl, "repl [--workspace DIR]"},
-  {NULL, 0, NULL, NULL},
+  {"run", C_RUN, cli_run, "run FILE-or-SKILL [--data JSON] | run --resume RUN_ID", 1},
+  {"invoke", C_INVOKE, cli_invoke, "invoke SKILL [--data JSON] [--wait]", 1},
+  {"send", C_SEND, cli_send, "send NAME [--data JSON] [--id KEY]", 1},
+  {"cancel", C_CANCEL, cli_cancel, "cancel RUN_ID", 1},
+  {"rerun", C_RERUN, cli_rerun, "rerun RUN_ID", 1},
+  {"prune", C_PRUNE, cli_prune, "prune --older-than 30d", 0},
+  {"runs", C_RUNS, cli_runs, "runs [--skill ID] [--status S] [--since 7d] [--trigger KIND] [--limit N]", 0},
+  {"trace", C_TRACE, cli_trace, "trace RUN_ID", 1},
+  {"skills", C_SKILLS, cli_skills, "skills", 0},
+  {"check", C_CHECK, cli_check, "check FILE...", -1},
+  {"test", C_TEST, cli_test, "test [FILES or DIRS] [--json] [-v]", -1},
+  {"serve", C_SERVE, cli_serve, "serve [--workspace DIR] [--listen ADDR]", 0},
+  {"sidecar", C_SIDECAR, cli_sidecar, "sidecar --workspace DIR --server URL", 0},
+  {"repl", C_REPL, cli_repl, "repl [--workspace DIR]", 0},
+  {NULL, 0, NULL, NULL, 0},
 };
 
 /* Options: name, whether it takes a value, which commands accept it. */
@@ -175,6 +176,13 @@ int main(int argc, char **argv) {
     else if (!strcmp(name, "follow")) c.follow = 1;
     else if (!strcmp(name, "workspace")) workspace = val;
     else if (!strcmp(name, "listen")) listen = val;
+  }
+  /* An argument the command does not take is a mistake, never ignored. */
+  if (cmd->max_args >= 0 && npos > cmd->max_args) {
+    int rc = cli_fail(EXIT_USAGE, "%s: unexpected argument '%s' (usage: moonloop %s)", cmd->name,
+                      pos[cmd->max_args], cmd->usage);
+    free(pos);
+    return rc;
   }
   c.cmd = cmd->name;
   c.args = pos;

@@ -104,6 +104,31 @@ end }""")
         self.assertIn("unknown command", self.w.ml("frobnicate", check=2).stderr)
         self.assertIn("unknown option '--bogus'", self.w.ml("runs", "--bogus", check=2).stderr)
 
+    def test_extra_arguments_are_usage_errors_naming_them(self):
+        cases = [
+            (["skills", "extra"], "skills: unexpected argument 'extra'"),
+            (["runs", "extra"], "runs: unexpected argument 'extra'"),
+            (["runs", "--json", "one", "two"], "runs: unexpected argument 'one'"),
+            (["prune", "--older-than", "1d", "extra"], "prune: unexpected argument 'extra'"),
+            (["serve", "extra"], "serve: unexpected argument 'extra'"),
+            (["repl", "extra"], "repl: unexpected argument 'extra'"),
+            (["sidecar", "extra", "--workspace", "w", "--server", "http://127.0.0.1:1"],
+             "sidecar: unexpected argument 'extra'"),
+            (["trace", "a", "b"], "trace: unexpected argument 'b'"),
+            (["cancel", "a", "b"], "cancel: unexpected argument 'b'"),
+            (["rerun", "a", "b"], "rerun: unexpected argument 'b'"),
+            (["send", "a", "b"], "send: unexpected argument 'b'"),
+            (["invoke", "a", "b"], "invoke: unexpected argument 'b'"),
+            (["run", "a.lua", "b"], "run: unexpected argument 'b'"),
+            (["run", "--resume", "a", "b"], "takes no other argument, got 'b'"),
+        ]
+        for args, want in cases:
+            with self.subTest(args=args):
+                r = self.w.ml(*args, check=2, timeout=30)
+                self.assertIn(want, r.stderr)
+                self.assertEqual(r.stdout, "")
+        self.assertFalse(os.path.exists(self.w.db))  # refused before anything was opened
+
     def test_step_results_must_be_json(self):
         self.w.write("fn.lua", """
 return { run = function(ctx)
