@@ -170,7 +170,7 @@ int cli_trace(struct cli *c) {
   err_t e;
   if (store_get_run(en.store, c->args[0], 1, &run, &e)) {
     engine_close(&en);
-    return cli_fail(e.code == ERR_NOTFOUND ? EXIT_FAILED : EXIT_FAILED, "%s", e.msg);
+    return cli_fail(EXIT_FAILED, "%s", e.msg);
   }
   if (c->json) print_json(run, 0);
   else trace_print_run(stdout, run, c->color, units_now_ms());

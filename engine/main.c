@@ -16,7 +16,8 @@ enum {
   C_REPL = 1 << 13, /* moonloop repl (cli_repl.c) */
   C_TEST = 1 << 14, /* moonloop test (cli_test.c) */
   C_SIDECAR = 1 << 15, /* moonloop sidecar (cli_sidecar.c) */
-  C_ALL = 0xffff,
+  C_VERSION = 1 << 16, /* moonloop version, moonloop --version (here) */
+  C_ALL = 0x1ffff,
 };
 
 struct command {
@@ -42,6 +43,7 @@ static const struct command commands[] = {
   {"serve", C_SERVE, cli_serve, "serve [--workspace DIR] [--listen ADDR]", 0},
   {"sidecar", C_SIDECAR, cli_sidecar, "sidecar --workspace DIR --server URL", 0},
   {"repl", C_REPL, cli_repl, "repl [--workspace DIR]", 0},
+  {"version", C_VERSION, NULL, "version (or --version)", 0},
   {NULL, 0, NULL, NULL, 0},
 };
 
@@ -73,6 +75,19 @@ int cli_fail(int status, const char *fmt, ...) {
   return status;
 }
 
+#ifndef MOONLOOP_VERSION
+#define MOONLOOP_VERSION "unknown" /* a build without CMakeLists.txt's definition */
+#endif
+
+/* moonloop version: the version this binary was built as. It needs no
+** configuration, so it answers even where moonloop.conf.lua is broken. */
+static int print_version(const struct cli *c) {
+  if (c->json) printf("{\"version\":\"%s\"}\n", MOONLOOP_VERSION);
+  else printf("moonloop %s\n", MOONLOOP_VERSION);
+  return EXIT_OK;
+}
+
+/* Print the usage: every command, then the options every command takes. */
 static void usage(FILE *f) {
   fprintf(f, "usage: moonloop COMMAND [options]\n\ncommands:\n");
   for (const struct command *c = commands; c->name; c++) fprintf(f, "  moonloop %s\n", c->usage);
@@ -85,6 +100,8 @@ static void usage(FILE *f) {
           "  -v, --verbose    show each step as it completes\n");
 }
 
+/* Parse the arguments, load the configuration, run the command; its
+** return value is the exit status. */
 int main(int argc, char **argv) {
   struct cli c;
   memset(&c, 0, sizeof c);
@@ -92,6 +109,9 @@ int main(int argc, char **argv) {
   const char **pos = calloc((size_t)argc + 1, sizeof *pos);
   int npos = 0;
   const struct command *cmd = NULL;
+  /* `moonloop --version` is `moonloop version`. */
+  static char version_cmd[] = "version";
+  if (argc > 1 && !strcmp(argv[1], "--version")) argv[1] = version_cmd;
   /* First pass: find the command, so options can be checked against it. */
   for (int i = 1; i < argc; i++) {
     if (argv[i][0] == '-') {
@@ -188,6 +208,10 @@ int main(int argc, char **argv) {
   c.args = pos;
   c.nargs = npos;
   c.color = isatty(1) && !getenv("NO_COLOR");
+  if (cmd->bit == C_VERSION) {
+    free(pos);
+    return print_version(&c);
+  }
   err_t e;
   if (config_load(&c.cfg, config, &e)) {
     free(pos);

@@ -129,6 +129,24 @@ end }""")
                 self.assertEqual(r.stdout, "")
         self.assertFalse(os.path.exists(self.w.db))  # refused before anything was opened
 
+    def test_an_unknown_skill_or_run_is_a_failed_request(self):
+        self.w.ml("runs", check=0)  # the database exists
+        for args in (["invoke", "nosuch"], ["invoke", "nosuch", "--wait"], ["run", "nosuch"],
+                     ["run", "--resume", "nosuch"], ["trace", "nosuch"], ["cancel", "nosuch"],
+                     ["rerun", "nosuch"]):
+            with self.subTest(args=args):
+                r = self.w.ml(*args, check=1)
+                self.assertIn("nosuch", r.stderr)
+
+    def test_version(self):
+        for args in (["--version"], ["version"]):
+            r = self.w.ml(*args, check=0)
+            self.assertRegex(r.stdout, r"^moonloop \d+\.\d+\.\d+\n$")
+        self.assertRegex(self.w.ml("version", "--json", check=0).stdout, r'^\{"version":"\d+\.\d+\.\d+"\}\n$')
+        self.w.write("moonloop.conf.lua", "return {")  # a broken configuration does not stop it
+        self.w.ml("--version", check=0)
+        self.assertIn("moonloop version", self.w.ml("--help", check=0).stdout)
+
     def test_step_results_must_be_json(self):
         self.w.write("fn.lua", """
 return { run = function(ctx)
