@@ -35,7 +35,7 @@ static const struct command commands[] = {
   {"cancel", C_CANCEL, cli_cancel, "cancel RUN_ID", 1},
   {"rerun", C_RERUN, cli_rerun, "rerun RUN_ID", 1},
   {"prune", C_PRUNE, cli_prune, "prune --older-than 30d", 0},
-  {"runs", C_RUNS, cli_runs, "runs [--skill ID] [--status S] [--since 7d] [--trigger KIND] [--limit N]", 0},
+  {"runs", C_RUNS, cli_runs, "runs [--skill ID] [--status S] [--since 7d] [--trigger KIND] [--limit N] [--follow]", 0},
   {"trace", C_TRACE, cli_trace, "trace RUN_ID", 1},
   {"skills", C_SKILLS, cli_skills, "skills", 0},
   {"check", C_CHECK, cli_check, "check FILE...", -1},
@@ -97,7 +97,9 @@ static void usage(FILE *f) {
           "  --config FILE    the configuration (default ./moonloop.conf.lua if present)\n"
           "  --server URL     send the command to a running engine ($MOONLOOP_URL)\n"
           "  --json           machine-readable output\n"
-          "  -v, --verbose    show each step as it completes\n");
+          "  -v, --verbose    show each step as it completes\n"
+          "  --quiet          no step lines, even on a terminal\n"
+          "  -h, --help       this help, or a command's usage (moonloop COMMAND --help)\n");
 }
 
 /* Parse the arguments, load the configuration, run the command; its

@@ -1,10 +1,11 @@
 """moonloop run, runs and trace: running a skill in this process and reading what ran."""
 import json
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import TestCase  # noqa: E402
+from mltest import SRC, TestCase  # noqa: E402
 
 HELLO = """
 return {
@@ -146,6 +147,29 @@ end }""")
         self.w.write("moonloop.conf.lua", "return {")  # a broken configuration does not stop it
         self.w.ml("--version", check=0)
         self.assertIn("moonloop version", self.w.ml("--help", check=0).stdout)
+
+    def test_every_usage_line_lists_every_flag_its_command_takes(self):
+        # Which command takes which flag: main.c's tables (the parser's own).
+        with open(os.path.join(SRC, "engine", "main.c")) as f:
+            main_c = f.read()
+        bits = dict(re.findall(r'\{"(\w+)", (C_\w+), ', main_c))
+        table = main_c[main_c.index("static const struct option options[]"):]
+        flags = re.findall(r'\{"([a-z][a-z-]*)", [01], ([A-Z_ |]+)\}', table[:table.index("{NULL")])
+        self.assertIn(("follow", "C_RUNS"), flags)
+        helptext = self.w.ml("--help", check=0).stdout
+        general = helptext[helptext.index("options for every command"):]
+        commands = re.findall(r"^  moonloop (\w+)", helptext, re.M)
+        self.assertEqual(sorted(commands), sorted(bits))
+        for cmd in commands:
+            usage = self.w.ml(cmd, "--help", check=0).stdout
+            for name, mask in flags:
+                if mask == "C_ALL" or bits[cmd] in mask.split(" | "):
+                    with self.subTest(command=cmd, flag=name):
+                        self.assertTrue("--" + name in usage or (mask == "C_ALL" and "--" + name in general),
+                                        "--%s is not in %r" % (name, usage))
+        # The parser agrees with what was read: runs takes --follow, skills does not.
+        self.w.ml("runs", "--follow", "--help", check=0)
+        self.assertIn("unknown option '--follow'", self.w.ml("skills", "--follow", check=2).stderr)
 
     def test_step_results_must_be_json(self):
         self.w.write("fn.lua", """
