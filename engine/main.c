@@ -65,6 +65,24 @@ static const struct option options[] = {
   {NULL, 0, 0},
 };
 
+/* The option argument a names ("--db", "--db=x", "-v"), or NULL. */
+static const struct option *option_of(const char *a) {
+  if (a[0] != '-' || !a[1]) return NULL;
+  if (!strcmp(a, "-v")) a = "--verbose";
+  const char *n = a + (a[1] == '-' ? 2 : 1);
+  size_t len = strcspn(n, "=");
+  for (const struct option *o = options; o->name; o++)
+    if (strlen(o->name) == len && !strncmp(o->name, n, len)) return o;
+  return NULL;
+}
+
+/* Whether a, found where an option's value should be, is another option
+** (the value was left out: `--skill --json`). */
+static int is_option(const char *a) {
+  return option_of(a) || !strcmp(a, "-h") || !strcmp(a, "--help") || !strcmp(a, "--version");
+}
+
+/* See cli.h. */
 int cli_fail(int status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -117,9 +135,14 @@ int main(int argc, char **argv) {
   /* First pass: find the command, so options can be checked against it. */
   for (int i = 1; i < argc; i++) {
     if (argv[i][0] == '-') {
-      const char *n = argv[i] + (argv[i][1] == '-' ? 2 : 1);
-      for (const struct option *o = options; o->name; o++)
-        if (!strcmp(o->name, n) && o->has_arg) i++;
+      const struct option *o = option_of(argv[i]);
+      if (o && o->has_arg && !strchr(argv[i], '=')) {
+        if (i + 1 >= argc || is_option(argv[i + 1])) {
+          free(pos);
+          return cli_fail(EXIT_USAGE, "--%s needs a value", o->name);
+        }
+        i++;
+      }
       continue;
     }
     for (const struct command *k = commands; k->name; k++)
@@ -173,11 +196,13 @@ int main(int argc, char **argv) {
                       cmd->usage);
     }
     if (o->has_arg && !val) {
-      if (i + 1 >= argc) {
-        free(pos);
-        return cli_fail(EXIT_USAGE, "%s: option --%s needs a value", cmd->name, o->name);
-      }
-      val = argv[++i];
+      if (i + 1 >= argc || is_option(argv[i + 1])) val = "";
+      else val = argv[++i];
+    }
+    if (o->has_arg && !*val) {
+      free(pos);
+      return cli_fail(EXIT_USAGE, "%s: --%s needs a value (usage: moonloop %s)", cmd->name,
+                      o->name, cmd->usage);
     }
     if (!strcmp(name, "db")) db = val;
     else if (!strcmp(name, "config")) config = val;

@@ -171,6 +171,27 @@ end }""")
         self.w.ml("runs", "--follow", "--help", check=0)
         self.assertIn("unknown option '--follow'", self.w.ml("skills", "--follow", check=2).stderr)
 
+    def test_a_flag_without_its_value_says_so(self):
+        cases = [
+            (["--config"], "moonloop: --config needs a value"),
+            (["--db"], "moonloop: --db needs a value"),
+            (["--json", "--server"], "moonloop: --server needs a value"),
+            (["--config", "--json", "runs"], "moonloop: --config needs a value"),
+            (["runs", "--skill"], "runs: --skill needs a value"),
+            (["runs", "--skill", "--json"], "runs: --skill needs a value"),
+            (["runs", "--db="], "runs: --db needs a value"),
+            (["send", "x", "--data"], "send: --data needs a value"),
+            (["prune", "--older-than"], "prune: --older-than needs a value"),
+            (["serve", "--workspace", "--listen", "127.0.0.1:0"], "serve: --workspace needs a value"),
+        ]
+        for args, want in cases:
+            with self.subTest(args=args):
+                r = self.w.ml(*args, check=2, timeout=30)
+                self.assertIn(want, r.stderr)
+                self.assertNotIn("usage: moonloop COMMAND", r.stderr)
+        # A value that only looks like a flag is still a value.
+        self.assertEqual(self.w.ml("send", "x", "--data", "-1", "--json", check=0).returncode, 0)
+
     def test_step_results_must_be_json(self):
         self.w.write("fn.lua", """
 return { run = function(ctx)
