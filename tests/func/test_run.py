@@ -192,6 +192,22 @@ end }""")
         # A value that only looks like a flag is still a value.
         self.assertEqual(self.w.ml("send", "x", "--data", "-1", "--json", check=0).returncode, 0)
 
+    def test_database_paths_that_cannot_work_say_why(self):
+        self.w.write("notdb", "hello, I am text\n" * 100)
+        self.w.write("afile", "")
+        cases = [
+            ("nodir/x.db", "cannot open database 'nodir/x.db': the folder 'nodir' does not exist"),
+            ("afile/x.db", "cannot open database 'afile/x.db': 'afile' is not a folder"),
+            (".", "cannot open database '.': it is a folder, not a file"),
+            ("notdb", "'notdb' is not a moonloop database (SQLite: file is not a database)"),
+        ]
+        for db, want in cases:
+            for cmd in (["runs"], ["send", "e"], ["run", "--resume", "x"]):
+                with self.subTest(db=db, cmd=cmd):
+                    r = self.w.ml(*cmd, "--db", db, check=1)
+                    self.assertEqual(r.stderr.strip(), "moonloop: " + want)
+        self.assertFalse(os.path.exists(os.path.join(self.w.path, "nodir")))
+
     def test_step_results_must_be_json(self):
         self.w.write("fn.lua", """
 return { run = function(ctx)
