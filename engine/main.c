@@ -38,7 +38,7 @@ static const struct command commands[] = {
   {"runs", C_RUNS, cli_runs, "runs [--skill ID] [--status S] [--since 7d] [--trigger KIND] [--limit N] [--follow]", 0},
   {"trace", C_TRACE, cli_trace, "trace RUN_ID", 1},
   {"skills", C_SKILLS, cli_skills, "skills", 0},
-  {"check", C_CHECK, cli_check, "check FILE...", -1},
+  {"check", C_CHECK, cli_check, "check FILE-or-DIR...", -1},
   {"test", C_TEST, cli_test, "test [FILES or DIRS] [--json] [-v]", -1},
   {"serve", C_SERVE, cli_serve, "serve [--workspace DIR] [--listen ADDR]", 0},
   {"sidecar", C_SIDECAR, cli_sidecar, "sidecar --workspace DIR --server URL", 0},

@@ -63,6 +63,7 @@ typedef struct watcher watcher_t;
 #define WATCHER_MAX_WAIT_MS 800  /* a file written without pause is read after this */
 #define WATCHER_RESCAN_MS 2000   /* the safety-net rescan */
 #define WATCHER_MISSING_MS 200   /* how often a missing workspace is looked for */
+#define WATCHER_MAX_DEPTH 32     /* folders are entered at most this deep */
 
 enum watcher_op_kind { WATCHER_LOAD, WATCHER_UNLOAD };
 

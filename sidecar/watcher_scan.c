@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_DEPTH 32
+#define MAX_DEPTH WATCHER_MAX_DEPTH
 #define MAX_DIRS 4096
 
 static void on_event(uv_fs_event_t *h, const char *filename, int events, int status);
