@@ -38,11 +38,13 @@ static int paths_add(struct paths *l, const char *p) {
   return 0;
 }
 
+/* Free the list and its paths. */
 static void paths_free(struct paths *l) {
   for (int i = 0; i < l->n; i++) free(l->v[i]);
   free(l->v);
 }
 
+/* qsort's comparison of two strings. */
 static int cmp_str(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }

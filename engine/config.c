@@ -140,6 +140,7 @@ static const char *qual(const struct cfgsrc *s, const char *key, char *buf, size
 
 /* ---- readers: each checks one key of the table on top of L ---------------- */
 
+/* A string at key (replacing *out); nothing when it is nil. */
 static int get_string(lua_State *L, const struct cfgsrc *s, const char *key, char **out, err_t *e) {
   char q[64];
   lua_getfield(L, -1, key);
@@ -225,6 +226,7 @@ static int get_num(lua_State *L, const struct cfgsrc *s, const char *key,
   return cfg_fail(s, key, e, "'%s' must be %s, got %s", name, r->words, got);
 }
 
+/* A list of strings at key (replacing *out); nothing when it is nil. */
 static int get_list(lua_State *L, const struct cfgsrc *s, const char *key, char ***out, err_t *e) {
   lua_getfield(L, -1, key);
   int rc = 0;
@@ -297,6 +299,8 @@ static void close_table(lua_State *L, struct cfgsrc *s) {
   s->table = NULL;
 }
 
+/* Read the configuration table on top of L into c, refusing what is
+** unknown, of the wrong type or out of range. */
 static int read_table(struct config *c, lua_State *L, struct cfgsrc *s, err_t *e) {
   static const char *const top[] = {"db", "workspace", "listen", "token_env", "durability",
                                     "llm", "env", "deployers", "limits", "retry", "lease",
@@ -406,6 +410,7 @@ static char *read_text(const char *path, size_t *len, err_t *e) {
   return buf;
 }
 
+/* Run the configuration file at path in a sandbox and read its table into c. */
 static int load_file(struct config *c, const char *path, err_t *e) {
   size_t len = 0;
   char *text = read_text(path, &len, e);
