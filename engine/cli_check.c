@@ -1,27 +1,127 @@
 /*
-** cli_check.c: moonloop check FILE...: load and validate skill files
+** cli_check.c: moonloop check FILE-or-DIR...: load and validate skill files
 ** without deploying them.
+**
+** A file named on the command line is checked whatever its name. A folder
+** is checked as the workspace watcher would load it (watcher_counts): every
+** *.lua file in it and its subfolders, except skill tests (*_test.lua) and
+** names starting with '.' or '#'; folders starting with '.' and symbolic
+** links to folders are not entered; names in order.
 */
 #include "cli.h"
 #include "engine.h"
+#include "watcher.h"
 
 #include <cJSON.h>
+#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+/* A growing list of paths. */
+struct paths {
+  char **v;
+  int n, cap;
+};
+
+/* Append a copy of p; -1 when out of memory. */
+static int paths_add(struct paths *l, const char *p) {
+  if (l->n == l->cap) {
+    int cap = l->cap ? l->cap * 2 : 16;
+    char **v = realloc(l->v, (size_t)cap * sizeof *v);
+    if (!v) return -1;
+    l->v = v;
+    l->cap = cap;
+  }
+  if (!(l->v[l->n] = strdup(p))) return -1;
+  l->n++;
+  return 0;
+}
+
+/* Free the list and its paths. */
+static void paths_free(struct paths *l) {
+  for (int i = 0; i < l->n; i++) free(l->v[i]);
+  free(l->v);
+}
+
+/* qsort's comparison of two strings. */
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Add the skill files under dir (the watcher's rule, see the top), in name
+** order; -1 when out of memory. */
+static int find_skills(const char *dir, int depth, struct paths *out) {
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  struct paths names = {0};
+  struct dirent *de;
+  int rc = 0;
+  while (!rc && (de = readdir(d)))
+    if (de->d_name[0] != '.') rc = paths_add(&names, de->d_name);
+  closedir(d);
+  if (names.n) qsort(names.v, (size_t)names.n, sizeof *names.v, cmp_str);
+  for (int i = 0; i < names.n && !rc; i++) {
+    size_t len = strlen(dir) + strlen(names.v[i]) + 2;
+    char *p = malloc(len);
+    if (!p) {
+      rc = -1;
+      break;
+    }
+    size_t dl = strlen(dir);
+    if (!strcmp(dir, ".")) snprintf(p, len, "%s", names.v[i]); /* "x.lua", not "./x.lua" */
+    else snprintf(p, len, "%s%s%s", dir, dl && dir[dl - 1] == '/' ? "" : "/", names.v[i]);
+    struct stat st;
+    if (lstat(p, &st) == 0) {
+      if (S_ISDIR(st.st_mode)) {
+        if (depth < WATCHER_MAX_DEPTH) rc = find_skills(p, depth + 1, out);
+      } else if (watcher_counts(names.v[i]) && stat(p, &st) == 0 && S_ISREG(st.st_mode)) {
+        rc = paths_add(out, p);
+      }
+    }
+    free(p);
+  }
+  paths_free(&names);
+  return rc;
+}
+
+/* moonloop check: every file named, and the skill files of every folder
+** named; exit 1 when any fails, 2 when a folder holds none at all. */
 int cli_check(struct cli *c) {
-  if (!c->nargs) return cli_fail(EXIT_USAGE, "usage: moonloop check FILE...");
+  if (!c->nargs) return cli_fail(EXIT_USAGE, "usage: moonloop check FILE-or-DIR...");
+  struct paths files = {0};
+  int dirs = 0;
+  for (int i = 0; i < c->nargs; i++) {
+    struct stat st;
+    int rc;
+    if (stat(c->args[i], &st) == 0 && S_ISDIR(st.st_mode)) {
+      dirs++;
+      rc = find_skills(c->args[i], 0, &files);
+    } else {
+      rc = paths_add(&files, c->args[i]); /* a missing file fails below, naming it */
+    }
+    if (rc) {
+      paths_free(&files);
+      return cli_fail(EXIT_FAILED, "out of memory");
+    }
+  }
+  if (!files.n) {
+    paths_free(&files);
+    return cli_fail(EXIT_USAGE, "check: no skill files (*.lua, not *_test.lua) in %s",
+                    dirs == 1 ? c->args[0] : "the given folders");
+  }
   struct engine en;
   memset(&en, 0, sizeof en);
   err_t e;
   if (engine_open_runtime(&en, &c->cfg, &e) || lrt_boot(en.lrt, &e)) {
     engine_close(&en);
+    paths_free(&files);
     return cli_fail(EXIT_FAILED, "%s", e.msg);
   }
   int bad = 0;
   cJSON *all = cJSON_CreateArray();
-  for (int i = 0; i < c->nargs; i++) {
-    const char *path = c->args[i];
+  for (int i = 0; i < files.n; i++) {
+    const char *path = files.v[i];
     char *src = NULL, *id = NULL;
     size_t len;
     struct skill_error se = {0};
@@ -51,5 +151,6 @@ int cli_check(struct cli *c) {
   }
   cJSON_Delete(all);
   engine_close(&en);
+  paths_free(&files);
   return bad ? EXIT_FAILED : EXIT_OK;
 }

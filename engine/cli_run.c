@@ -105,7 +105,7 @@ static int run_here(struct cli *c, const char *target, const char *data, const c
     struct skill_error se;
     if (engine_load_file(&en, target, 0, &skill, &se)) {
       engine_close(&en);
-      return cli_fail(se.err.code == ERR_INVALID ? EXIT_FAILED : EXIT_FAILED, "%s", se.err.msg);
+      return cli_fail(EXIT_FAILED, "%s", se.err.msg);
     }
   } else if (engine_load_registered(&en, target, &skill, &e)) {
     engine_close(&en);
@@ -142,7 +142,7 @@ static int resume(struct cli *c) {
   if (store_take_run(en.store, c->resume, sched_owner(en.sched), proc_hostname(), units_now_ms(),
                      &row, &e)) {
     engine_close(&en);
-    return cli_fail(e.code == ERR_NOTFOUND ? EXIT_USAGE : EXIT_FAILED, "%s", e.msg);
+    return cli_fail(EXIT_FAILED, "%s", e.msg); /* an unknown run too: the request failed */
   }
   struct outcome out = {0};
   char run_id[27];
@@ -169,7 +169,9 @@ int cli_run(struct cli *c) {
     return cli_fail(EXIT_USAGE, "run executes the skill in this process; to run it on the engine "
                     "at %s use: moonloop invoke SKILL --wait --server URL", c->cfg.server);
   if (c->resume) {
-    if (c->nargs) return cli_fail(EXIT_USAGE, "run --resume RUN_ID takes no other argument");
+    if (c->nargs)
+      return cli_fail(EXIT_USAGE, "run --resume RUN_ID takes no other argument, got '%s'",
+                      c->args[0]);
     return resume(c);
   }
   if (c->nargs != 1)
@@ -236,7 +238,7 @@ int cli_invoke(struct cli *c) {
   free(data);
   if (rc) {
     engine_close(&en);
-    return cli_fail(rc == ERR_NOTFOUND ? EXIT_USAGE : EXIT_FAILED, "%s", e.msg);
+    return cli_fail(EXIT_FAILED, "%s", e.msg); /* an unknown skill too, as with --wait */
   }
   if (!c->wait) {
     if (c->json) printf("{\"run_id\":\"%s\"}\n", run_id);

@@ -29,13 +29,27 @@ static void print_json(cJSON *v, int pretty) {
   free(s);
 }
 
-/* One line of `runs --follow`: when a run starts, and when it ends. */
-static void follow_line(const struct cli *c, const cJSON *r, int ended) {
+/* One line of `runs --follow` about run r: when it is first seen
+** (change "started"), when its status changes ("status") and when it ends
+** ("ended"). With --json the line is one JSON object, {"at", "change",
+** "run"} with the run record, so a program can read the stream line by
+** line; otherwise a row for people, with the run's duration once it ended. */
+static void follow_line(const struct cli *c, const cJSON *r, const char *change) {
   const cJSON *st = cJSON_GetObjectItem(r, "status"), *trig = cJSON_GetObjectItem(r, "trigger");
   const cJSON *kind = cJSON_GetObjectItem(trig, "kind");
   char now[40], dur[32] = "";
   units_rfc3339(units_now_ms(), now, sizeof now);
-  if (ended) {
+  if (c->json) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "at", now);
+    cJSON_AddStringToObject(o, "change", change);
+    cJSON_AddItemToObject(o, "run", cJSON_Duplicate(r, 1));
+    print_json(o, 0);
+    cJSON_Delete(o);
+    fflush(stdout);
+    return;
+  }
+  if (!strcmp(change, "ended")) {
     int64_t a = 0, b = 0;
     const cJSON *s1 = cJSON_GetObjectItem(r, "started_at"), *s2 = cJSON_GetObjectItem(r, "ended_at");
     if (cJSON_IsString(s1) && cJSON_IsString(s2) && !units_parse_rfc3339(s1->valuestring, &a, NULL) &&
@@ -83,7 +97,8 @@ static int follow(struct cli *c, struct engine *en, const struct run_filter *f) 
       int known = cJSON_IsString(was);
       if (known && !strcmp(was->valuestring, st)) continue;
       /* On the first look, only runs still going are news. */
-      if (!first || !terminal_status(st)) follow_line(c, r, terminal_status(st));
+      if (!first || !terminal_status(st))
+        follow_line(c, r, terminal_status(st) ? "ended" : known ? "status" : "started");
       if (known) cJSON_ReplaceItemInObject(seen, id, cJSON_CreateString(st));
       else cJSON_AddStringToObject(seen, id, st);
     }
@@ -155,7 +170,7 @@ int cli_trace(struct cli *c) {
   err_t e;
   if (store_get_run(en.store, c->args[0], 1, &run, &e)) {
     engine_close(&en);
-    return cli_fail(e.code == ERR_NOTFOUND ? EXIT_FAILED : EXIT_FAILED, "%s", e.msg);
+    return cli_fail(EXIT_FAILED, "%s", e.msg);
   }
   if (c->json) print_json(run, 0);
   else trace_print_run(stdout, run, c->color, units_now_ms());

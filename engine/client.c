@@ -132,13 +132,11 @@ int client_call(const struct config *cfg, const char *method, const char *path,
 
 /* ---- the commands ------------------------------------------------------- */
 
-/* The exit status for a failed call: bad input is a usage error, as in
-** the file mode; an unknown thing is notfound_exit. */
-static int fail_exit(const err_t *e, int notfound_exit) {
-  int st = e->code == ERR_INVALID ? EXIT_USAGE
-           : e->code == ERR_NOTFOUND ? notfound_exit
-                                     : EXIT_FAILED;
-  return cli_fail(st, "%s", e->msg);
+/* Print why a call failed; the exit status: bad input is a usage error,
+** as in the file mode; anything else, an unknown skill or run included, is
+** a failed request. */
+static int fail_exit(const err_t *e) {
+  return cli_fail(e->code == ERR_INVALID ? EXIT_USAGE : EXIT_FAILED, "%s", e->msg);
 }
 
 /* Append "&key=escaped value" to q. */
@@ -190,7 +188,7 @@ static cJSON *list_runs(struct cli *c, int *exit_status) {
   err_t e;
   if (client_call(&c->cfg, "GET", full, NULL, &status, &ans, &e)) {
     cJSON_Delete(ans);
-    *exit_status = fail_exit(&e, EXIT_FAILED);
+    *exit_status = fail_exit(&e);
     return NULL;
   }
   cJSON *runs = cJSON_DetachItemFromObjectCaseSensitive(ans, "runs");
@@ -231,7 +229,7 @@ static cJSON *get_run(struct cli *c, const char *id, int *exit_status) {
   err_t e;
   if (client_call(&c->cfg, "GET", path, NULL, &status, &run, &e)) {
     cJSON_Delete(run);
-    *exit_status = fail_exit(&e, EXIT_FAILED);
+    *exit_status = fail_exit(&e);
     return NULL;
   }
   return run;
@@ -256,7 +254,7 @@ int client_skills(struct cli *c) {
   err_t e;
   if (client_call(&c->cfg, "GET", "/v1/skills", NULL, &status, &ans, &e)) {
     cJSON_Delete(ans);
-    return fail_exit(&e, EXIT_FAILED);
+    return fail_exit(&e);
   }
   cJSON *skills = cJSON_GetObjectItemCaseSensitive(ans, "skills");
   if (!cJSON_IsArray(skills)) {
@@ -318,7 +316,7 @@ int client_invoke(struct cli *c) {
   free(body);
   if (rc) {
     cJSON_Delete(ans);
-    return fail_exit(&e, EXIT_USAGE);
+    return fail_exit(&e);
   }
   const char *run_id = str_of(ans, "run_id");
   if (!run_id) {
@@ -380,7 +378,7 @@ int client_send(struct cli *c, const char *data) {
   free(body);
   if (rc) {
     cJSON_Delete(ans);
-    return fail_exit(&e, EXIT_FAILED);
+    return fail_exit(&e);
   }
   const cJSON *id = cJSON_GetArrayItem(cJSON_GetObjectItem(ans, "ids"), 0);
   if (!cJSON_IsString(id)) {
@@ -404,7 +402,7 @@ static int run_action(struct cli *c, const char *action) {
   int rc = client_call(&c->cfg, "POST", path, "{}", &status, &ans, &e);
   if (rc) {
     cJSON_Delete(ans);
-    return fail_exit(&e, EXIT_FAILED);
+    return fail_exit(&e);
   }
   const char *run_id = str_of(ans, "run_id"), *st = str_of(ans, "status");
   if (c->json) {

@@ -16,7 +16,8 @@ enum {
   C_REPL = 1 << 13, /* moonloop repl (cli_repl.c) */
   C_TEST = 1 << 14, /* moonloop test (cli_test.c) */
   C_SIDECAR = 1 << 15, /* moonloop sidecar (cli_sidecar.c) */
-  C_ALL = 0xffff,
+  C_VERSION = 1 << 16, /* moonloop version, moonloop --version (here) */
+  C_ALL = 0x1ffff,
 };
 
 struct command {
@@ -24,24 +25,26 @@ struct command {
   int bit;
   int (*fn)(struct cli *c);
   const char *usage;
+  int max_args; /* positional arguments it takes at most; -1: any number */
 };
 
 static const struct command commands[] = {
-  {"run", C_RUN, cli_run, "run FILE-or-SKILL [--data JSON] | run --resume RUN_ID"},
-  {"invoke", C_INVOKE, cli_invoke, "invoke SKILL [--data JSON] [--wait]"},
-  {"send", C_SEND, cli_send, "send NAME [--data JSON] [--id KEY]"},
-  {"cancel", C_CANCEL, cli_cancel, "cancel RUN_ID"},
-  {"rerun", C_RERUN, cli_rerun, "rerun RUN_ID"},
-  {"prune", C_PRUNE, cli_prune, "prune --older-than 30d"},
-  {"runs", C_RUNS, cli_runs, "runs [--skill ID] [--status S] [--since 7d] [--trigger KIND] [--limit N]"},
-  {"trace", C_TRACE, cli_trace, "trace RUN_ID"},
-  {"skills", C_SKILLS, cli_skills, "skills"},
-  {"check", C_CHECK, cli_check, "check FILE..."},
-  {"test", C_TEST, cli_test, "test [FILES or DIRS] [--json] [-v]"},
-  {"serve", C_SERVE, cli_serve, "serve [--workspace DIR] [--listen ADDR]"},
-  {"sidecar", C_SIDECAR, cli_sidecar, "sidecar --workspace DIR --server URL"},
-  {"repl", C_REPL, cli_repl, "repl [--workspace DIR]"},
-  {NULL, 0, NULL, NULL},
+  {"run", C_RUN, cli_run, "run FILE-or-SKILL [--data JSON] | run --resume RUN_ID", 1},
+  {"invoke", C_INVOKE, cli_invoke, "invoke SKILL [--data JSON] [--wait]", 1},
+  {"send", C_SEND, cli_send, "send NAME [--data JSON] [--id KEY]", 1},
+  {"cancel", C_CANCEL, cli_cancel, "cancel RUN_ID", 1},
+  {"rerun", C_RERUN, cli_rerun, "rerun RUN_ID", 1},
+  {"prune", C_PRUNE, cli_prune, "prune --older-than 30d", 0},
+  {"runs", C_RUNS, cli_runs, "runs [--skill ID] [--status S] [--since 7d] [--trigger KIND] [--limit N] [--follow]", 0},
+  {"trace", C_TRACE, cli_trace, "trace RUN_ID", 1},
+  {"skills", C_SKILLS, cli_skills, "skills", 0},
+  {"check", C_CHECK, cli_check, "check FILE-or-DIR...", -1},
+  {"test", C_TEST, cli_test, "test [FILES or DIRS] [--json] [-v]", -1},
+  {"serve", C_SERVE, cli_serve, "serve [--workspace DIR] [--listen ADDR]", 0},
+  {"sidecar", C_SIDECAR, cli_sidecar, "sidecar --workspace DIR --server URL", 0},
+  {"repl", C_REPL, cli_repl, "repl [--workspace DIR]", 0},
+  {"version", C_VERSION, NULL, "version (or --version)", 0},
+  {NULL, 0, NULL, NULL, 0},
 };
 
 /* Options: name, whether it takes a value, which commands accept it. */
@@ -62,6 +65,24 @@ static const struct option options[] = {
   {NULL, 0, 0},
 };
 
+/* The option argument a names ("--db", "--db=x", "-v"), or NULL. */
+static const struct option *option_of(const char *a) {
+  if (a[0] != '-' || !a[1]) return NULL;
+  if (!strcmp(a, "-v")) a = "--verbose";
+  const char *n = a + (a[1] == '-' ? 2 : 1);
+  size_t len = strcspn(n, "=");
+  for (const struct option *o = options; o->name; o++)
+    if (strlen(o->name) == len && !strncmp(o->name, n, len)) return o;
+  return NULL;
+}
+
+/* Whether a, found where an option's value should be, is another option
+** (the value was left out: `--skill --json`). */
+static int is_option(const char *a) {
+  return option_of(a) || !strcmp(a, "-h") || !strcmp(a, "--help") || !strcmp(a, "--version");
+}
+
+/* See cli.h. */
 int cli_fail(int status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -72,6 +93,19 @@ int cli_fail(int status, const char *fmt, ...) {
   return status;
 }
 
+#ifndef MOONLOOP_VERSION
+#define MOONLOOP_VERSION "unknown" /* a build without CMakeLists.txt's definition */
+#endif
+
+/* moonloop version: the version this binary was built as. It needs no
+** configuration, so it answers even where moonloop.conf.lua is broken. */
+static int print_version(const struct cli *c) {
+  if (c->json) printf("{\"version\":\"%s\"}\n", MOONLOOP_VERSION);
+  else printf("moonloop %s\n", MOONLOOP_VERSION);
+  return EXIT_OK;
+}
+
+/* Print the usage: every command, then the options every command takes. */
 static void usage(FILE *f) {
   fprintf(f, "usage: moonloop COMMAND [options]\n\ncommands:\n");
   for (const struct command *c = commands; c->name; c++) fprintf(f, "  moonloop %s\n", c->usage);
@@ -81,9 +115,13 @@ static void usage(FILE *f) {
           "  --config FILE    the configuration (default ./moonloop.conf.lua if present)\n"
           "  --server URL     send the command to a running engine ($MOONLOOP_URL)\n"
           "  --json           machine-readable output\n"
-          "  -v, --verbose    show each step as it completes\n");
+          "  -v, --verbose    show each step as it completes\n"
+          "  --quiet          no step lines, even on a terminal\n"
+          "  -h, --help       this help, or a command's usage (moonloop COMMAND --help)\n");
 }
 
+/* Parse the arguments, load the configuration, run the command; its
+** return value is the exit status. */
 int main(int argc, char **argv) {
   struct cli c;
   memset(&c, 0, sizeof c);
@@ -91,12 +129,20 @@ int main(int argc, char **argv) {
   const char **pos = calloc((size_t)argc + 1, sizeof *pos);
   int npos = 0;
   const struct command *cmd = NULL;
+  /* `moonloop --version` is `moonloop version`. */
+  static char version_cmd[] = "version";
+  if (argc > 1 && !strcmp(argv[1], "--version")) argv[1] = version_cmd;
   /* First pass: find the command, so options can be checked against it. */
   for (int i = 1; i < argc; i++) {
     if (argv[i][0] == '-') {
-      const char *n = argv[i] + (argv[i][1] == '-' ? 2 : 1);
-      for (const struct option *o = options; o->name; o++)
-        if (!strcmp(o->name, n) && o->has_arg) i++;
+      const struct option *o = option_of(argv[i]);
+      if (o && o->has_arg && !strchr(argv[i], '=')) {
+        if (i + 1 >= argc || is_option(argv[i + 1])) {
+          free(pos);
+          return cli_fail(EXIT_USAGE, "--%s needs a value", o->name);
+        }
+        i++;
+      }
       continue;
     }
     for (const struct command *k = commands; k->name; k++)
@@ -150,11 +196,13 @@ int main(int argc, char **argv) {
                       cmd->usage);
     }
     if (o->has_arg && !val) {
-      if (i + 1 >= argc) {
-        free(pos);
-        return cli_fail(EXIT_USAGE, "%s: option --%s needs a value", cmd->name, o->name);
-      }
-      val = argv[++i];
+      if (i + 1 >= argc || is_option(argv[i + 1])) val = "";
+      else val = argv[++i];
+    }
+    if (o->has_arg && !*val) {
+      free(pos);
+      return cli_fail(EXIT_USAGE, "%s: --%s needs a value (usage: moonloop %s)", cmd->name,
+                      o->name, cmd->usage);
     }
     if (!strcmp(name, "db")) db = val;
     else if (!strcmp(name, "config")) config = val;
@@ -176,10 +224,21 @@ int main(int argc, char **argv) {
     else if (!strcmp(name, "workspace")) workspace = val;
     else if (!strcmp(name, "listen")) listen = val;
   }
+  /* An argument the command does not take is a mistake, never ignored. */
+  if (cmd->max_args >= 0 && npos > cmd->max_args) {
+    int rc = cli_fail(EXIT_USAGE, "%s: unexpected argument '%s' (usage: moonloop %s)", cmd->name,
+                      pos[cmd->max_args], cmd->usage);
+    free(pos);
+    return rc;
+  }
   c.cmd = cmd->name;
   c.args = pos;
   c.nargs = npos;
   c.color = isatty(1) && !getenv("NO_COLOR");
+  if (cmd->bit == C_VERSION) {
+    free(pos);
+    return print_version(&c);
+  }
   err_t e;
   if (config_load(&c.cfg, config, &e)) {
     free(pos);

@@ -44,7 +44,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 static const char *const migrations[] = {
   /* 1: the durable core */
@@ -173,14 +175,37 @@ int store__exec(sqlite3 *db, const char *sql, err_t *e) {
   return 0;
 }
 
+/* Fill e with why path could not be opened: what the file system says
+** when it tells more than SQLite's "unable to open database file" (the
+** folder is missing, not a folder, not writable; path is a folder), else
+** SQLite's message. */
+static int open_error(const char *path, const char *sqlite_msg, err_t *e) {
+  struct stat st;
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+    return err_set(e, ERR_IO, "cannot open database '%s': it is a folder, not a file", path);
+  const char *slash = strrchr(path, '/');
+  char dir[1024];
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == path) snprintf(dir, sizeof dir, "/");
+  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  if (stat(dir, &st) != 0 && errno == ENOENT)
+    return err_set(e, ERR_IO, "cannot open database '%s': the folder '%s' does not exist", path,
+                   dir);
+  if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
+    return err_set(e, ERR_IO, "cannot open database '%s': '%s' is not a folder", path, dir);
+  if (access(path, F_OK) != 0 && access(dir, W_OK | X_OK) != 0)
+    return err_set(e, ERR_IO, "cannot create database '%s': the folder '%s' is not writable (%s)",
+                   path, dir, strerror(errno));
+  return err_set(e, ERR_IO, "cannot open database '%s': %s", path, sqlite_msg);
+}
+
 /* Open one connection to the file at path (created if missing), with a
 ** busy timeout of 10 s; *db is NULL on failure. */
 static int open_conn(const char *path, sqlite3 **db, err_t *e) {
   int rc = sqlite3_open_v2(path, db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
                                        SQLITE_OPEN_NOMUTEX, NULL);
   if (rc != SQLITE_OK) {
-    err_set(e, ERR_IO, "cannot open database '%s': %s", path,
-            *db ? sqlite3_errmsg(*db) : sqlite3_errstr(rc));
+    open_error(path, *db ? sqlite3_errmsg(*db) : sqlite3_errstr(rc), e);
     sqlite3_close(*db);
     *db = NULL;
     return ERR_IO;
@@ -258,7 +283,12 @@ int store_open(const char *path, enum store_durability d, store_t **out, err_t *
   s->path = strdup(path);
   if (open_conn(path, &s->w, e)) goto fail;
   if (use_wal(s->w, e)) {
-    err_prefix(e, "cannot use '%s' as a database", path);
+    /* The first read of the file: where a file that is not SQLite shows. */
+    if ((sqlite3_errcode(s->w) & 0xff) == SQLITE_NOTADB)
+      err_set(e, ERR_IO, "'%s' is not a moonloop database (SQLite: %s)", path,
+              sqlite3_errmsg(s->w));
+    else
+      err_prefix(e, "cannot use '%s' as a database", path);
     goto fail;
   }
   if (store__exec(s->w, d == STORE_FULL ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL", e))

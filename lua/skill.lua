@@ -43,6 +43,17 @@ local function suggest(key, known)
   return ""
 end
 
+-- A value as an error shows it: a string is quoted and called one, so "3"
+-- is never mistaken for 3; a table or function by its type.
+local function show(v)
+  if type(v) == "string" then
+    return ('the string "%s"'):format(#v > 40 and v:sub(1, 40) .. "..." or v)
+  elseif type(v) == "number" or type(v) == "boolean" or v == nil then
+    return tostring(v)
+  end
+  return "a " .. type(v)
+end
+
 -- The line where `key = ` first appears in src, or nil.
 local function line_of(src, key)
   if not src or type(key) ~= "string" then return nil end
@@ -82,7 +93,7 @@ function M.validate(def, file, src, default_id)
   end
   local function duration(key, v)
     if type(v) == "number" then
-      if v < 0 or v ~= v then fail(key, "'%s' must be a positive duration", key) end
+      if v < 0 or v ~= v then fail(key, "'%s' must be a positive duration, got %s", key, show(v)) end
       return math.floor(v * 1000 + 0.5)
     end
     if type(v) ~= "string" then
@@ -118,7 +129,7 @@ function M.validate(def, file, src, default_id)
   if def.retries ~= nil then
     local r = def.retries
     if type(r) ~= "number" or r < 0 or r ~= math.floor(r) or r > 100 then
-      fail("retries", "'retries' must be a whole number from 0 to 100, got %s", tostring(r))
+      fail("retries", "'retries' must be a whole number from 0 to 100, got %s", show(r))
     end
   end
   spec.retries = def.retries
@@ -173,7 +184,7 @@ function M.validate(def, file, src, default_id)
       end
     end
     if type(c.limit) ~= "number" or c.limit < 1 or c.limit ~= math.floor(c.limit) then
-      fail("limit", "'concurrency.limit' must be a whole number of at least 1")
+      fail("limit", "'concurrency.limit' must be a whole number of at least 1, got %s", show(c.limit))
     end
     if c.key ~= nil and (type(c.key) ~= "string" or not c.key:match("^[%a_][%w_]*[%w_.]*$")) then
       fail("key", "'concurrency.key' must be a path such as \"event.data.service\"")
@@ -204,5 +215,9 @@ function M.validate(def, file, src, default_id)
   end
   return spec
 end
+
+-- For the configuration's validation too (engine/config.c), so both find a
+-- key's line and suggest a misspelt key alike.
+M.suggest, M.line_of = suggest, line_of
 
 return M

@@ -270,6 +270,7 @@ int standalone_run(const struct config *cfg, err_t *e) {
       .loop = &sa.loop, .root = cfg->workspace, .prefix = prefix, .skills = rt.skills,
       .sink = {.ud = &sa, .submit = submit},
       .log = stdout, .log_prefix = "", .log_rel = 1,
+      .status_log = stderr, .status_prefix = "moonloop: sidecar: ",
       .on_ready = on_ready, .ready_arg = &sa,
       .known = known, .nknown = nk,
     };

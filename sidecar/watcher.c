@@ -140,8 +140,11 @@ int watcher_start(const struct watcher_opts *o, watcher_t **out, err_t *e) {
   /* watcher__join(root, "") is "root/": registered names as `serve` always made them. */
   w->prefix = o->prefix ? strdup(o->prefix) : w->root ? watcher__join(w->root, "") : NULL;
   w->log_prefix = strdup(o->log_prefix ? o->log_prefix : "");
+  if (!o->status_log) w->o.status_log = o->log;
+  w->status_prefix = strdup(o->status_log && o->status_prefix ? o->status_prefix
+                            : o->status_log ? "" : w->log_prefix ? w->log_prefix : "");
   w->root_state = -1;
-  if (!w->root || !w->prefix || !w->log_prefix) {
+  if (!w->root || !w->prefix || !w->log_prefix || !w->status_prefix) {
     watcher_free(w);
     return err_set(e, ERR_NOMEM, "out of memory");
   }
@@ -198,6 +201,6 @@ void watcher_free(watcher_t *w) {
   }
   for (size_t i = 0; i < w->nfiles; i++) file_free(w->files[i]);
   free(w->files);
-  free(w->root), free(w->prefix), free(w->log_prefix);
+  free(w->root), free(w->prefix), free(w->log_prefix), free(w->status_prefix);
   free(w);
 }

@@ -63,6 +63,7 @@ typedef struct watcher watcher_t;
 #define WATCHER_MAX_WAIT_MS 800  /* a file written without pause is read after this */
 #define WATCHER_RESCAN_MS 2000   /* the safety-net rescan */
 #define WATCHER_MISSING_MS 200   /* how often a missing workspace is looked for */
+#define WATCHER_MAX_DEPTH 32     /* folders are entered at most this deep */
 
 enum watcher_op_kind { WATCHER_LOAD, WATCHER_UNLOAD };
 
@@ -114,6 +115,10 @@ struct watcher_opts {
   FILE *log;               /* one line per file answered (NULL: none) */
   const char *log_prefix;  /* before each line, e.g. "moonloop: " */
   int log_rel;             /* name files by rel (else by registered name) in the log */
+  /* Lines about the workspace folder itself (missing, gone, back, too many
+  ** folders); NULL: log and log_prefix. */
+  FILE *status_log;
+  const char *status_prefix;
   /* After the first scan's batch was answered, with the number of files
   ** loaded and rejected. */
   void (*on_ready)(void *arg, int loaded, int rejected);

@@ -89,7 +89,7 @@ struct wop {
 /* The watcher (watcher_t). */
 struct watcher {
   struct watcher_opts o;
-  char *root, *prefix, *log_prefix;
+  char *root, *prefix, *log_prefix, *status_prefix;
   uv_timer_t due_timer, scan_timer;
   int64_t scan_at;   /* when the scan timer fires */
   int stopping;

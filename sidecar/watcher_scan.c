@@ -12,13 +12,28 @@
 #include "watcher_int.h"
 
 #include <dirent.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_DEPTH 32
+#define MAX_DEPTH WATCHER_MAX_DEPTH
 #define MAX_DIRS 4096
 
 static void on_event(uv_fs_event_t *h, const char *filename, int events, int status);
+
+/* A line about the workspace folder itself, on the status log (stderr in
+** both serve and the standalone sidecar), flushed at once: it is a warning
+** an operator must see now, not when a buffer fills. */
+__attribute__((format(printf, 2, 3))) static void status_line(watcher_t *w, const char *fmt, ...) {
+  if (!w->o.status_log) return;
+  va_list ap;
+  va_start(ap, fmt);
+  fputs(w->status_prefix, w->o.status_log);
+  vfprintf(w->o.status_log, fmt, ap);
+  fputc('\n', w->o.status_log);
+  fflush(w->o.status_log);
+  va_end(ap);
+}
 
 /* The watched folder rel, or NULL. */
 static struct wdir *find_dir(watcher_t *w, const char *rel) {
@@ -57,9 +72,9 @@ static int watch_dir(watcher_t *w, const char *rel, const struct stat *st) {
   }
   if (d) watcher__close_dir(w, d); /* removed and recreated: the old watch is dead */
   if (w->ndirs >= MAX_DIRS) {
-    if (!w->dirs_full_logged && w->o.log)
-      fprintf(w->o.log, "%sworkspace %s: more than %d folders: %s is not watched (the rescan "
-              "still sees it)\n", w->log_prefix, w->root, MAX_DIRS, rel);
+    if (!w->dirs_full_logged)
+      status_line(w, "workspace %s: more than %d folders: %s is not watched (the rescan "
+                  "still sees it)", w->root, MAX_DIRS, rel);
     w->dirs_full_logged = 1;
     return -1;
   }
@@ -136,9 +151,9 @@ static void scan_dir(watcher_t *w, const char *rel, int depth, int64_t delay) {
 /* The workspace folder is gone: drop every watch; its files go too, unless
 ** it comes back before they are due. */
 static void root_gone(watcher_t *w) {
-  if (w->root_state != 0 && w->o.log)
-    fprintf(w->o.log, "%sworkspace %s %s: watching for it\n", w->log_prefix, w->root,
-            w->root_state < 0 ? "does not exist" : "is gone");
+  if (w->root_state != 0)
+    status_line(w, "workspace %s %s: watching for it", w->root,
+                w->root_state < 0 ? "does not exist" : "is gone");
   w->root_state = 0;
   while (w->dirs) watcher__close_dir(w, w->dirs);
   for (size_t i = 0; i < w->nfiles; i++)
@@ -154,8 +169,7 @@ void watcher__rescan(watcher_t *w) {
     root_gone(w);
     return;
   }
-  if (w->root_state == 0 && w->o.log)
-    fprintf(w->o.log, "%sworkspace %s is back: watching it\n", w->log_prefix, w->root);
+  if (w->root_state == 0) status_line(w, "workspace %s is back: watching it", w->root);
   w->root_state = 1;
   watch_dir(w, "", &st);
   scan_dir(w, "", 0, delay);

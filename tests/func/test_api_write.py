@@ -269,9 +269,12 @@ class ApiWriteTest(unittest.TestCase):
                            capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertRegex(r.stdout.strip(), ULID)
-        r = subprocess.run([BIN, "invoke", "nosuch", "--server", url], cwd=self.w.path, env=env,
-                           capture_output=True, text=True, timeout=60)
-        self.assertEqual(r.returncode, 2)
+        # An unknown skill is a failed request (1), as in the file mode, --wait or not.
+        for extra in ([], ["--wait"]):
+            r = subprocess.run([BIN, "invoke", "nosuch", "--server", url] + extra, cwd=self.w.path,
+                               env=env, capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn("nosuch", r.stderr)
         self.assertFalse(os.path.exists(env["MOONLOOP_DB"]))
 
 

@@ -49,6 +49,15 @@ class CheckTest(TestCase):
             ("return { id = \"x\" }\n", "needs a 'run' function"),
             ("return { id = \"Bad Id\", run = function() end }\n", "bad skill id 'Bad Id'"),
             ("return { retries = -1, run = function() end }\n", "'retries' must be a whole number"),
+            ("return { retries = \"3\", run = function() end }\n",
+             "'retries' must be a whole number from 0 to 100, got the string \"3\""),
+            ("return { retries = 2.5, run = function() end }\n",
+             "'retries' must be a whole number from 0 to 100, got 2.5"),
+            ("return { retries = {}, run = function() end }\n",
+             "'retries' must be a whole number from 0 to 100, got a table"),
+            ("return { concurrency = { limit = \"2\" }, run = function() end }\n",
+             "'concurrency.limit' must be a whole number of at least 1, got the string \"2\""),
+            ("return { timeout = -5, run = function() end }\n", "'timeout' must be a positive duration, got -5"),
             ("return { timeout = \"5 fortnights\", run = function() end }\n", "'timeout'"),
             ("return { triggers = { { cron = \"61 * * * *\" } }, run = function() end }\n",
              "out of range"),
@@ -83,3 +92,33 @@ class CheckTest(TestCase):
     def test_missing_file(self):
         r = self.w.ml("check", "nope.lua", check=1)
         self.assertIn("cannot read 'nope.lua'", r.stderr)
+
+    def test_a_folder_is_checked_as_the_watcher_loads_it(self):
+        self.w.write("ws/a.lua", GOOD)
+        self.w.write("ws/sub/b.lua", "return { run = function() end }\n")
+        self.w.write("ws/sub/bad.lua", "return {\n  retires = 1, run = function() end }\n")
+        # Not skills, as for the watcher: tests, dotfiles, editor files, dot-folders, other files.
+        for name in ("ws/a_test.lua", "ws/.x.lua", "ws/#y.lua#", "ws/.git/z.lua", "ws/notes.txt",
+                     "ws/a.lua~"):
+            self.w.write(name, "this is not Lua")
+        r = self.w.ml("check", "ws", check=1)
+        self.assertEqual(r.stdout.splitlines(), ["ok  ws/a.lua  (incident-triage)",
+                                                 "ok  ws/sub/b.lua  (b)"])
+        self.assertEqual(r.stderr.strip(), "ws/sub/bad.lua:2: unknown key 'retires' in the skill table "
+                                           "(did you mean 'retries'?)")
+        os.unlink(os.path.join(self.w.path, "ws/sub/bad.lua"))
+        r = self.w.ml("check", "ws/", "--json", check=0)
+        self.assertEqual([x["file"] for x in json.loads(r.stdout)], ["ws/a.lua", "ws/sub/b.lua"])
+        # A folder and a file together.
+        os.makedirs(os.path.join(self.w.path, "only"))
+        self.w.write("only/c.lua", "return { run = function() end }\n")
+        r = self.w.ml("check", "only", "ws/a.lua", check=0)
+        self.assertEqual(r.stdout.splitlines(), ["ok  only/c.lua  (c)", "ok  ws/a.lua  (incident-triage)"])
+        # A test file named on the command line is checked whatever its name.
+        self.w.write("t_test.lua", "return { run = function() end }\n")
+        self.w.ml("check", "t_test.lua", check=0)
+
+    def test_a_folder_without_skill_files_is_a_usage_error(self):
+        self.w.write("empty/x_test.lua", "return {}\n")
+        r = self.w.ml("check", "empty", check=2)
+        self.assertIn("check: no skill files (*.lua, not *_test.lua) in empty", r.stderr)

@@ -1,10 +1,11 @@
 """moonloop run, runs and trace: running a skill in this process and reading what ran."""
 import json
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import TestCase  # noqa: E402
+from mltest import SRC, TestCase  # noqa: E402
 
 HELLO = """
 return {
@@ -103,6 +104,109 @@ end }""")
     def test_unknown_command_and_option_are_usage_errors(self):
         self.assertIn("unknown command", self.w.ml("frobnicate", check=2).stderr)
         self.assertIn("unknown option '--bogus'", self.w.ml("runs", "--bogus", check=2).stderr)
+
+    def test_extra_arguments_are_usage_errors_naming_them(self):
+        cases = [
+            (["skills", "extra"], "skills: unexpected argument 'extra'"),
+            (["runs", "extra"], "runs: unexpected argument 'extra'"),
+            (["runs", "--json", "one", "two"], "runs: unexpected argument 'one'"),
+            (["prune", "--older-than", "1d", "extra"], "prune: unexpected argument 'extra'"),
+            (["serve", "extra"], "serve: unexpected argument 'extra'"),
+            (["repl", "extra"], "repl: unexpected argument 'extra'"),
+            (["sidecar", "extra", "--workspace", "w", "--server", "http://127.0.0.1:1"],
+             "sidecar: unexpected argument 'extra'"),
+            (["trace", "a", "b"], "trace: unexpected argument 'b'"),
+            (["cancel", "a", "b"], "cancel: unexpected argument 'b'"),
+            (["rerun", "a", "b"], "rerun: unexpected argument 'b'"),
+            (["send", "a", "b"], "send: unexpected argument 'b'"),
+            (["invoke", "a", "b"], "invoke: unexpected argument 'b'"),
+            (["run", "a.lua", "b"], "run: unexpected argument 'b'"),
+            (["run", "--resume", "a", "b"], "takes no other argument, got 'b'"),
+        ]
+        for args, want in cases:
+            with self.subTest(args=args):
+                r = self.w.ml(*args, check=2, timeout=30)
+                self.assertIn(want, r.stderr)
+                self.assertEqual(r.stdout, "")
+        self.assertFalse(os.path.exists(self.w.db))  # refused before anything was opened
+
+    def test_an_unknown_skill_or_run_is_a_failed_request(self):
+        self.w.ml("runs", check=0)  # the database exists
+        for args in (["invoke", "nosuch"], ["invoke", "nosuch", "--wait"], ["run", "nosuch"],
+                     ["run", "--resume", "nosuch"], ["trace", "nosuch"], ["cancel", "nosuch"],
+                     ["rerun", "nosuch"]):
+            with self.subTest(args=args):
+                r = self.w.ml(*args, check=1)
+                self.assertIn("nosuch", r.stderr)
+
+    def test_version(self):
+        for args in (["--version"], ["version"]):
+            r = self.w.ml(*args, check=0)
+            self.assertRegex(r.stdout, r"^moonloop \d+\.\d+\.\d+\n$")
+        self.assertRegex(self.w.ml("version", "--json", check=0).stdout, r'^\{"version":"\d+\.\d+\.\d+"\}\n$')
+        self.w.write("moonloop.conf.lua", "return {")  # a broken configuration does not stop it
+        self.w.ml("--version", check=0)
+        self.assertIn("moonloop version", self.w.ml("--help", check=0).stdout)
+
+    def test_every_usage_line_lists_every_flag_its_command_takes(self):
+        # Which command takes which flag: main.c's tables (the parser's own).
+        with open(os.path.join(SRC, "engine", "main.c")) as f:
+            main_c = f.read()
+        bits = dict(re.findall(r'\{"(\w+)", (C_\w+), ', main_c))
+        table = main_c[main_c.index("static const struct option options[]"):]
+        flags = re.findall(r'\{"([a-z][a-z-]*)", [01], ([A-Z_ |]+)\}', table[:table.index("{NULL")])
+        self.assertIn(("follow", "C_RUNS"), flags)
+        helptext = self.w.ml("--help", check=0).stdout
+        general = helptext[helptext.index("options for every command"):]
+        commands = re.findall(r"^  moonloop (\w+)", helptext, re.M)
+        self.assertEqual(sorted(commands), sorted(bits))
+        for cmd in commands:
+            usage = self.w.ml(cmd, "--help", check=0).stdout
+            for name, mask in flags:
+                if mask == "C_ALL" or bits[cmd] in mask.split(" | "):
+                    with self.subTest(command=cmd, flag=name):
+                        self.assertTrue("--" + name in usage or (mask == "C_ALL" and "--" + name in general),
+                                        "--%s is not in %r" % (name, usage))
+        # The parser agrees with what was read: runs takes --follow, skills does not.
+        self.w.ml("runs", "--follow", "--help", check=0)
+        self.assertIn("unknown option '--follow'", self.w.ml("skills", "--follow", check=2).stderr)
+
+    def test_a_flag_without_its_value_says_so(self):
+        cases = [
+            (["--config"], "moonloop: --config needs a value"),
+            (["--db"], "moonloop: --db needs a value"),
+            (["--json", "--server"], "moonloop: --server needs a value"),
+            (["--config", "--json", "runs"], "moonloop: --config needs a value"),
+            (["runs", "--skill"], "runs: --skill needs a value"),
+            (["runs", "--skill", "--json"], "runs: --skill needs a value"),
+            (["runs", "--db="], "runs: --db needs a value"),
+            (["send", "x", "--data"], "send: --data needs a value"),
+            (["prune", "--older-than"], "prune: --older-than needs a value"),
+            (["serve", "--workspace", "--listen", "127.0.0.1:0"], "serve: --workspace needs a value"),
+        ]
+        for args, want in cases:
+            with self.subTest(args=args):
+                r = self.w.ml(*args, check=2, timeout=30)
+                self.assertIn(want, r.stderr)
+                self.assertNotIn("usage: moonloop COMMAND", r.stderr)
+        # A value that only looks like a flag is still a value.
+        self.assertEqual(self.w.ml("send", "x", "--data", "-1", "--json", check=0).returncode, 0)
+
+    def test_database_paths_that_cannot_work_say_why(self):
+        self.w.write("notdb", "hello, I am text\n" * 100)
+        self.w.write("afile", "")
+        cases = [
+            ("nodir/x.db", "cannot open database 'nodir/x.db': the folder 'nodir' does not exist"),
+            ("afile/x.db", "cannot open database 'afile/x.db': 'afile' is not a folder"),
+            (".", "cannot open database '.': it is a folder, not a file"),
+            ("notdb", "'notdb' is not a moonloop database (SQLite: file is not a database)"),
+        ]
+        for db, want in cases:
+            for cmd in (["runs"], ["send", "e"], ["run", "--resume", "x"]):
+                with self.subTest(db=db, cmd=cmd):
+                    r = self.w.ml(*cmd, "--db", db, check=1)
+                    self.assertEqual(r.stderr.strip(), "moonloop: " + want)
+        self.assertFalse(os.path.exists(os.path.join(self.w.path, "nodir")))
 
     def test_step_results_must_be_json(self):
         self.w.write("fn.lua", """

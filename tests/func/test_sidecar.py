@@ -421,6 +421,29 @@ class StandaloneTest(TestCase):
         self.assertEqual(p.wait(timeout=10), 0)
         self.assertIn("moonloop: sidecar: watching", p.stderr.read())
 
+    def test_a_missing_workspace_is_said_on_stderr_at_once_as_serve_says_it(self):
+        os.makedirs(os.path.join(self.w.path, "skills"))
+        srv = Serve(self.w)
+        # stdout is a pipe (block-buffered): the warning must not wait in it.
+        p = subprocess.Popen([BIN, "sidecar", "--workspace", "nodir", "--server", srv.url],
+                             cwd=self.w.path, env=self.w.env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.w.procs.append(p)
+        err, out = [], []
+        threading.Thread(target=lambda: [err.append(l) for l in p.stderr], daemon=True).start()
+        threading.Thread(target=lambda: [out.append(l) for l in p.stdout], daemon=True).start()
+        wait_until(lambda: any("moonloop: sidecar: workspace nodir does not exist: watching for it"
+                               in l for l in err), what="the warning in %r" % err)
+        # And it is watched for: once it exists, its files register.
+        os.makedirs(os.path.join(self.w.path, "nodir"))
+        with open(os.path.join(self.w.path, "nodir", "late.lua"), "w") as f:
+            f.write(simple("late", "1"))
+        wait_until(lambda: srv.version("late") == sha(simple("late", "1")), what="late registered")
+        wait_until(lambda: any("workspace nodir is back" in l for l in err), what="'back' in %r" % err)
+        p.send_signal(signal.SIGTERM)
+        self.assertEqual(p.wait(timeout=10), 0)
+        self.assertFalse(any("workspace" in l for l in out), out)
+
     def test_delete_api_and_usage_errors(self):
         os.makedirs(os.path.join(self.w.path, "skills"))
         srv = Serve(self.w)

@@ -1,5 +1,6 @@
 """The trace: every field of the run record for runs that retried, failed,
 slept, waited, invoked and were cancelled; engine notes; prune; runs --follow."""
+import json
 import os
 import sqlite3
 import subprocess
@@ -158,6 +159,27 @@ end }""")
         lines = [l for l in out.splitlines() if rid in l]
         self.assertTrue(any("completed" in l for l in lines), out)
         self.assertTrue(any("sleeping" in l or "running" in l for l in lines), out)
+
+    def test_runs_follow_json_prints_one_object_per_line(self):
+        self.w.write("q.lua", 'return { run = function(ctx) ctx.step.sleep("z", "300ms") return 1 end }')
+        self.w.ml("runs", check=0)  # the database exists before following
+        p = subprocess.Popen([BIN, "runs", "--follow", "--json"], cwd=self.w.path, env=self.w.env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(0.4)
+            rid = self.run_id_of(self.w.ml("run", "q.lua", check=0))
+            time.sleep(0.8)
+        finally:
+            p.terminate()
+        out = p.communicate(timeout=10)[0]
+        objs = [json.loads(l) for l in out.splitlines()]  # every line is JSON, nothing else
+        mine = [o for o in objs if o["run"]["id"] == rid]
+        self.assertEqual(mine[0]["change"], "started", out)
+        self.assertEqual(mine[-1]["change"], "ended", out)
+        self.assertEqual(mine[-1]["run"]["status"], "completed")
+        self.assertEqual(mine[-1]["run"]["skill"], "q")
+        self.assertTrue(all(o["at"].endswith("Z") for o in mine), out)
+        self.assertTrue(all(o["change"] == "status" for o in mine[1:-1]), out)
 
 
 class MetricsTest(TestCase):
