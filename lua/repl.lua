@@ -153,7 +153,8 @@ local function short_traceback(tb)
   return out
 end
 
-local run_error_mt = { __tostring = function(e) return e.message end }
+-- A failed run's error: tostring and `..` give its message, as for step errors.
+local run_error_mt = require("run").error_mt()
 
 local function handler(e)
   if type(e) == "table" and raw_getmetatable(e) == run_error_mt then

@@ -56,7 +56,33 @@ M.current, M.current_task = current, current_task
 
 -- Errors -----------------------------------------------------------------
 
-local fatal_mt = { __tostring = function(e) return e.message end }
+-- Error values (fatal(), a failed step's error) are tables, so that they
+-- can carry fields (step, fatal, child...). They read like the message
+-- they hold: tostring(e) is e.message, and `..` with a string, a number or
+-- another error value joins their texts ("failed: " .. e).
+local function error_text(e) return tostring(e.message) end
+
+-- One operand of `..` on an error value: an error value's message, a
+-- string or number as itself; any other value fails as plain Lua would.
+local function concat_part(v)
+  local t = type(v)
+  if t == "string" or t == "number" then return v end
+  local mt = t == "table" and getmetatable(v)
+  if mt and rawget(mt, "__concat") == M.error_concat then return error_text(v) end
+  error(("attempt to concatenate a %s value"):format(t), 3)
+end
+
+-- The __concat of error values, whichever side the error value is on.
+function M.error_concat(a, b)
+  return concat_part(a) .. concat_part(b)
+end
+
+-- A metatable for error values: tostring and `..` give the message.
+function M.error_mt()
+  return { __tostring = error_text, __concat = M.error_concat }
+end
+
+local fatal_mt = M.error_mt()
 M.fatal_mt = fatal_mt
 
 -- fatal(msg): an error value that fails its step at once, without retries.
@@ -64,7 +90,7 @@ function M.fatal(msg)
   return setmetatable({ message = tostring(msg), fatal = true }, fatal_mt)
 end
 
-local step_error_mt = { __tostring = function(e) return e.message end }
+local step_error_mt = M.error_mt()
 M.step_error_mt = step_error_mt
 
 -- Turn any error value into {message=, traceback=, fatal=, step=}.

@@ -61,6 +61,32 @@ end }""")
         self.assertEqual(len(steps[0]["attempts"]), 1)
         self.assertEqual(len(steps[1]["attempts"]), 1)
 
+    def test_error_values_read_like_their_message(self):
+        # A caught step error (and a fatal() value) is a table: tostring,
+        # .message and `..` on either side all give its message.
+        self.w.write("c.lua", """
+return { retries = 0, run = function(ctx)
+  local _, e = pcall(ctx.step.run, "x", function() error("boom", 0) end)
+  local _, f = pcall(ctx.step.run, "y", function() error(fatal("bad")) end)
+  local caught
+  ctx.step.run("z", function() local _, v = pcall(error, fatal("inner")) caught = "got " .. v end)
+  local ok, bad = pcall(function() return e .. {} end)
+  return { left = "failed: " .. e, right = e .. "!", num = 1 .. f, both = e .. " / " .. f,
+    msg = e.message, str = tostring(e), caught = caught, ok = ok, bad = bad }
+end }""")
+        r = self.w.ml("run", "c.lua", check=0)
+        out = json.loads(r.stdout)
+        self.assertEqual(out["left"], "failed: step 'x' failed: boom")
+        self.assertEqual(out["right"], "step 'x' failed: boom!")
+        self.assertEqual(out["num"], "1step 'y' failed: bad")
+        self.assertEqual(out["both"], "step 'x' failed: boom / step 'y' failed: bad")
+        self.assertEqual(out["msg"], "step 'x' failed: boom")
+        self.assertEqual(out["str"], "step 'x' failed: boom")
+        self.assertEqual(out["caught"], "got inner")
+        # Only strings, numbers and error values join: a plain table fails as in Lua.
+        self.assertFalse(out["ok"])
+        self.assertIn("attempt to concatenate a table value", out["bad"])
+
     def test_on_failure_runs_as_its_own_durable_run(self):
         self.w.write("t.lua", """
 return { id = "triage", retries = 1, backoff = "10ms",
