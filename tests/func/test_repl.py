@@ -434,6 +434,10 @@ class PipeTest(ReplCase):
         self.w.write("hello.lua", HELLO)
         status, out, err = self.pipe('run("hello.lua", {f = print})\n')
         self.assertIn("data is not a JSON value", err)
+        # Positions are the typed code's, never the REPL's own Lua file.
+        status, out, err = self.pipe('coroutine.wrap(function() run("hello.lua") end)()\n')
+        self.assertIn("stdin:1: run can only be called at the REPL's top level", err)
+        self.assertNotIn("moonloop/", err)
 
 
 def doc_blocks(text):
