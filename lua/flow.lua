@@ -46,12 +46,12 @@ local function sleep_until(R, T, id, wake_at)
 end
 
 run.add_step("sleep", function(id, duration)
-  local R, T = need_run("step.sleep")
+  local R, T = need_run("step.sleep", id)
   return sleep_until(R, T, id, R.now + to_ms(duration, "step.sleep"))
 end)
 
 run.add_step("sleep_until", function(id, t)
-  local R, T = need_run("step.sleep_until")
+  local R, T = need_run("step.sleep_until", id)
   local at
   if type(t) == "number" then
     at = t * 1000
@@ -89,7 +89,7 @@ local function check_path(what, p)
 end
 
 run.add_step("wait_for_event", function(id, opts)
-  local R, T = need_run("step.wait_for_event")
+  local R, T = need_run("step.wait_for_event", id)
   if type(opts) ~= "table" or type(opts.event) ~= "string" or opts.event == "" then
     user_error("step.wait_for_event(id, {event=, timeout=, match=}): 'event' must be an event name")
   end
@@ -110,7 +110,7 @@ run.add_step("wait_for_event", function(id, opts)
 end)
 
 run.add_step("invoke", function(id, opts)
-  local R, T = need_run("step.invoke")
+  local R, T = need_run("step.invoke", id)
   if type(opts) ~= "table" or type(opts.skill) ~= "string" or opts.skill == "" then
     user_error("step.invoke(id, {skill=, data=, timeout=}): 'skill' must be a skill id")
   end
@@ -147,7 +147,7 @@ run.add_step("invoke", function(id, opts)
 end)
 
 run.add_step("send_event", function(id, events)
-  local R, T = need_run("step.send_event")
+  local R, T = need_run("step.send_event", id)
   if type(events) ~= "table" then user_error("step.send_event(id, event or list): expected a table") end
   local list = events.name ~= nil and { events } or events
   for i, ev in ipairs(list) do
@@ -174,7 +174,7 @@ local function child_body(R, T, seq, sid, rec, fn, opts)
 end
 
 run.add_step("parallel", function(id, fns, opts)
-  local R, T = need_run("step.parallel")
+  local R, T = need_run("step.parallel", id)
   if type(fns) ~= "table" or #fns == 0 then
     user_error("step.parallel(id, {fn, fn, ...}): expected a non-empty list of functions")
   end

@@ -162,9 +162,20 @@ M.handler, M.unwrap, M.normalize = handler, unwrap, normalize
 
 -- Steps ------------------------------------------------------------------
 
-local function need_run(name)
+-- The run and task of a step call (name: "step.run"; id: the step id),
+-- checked first of all: outside a run is an error, and so is a step inside
+-- a step's body. That one is fatal: retrying the body would only make the
+-- same mistake again, so the step fails at once, as with fatal().
+local function need_run(name, id)
   local T = current_task()
   if not T then user_error(name .. " can only be called inside a run") end
+  if T.in_step then
+    error(setmetatable({
+      message = ("%ssteps cannot be nested: %s('%s') was called inside the body of step '%s'")
+        :format(skill_position(), name, tostring(id), T.in_step),
+      fatal = true,
+    }, fatal_mt), 0)
+  end
   return T.R, T
 end
 M.need_run = need_run
@@ -198,9 +209,6 @@ local function next_step(R, T, id, kind)
   end
   if #id > 200 or id:find("#", 1, true) then
     user_error(("bad step id '%s': at most 200 characters and no '#'"):format(id:sub(1, 40)))
-  end
-  if T.in_step then
-    user_error(("steps cannot be nested: step '%s' was called inside the body of step '%s'"):format(id, T.in_step))
   end
   local n = (R.ids[id] or 0) + 1
   R.ids[id] = n
@@ -324,7 +332,7 @@ end
 M.check_step_opts = check_step_opts
 
 local function step_run(id, fn, opts)
-  local R, T = need_run("step.run")
+  local R, T = need_run("step.run", id)
   if type(fn) ~= "function" then
     user_error(("step.run('%s', fn): fn must be a function, got %s"):format(tostring(id), type(fn)))
   end

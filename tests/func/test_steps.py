@@ -199,6 +199,33 @@ end }""")
         r = self.w.ml("run", "n.lua", check=1)
         self.assertIn("steps cannot be nested", r.stderr)
 
+    def test_a_nested_step_fails_at_once_without_retries(self):
+        # A code error, like fatal(): retrying the body would repeat it. The
+        # check comes before the call's own argument checks (a bad duration).
+        self.w.write("n.lua", """
+return { retries = 3, backoff = "10ms", run = function(ctx)
+  local n, m = 0, 0
+  local ok, e = pcall(ctx.step.run, "outer", function()
+    n = n + 1
+    local x = ctx.step.run("inner", function() end)
+  end)
+  local ok2, e2 = pcall(ctx.step.parallel, "par", { function()
+    m = m + 1
+    local x = ctx.step.sleep("nap", {})
+  end })
+  return { n = n, m = m, e = tostring(e), e2 = tostring(e2) }
+end }""")
+        r = self.w.ml("run", "n.lua", check=0)
+        out = json.loads(r.stdout)
+        self.assertEqual(out["n"], 1)
+        self.assertEqual(out["m"], 1)
+        self.assertEqual(out["e"], "step 'outer' failed: n.lua:6: steps cannot be nested: "
+                         "step.run('inner') was called inside the body of step 'outer'")
+        self.assertEqual(out["e2"], "step 'par' failed: step 'par/1' failed: n.lua:10: steps cannot be nested: "
+                         "step.sleep('nap') was called inside the body of step 'par/1'")
+        steps = self.w.trace(self.run_id_of(r))["steps"]
+        self.assertEqual([len(s["attempts"]) for s in steps if s["id"] in ("outer", "par/1")], [1, 1])
+
     def test_time_now_outside_steps_is_stable_across_replay(self):
         self.si.routes["/hang"] = lambda h, b, n: (time.sleep(5 if n == 1 else 0), (200, {"n": n}))[1]
         self.w.write("tn.lua", """
