@@ -6,11 +6,12 @@
 
 local core = ...
 local run = require("run")
+local suggest = require("skill").suggest -- " (did you mean 'x'?)"
 local M = {}
 
 local OP = core.OP
 local yield = coroutine.yield
-local type, tostring, select, error, pairs = type, tostring, select, error, pairs
+local type, tostring, select, error, pairs, ipairs = type, tostring, select, error, pairs, ipairs
 local concat = table.concat
 local current_task, user_error = run.current_task, run.user_error
 
@@ -179,11 +180,59 @@ local function since_ms(v, what)
   user_error(what .. ": expected a duration, a unix time or an RFC 3339 time")
 end
 
+-- runs.list's filter is strict: a misspelt key or value would otherwise
+-- quietly match every run, or none.
+local LIST_KEYS = { "skill", "status", "trigger", "parent", "since", "until", "limit" }
+local STATUSES = { "queued", "running", "sleeping", "waiting", "completed", "failed", "cancelled" }
+local TRIGGER_KINDS = { "event", "cron", "invoke", "rerun", "on_failure" }
+
+local function set_of(list)
+  local s = {}
+  for _, v in ipairs(list) do s[v] = true end
+  return s
+end
+local LIST_KEY_SET, STATUS_SET, TRIGGER_SET = set_of(LIST_KEYS), set_of(STATUSES), set_of(TRIGGER_KINDS)
+
+-- How a value shows in a message: a string quoted, a number as itself,
+-- else its type.
+local function shown(v)
+  if type(v) == "string" then return "'" .. v:sub(1, 40) .. "'" end
+  if type(v) == "number" then return tostring(v) end
+  return type(v)
+end
+
+-- Check runs.list's filter: known keys, strings where strings are due,
+-- a status and a trigger kind that exist.
+local function check_list_filter(f)
+  for k in pairs(f) do
+    if not LIST_KEY_SET[k] then
+      user_error(("runs.list: unknown key %s%s; the keys are %s"):format(shown(k),
+        type(k) == "string" and suggest(k, LIST_KEY_SET) or "", concat(LIST_KEYS, ", ")))
+    end
+  end
+  for _, k in ipairs({ "skill", "parent", "status", "trigger" }) do
+    if f[k] ~= nil and type(f[k]) ~= "string" then
+      user_error(("runs.list: %s must be a string, got %s"):format(k, type(f[k])))
+    end
+  end
+  for _, c in ipairs({ { "status", STATUS_SET, STATUSES }, { "trigger", TRIGGER_SET, TRIGGER_KINDS } }) do
+    local k, set, list = c[1], c[2], c[3]
+    local v = f[k]
+    if v ~= nil and not set[v] then
+      user_error(("runs.list: %s must be one of %s; got %s%s"):format(k, concat(list, ", "), shown(v),
+        suggest(v, set)))
+    end
+  end
+end
+
 local function make_runs()
   local runs = {}
   function runs.list(f)
     f = f or {}
-    if type(f) ~= "table" then user_error("runs.list expects a table {skill=, status=, since=, until=, limit=}") end
+    if type(f) ~= "table" then
+      user_error("runs.list expects a table {skill=, status=, trigger=, parent=, since=, until=, limit=}")
+    end
+    check_list_filter(f)
     io_allowed("runs.list")
     local limit = f.limit or 100
     if type(limit) ~= "number" or limit < 1 or limit > 10000 then

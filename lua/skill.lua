@@ -31,6 +31,8 @@ local function distance(a, b)
   return prev[lb]
 end
 
+-- " (did you mean 'x'?)" for the key of known (a set) nearest to key, or
+-- "" when none is near enough.
 local function suggest(key, known)
   local best, bestd
   for k in pairs(known) do
@@ -42,6 +44,7 @@ local function suggest(key, known)
   end
   return ""
 end
+M.suggest = suggest
 
 -- The line where `key = ` first appears in src, or nil.
 local function line_of(src, key)
