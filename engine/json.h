@@ -49,7 +49,9 @@
 **   - Errors give line and column (1-based, columns in bytes) and up to 20
 **     bytes of text from the error on: "invalid JSON at line 2 column 8 near
 **     'tru}'". Empty input, text after the value, and the escape \u0000 (which
-**     cJSON would silently cut the string at) are errors too.
+**     cJSON would silently cut the string at) are errors too, and so is a
+**     number beyond a double's range (1e400, which would read as infinity:
+**     "invalid JSON: the number at $ is out of range ..."; jsontext.c).
 **
 ** Round trip: for JSON text nested at most JSON_MAX_DEPTH deep, encoding the
 ** decoded value and decoding and encoding that again gives the same text.

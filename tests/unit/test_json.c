@@ -389,6 +389,12 @@ TEST(decode_errors_empty_truncated_trailing) {
   CHECK_RUN(L, "return json.decode('\"a\\\\u0000b\"')",
             "error: json.decode: invalid JSON at line 1 column 3 near '\\u0000b\"': "
             "\\u0000 (NUL) in strings is not supported");
+  /* A number beyond a double's range is an error, not infinity (docs/skills.md). */
+  CHECK_RUN(L, "return json.decode('1e400')",
+            "error: json.decode: invalid JSON: the number at $ is out of range (a double reaches about 1.8e308)");
+  CHECK_RUN(L, "return json.decode('{\"n\": [1, -1e400]}')",
+            "error: json.decode: invalid JSON: the number at $.n[2] is out of range (a double reaches about 1.8e308)");
+  CHECK_RUN(L, "return json.decode('1e-400')", "0");
   lua_close(L);
 }
 
