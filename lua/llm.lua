@@ -84,7 +84,8 @@ function M.chat(req)
   local url = cfg.base_url:gsub("/+$", "") .. "/chat/completions"
   local headers = { ["Content-Type"] = "application/json", Accept = "application/json" }
   if cfg.api_key and cfg.api_key ~= "" then headers.Authorization = "Bearer " .. cfg.api_key end
-  local payload = encode(body, 0)
+  local payload, err = encode(body, 0)
+  if not payload then user_error("llm.chat: the request is not a JSON value: " .. err) end
   local n = 0
   while true do
     n = n + 1

@@ -112,7 +112,8 @@ local function make_http()
   function http.post_json(url, value, opts)
     if type(url) ~= "string" then user_error("http.post_json: url must be a string") end
     opts = check_opts("http.post_json", opts)
-    local body = core.encode(value == nil and core.json.null or value, 0)
+    local body, err = core.encode(value == nil and core.json.null or value, 0)
+    if not body then user_error("http.post_json: value is not a JSON value: " .. err) end
     local req = { method = "POST", url = url, body = body, timeout = opts and opts.timeout,
       headers = { ["Content-Type"] = "application/json", Accept = "application/json" } }
     if opts and opts.headers then for k, v in pairs(opts.headers) do req.headers[k] = v end end

@@ -59,6 +59,14 @@ end)""")
                 r = self.run_skill('ctx.step.run("c", function() return %s end)' % call, status=1)
                 self.assertIn(want.replace("%s", self.si.url), r.stderr)
 
+    def test_post_json_refuses_a_value_that_is_not_json(self):
+        # It used to send the request with no body at all.
+        r = self.run_skill('ctx.step.run("c", function() local x = http.post_json(env.STANDIN .. "/p", '
+                           '{ f = print }) return x end)', status=1)
+        self.assertIn("h.lua:2: http.post_json: value is not a JSON value: cannot encode a function at $.f",
+                      r.stderr)
+        self.assertEqual(self.si.count("/p"), 0)
+
     def test_io_outside_a_step_is_refused(self):
         r = self.run_skill('return http.get(env.STANDIN .. "/x")', status=1)
         self.assertIn("must be called inside a step body", r.stderr)
