@@ -460,6 +460,9 @@ function M.new(info, def, journal)
   R.replaying = journal ~= nil and #journal > 0
   R.seq, R.ids, R.now = 0, {}, info.started_at
   local err_arg = R.entry == "on_failure" and M.trigger(R).error or nil
+  -- on_failure's err ({message=, step=, traceback=}) reads as its message,
+  -- like the error values a step raises.
+  if type(err_arg) == "table" then setmetatable(err_arg, step_error_mt) end
   local co = create(function() return main(R, def, err_arg) end)
   tasks[co] = R
   return co

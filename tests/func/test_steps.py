@@ -93,7 +93,7 @@ return { id = "triage", retries = 1, backoff = "10ms",
   on_failure = function(ctx, err)
     ctx.step.run("notify", function()
       return http.post_json(env.STANDIN .. "/ops", { text = "triage failed: " .. err.message,
-        service = ctx.input.service })
+        again = "triage failed: " .. err, str = tostring(err), service = ctx.input.service })
     end)
   end,
   run = function(ctx)
@@ -104,6 +104,9 @@ return { id = "triage", retries = 1, backoff = "10ms",
         wait_until(lambda: self.si.count("/ops") == 1, what="the on_failure notification")
         body = json.loads(self.si.bodies["/ops"][0])
         self.assertIn("metrics api down", body["text"])
+        # err reads as its message, in a concatenation too.
+        self.assertEqual(body["again"], body["text"])
+        self.assertEqual(body["str"], body["text"][len("triage failed: "):])
         self.assertEqual(body["service"], "api")
         runs = self.w.runs()
         self.assertEqual(len(runs), 2)
