@@ -242,14 +242,17 @@ M.raise_step_error = raise_step_error
 -- one raises "<what>: ...", at the skill's line, or with no position when
 -- level is 0 (the test harness's own messages).
 local function to_ms(v, what, level)
-  local raise = level == 0 and function(m) error(m, 0) end or user_error
   if type(v) == "number" then return v * 1000 end
+  local msg
   if type(v) == "string" then
     local ms, err = core.duration(v)
-    if not ms then raise(what .. ": " .. err) end
-    return ms
+    if ms then return ms end
+    msg = what .. ": " .. err
+  else
+    msg = what .. ": expected a duration such as 30 or \"5m\", got " .. type(v)
   end
-  raise(what .. ": expected a duration such as 30 or \"5m\", got " .. type(v))
+  if level == 0 then error(msg, 0) end
+  user_error(msg)
 end
 M.to_ms = to_ms
 
