@@ -3,7 +3,8 @@
 **
 ** Invariants: json.null is lua_pushlightuserdata(L, NULL). Every array made
 ** here carries the one array metatable of its lua_State, kept in the registry
-** under the address of array_mt_key. Encoding walks the Lua value with raw
+** under the address of array_mt_key; json.object marks a table by making it
+** a key of a weak-keyed set (object_set_key). Encoding walks the Lua value with raw
 ** access only (no metamethods), keeping the path of the current value in a
 ** stack of frames so that an error can name where it happened; building the
 ** path text is left to the error case. Failures leave the Lua stack as found.
@@ -51,6 +52,53 @@ static int has_array_mt(lua_State *L, int idx) {
   int yes = lua_rawequal(L, -1, -2);
   lua_pop(L, 2);
   return yes;
+}
+
+/* The tables json.object marked live as keys of one weak-keyed table of L
+** (a mark neither keeps its table alive nor takes its metatable), kept in
+** the registry under the address of object_set_key. */
+static const char object_set_key = 'o';
+
+/* Push the set of object-marked tables; create it first when create is
+** set, else push nil when there is none yet. */
+static void push_object_set(lua_State *L, int create) {
+  lua_pushlightuserdata(L, (void *)&object_set_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  if (lua_istable(L, -1) || !create) return;
+  lua_pop(L, 1);
+  lua_newtable(L);
+  lua_createtable(L, 0, 1);
+  lua_pushliteral(L, "k");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  lua_pushlightuserdata(L, (void *)&object_set_key);
+  lua_pushvalue(L, -2);
+  lua_rawset(L, LUA_REGISTRYINDEX);
+}
+
+/* True if the table at idx (absolute) was marked by json.object. */
+static int has_object_mark(lua_State *L, int idx) {
+  push_object_set(L, 0);
+  if (!lua_istable(L, -1)) return lua_pop(L, 1), 0;
+  lua_pushvalue(L, idx);
+  lua_rawget(L, -2);
+  int yes = lua_toboolean(L, -1);
+  lua_pop(L, 2);
+  return yes;
+}
+
+/* Mark (on) or unmark the table at idx (absolute) as an object. */
+static void set_object_mark(lua_State *L, int idx, int on) {
+  push_object_set(L, on);
+  if (!lua_istable(L, -1)) {
+    lua_pop(L, 1);
+    return;
+  }
+  lua_pushvalue(L, idx);
+  if (on) lua_pushboolean(L, 1);
+  else lua_pushnil(L);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
 }
 
 static int abs_index(lua_State *L, int idx) {
@@ -385,7 +433,8 @@ fail:
   return NULL;
 }
 
-/* Encode the table at idx: by its metatable, else by its keys. */
+/* Encode the table at idx: by its array metatable or object mark, else by
+** its keys. */
 static cJSON *enc_table(enc_t *x, int idx) {
   lua_State *L = x->L;
   const void *p = lua_topointer(L, idx);
@@ -428,8 +477,9 @@ static cJSON *enc_table(enc_t *x, int idx) {
   }
   x->open[x->nopen++] = p;
   /* A sequence (max == count) is an array; so is a table with holes, as long
-  ** as the nulls filling them stay few. */
-  if (all_index && (max <= 2.0 * (double)count || max <= 16)) r = enc_array(x, idx, (size_t)max);
+  ** as the nulls filling them stay few. json.object's mark says object. */
+  if (all_index && (max <= 2.0 * (double)count || max <= 16) && !has_object_mark(L, idx))
+    r = enc_array(x, idx, (size_t)max);
   else r = enc_object(x, idx, count);
   x->nopen--;
   return r;
@@ -570,16 +620,18 @@ static int l_decode(lua_State *L) {
   return 1;
 }
 
-/* json.array(t) -> t, marked to encode as an array. */
+/* json.array(t) -> t, marked to encode as an array (an object mark goes). */
 static int l_array(lua_State *L) {
   check_arg(L, 1, LUA_TTABLE, "json.array");
   lua_settop(L, 1);
+  set_object_mark(L, 1, 0);
   push_array_mt(L);
   lua_setmetatable(L, 1);
   return 1;
 }
 
-/* json.object(t) -> t, without the array mark (other metatables stay). */
+/* json.object(t) -> t, marked to encode as an object whatever its keys: the
+** array mark goes, other metatables stay (the mark is not a metatable). */
 static int l_object(lua_State *L) {
   check_arg(L, 1, LUA_TTABLE, "json.object");
   lua_settop(L, 1);
@@ -587,6 +639,7 @@ static int l_object(lua_State *L) {
     lua_pushnil(L);
     lua_setmetatable(L, 1);
   }
+  set_object_mark(L, 1, 1);
   return 1;
 }
 

@@ -17,6 +17,11 @@
 **     tree, holding the exact text, with valuedouble set as well.
 **   - Tables: a table carrying the array metatable (json.array, or any array
 **     from json.decode) -> array of t[1..#t]; its other keys are not written.
+**     A table marked by json.object -> always an object, whatever its keys:
+**     empty -> {}, number keys written as decimal strings as for mixed keys
+**     below ({1, 2} -> {"1":1,"2":2}). The mark is kept beside the table,
+**     not in its metatable, so a table keeps its own metatable; json.array
+**     and json.object each take the other's mark away.
 **     Otherwise by its keys: empty -> {}; all keys positive integers forming
 **     the sequence 1..n -> array; all keys positive integers with holes ->
 **     array with null in the holes when the largest key <= 2 * the number of
@@ -44,7 +49,9 @@
 **   - Errors give line and column (1-based, columns in bytes) and up to 20
 **     bytes of text from the error on: "invalid JSON at line 2 column 8 near
 **     'tru}'". Empty input, text after the value, and the escape \u0000 (which
-**     cJSON would silently cut the string at) are errors too.
+**     cJSON would silently cut the string at) are errors too, and so is a
+**     number beyond a double's range (1e400, which would read as infinity:
+**     "invalid JSON: the number at $ is out of range ..."; jsontext.c).
 **
 ** Round trip: for JSON text nested at most JSON_MAX_DEPTH deep, encoding the
 ** decoded value and decoding and encoding that again gives the same text.

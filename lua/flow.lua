@@ -22,6 +22,7 @@ local real_xpcall = xpcall
 local type, tostring, error, ipairs, select = type, tostring, error, ipairs, select
 local encode, decode = core.encode, core.decode
 local need_run, next_step, record_at, to_ms = run.need_run, run.next_step, run.record_at, run.to_ms
+local user_error = run.user_error
 local null = core.json.null
 
 local function done_rec(R, rec)
@@ -45,21 +46,21 @@ local function sleep_until(R, T, id, wake_at)
 end
 
 run.add_step("sleep", function(id, duration)
-  local R, T = need_run("step.sleep")
+  local R, T = need_run("step.sleep", id)
   return sleep_until(R, T, id, R.now + to_ms(duration, "step.sleep"))
 end)
 
 run.add_step("sleep_until", function(id, t)
-  local R, T = need_run("step.sleep_until")
+  local R, T = need_run("step.sleep_until", id)
   local at
   if type(t) == "number" then
     at = t * 1000
   elseif type(t) == "string" then
     local ms, err = core.parse_time(t)
-    if not ms then error("step.sleep_until: " .. err, 2) end
+    if not ms then user_error("step.sleep_until: " .. err) end
     at = ms
   else
-    error("step.sleep_until: expected a unix time or an RFC 3339 string, got " .. type(t), 2)
+    user_error("step.sleep_until: expected a unix time or an RFC 3339 string, got " .. type(t))
   end
   return sleep_until(R, T, id, at)
 end)
@@ -83,14 +84,14 @@ M.json_at = json_at
 
 local function check_path(what, p)
   if p ~= nil and (type(p) ~= "string" or not p:match("^[%w_]+[%w_.]*$")) then
-    error(what .. ": 'match' must be a path such as \"data.request_id\"", 3)
+    user_error(what .. ": 'match' must be a path such as \"data.request_id\"")
   end
 end
 
 run.add_step("wait_for_event", function(id, opts)
-  local R, T = need_run("step.wait_for_event")
+  local R, T = need_run("step.wait_for_event", id)
   if type(opts) ~= "table" or type(opts.event) ~= "string" or opts.event == "" then
-    error("step.wait_for_event(id, {event=, timeout=, match=}): 'event' must be an event name", 2)
+    user_error("step.wait_for_event(id, {event=, timeout=, match=}): 'event' must be an event name")
   end
   check_path("step.wait_for_event", opts.match)
   local timeout = opts.timeout ~= nil and to_ms(opts.timeout, "step.wait_for_event: timeout") or nil
@@ -109,12 +110,12 @@ run.add_step("wait_for_event", function(id, opts)
 end)
 
 run.add_step("invoke", function(id, opts)
-  local R, T = need_run("step.invoke")
+  local R, T = need_run("step.invoke", id)
   if type(opts) ~= "table" or type(opts.skill) ~= "string" or opts.skill == "" then
-    error("step.invoke(id, {skill=, data=, timeout=}): 'skill' must be a skill id", 2)
+    user_error("step.invoke(id, {skill=, data=, timeout=}): 'skill' must be a skill id")
   end
   local data, err = encode(opts.data == nil and null or opts.data, 0)
-  if not data then error("step.invoke: data is not a JSON value: " .. err, 2) end
+  if not data then user_error("step.invoke: data is not a JSON value: " .. err) end
   local timeout = opts.timeout ~= nil and to_ms(opts.timeout, "step.invoke: timeout") or nil
   local sid, seq, rec = next_step(R, T, id, "invoke")
   local outcome
@@ -150,19 +151,19 @@ run.add_step("invoke", function(id, opts)
 end)
 
 run.add_step("send_event", function(id, events)
-  local R, T = need_run("step.send_event")
-  if type(events) ~= "table" then error("step.send_event(id, event or list): expected a table", 2) end
+  local R, T = need_run("step.send_event", id)
+  if type(events) ~= "table" then user_error("step.send_event(id, event or list): expected a table") end
   local list = events.name ~= nil and { events } or events
   for i, ev in ipairs(list) do
     if type(ev) ~= "table" or type(ev.name) ~= "string" or ev.name == "" then
-      error(("step.send_event: event %d needs a 'name'"):format(i), 2)
+      user_error(("step.send_event: event %d needs a 'name'"):format(i))
     end
   end
-  if #list == 0 then error("step.send_event: no events to send", 2) end
+  if #list == 0 then user_error("step.send_event: no events to send") end
   local sid, seq, rec = next_step(R, T, id, "send")
   if done_rec(R, rec) then return decode(rec.output) end
   local js, err = encode(core.json.array(list), R.cfg.output_limit)
-  if not js then error("step.send_event: " .. err, 2) end
+  if not js then user_error("step.send_event: " .. err) end
   local ids, ended = yield(OP.SEND, seq, sid, js, rec and rec.started_at or core.now())
   R.now = ended or R.now
   return decode(ids)
@@ -177,13 +178,14 @@ local function child_body(R, T, seq, sid, rec, fn, opts)
 end
 
 run.add_step("parallel", function(id, fns, opts)
-  local R, T = need_run("step.parallel")
+  local R, T = need_run("step.parallel", id)
   if type(fns) ~= "table" or #fns == 0 then
-    error("step.parallel(id, {fn, fn, ...}): expected a non-empty list of functions", 2)
+    user_error("step.parallel(id, {fn, fn, ...}): expected a non-empty list of functions")
   end
   for i, fn in ipairs(fns) do
-    if type(fn) ~= "function" then error(("step.parallel: item %d is not a function"):format(i), 2) end
+    if type(fn) ~= "function" then user_error(("step.parallel: item %d is not a function"):format(i)) end
   end
+  run.check_step_opts("step.parallel", opts)
   local sid, seq, rec = next_step(R, T, id, "parallel")
   if done_rec(R, rec) then return decode(rec.output) end
   local n = #fns

@@ -19,6 +19,7 @@ local OP = core.OP
 local yield = coroutine.yield
 local type, tostring, error, ipairs, pcall, tonumber = type, tostring, error, ipairs, pcall, tonumber
 local encode, decode = core.encode, core.decode
+local user_error = require("run").user_error -- errors at the skill's line
 
 local MAX_RETRIES = 4
 
@@ -51,29 +52,29 @@ end
 local function messages_of(req)
   local msgs = {}
   if req.system ~= nil then
-    if type(req.system) ~= "string" then error("llm.chat: 'system' must be a string", 3) end
+    if type(req.system) ~= "string" then user_error("llm.chat: 'system' must be a string") end
     msgs[#msgs + 1] = { role = "system", content = req.system }
   end
   if req.messages ~= nil then
     if type(req.messages) ~= "table" or #req.messages == 0 then
-      error("llm.chat: 'messages' must be a non-empty list of {role=, content=}", 3)
+      user_error("llm.chat: 'messages' must be a non-empty list of {role=, content=}")
     end
     for i, m in ipairs(req.messages) do
       if type(m) ~= "table" or type(m.role) ~= "string" or type(m.content) ~= "string" then
-        error(("llm.chat: message %d needs a 'role' and a 'content' string"):format(i), 3)
+        user_error(("llm.chat: message %d needs a 'role' and a 'content' string"):format(i))
       end
       msgs[#msgs + 1] = { role = m.role, content = m.content }
     end
   elseif type(req.prompt) == "string" then
     msgs[#msgs + 1] = { role = "user", content = req.prompt }
   else
-    error("llm.chat: give 'prompt' (a string) or 'messages' (a list)", 3)
+    user_error("llm.chat: give 'prompt' (a string) or 'messages' (a list)")
   end
   return core.json.array(msgs)
 end
 
 function M.chat(req)
-  if type(req) ~= "table" then error("llm.chat expects a table {prompt= or messages=, json=, model=}", 2) end
+  if type(req) ~= "table" then user_error("llm.chat expects a table {prompt= or messages=, json=, model=}") end
   local cfg = core.llm_settings or { base_url = "http://127.0.0.1:11434/v1", model = "llama3" }
   local body = {
     model = req.model or cfg.model, messages = messages_of(req),
@@ -83,7 +84,8 @@ function M.chat(req)
   local url = cfg.base_url:gsub("/+$", "") .. "/chat/completions"
   local headers = { ["Content-Type"] = "application/json", Accept = "application/json" }
   if cfg.api_key and cfg.api_key ~= "" then headers.Authorization = "Bearer " .. cfg.api_key end
-  local payload = encode(body, 0)
+  local payload, err = encode(body, 0)
+  if not payload then user_error("llm.chat: the request is not a JSON value: " .. err) end
   local n = 0
   while true do
     n = n + 1
@@ -93,15 +95,15 @@ function M.chat(req)
     if retryable and n <= MAX_RETRIES then
       yield(OP.DELAY, retry_delay(resp, n))
     elseif not resp then
-      error(("llm.chat: %s (after %d tries)"):format(err, n), 2)
+      user_error(("llm.chat: %s (after %d tries)"):format(err, n))
     elseif resp.status < 200 or resp.status > 299 then
-      error(("llm.chat: POST %s returned %d: %s"):format(url, resp.status, excerpt(resp.body)), 2)
+      user_error(("llm.chat: POST %s returned %d: %s"):format(url, resp.status, excerpt(resp.body)))
     else
       local ok, data = pcall(decode, resp.body)
       local choice = ok and type(data) == "table" and type(data.choices) == "table" and data.choices[1]
       local text = choice and type(choice.message) == "table" and choice.message.content
       if type(text) ~= "string" then
-        error(("llm.chat: the endpoint's answer has no choices[1].message.content: %s"):format(excerpt(resp.body)), 2)
+        user_error(("llm.chat: the endpoint's answer has no choices[1].message.content: %s"):format(excerpt(resp.body)))
       end
       local usage = type(data.usage) == "table" and data.usage or nil
       if usage then
@@ -112,7 +114,7 @@ function M.chat(req)
       if req.json then
         local jok, v = pcall(decode, unfence(text))
         if not jok then
-          error(("llm.chat: the model's answer is not JSON (json = true): %s"):format(excerpt(text)), 2)
+          user_error(("llm.chat: the model's answer is not JSON (json = true): %s"):format(excerpt(text)))
         end
         out.json = v
       end

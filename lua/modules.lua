@@ -6,13 +6,14 @@
 
 local core = ...
 local run = require("run")
+local suggest = require("skill").suggest -- " (did you mean 'x'?)"
 local M = {}
 
 local OP = core.OP
 local yield = coroutine.yield
-local type, tostring, select, error, pairs = type, tostring, select, error, pairs
+local type, tostring, select, error, pairs, ipairs = type, tostring, select, error, pairs, ipairs
 local concat = table.concat
-local current_task = run.current_task
+local current_task, user_error = run.current_task, run.user_error
 
 local function message(...)
   local n = select("#", ...)
@@ -41,16 +42,16 @@ end
 local function io_allowed(name)
   local T = current_task()
   if T and not T.in_step then
-    error(name .. " must be called inside a step body (ctx.step.run) so that its result is checkpointed", 3)
+    user_error(name .. " must be called inside a step body (ctx.step.run) so that its result is checkpointed")
   end
   if not T and not core.can_yield() then
-    error(name .. " can only be called inside a run", 3)
+    user_error(name .. " can only be called inside a run")
   end
 end
 
 local function http_request(req)
-  if type(req) ~= "table" then error("http.request expects a table {method=, url=, headers=, body=, timeout=}", 2) end
-  if type(req.url) ~= "string" then error("http.request: 'url' must be a string", 2) end
+  if type(req) ~= "table" then user_error("http.request expects a table {method=, url=, headers=, body=, timeout=}") end
+  if type(req.url) ~= "string" then user_error("http.request: 'url' must be a string") end
   io_allowed("http.request")
   return yield(OP.HTTP, req)
 end
@@ -65,10 +66,10 @@ end
 local function checked(name, req)
   io_allowed(name)
   local resp, err = yield(OP.HTTP, req)
-  if not resp then error(("%s: %s"):format(name, err), 3) end
+  if not resp then user_error(("%s: %s"):format(name, err)) end
   if resp.status < 200 or resp.status > 299 then
-    error(("%s: %s %s returned %d: %s"):format(name, req.method or "GET", req.url, resp.status,
-      excerpt(resp.body)), 3)
+    user_error(("%s: %s %s returned %d: %s"):format(name, req.method or "GET", req.url, resp.status,
+      excerpt(resp.body)))
   end
   return resp
 end
@@ -76,29 +77,43 @@ end
 local function decode_body(name, resp, req)
   local ok, v = pcall(core.decode, resp.body)
   if not ok then
-    error(("%s: %s %s did not answer JSON (%s): %s"):format(name, req.method or "GET", req.url,
-      tostring(v):gsub("^json.decode: ", ""), excerpt(resp.body)), 3)
+    user_error(("%s: %s %s did not answer JSON (%s): %s"):format(name, req.method or "GET", req.url,
+      tostring(v):gsub("^json.decode: ", ""), excerpt(resp.body)))
   end
   return v
+end
+
+-- The options of http.get, get_json and post_json: nil or {headers=, timeout=}.
+local function check_opts(name, opts)
+  if opts == nil then return nil end
+  if type(opts) ~= "table" then user_error(name .. ": opts must be a table {headers=, timeout=}") end
+  if opts.headers ~= nil and type(opts.headers) ~= "table" then
+    user_error(name .. ": opts.headers must be a table of header names and values")
+  end
+  return opts
 end
 
 local function make_http()
   local http = {}
   http.request = http_request
   function http.get(url, opts)
-    if type(url) ~= "string" then error("http.get: url must be a string", 2) end
+    if type(url) ~= "string" then user_error("http.get: url must be a string") end
+    opts = check_opts("http.get", opts)
     local req = { url = url, headers = opts and opts.headers, timeout = opts and opts.timeout }
     return checked("http.get", req).body
   end
   function http.get_json(url, opts)
-    if type(url) ~= "string" then error("http.get_json: url must be a string", 2) end
+    if type(url) ~= "string" then user_error("http.get_json: url must be a string") end
+    opts = check_opts("http.get_json", opts)
     local req = { url = url, headers = { Accept = "application/json" }, timeout = opts and opts.timeout }
     if opts and opts.headers then for k, v in pairs(opts.headers) do req.headers[k] = v end end
     return decode_body("http.get_json", checked("http.get_json", req), req)
   end
   function http.post_json(url, value, opts)
-    if type(url) ~= "string" then error("http.post_json: url must be a string", 2) end
-    local body = core.encode(value == nil and core.json.null or value, 0)
+    if type(url) ~= "string" then user_error("http.post_json: url must be a string") end
+    opts = check_opts("http.post_json", opts)
+    local body, err = core.encode(value == nil and core.json.null or value, 0)
+    if not body then user_error("http.post_json: value is not a JSON value: " .. err) end
     local req = { method = "POST", url = url, body = body, timeout = opts and opts.timeout,
       headers = { ["Content-Type"] = "application/json", Accept = "application/json" } }
     if opts and opts.headers then for k, v in pairs(opts.headers) do req.headers[k] = v end end
@@ -122,15 +137,18 @@ local function make_time()
   end
   -- An RFC 3339 time ("2026-11-29T16:51:24.123Z") as unix seconds.
   function t.parse(s)
-    if type(s) ~= "string" then error("time.parse expects an RFC 3339 string", 2) end
+    if type(s) ~= "string" then user_error("time.parse expects an RFC 3339 string") end
     local ms, err = core.parse_time(s)
-    if not ms then error("time.parse: " .. err, 2) end
+    if not ms then user_error("time.parse: " .. err) end
     return ms / 1000
   end
   function t.parse_duration(s)
     if type(s) == "number" then return s end
+    if type(s) ~= "string" then
+      user_error("time.parse_duration expects a number of seconds or a string such as \"5m\"")
+    end
     local ms, err = core.duration(s)
-    if not ms then error("time.parse_duration: " .. err, 2) end
+    if not ms then user_error("time.parse_duration: " .. err) end
     return ms / 1000
   end
   return t
@@ -138,9 +156,14 @@ end
 
 local function make_llm()
   local llm = require("llm")
-  -- llm.chat does its I/O through http.request, under the same rules.
+  -- llm.chat does its I/O through http.request, under the same rules; it
+  -- checks them first itself, so that a refusal names llm.chat.
   llm.request = http_request
-  return { chat = llm.chat }
+  local chat = llm.chat
+  return { chat = function(req)
+    io_allowed("llm.chat")
+    return chat(req)
+  end }
 end
 
 -- runs: run history, for review loops. Reads happen inside step bodies
@@ -153,29 +176,77 @@ local function since_ms(v, what)
     if d then return core.now() - d end
     local t, err = core.parse_time(v)
     if t then return t end
-    error(what .. ": expected a duration such as \"7d\", a unix time or an RFC 3339 time, got '" .. v .. "'", 3)
+    user_error(what .. ": expected a duration such as \"7d\", a unix time or an RFC 3339 time, got '" .. v .. "'")
   end
-  error(what .. ": expected a duration, a unix time or an RFC 3339 time", 3)
+  user_error(what .. ": expected a duration, a unix time or an RFC 3339 time")
+end
+
+-- runs.list's filter is strict: a misspelt key or value would otherwise
+-- quietly match every run, or none.
+local LIST_KEYS = { "skill", "status", "trigger", "parent", "since", "until", "limit" }
+local STATUSES = { "queued", "running", "sleeping", "waiting", "completed", "failed", "cancelled" }
+local TRIGGER_KINDS = { "event", "cron", "invoke", "rerun", "on_failure" }
+
+local function set_of(list)
+  local s = {}
+  for _, v in ipairs(list) do s[v] = true end
+  return s
+end
+local LIST_KEY_SET, STATUS_SET, TRIGGER_SET = set_of(LIST_KEYS), set_of(STATUSES), set_of(TRIGGER_KINDS)
+
+-- How a value shows in a message: a string quoted, a number as itself,
+-- else its type.
+local function shown(v)
+  if type(v) == "string" then return "'" .. v:sub(1, 40) .. "'" end
+  if type(v) == "number" then return tostring(v) end
+  return type(v)
+end
+
+-- Check runs.list's filter: known keys, strings where strings are due,
+-- a status and a trigger kind that exist.
+local function check_list_filter(f)
+  for k in pairs(f) do
+    if not LIST_KEY_SET[k] then
+      user_error(("runs.list: unknown key %s%s; the keys are %s"):format(shown(k),
+        type(k) == "string" and suggest(k, LIST_KEY_SET) or "", concat(LIST_KEYS, ", ")))
+    end
+  end
+  for _, k in ipairs({ "skill", "parent", "status", "trigger" }) do
+    if f[k] ~= nil and type(f[k]) ~= "string" then
+      user_error(("runs.list: %s must be a string, got %s"):format(k, type(f[k])))
+    end
+  end
+  for _, c in ipairs({ { "status", STATUS_SET, STATUSES }, { "trigger", TRIGGER_SET, TRIGGER_KINDS } }) do
+    local k, set, list = c[1], c[2], c[3]
+    local v = f[k]
+    if v ~= nil and not set[v] then
+      user_error(("runs.list: %s must be one of %s; got %s%s"):format(k, concat(list, ", "), shown(v),
+        suggest(v, set)))
+    end
+  end
 end
 
 local function make_runs()
   local runs = {}
   function runs.list(f)
     f = f or {}
-    if type(f) ~= "table" then error("runs.list expects a table {skill=, status=, since=, until=, limit=}", 2) end
+    if type(f) ~= "table" then
+      user_error("runs.list expects a table {skill=, status=, trigger=, parent=, since=, until=, limit=}")
+    end
+    check_list_filter(f)
     io_allowed("runs.list")
     local limit = f.limit or 100
     if type(limit) ~= "number" or limit < 1 or limit > 10000 then
-      error("runs.list: limit must be a number from 1 to 10000", 2)
+      user_error("runs.list: limit must be a number from 1 to 10000")
     end
     local js, err = core.runs_list{ skill = f.skill, status = f.status, trigger = f.trigger,
       parent = f.parent, since = since_ms(f.since, "runs.list: since"),
       ["until"] = since_ms(f["until"], "runs.list: until"), limit = limit }
-    if not js then error("runs.list: " .. err, 2) end
+    if not js then user_error("runs.list: " .. err) end
     return core.decode(js)
   end
   function runs.get(id)
-    if type(id) ~= "string" then error("runs.get expects a run id", 2) end
+    if type(id) ~= "string" then user_error("runs.get expects a run id") end
     io_allowed("runs.get")
     local js, err = core.runs_get(id)
     if not js then return nil, err end
@@ -192,29 +263,32 @@ local function make_skills()
   function skills.list()
     io_allowed("skills.list")
     local js, err = core.skills_list()
-    if not js then error("skills.list: " .. err, 2) end
+    if not js then user_error("skills.list: " .. err) end
     return core.decode(js)
   end
   function skills.get(id)
-    if type(id) ~= "string" then error("skills.get expects a skill id", 2) end
+    if type(id) ~= "string" then user_error("skills.get expects a skill id") end
     io_allowed("skills.get")
     local js, err = core.skills_get(id)
     if not js then return nil, err end
     return core.decode(js)
   end
   function skills.check(source, name)
-    if type(source) ~= "string" then error("skills.check expects Lua source (a string)", 2) end
+    if type(source) ~= "string" then user_error("skills.check expects Lua source (a string)") end
+    if name ~= nil and type(name) ~= "string" and type(name) ~= "number" then
+      user_error("skills.check: name must be a file name (a string)")
+    end
     local ok, id_or_err, line = core.skills_check(source, name)
     if ok then return { ok = true, id = id_or_err } end
     return { ok = false, error = id_or_err, line = line }
   end
   function skills.deploy(id, source)
     if type(id) ~= "string" or type(source) ~= "string" then
-      error("skills.deploy(id, source) expects a skill id and Lua source", 2)
+      user_error("skills.deploy(id, source) expects a skill id and Lua source")
     end
     io_allowed("skills.deploy")
     local res, err = core.skills_deploy(id, source)
-    if not res then error(err, 2) end
+    if not res then user_error(err) end
     return res
   end
   return skills
@@ -223,7 +297,7 @@ end
 local function make_env(values)
   return setmetatable({}, {
     __index = values,
-    __newindex = function(_, k) error(("env is read-only (tried to set '%s')"):format(tostring(k)), 2) end,
+    __newindex = function(_, k) user_error(("env is read-only (tried to set '%s')"):format(tostring(k))) end,
     __metatable = false,
   })
 end

@@ -35,6 +35,8 @@ local raw_getmetatable = debug.getmetatable
 local concat, sort = table.concat, table.sort
 local floor, huge = math.floor, math.huge
 
+local user_error = require("run").user_error -- errors at the caller's line, never the runtime's
+
 local env -- the REPL's globals, made by M.init
 
 -- Pretty printing -----------------------------------------------------------
@@ -153,7 +155,8 @@ local function short_traceback(tb)
   return out
 end
 
-local run_error_mt = { __tostring = function(e) return e.message end }
+-- A failed run's error: tostring and `..` give its message, as for step errors.
+local run_error_mt = require("run").error_mt()
 
 local function handler(e)
   if type(e) == "table" and raw_getmetatable(e) == run_error_mt then
@@ -317,7 +320,7 @@ end
 -- Yield an op to engine/repl.c: only the REPL's own coroutine can.
 local function engine_op(name, ...)
   if not core.can_yield() then
-    error(name .. " can only be called at the REPL's top level, not inside a coroutine", 3)
+    user_error(name .. " can only be called at the REPL's top level, not inside a coroutine")
   end
   return yield(...)
 end
@@ -344,16 +347,14 @@ end
 local function data_json(data, fname)
   if data == nil then return "null" end
   local js, err = encode(data, 0)
-  if not js then error(("%s: data is not a JSON value: %s"):format(fname, err), 3) end
+  if not js then user_error(("%s: data is not a JSON value: %s"):format(fname, err)) end
   return js
 end
 
 -- What run() and its kin return: the output and the run id, or raise the
 -- run's error. A run stopped in step_through (q) returns nil and its id.
--- Called as `local a, b = finish(...)`, never as a tail call, so that
--- level 3 is the caller's code.
 local function finish(fname, status, output, err, run_id)
-  if status == nil then error(("%s: %s"):format(fname, tostring(output)), 3) end -- the op failed
+  if status == nil then user_error(("%s: %s"):format(fname, tostring(output))) end -- the op failed
   if status == "completed" then
     local v = decode(output or "null")
     if v == null then v = nil end
@@ -370,8 +371,8 @@ end
 
 local function check_run_id(id, fname)
   if type(id) ~= "string" or not id:match("^[0-9A-Z]+$") then
-    error(("%s: expected a run id (such as \"01J...\"), got %s"):format(fname,
-      type(id) == "string" and ("'" .. id:sub(1, 40) .. "'") or type(id)), 3)
+    user_error(("%s: expected a run id (such as \"01J...\"), got %s"):format(fname,
+      type(id) == "string" and ("'" .. id:sub(1, 40) .. "'") or type(id)))
   end
 end
 
@@ -407,20 +408,20 @@ local function make_functions()
 
   function f.skill(target)
     local s, err = need_skill(target, "skill")
-    if not s then error(err, 2) end
+    if not s then user_error(err) end
     return s
   end
 
   function f.run(target, data)
     local s, err = need_skill(target, "run")
-    if not s then error(err, 2) end
+    if not s then user_error(err) end
     local out, id = finish("run", engine_op("run", ROP.RUN, s.version, data_json(data, "run"), false))
     return out, id
   end
 
   function f.step_through(target, data)
     local s, err = need_skill(target, "step_through")
-    if not s then error(err, 2) end
+    if not s then user_error(err) end
     local js = data_json(data, "step_through")
     local out, id = finish("step_through", engine_op("step_through", ROP.RUN, s.version, js, true))
     return out, id
@@ -434,16 +435,16 @@ local function make_functions()
   end
 
   function f.send(name, data, id)
-    if type(name) ~= "string" or name == "" then error("send(name, data [, id]): name must be an event name", 2) end
-    if id ~= nil and type(id) ~= "string" then error("send: id (the idempotency key) must be a string", 2) end
+    if type(name) ~= "string" or name == "" then user_error("send(name, data [, id]): name must be an event name") end
+    if id ~= nil and type(id) ~= "string" then user_error("send: id (the idempotency key) must be a string") end
     local ev, err = core.repl_send(name, data_json(data, "send"), id)
-    if not ev then error("send: " .. err, 2) end
+    if not ev then user_error("send: " .. err) end
     return ev
   end
 
   function f.invoke(id, data, opts)
-    if type(id) ~= "string" or id == "" then error("invoke(id, data [, {wait=true}]): id must be a registered skill id", 2) end
-    if opts ~= nil and type(opts) ~= "table" then error("invoke: opts must be a table such as {wait = true}", 2) end
+    if type(id) ~= "string" or id == "" then user_error("invoke(id, data [, {wait=true}]): id must be a registered skill id") end
+    if opts ~= nil and type(opts) ~= "table" then user_error("invoke: opts must be a table such as {wait = true}") end
     local js = data_json(data, "invoke")
     local alive = core.repl_engine_alive()
     if opts and opts.wait and not alive then
@@ -452,7 +453,7 @@ local function make_functions()
       return out, rid
     end
     local run_id, err = core.repl_enqueue(id, js)
-    if not run_id then error("invoke: " .. err, 2) end
+    if not run_id then user_error("invoke: " .. err) end
     if opts and opts.wait then
       local out, rid = finish("invoke", engine_op("invoke", ROP.WAIT, run_id))
       return out, rid
@@ -466,17 +467,17 @@ local function make_functions()
   function f.runs(filter)
     if filter == nil then filter = {} end
     if type(filter) == "string" then filter = { skill = filter } end
-    if type(filter) ~= "table" then error("runs{skill=, status=, since=, limit=}: expected a table", 2) end
+    if type(filter) ~= "table" then user_error("runs{skill=, status=, since=, limit=}: expected a table") end
     local js, err = core.repl_runs(filter.skill, filter.status, filter.since and tostring(filter.since),
       tonumber(filter.limit) or 20, filter.trigger)
-    if not js then error("runs: " .. err, 2) end
+    if not js then user_error("runs: " .. err) end
     return setmetatable(decode(js), runs_mt)
   end
 
   function f.trace(run_id)
     check_run_id(run_id, "trace")
     local js, err = core.repl_trace(run_id)
-    if not js then error("trace: " .. err, 2) end
+    if not js then user_error("trace: " .. err) end
     return setmetatable(decode(js), trace_mt)
   end
 
@@ -494,41 +495,41 @@ end
 function M.scratch_ctx(f)
   local step = {}
   local function check_id(name, id)
-    if type(id) ~= "string" or id == "" then error(("ctx.step.%s: the step id must be a non-empty string"):format(name), 3) end
+    if type(id) ~= "string" or id == "" then user_error(("ctx.step.%s: the step id must be a non-empty string"):format(name)) end
   end
   local function sleep_ms(name, ms)
     engine_op("ctx.step." .. name, ROP.SLEEP, ms)
   end
   function step.run(id, fn)
     check_id("run", id)
-    if type(fn) ~= "function" then error("ctx.step.run(id, fn): fn must be a function", 2) end
+    if type(fn) ~= "function" then user_error("ctx.step.run(id, fn): fn must be a function") end
     local v = fn()
     return v
   end
   function step.sleep(id, duration)
     check_id("sleep", id)
     local ms = type(duration) == "number" and duration * 1000 or core.duration(tostring(duration))
-    if not ms then error("ctx.step.sleep: expected a duration such as 30 or \"5m\"", 2) end
+    if not ms then user_error("ctx.step.sleep: expected a duration such as 30 or \"5m\"") end
     sleep_ms("sleep", ms)
   end
   function step.sleep_until(id, t)
     check_id("sleep_until", id)
     local at = type(t) == "number" and t * 1000 or core.parse_time(tostring(t))
-    if not at then error("ctx.step.sleep_until: expected a unix time or an RFC 3339 string", 2) end
+    if not at then user_error("ctx.step.sleep_until: expected a unix time or an RFC 3339 string") end
     sleep_ms("sleep_until", math.max(0, at - core.now()))
   end
   function step.wait_for_event(id)
-    error("ctx.step.wait_for_event needs a real run: try the skill with run() or step_through()", 2)
+    user_error("ctx.step.wait_for_event needs a real run: try the skill with run() or step_through()")
   end
   function step.invoke(id, opts)
     check_id("invoke", id)
-    if type(opts) ~= "table" then error("ctx.step.invoke(id, {skill=, data=})", 2) end
+    if type(opts) ~= "table" then user_error("ctx.step.invoke(id, {skill=, data=})") end
     local out = f.run(opts.skill, opts.data)
     return out
   end
   function step.send_event(id, events)
     check_id("send_event", id)
-    if type(events) ~= "table" then error("ctx.step.send_event(id, event or list): expected a table", 2) end
+    if type(events) ~= "table" then user_error("ctx.step.send_event(id, event or list): expected a table") end
     local list = events.name ~= nil and { events } or events
     local ids = {}
     for i, ev in ipairs(list) do ids[i] = f.send(ev.name, ev.data, ev.id) end

@@ -32,6 +32,7 @@ local yield, running, create = coroutine.yield, coroutine.running, coroutine.cre
 local real_xpcall, traceback = xpcall, debug.traceback
 local type, tostring, error, setmetatable, getmetatable = type, tostring, error, setmetatable, getmetatable
 local rawget = rawget
+local getinfo = debug.getinfo
 local floor, min = math.floor, math.min
 local now_ms, encode, decode, killed = core.now, core.encode, core.decode, core.killed
 
@@ -56,7 +57,62 @@ M.current, M.current_task = current, current_task
 
 -- Errors -----------------------------------------------------------------
 
-local fatal_mt = { __tostring = function(e) return e.message end }
+-- The runtime functions that call skill code as a whole (a run's body, a
+-- step's body): the search below stops at them.
+local boundaries = setmetatable({}, { __mode = "k" })
+
+-- "file:line: " of the skill code that called into the runtime: the
+-- nearest Lua frame on the stack that is not the runtime's own (its files
+-- are moonloop/*.lua; C frames are skipped too, as in pcall(http.get, u)).
+-- "" when there is none below the step or run body that runs the code:
+-- its caller's frame is gone (a tail call, `return http.get(u)`), and the
+-- code further out only started the step. Counting levels instead breaks
+-- on tail calls and on calls that come through the runtime's wrappers.
+local function skill_position()
+  for level = 2, 200 do
+    local info = getinfo(level, "Slf")
+    if not info or boundaries[info.func] then break end
+    if info.what ~= "C" and (info.currentline or 0) > 0 and info.source:sub(1, 10) ~= "=moonloop/" then
+      return ("%s:%d: "):format(info.short_src, info.currentline)
+    end
+  end
+  return ""
+end
+M.skill_position = skill_position
+
+-- Raise msg for the skill author: at the skill's line, never the runtime's.
+local function user_error(msg)
+  error(skill_position() .. msg, 0)
+end
+M.user_error = user_error
+
+-- Error values (fatal(), a failed step's error) are tables, so that they
+-- can carry fields (step, fatal, child...). They read like the message
+-- they hold: tostring(e) is e.message, and `..` with a string, a number or
+-- another error value joins their texts ("failed: " .. e).
+local function error_text(e) return tostring(e.message) end
+
+-- One operand of `..` on an error value: an error value's message, a
+-- string or number as itself; any other value fails as plain Lua would.
+local function concat_part(v)
+  local t = type(v)
+  if t == "string" or t == "number" then return v end
+  local mt = t == "table" and getmetatable(v)
+  if mt and rawget(mt, "__concat") == M.error_concat then return error_text(v) end
+  user_error(("attempt to concatenate a %s value"):format(t))
+end
+
+-- The __concat of error values, whichever side the error value is on.
+function M.error_concat(a, b)
+  return concat_part(a) .. concat_part(b)
+end
+
+-- A metatable for error values: tostring and `..` give the message.
+function M.error_mt()
+  return { __tostring = error_text, __concat = M.error_concat }
+end
+
+local fatal_mt = M.error_mt()
 M.fatal_mt = fatal_mt
 
 -- fatal(msg): an error value that fails its step at once, without retries.
@@ -64,7 +120,7 @@ function M.fatal(msg)
   return setmetatable({ message = tostring(msg), fatal = true }, fatal_mt)
 end
 
-local step_error_mt = { __tostring = function(e) return e.message end }
+local step_error_mt = M.error_mt()
 M.step_error_mt = step_error_mt
 
 -- Turn any error value into {message=, traceback=, fatal=, step=}.
@@ -106,9 +162,20 @@ M.handler, M.unwrap, M.normalize = handler, unwrap, normalize
 
 -- Steps ------------------------------------------------------------------
 
-local function need_run(name)
+-- The run and task of a step call (name: "step.run"; id: the step id),
+-- checked first of all: outside a run is an error, and so is a step inside
+-- a step's body. That one is fatal: retrying the body would only make the
+-- same mistake again, so the step fails at once, as with fatal().
+local function need_run(name, id)
   local T = current_task()
-  if not T then error(name .. " can only be called inside a run", 3) end
+  if not T then user_error(name .. " can only be called inside a run") end
+  if T.in_step then
+    error(setmetatable({
+      message = ("%ssteps cannot be nested: %s('%s') was called inside the body of step '%s'")
+        :format(skill_position(), name, tostring(id), T.in_step),
+      fatal = true,
+    }, fatal_mt), 0)
+  end
   return T.R, T
 end
 M.need_run = need_run
@@ -138,13 +205,10 @@ M.record_at = record_at
 -- numbered id, its seq, and the journal's record for it (during replay).
 local function next_step(R, T, id, kind)
   if type(id) ~= "string" or id == "" then
-    error(("step id must be a non-empty string, got %s"):format(type(id) == "string" and '""' or type(id)), 3)
+    user_error(("step id must be a non-empty string, got %s"):format(type(id) == "string" and '""' or type(id)))
   end
   if #id > 200 or id:find("#", 1, true) then
-    error(("bad step id '%s': at most 200 characters and no '#'"):format(id:sub(1, 40)), 3)
-  end
-  if T.in_step then
-    error(("steps cannot be nested: step '%s' was called inside the body of step '%s'"):format(id, T.in_step), 3)
+    user_error(("bad step id '%s': at most 200 characters and no '#'"):format(id:sub(1, 40)))
   end
   local n = (R.ids[id] or 0) + 1
   R.ids[id] = n
@@ -174,14 +238,21 @@ local function raise_step_error(sid, e)
 end
 M.raise_step_error = raise_step_error
 
+-- A duration (seconds, or a string such as "5m") in milliseconds. A bad
+-- one raises "<what>: ...", at the skill's line, or with no position when
+-- level is 0 (the test harness's own messages).
 local function to_ms(v, what, level)
   if type(v) == "number" then return v * 1000 end
+  local msg
   if type(v) == "string" then
     local ms, err = core.duration(v)
-    if not ms then error(what .. ": " .. err, level or 3) end
-    return ms
+    if ms then return ms end
+    msg = what .. ": " .. err
+  else
+    msg = what .. ": expected a duration such as 30 or \"5m\", got " .. type(v)
   end
-  error(what .. ": expected a duration such as 30 or \"5m\", got " .. type(v), level or 3)
+  if level == 0 then error(msg, 0) end
+  user_error(msg)
 end
 M.to_ms = to_ms
 
@@ -208,7 +279,7 @@ local function run_body(R, T, seq, sid, rec, fn, opts)
   end
   local retries = (opts and opts.retries) or R.cfg.retries
   local timeout = opts and opts.timeout
-  if timeout ~= nil then timeout = to_ms(timeout, "step.run: opts.timeout", 4) end
+  if timeout ~= nil then timeout = to_ms(timeout, "step.run: opts.timeout") end
   local started = rec and rec.started_at or now_ms()
   while true do
     n = n + 1
@@ -248,13 +319,27 @@ local function run_body(R, T, seq, sid, rec, fn, opts)
   end
 end
 M.run_body = run_body
+boundaries[run_body] = true
+
+-- Check the opts of step.run or step.parallel ({retries=, timeout=})
+-- before the step is numbered, so a bad one never reaches run_body.
+local function check_step_opts(what, opts)
+  if opts == nil then return end
+  if type(opts) ~= "table" then user_error(what .. ": opts must be a table {retries=, timeout=}") end
+  local r = opts.retries
+  if r ~= nil and (type(r) ~= "number" or r ~= floor(r) or r < 0 or r > 100) then
+    user_error(what .. ": opts.retries must be a whole number from 0 to 100, got " .. (type(r) == "number" and tostring(r) or type(r)))
+  end
+  if opts.timeout ~= nil then to_ms(opts.timeout, what .. ": opts.timeout") end
+end
+M.check_step_opts = check_step_opts
 
 local function step_run(id, fn, opts)
-  local R, T = need_run("step.run")
+  local R, T = need_run("step.run", id)
   if type(fn) ~= "function" then
-    error(("step.run('%s', fn): fn must be a function, got %s"):format(tostring(id), type(fn)), 2)
+    user_error(("step.run('%s', fn): fn must be a function, got %s"):format(tostring(id), type(fn)))
   end
-  if opts ~= nil and type(opts) ~= "table" then error("step.run: opts must be a table", 2) end
+  check_step_opts("step.run", opts)
   local sid, seq, rec = next_step(R, T, id, "run")
   return run_body(R, T, seq, sid, rec, fn, opts)
 end
@@ -310,7 +395,7 @@ local ctx_runs = setmetatable({}, { __mode = "k" }) -- ctx -> R
 local function read_only(t, what)
   return setmetatable({}, {
     __index = t,
-    __newindex = function(_, k) error(("%s is read-only (tried to set '%s')"):format(what, tostring(k)), 2) end,
+    __newindex = function(_, k) user_error(("%s is read-only (tried to set '%s')"):format(what, tostring(k))) end,
     __metatable = false,
   })
 end
@@ -364,6 +449,7 @@ local function main(R, def, err_arg)
   end
   return true, out
 end
+boundaries[main] = true
 
 -- Create the coroutine of a run. info holds run_id, entry, started_at, cfg
 -- (a table shared by the runs of one skill version: skill, version,
@@ -377,6 +463,9 @@ function M.new(info, def, journal)
   R.replaying = journal ~= nil and #journal > 0
   R.seq, R.ids, R.now = 0, {}, info.started_at
   local err_arg = R.entry == "on_failure" and M.trigger(R).error or nil
+  -- on_failure's err ({message=, step=, traceback=}) reads as its message,
+  -- like the error values a step raises.
+  if type(err_arg) == "table" then setmetatable(err_arg, step_error_mt) end
   local co = create(function() return main(R, def, err_arg) end)
   tasks[co] = R
   return co

@@ -33,6 +33,7 @@ local real_pcall, real_xpcall = pcall, xpcall
 local setmetatable, getmetatable, rawset, rawget = setmetatable, getmetatable, rawset, rawget
 local raw_getmetatable = debug.getmetatable
 local concat = table.concat
+local user_error = require("run").user_error -- errors at the skill's line
 
 local function copy(t, except)
   local c = {}
@@ -134,7 +135,7 @@ end
 
 local function sb_rawset(t, k, v)
   if type(t) == "table" and locked(t) then
-    error(("rawset: this table is read-only (tried to set '%s')"):format(tostring(k)), 2)
+    user_error(("rawset: this table is read-only (tried to set '%s')"):format(tostring(k)))
   end
   return rawset(t, k, v)
 end
@@ -163,7 +164,7 @@ end
 
 local function sb_pairs(t)
   if type(t) ~= "table" then
-    error(("bad argument #1 to 'pairs' (table expected, got %s)"):format(type(t)), 2)
+    user_error(("bad argument #1 to 'pairs' (table expected, got %s)"):format(type(t)))
   end
   if runtime_owned(t) then return filtered_next, t, nil end
   return next, t, nil
@@ -173,7 +174,7 @@ end
 -- __tostring returns, and code that formats a value expects text.
 local function sb_tostring(v)
   local s = tostring(v)
-  if type(s) ~= "string" then error("'__tostring' must return a string", 2) end
+  if type(s) ~= "string" then user_error("'__tostring' must return a string") end
   return s
 end
 
@@ -209,10 +210,10 @@ end
 function M.freeze(env, chunkname)
   setmetatable(env, {
     __newindex = function(_, k)
-      error(("cannot set global '%s' in skill code after it loaded: use a local"):format(tostring(k)), 2)
+      user_error(("cannot set global '%s' in skill code after it loaded: use a local"):format(tostring(k)))
     end,
     __index = function(_, k)
-      error(("undefined global '%s'"):format(tostring(k)), 2)
+      user_error(("undefined global '%s'"):format(tostring(k)))
     end,
     __metatable = false,
   })

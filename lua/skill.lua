@@ -31,6 +31,8 @@ local function distance(a, b)
   return prev[lb]
 end
 
+-- " (did you mean 'x'?)" for the key of known (a set) nearest to key, or
+-- "" when none is near enough.
 local function suggest(key, known)
   local best, bestd
   for k in pairs(known) do
@@ -42,6 +44,7 @@ local function suggest(key, known)
   end
   return ""
 end
+M.suggest = suggest
 
 -- A value as an error shows it: a string is quoted and called one, so "3"
 -- is never mistaken for 3; a table or function by its type.

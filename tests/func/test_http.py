@@ -59,10 +59,57 @@ end)""")
                 r = self.run_skill('ctx.step.run("c", function() return %s end)' % call, status=1)
                 self.assertIn(want.replace("%s", self.si.url), r.stderr)
 
+    def test_post_json_refuses_a_value_that_is_not_json(self):
+        # It used to send the request with no body at all.
+        r = self.run_skill('ctx.step.run("c", function() local x = http.post_json(env.STANDIN .. "/p", '
+                           '{ f = print }) return x end)', status=1)
+        self.assertIn("h.lua:2: http.post_json: value is not a JSON value: cannot encode a function at $.f",
+                      r.stderr)
+        self.assertEqual(self.si.count("/p"), 0)
+
     def test_io_outside_a_step_is_refused(self):
         r = self.run_skill('return http.get(env.STANDIN .. "/x")', status=1)
         self.assertIn("must be called inside a step body", r.stderr)
         self.assertEqual(self.si.count("/x"), 0)
+
+    def test_errors_point_at_the_skill_never_at_the_runtime(self):
+        # Each case is (line 2 of h.lua, what its error must start with): the
+        # skill's line, or no position when the caller's frame is gone (a
+        # tail call from a step body); never a moonloop/*.lua position.
+        self.si.routes["/notjson"] = (200, "<html>")
+        u = 'env.STANDIN .. "/notjson"'
+        for code, want in [
+            # through the sandbox's pcall (was moonloop/sandbox.lua:59)
+            ('ctx.step.run("c", function() local ok, e = pcall(http.get_json, %s) error(e, 0) end)' % u,
+             "step 'c' failed: h.lua:2: http.get_json: GET "),
+            # a tail call from the body: no position (was moonloop/run.lua)
+            ('ctx.step.run("c", function() return http.get_json(%s) end)' % u,
+             "step 'c' failed: http.get_json: GET "),
+            # outside a step (was moonloop/modules.lua:91)
+            ('local x = http.get(%s)' % u, "h.lua:2: http.get must be called inside a step body"),
+            ('local x = runs.list{}', "h.lua:2: runs.list must be called inside a step body"),
+            # bad arguments the runtime's own Lua tripped over
+            ('ctx.step.run("c", function() local x = http.get(%s, 5) return x end)' % u,
+             "step 'c' failed: h.lua:2: http.get: opts must be a table"),
+            ('ctx.step.run("c", function() local x = http.post_json(%s, 1, {headers = 1}) return x end)' % u,
+             "step 'c' failed: h.lua:2: http.post_json: opts.headers must be a table"),
+            ('ctx.step.run("c", function() local x = time.parse_duration({}) return x end)',
+             "step 'c' failed: h.lua:2: time.parse_duration expects"),
+            ('ctx.step.run("c", function() local x = skills.check("return {}", {}) return x end)',
+             "step 'c' failed: h.lua:2: skills.check: name must be"),
+            ('local x = ctx.step.run("c", function() end, { retries = "2" })',
+             "h.lua:2: step.run: opts.retries must be a whole number from 0 to 100, got string"),
+            ('local x = ctx.step.parallel("p", { function() end }, { retries = 0.5 })',
+             "h.lua:2: step.parallel: opts.retries must be a whole number from 0 to 100, got 0.5"),
+            ('local x = ctx.step.sleep("s", {})', 'h.lua:2: step.sleep: expected a duration'),
+            ('ctx.step.run("c", function() print(setmetatable({}, {__tostring = function() return 1 end})) end)',
+             "step 'c' failed: h.lua:2: '__tostring' must return a string"),
+        ]:
+            with self.subTest(code=code):
+                r = self.run_skill(code, status=1)
+                err = r.stderr.split(" failed: ", 1)[1]
+                self.assertTrue(err.startswith(want), err)
+                self.assertNotIn("moonloop/", r.stderr)
 
     def test_hundreds_of_requests_in_flight_share_one_thread(self):
         def slow(h, b, n):

@@ -69,8 +69,16 @@ end)''')
     def test_bad_arguments_and_io_outside_steps(self):
         self.skill('return ctx.step.run("c", function() return llm.chat{ temperature = 1 } end)')
         self.assertIn("give 'prompt'", self.w.ml("run", "s.lua", check=1).stderr)
-        self.skill('return llm.chat{ prompt = "x" }')
-        self.assertIn("must be called inside a step body", self.w.ml("run", "s.lua", check=1).stderr)
+        # A request that is not JSON is refused before it is sent.
+        self.skill('return ctx.step.run("c", function() local x = llm.chat{ prompt = "x", temperature = print } return x end)')
+        self.assertIn("llm.chat: the request is not a JSON value: cannot encode a function at $.temperature",
+                      self.w.ml("run", "s.lua", check=1).stderr)
+        self.assertEqual(self.si.count("/v1/chat/completions"), 0)
+        self.skill('local x = llm.chat{ prompt = "x" }')
+        err = self.w.ml("run", "s.lua", check=1).stderr
+        # It names llm.chat (not the http.request it uses) at the skill's line.
+        self.assertIn("failed: s.lua:2: llm.chat must be called inside a step body", err)
+        self.assertNotIn("moonloop/", err)
 
     def test_a_replay_after_sigkill_never_pays_twice(self):
         self.si.llm(['{"root_cause": "deploy 42"}'])

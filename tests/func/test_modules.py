@@ -35,6 +35,41 @@ end }""")
         self.assertIn("bad day", out["error"])
         self.assertEqual(out["old"], 0)
 
+    def test_runs_list_is_strict(self):
+        # A misspelt key or value used to match every run (skil=) or none
+        # (status="bogus"): now each is an error naming it.
+        self.w.write("work.lua", 'return { id = "work", run = function(ctx) return 1 end }')
+        self.w.ml("run", "work.lua", check=0)
+        self.w.write("review.lua", """
+return { id = "review", run = function(ctx)
+  return ctx.step.run("q", function()
+    local out = {}
+    for i, f in ipairs({ {skil = "work"}, {status = "bogus"}, {status = "complete"},
+        {trigger = "manual"}, {trigger = "invok"}, {skill = 5}, {[1] = "work"} }) do
+      local ok, e = pcall(runs.list, f)
+      out[i] = ok and "ok" or tostring(e)
+    end
+    local all = runs.list{ skill = "work", status = "completed", trigger = "invoke", since = "1d",
+      ["until"] = 4102444800, limit = 5 }
+    out[#out + 1] = #all
+    return out
+  end)
+end }""")
+        out = json.loads(self.w.ml("run", "review.lua", check=0).stdout)
+        keys = "; the keys are skill, status, trigger, parent, since, until, limit"
+        statuses = "queued, running, sleeping, waiting, completed, failed, cancelled"
+        kinds = "event, cron, invoke, rerun, on_failure"
+        self.assertEqual(out, [
+            "review.lua:7: runs.list: unknown key 'skil' (did you mean 'skill'?)" + keys,
+            "review.lua:7: runs.list: status must be one of %s; got 'bogus'" % statuses,
+            "review.lua:7: runs.list: status must be one of %s; got 'complete' (did you mean 'completed'?)" % statuses,
+            "review.lua:7: runs.list: trigger must be one of %s; got 'manual'" % kinds,
+            "review.lua:7: runs.list: trigger must be one of %s; got 'invok' (did you mean 'invoke'?)" % kinds,
+            "review.lua:7: runs.list: skill must be a string, got number",
+            "review.lua:7: runs.list: unknown key 1" + keys,
+            1,
+        ])
+
     def test_skills_check_get_and_deploy_rules(self):
         os.makedirs(os.path.join(self.w.path, "skills"))
         self.w.write("moonloop.conf.lua", 'return { deployers = { "updater" } }')

@@ -334,6 +334,10 @@ class PipeTest(ReplCase):
         status, out, err = self.pipe('run("bad.lua")\n')
         self.assertEqual(status, 1)
         self.assertRegex(err, r"run %s failed: step 's' failed: bad.lua:2: nope" % RUN_ID.pattern)
+        # Caught, the error reads as its message, also in a concatenation.
+        status, out, err = self.pipe('ok, e = pcall(run, "bad.lua")\nprint("got: " .. e)\n')
+        self.assertEqual(status, 0, err)
+        self.assertRegex(out, r"got: run %s failed: step 's' failed: bad.lua:2: nope" % RUN_ID.pattern)
 
     def test_step_through_reads_its_answers_from_the_pipe(self):
         self.w.write("steps.lua", STEPS)
@@ -430,6 +434,10 @@ class PipeTest(ReplCase):
         self.w.write("hello.lua", HELLO)
         status, out, err = self.pipe('run("hello.lua", {f = print})\n')
         self.assertIn("data is not a JSON value", err)
+        # Positions are the typed code's, never the REPL's own Lua file.
+        status, out, err = self.pipe('coroutine.wrap(function() run("hello.lua") end)()\n')
+        self.assertIn("stdin:1: run can only be called at the REPL's top level", err)
+        self.assertNotIn("moonloop/", err)
 
 
 def doc_blocks(text):

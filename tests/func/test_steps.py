@@ -61,13 +61,39 @@ end }""")
         self.assertEqual(len(steps[0]["attempts"]), 1)
         self.assertEqual(len(steps[1]["attempts"]), 1)
 
+    def test_error_values_read_like_their_message(self):
+        # A caught step error (and a fatal() value) is a table: tostring,
+        # .message and `..` on either side all give its message.
+        self.w.write("c.lua", """
+return { retries = 0, run = function(ctx)
+  local _, e = pcall(ctx.step.run, "x", function() error("boom", 0) end)
+  local _, f = pcall(ctx.step.run, "y", function() error(fatal("bad")) end)
+  local caught
+  ctx.step.run("z", function() local _, v = pcall(error, fatal("inner")) caught = "got " .. v end)
+  local ok, bad = pcall(function() return e .. {} end)
+  return { left = "failed: " .. e, right = e .. "!", num = 1 .. f, both = e .. " / " .. f,
+    msg = e.message, str = tostring(e), caught = caught, ok = ok, bad = bad }
+end }""")
+        r = self.w.ml("run", "c.lua", check=0)
+        out = json.loads(r.stdout)
+        self.assertEqual(out["left"], "failed: step 'x' failed: boom")
+        self.assertEqual(out["right"], "step 'x' failed: boom!")
+        self.assertEqual(out["num"], "1step 'y' failed: bad")
+        self.assertEqual(out["both"], "step 'x' failed: boom / step 'y' failed: bad")
+        self.assertEqual(out["msg"], "step 'x' failed: boom")
+        self.assertEqual(out["str"], "step 'x' failed: boom")
+        self.assertEqual(out["caught"], "got inner")
+        # Only strings, numbers and error values join: a plain table fails as in Lua.
+        self.assertFalse(out["ok"])
+        self.assertIn("attempt to concatenate a table value", out["bad"])
+
     def test_on_failure_runs_as_its_own_durable_run(self):
         self.w.write("t.lua", """
 return { id = "triage", retries = 1, backoff = "10ms",
   on_failure = function(ctx, err)
     ctx.step.run("notify", function()
       return http.post_json(env.STANDIN .. "/ops", { text = "triage failed: " .. err.message,
-        service = ctx.input.service })
+        again = "triage failed: " .. err, str = tostring(err), service = ctx.input.service })
     end)
   end,
   run = function(ctx)
@@ -78,6 +104,9 @@ return { id = "triage", retries = 1, backoff = "10ms",
         wait_until(lambda: self.si.count("/ops") == 1, what="the on_failure notification")
         body = json.loads(self.si.bodies["/ops"][0])
         self.assertIn("metrics api down", body["text"])
+        # err reads as its message, in a concatenation too.
+        self.assertEqual(body["again"], body["text"])
+        self.assertEqual(body["str"], body["text"][len("triage failed: "):])
         self.assertEqual(body["service"], "api")
         runs = self.w.runs()
         self.assertEqual(len(runs), 2)
@@ -172,6 +201,33 @@ return { run = function(ctx)
 end }""")
         r = self.w.ml("run", "n.lua", check=1)
         self.assertIn("steps cannot be nested", r.stderr)
+
+    def test_a_nested_step_fails_at_once_without_retries(self):
+        # A code error, like fatal(): retrying the body would repeat it. The
+        # check comes before the call's own argument checks (a bad duration).
+        self.w.write("n.lua", """
+return { retries = 3, backoff = "10ms", run = function(ctx)
+  local n, m = 0, 0
+  local ok, e = pcall(ctx.step.run, "outer", function()
+    n = n + 1
+    local x = ctx.step.run("inner", function() end)
+  end)
+  local ok2, e2 = pcall(ctx.step.parallel, "par", { function()
+    m = m + 1
+    local x = ctx.step.sleep("nap", {})
+  end })
+  return { n = n, m = m, e = tostring(e), e2 = tostring(e2) }
+end }""")
+        r = self.w.ml("run", "n.lua", check=0)
+        out = json.loads(r.stdout)
+        self.assertEqual(out["n"], 1)
+        self.assertEqual(out["m"], 1)
+        self.assertEqual(out["e"], "step 'outer' failed: n.lua:6: steps cannot be nested: "
+                         "step.run('inner') was called inside the body of step 'outer'")
+        self.assertEqual(out["e2"], "step 'par' failed: step 'par/1' failed: n.lua:10: steps cannot be nested: "
+                         "step.sleep('nap') was called inside the body of step 'par/1'")
+        steps = self.w.trace(self.run_id_of(r))["steps"]
+        self.assertEqual([len(s["attempts"]) for s in steps if s["id"] in ("outer", "par/1")], [1, 1])
 
     def test_time_now_outside_steps_is_stable_across_replay(self):
         self.si.routes["/hang"] = lambda h, b, n: (time.sleep(5 if n == 1 else 0), (200, {"n": n}))[1]

@@ -272,6 +272,23 @@ TEST(array_and_object_markers) {
   CHECK_RUN(L, "local mt = {} local t = setmetatable({}, mt) json.object(t) return getmetatable(t) == mt",
             "true");
   CHECK_RUN(L, "return getmetatable(json.object(json.decode('[1]')))", "nil");
+  /* A marked object stays an object whatever its keys: number keys as the
+  ** decimal strings of mixed tables, holes or not. */
+  CHECK_RUN(L, "return json.encode(json.object({1, 2}))", "{\"1\":1,\"2\":2}");
+  CHECK_RUN(L, "return json.encode(json.object({[3] = 'c', [1] = 'a'}))", "{\"1\":\"a\",\"3\":\"c\"}");
+  CHECK_RUN(L, "return json.encode(json.object({}))", "{}");
+  CHECK_RUN(L, "return json.encode(json.object(json.decode('[1, [2]]')))", "{\"1\":1,\"2\":[2]}");
+  CHECK_RUN(L, "return json.encode({list = {1}, obj = json.object({1})})", "{\"list\":[1],\"obj\":{\"1\":1}}");
+  /* The mark keeps the table's metatable, and the text decodes back to the same text. */
+  CHECK_RUN(L, "local mt = {} local t = json.object(setmetatable({7}, mt)) "
+               "return getmetatable(t) == mt and json.encode(t)", "{\"1\":7}");
+  CHECK_RUN(L, "return json.encode(json.decode(json.encode(json.object({5, 6}))))", "{\"1\":5,\"2\":6}");
+  /* json.array and json.object each take the other's mark away. */
+  CHECK_RUN(L, "return json.encode(json.array(json.object({1, 2})))", "[1,2]");
+  CHECK_RUN(L, "return json.encode(json.object(json.array({1, 2})))", "{\"1\":1,\"2\":2}");
+  /* The mark does not keep its table alive. */
+  CHECK_RUN(L, "local weak = setmetatable({}, {__mode = 'k'}) weak[json.object({1})] = true "
+               "collectgarbage() collectgarbage() return next(weak) == nil", "true");
   CHECK_CONTAINS(run(L, "return json.array(5)"), "bad argument #1 to 'json.array' (table expected, got number)");
   CHECK_CONTAINS(run(L, "return json.object('x')"), "bad argument #1 to 'json.object' (table expected, got string)");
   lua_close(L);
@@ -372,6 +389,12 @@ TEST(decode_errors_empty_truncated_trailing) {
   CHECK_RUN(L, "return json.decode('\"a\\\\u0000b\"')",
             "error: json.decode: invalid JSON at line 1 column 3 near '\\u0000b\"': "
             "\\u0000 (NUL) in strings is not supported");
+  /* A number beyond a double's range is an error, not infinity (docs/skills.md). */
+  CHECK_RUN(L, "return json.decode('1e400')",
+            "error: json.decode: invalid JSON: the number at $ is out of range (a double reaches about 1.8e308)");
+  CHECK_RUN(L, "return json.decode('{\"n\": [1, -1e400]}')",
+            "error: json.decode: invalid JSON: the number at $.n[2] is out of range (a double reaches about 1.8e308)");
+  CHECK_RUN(L, "return json.decode('1e-400')", "0");
   lua_close(L);
 }
 
