@@ -308,11 +308,12 @@ local function run_body(R, T, seq, sid, rec, fn, opts)
     end
     if e.fatal or n > retries then
       local ended = now_ms()
-      yield(OP.FAIL, seq, sid, "run", n, e.message, e.traceback, t0, ended, started)
-      R.now = ended
+      -- The message as recorded is the one a replay raises: the same words.
       if n > retries and not e.fatal and retries > 0 then
         e.message = ("%s (after %d attempts)"):format(e.message, n)
       end
+      yield(OP.FAIL, seq, sid, "run", n, e.message, e.traceback, t0, ended, started)
+      R.now = ended
       raise_step_error(sid, e)
     end
     yield(OP.RETRY, seq, sid, n, e.message, e.traceback, t0, backoff_ms(R, opts, n), started)

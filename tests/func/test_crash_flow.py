@@ -34,18 +34,19 @@ end }""")
         self.assertEqual(self.si.count("/before"), 3)  # not run again by the replays
         self.assertEqual(self.si.count("/after"), 3)
 
-    def test_failed_and_timed_out_invokes_replay_as_they_ran(self):
+    def test_failed_steps_and_invokes_replay_as_they_ran(self):
         self.skill("child", """
 return { id = "child", retries = 0, run = function(ctx)
   if ctx.input.mode == "fail" then error("child broke") end
   ctx.step.sleep("long", "1h")
 end }""")
         self.skill("parent", """
-return { id = "parent", run = function(ctx)
+return { id = "parent", backoff = "10ms", run = function(ctx)
   local _, slow = pcall(ctx.step.invoke, "slow", { skill = "child", data = { mode = "sleep" }, timeout = "300ms" })
   local _, bad = pcall(ctx.step.invoke, "bad", { skill = "child", data = { mode = "fail" } })
+  local _, flaky = pcall(ctx.step.run, "flaky", function() error("nope", 0) end, { retries = 1 })
   ctx.step.sleep("nap", "2s")
-  return { slow = tostring(slow), bad = tostring(bad) }
+  return { slow = tostring(slow), bad = tostring(bad), flaky = tostring(flaky) }
 end }""")
         p = self.serve()
         rid = self.w.ml("invoke", "parent", check=0).stdout.strip()
@@ -56,6 +57,7 @@ end }""")
         t = self.w.trace(rid)
         self.assertEqual(t["output"]["slow"], "step 'slow' failed: child run did not end within its timeout")
         self.assertRegex(t["output"]["bad"], r"^step 'bad' failed: child run \w+ failed: .*child broke$")
+        self.assertEqual(t["output"]["flaky"], "step 'flaky' failed: nope (after 2 attempts)")
         steps = {s["id"]: s for s in t["steps"]}
         self.assertEqual(steps["slow"]["status"], "failed")
         self.assertEqual(steps["slow"]["error"], "child run did not end within its timeout")
