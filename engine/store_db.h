@@ -69,8 +69,9 @@ int store__lease_dead(sqlite3_stmt *st, const char *host, int64_t now);
 int store__write_flow(store_t *s, const struct jentry *je, err_t *e);
 /* SKILL_ERROR and SKILL_REMOVE changes to the registry. */
 int store__skill_change(store_t *s, const struct skill_row *r, err_t *e);
-/* A run ended: drop its waits, slots and queue places. */
-int store__run_ended(store_t *s, const char *run_id, err_t *e);
+/* A run ended with status: drop its waits, slots and queue places; unless
+** it completed, end its steps still open. */
+int store__run_ended(store_t *s, const char *run_id, const char *status, err_t *e);
 /* Finalize store_flow.c's statements. */
 void store__flow_close(store_t *s);
 

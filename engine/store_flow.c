@@ -342,7 +342,7 @@ static int write_cancel(store_t *s, const struct jentry *je, err_t *e) {
       store__bind_text(u, 3, errjson);
       char *outcome = sqlite3_step(u) == SQLITE_ROW ? outcome_json(u) : NULL;
       sqlite3_finalize(u);
-      err = store__run_ended(s, ids[i], e);
+      err = store__run_ended(s, ids[i], "cancelled", e);
       if (!strcmp(ids[i], c->run_id)) top = "cancelled";
       if (outcome && !err) {
         struct jentry fake = {.kind = J_CHILD_DONE};
@@ -478,18 +478,19 @@ int store__write_flow(store_t *s, const struct jentry *je, err_t *e) {
 }
 
 /* See store_db.h: a run ended, so drop its waits, slots and queue places. */
-int store__run_ended(store_t *s, const char *run_id, err_t *e) {
+int store__run_ended(store_t *s, const char *run_id, const char *status, err_t *e) {
   static const char *const sql[] = {
     "DELETE FROM waits WHERE run_id = ?1", "DELETE FROM slots WHERE run_id = ?1",
     "DELETE FROM slot_queue WHERE run_id = ?1",
     /* A step still open (asleep, waiting, running) ended with its run: the
-    ** trace must not show it asleep forever. */
+    ** trace must not show it asleep forever. A completed run has none. */
     "UPDATE steps SET status = CASE (SELECT status FROM runs WHERE id = ?1)"
     " WHEN 'cancelled' THEN 'cancelled' ELSE 'failed' END,"
     " ended_at = (SELECT ended_at FROM runs WHERE id = ?1), wake_at = NULL, retry_at = NULL"
     " WHERE run_id = ?1 AND status IN ('running', 'sleeping', 'waiting')",
   };
-  return store__exec_bound(s, sql, 4, run_id, "cleaning up after a run", e);
+  size_t n = status && !strcmp(status, "completed") ? 3 : 4;
+  return store__exec_bound(s, sql, n, run_id, "cleaning up after a run", e);
 }
 
 /* Start the runs of skills triggered by this event. */

@@ -432,7 +432,7 @@ static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
     store__bind_time(st, 6, r->ended_at);
     store__bind_time(st, 7, r->wake_at);
     if (store__step(s, st, e, "updating a run")) return e->code;
-    if (store__is_terminal(r->status)) return store__run_ended(s, r->run_id, e);
+    if (store__is_terminal(r->status)) return store__run_ended(s, r->run_id, r->status, e);
     return 0;
   }
   case J_STEP: {
