@@ -5,6 +5,7 @@ import os
 import sys
 import threading
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 from mltest import SkillsTestCase, kill9, wait_until  # noqa: E402
@@ -138,15 +139,18 @@ end }""")
     def test_evicted_parked_runs_wake_by_replay(self):
         self.w.write("moonloop.conf.lua", 'return { env = { "STANDIN" }, limits = { parked_runs = 20 } }')
         self.skill("nap", """
-return { id = "nap", run = function(ctx)
+return { id = "nap", triggers = { { event = "start" } }, run = function(ctx)
   local a = ctx.step.run("a", function() return http.get_json(env.STANDIN .. "/a").n end)
   ctx.step.sleep("nap", "1500ms")
-  local ev = ctx.step.wait_for_event("go", { event = "go", timeout = "20s" })
+  local ev = ctx.step.wait_for_event("go", { event = "go", timeout = "60s" })
   return ctx.run_id
 end }""")
-        self.serve()
-        for _ in range(100):
-            self.w.ml("invoke", "nap", check=0)
+        p = self.serve()
+        # The hundred runs start at once (one request), however slow the CLI is.
+        req = urllib.request.Request(p.url + "/v1/events", method="POST",
+                                     data=json.dumps([{"name": "start"}] * 100).encode())
+        with urllib.request.urlopen(req, timeout=30) as r:
+            self.assertEqual(r.status, 202)
         wait_until(lambda: len(self.runs_of("nap", "waiting")) == 100, timeout=30, what="all waiting")
         self.w.ml("send", "go", check=0)
         wait_until(lambda: len(self.runs_of("nap", "completed")) == 100, timeout=30, what="all done")
