@@ -47,6 +47,26 @@ char *cli_data_json(const struct cli *c);
 /* Print a JSON value (pretty when human) followed by a newline. */
 void cli_print_json(FILE *f, const char *json, int pretty);
 
+/* A growing list of paths (check and test gather the files they were given). */
+struct cli_paths {
+  char **v;
+  int n, cap;
+};
+
+/* Append a copy of p; -1 when out of memory. */
+int cli_paths_add(struct cli_paths *l, const char *p);
+
+/* Append the entries of folder dir (not those whose names start with a
+** dot), joined to it ("x" for ".", "dir/x" otherwise), in name order.
+** 0, or -1 when out of memory; a folder that cannot be read adds none. */
+int cli_paths_of_dir(struct cli_paths *out, const char *dir);
+
+/* Sort the paths by their bytes. */
+void cli_paths_sort(struct cli_paths *l);
+
+/* Free the list and its paths. */
+void cli_paths_free(struct cli_paths *l);
+
 /* Print a finished run's result the way DESIGN says (output on stdout, or
 ** the error on stderr); returns the exit status. output and error are JSON
 ** text or NULL. cli_run.c; client.c prints --server results with it too.

@@ -18,14 +18,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-/* A growing list of paths. */
-struct paths {
-  char **v;
-  int n, cap;
-};
-
-/* Append a copy of p; -1 when out of memory. */
-static int paths_add(struct paths *l, const char *p) {
+/* See cli.h. */
+int cli_paths_add(struct cli_paths *l, const char *p) {
   if (l->n == l->cap) {
     int cap = l->cap ? l->cap * 2 : 16;
     char **v = realloc(l->v, (size_t)cap * sizeof *v);
@@ -38,8 +32,8 @@ static int paths_add(struct paths *l, const char *p) {
   return 0;
 }
 
-/* Free the list and its paths. */
-static void paths_free(struct paths *l) {
+/* See cli.h. */
+void cli_paths_free(struct cli_paths *l) {
   for (int i = 0; i < l->n; i++) free(l->v[i]);
   free(l->v);
 }
@@ -49,39 +43,56 @@ static int cmp_str(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Add the skill files under dir (the watcher's rule, see the top), in name
-** order; -1 when out of memory. */
-static int find_skills(const char *dir, int depth, struct paths *out) {
+/* See cli.h. */
+void cli_paths_sort(struct cli_paths *l) {
+  if (l->n) qsort(l->v, (size_t)l->n, sizeof *l->v, cmp_str);
+}
+
+/* See cli.h. */
+int cli_paths_of_dir(struct cli_paths *out, const char *dir) {
   DIR *d = opendir(dir);
   if (!d) return 0;
-  struct paths names = {0};
+  struct cli_paths names = {0};
   struct dirent *de;
   int rc = 0;
   while (!rc && (de = readdir(d)))
-    if (de->d_name[0] != '.') rc = paths_add(&names, de->d_name);
+    if (de->d_name[0] != '.') rc = cli_paths_add(&names, de->d_name);
   closedir(d);
-  if (names.n) qsort(names.v, (size_t)names.n, sizeof *names.v, cmp_str);
+  cli_paths_sort(&names);
+  size_t dl = strlen(dir);
   for (int i = 0; i < names.n && !rc; i++) {
-    size_t len = strlen(dir) + strlen(names.v[i]) + 2;
+    size_t len = dl + strlen(names.v[i]) + 2;
     char *p = malloc(len);
     if (!p) {
       rc = -1;
       break;
     }
-    size_t dl = strlen(dir);
     if (!strcmp(dir, ".")) snprintf(p, len, "%s", names.v[i]); /* "x.lua", not "./x.lua" */
     else snprintf(p, len, "%s%s%s", dir, dl && dir[dl - 1] == '/' ? "" : "/", names.v[i]);
+    rc = cli_paths_add(out, p);
+    free(p);
+  }
+  cli_paths_free(&names);
+  return rc;
+}
+
+/* Add the skill files under dir (the watcher's rule, see the top), in name
+** order; -1 when out of memory. */
+static int find_skills(const char *dir, int depth, struct cli_paths *out) {
+  struct cli_paths kids = {0};
+  int rc = cli_paths_of_dir(&kids, dir);
+  for (int i = 0; i < kids.n && !rc; i++) {
+    const char *p = kids.v[i], *slash = strrchr(p, '/');
     struct stat st;
     if (lstat(p, &st) == 0) {
       if (S_ISDIR(st.st_mode)) {
         if (depth < WATCHER_MAX_DEPTH) rc = find_skills(p, depth + 1, out);
-      } else if (watcher_counts(names.v[i]) && stat(p, &st) == 0 && S_ISREG(st.st_mode)) {
-        rc = paths_add(out, p);
+      } else if (watcher_counts(slash ? slash + 1 : p) && stat(p, &st) == 0 && S_ISREG(st.st_mode)) {
+        rc = cli_paths_add(out, p);
       }
     }
-    free(p);
   }
-  paths_free(&names);
+  cli_paths_free(&kids);
   return rc;
 }
 
@@ -89,7 +100,7 @@ static int find_skills(const char *dir, int depth, struct paths *out) {
 ** named; exit 1 when any fails, 2 when a folder holds none at all. */
 int cli_check(struct cli *c) {
   if (!c->nargs) return cli_fail(EXIT_USAGE, "usage: moonloop check FILE-or-DIR...");
-  struct paths files = {0};
+  struct cli_paths files = {0};
   int dirs = 0;
   for (int i = 0; i < c->nargs; i++) {
     struct stat st;
@@ -98,15 +109,15 @@ int cli_check(struct cli *c) {
       dirs++;
       rc = find_skills(c->args[i], 0, &files);
     } else {
-      rc = paths_add(&files, c->args[i]); /* a missing file fails below, naming it */
+      rc = cli_paths_add(&files, c->args[i]); /* a missing file fails below, naming it */
     }
     if (rc) {
-      paths_free(&files);
+      cli_paths_free(&files);
       return cli_fail(EXIT_FAILED, "out of memory");
     }
   }
   if (!files.n) {
-    paths_free(&files);
+    cli_paths_free(&files);
     return cli_fail(EXIT_USAGE, "check: no skill files (*.lua, not *_test.lua) in %s",
                     dirs == 1 ? c->args[0] : "the given folders");
   }
@@ -115,7 +126,7 @@ int cli_check(struct cli *c) {
   err_t e;
   if (engine_open_runtime(&en, &c->cfg, &e) || lrt_boot(en.lrt, &e)) {
     engine_close(&en);
-    paths_free(&files);
+    cli_paths_free(&files);
     return cli_fail(EXIT_FAILED, "%s", e.msg);
   }
   int bad = 0;
@@ -151,6 +162,6 @@ int cli_check(struct cli *c) {
   }
   cJSON_Delete(all);
   engine_close(&en);
-  paths_free(&files);
+  cli_paths_free(&files);
   return bad ? EXIT_FAILED : EXIT_OK;
 }

@@ -24,74 +24,29 @@
 #include "units.h"
 
 #include <cJSON.h>
-#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-struct files {
-  char **v;
-  int n, cap;
-};
-
-static int files_add(struct files *f, const char *path) {
-  if (f->n == f->cap) {
-    int cap = f->cap ? f->cap * 2 : 16;
-    char **v = realloc(f->v, (size_t)cap * sizeof *v);
-    if (!v) return -1;
-    f->v = v;
-    f->cap = cap;
-  }
-  if (!(f->v[f->n] = strdup(path))) return -1;
-  f->n++;
-  return 0;
-}
-
-static void files_free(struct files *f) {
-  for (int i = 0; i < f->n; i++) free(f->v[i]);
-  free(f->v);
-}
-
+/* Whether s ends with suffix. */
 static int ends_with(const char *s, const char *suffix) {
   size_t n = strlen(s), m = strlen(suffix);
   return n >= m && !strcmp(s + n - m, suffix);
 }
 
-static int cmp_str(const void *a, const void *b) {
-  return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 /* Add the *_test.lua files under dir, recursively, in name order. */
-static int find_tests(const char *dir, struct files *out) {
-  DIR *d = opendir(dir);
-  if (!d) return 0;
-  struct files names = {0};
-  struct dirent *de;
-  while ((de = readdir(d))) {
-    if (de->d_name[0] == '.') continue;
-    if (files_add(&names, de->d_name)) break;
-  }
-  closedir(d);
-  if (names.n) qsort(names.v, (size_t)names.n, sizeof *names.v, cmp_str);
-  int rc = 0;
-  for (int i = 0; i < names.n && !rc; i++) {
-    size_t len = strlen(dir) + strlen(names.v[i]) + 2;
-    char *p = malloc(len);
-    if (!p) {
-      rc = -1;
-      break;
-    }
-    if (!strcmp(dir, ".")) snprintf(p, len, "%s", names.v[i]); /* "x_test.lua", not "./x_test.lua" */
-    else snprintf(p, len, "%s%s%s", dir, ends_with(dir, "/") ? "" : "/", names.v[i]);
+static int find_tests(const char *dir, struct cli_paths *out) {
+  struct cli_paths kids = {0};
+  int rc = cli_paths_of_dir(&kids, dir);
+  for (int i = 0; i < kids.n && !rc; i++) {
     struct stat st;
-    if (stat(p, &st) == 0) {
-      if (S_ISDIR(st.st_mode)) rc = find_tests(p, out);
-      else if (S_ISREG(st.st_mode) && ends_with(p, "_test.lua")) rc = files_add(out, p);
+    if (stat(kids.v[i], &st) == 0) {
+      if (S_ISDIR(st.st_mode)) rc = find_tests(kids.v[i], out);
+      else if (S_ISREG(st.st_mode) && ends_with(kids.v[i], "_test.lua")) rc = cli_paths_add(out, kids.v[i]);
     }
-    free(p);
   }
-  files_free(&names);
+  cli_paths_free(&kids);
   return rc;
 }
 
@@ -181,7 +136,7 @@ static void remove_db(const char *dir, const char *db) {
 }
 
 int cli_test(struct cli *c) {
-  struct files files = {0};
+  struct cli_paths files = {0};
   int rc = EXIT_OK;
   if (c->nargs == 0) {
     const char *ws = c->cfg.workspace && *c->cfg.workspace ? c->cfg.workspace : ".";
@@ -195,7 +150,7 @@ int cli_test(struct cli *c) {
       rc = cli_fail(EXIT_USAGE, "test: no such file or directory: %s", c->args[i]);
     } else if (S_ISDIR(st.st_mode)) {
       if (find_tests(c->args[i], &files)) rc = cli_fail(EXIT_FAILED, "out of memory");
-    } else if (files_add(&files, c->args[i])) {
+    } else if (cli_paths_add(&files, c->args[i])) {
       rc = cli_fail(EXIT_FAILED, "out of memory");
     }
   }
@@ -204,7 +159,7 @@ int cli_test(struct cli *c) {
                   c->nargs ? "the given directories" : "the workspace");
   }
   if (rc != EXIT_OK) {
-    files_free(&files);
+    cli_paths_free(&files);
     return rc;
   }
 
@@ -212,7 +167,7 @@ int cli_test(struct cli *c) {
   char dir[4096], db[4200];
   snprintf(dir, sizeof dir, "%s/moonloop-test-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   if (!mkdtemp(dir)) {
-    files_free(&files);
+    cli_paths_free(&files);
     return cli_fail(EXIT_FAILED, "test: cannot create a temporary folder in %s: %m",
                     tmp && *tmp ? tmp : "/tmp");
   }
@@ -223,7 +178,7 @@ int cli_test(struct cli *c) {
   if (skilltest_open(&c->cfg, db, &t, &e)) {
     skilltest_close(t);
     remove_db(dir, db);
-    files_free(&files);
+    cli_paths_free(&files);
     return cli_fail(EXIT_FAILED, "test: %s", e.msg);
   }
   struct tally ty = {.c = c, .t = t, .tests = c->json ? cJSON_CreateArray() : NULL};
@@ -257,7 +212,7 @@ int cli_test(struct cli *c) {
   } else {
     remove_db(dir, db);
   }
-  files_free(&files);
+  cli_paths_free(&files);
   if (rc != EXIT_OK) return rc;
   return ty.failed ? EXIT_FAILED : EXIT_OK;
 }

@@ -3,6 +3,7 @@
 */
 #include "config.h"
 #include "embed.h"
+#include "skill.h"
 #include "units.h"
 
 #include <lauxlib.h>
@@ -374,47 +375,13 @@ static int read_table(struct config *c, lua_State *L, struct cfgsrc *s, err_t *e
   return 0;
 }
 
-/* The whole file at path (malloc'd, NUL-terminated), or NULL with e filled. */
-static char *read_text(const char *path, size_t *len, err_t *e) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    err_set(e, ERR_NOTFOUND, "cannot read configuration '%s': %m", path);
-    return NULL;
-  }
-  char *buf = NULL;
-  size_t n = 0, cap = 0;
-  for (;;) {
-    if (n + 4096 + 1 > cap) {
-      char *nb = realloc(buf, cap = cap ? cap * 2 : 8192);
-      if (!nb) {
-        free(buf);
-        fclose(f);
-        err_set(e, ERR_NOMEM, "out of memory");
-        return NULL;
-      }
-      buf = nb;
-    }
-    size_t got = fread(buf + n, 1, cap - n - 1, f);
-    n += got;
-    if (got == 0) break;
-  }
-  int bad = ferror(f);
-  fclose(f);
-  if (bad) {
-    free(buf);
-    err_set(e, ERR_IO, "cannot read configuration '%s'", path);
-    return NULL;
-  }
-  buf[n] = 0;
-  *len = n;
-  return buf;
-}
-
 /* Run the configuration file at path in a sandbox and read its table into c. */
 static int load_file(struct config *c, const char *path, err_t *e) {
   size_t len = 0;
-  char *text = read_text(path, &len, e);
-  if (!text) return e->code;
+  char *text = NULL;
+  err_t sub;
+  if (skills_read_file(path, &text, &len, &sub))
+    return err_set(e, sub.code, "configuration: %s", sub.msg);
   lua_State *L = luaL_newstate();
   if (!L) {
     free(text);

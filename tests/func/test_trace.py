@@ -144,10 +144,11 @@ end }""")
         db.close()
         self.assertEqual(self.w.ml("prune", "--older-than", "soon", check=2).returncode, 2)
 
-    def test_runs_follow_shows_starts_and_ends(self):
+    def follow_a_run(self, *flags):
+        """What `moonloop runs --follow FLAGS` printed while a short run ran, and its id."""
         self.w.write("q.lua", 'return { run = function(ctx) ctx.step.sleep("z", "300ms") return 1 end }')
         self.w.ml("runs", check=0)  # the database exists before following
-        p = subprocess.Popen([BIN, "runs", "--follow"], cwd=self.w.path, env=self.w.env,
+        p = subprocess.Popen([BIN, "runs", "--follow"] + list(flags), cwd=self.w.path, env=self.w.env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             time.sleep(0.4)
@@ -155,23 +156,16 @@ end }""")
             time.sleep(0.8)
         finally:
             p.terminate()
-        out = p.communicate(timeout=10)[0]
+        return p.communicate(timeout=10)[0], rid
+
+    def test_runs_follow_shows_starts_and_ends(self):
+        out, rid = self.follow_a_run()
         lines = [l for l in out.splitlines() if rid in l]
         self.assertTrue(any("completed" in l for l in lines), out)
         self.assertTrue(any("sleeping" in l or "running" in l for l in lines), out)
 
     def test_runs_follow_json_prints_one_object_per_line(self):
-        self.w.write("q.lua", 'return { run = function(ctx) ctx.step.sleep("z", "300ms") return 1 end }')
-        self.w.ml("runs", check=0)  # the database exists before following
-        p = subprocess.Popen([BIN, "runs", "--follow", "--json"], cwd=self.w.path, env=self.w.env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            time.sleep(0.4)
-            rid = self.run_id_of(self.w.ml("run", "q.lua", check=0))
-            time.sleep(0.8)
-        finally:
-            p.terminate()
-        out = p.communicate(timeout=10)[0]
+        out, rid = self.follow_a_run("--json")
         objs = [json.loads(l) for l in out.splitlines()]  # every line is JSON, nothing else
         mine = [o for o in objs if o["run"]["id"] == rid]
         self.assertEqual(mine[0]["change"], "started", out)
