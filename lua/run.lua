@@ -324,9 +324,16 @@ boundaries[run_body] = true
 
 -- Check the opts of step.run or step.parallel ({retries=, timeout=})
 -- before the step is numbered, so a bad one never reaches run_body.
+local STEP_OPTS = { retries = true, timeout = true }
 local function check_step_opts(what, opts)
   if opts == nil then return end
   if type(opts) ~= "table" then user_error(what .. ": opts must be a table {retries=, timeout=}") end
+  for k in pairs(opts) do
+    if not STEP_OPTS[k] then
+      local near = type(k) == "string" and require("skill").suggest(k, STEP_OPTS) or ""
+      user_error(("%s: unknown option '%s'%s; the options are retries and timeout"):format(what, tostring(k), near))
+    end
+  end
   local r = opts.retries
   if r ~= nil and (type(r) ~= "number" or r ~= floor(r) or r < 0 or r > 100) then
     user_error(what .. ": opts.retries must be a whole number from 0 to 100, got " .. (type(r) == "number" and tostring(r) or type(r)))

@@ -202,6 +202,18 @@ end }""")
         r = self.w.ml("run", "n.lua", check=1)
         self.assertIn("steps cannot be nested", r.stderr)
 
+    def test_unknown_step_options_are_errors_naming_them(self):
+        # A typo such as retires = 0 must not silently keep the default retries.
+        self.w.write("o.lua", """
+return { run = function(ctx)
+  local ok, e = pcall(ctx.step.run, "x", function() return 1 end, { retires = 0 })
+  local ok2, e2 = pcall(ctx.step.parallel, "p", { function() return 1 end }, { timout = "1s" })
+  return { tostring(e), tostring(e2) }
+end }""")
+        out = json.loads(self.w.ml("run", "o.lua", check=0).stdout)
+        self.assertIn("step.run: unknown option 'retires' (did you mean 'retries'?)", out[0])
+        self.assertIn("step.parallel: unknown option 'timout' (did you mean 'timeout'?)", out[1])
+
     def test_a_nested_step_fails_at_once_without_retries(self):
         # A code error, like fatal(): retrying the body would repeat it. The
         # check comes before the call's own argument checks (a bad duration).
