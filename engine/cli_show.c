@@ -7,6 +7,7 @@
 #include "jsontext.h"
 #include "trace.h"
 #include "units.h"
+#include "vocab.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -122,19 +123,10 @@ int cli_runs(struct cli *c) {
     f.limit = atoi(c->limit);
     if (f.limit <= 0) return cli_fail(EXIT_USAGE, "--limit must be a positive number, got '%s'", c->limit);
   }
-  static const char *const statuses[] = {"queued", "running", "sleeping", "waiting",
-                                         "completed", "failed", "cancelled", NULL};
-  if (c->status) {
-    int ok = 0;
-    for (const char *const *s = statuses; *s; s++) ok |= !strcmp(*s, c->status);
-    if (!ok) return cli_fail(EXIT_USAGE, "--status must be one of queued, running, sleeping, waiting, completed, failed, cancelled; got '%s'", c->status);
-  }
-  static const char *const kinds[] = {"event", "cron", "invoke", "rerun", "on_failure", NULL};
-  if (c->trigger) {
-    int ok = 0;
-    for (const char *const *k = kinds; *k; k++) ok |= !strcmp(*k, c->trigger);
-    if (!ok) return cli_fail(EXIT_USAGE, "--trigger must be one of event, cron, invoke, rerun, on_failure; got '%s'", c->trigger);
-  }
+  if (c->status && !vocab_is_run_status(c->status))
+    return cli_fail(EXIT_USAGE, "--status must be one of " VOCAB_RUN_STATUSES "; got '%s'", c->status);
+  if (c->trigger && !vocab_is_trigger_kind(c->trigger))
+    return cli_fail(EXIT_USAGE, "--trigger must be one of " VOCAB_TRIGGER_KINDS "; got '%s'", c->trigger);
   if (c->follow) {
     if (!c->json) printf("following runs (Ctrl-C to stop)\n");
     if (c->cfg.server) return follow(c, NULL, &f);

@@ -13,6 +13,7 @@
 #include "repl_int.h"
 #include "trace.h"
 #include "units.h"
+#include "vocab.h"
 
 #include <lauxlib.h>
 #include <stdio.h>
@@ -118,14 +119,10 @@ static int c_runs(lua_State *L) {
       return push_fail(L, msg);
     }
   }
-  static const char *const statuses[] = {"queued", "running", "sleeping", "waiting",
-                                         "completed", "failed", "cancelled", NULL};
   if (f.status) {
-    int ok = 0;
-    for (const char *const *s = statuses; *s; s++) ok |= !strcmp(*s, f.status);
-    if (!ok) {
-      snprintf(msg, sizeof msg, "status must be one of queued, running, sleeping, waiting, "
-               "completed, failed, cancelled; got '%.40s'", f.status);
+    if (!vocab_is_run_status(f.status)) {
+      snprintf(msg, sizeof msg, "status must be one of " VOCAB_RUN_STATUSES "; got '%.40s'",
+               f.status);
       return push_fail(L, msg);
     }
   }

@@ -29,6 +29,7 @@
 #include "jsontext.h"
 #include "server_route.h"
 #include "units.h"
+#include "vocab.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -387,10 +388,6 @@ static void split_param(const char *q, size_t qlen, size_t i, size_t *j, size_t 
 /* GET /v1/runs's query: skill, status, since, limit, before, trigger, parent. */
 static int route_list(const char *q, size_t qlen, int64_t now_ms, struct server_plan *p,
                       int *status, err_t *e) {
-  static const char *const statuses[] = {"queued", "running", "sleeping", "waiting",
-                                         "completed", "failed", "cancelled", NULL};
-  static const char *const trigger_kinds[] = {"event", "cron", "invoke", "rerun", "on_failure",
-                                              NULL};
   p->limit = SERVER_LIST_DEFAULT;
   size_t i = 0;
   while (i < qlen) {
@@ -427,20 +424,16 @@ static int route_list(const char *q, size_t qlen, int64_t now_ms, struct server_
       memcpy(p->skill, val, (size_t)vl + 1);
       p->filter.skill = p->skill;
     } else if (!strcmp(key, "status")) {
-      int ok = 0;
-      for (const char *const *s = statuses; *s && !ok; s++) ok = !strcmp(*s, val);
-      if (!ok)
-        return fail(status, 400, e, ERR_INVALID, "status must be one of queued, running, "
-                    "sleeping, waiting, completed, failed, cancelled; got '%s'", shown);
+      if (!vocab_is_run_status(val))
+        return fail(status, 400, e, ERR_INVALID, "status must be one of " VOCAB_RUN_STATUSES
+                    "; got '%s'", shown);
       memcpy(p->status, val, (size_t)vl + 1); /* one of the statuses: shorter than 16 */
       p->filter.status = p->status;
     } else if (!strcmp(key, "trigger")) {
-      int ok = 0;
-      for (const char *const *k = trigger_kinds; *k && !ok; k++) ok = !strcmp(*k, val);
-      if (!ok)
-        return fail(status, 400, e, ERR_INVALID, "trigger must be one of event, cron, invoke, "
-                    "rerun, on_failure; got '%s'", shown);
-      memcpy(p->trigger, val, (size_t)vl + 1); /* vl < sizeof p->trigger: checked above */
+      if (!vocab_is_trigger_kind(val))
+        return fail(status, 400, e, ERR_INVALID, "trigger must be one of " VOCAB_TRIGGER_KINDS
+                    "; got '%s'", shown);
+      memcpy(p->trigger, val, (size_t)vl + 1); /* a trigger kind: shorter than p->trigger */
       p->filter.trigger = p->trigger;
     } else if (!strcmp(key, "before") || !strcmp(key, "parent")) {
       /* Both hold a run id: before pages, parent lists a run's children. */

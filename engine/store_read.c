@@ -15,6 +15,7 @@
 #include "store_db.h"
 #include "proc.h"
 #include "units.h"
+#include "vocab.h"
 
 #include <sqlite3.h>
 #include <stdio.h>
@@ -322,9 +323,7 @@ int store_count_by_status(store_t *s, cJSON **out, err_t *e) {
   sqlite3_stmt *st = store__prep(s->r, "SELECT status, count(*) FROM runs GROUP BY status", e);
   if (!st) return e->code;
   cJSON *o = cJSON_CreateObject();
-  static const char *const all[] = {"queued", "running", "sleeping", "waiting",
-                                    "completed", "failed", "cancelled", NULL};
-  for (const char *const *a = all; *a; a++) cJSON_AddNumberToObject(o, *a, 0);
+  for (const char *const *a = vocab_run_statuses; *a; a++) cJSON_AddNumberToObject(o, *a, 0);
   while (sqlite3_step(st) == SQLITE_ROW) {
     const char *k = (const char *)sqlite3_column_text(st, 0);
     cJSON_ReplaceItemInObject(o, k, cJSON_CreateNumber((double)sqlite3_column_int64(st, 1)));
