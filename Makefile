@@ -10,12 +10,16 @@ all: build
 deps:
 	@sh scripts/deps.sh
 
+# Development and CI builds: warnings are errors, fault points compiled in
+# (a packager's plain cmake build has neither).
+DEV     := -DMOONLOOP_WERROR=ON -DMOONLOOP_FAULTS=ON
+
 build: deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(DEV) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS) >$(BUILD)/build.log 2>&1 || { grep -vE '^\[ *[0-9]+%\]|directory' $(BUILD)/build.log; exit 1; }
 
 asan: deps
-	@cmake -S . -B $(ASAN) -DCMAKE_BUILD_TYPE=Debug -DMOONLOOP_SANITIZE=ON >/dev/null
+	@cmake -S . -B $(ASAN) -DCMAKE_BUILD_TYPE=Debug -DMOONLOOP_SANITIZE=ON $(DEV) >/dev/null
 	@cmake --build $(ASAN) -j $(JOBS) >$(ASAN)/build.log 2>&1 || { grep -vE '^\[ *[0-9]+%\]|directory' $(ASAN)/build.log; exit 1; }
 
 # Every test: unit, functional and crash tests on the normal build, then the

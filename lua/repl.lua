@@ -1,8 +1,8 @@
--- repl.lua: the Lua half of `moonloop repl` (engine/repl.c drives it).
+-- repl.lua: the Lua half of `moonloop repl` (engine/cli/repl.c drives it).
 --
 -- Each chunk typed at the prompt runs in a coroutine of its own (M.eval)
 -- that the engine resumes. What needs the engine yields an op to
--- engine/repl.c and gets the answer back when it is ready, while the loop
+-- engine/cli/repl.c and gets the answer back when it is ready, while the loop
 -- goes on running runs and transfers:
 --
 --   SKILL  target                -> skill info table, or nil, message
@@ -317,7 +317,7 @@ end
 
 -- The REPL's functions ---------------------------------------------------------
 
--- Yield an op to engine/repl.c: only the REPL's own coroutine can.
+-- Yield an op to engine/cli/repl.c: only the REPL's own coroutine can.
 local function engine_op(name, ...)
   if not core.can_yield() then
     user_error(name .. " can only be called at the REPL's top level, not inside a coroutine")

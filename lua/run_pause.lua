@@ -1,5 +1,5 @@
 -- run_pause.lua: the Lua half of pausing a run before each live step, for
--- the REPL's step_through (engine/run_pause.c).
+-- the REPL's step_through (engine/core/run_pause.c).
 --
 -- run.lua's next_step calls R.pause(R, seq, sid, kind) for a step past the
 -- journal's end when the run has one (set by M.enable). It yields

@@ -219,7 +219,7 @@ function M.validate(def, file, src, default_id)
   return spec
 end
 
--- For the configuration's validation too (engine/config.c), so both find a
+-- For the configuration's validation too (engine/lua/config.c), so both find a
 -- key's line and suggest a misspelt key alike.
 M.suggest, M.line_of = suggest, line_of
 

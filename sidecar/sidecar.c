@@ -6,8 +6,8 @@
 ** durable; unloads through sched_unload_skill, only while the id's live
 ** version still comes from the file that let go of it.
 */
-#include "sidecar.h"
-#include "watcher.h"
+#include "sidecar/sidecar.h"
+#include "sidecar/watcher.h"
 
 #include <cJSON.h>
 #include <stdio.h>

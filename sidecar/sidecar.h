@@ -9,8 +9,8 @@
 */
 #ifndef ML_SIDECAR_H
 #define ML_SIDECAR_H
-#include "engine.h"
-#include "err.h"
+#include "base/err.h"
+#include "core/engine.h"
 
 typedef struct sidecar sidecar_t;
 

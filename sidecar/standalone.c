@@ -10,11 +10,11 @@
 ** registered again, unchanged or not, at the next start), and the loop
 ** ends.
 */
-#include "standalone.h"
-#include "client.h"
-#include "engine.h"
-#include "httpc.h"
-#include "watcher.h"
+#include "sidecar/standalone.h"
+#include "core/engine.h"
+#include "core/httpc.h"
+#include "core/remote.h"
+#include "sidecar/watcher.h"
 
 #include <cJSON.h>
 #include <limits.h>
@@ -242,7 +242,7 @@ int standalone_run(const struct config *cfg, err_t *e) {
   ** while no sidecar ran are unregistered by the first batch). */
   long status;
   cJSON *ans = NULL;
-  if (client_call(cfg, "GET", "/v1/skills", NULL, &status, &ans, e)) {
+  if (remote_call(cfg, "GET", "/v1/skills", NULL, &status, &ans, e)) {
     cJSON_Delete(ans);
     free(sa.base), free(sa.auth), free(prefix);
     return e->code;

@@ -26,8 +26,8 @@
 */
 #ifndef ML_STANDALONE_H
 #define ML_STANDALONE_H
-#include "config.h"
-#include "err.h"
+#include "base/err.h"
+#include "lua/config.h"
 
 /* Run the sidecar until SIGINT or SIGTERM: watch cfg->workspace, register
 ** with the engine at cfg->server. Returns 0, or fails at start (the engine

@@ -9,7 +9,7 @@
 ** (watcher__arm_due, which waits while a batch is in flight: the batch's
 ** end arms it); a stale id is listed once per (id, path).
 */
-#include "watcher_int.h"
+#include "sidecar/watcher_int.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -54,8 +54,8 @@
 
 #include <uv.h>
 
-#include "err.h"
-#include "skill.h"
+#include "base/err.h"
+#include "lua/skill.h"
 
 typedef struct watcher watcher_t;
 

@@ -10,8 +10,8 @@
 ** claim the same id; the due timer is not armed while a batch is in
 ** flight; a failed submit is answered at once through handle().
 */
-#include "watcher_int.h"
-#include "ids.h"
+#include "base/ids.h"
+#include "sidecar/watcher_int.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -29,8 +29,8 @@
 */
 #ifndef ML_WATCHER_INT_H
 #define ML_WATCHER_INT_H
-#include "watcher.h"
-#include "units.h"
+#include "base/units.h"
+#include "sidecar/watcher.h"
 
 #include <stdint.h>
 #include <sys/stat.h>

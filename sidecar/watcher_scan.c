@@ -9,7 +9,7 @@
 ** watch remembers its folder's inode, so a folder removed and recreated
 ** gets a new watch; a file is only marked due here (the batch reads it).
 */
-#include "watcher_int.h"
+#include "sidecar/watcher_int.h"
 
 #include <dirent.h>
 #include <stdarg.h>

@@ -9,8 +9,8 @@
 **
 ** Usage: bench_core [runs] [steps]   (defaults 10000 10)
 */
-#include "engine.h"
-#include "units.h"
+#include "base/units.h"
+#include "core/engine.h"
 
 #include <stdio.h>
 #include <stdlib.h>

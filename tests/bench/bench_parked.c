@@ -9,9 +9,9 @@
 **
 ** Usage: bench_parked [runs] [parked_in_memory]
 */
-#include "engine.h"
-#include "ids.h"
-#include "units.h"
+#include "base/ids.h"
+#include "base/units.h"
+#include "core/engine.h"
 
 #include <malloc.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
 """The HTTP API's write paths: events, invoke, cancel, rerun, PUT skill, and
 `moonloop invoke --server` (with and without --wait).
 
-PENDING: these need the scheduler's control operations (engine/control.c:
+PENDING: these need the scheduler's control operations (engine/core/control.c:
 sched_send_events, sched_invoke, sched_cancel, sched_rerun, sched_put_skill),
 which are stubs answering "not implemented yet". The file is named so that
 ctest's test_*.py glob skips it; once the operations exist, rename it to

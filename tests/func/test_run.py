@@ -150,7 +150,7 @@ end }""")
 
     def test_every_usage_line_lists_every_flag_its_command_takes(self):
         # Which command takes which flag: main.c's tables (the parser's own).
-        with open(os.path.join(SRC, "engine", "main.c")) as f:
+        with open(os.path.join(SRC, "engine", "cli", "main.c")) as f:
             main_c = f.read()
         bits = dict(re.findall(r'\{"(\w+)", (C_\w+), ', main_c))
         table = main_c[main_c.index("static const struct option options[]"):]

@@ -12,7 +12,7 @@ Known limits (time inside one C call is invisible to the count hook):
   string.rep the memory budget, and a table.sort of more than 2000 elements
   compares in hooked Lua; other C functions are only bounded by the memory
   budget (their input must fit in it) and run in linear or n log n time;
-- json.encode/json.decode (engine/json.c) build a cJSON tree with malloc,
+- json.encode/json.decode (engine/lua/json.c) build a cJSON tree with malloc,
   outside the Lua allocator and the hook: see
   test_json_encode_of_shared_subtables_is_bounded;
 - the memory budget is per slice: a run may keep what it allocated in
@@ -285,7 +285,7 @@ class BudgetDetailsTest(TestCase):
         self.assertLess(time.time() - t0, 5)
 
     def test_json_encode_of_shared_subtables_is_bounded(self):
-        """KNOWN HOLE, outside the sandbox's files: engine/json.c.
+        """KNOWN HOLE, outside the sandbox's files: engine/lua/json.c.
 
         json.encode walks shared subtables again at each reference and
         builds the whole cJSON tree and text with malloc, outside the Lua

@@ -20,8 +20,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "jsontext.h"
-#include "server_route.h"
+#include "base/jsontext.h"
+#include "server/server_route.h"
 
 /* picohttpparser's interface (libh2o exports it; no header is installed). */
 struct phr_header {

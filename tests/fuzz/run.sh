@@ -13,8 +13,8 @@ mkdir -p "$OUT/corpus"
 # shellcheck disable=SC2046
 "$CC" -g -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -iquote engine $(pkg-config --cflags libcjson) \
-  tests/fuzz/fuzz_request.c engine/server_route.c engine/jsontext.c engine/vocab.c engine/err.c engine/units.c \
+  -I engine $(pkg-config --cflags libcjson) \
+  tests/fuzz/fuzz_request.c engine/server/server_route.c engine/base/jsontext.c engine/base/vocab.c engine/base/err.c engine/base/units.c \
   -o "$OUT/fuzz_request" $(pkg-config --libs libcjson libcrypto) -lh2o -lm
 echo "fuzz: running fuzz_request for ${TIME}s" >&2
 exec "$OUT/fuzz_request" -max_total_time="$TIME" -max_len=65536 -timeout=10 \

@@ -9,10 +9,10 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "cron.h"
+#include "base/cron.h"
+#include "base/tz.h"
+#include "base/units.h"
 #include "test.h"
-#include "tz.h"
-#include "units.h"
 
 typedef struct next_row {
   const char *expr, *tz, *after, *expected; /* expected NULL: none within 5 years */

@@ -2,9 +2,9 @@
 ** a journal, step id numbering, the backoff schedule, validation messages,
 ** and the sandbox. Under ASan+UBSan these cover the scheduler, the run
 ** context and the Lua runtime together. */
+#include "base/units.h"
+#include "core/engine.h"
 #include "test.h"
-#include "engine.h"
-#include "units.h"
 
 #include <lauxlib.h>
 #include <stdlib.h>

@@ -14,7 +14,7 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "httpc.h"
+#include "core/httpc.h"
 #include "test.h"
 
 static int g_port;

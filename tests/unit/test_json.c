@@ -3,7 +3,7 @@
 #include <lauxlib.h>
 #include <lualib.h>
 
-#include "json.h"
+#include "lua/json.h"
 #include "test.h"
 
 static lua_State *new_state(void) {

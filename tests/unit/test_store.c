@@ -1,10 +1,10 @@
 /* Unit tests for the SQLite store: journal groups, run records, claiming,
 ** leases (reaping, fencing, taking a run), migrations. */
+#include "base/ids.h"
+#include "base/proc.h"
+#include "base/units.h"
+#include "store/store.h"
 #include "test.h"
-#include "ids.h"
-#include "proc.h"
-#include "store.h"
-#include "units.h"
 
 #include <stdlib.h>
 #include <unistd.h>

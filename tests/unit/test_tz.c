@@ -10,9 +10,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/tz.h"
+#include "base/units.h"
 #include "test.h"
-#include "tz.h"
-#include "units.h"
 
 /* Seconds since the epoch of an RFC 3339 time; the test fails on bad input. */
 static int64_t T(const char *s) {

@@ -1,6 +1,6 @@
 /* Unit tests for units.c: durations, sizes and RFC 3339 times. */
+#include "base/units.h"
 #include "test.h"
-#include "units.h"
 
 static int64_t dur(const char *s) {
   int64_t ms = -1;

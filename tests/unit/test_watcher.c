@@ -7,9 +7,9 @@
 */
 #include "test.h"
 
-#include "engine.h"
-#include "ids.h"
-#include "watcher.h"
+#include "base/ids.h"
+#include "core/engine.h"
+#include "sidecar/watcher.h"
 
 #include <stdint.h>
 #include <stdio.h>

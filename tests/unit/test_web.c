@@ -4,9 +4,9 @@
 ** content type and ETag, If-None-Match is matched as RFC 9110 says, and
 ** /v1/versions/{hash} and ?parent= are routed and validated.
 */
+#include "server/server_route.h"
+#include "server/web.h"
 #include "test.h"
-#include "server_route.h"
-#include "web.h"
 
 #include <stdio.h>
 

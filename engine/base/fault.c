@@ -1,0 +1,26 @@
+/*
+** fault.c: fault injection points (see fault.h).
+*/
+#include "base/fault.h"
+
+#ifdef MOONLOOP_FAULTS
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void fault_point(const char *name) {
+  const char *spec = getenv("MOONLOOP_FAULT");
+  if (!spec) return;
+  size_t n = strlen(name);
+  for (const char *p = spec; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
+    if (!strncmp(p, name, n) && p[n] == '=') {
+      long ms = strtol(p + n + 1, NULL, 10);
+      struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+      nanosleep(&ts, NULL);
+      return;
+    }
+  }
+}
+#else
+typedef int fault_unused_;
+#endif

@@ -1,0 +1,282 @@
+/*
+** jsontext.c: JSON text, without Lua: parsing with messages that say where
+** and what is wrong, and the UTF-8 rules of what moonloop reads and shows.
+** The Lua bridge (json.c) and the HTTP routes (server_route.c) share it.
+*/
+#include "base/jsontext.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXCERPT_BYTES 20   /* bytes of input shown after "near" */
+#define PATH_SHOW_BYTES 400
+
+/* See jsontext.h. */
+int jsontext_is_ident(const char *s, size_t n) {
+  if (n == 0 || (s[0] >= '0' && s[0] <= '9')) return 0;
+  for (size_t i = 0; i < n; i++) {
+    char c = s[i];
+    if (!(c == '_' || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))) return 0;
+  }
+  return 1;
+}
+
+/* JSON whitespace only: cJSON itself skips every byte <= 32, but text after
+** the value must be real whitespace to count as nothing. */
+static size_t skip_ws(const char *s, size_t len, size_t i) {
+  while (i < len && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) i++;
+  return i;
+}
+
+/* True if parsing failed because the text stopped early. cJSON reports both
+** "the last byte is wrong" and "ran out of text" at the last byte; parsing a
+** copy with a NUL appended tells them apart, as running out then moves past
+** the original end. Only called on the error path. */
+static int ends_early(const char *s, size_t len) {
+  char *copy = malloc(len + 1);
+  if (!copy) return 0;
+  memcpy(copy, s, len);
+  copy[len] = 0;
+  const char *end = NULL;
+  cJSON *r = cJSON_ParseWithLengthOpts(copy, len + 1, &end, 0);
+  int early = !r && end && (size_t)(end - copy) >= len;
+  cJSON_Delete(r);
+  free(copy);
+  return early;
+}
+
+/* How many arrays and objects are open at pos (strings skipped). */
+static int depth_at(const char *s, size_t pos) {
+  int depth = 0, in_str = 0;
+  for (size_t i = 0; i < pos; i++) {
+    char ch = s[i];
+    if (in_str) {
+      if (ch == '\\') i++;
+      else if (ch == '"') in_str = 0;
+    } else if (ch == '"') in_str = 1;
+    else if (ch == '[' || ch == '{') depth++;
+    else if (ch == ']' || ch == '}') depth--;
+  }
+  return depth;
+}
+
+/* Fill e with "invalid JSON at line L column C near '...'" plus a reason if
+** one is given; pos is the byte offset of the error. */
+static int syntax_error(const char *s, size_t len, size_t pos, const char *reason, err_t *e) {
+  if (pos > len) pos = len;
+  /* cJSON can stop inside a UTF-8 sequence: point at its first byte. */
+  while (pos > 0 && pos < len && ((unsigned char)s[pos] & 0xC0) == 0x80) pos--;
+  int line = 1;
+  size_t bol = 0;
+  for (size_t i = 0; i < pos; i++)
+    if (s[i] == '\n') line++, bol = i + 1;
+  size_t col = pos - bol + 1;
+  if (pos == len)
+    return err_set(e, ERR_INVALID, "invalid JSON at line %d column %zu: %s", line, col,
+                   reason ? reason : "unexpected end of input");
+
+  /* The excerpt shows control bytes as escapes, and stops before a UTF-8
+  ** sequence that the 20-byte cut would split. */
+  size_t n = len - pos < EXCERPT_BYTES ? len - pos : EXCERPT_BYTES;
+  const unsigned char *p = (const unsigned char *)s + pos;
+  if (n < len - pos) {
+    size_t start = n;
+    while (start > 0 && (p[start] & 0xC0) == 0x80) start--;
+    n = start;
+  }
+  char ex[EXCERPT_BYTES * 4 + 1];
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (p[i] == '\n') k += (size_t)sprintf(ex + k, "\\n");
+    else if (p[i] == '\r') k += (size_t)sprintf(ex + k, "\\r");
+    else if (p[i] == '\t') k += (size_t)sprintf(ex + k, "\\t");
+    else if (p[i] < 0x20 || p[i] == 0x7F) k += (size_t)sprintf(ex + k, "\\x%02X", p[i]);
+    else ex[k++] = (char)p[i];
+  }
+  ex[k] = 0;
+  return err_set(e, ERR_INVALID, "invalid JSON at line %d column %zu near '%s'%s%s", line, col, ex,
+                 reason ? ": " : "", reason ? reason : "");
+}
+
+/* Offset of the first \u0000 escape in (valid) JSON text, or len. In valid
+** JSON every backslash is inside a string, so skipping each escaped byte is
+** enough to read "\\u0000" (a backslash, then text) correctly. */
+static size_t find_nul_escape(const char *s, size_t len) {
+  const char *p = s, *end = s + len;
+  while ((p = memchr(p, '\\', (size_t)(end - p))) && end - p >= 2) {
+    if (p[1] == 'u' && end - p >= 6 && !memcmp(p + 2, "0000", 4)) return (size_t)(p - s);
+    p += 2;
+  }
+  return len;
+}
+
+/* Write to out the path of the first number in v that is not finite (cJSON
+** reads 1e400 as infinity); 1 if there is one. */
+static int find_infinite(const cJSON *v, char *out, size_t cap, size_t used) {
+  if (cJSON_IsNumber(v)) return !isfinite(v->valuedouble);
+  int i = 0;
+  for (const cJSON *c = v->child; c; c = c->next, i++) {
+    int n;
+    if (cJSON_IsArray(v)) n = snprintf(out + used, cap - used, "[%d]", i + 1);
+    else n = snprintf(out + used, cap - used, jsontext_is_ident(c->string, strlen(c->string)) ? ".%s" : "[\"%s\"]",
+                      c->string);
+    size_t next = used + (size_t)n < cap ? used + (size_t)n : cap - 1;
+    if (find_infinite(c, out, cap, next)) return 1;
+    out[used] = 0;
+  }
+  return 0;
+}
+
+/* See jsontext.h. */
+int jsontext_parse(const char *s, size_t len, cJSON **out, err_t *e) {
+  *out = NULL;
+  if (!s || skip_ws(s, len, 0) == len) return err_set(e, ERR_INVALID, "empty input");
+  const char *end = NULL;
+  cJSON *root = cJSON_ParseWithLengthOpts(s, len, &end, 0);
+  if (!root) {
+    size_t pos = end ? (size_t)(end - s) : 0;
+    if (pos + 1 >= len && ends_early(s, len)) return syntax_error(s, len, len, NULL, e);
+    char reason[64];
+    int deep = pos < len && (s[pos] == '[' || s[pos] == '{') && depth_at(s, pos) >= CJSON_NESTING_LIMIT;
+    snprintf(reason, sizeof reason, "nested deeper than %d levels", CJSON_NESTING_LIMIT);
+    return syntax_error(s, len, pos, deep ? reason : NULL, e);
+  }
+  size_t pos = skip_ws(s, len, (size_t)(end - s));
+  if (pos < len) {
+    cJSON_Delete(root);
+    return syntax_error(s, len, pos, "unexpected text after the JSON value", e);
+  }
+  if ((pos = find_nul_escape(s, len)) < len) {
+    cJSON_Delete(root);
+    return syntax_error(s, len, pos, "\\u0000 (NUL) in strings is not supported", e);
+  }
+  char path[PATH_SHOW_BYTES] = "$";
+  if (find_infinite(root, path, sizeof path, 1)) {
+    cJSON_Delete(root);
+    return err_set(e, ERR_INVALID, "invalid JSON: the number at %s is out of range "
+                   "(a double reaches about 1.8e308)", path);
+  }
+  *out = root;
+  return 0;
+}
+
+/* See jsontext.h. */
+int jsontext_utf8_valid(const char *str, size_t len) {
+  return jsontext_utf8_prefix(str, len) == len;
+}
+
+/* See jsontext.h. */
+size_t jsontext_utf8_prefix(const char *str, size_t len) {
+  const unsigned char *s = (const unsigned char *)str;
+  size_t i = 0;
+  while (i < len) {
+    unsigned char c = s[i];
+    if (c < 0x80) {
+      i++;
+      continue;
+    }
+    size_t n;
+    uint32_t cp;
+    if (c >= 0xc2 && c <= 0xdf) n = 1, cp = c & 0x1f;
+    else if (c >= 0xe0 && c <= 0xef) n = 2, cp = c & 0x0f;
+    else if (c >= 0xf0 && c <= 0xf4) n = 3, cp = c & 0x07;
+    else return i;
+    if (i + n >= len) return i;
+    for (size_t k = 1; k <= n; k++) {
+      if ((s[i + k] & 0xc0) != 0x80) return i;
+      cp = (cp << 6) | (s[i + k] & 0x3f);
+    }
+    /* Overlong forms, surrogates and code points past U+10FFFF. */
+    if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10ffff ||
+        (cp >= 0xd800 && cp <= 0xdfff))
+      return i;
+    i += n + 1;
+  }
+  return i;
+}
+
+/* A copy of s (NUL-terminated) with each byte that does not start valid
+** UTF-8 replaced by U+FFFD; NULL when out of memory. */
+static char *utf8_repaired(const char *s) {
+  size_t len = strlen(s), o = 0;
+  char *out = malloc(len * 3 + 1);
+  if (!out) return NULL;
+  for (size_t i = 0; i < len;) {
+    size_t ok = jsontext_utf8_prefix(s + i, len - i);
+    memcpy(out + o, s + i, ok);
+    o += ok, i += ok;
+    if (i < len) {
+      memcpy(out + o, "\xEF\xBF\xBD", 3);
+      o += 3, i++;
+    }
+  }
+  out[o] = 0;
+  return out;
+}
+
+/* See jsontext.h. */
+void jsontext_fix_utf8(cJSON *v) {
+  for (; v; v = v->next) {
+    if (v->string && !jsontext_utf8_valid(v->string, strlen(v->string))) {
+      char *fixed = utf8_repaired(v->string);
+      if (fixed && !(v->type & cJSON_StringIsConst)) free(v->string);
+      if (fixed) v->string = fixed, v->type &= ~cJSON_StringIsConst;
+    }
+    if ((cJSON_IsString(v) || cJSON_IsRaw(v)) && v->valuestring &&
+        !jsontext_utf8_valid(v->valuestring, strlen(v->valuestring))) {
+      char *fixed = utf8_repaired(v->valuestring);
+      if (fixed) free(v->valuestring), v->valuestring = fixed;
+    }
+    if (v->child) jsontext_fix_utf8(v->child);
+  }
+}
+
+/* ---- helpers for the engine's own JSON values ------------------------- */
+
+/* See jsontext.h. Each segment is compared whole, so a segment of any length is
+** looked up as written (no copy into a fixed buffer). */
+const cJSON *jsontext_path(const cJSON *v, const char *path) {
+  const char *p = path ? path : "";
+  while (v && *p) {
+    size_t n = strcspn(p, ".");
+    const cJSON *c = NULL;
+    if (cJSON_IsObject(v))
+      for (c = v->child; c; c = c->next)
+        if (c->string && !strncmp(c->string, p, n) && c->string[n] == 0) break;
+    v = c;
+    p += n;
+    if (*p == '.') p++;
+  }
+  return v;
+}
+
+/* See jsontext.h. */
+char *jsontext_message(const char *msg) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "message", msg);
+  char *s = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  return s;
+}
+
+/* The JSON text s as a cJSON value, or null when s is NULL or not JSON. */
+static cJSON *parsed_or_null(const char *s) {
+  cJSON *v = s ? cJSON_Parse(s) : NULL;
+  return v ? v : cJSON_CreateNull();
+}
+
+/* See jsontext.h. */
+char *jsontext_run_outcome(const char *run_id, const char *status, const char *output,
+                       const char *error) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "run_id", run_id);
+  cJSON_AddStringToObject(o, "status", status);
+  cJSON_AddItemToObject(o, "output", parsed_or_null(output));
+  cJSON_AddItemToObject(o, "error", parsed_or_null(error));
+  char *s = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  return s;
+}

@@ -1,0 +1,50 @@
+/*
+** jsontext.h: JSON text without Lua: parsing with clear errors, and UTF-8.
+*/
+#ifndef ML_JSONTEXT_H
+#define ML_JSONTEXT_H
+#include <stddef.h>
+
+#include <cJSON.h>
+
+#include "base/err.h"
+
+/* Parse len bytes of JSON text at s (need not be NUL-terminated) into *out
+** (caller frees), with the same rules and messages as json.decode (json_decode_push):
+** empty input, text after the value, \u0000 and numbers past a double's
+** range (1e400) are errors too. */
+int jsontext_parse(const char *s, size_t len, cJSON **out, err_t *e);
+
+/* Whether len bytes are valid UTF-8 (no overlongs, no surrogates). */
+int jsontext_utf8_valid(const char *s, size_t len);
+
+/* How many of len bytes at s, from the start, are valid UTF-8. */
+size_t jsontext_utf8_prefix(const char *s, size_t len);
+
+/* Replace, in every string and key of the tree v (and its siblings), each
+** byte that does not start valid UTF-8 with U+FFFD. The store keeps what
+** skills wrote byte for byte; what it shows (runs, traces, answers) is
+** valid UTF-8 so that strict JSON readers can read it. */
+void jsontext_fix_utf8(cJSON *v);
+
+/* Whether n bytes at s form a Lua identifier (paths show them as .name). */
+int jsontext_is_ident(const char *s, size_t n);
+
+/* ---- the engine's own JSON values (the run context and the store share them) ---- */
+
+/* The value at a dotted path of keys in v ("data.request_id"), or NULL when
+** a key is missing or a value on the way is not an object. Keys are
+** compared case-sensitively; an empty path gives v itself. */
+const cJSON *jsontext_path(const cJSON *v, const char *path);
+
+/* {"message": msg} as compact JSON text, the shape of a run's error record
+** (malloc'd; NULL only when out of memory). */
+char *jsontext_message(const char *msg);
+
+/* A finished run's outcome as its parent gets it, compact JSON text:
+** {run_id, status, output, error}; output and error are JSON texts (NULL or
+** text that is not JSON gives null). malloc'd. */
+char *jsontext_run_outcome(const char *run_id, const char *status, const char *output,
+                       const char *error);
+
+#endif

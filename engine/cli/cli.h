@@ -1,0 +1,77 @@
+/*
+** cli.h: the command line. main() parses the arguments into a struct cli
+** (every command declares the options it takes; any other is a usage
+** error), loads the configuration, and calls the command's function.
+** Commands return the process's exit status: 0 success, 1 the run or
+** request failed, 2 usage error.
+*/
+#ifndef ML_CLI_H
+#define ML_CLI_H
+#include <stdio.h>
+
+#include "lua/config.h"
+
+enum { EXIT_OK = 0, EXIT_FAILED = 1, EXIT_USAGE = 2 };
+
+struct cli {
+  const char *cmd;
+  const char **args; /* positional arguments after the command */
+  int nargs;
+  struct config cfg;
+  int json, verbose, quiet, wait, follow;
+  const char *data, *resume, *id, *skill, *status, *since, *trigger, *limit, *older_than;
+  int color; /* stdout is a terminal */
+};
+
+int cli_run(struct cli *c);
+int cli_invoke(struct cli *c);
+int cli_runs(struct cli *c);
+int cli_trace(struct cli *c);
+int cli_skills(struct cli *c);
+int cli_check(struct cli *c);
+int cli_test(struct cli *c); /* cli_test.c */
+int cli_serve(struct cli *c);
+int cli_sidecar(struct cli *c); /* cli_sidecar.c */
+int cli_send(struct cli *c);
+int cli_cancel(struct cli *c);
+int cli_rerun(struct cli *c);
+int cli_prune(struct cli *c);
+int cli_repl(struct cli *c); /* cli_repl.c */
+
+/* Print "moonloop: message" to stderr and return status. */
+int cli_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Parse --data (default null) into compact JSON text (caller frees), or NULL after printing the problem. */
+char *cli_data_json(const struct cli *c);
+
+/* Print a JSON value (pretty when human) followed by a newline. */
+void cli_print_json(FILE *f, const char *json, int pretty);
+
+/* A growing list of paths (check and test gather the files they were given). */
+struct cli_paths {
+  char **v;
+  int n, cap;
+};
+
+/* Append a copy of p; -1 when out of memory. */
+int cli_paths_add(struct cli_paths *l, const char *p);
+
+/* Append the entries of folder dir (not those whose names start with a
+** dot), joined to it ("x" for ".", "dir/x" otherwise), in name order.
+** 0, or -1 when out of memory; a folder that cannot be read adds none. */
+int cli_paths_of_dir(struct cli_paths *out, const char *dir);
+
+/* Sort the paths by their bytes. */
+void cli_paths_sort(struct cli_paths *l);
+
+/* Free the list and its paths. */
+void cli_paths_free(struct cli_paths *l);
+
+/* Print a finished run's result the way DESIGN says (output on stdout, or
+** the error on stderr); returns the exit status. output and error are JSON
+** text or NULL. cli_run.c; client.c prints --server results with it too.
+** (Added by the refactor: client.c had a copy.) */
+int cli_report_run(const struct cli *c, const char *run_id, const char *status,
+                   const char *output, const char *error);
+
+#endif

@@ -1,0 +1,167 @@
+/*
+** cli_check.c: moonloop check FILE-or-DIR...: load and validate skill files
+** without deploying them.
+**
+** A file named on the command line is checked whatever its name. A folder
+** is checked as the workspace watcher would load it (watcher_counts): every
+** *.lua file in it and its subfolders, except skill tests (*_test.lua) and
+** names starting with '.' or '#'; folders starting with '.' and symbolic
+** links to folders are not entered; names in order.
+*/
+#include "cli/cli.h"
+#include "core/engine.h"
+#include "sidecar/watcher.h"
+
+#include <cJSON.h>
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* See cli.h. */
+int cli_paths_add(struct cli_paths *l, const char *p) {
+  if (l->n == l->cap) {
+    int cap = l->cap ? l->cap * 2 : 16;
+    char **v = realloc(l->v, (size_t)cap * sizeof *v);
+    if (!v) return -1;
+    l->v = v;
+    l->cap = cap;
+  }
+  if (!(l->v[l->n] = strdup(p))) return -1;
+  l->n++;
+  return 0;
+}
+
+/* See cli.h. */
+void cli_paths_free(struct cli_paths *l) {
+  for (int i = 0; i < l->n; i++) free(l->v[i]);
+  free(l->v);
+}
+
+/* qsort's comparison of two strings. */
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* See cli.h. */
+void cli_paths_sort(struct cli_paths *l) {
+  if (l->n) qsort(l->v, (size_t)l->n, sizeof *l->v, cmp_str);
+}
+
+/* See cli.h. */
+int cli_paths_of_dir(struct cli_paths *out, const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  struct cli_paths names = {0};
+  struct dirent *de;
+  int rc = 0;
+  while (!rc && (de = readdir(d)))
+    if (de->d_name[0] != '.') rc = cli_paths_add(&names, de->d_name);
+  closedir(d);
+  cli_paths_sort(&names);
+  size_t dl = strlen(dir);
+  for (int i = 0; i < names.n && !rc; i++) {
+    size_t len = dl + strlen(names.v[i]) + 2;
+    char *p = malloc(len);
+    if (!p) {
+      rc = -1;
+      break;
+    }
+    if (!strcmp(dir, ".")) snprintf(p, len, "%s", names.v[i]); /* "x.lua", not "./x.lua" */
+    else snprintf(p, len, "%s%s%s", dir, dl && dir[dl - 1] == '/' ? "" : "/", names.v[i]);
+    rc = cli_paths_add(out, p);
+    free(p);
+  }
+  cli_paths_free(&names);
+  return rc;
+}
+
+/* Add the skill files under dir (the watcher's rule, see the top), in name
+** order; -1 when out of memory. */
+static int find_skills(const char *dir, int depth, struct cli_paths *out) {
+  struct cli_paths kids = {0};
+  int rc = cli_paths_of_dir(&kids, dir);
+  for (int i = 0; i < kids.n && !rc; i++) {
+    const char *p = kids.v[i], *slash = strrchr(p, '/');
+    struct stat st;
+    if (lstat(p, &st) == 0) {
+      if (S_ISDIR(st.st_mode)) {
+        if (depth < WATCHER_MAX_DEPTH) rc = find_skills(p, depth + 1, out);
+      } else if (watcher_counts(slash ? slash + 1 : p) && stat(p, &st) == 0 && S_ISREG(st.st_mode)) {
+        rc = cli_paths_add(out, p);
+      }
+    }
+  }
+  cli_paths_free(&kids);
+  return rc;
+}
+
+/* moonloop check: every file named, and the skill files of every folder
+** named; exit 1 when any fails, 2 when a folder holds none at all. */
+int cli_check(struct cli *c) {
+  if (!c->nargs) return cli_fail(EXIT_USAGE, "usage: moonloop check FILE-or-DIR...");
+  struct cli_paths files = {0};
+  int dirs = 0;
+  for (int i = 0; i < c->nargs; i++) {
+    struct stat st;
+    int rc;
+    if (stat(c->args[i], &st) == 0 && S_ISDIR(st.st_mode)) {
+      dirs++;
+      rc = find_skills(c->args[i], 0, &files);
+    } else {
+      rc = cli_paths_add(&files, c->args[i]); /* a missing file fails below, naming it */
+    }
+    if (rc) {
+      cli_paths_free(&files);
+      return cli_fail(EXIT_FAILED, "out of memory");
+    }
+  }
+  if (!files.n) {
+    cli_paths_free(&files);
+    return cli_fail(EXIT_USAGE, "check: no skill files (*.lua, not *_test.lua) in %s",
+                    dirs == 1 ? c->args[0] : "the given folders");
+  }
+  struct engine en;
+  memset(&en, 0, sizeof en);
+  err_t e;
+  if (engine_open_runtime(&en, &c->cfg, &e) || lrt_boot(en.lrt, &e)) {
+    engine_close(&en);
+    cli_paths_free(&files);
+    return cli_fail(EXIT_FAILED, "%s", e.msg);
+  }
+  int bad = 0;
+  cJSON *all = cJSON_CreateArray();
+  for (int i = 0; i < files.n; i++) {
+    const char *path = files.v[i];
+    char *src = NULL, *id = NULL;
+    size_t len;
+    struct skill_error se = {0};
+    int rc = skills_read_file(path, &src, &len, &se.err);
+    if (!rc) rc = skills_check(en.skills, src, len, path, &id, &se);
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "file", path);
+    if (rc) {
+      bad++;
+      cJSON_AddFalseToObject(r, "ok");
+      cJSON_AddStringToObject(r, "error", se.err.msg);
+      if (se.line) cJSON_AddNumberToObject(r, "line", se.line);
+      if (!c->json) fprintf(stderr, "%s\n", se.err.msg);
+    } else {
+      cJSON_AddTrueToObject(r, "ok");
+      cJSON_AddStringToObject(r, "id", id ? id : "");
+      if (!c->json) printf("ok  %s  (%s)\n", path, id ? id : "?");
+    }
+    cJSON_AddItemToArray(all, r);
+    free(src);
+    free(id);
+  }
+  if (c->json) {
+    char *s = cJSON_PrintUnformatted(all);
+    printf("%s\n", s);
+    free(s);
+  }
+  cJSON_Delete(all);
+  engine_close(&en);
+  cli_paths_free(&files);
+  return bad ? EXIT_FAILED : EXIT_OK;
+}

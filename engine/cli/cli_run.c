@@ -1,0 +1,270 @@
+/*
+** cli_run.c: commands that run skills: run, run --resume, invoke; and how
+** a finished run's result is printed (cli_report_run, for --server too).
+**
+** run executes the skill in this process (SCHED_SOLO) to its end; invoke
+** queues a run for the engine holding the database, or, with --wait and no
+** engine alive, runs it here. Exit statuses: 0 completed, 1 failed or
+** cancelled, 2 usage.
+*/
+#include "base/ids.h"
+#include "base/proc.h"
+#include "base/units.h"
+#include "cli/cli.h"
+#include "cli/client.h"
+#include "core/engine.h"
+
+#include <cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* See cli.h. */
+char *cli_data_json(const struct cli *c) {
+  if (!c->data) return strdup("null");
+  const char *end = NULL;
+  cJSON *v = cJSON_ParseWithOpts(c->data, &end, 1);
+  if (!v) {
+    cli_fail(EXIT_USAGE, "--data is not valid JSON (at character %ld): %.60s",
+             end ? (long)(end - c->data) + 1 : 0L, c->data);
+    return NULL;
+  }
+  char *s = cJSON_PrintUnformatted(v);
+  cJSON_Delete(v);
+  return s;
+}
+
+/* See cli.h: text that is not JSON is printed as it is. */
+void cli_print_json(FILE *f, const char *json, int pretty) {
+  cJSON *v = json ? cJSON_Parse(json) : NULL;
+  char *s = v ? (pretty ? cJSON_Print(v) : cJSON_PrintUnformatted(v)) : NULL;
+  fprintf(f, "%s\n", s ? s : json ? json : "null");
+  free(s);
+  cJSON_Delete(v);
+}
+
+/* What a run waited for in this process ended with (copied). */
+struct outcome {
+  int done;
+  char *status, *output, *error;
+};
+
+/* sched_on_done's callback: keep the outcome for after the loop. */
+static void on_done(const struct sched_result *r, void *arg) {
+  struct outcome *o = arg;
+  o->done = 1;
+  o->status = strdup(r->status);
+  o->output = r->output ? strdup(r->output) : NULL;
+  o->error = r->error ? strdup(r->error) : NULL;
+}
+
+/* See cli.h: a run taken over by another process ("abandoned") fails too. */
+int cli_report_run(const struct cli *c, const char *run_id, const char *status,
+                   const char *output, const char *error) {
+  if (!strcmp(status, "completed")) {
+    cli_print_json(stdout, output, !c->json && isatty(1));
+    return EXIT_OK;
+  }
+  if (c->json) {
+    cli_print_json(stderr, error ? error : "null", 0);
+    return EXIT_FAILED;
+  }
+  if (!strcmp(status, "abandoned")) {
+    fprintf(stderr, "moonloop: run %s was taken over by another process before it finished\n",
+            run_id);
+    return EXIT_FAILED;
+  }
+  cJSON *e = error ? cJSON_Parse(error) : NULL;
+  cJSON *msg = cJSON_GetObjectItem(e, "message");
+  fprintf(stderr, "moonloop: run %s %s: %s\n", run_id, status,
+          cJSON_IsString(msg) ? msg->valuestring : error ? error : "(no error recorded)");
+  cJSON *tb = cJSON_GetObjectItem(e, "traceback");
+  if (cJSON_IsString(tb) && c->verbose) fprintf(stderr, "%s\n", tb->valuestring);
+  cJSON_Delete(e);
+  return EXIT_FAILED;
+}
+
+/* Whether p names a regular file. */
+static int is_file(const char *p) {
+  struct stat st;
+  return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Run a skill (a file or a registered id) to its end in this process. */
+static int run_here(struct cli *c, const char *target, const char *data, const char *trigger) {
+  struct engine en;
+  err_t e;
+  int verbose = c->verbose || (!c->quiet && isatty(2));
+  if (engine_open(&en, &c->cfg, SCHED_SOLO, verbose, &e)) {
+    engine_close(&en);
+    return cli_fail(EXIT_FAILED, "%s", e.msg);
+  }
+  struct skill *skill = NULL;
+  if (is_file(target) || strstr(target, ".lua")) {
+    struct skill_error se;
+    if (engine_load_file(&en, target, 0, &skill, &se)) {
+      engine_close(&en);
+      return cli_fail(EXIT_FAILED, "%s", se.err.msg);
+    }
+  } else if (engine_load_registered(&en, target, &skill, &e)) {
+    engine_close(&en);
+    return cli_fail(EXIT_FAILED, "%s", e.msg);
+  }
+  char run_id[27];
+  struct outcome out = {0};
+  if (sched_start(en.sched, &e) ||
+      sched_run_new(en.sched, skill, trigger, data, NULL, run_id, &e)) {
+    engine_close(&en);
+    return cli_fail(EXIT_FAILED, "%s", e.msg);
+  }
+  fprintf(stderr, "run %s\n", run_id);
+  fflush(stderr);
+  sched_on_done(en.sched, run_id, on_done, &out);
+  engine_run(&en);
+  engine_close(&en);
+  int rc = out.done ? cli_report_run(c, run_id, out.status, out.output, out.error)
+                    : cli_fail(EXIT_FAILED, "run %s did not finish", run_id);
+  free(out.status), free(out.output), free(out.error);
+  return rc;
+}
+
+/* run --resume RUN_ID: take an unfinished run and go on with it here. */
+static int resume(struct cli *c) {
+  struct engine en;
+  err_t e;
+  int verbose = c->verbose || (!c->quiet && isatty(2));
+  if (engine_open(&en, &c->cfg, SCHED_SOLO, verbose, &e) || sched_start(en.sched, &e)) {
+    engine_close(&en);
+    return cli_fail(EXIT_FAILED, "%s", e.msg);
+  }
+  struct run_row *row = NULL;
+  if (store_take_run(en.store, c->resume, sched_owner(en.sched), proc_hostname(), units_now_ms(),
+                     &row, &e)) {
+    engine_close(&en);
+    return cli_fail(EXIT_FAILED, "%s", e.msg); /* an unknown run too: the request failed */
+  }
+  struct outcome out = {0};
+  char run_id[27];
+  snprintf(run_id, sizeof run_id, "%s", row->id);
+  fprintf(stderr, "run %s (resumed)\n", run_id);
+  sched_on_done(en.sched, run_id, on_done, &out);
+  int rc = sched_adopt(en.sched, row, &e);
+  store_rows_free(row, 1);
+  if (rc) {
+    engine_close(&en);
+    return cli_fail(EXIT_FAILED, "%s", e.msg);
+  }
+  engine_run(&en);
+  engine_close(&en);
+  rc = out.done ? cli_report_run(c, run_id, out.status, out.output, out.error)
+                : cli_fail(EXIT_FAILED, "run %s did not finish", run_id);
+  free(out.status), free(out.output), free(out.error);
+  return rc;
+}
+
+/* moonloop run FILE-or-SKILL | run --resume RUN_ID. */
+int cli_run(struct cli *c) {
+  if (c->cfg.server)
+    return cli_fail(EXIT_USAGE, "run executes the skill in this process; to run it on the engine "
+                    "at %s use: moonloop invoke SKILL --wait --server URL", c->cfg.server);
+  if (c->resume) {
+    if (c->nargs)
+      return cli_fail(EXIT_USAGE, "run --resume RUN_ID takes no other argument, got '%s'",
+                      c->args[0]);
+    return resume(c);
+  }
+  if (c->nargs != 1)
+    return cli_fail(EXIT_USAGE, "usage: moonloop run FILE-or-SKILL [--data JSON] | run --resume RUN_ID");
+  char *data = cli_data_json(c);
+  if (!data) return EXIT_USAGE;
+  int rc = run_here(c, c->args[0], data, "{\"kind\":\"invoke\",\"by\":\"cli\"}");
+  free(data);
+  return rc;
+}
+
+/* Create a queued run of a registered skill for an engine to pick up. */
+static int enqueue(struct engine *en, const char *skill_id, const char *data, char *run_id,
+                   err_t *e) {
+  cJSON *rec;
+  if (store_get_skill(en->store, skill_id, &rec, e)) return e->code;
+  cJSON *v = cJSON_GetObjectItem(rec, "version");
+  if (!cJSON_IsString(v)) {
+    cJSON_Delete(rec);
+    return err_set(e, ERR_NOTFOUND, "skill '%s' has no live version", skill_id);
+  }
+  int64_t now = units_now_ms();
+  ids_ulid(now, run_id);
+  struct run_row row = {
+    .id = run_id, .skill = skill_id, .version = v->valuestring, .status = "queued",
+    .entry = "run", .trigger = "{\"kind\":\"invoke\",\"by\":\"cli\"}", .input = data,
+    .created_at = now,
+  };
+  journal_t *j = journal_new();
+  journal_run_new(j, &row);
+  int rc = store_commit(en->store, j, e);
+  journal_free(j);
+  cJSON_Delete(rec);
+  return rc;
+}
+
+/* Whether a run status is final. */
+static int terminal(const char *s) {
+  return !strcmp(s, "completed") || !strcmp(s, "failed") || !strcmp(s, "cancelled");
+}
+
+/* moonloop invoke SKILL [--data JSON] [--wait]: queue a run (--wait: and
+** read it until it ends). */
+int cli_invoke(struct cli *c) {
+  if (c->nargs != 1) return cli_fail(EXIT_USAGE, "usage: moonloop invoke SKILL [--data JSON] [--wait]");
+  if (c->cfg.server) return client_invoke(c); /* --server: through the HTTP API */
+  char *data = cli_data_json(c);
+  if (!data) return EXIT_USAGE;
+  struct engine en;
+  err_t e;
+  if (engine_open_store(&en, &c->cfg, &e)) {
+    free(data);
+    return cli_fail(EXIT_FAILED, "%s", e.msg);
+  }
+  /* With --wait and no engine holding the database, run it here. */
+  if (c->wait && !store_engine_alive(en.store, units_now_ms())) {
+    engine_close(&en);
+    int rc = run_here(c, c->args[0], data, "{\"kind\":\"invoke\",\"by\":\"cli\"}");
+    free(data);
+    return rc;
+  }
+  char run_id[27];
+  int rc = enqueue(&en, c->args[0], data, run_id, &e);
+  free(data);
+  if (rc) {
+    engine_close(&en);
+    return cli_fail(EXIT_FAILED, "%s", e.msg); /* an unknown skill too, as with --wait */
+  }
+  if (!c->wait) {
+    if (c->json) printf("{\"run_id\":\"%s\"}\n", run_id);
+    else printf("%s\n", run_id);
+    engine_close(&en);
+    return EXIT_OK;
+  }
+  fprintf(stderr, "run %s\n", run_id);
+  for (;;) {
+    cJSON *rec;
+    if (store_get_run(en.store, run_id, 0, &rec, &e)) {
+      engine_close(&en);
+      return cli_fail(EXIT_FAILED, "%s", e.msg);
+    }
+    const char *st = cJSON_GetObjectItem(rec, "status")->valuestring;
+    if (terminal(st)) {
+      char *out = cJSON_PrintUnformatted(cJSON_GetObjectItem(rec, "output"));
+      char *err = cJSON_PrintUnformatted(cJSON_GetObjectItem(rec, "error"));
+      rc = cli_report_run(c, run_id, st, out, err);
+      free(out), free(err);
+      cJSON_Delete(rec);
+      break;
+    }
+    cJSON_Delete(rec);
+    usleep(50000);
+  }
+  engine_close(&en);
+  return rc;
+}

@@ -1,0 +1,311 @@
+/*
+** trace.c: printing run records for the terminal (see trace.h).
+*/
+#include "cli/trace.h"
+#include "base/units.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define GREEN "\033[32m"
+#define RED "\033[31m"
+#define YELLOW "\033[33m"
+#define CYAN "\033[36m"
+#define DIM "\033[2m"
+#define BOLD "\033[1m"
+#define RESET "\033[0m"
+
+static const char *str(const cJSON *o, const char *k) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+  return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* The string at key k of o for printing: "?" when it is missing (printf's
+** %s must never get NULL). */
+static const char *shown(const cJSON *o, const char *k) {
+  const char *s = str(o, k);
+  return s ? s : "?";
+}
+
+static int64_t time_of(const cJSON *o, const char *k) {
+  const char *s = str(o, k);
+  int64_t ms = 0;
+  if (s && units_parse_rfc3339(s, &ms, NULL)) ms = 0;
+  return ms;
+}
+
+static const char *status_color(const char *st) {
+  if (!st) return "";
+  if (!strcmp(st, "completed")) return GREEN;
+  if (!strcmp(st, "failed")) return RED;
+  if (!strcmp(st, "cancelled")) return DIM;
+  if (!strcmp(st, "running")) return YELLOW;
+  return CYAN;
+}
+
+static const char *status_mark(const char *st) {
+  if (!st) return "?";
+  if (!strcmp(st, "completed")) return "\xe2\x9c\x93";
+  if (!strcmp(st, "failed")) return "\xe2\x9c\x97";
+  if (!strcmp(st, "cancelled")) return "-";
+  if (!strcmp(st, "sleeping")) return "z";
+  if (!strcmp(st, "waiting")) return "\xe2\x80\xa6";
+  return "\xe2\x96\xb8";
+}
+
+void trace_fmt_ago(int64_t then_ms, int64_t now_ms, char *out, size_t n) {
+  if (!then_ms) {
+    snprintf(out, n, "-");
+    return;
+  }
+  char d[32];
+  if (now_ms >= then_ms) {
+    units_fmt_duration(now_ms - then_ms, d, sizeof d);
+    /* Durations under a second read oddly as "850ms ago". */
+    snprintf(out, n, "%s ago", now_ms - then_ms < 1000 ? "just now," : d);
+    if (now_ms - then_ms < 1000) snprintf(out, n, "just now");
+  } else {
+    units_fmt_duration(then_ms - now_ms, d, sizeof d);
+    snprintf(out, n, "in %s", d);
+  }
+}
+
+/* Compact JSON of v, cut to max bytes with "..." */
+static char *short_json(const cJSON *v, size_t max) {
+  char *s = v ? cJSON_PrintUnformatted(v) : strdup("null");
+  if (s && strlen(s) > max) strcpy(s + max - 3, "...");
+  return s;
+}
+
+static const char *trigger_kind(const cJSON *run) {
+  const cJSON *t = cJSON_GetObjectItem(run, "trigger");
+  const char *k = str(t, "kind");
+  return k ? k : "?";
+}
+
+void trace_print_runs(FILE *f, const cJSON *runs, int color, int64_t now) {
+  int n = cJSON_GetArraySize(runs);
+  if (!n) {
+    fprintf(f, "no runs\n");
+    return;
+  }
+  fprintf(f, "%s%-26s  %-24s  %-10s  %-10s  %-14s  %9s%s\n", color ? BOLD : "", "RUN", "SKILL",
+          "STATUS", "TRIGGER", "STARTED", "DURATION", color ? RESET : "");
+  const cJSON *r;
+  cJSON_ArrayForEach(r, runs) {
+    const char *st = str(r, "status");
+    int64_t started = time_of(r, "started_at"), ended = time_of(r, "ended_at");
+    if (!started) started = time_of(r, "created_at");
+    char ago[32], dur[32] = "-";
+    trace_fmt_ago(started, now, ago, sizeof ago);
+    if (started) units_fmt_duration((ended ? ended : now) - started, dur, sizeof dur);
+    fprintf(f, "%-26s  %-24.24s  %s%-10s%s  %-10s  %-14s  %9s\n", shown(r, "id"),
+            shown(r, "skill"), color ? status_color(st) : "",
+            st ? st : "?", color ? RESET : "", trigger_kind(r), ago, dur);
+  }
+}
+
+/* A waterfall bar: the step's place and length within the run. */
+static void bar(char *out, size_t n, int64_t t0, int64_t total, int64_t s, int64_t e) {
+  const int W = 20;
+  int a = 0, b = 1;
+  if (total > 0 && s >= t0) {
+    a = (int)((s - t0) * W / total);
+    b = (int)((e - t0) * W / total);
+  }
+  if (a >= W) a = W - 1;
+  if (b <= a) b = a + 1;
+  if (b > W) b = W;
+  size_t k = 0;
+  for (int i = 0; i < W && k + 4 < n; i++) {
+    if (i >= a && i < b) {
+      memcpy(out + k, "\xe2\x96\x88", 3);
+      k += 3;
+    } else {
+      out[k++] = i < a ? ' ' : ' ';
+    }
+  }
+  out[k] = 0;
+}
+
+static void print_logs(FILE *f, const cJSON *logs, const char *indent, int color) {
+  const cJSON *l;
+  cJSON_ArrayForEach(l, logs) {
+    const char *lv = str(l, "level");
+    fprintf(f, "%s%s%-5s%s %s\n", indent, color ? DIM : "", lv ? lv : "", color ? RESET : "",
+            str(l, "msg") ? str(l, "msg") : "");
+  }
+}
+
+void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
+  const char *st = str(run, "status");
+  int64_t t0 = time_of(run, "started_at"), t1 = time_of(run, "ended_at");
+  if (!t0) t0 = time_of(run, "created_at");
+  int64_t total = (t1 ? t1 : now) - t0;
+  char dur[32], ago[32];
+  units_fmt_duration(total, dur, sizeof dur);
+  trace_fmt_ago(t0, now, ago, sizeof ago);
+  fprintf(f, "%srun %s%s  %s  %s%s %s%s  %s\n", color ? BOLD : "", shown(run, "id"),
+          color ? RESET : "", shown(run, "skill"), color ? status_color(st) : "", status_mark(st),
+          st ? st : "?", color ? RESET : "", dur);
+  const char *ver = str(run, "version");
+  const cJSON *trig = cJSON_GetObjectItem(run, "trigger");
+  fprintf(f, "  version  %.12s\n", ver ? ver : "?");
+  const char *kind = str(trig, "kind");
+  if (kind && !strcmp(kind, "event")) {
+    const cJSON *ev = cJSON_GetObjectItem(trig, "event");
+    fprintf(f, "  trigger  event %s (id %s)\n", str(ev, "name") ? str(ev, "name") : "?",
+            str(ev, "id") ? str(ev, "id") : "-");
+  } else if (kind && (!strcmp(kind, "rerun") || !strcmp(kind, "on_failure"))) {
+    fprintf(f, "  trigger  %s of run %s\n", kind, str(trig, "run_id") ? str(trig, "run_id") : "?");
+  } else if (kind && !strcmp(kind, "cron")) {
+    fprintf(f, "  trigger  cron %s%s%s, tick %s%s\n", str(trig, "cron") ? str(trig, "cron") : "",
+            str(trig, "tz") ? " " : "", str(trig, "tz") ? str(trig, "tz") : "",
+            str(trig, "tick") ? str(trig, "tick") : "?",
+            cJSON_IsTrue(cJSON_GetObjectItem(trig, "catch_up")) ? " (catch-up after downtime)" : "");
+  } else if (str(trig, "step")) {
+    fprintf(f, "  trigger  %s by step %s of the parent run\n", kind ? kind : "?", shown(trig, "step"));
+  } else {
+    fprintf(f, "  trigger  %s%s%s\n", kind ? kind : "?", str(trig, "by") ? " by " : "",
+            str(trig, "by") ? str(trig, "by") : "");
+  }
+  if (str(run, "parent_id")) fprintf(f, "  parent   %s\n", str(run, "parent_id"));
+  const cJSON *kid;
+  cJSON_ArrayForEach(kid, cJSON_GetObjectItem(run, "children"))
+    fprintf(f, "  child    %s  %s  %s\n", shown(kid, "id"), shown(kid, "skill"), shown(kid, "status"));
+  char ts[40];
+  units_rfc3339(t0, ts, sizeof ts);
+  fprintf(f, "  started  %s (%s)\n", ts, ago);
+  char *in = short_json(cJSON_GetObjectItem(run, "input"), 200);
+  fprintf(f, "  input    %s\n", in ? in : "null");
+  free(in);
+  const cJSON *logs = cJSON_GetObjectItem(run, "logs");
+  if (cJSON_GetArraySize(logs)) print_logs(f, logs, "  log      ", color);
+  const cJSON *steps = cJSON_GetObjectItem(run, "steps");
+  int n = cJSON_GetArraySize(steps), i = 0;
+  if (n) fputc('\n', f);
+  const cJSON *p;
+  cJSON_ArrayForEach(p, steps) {
+    i++;
+    const char *pst = str(p, "status");
+    int last = i == n;
+    const char *branch = last ? "\xe2\x94\x94\xe2\x94\x80" : "\xe2\x94\x9c\xe2\x94\x80";
+    const char *cont = last ? "   " : "\xe2\x94\x82  ";
+    int64_t s = time_of(p, "started_at"), e = time_of(p, "ended_at");
+    char d[32] = "", b[96];
+    if (s) units_fmt_duration((e ? e : now) - s, d, sizeof d);
+    bar(b, sizeof b, t0, total, s, e ? e : now);
+    const char *kindp = str(p, "kind");
+    fprintf(f, "  %s %s%s%s %-28s %-6s %8s  %s%s%s\n", branch, color ? status_color(pst) : "",
+            status_mark(pst), color ? RESET : "", str(p, "id"),
+            kindp && strcmp(kindp, "run") ? kindp : "", d, color ? CYAN : "", b,
+            color ? RESET : "");
+    const cJSON *atts = cJSON_GetObjectItem(p, "attempts");
+    const cJSON *a;
+    if (cJSON_GetArraySize(atts) > 1 || (pst && strcmp(pst, "completed") && cJSON_GetArraySize(atts))) {
+      cJSON_ArrayForEach(a, atts) {
+        const char *ast = str(a, "status");
+        int64_t as = time_of(a, "started_at"), ae = time_of(a, "ended_at");
+        char ad[32] = "";
+        if (as && ae) units_fmt_duration(ae - as, ad, sizeof ad);
+        const cJSON *nn = cJSON_GetObjectItem(a, "n");
+        fprintf(f, "  %s   attempt %d %s%s%s%s%s%s%s\n", cont, nn ? nn->valueint : 0,
+                color ? status_color(ast) : "", ast ? ast : "", color ? RESET : "",
+                *ad ? " after " : "", ad, str(a, "error") ? ": " : "",
+                str(a, "error") ? str(a, "error") : "");
+      }
+    }
+    /* A step that failed without attempts of its own (an invoke whose
+    ** child failed, a wait that could not start): its error. */
+    const char *perr = str(p, "error") ? str(p, "error") : str(cJSON_GetObjectItem(p, "error"), "message");
+    if (perr && !cJSON_GetArraySize(atts))
+      fprintf(f, "  %s   %serror%s %s\n", cont, color ? RED : "", color ? RESET : "", perr);
+    if (str(p, "wake_at") && pst && !strcmp(pst, "sleeping")) {
+      char w[32];
+      trace_fmt_ago(time_of(p, "wake_at"), now, w, sizeof w);
+      fprintf(f, "  %s   wakes %s\n", cont, w);
+    }
+    char indent[64];
+    snprintf(indent, sizeof indent, "  %s   log ", cont);
+    print_logs(f, cJSON_GetObjectItem(p, "logs"), indent, color);
+    const cJSON *out = cJSON_GetObjectItem(p, "output");
+    if (out && !cJSON_IsNull(out)) {
+      char *o = short_json(out, 100);
+      fprintf(f, "  %s   %s\xe2\x86\x92 %s%s\n", cont, color ? DIM : "", o ? o : "",
+              color ? RESET : "");
+      free(o);
+    }
+  }
+  fputc('\n', f);
+  const cJSON *out = cJSON_GetObjectItem(run, "output");
+  if (out && !cJSON_IsNull(out)) {
+    char *o = short_json(out, 400);
+    fprintf(f, "  output   %s\n", o ? o : "");
+    free(o);
+  }
+  const cJSON *err = cJSON_GetObjectItem(run, "error");
+  if (err && !cJSON_IsNull(err)) {
+    const char *m = str(err, "message");
+    fprintf(f, "  %serror%s    %s\n", color ? RED : "", color ? RESET : "", m ? m : "");
+    const char *tb = str(err, "traceback");
+    if (tb) fprintf(f, "%s%s%s\n", color ? DIM : "", tb, color ? RESET : "");
+  }
+}
+
+/* A skill's last rejected load: where (file:line), when, why, and what
+** stays live:
+**   rejected skills/x.lua:3, 12s ago (2026-11-29T17:12:59.245Z): unknown key ...
+**     version 941f6671a2b3 stays live
+** The message's own "file:line: " prefix is not repeated. */
+static void print_load_error(FILE *f, const cJSON *err, const char *live, int color) {
+  const char *file = str(err, "file"), *msg = str(err, "message"), *at = str(err, "at");
+  const cJSON *line = cJSON_GetObjectItem(err, "line");
+  char where[600] = "";
+  if (file && cJSON_IsNumber(line))
+    snprintf(where, sizeof where, "%s:%d", file, line->valueint);
+  else if (file)
+    snprintf(where, sizeof where, "%s", file);
+  if (!msg) msg = "?";
+  size_t wl = strlen(where);
+  if (wl && !strncmp(msg, where, wl) && msg[wl] == ':') msg += wl + 1;
+  else if (file && !strncmp(msg, file, strlen(file)) && msg[strlen(file)] == ':')
+    msg += strlen(file) + 1;
+  while (*msg == ' ') msg++;
+  char ago[64] = "";
+  int64_t ms = time_of(err, "at");
+  if (ms) trace_fmt_ago(ms, units_now_ms(), ago, sizeof ago);
+  fprintf(f, "  %srejected%s %s%s%s%s%s%s: %s\n", color ? RED : "", color ? RESET : "",
+          wl ? where : "", *ago ? (wl ? ", " : "") : "", ago, at ? " (" : "", at ? at : "",
+          at ? ")" : "", msg);
+  if (live)
+    fprintf(f, "    %sversion %.12s stays live%s\n", color ? DIM : "", live, color ? RESET : "");
+  else
+    fprintf(f, "    %sno live version%s\n", color ? DIM : "", color ? RESET : "");
+}
+
+void trace_print_skills(FILE *f, const cJSON *skills, int color) {
+  if (!cJSON_GetArraySize(skills)) {
+    fprintf(f, "no skills registered\n");
+    return;
+  }
+  fprintf(f, "%s%-24s  %-12s  %-8s  %-36s  %s%s\n", color ? BOLD : "", "SKILL", "VERSION",
+          "VERSIONS", "TRIGGERS", "FILE", color ? RESET : "");
+  const cJSON *s;
+  cJSON_ArrayForEach(s, skills) {
+    char trig[256] = "";
+    size_t k = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, cJSON_GetObjectItem(s, "triggers")) {
+      const char *ev = str(t, "event"), *cr = str(t, "cron");
+      k += (size_t)snprintf(trig + k, sizeof trig - k, "%s%s%s", k ? ", " : "",
+                            ev ? "event " : "cron ", ev ? ev : cr ? cr : "?");
+      if (k >= sizeof trig) break;
+    }
+    const char *ver = str(s, "version");
+    fprintf(f, "%-24s  %-12.12s  %-8d  %-36.36s  %s\n", shown(s, "id"), ver ? ver : "(none)",
+            cJSON_GetArraySize(cJSON_GetObjectItem(s, "versions")), k ? trig : "invoke only",
+            str(s, "file") ? str(s, "file") : "");
+    const cJSON *err = cJSON_GetObjectItem(s, "error");
+    if (err && !cJSON_IsNull(err)) print_load_error(f, err, ver, color);
+  }
+}

@@ -1,0 +1,463 @@
+/*
+** control.c: control operations of a running engine (see sched.h): events,
+** invoke, cancel, rerun, skill registration, for the HTTP server. Each
+** validates at once, writes through the scheduler's open journal group,
+** and answers once the write is durable: so an HTTP 2xx means what the
+** CLI's exit 0 means.
+*/
+#include "base/ids.h"
+#include "base/jsontext.h"
+#include "base/units.h"
+#include "core/run.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct reply {
+  sched_t *s;
+  sched_reply_cb cb;
+  void *arg;
+  int n;          /* entries to answer for (events) */
+  char run_id[27];
+  int64_t wait_ms;
+  struct stimer timer;
+  int replied, done;
+};
+
+static struct reply *reply_new(sched_t *s, sched_reply_cb cb, void *arg) {
+  struct reply *r = calloc(1, sizeof *r);
+  if (r) {
+    r->s = s;
+    r->cb = cb;
+    r->arg = arg;
+  }
+  return r;
+}
+
+static void answer(struct reply *r, int rc, const char *message, const char *json) {
+  if (r->replied) return;
+  r->replied = 1;
+  struct sched_reply rep = {rc, message, json};
+  r->cb(&rep, r->arg);
+}
+
+/* ---- events ---- */
+
+static void on_events(void *arg, const struct jentry *last) {
+  struct reply *r = arg;
+  cJSON *o = cJSON_CreateObject();
+  cJSON *ids = cJSON_AddArrayToObject(o, "ids");
+  for (int i = r->n - 1; i >= 0; i--) {
+    const struct jentry *je = last - i;
+    cJSON_AddItemToArray(ids, cJSON_CreateString(je->result ? je->result : je->u.event.id));
+  }
+  char *js = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  answer(r, 0, NULL, js);
+  free(js);
+  free(r);
+}
+
+int sched_send_events(sched_t *s, const cJSON *events, sched_reply_cb cb, void *arg, err_t *e) {
+  int64_t limit = sched__opts(s)->event_limit, now = units_now_ms();
+  int n = cJSON_GetArraySize(events);
+  if (!cJSON_IsArray(events) || n == 0)
+    return err_set(e, ERR_INVALID, "expected an event {name, data, id?} or a non-empty list of them");
+  const cJSON *ev;
+  int i = 0;
+  /* Validate all first: a bad event in a list changes nothing. */
+  cJSON_ArrayForEach(ev, events) {
+    i++;
+    const cJSON *name = cJSON_GetObjectItem(ev, "name"), *id = cJSON_GetObjectItem(ev, "id");
+    if (!cJSON_IsObject(ev) || !cJSON_IsString(name) || !*name->valuestring ||
+        strlen(name->valuestring) > 256)
+      return err_set(e, ERR_INVALID, "event %d: 'name' must be a string of 1 to 256 characters", i);
+    if (id && !cJSON_IsNull(id) && (!cJSON_IsString(id) || strlen(id->valuestring) > 256))
+      return err_set(e, ERR_INVALID, "event %d: 'id' must be a string of at most 256 characters", i);
+    char *data = cJSON_PrintUnformatted(cJSON_GetObjectItem(ev, "data"));
+    int64_t len = data ? (int64_t)strlen(data) : 4;
+    free(data);
+    if (len > limit) {
+      char sz[32], lim[32];
+      units_fmt_over(len, limit, sz, lim, sizeof sz);
+      return err_set(e, ERR_TOOBIG, "event %d: its data is %s, over the limit of %s (limits.event)",
+                     i, sz, lim);
+    }
+  }
+  struct reply *r = reply_new(s, cb, arg);
+  if (!r) return err_set(e, ERR_NOMEM, "out of memory");
+  journal_t *j = sched__journal(s);
+  cJSON_ArrayForEach(ev, events) {
+    char id[27];
+    ids_ulid(now, id);
+    const cJSON *key = cJSON_GetObjectItem(ev, "id");
+    char *data = cJSON_PrintUnformatted(cJSON_GetObjectItem(ev, "data"));
+    struct event_row er = {.id = id, .name = cJSON_GetObjectItem(ev, "name")->valuestring,
+                           .data = data ? data : "null",
+                           .idem = cJSON_IsString(key) ? key->valuestring : NULL, .ts = now};
+    journal_event(j, &er);
+    free(data);
+    r->n++;
+  }
+  sched__after_entry(s, on_events, r);
+  return 0;
+}
+
+/* ---- invoke ---- */
+
+static void reply_outcome(struct reply *r, const struct sched_result *res) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "run_id", r->run_id);
+  cJSON_AddStringToObject(o, "status", res ? res->status : "running");
+  if (res) {
+    cJSON *ov = res->output ? cJSON_Parse(res->output) : NULL;
+    cJSON *ev = res->error ? cJSON_Parse(res->error) : NULL;
+    cJSON_AddItemToObject(o, "output", ov ? ov : cJSON_CreateNull());
+    cJSON_AddItemToObject(o, "error", ev ? ev : cJSON_CreateNull());
+  }
+  jsontext_fix_utf8(o);
+  char *js = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  answer(r, 0, NULL, js);
+  free(js);
+}
+
+static void on_invoke_done(const struct sched_result *res, void *arg) {
+  struct reply *r = arg;
+  r->done = 1;
+  sched__timer_stop(r->s, &r->timer);
+  reply_outcome(r, res);
+  free(r);
+}
+
+static void on_invoke_timeout(struct stimer *tm) {
+  struct reply *r = (struct reply *)((char *)tm - offsetof(struct reply, timer));
+  /* Still going: answer now; the done callback frees the reply later. */
+  reply_outcome(r, NULL);
+}
+
+static void on_run_queued(void *arg) {
+  struct reply *r = arg;
+  char js[64];
+  snprintf(js, sizeof js, "{\"run_id\":\"%s\"}", r->run_id);
+  answer(r, 0, NULL, js);
+  free(r);
+}
+
+/* Start a run here and answer as invoke does. */
+static int start_and_answer(sched_t *s, struct skill *sk, const char *trigger, const char *input,
+                            int64_t wait_ms, sched_reply_cb cb, void *arg, err_t *e) {
+  struct reply *r = reply_new(s, cb, arg);
+  if (!r) return err_set(e, ERR_NOMEM, "out of memory");
+  if (sched_run_new(s, sk, trigger, input, NULL, r->run_id, e)) {
+    free(r);
+    return e->code;
+  }
+  if (wait_ms <= 0) {
+    sched__after_commit(s, on_run_queued, r);
+    return 0;
+  }
+  r->wait_ms = wait_ms;
+  r->timer.fn = on_invoke_timeout;
+  sched__timer_start(s, &r->timer, units_now_ms() + wait_ms);
+  sched_on_done(s, r->run_id, on_invoke_done, r);
+  return 0;
+}
+
+int sched_invoke(sched_t *s, const char *skill, const char *data_json, int64_t wait_ms,
+                 sched_reply_cb cb, void *arg, err_t *e) {
+  struct skill *sk;
+  if (sched__live_skill(s, skill, &sk, e)) return e->code;
+  return start_and_answer(s, sk, "{\"kind\":\"invoke\",\"by\":\"http\"}",
+                          data_json ? data_json : "null", wait_ms, cb, arg, e);
+}
+
+/* ---- cancel and rerun ---- */
+
+static void on_cancel(void *arg, const struct jentry *je) {
+  struct reply *r = arg;
+  const char *st = je->result;
+  if (!st || !strcmp(st, "notfound")) {
+    char msg[80];
+    snprintf(msg, sizeof msg, "no run with id '%s'", r->run_id);
+    answer(r, ERR_NOTFOUND, msg, NULL);
+  } else if (!strncmp(st, "ended:", 6)) {
+    char msg[120];
+    snprintf(msg, sizeof msg, "run %s is already %s: nothing to cancel", r->run_id, st + 6);
+    answer(r, ERR_CONFLICT, msg, NULL);
+  } else {
+    /* Ours: stop it now rather than at the next poll. */
+    struct run *run = sched__find(r->s, r->run_id);
+    if (run) run_cancelled(run, "cancelled over HTTP");
+    char js[96];
+    snprintf(js, sizeof js, "{\"run_id\":\"%s\",\"status\":\"%s\"}", r->run_id,
+             run ? "cancelled" : st);
+    answer(r, 0, NULL, js);
+  }
+  free(r);
+}
+
+int sched_cancel(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, err_t *e) {
+  if (!run_id || strlen(run_id) != 26) return err_set(e, ERR_NOTFOUND, "no run with id '%.40s'", run_id ? run_id : "");
+  struct reply *r = reply_new(s, cb, arg);
+  if (!r) return err_set(e, ERR_NOMEM, "out of memory");
+  snprintf(r->run_id, sizeof r->run_id, "%s", run_id);
+  struct cancel_row c = {.run_id = run_id, .reason = "cancelled over HTTP", .at = units_now_ms()};
+  journal_cancel(sched__journal(s), &c);
+  sched__after_entry(s, on_cancel, r);
+  return 0;
+}
+
+int sched_rerun(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, err_t *e) {
+  cJSON *run;
+  if (store_get_run(sched__opts(s)->store, run_id, 0, &run, e)) return e->code;
+  const char *skill_id = cJSON_GetObjectItem(run, "skill")->valuestring;
+  struct skill *sk;
+  char *version;
+  int rc = store_rerun_version(sched__opts(s)->store, skill_id,
+                               cJSON_GetObjectItem(run, "version")->valuestring, &version, e);
+  if (!rc) {
+    rc = sched__version_skill(s, version, &sk, e);
+    free(version);
+  }
+  if (rc) {
+    cJSON_Delete(run);
+    return rc;
+  }
+  char *input = cJSON_PrintUnformatted(cJSON_GetObjectItem(run, "input"));
+  char trig[96];
+  snprintf(trig, sizeof trig, "{\"kind\":\"rerun\",\"run_id\":\"%s\"}", run_id);
+  rc = start_and_answer(s, sk, trig, input, 0, cb, arg, e);
+  free(input);
+  cJSON_Delete(run);
+  return rc;
+}
+
+/* ---- skills ---- */
+
+struct put_ctx {
+  struct reply *r;
+  char *id;
+  int rc;
+  char *message;
+};
+
+static void on_put(void *arg) {
+  struct put_ctx *p = arg;
+  sched__skills_changed(p->r->s);
+  cJSON *rec;
+  err_t e;
+  if (p->rc) {
+    answer(p->r, p->rc, p->message, NULL);
+  } else if (store_get_skill(sched__opts(p->r->s)->store, p->id, &rec, &e)) {
+    if (e.code != ERR_NOTFOUND) answer(p->r, e.code, e.msg, NULL);
+    else { /* an unregistered skill that never loaded: its record is gone */
+      cJSON *o = cJSON_CreateObject();
+      cJSON_AddStringToObject(o, "id", p->id);
+      cJSON_AddNullToObject(o, "version");
+      cJSON_AddArrayToObject(o, "triggers");
+      cJSON_AddArrayToObject(o, "versions");
+      cJSON_AddNullToObject(o, "error");
+      char *js = cJSON_PrintUnformatted(o);
+      cJSON_Delete(o);
+      answer(p->r, 0, NULL, js);
+      free(js);
+    }
+  } else {
+    char *js = cJSON_PrintUnformatted(rec);
+    answer(p->r, 0, NULL, js);
+    free(js);
+    cJSON_Delete(rec);
+  }
+  free(p->id);
+  free(p->message);
+  free(p->r);
+  free(p);
+}
+
+/* The skill a file registered last, or NULL (caller frees). */
+static char *skill_of_file(sched_t *s, const char *file) {
+  cJSON *all;
+  err_t e;
+  char *id = NULL;
+  if (store_list_skills(sched__opts(s)->store, &all, &e)) return NULL;
+  const cJSON *k;
+  cJSON_ArrayForEach(k, all) {
+    const cJSON *f = cJSON_GetObjectItem(k, "file");
+    if (cJSON_IsString(f) && !strcmp(f->valuestring, file)) {
+      id = strdup(cJSON_GetObjectItem(k, "id")->valuestring);
+      break;
+    }
+  }
+  cJSON_Delete(all);
+  return id;
+}
+
+/* Whether a registered file still exists. "//HOST/PATH" names a file of a
+** standalone sidecar (moonloop sidecar) on HOST: it exists until that
+** sidecar unregisters it (DELETE /v1/skills/{id}). */
+static int file_exists(const char *file) {
+  return !strncmp(file, "//", 2) || access(file, F_OK) == 0;
+}
+
+/* Whether another file that still exists holds id's live version. */
+static int held_elsewhere(sched_t *s, const char *id, const char *file, char *other, size_t n) {
+  cJSON *rec;
+  err_t e;
+  if (store_get_skill(sched__opts(s)->store, id, &rec, &e)) return 0;
+  const cJSON *v = cJSON_GetObjectItem(rec, "version"), *f = cJSON_GetObjectItem(rec, "file");
+  int held = cJSON_IsString(v) && cJSON_IsString(f) && strcmp(f->valuestring, file) &&
+             file_exists(f->valuestring);
+  if (held) snprintf(other, n, "%s", f->valuestring);
+  cJSON_Delete(rec);
+  return held;
+}
+
+/* (sidecar) The line of the source's `id = ...` (0 when there is none). */
+static int id_line(const char *src, size_t len) {
+  int line = 1;
+  for (size_t i = 0; i + 1 < len; i++) {
+    if (src[i] == '\n') line++;
+    if (src[i] != 'i' || src[i + 1] != 'd') continue;
+    char prev = i ? src[i - 1] : ' ';
+    if (prev == '_' || prev == '.' || (prev >= 'a' && prev <= 'z') || (prev >= 'A' && prev <= 'Z') ||
+        (prev >= '0' && prev <= '9'))
+      continue;
+    size_t j = i + 2;
+    while (j < len && (src[j] == ' ' || src[j] == '\t')) j++;
+    if (j + 1 < len && src[j] == '=' && src[j + 1] != '=') return line;
+  }
+  return 0;
+}
+
+/* Register (or reject) source as the file's skill; answer through cb. */
+static int put_source(sched_t *s, const char *file, const char *want_id, const char *source,
+                      size_t len, sched_reply_cb cb, void *arg, err_t *e) {
+  struct put_ctx *p = calloc(1, sizeof *p);
+  if (!p || !(p->r = reply_new(s, cb, arg))) {
+    free(p);
+    return err_set(e, ERR_NOMEM, "out of memory");
+  }
+  int64_t now = units_now_ms();
+  journal_t *j = sched__journal(s);
+  struct skill *sk = NULL;
+  struct skill_error se = {0};
+  char other[512];
+  int rc = skills_load(sched__opts(s)->skills, source, len, file, &sk, &se);
+  if (!rc && want_id && strcmp(sk->id, want_id))
+    rc = err_set(&se.err, ERR_INVALID, "%s: the source declares id '%s', not '%s'", file, sk->id,
+                 want_id);
+  if (!rc && held_elsewhere(s, sk->id, file, other, sizeof other)) {
+    /* (sidecar) The error points at the line that declares the id. */
+    se.line = id_line(source, len);
+    char where[600];
+    snprintf(where, sizeof where, se.line ? "%s:%d" : "%s", file, se.line);
+    rc = err_set(&se.err, ERR_CONFLICT, "%s: skill id '%s' is already defined by %s", where,
+                 sk->id, other);
+  }
+  if (rc) {
+    /* Keep the error on the skill's record; its live version stays. */
+    char *id = want_id ? strdup(want_id) : skill_of_file(s, file);
+    if (!id) {
+      char dflt[160];
+      skills_default_id(file, dflt, sizeof dflt);
+      id = strdup(dflt);
+    }
+    if (sk && rc == ERR_CONFLICT) {
+      free(id);
+      id = strdup(sk->id);
+    }
+    char at[40];
+    units_rfc3339(now, at, sizeof at);
+    cJSON *ej = cJSON_CreateObject();
+    cJSON_AddStringToObject(ej, "message", se.err.msg);
+    cJSON_AddStringToObject(ej, "file", file);
+    if (se.line) cJSON_AddNumberToObject(ej, "line", se.line);
+    else cJSON_AddNullToObject(ej, "line");
+    cJSON_AddStringToObject(ej, "at", at);
+    char *ejs = cJSON_PrintUnformatted(ej);
+    cJSON_Delete(ej);
+    struct skill_row k = {.op = SKILL_ERROR, .id = id, .file = file, .error = ejs,
+                          .updated_at = now};
+    journal_skill(j, &k);
+    free(ejs);
+    p->id = id;
+    p->rc = rc;
+    p->message = strdup(se.err.msg);
+  } else {
+    struct version_row v = {.version = sk->version, .skill = sk->id, .source = sk->source,
+                            .file = file, .loaded_at = now};
+    struct skill_row k = {.op = SKILL_PUT, .id = sk->id, .version = sk->version, .file = file,
+                          .description = sk->description, .triggers = sk->triggers,
+                          .updated_at = now};
+    journal_version(j, &v);
+    journal_skill(j, &k);
+    p->id = strdup(sk->id);
+  }
+  sched__after_commit(s, on_put, p);
+  return 0;
+}
+
+int sched_put_skill(sched_t *s, const char *id, const char *file, const char *source,
+                    size_t len, sched_reply_cb cb, void *arg, err_t *e) {
+  char dflt[300];
+  if (!file || !*file) {
+    snprintf(dflt, sizeof dflt, "%s.lua", id);
+    file = dflt;
+  }
+  return put_source(s, file, id, source, len, cb, arg, e);
+}
+
+int sched_load_file(sched_t *s, const char *path, const char *source, size_t len,
+                    sched_reply_cb cb, void *arg, err_t *e) {
+  return put_source(s, path, NULL, source, len, cb, arg, e);
+}
+
+/* Journal the removal of id's live version; answer its record once durable. */
+static int unload_id(sched_t *s, char *id, const char *path, sched_reply_cb cb, void *arg,
+                     err_t *e) {
+  struct put_ctx *p = calloc(1, sizeof *p);
+  if (!p || !(p->r = reply_new(s, cb, arg))) {
+    free(p);
+    free(id);
+    return err_set(e, ERR_NOMEM, "out of memory");
+  }
+  struct skill_row k = {.op = SKILL_REMOVE, .id = id, .file = path, .updated_at = units_now_ms()};
+  journal_skill(sched__journal(s), &k);
+  p->id = id;
+  sched__after_commit(s, on_put, p);
+  return 0;
+}
+
+int sched_unload_file(sched_t *s, const char *path, sched_reply_cb cb, void *arg, err_t *e) {
+  char *id = skill_of_file(s, path);
+  if (!id) return err_set(e, ERR_NOTFOUND, "no skill was registered from %s", path);
+  return unload_id(s, id, path, cb, arg, e);
+}
+
+/* (sidecar) DELETE /v1/skills/{id}, and a file that let go of its id. */
+int sched_unload_skill(sched_t *s, const char *id, const char *file, sched_reply_cb cb,
+                       void *arg, err_t *e) {
+  cJSON *rec;
+  if (store_get_skill(sched__opts(s)->store, id, &rec, e)) return e->code;
+  const cJSON *f = cJSON_GetObjectItem(rec, "file"), *v = cJSON_GetObjectItem(rec, "version");
+  int rc = 0;
+  if (file && (!cJSON_IsString(f) || strcmp(f->valuestring, file)))
+    rc = err_set(e, ERR_NOTFOUND, "skill '%s' is not registered from %s (its file is %s)", id,
+                 file, cJSON_IsString(f) ? f->valuestring : "unknown");
+  else if (!cJSON_IsString(v) && cJSON_IsNull(cJSON_GetObjectItem(rec, "error")))
+    rc = err_set(e, ERR_NOTFOUND, "skill '%s' has no live version: nothing to unregister", id);
+  char *path = rc ? NULL : strdup(cJSON_IsString(f) ? f->valuestring : "");
+  cJSON_Delete(rec);
+  if (rc) return rc;
+  char *dup = strdup(id);
+  if (!dup || !path) {
+    free(dup), free(path);
+    return err_set(e, ERR_NOMEM, "out of memory");
+  }
+  rc = unload_id(s, dup, path, cb, arg, e);
+  free(path);
+  return rc;
+}

@@ -1,0 +1,157 @@
+/*
+** engine.c: opening and closing an engine's parts in order (see engine.h).
+*/
+#include "core/engine.h"
+#include "base/units.h"
+#include "core/modules.h"
+#include "core/otlp.h"
+#include "lua/json.h"
+
+#include <lauxlib.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int engine_open_store(struct engine *en, const struct config *cfg, err_t *e) {
+  memset(en, 0, sizeof *en);
+  en->cfg = cfg;
+  return store_open(cfg->db, cfg->durability_full ? STORE_FULL : STORE_NORMAL, &en->store, e);
+}
+
+/* core.llm_settings: the LLM endpoint from the configuration, the key read
+** from the variable it names. */
+static void llm_settings(struct engine *en, const struct config *cfg) {
+  lua_State *L = lrt_L(en->lrt);
+  lua_createtable(L, 0, 3);
+  lua_pushstring(L, cfg->llm_base_url), lua_setfield(L, -2, "base_url");
+  lua_pushstring(L, cfg->llm_model), lua_setfield(L, -2, "model");
+  const char *key = cfg->llm_api_key_env ? getenv(cfg->llm_api_key_env) : NULL;
+  if (key) lua_pushstring(L, key), lua_setfield(L, -2, "api_key");
+  lrt_register_value(en->lrt, "llm_settings");
+}
+
+int engine_open_runtime(struct engine *en, const struct config *cfg, err_t *e) {
+  if (!en->cfg) memset(en, 0, sizeof *en);
+  en->cfg = cfg;
+  struct lrt_opts lo = {.slice_ms = cfg->slice_ms, .run_memory = cfg->run_memory};
+  if (lrt_new(&lo, &en->lrt, e)) return e->code;
+  en->skills = skills_new(en->lrt, (const char *const *)cfg->env);
+  if (!en->skills) return err_set(e, ERR_NOMEM, "out of memory");
+  llm_settings(en, cfg);
+  modules_register(en);
+  return 0;
+}
+
+static int boot(struct engine *en, err_t *e) {
+  if (lrt_boot(en->lrt, e)) return e->code;
+  lua_State *L = lrt_L(en->lrt);
+  if (lrt_require(en->lrt, "loader", e)) return e->code;
+  lua_pop(L, 1);
+  return 0;
+}
+
+int engine_open(struct engine *en, const struct config *cfg, enum sched_mode mode, int verbose,
+                err_t *e) {
+  if (engine_open_store(en, cfg, e)) return e->code;
+  if (engine_open_runtime(en, cfg, e)) return e->code;
+  if (uv_loop_init(&en->loop)) return err_set(e, ERR_INTERNAL, "cannot create the event loop");
+  en->loop_open = 1;
+  if (httpc_new(&en->loop, &en->http, e)) return e->code;
+  struct sched_opts so = {
+    .loop = &en->loop, .store = en->store, .lrt = en->lrt, .skills = en->skills,
+    .http = en->http, .mode = mode, .lease_ttl_ms = cfg->lease_ttl_ms,
+    .default_retries = cfg->retries, .backoff_ms = cfg->backoff_ms,
+    .backoff_max_ms = cfg->backoff_max_ms, .step_output_limit = cfg->step_output,
+    .event_limit = cfg->event_limit, .max_parked = (int)cfg->parked_runs,
+    .retention_ms = cfg->retention_ms,
+    .verbose = verbose,
+  };
+  if (sched_new(&so, &en->sched, e)) return e->code;
+  otlp_start(en);
+  return boot(en, e);
+}
+
+int engine_load_file(struct engine *en, const char *path, int register_it, struct skill **out,
+                     struct skill_error *se) {
+  char *src;
+  size_t len;
+  se->line = 0;
+  if (skills_read_file(path, &src, &len, &se->err)) return se->err.code;
+  int rc = skills_load(en->skills, src, len, path, out, se);
+  free(src);
+  if (rc) return rc;
+  struct skill *s = *out;
+  int64_t now = units_now_ms();
+  journal_t *j = journal_new();
+  if (!j) return err_set(&se->err, ERR_NOMEM, "out of memory");
+  struct version_row v = {.version = s->version, .skill = s->id, .source = s->source,
+                          .file = path, .loaded_at = now};
+  journal_version(j, &v);
+  if (register_it) {
+    struct skill_row k = {.id = s->id, .version = s->version, .file = path,
+                          .description = s->description, .triggers = s->triggers,
+                          .updated_at = now};
+    journal_skill(j, &k);
+  }
+  rc = store_commit(en->store, j, &se->err);
+  journal_free(j);
+  return rc;
+}
+
+/* See engine.h. (Added by the refactor: one copy for cli_run.c and repl.c.) */
+int engine_load_registered(struct engine *en, const char *id, struct skill **out, err_t *e) {
+  cJSON *rec;
+  if (store_get_skill(en->store, id, &rec, e)) {
+    if (e->code == ERR_NOTFOUND)
+      err_set(e, ERR_NOTFOUND, "no skill '%s': not a file and not a registered skill (see "
+              "moonloop skills)", id);
+    return e->code;
+  }
+  cJSON *v = cJSON_GetObjectItem(rec, "version");
+  if (!cJSON_IsString(v)) {
+    cJSON_Delete(rec);
+    return err_set(e, ERR_NOTFOUND, "skill '%s' has no live version (its file was removed or "
+                   "never loaded)", id);
+  }
+  if ((*out = skills_find(en->skills, v->valuestring))) {
+    cJSON_Delete(rec);
+    return 0;
+  }
+  char *source = NULL, *file = NULL;
+  int rc = store_get_version(en->store, v->valuestring, &source, NULL, &file, e);
+  cJSON_Delete(rec);
+  if (rc) return rc;
+  struct skill_error se;
+  rc = skills_load(en->skills, source, strlen(source), file ? file : id, out, &se);
+  if (rc) *e = se.err;
+  free(source);
+  free(file);
+  return rc;
+}
+
+int engine_run(struct engine *en) { return uv_run(&en->loop, UV_RUN_DEFAULT); }
+
+static void walk_close(uv_handle_t *h, void *arg) {
+  (void)arg;
+  if (!uv_is_closing(h)) uv_close(h, NULL);
+}
+
+void engine_close(struct engine *en) {
+  if (en->http) {
+    httpc_close(en->http, NULL, NULL);
+    en->http = NULL;
+  }
+  if (en->loop_open) {
+    uv_run(&en->loop, UV_RUN_DEFAULT);
+    uv_walk(&en->loop, walk_close, NULL);
+    uv_run(&en->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&en->loop);
+    en->loop_open = 0;
+  }
+  sched_free(en->sched);
+  skills_free(en->skills);
+  lrt_free(en->lrt);
+  store_close(en->store);
+  memset(en, 0, sizeof *en);
+}

@@ -1,0 +1,864 @@
+/*
+** run.c: the run context (see run.h): starting a run's coroutine,
+** resuming it, and doing the durable part of each op it yields (the step
+** ops and OP_HTTP here; the flow ops in run_flow.c, OP_PAUSE in
+** run_pause.c), then finishing or aborting it.
+**
+** Invariants: a run's reference count is one while it is live plus one per
+** pending completion that cannot be cancelled (a commit it waits on); it
+** is freed at zero, never before. A task is resumed only from the ready
+** queue, never from a completion handler: handlers push the values to
+** resume with and count the completion (run__complete).
+*/
+#include "core/run.h"
+#include "base/ids.h"
+#include "base/units.h"
+#include "core/run_pause.h"
+#include "lua/json.h"
+
+#include <lauxlib.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+
+/* ---- references and release ---- */
+
+/* Free a run and what it owns (its references are all gone). */
+static void run_free(struct run *r) {
+  run__free_kids(&r->main);
+  free(r->trigger), free(r->input), free(r->parent_id), free(r->fail_error), free(r->ckey);
+  free(r->trigger_event);
+  free(r->main.step_id), free(r->main.wait_id), free(r->main.wait_child);
+  free(r);
+}
+
+/* See run.h. */
+void run_unref(struct run *r) {
+  if (--r->refs <= 0) run_free(r);
+}
+
+/* Cancel, release and free t's step.parallel children. */
+void run__free_kids(struct task *t) {
+  for (int i = 0; i < t->nkids; i++) {
+    free(t->kid_value[i]);
+    if (t->kids[i]) {
+      run__task_cancel(t->kids[i]);
+      run__task_release(t->kids[i]);
+      free(t->kids[i]->step_id);
+      free(t->kids[i]);
+    }
+  }
+  free(t->kids), free(t->kid_value), free(t->kid_ok);
+  t->kids = NULL;
+  t->kid_value = NULL;
+  t->kid_ok = NULL;
+  t->nkids = t->kids_left = 0;
+}
+
+/* Drop the coroutine: nothing will resume it again. */
+void run__task_release(struct task *t) {
+  if (!t->co) return;
+  lrt_t *lrt = sched__opts(t->run->sched)->lrt;
+  luaL_unref(lrt_L(lrt), LUA_REGISTRYINDEX, t->co_ref);
+  t->co = NULL;
+  t->state = T_DONE;
+}
+
+/* Cancel whatever a task waits on that can be cancelled. */
+void run__task_cancel(struct task *t) {
+  sched_t *s = t->run->sched;
+  if (t->parked_long) {
+    t->parked_long = 0;
+    sched__parked(s, -1);
+  }
+  sched__timer_stop(s, &t->timer);
+  sched__timer_stop(s, &t->step_timer);
+  if (t->xfer) {
+    httpc_cancel(t->xfer);
+    t->xfer = NULL;
+  }
+}
+
+/* ---- waiting ---- */
+
+/* Park t until `waits` completions have come in. */
+void run__park(struct task *t, int waits) {
+  t->state = T_PARKED;
+  t->waits = waits;
+}
+
+/* One completion t was parked for came in: ready once all have. */
+void run__complete(struct task *t) {
+  if (t->run->aborted || t->state != T_PARKED) return;
+  if (--t->waits <= 0) sched__ready(t->run->sched, t);
+}
+
+/* A group t waited on is durable. */
+static void on_durable(void *arg) {
+  struct task *t = arg;
+  struct run *r = t->run;
+  run__complete(t);
+  run_unref(r);
+}
+
+/* Count one completion for t once the open group is durable. */
+void run__wait_durable(struct task *t) {
+  t->run->refs++;
+  sched__after_commit(t->run->sched, on_durable, t);
+}
+
+/* A task's timer (a sleep, a backoff, a delay) fired. */
+static void on_timer(struct stimer *tm) {
+  struct task *t = (struct task *)((char *)tm - offsetof(struct task, timer));
+  run__complete(t);
+}
+
+/* ---- finishing ---- */
+
+/* Stop everything r holds in the loop: its step.parallel children, what
+** its main task waits on, its coroutine, its deadline and wake timers. */
+static void stop_run(struct run *r) {
+  sched_t *s = r->sched;
+  run__free_kids(&r->main);
+  run__task_cancel(&r->main);
+  run__task_release(&r->main);
+  sched__timer_stop(s, &r->deadline);
+  sched__timer_stop(s, &r->wake);
+}
+
+/* Create and start r's on_failure run, in the group that records r's failure. */
+static void start_on_failure(struct run *r, const char *error, int64_t now) {
+  sched_t *s = r->sched;
+  cJSON *trig = cJSON_CreateObject();
+  cJSON_AddStringToObject(trig, "kind", "on_failure");
+  cJSON_AddStringToObject(trig, "run_id", r->id);
+  cJSON *ej = error ? cJSON_Parse(error) : NULL;
+  cJSON_AddItemToObject(trig, "error", ej ? ej : cJSON_CreateNull());
+  char *tj = cJSON_PrintUnformatted(trig);
+  cJSON_Delete(trig);
+  struct run *f = calloc(1, sizeof *f);
+  if (!f || !tj) {
+    free(tj);
+    free(f);
+    return;
+  }
+  err_t e;
+  ids_ulid(now, f->id);
+  f->sched = s;
+  f->skill = r->skill;
+  f->entry = "on_failure";
+  f->trigger = tj;
+  f->input = r->input ? strdup(r->input) : NULL;
+  f->created_at = f->started_at = now;
+  struct run_row row = {
+    .id = f->id, .skill = r->skill->id, .version = r->skill->version, .status = "running",
+    .entry = "on_failure", .trigger = tj, .input = r->input, .owner = sched_owner(s),
+    .created_at = now, .started_at = now,
+  };
+  journal_run_new(sched__journal(s), &row);
+  if (run_start(s, f, NULL, &e)) fprintf(stderr, "moonloop: on_failure of %s: %s\n", r->id, e.msg);
+}
+
+struct done_ctx {
+  struct run *r;
+  char *status, *output, *error;
+};
+
+/* The run's end is durable: report it and drop the reference it held. */
+static void on_finished_durable(void *arg) {
+  struct done_ctx *d = arg;
+  struct run *r = d->r;
+  sched__run_done(r->sched, r, d->status, d->output, d->error);
+  free(d->status), free(d->output), free(d->error);
+  free(d);
+  run_unref(r);
+}
+
+/* Journal the end of a run, its on_failure run if it has one, and report
+** it once durable. */
+void run__finish(struct run *r, const char *status, const char *output, const char *error) {
+  sched_t *s = r->sched;
+  const struct sched_opts *o = sched__opts(s);
+  journal_t *j = sched__journal(s);
+  int64_t now = units_now_ms();
+  if (strcmp(status, "completed")) {
+    /* A run that did not complete takes its live children with it. */
+    struct cancel_row c = {.run_id = r->id, .reason = "its parent run ended", .at = now};
+    journal_cancel(j, &c);
+  }
+  struct run_set set = {.run_id = r->id, .status = status, .output = output, .error = error,
+                        .ended_at = now};
+  journal_run_set(j, &set);
+  if (r->parent_id) {
+    char *ocj = jsontext_run_outcome(r->id, status, output, error);
+    struct child_done cd = {.child_id = r->id, .outcome = ocj};
+    journal_child_done(j, &cd);
+    free(ocj);
+  }
+  r->finished = 1;
+  stop_run(r);
+  if (o->verbose) {
+    char d[32];
+    units_fmt_duration(now - r->started_at, d, sizeof d);
+    fprintf(stderr, "run %s %s in %s\n", r->id, status, d);
+  }
+  /* on_failure runs as its own durable run, created in the same group as
+  ** the failure, so it cannot be lost between the two. */
+  if (!strcmp(status, "failed") && r->skill && r->skill->has_on_failure &&
+      !strcmp(r->entry, "run"))
+    start_on_failure(r, error, now);
+  struct done_ctx *d = calloc(1, sizeof *d);
+  if (d) {
+    d->r = r;
+    d->status = strdup(status);
+    d->output = output ? strdup(output) : NULL;
+    d->error = error ? strdup(error) : NULL;
+    r->refs++;
+    sched__after_commit(s, on_finished_durable, d);
+  }
+  sched__run_unlink(s, r);
+  run_unref(r); /* the live reference */
+}
+
+/* See run.h. */
+void run_abort(struct run *r, const char *status, const char *error_json) {
+  if (r->aborted || r->finished) return;
+  if (status) {
+    run__finish(r, status, NULL, error_json);
+    r->aborted = 1;
+    return;
+  }
+  /* Dropped without a write (lost lease, stop): whoever takes the run over
+  ** replays it from its journal. */
+  r->aborted = 1;
+  sched_t *s = r->sched;
+  stop_run(r);
+  sched__run_done(s, r, "abandoned", NULL, NULL);
+  sched__run_unlink(s, r);
+  run_unref(r);
+}
+
+/* See run.h: the run ends "cancelled", with a message saying by what. */
+void run_cancelled(struct run *r, const char *reason) {
+  if (r->aborted || r->finished) return;
+  char msg[600];
+  /* The reason is a message, or the JSON of the event that cancelled it. */
+  cJSON *ev = reason && reason[0] == '{' ? cJSON_Parse(reason) : NULL;
+  cJSON *name = cJSON_GetObjectItem(ev, "name"), *id = cJSON_GetObjectItem(ev, "id");
+  if (cJSON_IsString(name))
+    snprintf(msg, sizeof msg, "cancelled by event %s (%s)", name->valuestring,
+             cJSON_IsString(id) ? id->valuestring : "?");
+  else snprintf(msg, sizeof msg, "cancelled: %s", reason ? reason : "on request");
+  cJSON_Delete(ev);
+  char *ej = jsontext_message(msg);
+  run_abort(r, "cancelled", ej);
+  free(ej);
+}
+
+/* The run's timeout passed: it fails. */
+static void on_deadline(struct stimer *tm) {
+  struct run *r = (struct run *)((char *)tm - offsetof(struct run, deadline));
+  char d[32], msg[160];
+  units_fmt_duration(r->deadline_at - r->started_at, d, sizeof d);
+  snprintf(msg, sizeof msg, "{\"message\":\"the run timed out after %s (its timeout)\"}", d);
+  run_abort(r, "failed", msg);
+}
+
+/* ---- starting ---- */
+
+/* Push the table the runs of a skill version share (made once). */
+static void push_cfg(lua_State *L, struct skill *sk, const struct sched_opts *o) {
+  if (sk->cfg_ref) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, sk->cfg_ref);
+    return;
+  }
+  lua_createtable(L, 0, 8);
+  lua_pushstring(L, sk->id), lua_setfield(L, -2, "skill");
+  lua_pushstring(L, sk->version), lua_setfield(L, -2, "version");
+  lua_pushinteger(L, sk->retries >= 0 ? sk->retries : o->default_retries);
+  lua_setfield(L, -2, "retries");
+  lua_pushnumber(L, (lua_Number)(sk->backoff_ms ? sk->backoff_ms : o->backoff_ms));
+  lua_setfield(L, -2, "backoff_ms");
+  lua_pushnumber(L, (lua_Number)o->backoff_max_ms), lua_setfield(L, -2, "backoff_max_ms");
+  lua_pushnumber(L, (lua_Number)o->step_output_limit), lua_setfield(L, -2, "output_limit");
+  lua_pushvalue(L, -1);
+  sk->cfg_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+/* See run.h: run.lua's new(ctx, def, journal) makes the coroutine. */
+int run_boot(struct run *r, const cJSON *journal, err_t *e) {
+  sched_t *s = r->sched;
+  const struct sched_opts *o = sched__opts(s);
+  lua_State *L = lrt_L(o->lrt);
+  int top = lua_gettop(L);
+  if (lrt_require(o->lrt, "run", e)) goto fail;
+  lua_getfield(L, -1, "new");
+  lua_createtable(L, 0, 16);
+  lua_pushstring(L, r->id), lua_setfield(L, -2, "run_id");
+  lua_pushstring(L, r->entry), lua_setfield(L, -2, "entry");
+  lua_pushnumber(L, (lua_Number)r->started_at), lua_setfield(L, -2, "started_at");
+  push_cfg(L, r->skill, o);
+  lua_setfield(L, -2, "cfg");
+  if (r->trigger) lua_pushstring(L, r->trigger), lua_setfield(L, -2, "trigger");
+  if (r->input) lua_pushstring(L, r->input), lua_setfield(L, -2, "input");
+  lua_rawgeti(L, LUA_REGISTRYINDEX, r->skill->def_ref);
+  if (journal) {
+    if (json_push(L, journal, e)) goto fail;
+  } else {
+    lua_pushnil(L);
+  }
+  if (lrt_pcall(o->lrt, 3, 1, e)) goto fail;
+  lua_State *co = lua_tothread(L, -1);
+  if (!co) {
+    err_set(e, ERR_INTERNAL, "run.new did not return a coroutine");
+    goto fail;
+  }
+  r->main.co = co;
+  r->main.co_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_settop(L, top);
+  r->main.run = r;
+  r->main.timer.fn = on_timer;
+  r->main.state = T_PARKED;
+  r->dormant = 0;
+  sched__timer_stop(s, &r->wake);
+  sched__ready(s, &r->main);
+  return 0;
+fail:
+  lua_settop(L, top);
+  return err_prefix(e, "starting run %s", r->id);
+}
+
+/* A dormant run's wake time came. */
+static void on_wake(struct stimer *tm) {
+  run_wake((struct run *)((char *)tm - offsetof(struct run, wake)));
+}
+
+/* The value (compact JSON) at a path such as "event.data.service" or
+** "data.service" in r's event, whose data is the input for runs not
+** started by an event; "null" when it is not there. */
+static char *event_value(struct run *r, const char *path) {
+  cJSON *trig = r->trigger ? cJSON_Parse(r->trigger) : NULL;
+  cJSON *ev = cJSON_GetObjectItem(trig, "event"), *made = NULL;
+  if (!cJSON_IsObject(ev)) {
+    made = cJSON_CreateObject();
+    cJSON *in = r->input ? cJSON_Parse(r->input) : NULL;
+    cJSON_AddItemToObject(made, "data", in ? in : cJSON_CreateNull());
+    ev = made;
+  }
+  if (!strncmp(path, "event.", 6)) path += 6;
+  const cJSON *v = jsontext_path(ev, path);
+  char *val = v ? cJSON_PrintUnformatted(v) : strdup("null");
+  cJSON_Delete(trig);
+  cJSON_Delete(made);
+  return val;
+}
+
+/* Register r's cancel_on events as waits (again, harmlessly, on a replay). */
+static void register_cancel_on(struct run *r) {
+  cJSON *list = cJSON_Parse(r->skill->cancel_on);
+  const cJSON *c;
+  int i = 0;
+  cJSON_ArrayForEach(c, list) {
+    const cJSON *ev = cJSON_GetObjectItem(c, "event"), *match = cJSON_GetObjectItem(c, "match");
+    if (!cJSON_IsString(ev)) continue;
+    char *value = cJSON_IsString(match) ? event_value(r, match->valuestring) : NULL;
+    struct wait_row w = {
+      .run_id = r->id, .seq = -(++i), .kind = "cancel", .name = ev->valuestring,
+      .match_path = cJSON_IsString(match) ? match->valuestring : NULL, .match_value = value,
+      .owner = sched_owner(r->sched), .since = r->since, .exclude = r->trigger_event,
+    };
+    journal_wait(sched__journal(r->sched), &w);
+    free(value);
+  }
+  cJSON_Delete(list);
+}
+
+/* See run.h. */
+void run__release_slot(struct run *r) {
+  if (!r->slot_held) return;
+  r->slot_held = 0;
+  struct slot_row sl = {.run_id = r->id, .acquire = 0};
+  journal_slot(sched__journal(r->sched), &sl);
+}
+
+/* When the events a run may wait for begin: its triggering event's
+** acceptance (a run is created only when that event is dispatched, and an
+** answer sent right after the event must count), or its creation. */
+static int64_t events_since(struct run *r) {
+  int64_t since = r->created_at;
+  cJSON *trig = r->trigger ? cJSON_Parse(r->trigger) : NULL;
+  const cJSON *ev = cJSON_GetObjectItem(trig, "event");
+  const cJSON *ts = cJSON_GetObjectItem(ev, "ts"), *id = cJSON_GetObjectItem(ev, "id");
+  int64_t ms;
+  if (cJSON_IsString(ts) && !units_parse_rfc3339(ts->valuestring, &ms, NULL) && ms < since) since = ms;
+  if (cJSON_IsString(id) && !r->trigger_event) r->trigger_event = strdup(id->valuestring);
+  cJSON_Delete(trig);
+  return since;
+}
+
+/* Take a run into the scheduler: references, timers, the map. */
+static void link_run(sched_t *s, struct run *r) {
+  r->since = events_since(r);
+  if (r->skill && r->skill->concurrency_limit > 0 && !r->ckey)
+    r->ckey = r->skill->concurrency_key ? event_value(r, r->skill->concurrency_key) : strdup("");
+  if (r->skill && r->skill->cancel_on) register_cancel_on(r);
+  r->sched = s;
+  r->main.run = r;
+  r->main.timer.fn = on_timer;
+  r->refs = 1;
+  r->deadline.fn = on_deadline;
+  r->wake.fn = on_wake;
+  sched__run_link(s, r);
+  if (r->deadline_at) sched__timer_start(s, &r->deadline, r->deadline_at);
+}
+
+/* See run.h. */
+int run_start(sched_t *s, struct run *r, const cJSON *journal, err_t *e) {
+  link_run(s, r);
+  if (run_boot(r, journal, e)) {
+    sched__timer_stop(s, &r->deadline);
+    sched__run_unlink(s, r);
+    run_unref(r);
+    return e->code;
+  }
+  return 0;
+}
+
+/* See run.h. */
+int run_start_dormant(sched_t *s, struct run *r, int64_t wake_at) {
+  link_run(s, r);
+  r->dormant = 1;
+  r->wake_at = wake_at;
+  if (wake_at) sched__timer_start(s, &r->wake, wake_at);
+  return 0;
+}
+
+/* See run.h: a run that cannot be replayed here fails, saying why. */
+void run_wake(struct run *r) {
+  if (!r->dormant || r->aborted || r->finished) return;
+  sched_t *s = r->sched;
+  cJSON *steps = NULL;
+  err_t e;
+  if (store_get_steps(sched__opts(s)->store, r->id, &steps, &e) || run_boot(r, steps, &e)) {
+    /* The run cannot go on here: fail it with the reason in its trace. */
+    char *js = jsontext_message(e.msg);
+    run_abort(r, "failed", js);
+    free(js);
+  }
+  cJSON_Delete(steps);
+}
+
+/* ---- resuming and the ops ---- */
+
+/* With --verbose, one line per step event on stderr. */
+void run__verbose(struct run *r, const char *mark, const char *id, int64_t ms,
+                  const char *extra) {
+  if (!sched__opts(r->sched)->verbose) return;
+  char d[32];
+  units_fmt_duration(ms, d, sizeof d);
+  fprintf(stderr, "  %s %-28s %8s%s%s\n", mark, id, d, extra ? "  " : "", extra ? extra : "");
+}
+
+/* Value i of co as an integer (times, delays: Lua numbers). */
+static int64_t num(lua_State *co, int i) { return (int64_t)lua_tonumber(co, i); }
+
+/* The step's LLM token usage as JSON (in buf), or NULL when it made no calls. */
+static const char *usage_json(const struct task *t, char *buf, size_t n) {
+  if (!t->usage_calls) return NULL;
+  snprintf(buf, n,
+           "{\"prompt_tokens\":%lld,\"completion_tokens\":%lld,\"total_tokens\":%lld,"
+           "\"calls\":%lld}",
+           (long long)t->usage_prompt, (long long)t->usage_completion,
+           (long long)t->usage_total, (long long)t->usage_calls);
+  return buf;
+}
+
+/* OP_COMMIT: a step body returned; journal its row, resume once durable. */
+static void op_commit(struct task *t, lua_State *co) {
+  struct run *r = t->run;
+  char ub[200];
+  struct step_row row = {
+    .usage = usage_json(t, ub, sizeof ub),
+    .run_id = r->id, .seq = (int)lua_tointeger(co, 2), .id = lua_tostring(co, 3),
+    .kind = lua_tostring(co, 4), .status = "completed", .output = lua_tostring(co, 5),
+    .attempts = (int)lua_tointeger(co, 6), .started_at = num(co, 7), .ended_at = num(co, 8),
+  };
+  journal_step(sched__journal(r->sched), &row);
+  sched__step_ended(r->sched, row.ended_at - row.started_at);
+  run__verbose(r, "\xe2\x9c\x93", row.id, row.ended_at - row.started_at, NULL);
+  lua_settop(co, 0);
+  run__park(t, 1);
+  run__wait_durable(t);
+}
+
+/* OP_RETRY: an attempt failed and will be retried; journal it, wait the backoff. */
+static void op_retry(struct task *t, lua_State *co) {
+  struct run *r = t->run;
+  int64_t now = units_now_ms(), delay = num(co, 8);
+  struct attempt_row a = {
+    .run_id = r->id, .seq = (int)lua_tointeger(co, 2), .n = (int)lua_tointeger(co, 4),
+    .status = "failed", .error = lua_tostring(co, 5), .traceback = lua_tostring(co, 6),
+    .started_at = num(co, 7), .ended_at = now, .retry_at = now + delay,
+  };
+  char ub[200];
+  struct step_row row = {
+    .run_id = r->id, .seq = a.seq, .id = lua_tostring(co, 3), .kind = "run",
+    .status = "running", .attempts = a.n, .started_at = num(co, 9), .retry_at = a.retry_at,
+    .usage = usage_json(t, ub, sizeof ub),
+  };
+  journal_t *j = sched__journal(r->sched);
+  journal_attempt(j, &a);
+  journal_step(j, &row);
+  char extra[600], d[32];
+  units_fmt_duration(delay, d, sizeof d);
+  snprintf(extra, sizeof extra, "attempt %d failed: %.400s; retrying in %s", a.n,
+           a.error ? a.error : "", d);
+  run__verbose(r, "\xe2\x86\xbb", row.id, now - a.started_at, extra);
+  lua_settop(co, 0);
+  /* Both: the attempt is durable, and the backoff has passed. */
+  run__park(t, 2);
+  run__wait_durable(t);
+  t->timer.fn = on_timer; /* the task's one timer may have served a sleep or a wait before */
+  sched__timer_start(r->sched, &t->timer, a.retry_at);
+}
+
+/* OP_FAIL: a step failed for good; journal it, resume once durable. */
+static void op_fail(struct task *t, lua_State *co) {
+  struct run *r = t->run;
+  struct attempt_row a = {
+    .run_id = r->id, .seq = (int)lua_tointeger(co, 2), .n = (int)lua_tointeger(co, 5),
+    .status = "failed", .error = lua_tostring(co, 6), .traceback = lua_tostring(co, 7),
+    .started_at = num(co, 8), .ended_at = num(co, 9),
+  };
+  char ub[200];
+  struct step_row row = {
+    .run_id = r->id, .seq = a.seq, .id = lua_tostring(co, 3), .kind = lua_tostring(co, 4),
+    .status = "failed", .error = a.error, .attempts = a.n, .started_at = num(co, 10),
+    .ended_at = a.ended_at, .usage = usage_json(t, ub, sizeof ub),
+  };
+  journal_t *j = sched__journal(r->sched);
+  journal_attempt(j, &a);
+  journal_step(j, &row);
+  sched__step_ended(r->sched, a.ended_at - row.started_at);
+  run__verbose(r, "\xe2\x9c\x97", row.id, a.ended_at - row.started_at, a.error);
+  lua_settop(co, 0);
+  run__park(t, 1);
+  run__wait_durable(t);
+}
+
+/* OP_DELAY: wait inside a step body, not journaled. */
+static void op_delay(struct task *t, lua_State *co) {
+  int64_t ms = num(co, 2);
+  lua_settop(co, 0);
+  run__park(t, 1);
+  t->timer.fn = on_timer;
+  sched__timer_start(t->run->sched, &t->timer, units_now_ms() + (ms > 0 ? ms : 0));
+}
+
+/* OP_BACKOFF: on replay, wait out what is left of a recorded backoff. */
+static void op_backoff(struct task *t, lua_State *co) {
+  int64_t at = num(co, 3);
+  lua_settop(co, 0);
+  run__park(t, 1);
+  t->timer.fn = on_timer;
+  sched__timer_start(t->run->sched, &t->timer, at);
+}
+
+/* Journal the "running" row of the step whose body is in flight, once per
+** attempt, when its body first waits on I/O: steps that finish within one
+** slice never need it. */
+static void mark_running(struct task *t) {
+  if (!t->step_id || t->step_marked) return;
+  struct run *r = t->run;
+  struct step_row row = {
+    .run_id = r->id, .seq = t->step_seq, .id = t->step_id, .kind = "run",
+    .status = "running", .attempts = t->step_attempt, .started_at = t->step_started,
+  };
+  journal_step(sched__journal(r->sched), &row);
+  t->step_marked = 1;
+}
+
+/* See run.h. */
+int run__http_request_from_lua(lua_State *co, int idx, struct httpc_req *req,
+                               char *hdrs[RUN_HTTP_MAX_HEADERS + 1]) {
+  int nh = 0;
+  err_t e;
+  memset(req, 0, sizeof *req);
+  lua_getfield(co, idx, "method");
+  req->method = lua_tostring(co, -1);
+  lua_getfield(co, idx, "url");
+  req->url = lua_tostring(co, -1);
+  lua_getfield(co, idx, "body");
+  size_t blen = 0;
+  req->body = lua_tolstring(co, -1, &blen);
+  req->body_len = blen;
+  lua_getfield(co, idx, "timeout");
+  if (lua_isnumber(co, -1)) {
+    req->timeout_ms = (long)(lua_tonumber(co, -1) * 1000);
+  } else if (lua_isstring(co, -1)) {
+    int64_t ms;
+    if (!units_duration(lua_tostring(co, -1), &ms, &e)) req->timeout_ms = (long)ms;
+  }
+  lua_getfield(co, idx, "headers");
+  if (lua_istable(co, -1)) {
+    lua_pushnil(co);
+    while (nh < RUN_HTTP_MAX_HEADERS && lua_next(co, -2)) {
+      if (lua_type(co, -2) == LUA_TSTRING && lua_isstring(co, -1)) {
+        const char *k = lua_tostring(co, -2), *v = lua_tostring(co, -1);
+        size_t n = strlen(k) + strlen(v) + 3;
+        if ((hdrs[nh] = malloc(n))) snprintf(hdrs[nh++], n, "%s: %s", k, v);
+      }
+      lua_pop(co, 1);
+    }
+  }
+  hdrs[nh] = NULL;
+  req->headers = (const char *const *)hdrs;
+  return nh;
+}
+
+/* See run.h. */
+void run__http_headers_free(char **hdrs, int nh) {
+  for (int i = 0; i < nh; i++) free(hdrs[i]);
+}
+
+/* See run.h. */
+int run__push_http_response(lua_State *co, const struct httpc_resp *resp) {
+  if (resp->error) {
+    lua_pushnil(co);
+    lua_pushstring(co, resp->errmsg);
+    return 2;
+  }
+  lua_createtable(co, 0, 3);
+  lua_pushinteger(co, resp->status);
+  lua_setfield(co, -2, "status");
+  lua_pushlstring(co, resp->body ? resp->body : "", resp->body_len);
+  lua_setfield(co, -2, "body");
+  lua_createtable(co, 0, (int)resp->nheaders);
+  for (size_t i = 0; i < resp->nheaders; i++) {
+    lua_pushstring(co, resp->header_values[i]);
+    lua_setfield(co, -2, resp->header_names[i]);
+  }
+  lua_setfield(co, -2, "headers");
+  return 1;
+}
+
+/* The response of a task's request: resume it with the response table, or
+** nil and the message. */
+static void on_http(const struct httpc_resp *resp, void *ud) {
+  struct task *t = ud;
+  t->xfer = NULL;
+  t->nres = run__push_http_response(t->co, resp);
+  run__complete(t);
+}
+
+/* OP_HTTP (request table): start the transfer; the task parks until the
+** response, a failure, or its step's timeout. */
+static void op_http(struct task *t, lua_State *co) {
+  struct run *r = t->run;
+  const struct sched_opts *o = sched__opts(r->sched);
+  char *hdrs[RUN_HTTP_MAX_HEADERS + 1];
+  struct httpc_req req;
+  err_t e;
+  int nh = run__http_request_from_lua(co, 2, &req, hdrs);
+  int rc;
+  /* A step whose time is up gets no more I/O in this attempt. */
+  if (t->step_timed_out) {
+    rc = err_set(&e, ERR_BUSY, "the step timed out");
+  } else if (!o->http) {
+    rc = err_set(&e, ERR_INTERNAL, "no HTTP client in this process");
+  } else {
+    mark_running(t);
+    rc = httpc_start(o->http, &req, on_http, t, &t->xfer, &e);
+  }
+  run__http_headers_free(hdrs, nh);
+  lua_settop(co, 0);
+  run__park(t, 1);
+  if (rc) {
+    lua_pushnil(co);
+    lua_pushstring(co, e.msg);
+    t->nres = 2;
+    run__complete(t);
+  }
+}
+
+/* A task's function returned (ok, payload) or raised past every handler. */
+static void task_finished(struct task *t, int rc) {
+  struct run *r = t->run;
+  lua_State *co = t->co;
+  const char *kill = lrt_killed(sched__opts(r->sched)->lrt);
+  int ok = 0;
+  char *payload = NULL;
+  if (rc == 0) {
+    ok = lua_toboolean(co, 1);
+    payload = lua_isstring(co, 2) ? strdup(lua_tostring(co, 2)) : NULL;
+  } else {
+    const char *msg = *kill ? kill : lua_isstring(co, -1) ? lua_tostring(co, -1) : "error";
+    payload = jsontext_message(msg);
+  }
+  lua_settop(co, 0);
+  if (t->parent) run_child_ended(t, ok, payload);
+  else run__finish(r, ok ? "completed" : "failed", ok ? (payload ? payload : "null") : NULL,
+                   ok ? NULL : payload);
+  free(payload);
+}
+
+/* See run.h: a run that is stopping or was interrupted is dropped instead. */
+void run_resume(struct task *t) {
+  struct run *r = t->run;
+  if (r->aborted || r->finished || r->dormant || t->state != T_READY || !t->co) return;
+  sched_t *s = r->sched;
+  if (sched__draining(s) && !t->in_body) {
+    /* Stopping: the run is at a checkpoint; the next engine goes on from here. */
+    run_abort(r, NULL, NULL);
+    return;
+  }
+  lrt_t *lrt = sched__opts(s)->lrt;
+  t->state = T_RUNNING;
+  int nres = t->nres;
+  t->nres = 0;
+  sched__set_current(s, t);
+  int rc = lrt_resume(lrt, t->co, nres);
+  sched__set_current(s, NULL);
+  if (lrt_interrupted(lrt)) {
+    /* Ctrl-C in the REPL (lrt_interrupt): drop the run without writing
+    ** what it yielded; it stays resumable from its journal. */
+    run_abort(r, NULL, NULL);
+    return;
+  }
+  if (rc != LUA_YIELD) {
+    task_finished(t, rc);
+    return;
+  }
+  lua_State *co = t->co;
+  switch ((int)lua_tointeger(co, 1)) {
+  case OP_COMMIT: op_commit(t, co); break;
+  case OP_RETRY: op_retry(t, co); break;
+  case OP_FAIL: op_fail(t, co); break;
+  case OP_SLEEP: run_op_sleep(t, co); break;
+  case OP_WAIT: run_op_wait(t, co); break;
+  case OP_INVOKE: run_op_invoke(t, co); break;
+  case OP_SEND: run_op_send(t, co); break;
+  case OP_PARALLEL: run_op_parallel(t, co); break;
+  case OP_DELAY: op_delay(t, co); break;
+  case OP_BACKOFF: op_backoff(t, co); break;
+  case OP_HTTP: op_http(t, co); break;
+  case OP_PAUSE: run_op_pause(t, co); break; /* the REPL's step_through */
+  default: {
+    lua_settop(co, 0);
+    run__finish(r, "failed", NULL, "{\"message\":\"internal error: unknown op yielded\"}");
+  }
+  }
+}
+
+/* ---- core functions for the runtime's Lua ---- */
+
+/* The scheduler, the C function's upvalue. */
+static sched_t *up_sched(lua_State *L) { return lua_touserdata(L, lua_upvalueindex(1)); }
+
+/* core.log(level, msg, seq): a line in the current run's trace. */
+static int c_log(lua_State *L) {
+  sched_t *s = up_sched(L);
+  const char *level = luaL_checkstring(L, 1);
+  size_t len;
+  const char *msg = luaL_checklstring(L, 2, &len);
+  int seq = (int)luaL_optinteger(L, 3, 0);
+  struct task *t = sched__current(s);
+  char cut[65536 + 32];
+  if (len > 65536) {
+    snprintf(cut, sizeof cut, "%.65536s [cut]", msg);
+    msg = cut;
+  }
+  if (!t) {
+    fprintf(stderr, "[%s] %s\n", level, msg);
+    return 0;
+  }
+  struct log_row row = {.run_id = t->run->id, .seq = seq, .ts = units_now_ms(), .level = level,
+                        .msg = msg};
+  journal_log(sched__journal(s), &row);
+  if (sched__opts(s)->verbose) fprintf(stderr, "    %s: %s\n", level, msg);
+  return 0;
+}
+
+/* A step body's time is up: its request in flight fails now, and it gets
+** no more I/O in this attempt. */
+static void on_step_timeout(struct stimer *tm) {
+  struct task *t = (struct task *)((char *)tm - offsetof(struct task, step_timer));
+  t->step_timed_out = 1;
+  if (t->xfer) {
+    httpc_cancel(t->xfer);
+    t->xfer = NULL;
+    char d[32], msg[128];
+    units_fmt_duration(t->step_timeout_ms, d, sizeof d);
+    snprintf(msg, sizeof msg, "step '%s' timed out after %s", t->step_id, d);
+    lua_pushnil(t->co);
+    lua_pushstring(t->co, msg);
+    t->nres = 2;
+    run__complete(t);
+  }
+}
+
+/* core.step_begin(seq, id, attempt, timeout_ms, started): a body starts. */
+static int c_step_begin(lua_State *L) {
+  sched_t *s = up_sched(L);
+  struct task *t = sched__current(s);
+  if (!t) return 0;
+  t->step_seq = (int)luaL_checkinteger(L, 1);
+  free(t->step_id);
+  t->step_id = strdup(luaL_checkstring(L, 2));
+  t->step_attempt = (int)luaL_checkinteger(L, 3);
+  t->step_timeout_ms = (int64_t)luaL_optnumber(L, 4, 0);
+  t->step_started = (int64_t)luaL_optnumber(L, 5, (lua_Number)units_now_ms());
+  t->step_marked = 0;
+  t->step_timed_out = 0;
+  t->in_body = 1;
+  if (t->step_attempt <= 1) t->usage_prompt = t->usage_completion = t->usage_total = t->usage_calls = 0;
+  t->step_timer.fn = on_step_timeout;
+  if (t->step_timeout_ms > 0) sched__timer_start(s, &t->step_timer, units_now_ms() + t->step_timeout_ms);
+  return 0;
+}
+
+/* core.step_end(): the body returned or raised. */
+static int c_step_end(lua_State *L) {
+  sched_t *s = up_sched(L);
+  struct task *t = sched__current(s);
+  if (t) {
+    sched__timer_stop(s, &t->step_timer);
+    t->in_body = 0;
+  }
+  return 0;
+}
+
+/* core.step_usage(prompt, completion, total): an LLM call's tokens, added
+** to the step whose body is running. */
+static int c_step_usage(lua_State *L) {
+  struct task *t = sched__current(up_sched(L));
+  if (t) {
+    t->usage_prompt += (int64_t)luaL_optnumber(L, 1, 0);
+    t->usage_completion += (int64_t)luaL_optnumber(L, 2, 0);
+    t->usage_total += (int64_t)luaL_optnumber(L, 3, 0);
+    t->usage_calls++;
+  }
+  return 0;
+}
+
+/* See run.h: core.log, core.step_*, and core.OP. */
+void run_register_core(lrt_t *lrt, sched_t *s) {
+  lua_State *L = lrt_L(lrt);
+  lrt_register(lrt, "log", c_log, s);
+  lrt_register(lrt, "step_begin", c_step_begin, s);
+  lrt_register(lrt, "step_end", c_step_end, s);
+  lrt_register(lrt, "step_usage", c_step_usage, s);
+  lua_createtable(L, 0, 12);
+  static const struct { const char *name; int op; } ops[] = {
+    {"COMMIT", OP_COMMIT}, {"RETRY", OP_RETRY}, {"FAIL", OP_FAIL},
+    {"SLEEP", OP_SLEEP}, {"BACKOFF", OP_BACKOFF}, {"HTTP", OP_HTTP},
+    {"WAIT", OP_WAIT}, {"INVOKE", OP_INVOKE}, {"SEND", OP_SEND}, {"PARALLEL", OP_PARALLEL},
+    {"DELAY", OP_DELAY}, {"PAUSE", OP_PAUSE},
+  };
+  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+    lua_pushinteger(L, ops[i].op);
+    lua_setfield(L, -2, ops[i].name);
+  }
+  lrt_register_value(lrt, "OP");
+}

@@ -1,0 +1,238 @@
+/*
+** run.h: the run context: what a run and its tasks are inside the engine,
+** and the ops their coroutines yield (the Lua side is lua/run.lua).
+**
+** A run has one main task (its coroutine); step.parallel adds child tasks.
+** A task is always in exactly one state:
+**
+**              resume                 yield op
+**    READY ------------> RUNNING ------------------> PARKED
+**      ^                    |                          |
+**      |                    | returns / errors         | completion (group durable,
+**      |                    v                          |  timer, HTTP response):
+**      |                  DONE                         |  push the values to
+**      +-----------------------------------------------+  resume with
+**
+** Runs go  running -> (sleeping | waiting -> running)* -> completed | failed | cancelled.
+** A run that is aborted (timeout, cancel, lost lease) stops at once: its
+** timers and transfers are cancelled; a commit it waits on cannot be, so
+** the run is kept (by reference count) until that commit reports back.
+**
+** This header is internal to the scheduler and the run context.
+*/
+#ifndef ML_RUN_H
+#define ML_RUN_H
+#include <stdint.h>
+
+#include <lua.h>
+
+#include "core/httpc.h"
+#include "core/sched.h"
+#include "lua/skill.h"
+
+/* Ops a run's coroutine yields; the Lua side gets them as core.OP. */
+enum run_op {
+  OP_COMMIT = 1, /* a step body returned: record its result */
+  OP_RETRY,      /* a step attempt failed: record it, wait the backoff */
+  OP_FAIL,       /* a step failed for good: record it */
+  OP_SLEEP,      /* durable sleep until a time */
+  OP_BACKOFF,    /* replay: wait out a recorded backoff */
+  OP_HTTP,       /* an HTTP request */
+  OP_WAIT,       /* wait for an event */
+  OP_INVOKE,     /* start a child run and wait for it */
+  OP_SEND,       /* send events */
+  OP_PARALLEL,   /* run step bodies in child tasks */
+  OP_DELAY,      /* wait inside a step body, not journaled (llm.chat's retries) */
+  /* The REPL's step_through (engine/core/run_pause.c): pause before a live step.
+  ** A fixed value, apart from the ops above. */
+  OP_PAUSE = 40,
+};
+
+/* A timer in the scheduler's heap. */
+struct stimer {
+  int64_t at;  /* ms since the epoch */
+  size_t idx;  /* position in the heap, 0 when not armed */
+  void (*fn)(struct stimer *t);
+};
+
+enum task_state { T_READY, T_RUNNING, T_PARKED, T_DONE };
+
+struct run;
+
+struct task {
+  struct run *run;
+  lua_State *co;
+  int co_ref;
+  enum task_state state;
+  int nres;             /* values pushed on co to resume with */
+  int waits;            /* completions still due before it is ready */
+  struct task *next_ready;
+  struct stimer timer;  /* sleeps and backoffs */
+  httpc_xfer *xfer;     /* an HTTP request in flight */
+  /* the step whose body is running, if any */
+  int step_seq, step_attempt;
+  char *step_id;
+  int64_t step_started;
+  int step_marked;      /* its "running" row has been journaled */
+  int step_timed_out;
+  int in_body;          /* a step body is running (between step_begin and step_end) */
+  int64_t step_timeout_ms;
+  struct stimer step_timer;
+  /* LLM token usage of the step whose body is running (all its attempts) */
+  int64_t usage_prompt, usage_completion, usage_total, usage_calls;
+  /* a step.parallel child: its parent task and place */
+  struct task *parent;
+  int child_index;
+  /* a step.parallel parent: its children and what they returned */
+  struct task **kids;
+  int nkids, kids_left;
+  char **kid_value;
+  int *kid_ok;
+  /* a sleep, wait or invoke in progress (the main task only) */
+  int wait_seq;
+  char *wait_id;
+  const char *wait_kind; /* "sleep", "wait", "invoke" */
+  char *wait_child;      /* invoke: the child run's id */
+  int64_t wait_started, wait_until;
+  int waiting;           /* registered and not yet ending */
+  int parked_long;       /* counted in the scheduler's parked runs */
+};
+
+struct run {
+  char id[27];
+  sched_t *sched;
+  struct skill *skill;
+  char *trigger, *input, *parent_id, *fail_error;
+  const char *entry; /* "run" or "on_failure" */
+  int64_t created_at, started_at, deadline_at;
+  int64_t since;     /* events from this time on count for its waits: its triggering event's time, or its creation */
+  char *trigger_event; /* the id of its triggering event (never counts for its waits), or NULL */
+  struct task main;
+  int refs;          /* pending completions that cannot be cancelled, plus one while live */
+  int finished;      /* its terminal status is journaled */
+  int aborted;
+  int dormant;       /* parked without a coroutine: woken by replay */
+  int64_t wake_at;   /* dormant: when to wake (0: when something is delivered) */
+  struct stimer wake;
+  struct stimer deadline;
+  char *ckey;        /* its concurrency key's value (JSON), when the skill has a limit */
+  int slot_held, slot_pending;
+  struct run *prev, *next; /* the scheduler's list of live runs */
+};
+
+/* Build a run from a stored row, push its coroutine (replaying journal,
+** a cJSON array from store_get_steps or NULL) and make its main task ready.
+** On failure the run is not created. */
+int run_start(sched_t *s, struct run *r, const cJSON *journal, err_t *e);
+
+/* Build a run's coroutine and make its main task ready: replaying journal
+** (a cJSON array from store_get_steps, or NULL for a new run). The run
+** must be linked already. */
+int run_boot(struct run *r, const cJSON *journal, err_t *e);
+
+/* Keep a stored run without a coroutine until wake_at (0: until something
+** is delivered to it); it is then replayed. */
+int run_start_dormant(sched_t *s, struct run *r, int64_t wake_at);
+
+/* Wake a dormant run: read its journal and replay it. */
+void run_wake(struct run *r);
+
+/* Resume a ready task once and handle what it yields. */
+void run_resume(struct task *t);
+
+/* Abort a run: cancel what can be cancelled, journal status (unless
+** NULL) with error, and release it. */
+void run_abort(struct run *r, const char *status, const char *error_json);
+
+/* Release a reference; frees the run at zero. */
+void run_unref(struct run *r);
+
+/* The store says a wait of r (at seq) got its result. */
+void run_delivered(struct run *r, int seq);
+
+/* Someone asked to cancel r (reason: a message or the cancelling event). */
+void run_cancelled(struct run *r, const char *reason);
+
+/* The ops of the flow steps (run_flow.c), called from run_resume. */
+void run_op_sleep(struct task *t, lua_State *co);
+void run_op_wait(struct task *t, lua_State *co);
+void run_op_invoke(struct task *t, lua_State *co);
+void run_op_send(struct task *t, lua_State *co);
+void run_op_parallel(struct task *t, lua_State *co);
+/* A step.parallel child ended with (ok, value JSON). */
+void run_child_ended(struct task *t, int ok, const char *value);
+/* Shared by run.c and run_flow.c. */
+void run__park(struct task *t, int waits);
+void run__complete(struct task *t);
+void run__wait_durable(struct task *t);
+void run__task_cancel(struct task *t);
+void run__task_release(struct task *t);
+void run__free_kids(struct task *t);
+void run__finish(struct run *r, const char *status, const char *output, const char *error);
+void run__verbose(struct run *r, const char *mark, const char *id, int64_t ms, const char *extra);
+/* Give back r's concurrency slot (it parks for long). */
+void run__release_slot(struct run *r);
+/* Wait for runs that could not get a slot (sched.c keeps them). */
+void sched__slot_wait(sched_t *s, struct run *r);
+
+/* ---- OP_HTTP's conversions, shared with the REPL (repl.c) ---- */
+
+/* Headers of one request taken from its Lua table, at most. */
+#define RUN_HTTP_MAX_HEADERS 64
+
+/* Fill req from the request table at idx of co ({method, url, body,
+** timeout (seconds, or a duration string), headers {name = value}}): its
+** strings stay on co's stack, so they live until the caller pops them;
+** hdrs gets "Name: value" lines (malloc'd, NULL-terminated) that req points
+** to. Returns how many lines (free them with run__http_headers_free after
+** httpc_start). */
+int run__http_request_from_lua(lua_State *co, int idx, struct httpc_req *req,
+                               char *hdrs[RUN_HTTP_MAX_HEADERS + 1]);
+void run__http_headers_free(char **hdrs, int nh);
+
+/* Push a response on co as Lua sees it: {status, body, headers}, or nil and
+** the message of a failed transfer. Returns the number of values pushed. */
+int run__push_http_response(lua_State *co, const struct httpc_resp *resp);
+
+/* Register the run context's C functions in core (log, step_begin, ...). */
+void run_register_core(lrt_t *lrt, sched_t *s);
+
+/* ---- scheduler internals used by the run context ---- */
+journal_t *sched__journal(sched_t *s);
+void sched__after_commit(sched_t *s, void (*fn)(void *arg), void *arg);
+/* Call fn with the entry appended last, once its group is durable. */
+void sched__after_entry(sched_t *s, void (*fn)(void *arg, const struct jentry *e), void *arg);
+struct run *sched__find(sched_t *s, const char *id);
+void sched__parked(sched_t *s, int delta);
+int sched__parked_count(const sched_t *s);
+void sched__want_poll(sched_t *s);
+void sched__want_dispatch(sched_t *s);
+/* A step ended after ms (for the duration histogram). */
+void sched__step_ended(sched_t *s, int64_t ms);
+/* The scheduler is stopping: runs are released at their next checkpoint. */
+int sched__draining(const sched_t *s);
+/* A skill version, loaded (from the cache or the store). */
+int sched__version_skill(sched_t *s, const char *version, struct skill **out, err_t *e);
+/* The live version of a registered skill, loaded. */
+int sched__live_skill(sched_t *s, const char *id, struct skill **out, err_t *e);
+/* The registry changed: rearm the cron triggers (sched_cron.c). */
+void sched__skills_changed(sched_t *s);
+void sched__crons_free(sched_t *s);
+struct cron_entry *sched__crons(sched_t *s);
+void sched__set_crons(sched_t *s, struct cron_entry *list);
+/* Start a run whose row is already journaled (owned by this process). */
+int sched__start_existing(sched_t *s, struct skill *skill, const char *id, const char *trigger,
+                          const char *input, int64_t at, err_t *e);
+void sched__timer_start(sched_t *s, struct stimer *t, int64_t at_ms);
+void sched__timer_stop(sched_t *s, struct stimer *t);
+void sched__ready(sched_t *s, struct task *t);
+struct task *sched__current(sched_t *s);
+void sched__set_current(sched_t *s, struct task *t);
+const struct sched_opts *sched__opts(const sched_t *s);
+/* A run reached a terminal status and that status is durable. */
+void sched__run_done(sched_t *s, struct run *r, const char *status, const char *output,
+                     const char *error);
+void sched__run_unlink(sched_t *s, struct run *r);
+void sched__run_link(sched_t *s, struct run *r);
+
+#endif

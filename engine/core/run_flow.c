@@ -1,0 +1,487 @@
+/*
+** run_flow.c: the ops of the steps that park a run or fan out (see
+** lua/flow.lua for their arguments): sleep, wait_for_event, invoke,
+** send_event, parallel; and what parks and wakes runs: timers,
+** deliveries, eviction.
+**
+** A wait (an event or a child run) is registered in the store; the store
+** answers at once when what it waits for is already there. Otherwise the
+** run parks until the store reports a delivery (run_delivered, from the
+** scheduler's poll) or its timeout passes; either way the wait is ended
+** in the store (J_WAIT_END, which returns a result delivered meanwhile),
+** and the step completes with that result, or with null.
+**
+** Eviction: when more main tasks are parked on long waits than the
+** scheduler keeps in memory (sched_opts.max_parked), a run that parks is
+** evicted: its coroutine is dropped, and it is replayed from its journal
+** when it wakes. Its journal already holds everything it needs.
+*/
+#include "base/ids.h"
+#include "base/units.h"
+#include "core/run.h"
+
+#include <lauxlib.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Value i of co as an integer (times: Lua numbers). */
+static int64_t num(lua_State *co, int i) { return (int64_t)lua_tonumber(co, i); }
+
+/* ---- parking long, and eviction ---- */
+
+/* Drop r's coroutine: it stays dormant until wake_at (0: a delivery). */
+static void evict(struct run *r, int64_t wake_at) {
+  struct task *t = &r->main;
+  run__task_cancel(t); /* stops its timer and uncounts it */
+  run__task_release(t);
+  r->dormant = 1;
+  r->wake_at = wake_at;
+  if (wake_at) sched__timer_start(r->sched, &r->wake, wake_at);
+}
+
+/* t parked until wake_at (0: until a delivery): count it, and evict its
+** run if too many are parked in memory. */
+static void parked_long(struct task *t, int64_t wake_at) {
+  struct run *r = t->run;
+  sched_t *s = r->sched;
+  if (!t->parked_long) {
+    t->parked_long = 1;
+    sched__parked(s, 1);
+  }
+  /* A parked run does not count against its concurrency limit. */
+  run__release_slot(r);
+  /* A run about to wake is not worth a replay. */
+  int max = sched__opts(s)->max_parked;
+  int soon = wake_at && wake_at - units_now_ms() < 1000;
+  if (max > 0 && sched__parked_count(s) > max && !soon && !t->nkids && t == &r->main)
+    evict(r, wake_at);
+}
+
+/* t is no longer parked for long: uncount it. */
+static void unpark_long(struct task *t) {
+  if (t->parked_long) {
+    t->parked_long = 0;
+    sched__parked(t->run->sched, -1);
+  }
+}
+
+/* Note the step that parks t: its seq and id (values 2 and 3 of co), kind,
+** until when, and when it started. */
+static void set_wait(struct task *t, lua_State *co, const char *kind, int64_t until,
+                     int64_t started) {
+  t->wait_seq = (int)lua_tointeger(co, 2);
+  free(t->wait_id);
+  t->wait_id = strdup(lua_tostring(co, 3));
+  t->wait_kind = kind;
+  t->wait_until = until;
+  t->wait_started = started;
+}
+
+/* ---- sleep ---- */
+
+static void on_sleep_end(struct stimer *tm);
+
+/* OP_SLEEP (seq, id, wake_at, started): journal the sleeping step and park
+** until wake_at. */
+void run_op_sleep(struct task *t, lua_State *co) {
+  struct run *r = t->run;
+  int64_t wake_at = num(co, 4);
+  set_wait(t, co, "sleep", wake_at, num(co, 5));
+  struct step_row row = {
+    .run_id = r->id, .seq = t->wait_seq, .id = t->wait_id, .kind = "sleep",
+    .status = "sleeping", .attempts = 1, .started_at = t->wait_started, .wake_at = wake_at,
+  };
+  struct run_set set = {.run_id = r->id, .status = "sleeping", .wake_at = wake_at};
+  journal_t *j = sched__journal(r->sched);
+  journal_step(j, &row);
+  journal_run_set(j, &set);
+  lua_settop(co, 0);
+  run__park(t, 1);
+  t->timer.fn = on_sleep_end;
+  sched__timer_start(r->sched, &t->timer, wake_at);
+  parked_long(t, wake_at);
+}
+
+/* The sleep is over: complete the step; resume once that is durable. */
+static void on_sleep_end(struct stimer *tm) {
+  struct task *t = (struct task *)((char *)tm - offsetof(struct task, timer));
+  struct run *r = t->run;
+  unpark_long(t);
+  int64_t now = units_now_ms();
+  struct step_row row = {
+    .run_id = r->id, .seq = t->wait_seq, .id = t->wait_id, .kind = "sleep",
+    .status = "completed", .attempts = 1, .started_at = t->wait_started, .ended_at = now,
+  };
+  struct run_set set = {.run_id = r->id, .status = "running"};
+  journal_t *j = sched__journal(r->sched);
+  journal_step(j, &row);
+  journal_run_set(j, &set);
+  run__verbose(r, "\xe2\x9c\x93", t->wait_id, now - t->wait_started, "(sleep)");
+  lua_pushnumber(t->co, (lua_Number)now);
+  t->nres = 1;
+  run__wait_durable(t); /* waits stays 1: the durable write is the completion */
+}
+
+/* ---- waits: events and child runs ---- */
+
+/* Why an invoke's outcome (JSON text, NULL: timed out) fails its step, in
+** msg; 0 when the child completed. The skill raises the same words. */
+static int invoke_failure(const char *outcome, char *msg, size_t cap) {
+  if (!outcome) {
+    snprintf(msg, cap, "child run did not end within its timeout");
+    return 1;
+  }
+  cJSON *o = cJSON_Parse(outcome);
+  const char *st = cJSON_GetStringValue(cJSON_GetObjectItem(o, "status"));
+  int failed = !st || strcmp(st, "completed");
+  if (failed) {
+    const char *m = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "error"), "message"));
+    const char *id = cJSON_GetStringValue(cJSON_GetObjectItem(o, "run_id"));
+    snprintf(msg, cap, "child run %s %s: %s", id ? id : "?", st ? st : "?",
+             m ? m : (st ? st : "?"));
+  }
+  cJSON_Delete(o);
+  return failed;
+}
+
+/* Complete the wait step with result (JSON text, or NULL: timed out). An
+** invoke whose child did not complete is a failed step, its outcome kept. */
+static void wait_finish(struct task *t, const char *result) {
+  struct run *r = t->run;
+  unpark_long(t);
+  t->waiting = 0;
+  sched__timer_stop(r->sched, &t->timer);
+  int64_t now = units_now_ms();
+  char why[1024];
+  int failed = !strcmp(t->wait_kind, "invoke") && invoke_failure(result, why, sizeof why);
+  struct step_row row = {
+    .run_id = r->id, .seq = t->wait_seq, .id = t->wait_id, .kind = t->wait_kind,
+    .status = failed ? "failed" : "completed", .output = result ? result : "null",
+    .error = failed ? why : NULL, .attempts = 1, .started_at = t->wait_started, .ended_at = now,
+  };
+  struct wait_end we = {.run_id = r->id, .seq = t->wait_seq};
+  struct run_set set = {.run_id = r->id, .status = "running"};
+  journal_t *j = sched__journal(r->sched);
+  journal_step(j, &row);
+  journal_wait_end(j, &we);
+  journal_run_set(j, &set);
+  if (!result && t->wait_child) {
+    /* An invoke that timed out: its child is not wanted any more. */
+    struct cancel_row c = {.run_id = t->wait_child, .reason = "its parent stopped waiting",
+                           .at = now};
+    journal_cancel(j, &c);
+  }
+  run__verbose(r, failed ? "\xe2\x9c\x97" : "\xe2\x9c\x93", t->wait_id, now - t->wait_started,
+               failed ? why : result ? "(delivered)" : "(timed out)");
+  if (result) lua_pushstring(t->co, result);
+  else lua_pushnil(t->co);
+  lua_pushnumber(t->co, (lua_Number)now);
+  t->nres = 2;
+  run__wait_durable(t);
+}
+
+/* J_WAIT_END is durable: finish the step with what the store held. */
+static void on_wait_ended(void *arg, const struct jentry *je) {
+  struct task *t = arg;
+  struct run *r = t->run;
+  if (!r->aborted && !r->finished && !r->dormant) wait_finish(t, je->result);
+  run_unref(r);
+}
+
+/* End the wait in the store (its timeout passed, or a delivery was seen),
+** then finish the step with whatever the store holds. */
+static void wait_end(struct task *t) {
+  struct run *r = t->run;
+  if (!t->waiting) return;
+  t->waiting = 0;
+  sched__timer_stop(r->sched, &t->timer);
+  struct wait_end we = {.run_id = r->id, .seq = t->wait_seq};
+  journal_wait_end(sched__journal(r->sched), &we);
+  r->refs++;
+  sched__after_entry(r->sched, on_wait_ended, t);
+}
+
+/* A wait's timeout passed. */
+static void on_wait_timeout(struct stimer *tm) {
+  wait_end((struct task *)((char *)tm - offsetof(struct task, timer)));
+}
+
+/* J_WAIT is durable: finish at once with what the store already had, or
+** park (with the timeout armed) until a delivery or the timeout. */
+static void on_wait_registered(void *arg, const struct jentry *je) {
+  struct task *t = arg;
+  struct run *r = t->run;
+  if (r->aborted || r->finished || r->dormant) {
+    run_unref(r);
+    return;
+  }
+  if (je->result) {
+    wait_finish(t, je->result);
+  } else {
+    t->waiting = 1;
+    t->timer.fn = on_wait_timeout;
+    if (t->wait_until) sched__timer_start(r->sched, &t->timer, t->wait_until);
+    parked_long(t, t->wait_until);
+  }
+  run_unref(r);
+}
+
+/* Journal the wait step, the run's status and the wait registration. */
+static void register_wait(struct task *t, const char *kind, const char *name,
+                          const char *match_path, const char *match_value, const char *output) {
+  struct run *r = t->run;
+  sched_t *s = r->sched;
+  journal_t *j = sched__journal(s);
+  struct step_row row = {
+    .run_id = r->id, .seq = t->wait_seq, .id = t->wait_id, .kind = t->wait_kind,
+    .status = "waiting", .output = output, .attempts = 1, .started_at = t->wait_started,
+    .wake_at = t->wait_until,
+  };
+  struct run_set set = {.run_id = r->id, .status = "waiting", .wake_at = t->wait_until};
+  struct wait_row w = {
+    .run_id = r->id, .seq = t->wait_seq, .kind = kind, .name = name, .match_path = match_path,
+    .match_value = match_value, .owner = sched_owner(s), .since = r->since,
+    .exclude = r->trigger_event,
+    .timeout_at = t->wait_until,
+  };
+  journal_step(j, &row);
+  journal_run_set(j, &set);
+  journal_wait(j, &w);
+  r->refs++;
+  sched__after_entry(s, on_wait_registered, t);
+  run__park(t, 1);
+}
+
+/* OP_WAIT (seq, id, name, path, value, until, started): wait for an event. */
+void run_op_wait(struct task *t, lua_State *co) {
+  set_wait(t, co, "wait", num(co, 7), num(co, 8));
+  free(t->wait_child);
+  t->wait_child = NULL;
+  char *name = strdup(lua_tostring(co, 4));
+  char *path = lua_isstring(co, 5) ? strdup(lua_tostring(co, 5)) : NULL;
+  char *value = lua_isstring(co, 6) ? strdup(lua_tostring(co, 6)) : NULL;
+  lua_settop(co, 0);
+  register_wait(t, "event", name, path, value, NULL);
+  free(name), free(path), free(value);
+}
+
+/* See run.h: a dormant run is replayed (it finds the result then). */
+void run_delivered(struct run *r, int seq) {
+  if (r->aborted || r->finished) return;
+  if (r->dormant) {
+    run_wake(r);
+    return;
+  }
+  struct task *t = &r->main;
+  if (t->waiting && t->wait_seq == seq) wait_end(t);
+}
+
+/* Answer an invoke that could not start its child: the step fails. */
+static void invoke_failed(struct task *t, const char *msg) {
+  struct run *r = t->run;
+  int64_t now = units_now_ms();
+  struct step_row row = {
+    .run_id = r->id, .seq = t->wait_seq, .id = t->wait_id, .kind = "invoke",
+    .status = "failed", .error = msg, .attempts = 1, .started_at = t->wait_started,
+    .ended_at = now,
+  };
+  journal_step(sched__journal(r->sched), &row);
+  lua_pushnil(t->co);
+  lua_pushnumber(t->co, (lua_Number)now);
+  lua_pushstring(t->co, msg);
+  t->nres = 3;
+  run__park(t, 1);
+  run__wait_durable(t);
+}
+
+/* OP_INVOKE (seq, id, skill, data, until, started, child): start the child
+** run (unless a replay names it already) and wait for its outcome. */
+void run_op_invoke(struct task *t, lua_State *co) {
+  struct run *r = t->run;
+  sched_t *s = r->sched;
+  set_wait(t, co, "invoke", num(co, 6), num(co, 7));
+  char *skill_id = strdup(lua_tostring(co, 4));
+  char *data = strdup(lua_tostring(co, 5));
+  free(t->wait_child);
+  t->wait_child = lua_isstring(co, 8) ? strdup(lua_tostring(co, 8)) : NULL;
+  lua_settop(co, 0);
+  if (!t->wait_child) {
+    struct skill *sk;
+    err_t e;
+    if (sched__live_skill(s, skill_id, &sk, &e)) {
+      char msg[1200];
+      snprintf(msg, sizeof msg, "cannot invoke '%s': %s", skill_id, e.msg);
+      invoke_failed(t, msg);
+      free(skill_id), free(data);
+      return;
+    }
+    cJSON *trig = cJSON_CreateObject();
+    cJSON_AddStringToObject(trig, "kind", "invoke");
+    cJSON_AddStringToObject(trig, "by", "skill");
+    cJSON_AddStringToObject(trig, "step", t->wait_id);
+    char *tj = cJSON_PrintUnformatted(trig);
+    cJSON_Delete(trig);
+    char child[27];
+    if (sched_run_new(s, sk, tj, data, r->id, child, &e)) {
+      invoke_failed(t, e.msg);
+      free(tj), free(skill_id), free(data);
+      return;
+    }
+    free(tj);
+    t->wait_child = strdup(child);
+  }
+  char out[64];
+  snprintf(out, sizeof out, "{\"run_id\":\"%s\"}", t->wait_child);
+  register_wait(t, "child", t->wait_child, NULL, NULL, out);
+  free(skill_id), free(data);
+}
+
+/* ---- send_event ---- */
+
+/* A send_event step waiting for its events to be accepted. */
+struct send_ctx {
+  struct task *t;
+  int n;
+};
+
+/* The events are durable: complete the step with their ids. */
+static void on_sent(void *arg, const struct jentry *last) {
+  struct send_ctx *sc = arg;
+  struct task *t = sc->t;
+  struct run *r = t->run;
+  if (!r->aborted && !r->finished) {
+    /* The n J_EVENT entries are the last n of the group, in order. */
+    cJSON *ids = cJSON_CreateArray();
+    for (int i = sc->n - 1; i >= 0; i--) {
+      const struct jentry *je = last - i;
+      cJSON_AddItemToArray(ids, cJSON_CreateString(je->result ? je->result : je->u.event.id));
+    }
+    char *js = cJSON_PrintUnformatted(ids);
+    cJSON_Delete(ids);
+    int64_t now = units_now_ms();
+    struct step_row row = {
+      .run_id = r->id, .seq = t->wait_seq, .id = t->wait_id, .kind = "send",
+      .status = "completed", .output = js, .attempts = 1, .started_at = t->wait_started,
+      .ended_at = now,
+    };
+    journal_step(sched__journal(r->sched), &row);
+    run__verbose(r, "\xe2\x9c\x93", t->wait_id, now - t->wait_started, "(sent)");
+    lua_pushstring(t->co, js);
+    lua_pushnumber(t->co, (lua_Number)now);
+    t->nres = 2;
+    free(js);
+    run__wait_durable(t);
+  }
+  run_unref(r);
+  free(sc);
+}
+
+/* OP_SEND (seq, id, events JSON, started): journal the events (each with an
+** idempotency key, so a replay sends nothing twice). */
+void run_op_send(struct task *t, lua_State *co) {
+  struct run *r = t->run;
+  sched_t *s = r->sched;
+  set_wait(t, co, "send", 0, num(co, 5));
+  cJSON *list = cJSON_Parse(lua_tostring(co, 4));
+  lua_settop(co, 0);
+  journal_t *j = sched__journal(s);
+  int64_t now = units_now_ms(), limit = sched__opts(s)->event_limit;
+  int n = 0;
+  const cJSON *ev;
+  cJSON_ArrayForEach(ev, list) {
+    char id[27], idem[300];
+    ids_ulid(now, id);
+    const cJSON *key = cJSON_GetObjectItem(ev, "id");
+    /* Without a key of the caller's, the step's own makes a replay harmless. */
+    if (cJSON_IsString(key)) snprintf(idem, sizeof idem, "%s", key->valuestring);
+    else snprintf(idem, sizeof idem, "%s:%s:%d", r->id, t->wait_id, n + 1);
+    char *data = cJSON_PrintUnformatted(cJSON_GetObjectItem(ev, "data"));
+    if (limit > 0 && data && (int64_t)strlen(data) > limit) {
+      char msg[200], sz[32], lim[32];
+      units_fmt_over((int64_t)strlen(data), limit, sz, lim, sizeof sz);
+      snprintf(msg, sizeof msg, "event %d is %s, over the limit of %s (limits.event)", n + 1, sz,
+               lim);
+      free(data);
+      cJSON_Delete(list);
+      invoke_failed(t, msg); /* the same shape: nil, end time, message */
+      return;
+    }
+    struct event_row er = {.id = id, .name = cJSON_GetObjectItem(ev, "name")->valuestring,
+                           .data = data ? data : "null", .idem = idem, .ts = now};
+    journal_event(j, &er);
+    free(data);
+    n++;
+  }
+  cJSON_Delete(list);
+  struct send_ctx *sc = calloc(1, sizeof *sc);
+  sc->t = t;
+  sc->n = n;
+  r->refs++;
+  sched__after_entry(s, on_sent, sc);
+  run__park(t, 1);
+}
+
+/* ---- parallel ---- */
+
+/* OP_PARALLEL (seq, id, started, coroutines...): run each body as a child
+** task; the parent parks until all have ended. */
+void run_op_parallel(struct task *t, lua_State *co) {
+  struct run *r = t->run;
+  sched_t *s = r->sched;
+  lrt_t *lrt = sched__opts(s)->lrt;
+  int seq = (int)lua_tointeger(co, 2);
+  int n = lua_gettop(co) - 4;
+  struct step_row row = {
+    .run_id = r->id, .seq = seq, .id = lua_tostring(co, 3), .kind = "parallel",
+    .status = "running", .attempts = 1, .started_at = num(co, 4),
+  };
+  journal_step(sched__journal(s), &row);
+  run__free_kids(t);
+  t->kids = calloc((size_t)n, sizeof *t->kids);
+  t->kid_value = calloc((size_t)n, sizeof *t->kid_value);
+  t->kid_ok = calloc((size_t)n, sizeof *t->kid_ok);
+  t->nkids = t->kids_left = n;
+  lua_State *L = lrt_L(lrt);
+  for (int i = 0; i < n; i++) {
+    struct task *k = calloc(1, sizeof *k);
+    k->run = r;
+    k->parent = t;
+    k->child_index = i;
+    k->co = lua_tothread(co, 5 + i);
+    lua_pushvalue(co, 5 + i);
+    lua_xmove(co, L, 1);
+    k->co_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    k->timer.fn = t->timer.fn;
+    t->kids[i] = k;
+  }
+  lua_settop(co, 0);
+  run__park(t, n);
+  for (int i = 0; i < n; i++) sched__ready(s, t->kids[i]);
+}
+
+/* See run.h: the last child resumes the parent with [{ok, value}...]. */
+void run_child_ended(struct task *k, int ok, const char *value) {
+  struct task *t = k->parent;
+  int i = k->child_index;
+  t->kid_ok[i] = ok;
+  t->kid_value[i] = strdup(value ? value : "null");
+  run__task_release(k);
+  if (--t->kids_left > 0) {
+    run__complete(t);
+    return;
+  }
+  /* The last child: hand the parent every result, in order. */
+  lua_State *co = t->co;
+  lua_createtable(co, t->nkids, 0);
+  for (int j = 0; j < t->nkids; j++) {
+    lua_createtable(co, 0, 2);
+    lua_pushboolean(co, t->kid_ok[j]);
+    lua_setfield(co, -2, "ok");
+    lua_pushstring(co, t->kid_value[j]);
+    lua_setfield(co, -2, "value");
+    lua_rawseti(co, -2, j + 1);
+  }
+  t->nres = 1;
+  run__complete(t);
+}

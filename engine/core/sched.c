@@ -1,0 +1,568 @@
+/*
+** sched.c: the scheduler's centre (see sched.h for the loop iteration it
+** drives, sched_int.h for how its files divide the work).
+**
+** Here: the ready queue (libuv callbacks only mark tasks ready; the idle
+** handle resumes them, at most DRAIN_MAX per turn so I/O is polled between
+** batches), concurrency slots (a run of a skill with a limit runs only
+** while it holds a slot, asked of the store through the journal), the live
+** runs (starting, adopting a stored run, reporting their end), the 50 ms
+** tick (noticing other processes' writes, polling deliveries and
+** cancellations, stopping a solo scheduler whose work is done), and
+** starting and stopping the whole.
+**
+** The commit pipeline and the lease are in sched_commit.c; the timer heap
+** and the map of live runs in sched_heap.c; cron triggers in sched_cron.c.
+**
+** Invariants: a run is in s->runs (and the map) from run_start until it
+** finishes or is aborted; a task in the ready queue holds a reference on
+** its run until it has been resumed; the handles are open between
+** sched_start and the tick that finds nothing left to do after
+** sched_stop (or, solo, after the last run).
+*/
+#include "base/ids.h"
+#include "base/jsontext.h"
+#include "base/proc.h"
+#include "base/units.h"
+#include "core/sched_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DRAIN_MAX 20000
+#define TICK_MS 50
+
+/* Someone waiting for one run to end (sched_on_done). */
+struct done_waiter {
+  char run_id[27];
+  sched_done_cb cb;
+  void *arg;
+  struct done_waiter *next;
+};
+
+static void idle_cb(uv_idle_t *h);
+
+/* The upper bounds (ms) of the step duration histogram's buckets. */
+const double sched_step_bounds_ms[SCHED_STEP_BUCKETS] = {1, 5, 10, 50, 100, 500, 1000, 5000, 30000,
+                                                         1e300};
+
+/* See run.h: count a step's duration in the histogram. */
+void sched__step_ended(sched_t *s, int64_t ms) {
+  int i = 0;
+  while (i < SCHED_STEP_BUCKETS - 1 && (double)ms > sched_step_bounds_ms[i]) i++;
+  s->stats.step_buckets[i]++;
+  s->stats.step_count++;
+  s->stats.step_sum_ms += (double)ms;
+}
+
+/* Accessors: see sched.h and run.h. */
+const char *sched_owner(const sched_t *s) { return s->owner; }
+const struct sched_opts *sched__opts(const sched_t *s) { return &s->o; }
+journal_t *sched__journal(sched_t *s) { return s->open.j; }
+struct task *sched__current(sched_t *s) { return s->cur; }
+void sched__set_current(sched_t *s, struct task *t) { s->cur = t; }
+int sched_active(const sched_t *s) { return s->nruns; }
+
+/* Parked runs (see run_flow.c's eviction), and what the next tick does. */
+void sched__parked(sched_t *s, int delta) { s->parked += delta; }
+int sched__parked_count(const sched_t *s) { return s->parked; }
+void sched__want_poll(sched_t *s) { s->poll_wanted = 1; }
+void sched__want_dispatch(sched_t *s) { s->dispatch_wanted = 1; }
+
+/* ---- the ready queue ---- */
+
+static void gate(sched_t *s, struct run *r);
+
+/* See run.h: queue t to be resumed (its run takes a reference until then);
+** a run that needs a concurrency slot asks for it first. */
+void sched__ready(sched_t *s, struct task *t) {
+  struct run *r = t->run;
+  if (t == &r->main && r->skill && r->skill->concurrency_limit > 0 && !r->slot_held) {
+    /* A run executes only while it holds a concurrency slot. */
+    gate(s, r);
+    return;
+  }
+  t->run->refs++; /* released once the task has been resumed (or skipped) */
+  t->state = T_READY;
+  t->next_ready = NULL;
+  if (s->ready_tail) s->ready_tail->next_ready = t;
+  else s->ready_head = t;
+  s->ready_tail = t;
+  if (s->handles_open && !uv_is_active((uv_handle_t *)&s->idle)) uv_idle_start(&s->idle, idle_cb);
+}
+
+/* Resume ready tasks. Bounded, so I/O is polled between batches. */
+static void idle_cb(uv_idle_t *h) {
+  sched_t *s = h->data;
+  int n = 0;
+  while (s->ready_head && n++ < DRAIN_MAX) {
+    struct task *t = s->ready_head;
+    s->ready_head = t->next_ready;
+    if (!s->ready_head) s->ready_tail = NULL;
+    t->next_ready = NULL;
+    struct run *r = t->run;
+    s->stats.resumes++;
+    if (s->stats.nsamples < s->stats.cap) {
+      uint64_t t0 = units_mono_ns();
+      run_resume(t);
+      s->stats.samples[s->stats.nsamples++] = (uint32_t)(units_mono_ns() - t0);
+    } else {
+      run_resume(t);
+    }
+    run_unref(r);
+  }
+  if (!s->ready_head) uv_idle_stop(&s->idle);
+}
+
+/* ---- concurrency slots ---- */
+
+/* The store answered a slot request (je->result "1": granted). */
+static void on_slot(void *arg, const struct jentry *je) {
+  struct run *r = arg;
+  sched_t *s = r->sched;
+  r->slot_pending = 0;
+  if (!r->aborted && !r->finished && !r->dormant) {
+    if (je->result) {
+      r->slot_held = 1;
+      sched__ready(s, &r->main);
+    } else {
+      sched__slot_wait(s, r);
+    }
+  }
+  run_unref(r);
+}
+
+/* Ask the store for r's slot; the answer makes the run ready or queues it. */
+static void gate(sched_t *s, struct run *r) {
+  if (r->slot_pending) return;
+  r->slot_pending = 1;
+  struct slot_row sl = {.run_id = r->id, .skill = r->skill->id, .key = r->ckey ? r->ckey : "",
+                        .limit = r->skill->concurrency_limit, .acquire = 1, .at = r->created_at};
+  journal_slot(s->open.j, &sl);
+  r->refs++;
+  sched__after_entry(s, on_slot, r);
+}
+
+/* See run.h: keep r (referenced) to ask again at the next poll. */
+void sched__slot_wait(sched_t *s, struct run *r) {
+  struct run **w = realloc(s->slot_waiters, (size_t)(s->nslot_waiters + 1) * sizeof *w);
+  if (!w) return;
+  s->slot_waiters = w;
+  r->refs++;
+  s->slot_waiters[s->nslot_waiters++] = r;
+}
+
+/* Try again for every run waiting for a slot (something may have freed one). */
+static void retry_slots(sched_t *s) {
+  int n = s->nslot_waiters;
+  struct run **w = s->slot_waiters;
+  s->slot_waiters = NULL;
+  s->nslot_waiters = 0;
+  for (int i = 0; i < n; i++) {
+    struct run *r = w[i];
+    if (!r->aborted && !r->finished && !r->dormant && !r->slot_held) gate(s, r);
+    run_unref(r);
+  }
+  free(w);
+}
+
+/* ---- runs ---- */
+
+/* See run.h: r joins the live runs (list and map). */
+void sched__run_link(sched_t *s, struct run *r) {
+  sched__map_put(s, r);
+  r->prev = NULL;
+  r->next = s->runs;
+  if (s->runs) s->runs->prev = r;
+  s->runs = r;
+  s->nruns++;
+}
+
+/* See run.h: r leaves the live runs. */
+void sched__run_unlink(sched_t *s, struct run *r) {
+  sched__map_del(s, r);
+  if (r->prev) r->prev->next = r->next;
+  else if (s->runs == r) s->runs = r->next;
+  if (r->next) r->next->prev = r->prev;
+  r->prev = r->next = NULL;
+  s->nruns--;
+}
+
+/* See sched.h. */
+void sched_on_done(sched_t *s, const char *run_id, sched_done_cb cb, void *arg) {
+  struct done_waiter *w = calloc(1, sizeof *w);
+  if (!w) return;
+  snprintf(w->run_id, sizeof w->run_id, "%s", run_id);
+  w->cb = cb;
+  w->arg = arg;
+  w->next = s->done;
+  s->done = w;
+}
+
+/* See sched.h: at most 4 listeners. */
+void sched_on_finish(sched_t *s, sched_done_cb cb, void *arg) {
+  if (s->nfinish < 4) {
+    s->finish[s->nfinish].cb = cb;
+    s->finish[s->nfinish++].arg = arg;
+  }
+}
+
+/* See run.h: count the end, tell the listeners (not for "abandoned") and
+** the waiters on this run (removed as they are called). */
+void sched__run_done(sched_t *s, struct run *r, const char *status, const char *output,
+                     const char *error) {
+  struct sched_result res = {r->id, status, output, error};
+  if (!strcmp(status, "completed")) s->stats.runs_completed++;
+  else if (!strcmp(status, "failed")) s->stats.runs_failed++;
+  else if (!strcmp(status, "cancelled")) s->stats.runs_cancelled++;
+  if (strcmp(status, "abandoned"))
+    for (int i = 0; i < s->nfinish; i++) s->finish[i].cb(&res, s->finish[i].arg);
+  for (struct done_waiter **p = &s->done; *p;) {
+    struct done_waiter *w = *p;
+    if (!strcmp(w->run_id, r->id)) {
+      *p = w->next;
+      w->cb(&res, w->arg);
+      free(w);
+    } else {
+      p = &w->next;
+    }
+  }
+}
+
+/* A run struct for a run that starts now. */
+static struct run *run_new(sched_t *s, struct skill *skill, const char *id, const char *trigger,
+                           const char *input, const char *parent_id, int64_t now) {
+  struct run *r = calloc(1, sizeof *r);
+  if (!r) return NULL;
+  snprintf(r->id, sizeof r->id, "%s", id);
+  r->sched = s;
+  r->skill = skill;
+  r->entry = "run";
+  r->trigger = strdup(trigger ? trigger : "{\"kind\":\"invoke\"}");
+  r->input = input ? strdup(input) : NULL;
+  r->parent_id = parent_id ? strdup(parent_id) : NULL;
+  r->created_at = r->started_at = now;
+  r->deadline_at = skill->timeout_ms ? now + skill->timeout_ms : 0;
+  return r;
+}
+
+/* A run of skill from here: journal it and start it. */
+int sched_run_new(sched_t *s, struct skill *skill, const char *trigger, const char *input,
+                  const char *parent_id, char *run_id, err_t *e) {
+  int64_t now = units_now_ms();
+  char id[27];
+  ids_ulid(now, id);
+  struct run *r = run_new(s, skill, id, trigger, input, parent_id, now);
+  if (!r) return err_set(e, ERR_NOMEM, "out of memory");
+  struct run_row row = {
+    .id = r->id, .skill = skill->id, .version = skill->version, .status = "running",
+    .entry = "run", .trigger = r->trigger, .parent_id = parent_id, .input = input,
+    .owner = s->owner, .created_at = now, .started_at = now, .deadline_at = r->deadline_at,
+  };
+  if (journal_run_new(s->open.j, &row)) {
+    run_unref(r);
+    return err_set(e, ERR_NOMEM, "out of memory");
+  }
+  if (run_id) memcpy(run_id, r->id, sizeof r->id);
+  return run_start(s, r, NULL, e);
+}
+
+/* See run.h. */
+int sched__start_existing(sched_t *s, struct skill *skill, const char *id, const char *trigger,
+                          const char *input, int64_t at, err_t *e) {
+  struct run *r = run_new(s, skill, id, trigger, input, NULL, at);
+  if (!r) return err_set(e, ERR_NOMEM, "out of memory");
+  return run_start(s, r, NULL, e);
+}
+
+/* See run.h: from the skill cache, else its source from the store. */
+int sched__version_skill(sched_t *s, const char *version, struct skill **out, err_t *e) {
+  if ((*out = skills_find(s->o.skills, version))) return 0;
+  char *source = NULL, *file = NULL, *skill = NULL;
+  struct skill_error se;
+  int rc = store_get_version(s->o.store, version, &source, &skill, &file, &se.err);
+  if (!rc) rc = skills_load(s->o.skills, source, strlen(source), file ? file : skill, out, &se);
+  if (rc) err_set(e, rc, "cannot load version %.12s of skill '%s': %s", version,
+                  skill ? skill : "?", se.err.msg);
+  free(source), free(file), free(skill);
+  return rc;
+}
+
+/* See run.h. */
+int sched__live_skill(sched_t *s, const char *id, struct skill **out, err_t *e) {
+  cJSON *rec;
+  if (store_get_skill(s->o.store, id, &rec, e)) return e->code;
+  cJSON *v = cJSON_GetObjectItem(rec, "version");
+  int rc = cJSON_IsString(v) ? sched__version_skill(s, v->valuestring, out, e)
+                             : err_set(e, ERR_NOTFOUND, "skill '%s' has no live version", id);
+  cJSON_Delete(rec);
+  return rc;
+}
+
+/* See sched.h: a queued run starts; a parked one waits dormant; one that
+** was running is replayed from its steps. A version that cannot be loaded
+** fails the run, saying why. */
+int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
+  struct skill *skill = NULL;
+  struct run *r = calloc(1, sizeof *r);
+  if (!r) return err_set(e, ERR_NOMEM, "out of memory");
+  snprintf(r->id, sizeof r->id, "%s", row->id);
+  r->sched = s;
+  r->entry = row->entry && !strcmp(row->entry, "on_failure") ? "on_failure" : "run";
+  r->trigger = strdup(row->trigger ? row->trigger : "{}");
+  r->input = row->input ? strdup(row->input) : NULL;
+  r->parent_id = row->parent_id ? strdup(row->parent_id) : NULL;
+  r->created_at = row->created_at;
+  r->started_at = row->started_at ? row->started_at : units_now_ms();
+  r->deadline_at = row->deadline_at;
+  err_t le;
+  if (sched__version_skill(s, row->version, &skill, &le)) {
+    /* The version cannot run here any more: the run fails, saying why. */
+    char *ej = jsontext_message(le.msg);
+    r->skill = NULL;
+    sched__run_link(s, r);
+    r->refs = 1;
+    run_abort(r, "failed", ej);
+    free(ej);
+    return 0;
+  }
+  r->skill = skill;
+  if (strcmp(row->status, "queued")) {
+    /* Taken over: say so in the run's trace. */
+    s->stats.takeovers++;
+    char msg[300];
+    snprintf(msg, sizeof msg, "engine: resumed by %s on %s after its previous process stopped; "
+             "replaying its journal", s->owner, proc_hostname());
+    struct log_row l = {.run_id = r->id, .seq = 0, .ts = units_now_ms(), .level = "info",
+                        .msg = msg};
+    journal_log(s->open.j, &l);
+  }
+  if (!strcmp(row->status, "queued")) {
+    if (!r->deadline_at && skill->timeout_ms) r->deadline_at = r->started_at + skill->timeout_ms;
+    struct run_set set = {.run_id = r->id, .status = "running", .started_at = r->started_at};
+    journal_run_set(s->open.j, &set);
+    return run_start(s, r, NULL, e);
+  }
+  /* A parked run costs no coroutine until it wakes: it is replayed then. */
+  if (!strcmp(row->status, "sleeping") || !strcmp(row->status, "waiting"))
+    return run_start_dormant(s, r, row->wake_at);
+  cJSON *steps = NULL;
+  if (store_get_steps(s->o.store, r->id, &steps, e)) {
+    run_unref(r);
+    return e->code;
+  }
+  int rc = run_start(s, r, steps, e);
+  cJSON_Delete(steps);
+  return rc;
+}
+
+/* sched_cron.c's list of cron entries. */
+struct cron_entry *sched__crons(sched_t *s) { return s->crons; }
+void sched__set_crons(sched_t *s, struct cron_entry *list) { s->crons = list; }
+
+/* Before the loop polls: hand the open group to the commit thread. */
+static void prepare_cb(uv_prepare_t *h) {
+  sched_t *s = h->data;
+  sched__maybe_submit(s);
+}
+
+static void close_handles(sched_t *s);
+
+/* Hand what other processes delivered to this process's runs: waits that
+** got their event or child outcome, and cancellations. */
+static void poll_runs(sched_t *s) {
+  if (s->nslot_waiters) retry_slots(s);
+  if (!s->nruns) return;
+  cJSON *out;
+  err_t e;
+  if (store_poll(s->o.store, s->owner, &out, &e)) {
+    fprintf(stderr, "moonloop: polling: %s\n", e.msg);
+    return;
+  }
+  const cJSON *x;
+  cJSON_ArrayForEach(x, cJSON_GetObjectItem(out, "cancels")) {
+    struct run *r = sched__find(s, cJSON_GetObjectItem(x, "run_id")->valuestring);
+    if (r) run_cancelled(r, cJSON_GetObjectItem(x, "reason")->valuestring);
+  }
+  cJSON_ArrayForEach(x, cJSON_GetObjectItem(out, "deliveries")) {
+    struct run *r = sched__find(s, cJSON_GetObjectItem(x, "run_id")->valuestring);
+    if (r) run_delivered(r, cJSON_GetObjectItem(x, "seq")->valueint);
+  }
+  cJSON_Delete(out);
+}
+
+/* Every 50 ms: notice other processes' writes, and stop a solo scheduler
+** whose work is done. */
+static void tick_cb(uv_timer_t *h) {
+  sched_t *s = h->data;
+  if (!s->stopping) {
+    int64_t v = store_data_version(s->o.store);
+    if (v != s->data_version) {
+      s->data_version = v;
+      s->claim_wanted = s->o.mode == SCHED_SERVE;
+      s->dispatch_wanted = 1;
+      s->poll_wanted = 1;
+    }
+  }
+  if (s->poll_wanted && !s->stopping) {
+    s->poll_wanted = 0;
+    poll_runs(s);
+  }
+  if ((s->stopping || s->o.mode == SCHED_SOLO) && !s->nruns && !s->inflight &&
+      sched__group_empty(&s->open) && sched__group_empty(&s->retry)) {
+    close_handles(s);
+    return;
+  }
+  sched__maybe_submit(s);
+}
+
+/* See sched.h: options get their defaults here. */
+int sched_new(const struct sched_opts *o, sched_t **out, err_t *e) {
+  sched_t *s = calloc(1, sizeof *s);
+  if (!s) return err_set(e, ERR_NOMEM, "out of memory");
+  s->o = *o;
+  if (!s->o.lease_kind)
+    s->o.lease_kind = o->mode == SCHED_SERVE ? "serve" : o->mode == SCHED_REPL ? "repl" : "run";
+  if (s->o.lease_ttl_ms <= 0) s->o.lease_ttl_ms = 15000;
+  if (s->o.default_retries < 0) s->o.default_retries = 3;
+  if (s->o.backoff_ms <= 0) s->o.backoff_ms = 1000;
+  if (s->o.backoff_max_ms <= 0) s->o.backoff_max_ms = 600000;
+  if (s->o.step_output_limit <= 0) s->o.step_output_limit = 1 << 20;
+  if (s->o.event_limit <= 0) s->o.event_limit = 1 << 20;
+  if (s->o.max_parked == 0) s->o.max_parked = 10000;
+  if (sched__group_init(&s->open)) {
+    free(s);
+    return err_set(e, ERR_NOMEM, "out of memory");
+  }
+  s->data_version = -1;
+  run_register_core(o->lrt, s);
+  *out = s;
+  return 0;
+}
+
+/* See sched.h. */
+int sched_start(sched_t *s, err_t *e) {
+  if (sched__take_lease(s, e)) return e->code;
+  uv_loop_t *loop = s->o.loop;
+  uv_idle_init(loop, &s->idle);
+  uv_prepare_init(loop, &s->prepare);
+  uv_timer_init(loop, &s->heap_timer);
+  uv_timer_init(loop, &s->tick);
+  s->idle.data = s->prepare.data = s->heap_timer.data = s->tick.data = s;
+  s->handles_open = 1;
+  uv_prepare_start(&s->prepare, prepare_cb);
+  uv_timer_start(&s->tick, tick_cb, TICK_MS, TICK_MS);
+  if (s->ready_head) uv_idle_start(&s->idle, idle_cb);
+  sched__heap_rearm(s);
+  if (s->o.mode == SCHED_SERVE) s->claim_wanted = 1;
+  sched__skills_changed(s);
+  return 0;
+}
+
+/* Close the loop handles (once) and release the lease: the last thing a
+** stopping scheduler does. */
+static void close_handles(sched_t *s) {
+  if (!s->handles_open) return;
+  s->handles_open = 0;
+  uv_close((uv_handle_t *)&s->idle, NULL);
+  uv_close((uv_handle_t *)&s->prepare, NULL);
+  uv_close((uv_handle_t *)&s->heap_timer, NULL);
+  uv_close((uv_handle_t *)&s->tick, NULL);
+  err_t e;
+  if (store_lease_release(s->o.store, s->owner, &e))
+    fprintf(stderr, "moonloop: releasing the lease: %s\n", e.msg);
+}
+
+/* A run with a step body in flight (in its main task or a parallel child). */
+static int in_body(const struct run *r) {
+  if (r->main.in_body) return 1;
+  for (int i = 0; i < r->main.nkids; i++)
+    if (r->main.kids[i] && r->main.kids[i]->in_body) return 1;
+  return 0;
+}
+
+/* Release every run that is not inside a step body (all of them when force). */
+static void release_runs(sched_t *s, int force) {
+  for (struct run *r = s->runs, *next; r; r = next) {
+    next = r->next;
+    if (force || !in_body(r)) run_abort(r, NULL, NULL);
+  }
+}
+
+/* The shutdown's grace period ended: release the runs still in a body. */
+static void on_grace_over(struct stimer *t) {
+  sched_t *s = (sched_t *)((char *)t - offsetof(struct sched, grace));
+  if (s->nruns)
+    fprintf(stderr, "moonloop: grace period over: releasing %d run%s with a step in flight "
+            "(the next engine runs those steps again)\n", s->nruns, s->nruns == 1 ? "" : "s");
+  release_runs(s, 1);
+}
+
+/* See run.h. */
+int sched__draining(const sched_t *s) { return s->stopping; }
+
+/* See sched.h. */
+void sched_stop(sched_t *s, int64_t grace_ms) {
+  if (s->stopping) return;
+  s->stopping = 1;
+  sched__crons_free(s);
+  /* Runs are left to whoever takes them over: dropped here without a
+  ** write; the lease release makes them claimable. Bodies in flight may
+  ** first reach their checkpoint (run_resume releases them there). */
+  release_runs(s, grace_ms <= 0);
+  if (s->nruns) {
+    s->grace.fn = on_grace_over;
+    sched__timer_start(s, &s->grace, units_now_ms() + grace_ms);
+  }
+  if (!s->inflight && s->handles_open) {
+    /* Commit what is open first; the tick closes the handles after. */
+    sched__maybe_submit(s);
+  }
+}
+
+/* See sched.h. */
+void sched_observe(sched_t *s, sched_observer_cb cb, void *arg) {
+  s->observer = cb;
+  s->observer_arg = arg;
+}
+
+/* See sched.h: drop every run without a write. */
+void sched_abandon_all(sched_t *s) {
+  while (s->runs) run_abort(s->runs, NULL, NULL);
+}
+
+/* See sched.h. */
+void sched_stats_enable(sched_t *s, size_t cap) {
+  free(s->stats.samples);
+  s->stats.samples = calloc(cap, sizeof *s->stats.samples);
+  s->stats.cap = s->stats.samples ? cap : 0;
+  s->stats.nsamples = 0;
+}
+
+/* See sched.h: the ready count is computed now. */
+const struct sched_stats *sched_stats(const sched_t *s) {
+  int n = 0;
+  for (struct task *t = s->ready_head; t; t = t->next_ready) n++;
+  ((sched_t *)s)->stats.ready = n;
+  return &s->stats;
+}
+
+/* See sched.h. */
+void sched_free(sched_t *s) {
+  if (!s) return;
+  free(s->stats.samples);
+  while (s->done) {
+    struct done_waiter *w = s->done;
+    s->done = w->next;
+    free(w);
+  }
+  journal_free(s->open.j);
+  free(s->open.w);
+  journal_free(s->retry.j);
+  free(s->retry.w);
+  free(s->heap);
+  free(s->map);
+  free(s->slot_waiters);
+  free(s);
+}

@@ -1,0 +1,104 @@
+/*
+** sched_int.h: the scheduler's own internals, shared by its files and by
+** nothing else:
+**
+**   sched.c         the centre: the ready queue, concurrency slots, runs
+**                   (starting, adopting, ending), the tick, start and stop
+**   sched_commit.c  the commit pipeline (journal groups and the jobs of the
+**                   commit thread) and the process's lease
+**   sched_heap.c    the timer heap and the map of live runs by id
+**   sched_cron.c    cron triggers (through run.h's sched__ functions)
+**
+** What the run context needs from the scheduler is in run.h's sched__
+** section; this header is for the scheduler's files only.
+**
+** Invariants: everything here is touched from the loop thread only, except
+** a job in flight (s->inflight), which the commit thread owns from
+** uv_queue_work until its after_work callback. At most one job is in
+** flight. s->open collects the writes of the current loop iteration;
+** s->retry, when not empty, is a group whose commit failed: it commits
+** again before anything else, so groups stay in order.
+*/
+#ifndef ML_SCHED_INT_H
+#define ML_SCHED_INT_H
+#include "core/run.h"
+#include "core/sched.h"
+
+/* Something to call once the group it belongs to is durable: fn, or efn
+** with the journal entry idx of that group (to read the store's answer). */
+struct gwait {
+  void (*fn)(void *arg);
+  void (*efn)(void *arg, const struct jentry *e);
+  void *arg;
+  size_t idx;
+};
+
+/* A journal group and what waits for it to be durable. */
+struct group {
+  journal_t *j;
+  struct gwait *w;
+  size_t nw, cap;
+};
+
+struct job;         /* sched_commit.c's */
+struct done_waiter; /* sched.c's */
+
+struct sched {
+  struct sched_opts o;
+  char owner[40];
+  uv_idle_t idle;
+  uv_prepare_t prepare;
+  uv_timer_t heap_timer;
+  uv_timer_t tick;
+  int handles_open;
+  struct group open;
+  struct group retry;    /* a group whose commit failed, to commit first */
+  int64_t retry_at;
+  struct job *inflight;
+  struct task *ready_head, *ready_tail;
+  struct stimer **heap;
+  size_t heap_n, heap_cap;
+  struct task *cur;
+  struct run *runs;
+  int nruns;
+  struct done_waiter *done;
+  int stopping;
+  int claim_wanted;
+  int dispatch_wanted;
+  int poll_wanted;
+  struct run **map; /* live runs by id: open addressing, NULL or TOMBSTONE */
+  size_t map_cap, map_n;
+  int parked;       /* main tasks parked on a sleep, wait or invoke, in memory */
+  struct cron_entry *crons;
+  struct stimer grace;       /* the end of the shutdown's grace period */
+  struct { sched_done_cb cb; void *arg; } finish[4];
+  int nfinish;
+  struct run **slot_waiters; /* runs refused a slot, to try again at the next poll */
+  int nslot_waiters;
+  int64_t data_version;
+  int64_t last_commit_ms, last_claim_ms, last_reap_ms, last_prune_ms;
+  struct sched_stats stats;
+  sched_observer_cb observer; /* sched_observe (the REPL) */
+  void *observer_arg;
+};
+
+/* ---- sched_commit.c ---- */
+
+/* Make g an empty group with a new journal; ERR_NOMEM if none. */
+int sched__group_init(struct group *g);
+/* Whether g holds no entry and no waiter (or no journal at all). */
+int sched__group_empty(const struct group *g);
+/* Start the next job of the commit pipeline if none is in flight. */
+void sched__maybe_submit(sched_t *s);
+/* Take a new lease for this process (a new owner name). */
+int sched__take_lease(sched_t *s, err_t *e);
+
+/* ---- sched_heap.c ---- */
+
+/* Arm the loop's heap timer for the earliest timer (stop it if none). */
+void sched__heap_rearm(sched_t *s);
+/* Add r to the map of live runs / take it out. */
+void sched__map_put(sched_t *s, struct run *r);
+void sched__map_del(sched_t *s, struct run *r);
+
+#endif

@@ -1,0 +1,49 @@
+/*
+** config.h: the engine's configuration. An optional Lua file
+** (moonloop.conf.lua in the working folder, or --config FILE) returns a
+** table; MOONLOOP_* variables override it, and command-line flags override
+** both. The file runs in an empty sandbox (no libraries but string, table
+** and math) and its table is validated strictly: an unknown key is an error.
+*/
+#ifndef ML_CONFIG_H
+#define ML_CONFIG_H
+#include <stdint.h>
+
+#include "base/err.h"
+
+struct config {
+  char *file;            /* the configuration file read, or NULL */
+  char *db;              /* moonloop.db */
+  char *workspace;       /* skills */
+  char *listen;          /* 127.0.0.1:8288 */
+  char *server;          /* --server / MOONLOOP_URL: send commands to a running engine */
+  char *token_env;       /* MOONLOOP_TOKEN */
+  int durability_full;   /* 1: "full" (default), 0: "normal" */
+  char *llm_base_url, *llm_model, *llm_api_key_env;
+  char **env;            /* variables exposed to skills as env.*, NULL-terminated */
+  char **deployers;      /* skills allowed to call skills.deploy, NULL-terminated */
+  int64_t step_output;   /* limits.step_output, bytes */
+  int64_t event_limit;   /* limits.event, bytes */
+  int64_t slice_ms;      /* limits.run_seconds_between_yields, in ms */
+  int64_t run_memory;    /* limits.run_memory, bytes */
+  int64_t parked_runs;   /* limits.parked_runs: parked runs kept in memory (more are evicted) */
+  int retries;           /* retry.retries: default retries of a step */
+  int64_t backoff_ms;    /* retry.backoff: first retry delay */
+  int64_t backoff_max_ms;/* retry.max_backoff */
+  int64_t lease_ttl_ms;  /* lease: how long a silent process keeps its runs */
+  char *otlp_endpoint;   /* otlp.endpoint: an OTLP/HTTP collector (traces go to ENDPOINT/v1/traces) */
+  char *otlp_service;    /* otlp.service_name, default "moonloop" */
+  int64_t retention_ms;  /* retention: serve prunes finished runs older than this (0: never) */
+  int64_t shutdown_grace_ms; /* shutdown_grace: how long step bodies in flight may finish on SIGTERM */
+};
+
+/* Fill c with defaults, then the file (path, or moonloop.conf.lua when it
+** exists and path is NULL), then MOONLOOP_* variables. */
+int config_load(struct config *c, const char *path, err_t *e);
+
+/* Replace a string field (frees the old value). */
+void config_set(char **field, const char *value);
+
+void config_free(struct config *c);
+
+#endif

@@ -1,0 +1,582 @@
+/*
+** lrt.c: the Lua runtime's core: the state and its allocator, the slice
+** budget (the count hook, the memory judgement, kills), the boot of the
+** runtime's Lua files, and core's plain functions (time, JSON, cron,
+** random). See lrt.h for the budget and the boot sequence, lrt_int.h for
+** the invariants of struct lrt. The budget-checking copies of
+** string.find/match/gmatch/gsub are in lrt_pattern.c.
+*/
+#include "base/cron.h"
+#include "base/ids.h"
+#include "base/units.h"
+#include "lua/embed.h"
+#include "lua/json.h"
+#include "lua/lrt_int.h"
+
+#include <lauxlib.h>
+#include <luajit.h>
+#include <lualib.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define HOOK_COUNT 10000
+
+static void l_hook(lua_State *L, lua_Debug *ar);
+
+/* Memory budget. A slice may grow the heap by mem_limit bytes. Garbage
+** counts too until the collector has run, so growth past the budget only
+** raises mem_over and makes the count hook run at the next instruction:
+** it runs a full collection and kills the slice if what is left is still
+** over budget, with an error that names the budget. If it is not, the next
+** judgement waits until the heap grew by half a budget more (judge_at), so
+** a slice that keeps close to its budget does not pay a full collection
+** per allocation. A slice that outruns the hook (one C call allocating a
+** lot) is refused more than four budgets past judge_at: that raises Lua's own
+** "not enough memory" (LUA_ERRMEM) and marks the slice killed, so
+** lrt_pcall, task_finished and the sandbox's pcall report the budget (a
+** step body's error keeps Lua's message). A slice that yields or returns
+** while over budget is judged there. */
+
+/* v as text for a kill message: "64 MB", "1.5 MB", "512 KB", "100 bytes". */
+static void fmt_bytes(char *buf, size_t n, size_t v) {
+  if (v >= ((size_t)1 << 20) && v % ((size_t)1 << 20) == 0) snprintf(buf, n, "%zu MB", v >> 20);
+  else if (v >= ((size_t)1 << 20)) snprintf(buf, n, "%.1f MB", (double)v / (1 << 20));
+  else if (v >= 1024) snprintf(buf, n, "%zu KB", v >> 10);
+  else snprintf(buf, n, "%zu bytes", v);
+}
+
+/* Mark the slice killed for holding more than its memory budget. */
+static void kill_memory(lrt_t *r) {
+  char b[32];
+  fmt_bytes(b, sizeof b, r->mem_limit);
+  r->killed = 1;
+  snprintf(r->kill_reason, sizeof r->kill_reason,
+           "stopped: %s used more than its memory budget of %s without yielding "
+           "(limits.run_memory)", r->in_run ? "the run" : "skill code", b);
+}
+
+/* See lrt_int.h. */
+void lrt__kill_time(lrt_t *r) {
+  r->killed = 1;
+  snprintf(r->kill_reason, sizeof r->kill_reason,
+           "stopped: %s ran for more than %lld ms without yielding "
+           "(limits.run_seconds_between_yields)", r->in_run ? "the run" : "skill code",
+           (long long)r->slice_ms);
+}
+
+static void *l_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
+
+/* See lrt.h. */
+int lrt_time_up(lua_State *L) {
+  void *ud;
+  if (lua_getallocf(L, &ud) != l_alloc) return 0;
+  lrt_t *r = ud;
+  if (r->killed) return 1;
+  if (!r->in_slice || lrt__coarse_ns() <= r->deadline_ns) return 0;
+  lrt__kill_time(r);
+  return 1;
+}
+
+/* See lrt_int.h. */
+int lrt__raise_kill(lua_State *L, int level) {
+  luaL_where(L, level);
+  lua_pushstring(L, lrt_from(L)->kill_reason);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
+/* The allocator keeps count of the state's memory, refuses growth past the
+** state's cap and more than four budgets past judge_at (see above). */
+static void *l_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+  lrt_t *r = ud;
+  if (!ptr) osize = 0;
+  if (nsize == 0) {
+    free(ptr);
+    r->mem_used -= osize;
+    return NULL;
+  }
+  if (nsize > osize) {
+    size_t grow = nsize - osize, after = r->mem_used + grow;
+    if (after > r->mem_cap) return NULL;
+    if (r->in_slice && !r->killed && after > r->judge_at) {
+      if (after - r->judge_at > 4 * r->mem_limit) {
+        kill_memory(r);
+        return NULL;
+      }
+      if (!r->mem_over) {
+        r->mem_over = 1;
+        /* Have the hook judge at the very next instruction (lua_sethook
+        ** is safe anywhere, even in a signal handler: it only sets the
+        ** hook fields and the dispatch table). */
+        lua_sethook(r->L, l_hook, LUA_MASKCOUNT, 1);
+        r->hook_fast = 1;
+      }
+    }
+  }
+  void *p = realloc(ptr, nsize);
+  if (!p) return NULL;
+  r->mem_used = r->mem_used - osize + nsize;
+  return p;
+}
+
+/* Whether the slice is over its memory budget after a full collection. */
+static int mem_judge(lrt_t *r, lua_State *L) {
+  r->mem_over = 0;
+  size_t budget = r->mem_base + r->mem_limit;
+  lua_gc(L, LUA_GCCOLLECT, 0);
+  /* LuaJIT's buffer for building strings shrinks by half per collection:
+  ** after a big string was built, a second one gives it back. */
+  if (r->mem_used > budget) lua_gc(L, LUA_GCCOLLECT, 0);
+  if (r->mem_used > budget) {
+    kill_memory(r);
+    return 1;
+  }
+  /* The base was counted with the garbage of earlier slices: once that is
+  ** collected, count from what is left, so the garbage does not become
+  ** room for this slice (what the slice holds now is then forgiven: it
+  ** may hold at most twice its budget before it is stopped). */
+  if (r->mem_used < r->mem_base) {
+    r->mem_base = r->mem_used;
+    budget = r->mem_base + r->mem_limit;
+  }
+  r->judge_at = r->mem_used + r->mem_limit / 2;
+  if (r->judge_at < budget) r->judge_at = budget;
+  return 0;
+}
+
+/* The count hook: kills a slice that ran past its time, or that holds more
+** than its memory budget after a full collection. */
+static void l_hook(lua_State *L, lua_Debug *ar) {
+  (void)ar;
+  lrt_t *r = lrt_from(L);
+  if (r->hook_fast) {
+    r->hook_fast = 0;
+    lua_sethook(L, l_hook, LUA_MASKCOUNT, HOOK_COUNT);
+  }
+  if (!r->in_slice || r->killed) return;
+  if (r->interrupt) {
+    /* Ctrl-C in the REPL: stop whatever runs now (lrt_interrupt). */
+    r->killed = 1;
+    snprintf(r->kill_reason, sizeof r->kill_reason, "interrupted");
+    lrt__raise_kill(L, 0);
+  }
+  if (lrt__coarse_ns() > r->deadline_ns) {
+    lrt__kill_time(r);
+    lrt__raise_kill(L, 0);
+  }
+  if (r->mem_over && mem_judge(r, L)) lrt__raise_kill(L, 0);
+}
+
+/* See lrt.h: the allocator's userdata is the lrt. */
+lrt_t *lrt_from(lua_State *L) {
+  void *ud;
+  lua_getallocf(L, &ud);
+  return ud;
+}
+
+/* See lrt.h (lrt_L, lrt_killed, lrt_memory). */
+lua_State *lrt_L(lrt_t *r) { return r->L; }
+const char *lrt_killed(const lrt_t *r) { return r->killed ? r->kill_reason : ""; }
+size_t lrt_memory(const lrt_t *r) { return r->mem_used; }
+
+/* See lrt.h. Two cycles: LuaJIT's weak-keyed tables (the runtime's task table) keep a
+** dead key's value until the cycle after the key was collected. */
+void lrt_gc(lrt_t *r) {
+  lua_gc(r->L, LUA_GCCOLLECT, 0);
+  lua_gc(r->L, LUA_GCCOLLECT, 0);
+}
+
+/* Start a slice: a fresh deadline and memory base, no kill yet. in_run:
+** a run's coroutine (kill messages say "the run"), else "skill code". */
+static void slice_begin(lrt_t *r, int in_run) {
+  r->in_slice = 1;
+  r->in_run = in_run;
+  r->killed = 0;
+  r->mem_over = 0;
+  r->kill_reason[0] = 0;
+  r->deadline_ns = lrt__coarse_ns() + (uint64_t)r->slice_ms * 1000000u;
+  r->mem_base = r->mem_used;
+  r->judge_at = r->mem_base + r->mem_limit;
+}
+
+/* Whether coroutine L was killed in an earlier slice. */
+static int thread_killed(lrt_t *r, lua_State *L) {
+  if (L == r->L) return 0;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, r->killed_ref);
+  lua_pushthread(L);
+  lua_rawget(L, -2);
+  int k = lua_toboolean(L, -1);
+  lua_pop(L, 2);
+  return k;
+}
+
+/* core.killed(): whether the current slice was killed, or the running
+** coroutine (a run) was killed in an earlier slice: a kill is final for
+** the run, so skill code cannot catch it with pcall in a later slice. */
+static int c_killed(lua_State *L) {
+  lrt_t *r = lrt_from(L);
+  lua_pushboolean(L, r->killed || thread_killed(r, L));
+  return 1;
+}
+
+/* core.kill_reason(): the message of the current kill, or nil. */
+static int c_kill_reason(lua_State *L) {
+  lrt_t *r = lrt_from(L);
+  if (r->killed) lua_pushstring(L, r->kill_reason);
+  else lua_pushnil(L);
+  return 1;
+}
+
+/* core.reserve(n): kill the slice now if n more bytes would take it past
+** its memory budget (for C functions that allocate their result at once,
+** such as string.rep, so that the error names the budget). */
+static int c_reserve(lua_State *L) {
+  lrt_t *r = lrt_from(L);
+  lua_Number n = luaL_checknumber(L, 1);
+  if (!r->in_slice || r->killed) return 0;
+  if (n > (lua_Number)(r->mem_base + r->mem_limit) - (lua_Number)r->mem_used) {
+    if (r->mem_used > r->mem_base && n < (lua_Number)r->mem_limit) {
+      /* Maybe garbage: judge after a collection. */
+      lua_gc(L, LUA_GCCOLLECT, 0);
+      if (n <= (lua_Number)(r->mem_base + r->mem_limit) - (lua_Number)r->mem_used) return 0;
+    }
+    kill_memory(r);
+    return lrt__raise_kill(L, 2); /* where the skill code called string.rep */
+  }
+  return 0;
+}
+
+/* core.now(): wall-clock milliseconds. */
+static int c_now(lua_State *L) {
+  lua_pushnumber(L, (lua_Number)units_now_ms());
+  return 1;
+}
+
+/* core.duration(s): milliseconds, or nil and a message. */
+static int c_duration(lua_State *L) {
+  int64_t ms;
+  err_t e;
+  if (lua_type(L, 1) == LUA_TNUMBER) {
+    lua_pushnumber(L, lua_tonumber(L, 1) * 1000);
+    return 1;
+  }
+  if (units_duration(luaL_checkstring(L, 1), &ms, &e)) {
+    lua_pushnil(L);
+    lua_pushstring(L, e.msg);
+    return 2;
+  }
+  lua_pushnumber(L, (lua_Number)ms);
+  return 1;
+}
+
+/* core.parse_time(s): milliseconds since the epoch from RFC 3339, or nil and a message. */
+static int c_parse_time(lua_State *L) {
+  int64_t ms;
+  err_t e;
+  if (units_parse_rfc3339(luaL_checkstring(L, 1), &ms, &e)) {
+    lua_pushnil(L);
+    lua_pushstring(L, e.msg);
+    return 2;
+  }
+  lua_pushnumber(L, (lua_Number)ms);
+  return 1;
+}
+
+/* core.encode(v, limit): JSON text, or nil and a message naming what is wrong. */
+static int c_encode(lua_State *L) {
+  size_t len, limit = (size_t)luaL_optnumber(L, 2, 0);
+  err_t e;
+  lua_settop(L, 2);
+  char *s = json_encode(L, 1, limit, &len, &e);
+  if (!s) {
+    lua_pushnil(L);
+    lua_pushstring(L, e.msg);
+    return 2;
+  }
+  lua_pushlstring(L, s, len);
+  free(s);
+  return 1;
+}
+
+/* core.decode(s): the value; raises "json.decode: ..." on bad JSON. */
+static int c_decode(lua_State *L) {
+  size_t len;
+  const char *s = luaL_checklstring(L, 1, &len);
+  err_t e;
+  if (json_decode_push(L, s, len, &e)) return luaL_error(L, "json.decode: %s", e.msg);
+  return 1;
+}
+
+/* core.cron_check(expr, tz): true, or nil and a message. */
+static int c_cron_check(lua_State *L) {
+  cron_t *c;
+  err_t e;
+  if (cron_parse(luaL_checkstring(L, 1), luaL_optstring(L, 2, NULL), &c, &e)) {
+    lua_pushnil(L);
+    lua_pushstring(L, e.msg);
+    return 2;
+  }
+  cron_free(c);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.http_date(s): milliseconds since the epoch of an HTTP date
+** ("Sun, 06 Nov 1994 08:49:37 GMT"), or nil. */
+static int c_http_date(lua_State *L) {
+  struct tm tm = {0};
+  const char *s = luaL_checkstring(L, 1);
+  const char *end = strptime(s, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+  if (!end || *end) {
+    lua_pushnil(L);
+    return 1;
+  }
+  lua_pushnumber(L, (lua_Number)timegm(&tm) * 1000);
+  return 1;
+}
+
+/* core.random(): a double in [0, 1) from the OS, for jitter. */
+static int c_random(lua_State *L) {
+  lua_pushnumber(L, ids_random_unit());
+  return 1;
+}
+
+/* core.can_yield(): whether the running coroutine may yield to the engine
+** outside a run (the REPL's coroutines do). */
+static int c_can_yield(lua_State *L) {
+  lrt_t *r = lrt_from(L);
+  lua_pushboolean(L, r->yieldable && L == r->yieldable);
+  return 1;
+}
+
+/* See lrt.h: the state, core with its functions, and the count hook. */
+int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e) {
+  lrt_t *r = calloc(1, sizeof *r);
+  if (!r) return err_set(e, ERR_NOMEM, "out of memory");
+  r->slice_ms = o && o->slice_ms > 0 ? o->slice_ms : 1000;
+  r->mem_limit = o && o->run_memory > 0 ? (size_t)o->run_memory : (size_t)64 << 20;
+  r->mem_cap = o && o->state_memory > 0 ? (size_t)o->state_memory : (size_t)4 << 30;
+  r->L = lua_newstate(l_alloc, r);
+  if (!r->L) {
+    free(r);
+    return err_set(e, ERR_NOMEM, "cannot create a Lua state");
+  }
+  lua_State *L = r->L;
+  luaL_openlibs(L);
+  lua_newtable(L);
+  r->core_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_newtable(L);
+  lua_newtable(L);
+  lua_pushliteral(L, "k");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  r->killed_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lrt_register(r, "killed", c_killed, NULL);
+  lrt_register(r, "kill_reason", c_kill_reason, NULL);
+  lrt_register(r, "reserve", c_reserve, NULL);
+  lrt_register(r, "now", c_now, NULL);
+  lrt_register(r, "duration", c_duration, NULL);
+  lrt_register(r, "parse_time", c_parse_time, NULL);
+  lrt_register(r, "encode", c_encode, NULL);
+  lrt_register(r, "decode", c_decode, NULL);
+  lrt_register(r, "cron_check", c_cron_check, NULL);
+  lrt_register(r, "random", c_random, NULL);
+  lrt_register(r, "http_date", c_http_date, NULL);
+  lrt_register(r, "can_yield", c_can_yield, NULL);
+  lrt__patterns_open(r);
+  json_open(L);
+  lrt_register_value(r, "json");
+#ifdef LRT_BENCH_BUDGET
+  /* Benchmark builds only (tests/bench/sandbox_cost.sh): 0 = JIT on and no
+  ** hook, 1 = JIT off and no hook, 2 = JIT on and the hook. */
+  fprintf(stderr, "moonloop: benchmark build (LRT_BENCH_BUDGET=%d): runaway code is NOT stopped\n",
+          LRT_BENCH_BUDGET);
+  if (LRT_BENCH_BUDGET == 2)
+#endif
+  lua_sethook(L, l_hook, LUA_MASKCOUNT, HOOK_COUNT);
+  *out = r;
+  return 0;
+}
+
+/* See lrt.h. NULL is ignored. */
+void lrt_free(lrt_t *r) {
+  if (!r) return;
+  lua_close(r->L);
+  free(r);
+}
+
+/* See lrt.h. */
+void lrt_register(lrt_t *r, const char *name, lua_CFunction f, void *ud) {
+  lua_State *L = r->L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, r->core_ref);
+  lua_pushlightuserdata(L, ud);
+  lua_pushcclosure(L, f, 1);
+  lua_setfield(L, -2, name);
+  lua_pop(L, 1);
+}
+
+/* See lrt.h. */
+void lrt_register_value(lrt_t *r, const char *name) {
+  lua_State *L = r->L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, r->core_ref);
+  lua_insert(L, -2);
+  lua_setfield(L, -2, name);
+  lua_pop(L, 1);
+}
+
+/* package.preload loader for an embedded file: upvalue 1 is the compiled
+** chunk; it is called with `core`. */
+static int embedded_loader(lua_State *L) {
+  lrt_t *r = lrt_from(L);
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_rawgeti(L, LUA_REGISTRYINDEX, r->core_ref);
+  lua_call(L, 1, 1);
+  return 1;
+}
+
+/* The message handler of lrt_pcall and lrt_require: the error's text (or
+** an error table's message, or its type) with a traceback. */
+static int traceback_handler(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  if (!msg) {
+    if (lua_istable(L, 1)) {
+      lua_getfield(L, 1, "message");
+      msg = lua_tostring(L, -1);
+    }
+    if (!msg) msg = luaL_typename(L, 1);
+  }
+  luaL_traceback(L, L, msg, 1);
+  return 1;
+}
+
+/* See lrt.h: every embedded file becomes a package.preload loader. */
+int lrt_boot(lrt_t *r, err_t *e) {
+  lua_State *L = r->L;
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "preload");
+  for (const struct embed_file *f = embed_files; f->name; f++) {
+    char chunkname[96];
+    snprintf(chunkname, sizeof chunkname, "=moonloop/%s.lua", f->name);
+    if (luaL_loadbuffer(L, f->text, f->len, chunkname)) {
+      err_set(e, ERR_INTERNAL, "runtime file %s.lua: %s", f->name, lua_tostring(L, -1));
+      lua_pop(L, 3);
+      return ERR_INTERNAL;
+    }
+    lua_pushcclosure(L, embedded_loader, 1);
+    lua_setfield(L, -2, f->name);
+  }
+  lua_pop(L, 2);
+  return 0;
+}
+
+/* See lrt.h. */
+int lrt_require(lrt_t *r, const char *name, err_t *e) {
+  lua_State *L = r->L;
+  lua_pushcfunction(L, traceback_handler);
+  lua_getglobal(L, "require");
+  lua_pushstring(L, name);
+  if (lua_pcall(L, 1, 1, -3)) {
+    err_set(e, ERR_INTERNAL, "loading runtime module '%s': %s", name, lua_tostring(L, -1));
+    lua_pop(L, 2);
+    return ERR_INTERNAL;
+  }
+  lua_remove(L, -2);
+  return 0;
+}
+
+/* See lrt.h. */
+int lrt_load_skill_text(lrt_t *r, const char *src, size_t len, const char *chunkname, err_t *e) {
+  lua_State *L = r->L;
+  char name[512];
+  snprintf(name, sizeof name, "@%s", chunkname);
+  /* "t": text only. Bytecode could break out of any sandbox. */
+  if (len > 0 && src[0] == LUA_SIGNATURE[0])
+    return err_set(e, ERR_INVALID, "%s: a skill file must be Lua source text, not bytecode",
+                   chunkname);
+  if (luaL_loadbufferx(L, src, len, name, "t")) {
+    int code = ERR_INVALID;
+    err_set(e, code, "%s", lua_tostring(L, -1));
+    lua_pop(L, 1);
+    return code;
+  }
+#ifdef LRT_BENCH_BUDGET
+  if (LRT_BENCH_BUDGET == 1)
+#endif
+  luaJIT_setmode(L, -1, LUAJIT_MODE_ALLFUNC | LUAJIT_MODE_OFF);
+  return 0;
+}
+
+/* See lrt.h. A call made inside a slice (outer) runs in that slice. */
+int lrt_pcall(lrt_t *r, int nargs, int nresults, err_t *e) {
+  lua_State *L = r->L;
+  int base = lua_gettop(L) - nargs;
+  lua_pushcfunction(L, traceback_handler);
+  lua_insert(L, base);
+  int outer = r->in_slice;
+  if (!outer) slice_begin(r, 0);
+  int rc = lua_pcall(L, nargs, nresults, base);
+  if (!outer) {
+    /* Grew past the budget and ended before the hook could judge it. */
+    if (!rc && r->mem_over && !r->killed && mem_judge(r, L)) {
+      lua_pop(L, nresults == LUA_MULTRET ? lua_gettop(L) - base : nresults);
+      lua_pushstring(L, r->kill_reason);
+      rc = LUA_ERRMEM;
+    }
+    r->in_slice = 0;
+  }
+  if (rc) {
+    const char *msg = lua_tostring(L, -1);
+    err_set(e, rc == LUA_ERRMEM ? ERR_NOMEM : ERR_INVALID, "%s",
+            r->killed ? r->kill_reason : msg ? msg : "error");
+    lua_pop(L, 1);
+    lua_remove(L, base);
+    return e ? e->code : ERR_INVALID;
+  }
+  lua_remove(L, base);
+  return 0;
+}
+
+/* See lrt.h. */
+int lrt_resume_unbounded(lrt_t *r, lua_State *co, int nargs) {
+  slice_begin(r, 0);
+  /* No deadline and no memory judgement: only an interrupt stops it. */
+  r->deadline_ns = UINT64_MAX;
+  r->judge_at = SIZE_MAX;
+  int rc = lua_resume(co, nargs);
+  r->in_slice = 0;
+  return rc;
+}
+
+/* See lrt.h (lrt_interrupt, lrt_interrupted, lrt_interrupt_clear,
+** lrt_set_yieldable). */
+void lrt_interrupt(lrt_t *r) { r->interrupt = 1; }
+int lrt_interrupted(const lrt_t *r) { return r->interrupt != 0; }
+void lrt_interrupt_clear(lrt_t *r) { r->interrupt = 0; }
+void lrt_set_yieldable(lrt_t *r, lua_State *co) { r->yieldable = co; }
+
+/* See lrt.h. */
+int lrt_resume(lrt_t *r, lua_State *co, int nargs) {
+  slice_begin(r, 1);
+  int rc = lua_resume(co, nargs);
+  /* A slice that yields past its memory budget before the hook could
+  ** judge it is killed here: what it yielded is dropped. */
+  if (rc == LUA_YIELD && r->mem_over && !r->killed && mem_judge(r, r->L)) {
+    lua_settop(co, 0);
+    lua_pushstring(co, r->kill_reason);
+    rc = LUA_ERRMEM;
+  }
+  r->in_slice = 0;
+  if (r->killed && co != r->L) {
+    /* The kill is final for this coroutine (see c_killed). */
+    lua_State *L = r->L;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, r->killed_ref);
+    lua_pushthread(co);
+    lua_xmove(co, L, 1);
+    lua_pushboolean(L, 1);
+    lua_rawset(L, -3);
+    lua_pop(L, 1);
+  }
+  return rc;
+}

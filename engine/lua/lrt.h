@@ -1,0 +1,109 @@
+/*
+** lrt.h: the Lua runtime: one LuaJIT state, its sandboxes, and the budget
+** that stops runaway skill code.
+**
+** Budget. Skill code runs in "slices": from a resume (or a protected call)
+** to the next yield. A slice may use at most slice_ms of time and grow the
+** state's memory by at most run_memory bytes; past either, the slice is
+** killed: an error naming the budget is raised in it, and the sandbox's
+** pcall/xpcall raise it again so skill code cannot swallow it. A killed
+** coroutine stays killed (core.killed() is true in its later slices too),
+** so a step that failed by a kill cannot be caught in orchestration code.
+** Time is checked by a count hook. LuaJIT never calls hooks from compiled
+** traces, so skill chunks are loaded with the JIT off for them
+** (luaJIT_setmode ALLFUNC|OFF): they always run in the interpreter, where
+** the hook fires; the runtime's own Lua keeps the JIT. Memory: growth past
+** the budget makes the hook run a full collection at the next instruction
+** and judge what is left (garbage does not count); one C call is refused
+** memory four budgets past that point. Time inside one C function is
+** invisible to hooks: the sandbox's string.find/match/gmatch/gsub are
+** budget-checking copies of LuaJIT's (lrt_pattern.c), and string.rep
+** checks the memory budget first (core.reserve); other C functions are
+** bounded by the memory budget (see the known limits in
+** tests/func/test_runaway.py).
+**
+** The runtime's Lua files (lua/) are registered in package.preload and
+** receive `core`, a table of C functions, as their first argument. Other
+** modules add functions to `core` with lrt_register before lrt_boot.
+*/
+#ifndef ML_LRT_H
+#define ML_LRT_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include <lua.h>
+
+#include "base/err.h"
+
+typedef struct lrt lrt_t;
+
+struct lrt_opts {
+  int64_t slice_ms;     /* time a slice may run without yielding (default 1000) */
+  int64_t run_memory;   /* bytes a slice may grow the heap by (default 64 MB) */
+  int64_t state_memory; /* cap on the whole state (default 4 GB) */
+};
+
+int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e);
+void lrt_free(lrt_t *r);
+lua_State *lrt_L(lrt_t *r);
+
+/* The lrt owning a Lua state (any of its coroutines). */
+lrt_t *lrt_from(lua_State *L);
+
+/* Set core[name] to f with ud as its only upvalue (a light userdata). */
+void lrt_register(lrt_t *r, const char *name, lua_CFunction f, void *ud);
+
+/* Set core[name] to the value on top of the stack (popped). */
+void lrt_register_value(lrt_t *r, const char *name);
+
+/* Load the runtime's Lua modules; call once, after every lrt_register. */
+int lrt_boot(lrt_t *r, err_t *e);
+
+/* Push the runtime module `name` (require(name)); returns 0 or fills e. */
+int lrt_require(lrt_t *r, const char *name, err_t *e);
+
+/* Compile skill source, text only, with the JIT off for every function in
+** it; push the chunk. chunkname is shown in errors ("skills/x.lua"). */
+int lrt_load_skill_text(lrt_t *r, const char *src, size_t len, const char *chunkname, err_t *e);
+
+/* Call the function below nargs arguments on the main stack, under the
+** slice budget, with a traceback on error (in e). */
+int lrt_pcall(lrt_t *r, int nargs, int nresults, err_t *e);
+
+/* Resume co with nargs values on its stack, under the slice budget.
+** Returns LUA_YIELD, 0 (finished) or an error status (the error is on co). */
+int lrt_resume(lrt_t *r, lua_State *co, int nargs);
+
+/* ---- the REPL (engine/cli/repl.c) ----
+** Resume co like lrt_resume, but without the slice's time and memory
+** budget: the REPL's own code, which a person stops with Ctrl-C. */
+int lrt_resume_unbounded(lrt_t *r, lua_State *co, int nargs);
+
+/* Ask the running slice (and any slice that starts before
+** lrt_interrupt_clear) to stop at the hook's next check with the error
+** "interrupted", as a kill (core.killed() is true, pcall cannot catch it).
+** Async-signal-safe: a SIGINT handler calls it. Code compiled by the JIT
+** is not stopped until it leaves the trace, as for the budgets. */
+void lrt_interrupt(lrt_t *r);
+int lrt_interrupted(const lrt_t *r);
+void lrt_interrupt_clear(lrt_t *r);
+
+/* The coroutine that may yield ops to the engine outside a run
+** (core.can_yield() is true only while it runs); NULL for none. */
+void lrt_set_yieldable(lrt_t *r, lua_State *co);
+
+/* Why the last slice was killed ("" if it was not). */
+const char *lrt_killed(const lrt_t *r);
+
+/* For long loops in C over skill data (JSON encoding): whether the running
+** slice has used up its time; if so the slice is now killed, and the caller
+** should stop and fail. 0 for states that are not an lrt's. */
+int lrt_time_up(lua_State *L);
+
+/* Bytes the state holds now. */
+size_t lrt_memory(const lrt_t *r);
+
+/* Run a full garbage collection. */
+void lrt_gc(lrt_t *r);
+
+#endif

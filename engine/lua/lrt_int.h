@@ -1,0 +1,66 @@
+/*
+** lrt_int.h: what the files of the Lua runtime share (lrt.c, the state,
+** the budget and the boot; lrt_pattern.c, the string functions that check
+** the time budget as they go). Nothing outside engine/lrt*.c includes it:
+** the public interface is lrt.h.
+**
+** Invariants of struct lrt (kept by lrt.c):
+**   - in_slice is 1 exactly while lrt_pcall, lrt_resume or
+**     lrt_resume_unbounded runs skill code; killed, kill_reason, in_run,
+**     deadline_ns, mem_base and judge_at describe that slice only;
+**   - killed is 1 from the moment a budget (or an interrupt) stopped the
+**     slice, and kill_reason then holds the message raised in skill code;
+**   - mem_used counts every byte the allocator handed out and not freed.
+*/
+#ifndef ML_LRT_INT_H
+#define ML_LRT_INT_H
+#include "lua/lrt.h"
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+struct lrt {
+  lua_State *L;
+  int core_ref;
+  size_t mem_used, mem_cap;
+  int killed_ref; /* weak set of coroutines that were killed once */
+  /* the slice in progress */
+  int in_slice;
+  int killed;
+  int in_run;    /* the slice is a run's coroutine (lrt_resume), not lrt_pcall */
+  int mem_over;  /* grew past judge_at: the hook collects, then judges */
+  int hook_fast; /* the hook runs at every instruction until it judged */
+  uint64_t deadline_ns;
+  size_t mem_base, mem_limit;
+  size_t judge_at; /* heap size past which the memory is judged again */
+  int64_t slice_ms;
+  char kill_reason[200];
+  /* The REPL (engine/cli/repl.c): a Ctrl-C asks the running slice to stop
+  ** (set from a signal handler, read by the hook), and the coroutine
+  ** that may yield ops to the engine outside a run (core.can_yield). */
+  volatile sig_atomic_t interrupt;
+  lua_State *yieldable;
+};
+
+/* The monotonic clock, coarse (a few ms): cheap enough for every check of
+** the slice's deadline. */
+static inline uint64_t lrt__coarse_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Mark the slice killed for running past its time (sets kill_reason). */
+void lrt__kill_time(lrt_t *r);
+
+/* Raise the kill in L, where the code was stopped ("file.lua:12: ...");
+** level as for luaL_where. Does not return. */
+int lrt__raise_kill(lua_State *L, int level);
+
+/* Register core.str_find, str_match, str_gmatch and str_gsub
+** (lrt_pattern.c): the sandbox's string.find/match/gmatch/gsub. */
+void lrt__patterns_open(lrt_t *r);
+
+#endif

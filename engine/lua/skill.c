@@ -1,0 +1,235 @@
+/*
+** skill.c: loading, validating and caching skill versions (see skill.h).
+*/
+#include "lua/skill.h"
+#include "base/ids.h"
+#include "lua/json.h"
+
+#include <lauxlib.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct skills {
+  lrt_t *r;
+  struct skill *head;
+  int env_ref;
+};
+
+skills_t *skills_new(lrt_t *r, const char *const *env_names) {
+  skills_t *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->r = r;
+  lua_State *L = lrt_L(r);
+  lua_newtable(L);
+  for (const char *const *n = env_names; n && *n; n++) {
+    const char *v = getenv(*n);
+    if (!v) continue;
+    lua_pushstring(L, v);
+    lua_setfield(L, -2, *n);
+  }
+  c->env_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  return c;
+}
+
+static void skill_free(lua_State *L, struct skill *s) {
+  if (L) luaL_unref(L, LUA_REGISTRYINDEX, s->def_ref);
+  if (L && s->cfg_ref) luaL_unref(L, LUA_REGISTRYINDEX, s->cfg_ref);
+  free(s->id), free(s->file), free(s->description), free(s->source);
+  free(s->triggers), free(s->cancel_on), free(s->concurrency_key);
+  free(s);
+}
+
+void skills_free(skills_t *c) {
+  if (!c) return;
+  lua_State *L = lrt_L(c->r);
+  for (struct skill *s = c->head, *next; s; s = next) {
+    next = s->next;
+    skill_free(L, s);
+  }
+  luaL_unref(L, LUA_REGISTRYINDEX, c->env_ref);
+  free(c);
+}
+
+struct skill *skills_find(skills_t *c, const char *version) {
+  for (struct skill *s = c->head; s; s = s->next)
+    if (!strcmp(s->version, version)) return s;
+  return NULL;
+}
+
+void skills_default_id(const char *file, char *out, size_t n) {
+  const char *base = strrchr(file, '/');
+  base = base ? base + 1 : file;
+  size_t len = strlen(base);
+  if (len > 4 && !strcmp(base + len - 4, ".lua")) len -= 4;
+  if (len >= n) len = n - 1;
+  for (size_t i = 0; i < len; i++) {
+    char ch = base[i];
+    out[i] = ch == '_' ? '-' : (ch >= 'A' && ch <= 'Z') ? (char)(ch - 'A' + 'a') : ch;
+  }
+  out[len] = 0;
+}
+
+int skills_read_file(const char *path, char **out, size_t *len, err_t *e) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return err_set(e, ERR_NOTFOUND, "cannot read '%s': %m", path);
+  char *buf = NULL;
+  size_t n = 0, cap = 0;
+  for (;;) {
+    if (n + 4096 + 1 > cap) {
+      cap = cap ? cap * 2 : 8192;
+      if (cap > (size_t)16 << 20) {
+        fclose(f);
+        free(buf);
+        return err_set(e, ERR_TOOBIG, "'%s' is larger than 16 MB: not a skill file", path);
+      }
+      char *p = realloc(buf, cap);
+      if (!p) {
+        fclose(f);
+        free(buf);
+        return err_set(e, ERR_NOMEM, "out of memory reading '%s'", path);
+      }
+      buf = p;
+    }
+    size_t got = fread(buf + n, 1, cap - n - 1, f);
+    n += got;
+    if (got == 0) break;
+  }
+  int bad = ferror(f);
+  fclose(f);
+  if (bad) {
+    free(buf);
+    return err_set(e, ERR_IO, "error reading '%s'", path);
+  }
+  buf[n] = 0;
+  *out = buf;
+  *len = n;
+  return 0;
+}
+
+static char *opt_string(lua_State *L, int idx, const char *key) {
+  lua_getfield(L, idx, key);
+  char *v = lua_isstring(L, -1) ? strdup(lua_tostring(L, -1)) : NULL;
+  lua_pop(L, 1);
+  return v;
+}
+
+static int64_t opt_int(lua_State *L, int idx, const char *key, int64_t dflt) {
+  lua_getfield(L, idx, key);
+  int64_t v = lua_isnumber(L, -1) ? (int64_t)lua_tonumber(L, -1) : dflt;
+  lua_pop(L, 1);
+  return v;
+}
+
+/* JSON text of spec[key], or NULL when absent. */
+static char *opt_json(lua_State *L, int idx, const char *key) {
+  lua_getfield(L, idx, key);
+  char *v = NULL;
+  if (!lua_isnil(L, -1)) {
+    size_t len;
+    err_t e;
+    v = json_encode(L, lua_gettop(L), 0, &len, &e);
+  }
+  lua_pop(L, 1);
+  return v;
+}
+
+/* Compile, run and validate source; on success the definition table and
+** the spec are left on the stack (2 values). */
+static int load_def(skills_t *c, const char *src, size_t len, const char *file,
+                    struct skill_error *se) {
+  lrt_t *r = c->r;
+  lua_State *L = lrt_L(r);
+  err_t *e = &se->err;
+  se->line = 0;
+  int top = lua_gettop(L);
+  if (lrt_require(r, "loader", e)) return e->code;
+  lua_getfield(L, -1, "try_load");
+  lua_remove(L, -2);
+  if (lrt_load_skill_text(r, src, len, file, e)) {
+    lua_settop(L, top);
+    /* "file:12: message": take the line. */
+    const char *p = strstr(e->msg, file);
+    if (p && p[strlen(file)] == ':') se->line = atoi(p + strlen(file) + 1);
+    return e->code;
+  }
+  char id[160];
+  skills_default_id(file, id, sizeof id);
+  lua_pushstring(L, file);
+  lua_pushlstring(L, src, len);
+  lua_pushstring(L, id);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, c->env_ref);
+  if (lrt_pcall(r, 5, 3, e)) {
+    lua_settop(L, top);
+    return err_prefix(e, "%s", file);
+  }
+  if (!lua_toboolean(L, -3)) {
+    err_set(e, ERR_INVALID, "%s", lua_tostring(L, -2));
+    se->line = lua_isnumber(L, -1) ? (int)lua_tointeger(L, -1) : 0;
+    lua_settop(L, top);
+    return ERR_INVALID;
+  }
+  lua_remove(L, -3);
+  return 0;
+}
+
+int skills_check(skills_t *c, const char *source, size_t len, const char *file, char **id,
+                 struct skill_error *se) {
+  lua_State *L = lrt_L(c->r);
+  int top = lua_gettop(L);
+  int rc = load_def(c, source, len, file, se);
+  if (rc) return rc;
+  if (id) *id = opt_string(L, -1, "id");
+  lua_settop(L, top);
+  return 0;
+}
+
+int skills_load(skills_t *c, const char *source, size_t len, const char *file,
+                struct skill **out, struct skill_error *se) {
+  char version[65];
+  ids_sha256_hex(source, len, version);
+  struct skill *s = skills_find(c, version);
+  if (s) {
+    *out = s;
+    return 0;
+  }
+  lua_State *L = lrt_L(c->r);
+  int top = lua_gettop(L);
+  int rc = load_def(c, source, len, file, se);
+  if (rc) return rc;
+  s = calloc(1, sizeof *s);
+  if (!s) {
+    lua_settop(L, top);
+    return err_set(&se->err, ERR_NOMEM, "out of memory");
+  }
+  memcpy(s->version, version, sizeof version);
+  int spec = lua_gettop(L);
+  s->id = opt_string(L, spec, "id");
+  s->description = opt_string(L, spec, "description");
+  s->file = strdup(file);
+  s->source = malloc(len + 1);
+  if (s->source) {
+    memcpy(s->source, source, len);
+    s->source[len] = 0;
+  }
+  s->retries = (int)opt_int(L, spec, "retries", -1);
+  s->backoff_ms = opt_int(L, spec, "backoff_ms", 0);
+  s->timeout_ms = opt_int(L, spec, "timeout_ms", 0);
+  s->triggers = opt_json(L, spec, "triggers");
+  s->cancel_on = opt_json(L, spec, "cancel_on");
+  lua_getfield(L, spec, "has_on_failure");
+  s->has_on_failure = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  lua_getfield(L, spec, "concurrency");
+  if (lua_istable(L, -1)) {
+    s->concurrency_limit = (int)opt_int(L, lua_gettop(L), "limit", 0);
+    s->concurrency_key = opt_string(L, lua_gettop(L), "key");
+  }
+  lua_pop(L, 2); /* concurrency, spec */
+  s->def_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_settop(L, top);
+  s->next = c->head;
+  c->head = s;
+  *out = s;
+  return 0;
+}

@@ -1,0 +1,65 @@
+/*
+** skill.h: skill versions loaded into the runtime.
+**
+** A version is the SHA-256 of a skill file's source. Loading compiles the
+** source (text only, JIT off), runs its top level in a fresh sandbox under
+** the slice budget, and validates the returned table strictly (lua/skill.lua).
+** Loaded versions are cached by hash and live until the cache is freed, so
+** every run finishes on the version it started with, whatever happens to
+** the file meanwhile.
+*/
+#ifndef ML_SKILL_H
+#define ML_SKILL_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "lua/lrt.h"
+
+struct skill {
+  char version[65];
+  char *id, *file, *description, *source;
+  char *triggers;  /* JSON list of normalized triggers */
+  char *cancel_on; /* JSON list, or NULL */
+  int retries;     /* -1: the configured default */
+  int64_t backoff_ms, timeout_ms; /* 0: default / none */
+  int concurrency_limit;          /* 0: none */
+  char *concurrency_key;          /* NULL: one limit for the whole skill */
+  int has_on_failure;
+  int def_ref; /* registry ref of the definition table */
+  int cfg_ref; /* registry ref of the table its runs share (0 until the first run) */
+  struct skill *next;
+};
+
+/* Where a load failed: the message carries "file:line: ", line is 0 when unknown. */
+struct skill_error {
+  err_t err;
+  int line;
+};
+
+typedef struct skills skills_t;
+
+/* A cache of loaded versions for one runtime. env_names lists the
+** variables skills see as env.* (NULL-terminated, may be NULL). */
+skills_t *skills_new(lrt_t *r, const char *const *env_names);
+void skills_free(skills_t *c);
+
+/* Load (or find in the cache) the version of source. file names it in
+** errors and gives the default id. */
+int skills_load(skills_t *c, const char *source, size_t len, const char *file,
+                struct skill **out, struct skill_error *se);
+
+/* Validate source without keeping it (moonloop check); *id gets the skill id (caller frees). */
+int skills_check(skills_t *c, const char *source, size_t len, const char *file, char **id,
+                 struct skill_error *se);
+
+/* The cached version with this hash, or NULL. */
+struct skill *skills_find(skills_t *c, const char *version);
+
+/* The default id for a file: its base name without ".lua", '_' as '-'. */
+void skills_default_id(const char *file, char *out, size_t n);
+
+/* Read a whole file into a malloc'd NUL-terminated buffer. */
+int skills_read_file(const char *path, char **out, size_t *len, err_t *e);
+
+#endif

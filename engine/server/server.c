@@ -1,0 +1,441 @@
+/*
+** server.c: the HTTP API on the engine's loop, with H2O's libuv build (see
+** server.h): the listener, connections, authentication, routing (through
+** server_route.c), H2O's own errors in the API's shape, and shutdown.
+** Answers are server_answer.c's.
+**
+** H2O's own errors (a body over the 8 MB cap, a malformed chunked body) go
+** through the host's fallback path; a filter there rewrites them into the
+** API's JSON error shape, so every error a client sees has one format.
+**
+** Shutdown: H2O's context dispose runs the loop itself (uv_run NOWAIT), so
+** it cannot be called from a loop callback. The handles H2O's context opens
+** (timers, an async for its message queue) are unref'd at start, so the loop
+** can end while they are open, and server_free disposes of the context after
+** engine_run returns. Connections are never closed under H2O's feet: their
+** sockets are shut down, and H2O closes them through its own path when its
+** next read or write fails.
+*/
+#include "server/server.h"
+#include "base/units.h"
+#include "server/server_int.h"
+
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+
+#define GRACE_MS 5000           /* how long requests in flight may take at shutdown */
+#define DEFAULT_TIMEOUT_MS 10000 /* to receive one request; to wait for the next */
+
+/* One accepted connection; H2O owns it once h2o_accept is called, and
+** tells us through on_conn_close when its socket is closed. */
+struct conn {
+  uv_tcp_t tcp; /* first: the close callback gets its address */
+  server_t *srv;
+  struct conn *prev, *next;
+};
+
+struct api_handler {
+  h2o_handler_t super;
+  server_t *srv;
+};
+
+struct errfix_filter {
+  h2o_filter_t super;
+  server_t *srv;
+};
+
+struct errfix_ostream {
+  h2o_ostream_t super;
+  h2o_iovec_t body;
+};
+
+/* ---- the handler -------------------------------------------------------- */
+
+/* Every request: refuse while stopping, authenticate, route, answer. */
+static int on_req(h2o_handler_t *self, h2o_req_t *req) {
+  server_t *srv = ((struct api_handler *)self)->srv;
+  if (srv->stopping) {
+    server__respond_error(srv, req, 503, "unavailable", "the engine is stopping");
+    return 0;
+  }
+  /* The dashboard's page, script and style sheet hold no data: they are
+  ** served without the token, so a browser (which cannot send a bearer
+  ** token when it navigates) can load the page that then asks for it. */
+  if (server__static(srv, req)) return 0;
+  if (srv->toklen) {
+    ssize_t i = h2o_find_header(&req->headers, H2O_TOKEN_AUTHORIZATION, -1);
+    const char *hv = i >= 0 ? req->headers.entries[i].value.base : NULL;
+    size_t hl = i >= 0 ? req->headers.entries[i].value.len : 0;
+    if (!server_auth_ok(hv, hl, srv->token, srv->toklen)) {
+      h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_WWW_AUTHENTICATE, NULL,
+                     H2O_STRLIT("Bearer realm=\"moonloop\""));
+      server__respond_error(srv, req, 401, "unauthenticated",
+                            hv ? "wrong token in the Authorization header"
+                               : "no token: this engine requires 'Authorization: Bearer TOKEN'");
+      return 0;
+    }
+  }
+  struct server_plan pl;
+  int status;
+  err_t e = {0};
+  if (server_route(req->method.base, req->method.len, req->path.base, req->path.len,
+                   req->entity.base, req->entity.base ? req->entity.len : 0, &srv->lim,
+                   units_now_ms(), &pl, &status, &e)) {
+    if (status == 405 && pl.allow)
+      h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ALLOW, NULL, pl.allow,
+                     strlen(pl.allow));
+    server__respond_error(srv, req, status, server_error_code(status, e.code), e.msg);
+    return 0;
+  }
+  server__answer(srv, req, &pl);
+  server_plan_free(&pl);
+  return 0;
+}
+
+/* ---- H2O's own errors, in the API's shape ------------------------------- */
+
+/* The ostream that replaces H2O's error text with the JSON body. */
+static void errfix_send(h2o_ostream_t *self, h2o_req_t *req, h2o_iovec_t *bufs, size_t n,
+                        h2o_send_state_t state) {
+  struct errfix_ostream *o = (struct errfix_ostream *)self;
+  (void)bufs, (void)n;
+  /* H2O's text is dropped; ours goes with the final call. */
+  if (state == H2O_SEND_STATE_FINAL) h2o_ostream_send_next(self, req, &o->body, 1, state);
+  else h2o_ostream_send_next(self, req, NULL, 0, state);
+}
+
+/* The filter on the fallback path: every response H2O makes itself passes
+** here (and is counted); an error gets the JSON body and Content-Type. */
+static void errfix_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **slot) {
+  server_t *srv = ((struct errfix_filter *)self)->srv;
+  int status = req->res.status;
+  server__count(srv, status);
+  if (status >= 400) {
+    char msg[160];
+    const char *code = status == 413 ? "too_large" : status >= 500 ? "internal" : "invalid";
+    if (status == 413) {
+      char lim[32];
+      units_fmt_size((int64_t)srv->config.max_request_entity_size, lim, sizeof lim);
+      snprintf(msg, sizeof msg, "the request body is over the limit of %s", lim);
+    } else {
+      snprintf(msg, sizeof msg, "malformed request: %s", req->res.reason ? req->res.reason : "?");
+    }
+    char *json = server_error_json(code, msg);
+    size_t len = json ? strlen(json) : 0;
+    h2o_iovec_t body = h2o_strdup(&req->pool, json ? json : "", len);
+    free(json);
+    req->res.content_length = len;
+    h2o_set_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE,
+                   H2O_STRLIT("application/json"), 1);
+    struct errfix_ostream *o =
+      (struct errfix_ostream *)h2o_add_ostream(req, sizeof *o, slot);
+    o->super.do_send = errfix_send;
+    o->body = body;
+    slot = &o->super.next;
+  }
+  h2o_setup_next_ostream(req, slot);
+}
+
+/* ---- connections ----------------------------------------------------------- */
+
+static void maybe_finish(server_t *srv);
+
+/* H2O closed a connection's socket: forget it; the last one ends a stop. */
+static void on_conn_close(uv_handle_t *h) {
+  struct conn *c = (struct conn *)h;
+  server_t *srv = c->srv;
+  if (c->prev) c->prev->next = c->next;
+  else srv->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  srv->nconns--;
+  free(c);
+  maybe_finish(srv);
+}
+
+/* Close callback of handles malloc'd on their own. */
+static void free_handle(uv_handle_t *h) { free(h); }
+
+/* A new connection: track it, and hand it to H2O. */
+static void on_accept(uv_stream_t *listener, int status) {
+  server_t *srv = listener->data;
+  if (status != 0 || srv->stopping) return;
+  struct conn *c = calloc(1, sizeof *c);
+  if (!c) return;
+  uv_tcp_init(listener->loop, &c->tcp);
+  if (uv_accept(listener, (uv_stream_t *)&c->tcp)) {
+    uv_close((uv_handle_t *)&c->tcp, free_handle);
+    return;
+  }
+  uv_tcp_nodelay(&c->tcp, 1);
+  c->srv = srv;
+  c->next = srv->conns;
+  if (c->next) c->next->prev = c;
+  srv->conns = c;
+  srv->nconns++;
+  h2o_socket_t *sock = h2o_uv_socket_create((uv_stream_t *)&c->tcp, on_conn_close);
+  h2o_accept(&srv->accept_ctx, sock);
+}
+
+/* Shut down the socket of every open connection (how: SHUT_RD or
+** SHUT_RDWR). H2O notices at its next read or write and closes the
+** connection through its own path; nothing is closed under its feet. */
+static void shutdown_conns(server_t *srv, int how) {
+  for (struct conn *c = srv->conns; c; c = c->next) {
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0) shutdown(fd, how);
+  }
+}
+
+/* While stopping, once no connection is left: close the last handle, so
+** the loop can end. */
+static void maybe_finish(server_t *srv) {
+  if (!srv->stopping || srv->nconns || !srv->grace_open) return;
+  uv_close((uv_handle_t *)&srv->grace, NULL);
+  srv->grace_open = 0;
+}
+
+/* The grace period is over: answer what still waits, and close what is left. */
+static void on_grace(uv_timer_t *t) {
+  server_t *srv = t->data;
+  server__pending_fail_all(srv, 503, "unavailable",
+                           "the engine stopped before this request finished; it may still "
+                           "take effect (retry with the same idempotency key)");
+  shutdown_conns(srv, SHUT_RDWR);
+  maybe_finish(srv);
+}
+
+void server_stop(server_t *srv) {
+  if (!srv || srv->stopping) return;
+  srv->stopping = 1;
+  if (srv->listener) {
+    uv_close((uv_handle_t *)srv->listener, free_handle);
+    srv->listener = NULL;
+  }
+  /* Idle connections are woken by end-of-file and closed by H2O; those
+  ** with a request in flight finish it first (no keep-alive while stopping). */
+  shutdown_conns(srv, SHUT_RD);
+  uv_timer_start(&srv->grace, on_grace, GRACE_MS, 0);
+  maybe_finish(srv);
+}
+
+/* ---- starting ------------------------------------------------------------- */
+
+/* Whether an address is loopback: 127.0.0.0/8, ::1, or ::ffff:127.x. */
+static int is_loopback(const struct sockaddr *sa) {
+  if (sa->sa_family == AF_INET) {
+    const struct sockaddr_in *a = (const struct sockaddr_in *)sa;
+    return (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (sa->sa_family == AF_INET6) {
+    const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)sa;
+    if (IN6_IS_ADDR_LOOPBACK(&a->sin6_addr)) return 1;
+    if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) return a->sin6_addr.s6_addr[12] == 127;
+  }
+  return 0;
+}
+
+/* Parse "HOST:PORT" / "[V6]:PORT" into an address (resolving a host name). */
+static int parse_listen(const char *listen, struct sockaddr_storage *ss, err_t *e) {
+  char host[256];
+  const char *colon = strrchr(listen, ':');
+  const char *h = listen;
+  size_t hl = colon ? (size_t)(colon - listen) : 0;
+  if (!colon || hl == 0 || hl >= sizeof host || !colon[1])
+    return err_set(e, ERR_INVALID, "listen address '%s' must be HOST:PORT, such as "
+                   "127.0.0.1:8288", listen);
+  if (h[0] == '[') {
+    if (hl < 3 || h[hl - 1] != ']')
+      return err_set(e, ERR_INVALID, "listen address '%s': an IPv6 host goes in brackets, "
+                     "such as [::1]:8288", listen);
+    h++, hl -= 2;
+  }
+  memcpy(host, h, hl);
+  host[hl] = 0;
+  char *end;
+  long port = strtol(colon + 1, &end, 10);
+  if (*end || port < 0 || port > 65535)
+    return err_set(e, ERR_INVALID, "listen address '%s': the port must be a number from 0 "
+                   "to 65535", listen);
+  memset(ss, 0, sizeof *ss);
+  if (!strcmp(host, "localhost")) snprintf(host, sizeof host, "127.0.0.1");
+  if (uv_ip4_addr(host, (int)port, (struct sockaddr_in *)ss) == 0) return 0;
+  if (uv_ip6_addr(host, (int)port, (struct sockaddr_in6 *)ss) == 0) return 0;
+  struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+  int rc = getaddrinfo(host, NULL, &hints, &ai);
+  if (rc || !ai)
+    return err_set(e, ERR_INVALID, "listen address '%s': cannot resolve '%s': %s", listen,
+                   host, gai_strerror(rc));
+  memcpy(ss, ai->ai_addr, ai->ai_addrlen);
+  if (ss->ss_family == AF_INET) ((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
+  else ((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
+  freeaddrinfo(ai);
+  return 0;
+}
+
+/* "http://IP:PORT" ("http://[IP6]:PORT") for the address bound. */
+static void format_url(const struct sockaddr_storage *ss, char *out, size_t n) {
+  char ip[INET6_ADDRSTRLEN] = "?";
+  if (ss->ss_family == AF_INET) {
+    const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+    uv_ip4_name(a, ip, sizeof ip);
+    snprintf(out, n, "http://%s:%d", ip, ntohs(a->sin_port));
+  } else {
+    const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+    uv_ip6_name(a, ip, sizeof ip);
+    snprintf(out, n, "http://[%s]:%d", ip, ntohs(a->sin6_port));
+  }
+}
+
+/* The process's start time in seconds since the epoch (boot time plus the
+** start in clock ticks); the server's start if /proc cannot tell. */
+static double process_start(void) {
+  double now = (double)units_now_ms() / 1000;
+  FILE *f = fopen("/proc/self/stat", "r");
+  if (!f) return now;
+  char buf[1024];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  char *p = strrchr(buf, ')');
+  unsigned long long ticks = 0;
+  /* Field 22 (starttime); the text after ')' starts at field 3. */
+  for (int field = 2; p && field < 22; field++) p = strchr(p + 1, ' ');
+  if (!p || sscanf(p + 1, "%llu", &ticks) != 1) return now;
+  f = fopen("/proc/stat", "r");
+  if (!f) return now;
+  unsigned long long btime = 0;
+  char line[256];
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "btime %llu", &btime) == 1) break;
+  fclose(f);
+  long hz = sysconf(_SC_CLK_TCK);
+  if (!btime || hz <= 0) return now;
+  return (double)btime + (double)ticks / (double)hz;
+}
+
+/* H2O's context opens handles (timers, an async) that would keep the loop
+** alive forever: unref every handle it added. */
+struct handle_set {
+  uv_handle_t **h;
+  size_t n, cap;
+};
+
+/* uv_walk callbacks: note the handles before H2O's context, unref the new ones. */
+static void collect_handle(uv_handle_t *h, void *arg) {
+  struct handle_set *s = arg;
+  if (s->n == s->cap) {
+    size_t cap = s->cap ? s->cap * 2 : 64;
+    uv_handle_t **nh = realloc(s->h, cap * sizeof *nh);
+    if (!nh) return;
+    s->h = nh, s->cap = cap;
+  }
+  s->h[s->n++] = h;
+}
+
+static void unref_new(uv_handle_t *h, void *arg) {
+  struct handle_set *s = arg;
+  for (size_t i = 0; i < s->n; i++)
+    if (s->h[i] == h) return;
+  uv_unref(h);
+}
+
+int server_start(struct engine *en, const char *listen, server_t **out, err_t *e) {
+  *out = NULL;
+  struct sockaddr_storage ss;
+  if (!listen || !*listen) listen = "127.0.0.1:8288";
+  if (parse_listen(listen, &ss, e)) return e->code;
+  const char *tok_env = en->cfg && en->cfg->token_env ? en->cfg->token_env : "MOONLOOP_TOKEN";
+  const char *tok = getenv(tok_env);
+  if ((!tok || !*tok) && !is_loopback((struct sockaddr *)&ss))
+    return err_set(e, ERR_AUTH, "refusing to listen on %s without an API token: set %s "
+                   "(the variable named by token_env) so clients must send "
+                   "'Authorization: Bearer TOKEN', or listen on a loopback address such as "
+                   "127.0.0.1:8288", listen, tok_env);
+  server_t *srv = calloc(1, sizeof *srv);
+  uv_tcp_t *l = calloc(1, sizeof *l);
+  if (!srv || !l) {
+    free(srv), free(l);
+    return err_set(e, ERR_NOMEM, "out of memory");
+  }
+  srv->en = en;
+  if (tok && *tok) {
+    srv->token = strdup(tok);
+    srv->toklen = strlen(tok);
+  }
+  srv->lim.event_limit = en->cfg ? en->cfg->event_limit : 1 << 20;
+  srv->lim.body_max = SERVER_BODY_MAX;
+  srv->start_time = process_start();
+
+  uv_tcp_init(&en->loop, l);
+  l->data = srv;
+  int rc = uv_tcp_bind(l, (struct sockaddr *)&ss, 0);
+  if (!rc) rc = uv_listen((uv_stream_t *)l, SOMAXCONN, on_accept);
+  int namelen = sizeof ss;
+  if (!rc) rc = uv_tcp_getsockname(l, (struct sockaddr *)&ss, &namelen);
+  if (rc) {
+    uv_close((uv_handle_t *)l, free_handle);
+    free(srv->token);
+    free(srv);
+    return err_set(e, ERR_IO, "cannot listen on %s: %s", listen, uv_strerror(rc));
+  }
+  srv->listener = l;
+  format_url(&ss, srv->url, sizeof srv->url);
+
+  int64_t timeout = DEFAULT_TIMEOUT_MS;
+  const char *tv = getenv("MOONLOOP_HTTP_TIMEOUT");
+  err_t sub;
+  if (tv && *tv && (units_duration(tv, &timeout, &sub) || timeout <= 0))
+    timeout = DEFAULT_TIMEOUT_MS;
+
+  h2o_config_init(&srv->config);
+  srv->config_open = 1;
+  srv->config.server_name = h2o_iovec_init(H2O_STRLIT("moonloop"));
+  srv->config.max_request_entity_size = SERVER_BODY_MAX;
+  srv->config.http1.req_timeout = (uint64_t)timeout;
+  srv->config.http1.upgrade_to_http2 = 0;
+  srv->config.http2.idle_timeout = (uint64_t)timeout;
+  h2o_hostconf_t *host =
+    h2o_config_register_host(&srv->config, h2o_iovec_init(H2O_STRLIT("default")), 65535);
+  h2o_pathconf_t *path = h2o_config_register_path(host, "/", 0);
+  struct api_handler *hd = (struct api_handler *)h2o_create_handler(path, sizeof *hd);
+  hd->super.on_req = on_req;
+  hd->srv = srv;
+  struct errfix_filter *ef =
+    (struct errfix_filter *)h2o_create_filter(&host->fallback_path, sizeof *ef);
+  ef->super.on_setup_ostream = errfix_setup;
+  ef->srv = srv;
+
+  struct handle_set before = {0};
+  uv_walk(&en->loop, collect_handle, &before);
+  h2o_context_init(&srv->ctx, &en->loop, &srv->config);
+  uv_walk(&en->loop, unref_new, &before);
+  free(before.h);
+  srv->ctx_open = 1;
+  srv->accept_ctx.ctx = &srv->ctx;
+  srv->accept_ctx.hosts = srv->config.hosts;
+
+  uv_timer_init(&en->loop, &srv->grace);
+  srv->grace.data = srv;
+  srv->grace_open = 1;
+  *out = srv;
+  return 0;
+}
+
+const char *server_url(const server_t *srv) { return srv ? srv->url : ""; }
+
+void server_free(server_t *srv) {
+  if (!srv) return;
+  /* Normally all closed by now; this is for a loop that ended otherwise. */
+  if (srv->listener) uv_close((uv_handle_t *)srv->listener, free_handle);
+  if (srv->grace_open) uv_close((uv_handle_t *)&srv->grace, NULL);
+  if (srv->ctx_open) h2o_context_dispose(&srv->ctx); /* runs the loop once (NOWAIT) */
+  if (srv->config_open) h2o_config_dispose(&srv->config);
+  server__pending_free_all(srv);
+  free(srv->token);
+  free(srv);
+}

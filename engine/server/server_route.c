@@ -1,0 +1,693 @@
+/*
+** server_route.c: routing and validating HTTP API requests into plans (see
+** server_route.h). Everything here is a pure function of its arguments, so
+** the fuzz target exercises exactly the code the server runs.
+**
+** The route table (DESIGN.md's HTTP API):
+**
+**   /                              GET              INDEX
+**   /metrics                       GET              METRICS
+**   /v1/runs                       GET              LIST_RUNS
+**   /v1/runs/{id}                  GET              GET_RUN
+**   /v1/runs/{id}/cancel           POST             CANCEL
+**   /v1/runs/{id}/rerun            POST             RERUN
+**   /v1/events                     POST             EVENTS
+**   /v1/skills                     GET              LIST_SKILLS
+**   /v1/skills/{id}                GET, PUT, DELETE GET_SKILL, PUT_SKILL, DELETE_SKILL
+**                                  (PUT and DELETE take ?file=NAME: the sidecar's file)
+**   /v1/skills/{id}/invoke         POST             INVOKE
+**   /v1/versions/{hash}            GET              GET_VERSION
+**
+** The dashboard's files (GET and HEAD of /, /app.js, /style.css: web.h) are
+** answered by server.c before authentication and routing; INDEX answers /
+** only in a build without them, and other methods on / (405).
+**
+** HEAD is taken wherever GET is. Order of checks: path (404), method (405),
+** then query and body (400, 413), so a client learns the coarsest mistake
+** first.
+*/
+#include "base/jsontext.h"
+#include "base/units.h"
+#include "base/vocab.h"
+#include "server/server_route.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <openssl/crypto.h>
+
+#define MAX_SEGMENTS 5
+
+/* A decoded path segment. */
+struct seg {
+  char s[SERVER_ID_MAX * 3 + 1];
+  size_t len;
+  int too_long;
+};
+
+/* Copy at most 64 bytes of s into out as printable ASCII, for messages. */
+static void printable(char *out, size_t n, const char *s, size_t len) {
+  size_t max = 64, o = 0;
+  for (size_t i = 0; i < len && i < max && o + 1 < n; i++) {
+    unsigned char c = (unsigned char)s[i];
+    out[o++] = (c >= 0x20 && c < 0x7f && c != '\'') ? (char)c : '?';
+  }
+  if (len > max && o + 4 < n) memcpy(out + o, "...", 3), o += 3;
+  out[o] = 0;
+}
+
+/* The value of a hex digit, or -1. */
+static int hexval(int c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+/* Percent-decode s[0..len) into out (at most cap - 1 bytes, NUL-terminated);
+** plus_space turns '+' into ' ' (query strings). Returns the decoded length,
+** -1 for a malformed escape, -2 when it does not fit. */
+static long pct_decode(const char *s, size_t len, char *out, size_t cap, int plus_space) {
+  size_t o = 0;
+  for (size_t i = 0; i < len; i++) {
+    int c = (unsigned char)s[i];
+    if (c == '%') {
+      if (i + 2 >= len) return -1;
+      int h = hexval((unsigned char)s[i + 1]), l = hexval((unsigned char)s[i + 2]);
+      if (h < 0 || l < 0) return -1;
+      c = h * 16 + l;
+      i += 2;
+    } else if (c == '+' && plus_space) {
+      c = ' ';
+    }
+    if (o + 1 >= cap) return -2;
+    out[o++] = (char)c;
+  }
+  out[o] = 0;
+  return (long)o;
+}
+
+/* Run ids: ULIDs, 26 characters of Crockford's base 32. */
+static int is_run_id(const char *s, size_t len) {
+  if (len != 26) return 0;
+  for (size_t i = 0; i < len; i++)
+    if (!s[i] || !strchr("0123456789ABCDEFGHJKMNPQRSTVWXYZ", s[i])) return 0;
+  return 1;
+}
+
+/* Versions: the SHA-256 of a source, 64 lowercase hex digits. */
+static int is_version(const char *s, size_t len) {
+  if (len != 64) return 0;
+  for (size_t i = 0; i < len; i++)
+    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return 0;
+  return 1;
+}
+
+/* Skill ids: [a-z0-9][a-z0-9._-]*, at most SERVER_ID_MAX bytes. */
+static int is_skill_id(const char *s, size_t len) {
+  if (len == 0 || len > SERVER_ID_MAX) return 0;
+  for (size_t i = 0; i < len; i++) {
+    unsigned char c = (unsigned char)s[i];
+    int ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+             (i > 0 && (c == '.' || c == '_' || c == '-'));
+    if (!ok) return 0;
+  }
+  return 1;
+}
+
+/* Whether the method (mlen bytes) is want. */
+static int is_method(const char *m, size_t mlen, const char *want) {
+  size_t n = strlen(want);
+  return mlen == n && !memcmp(m, want, n);
+}
+
+/* See server_route.h. */
+const char *server_error_code(int status, int code) {
+  if (status == 405) return "method_not_allowed";
+  if (status == 401) return "unauthenticated";
+  if (status == 413) return "too_large";
+  if (status == 503 && code != ERR_BUSY) return "unavailable";
+  return err_name(code);
+}
+
+/* See server_route.h. */
+int server_status_of(int code) {
+  switch (code) {
+  case ERR_INVALID: return 400;
+  case ERR_NOTFOUND: return 404;
+  case ERR_CONFLICT: return 409;
+  case ERR_TOOBIG: return 413;
+  case ERR_AUTH: return 401;
+  case ERR_BUSY: return 503;
+  default: return 500;
+  }
+}
+
+/* See server_route.h. */
+char *server_error_json(const char *code, const char *message) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON *er = cJSON_AddObjectToObject(o, "error");
+  cJSON_AddStringToObject(er, "code", code);
+  cJSON_AddStringToObject(er, "message", message);
+  char *s = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  return s;
+}
+
+/* See server_route.h. */
+int server_auth_ok(const char *header, size_t hlen, const char *token, size_t toklen) {
+  if (!token || !toklen) return 1;
+  const char *got = "";
+  size_t glen = 0;
+  if (header && hlen > 7 && !strncasecmp(header, "Bearer ", 7)) {
+    got = header + 7;
+    glen = hlen - 7;
+    while (glen && *got == ' ') got++, glen--;
+    while (glen && (got[glen - 1] == ' ' || got[glen - 1] == '\t')) glen--;
+  }
+  /* The lengths are compared first, but the content comparison always runs
+  ** over the whole token: when the lengths differ the token is compared
+  ** with itself, so the time taken never depends on where a guess goes
+  ** wrong. */
+  int same_len = glen == toklen;
+  int diff = CRYPTO_memcmp(same_len ? got : token, token, toklen);
+  return same_len & (diff == 0);
+}
+
+/* ---- bodies ------------------------------------------------------------ */
+
+/* Fill e and *status; returns code. */
+static int fail(int *status, int st, err_t *e, int code, const char *fmt, ...)
+  __attribute__((format(printf, 5, 6)));
+
+static int fail(int *status, int st, err_t *e, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  if (e) {
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    e->code = code;
+  }
+  va_end(ap);
+  *status = st;
+  return code;
+}
+
+/* "an object", "a list", ... for messages. */
+static const char *json_type(const cJSON *v) {
+  if (cJSON_IsObject(v)) return "an object";
+  if (cJSON_IsArray(v)) return "a list";
+  if (cJSON_IsString(v)) return "a string";
+  if (cJSON_IsNumber(v)) return "a number";
+  if (cJSON_IsBool(v)) return "a boolean";
+  if (cJSON_IsNull(v)) return "null";
+  return "something else";
+}
+
+/* Whether len bytes are JSON whitespace only (or none). */
+static int only_space(const char *s, size_t len) {
+  for (size_t i = 0; i < len; i++)
+    if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\n') return 0;
+  return 1;
+}
+
+/* Parse a JSON body, refusing NUL bytes, invalid UTF-8, and what json_parse refuses. */
+static int parse_json(const char *body, size_t blen, cJSON **out, int *status, err_t *e) {
+  *out = NULL;
+  if (memchr(body, 0, blen))
+    return fail(status, 400, e, ERR_INVALID, "malformed JSON: the body holds a NUL byte");
+  if (!jsontext_utf8_valid(body, blen))
+    return fail(status, 400, e, ERR_INVALID, "malformed JSON: the body is not valid UTF-8");
+  err_t pe;
+  if (jsontext_parse(body, blen, out, &pe)) {
+    if (!strncmp(pe.msg, "invalid JSON", 12))
+      return fail(status, 400, e, ERR_INVALID, "malformed JSON%s", pe.msg + 12);
+    return fail(status, 400, e, ERR_INVALID, "malformed JSON: %s", pe.msg);
+  }
+  return 0;
+}
+
+/* Refuse keys of object o other than known (NULL-terminated), and repeats. */
+static int check_keys(const cJSON *o, const char *const *known, const char *where,
+                      const char *what, int *status, err_t *e) {
+  for (const cJSON *k = o->child; k; k = k->next) {
+    int ok = 0;
+    for (const char *const *n = known; *n && !ok; n++) ok = k->string && !strcmp(*n, k->string);
+    char name[80];
+    printable(name, sizeof name, k->string ? k->string : "", k->string ? strlen(k->string) : 0);
+    if (!ok)
+      return fail(status, 400, e, ERR_INVALID, "%sunknown key '%s' (%s)", where, name, what);
+    for (const cJSON *j = o->child; j != k; j = j->next)
+      if (j->string && !strcmp(j->string, k->string))
+        return fail(status, 400, e, ERR_INVALID, "%skey '%s' appears twice", where, name);
+  }
+  return 0;
+}
+
+/* A string field of 1..max bytes, or absent/null when optional. */
+static int check_name(const cJSON *v, int optional, size_t max) {
+  if (!v || cJSON_IsNull(v)) return optional;
+  if (!cJSON_IsString(v) || !v->valuestring) return 0;
+  size_t n = strlen(v->valuestring);
+  return n > 0 && n <= max;
+}
+
+/* The bytes of v as compact JSON, and over-the-limit check. */
+static int check_size(const cJSON *v, int64_t limit, const char *where, const char *what,
+                      char **text, int *status, err_t *e) {
+  char *s = v ? cJSON_PrintUnformatted(v) : strdup("null");
+  if (!s) return fail(status, 500, e, ERR_NOMEM, "out of memory");
+  int64_t n = (int64_t)strlen(s);
+  if (limit > 0 && n > limit) {
+    char a[32], b[32];
+    units_fmt_over(n, limit, a, b, sizeof a);
+    free(s);
+    return fail(status, 413, e, ERR_TOOBIG, "%s%s is %s, over the limit of %s (limits.event)",
+                where, what, a, b);
+  }
+  if (text) *text = s;
+  else free(s);
+  return 0;
+}
+
+/* One event of a POST /v1/events body, normalized into {name, data, id?}. */
+static int check_event(cJSON *ev, const char *where, int64_t limit, cJSON *out, int *status,
+                       err_t *e) {
+  static const char *const keys[] = {"name", "data", "id", NULL};
+  if (!cJSON_IsObject(ev))
+    return fail(status, 400, e, ERR_INVALID, "%sexpected an event {name, data, id?}, got %s",
+                where, json_type(ev));
+  if (check_keys(ev, keys, where, "an event has name, data and id", status, e)) return e->code;
+  cJSON *name = cJSON_GetObjectItemCaseSensitive(ev, "name");
+  cJSON *id = cJSON_GetObjectItemCaseSensitive(ev, "id");
+  if (!check_name(name, 0, SERVER_NAME_MAX))
+    return fail(status, 400, e, ERR_INVALID,
+                "%sname must be a non-empty string of at most %d bytes%s", where, SERVER_NAME_MAX,
+                name ? "" : " (it is missing)");
+  if (!check_name(id, 1, SERVER_NAME_MAX))
+    return fail(status, 400, e, ERR_INVALID,
+                "%sid (the idempotency key) must be a non-empty string of at most %d bytes",
+                where, SERVER_NAME_MAX);
+  cJSON *data = cJSON_GetObjectItemCaseSensitive(ev, "data");
+  if (check_size(data, limit, where, "data", NULL, status, e)) return e->code;
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "name", name->valuestring);
+  cJSON *d = data ? cJSON_DetachItemViaPointer(ev, data) : cJSON_CreateNull();
+  cJSON_AddItemToObject(o, "data", d);
+  if (id && cJSON_IsString(id)) cJSON_AddStringToObject(o, "id", id->valuestring);
+  cJSON_AddItemToArray(out, o);
+  return 0;
+}
+
+/* POST /v1/events: one event or a list, into p->events (always a list). */
+static int route_events(const char *body, size_t blen, const struct server_limits *lim,
+                        struct server_plan *p, int *status, err_t *e) {
+  if (only_space(body, blen))
+    return fail(status, 400, e, ERR_INVALID,
+                "the body is empty: POST /v1/events takes {name, data, id?} or a list of them");
+  cJSON *v;
+  if (parse_json(body, blen, &v, status, e)) return e->code;
+  cJSON *out = cJSON_CreateArray();
+  int rc = 0, n = 0;
+  if (cJSON_IsArray(v)) {
+    int count = cJSON_GetArraySize(v);
+    if (count == 0) rc = fail(status, 400, e, ERR_INVALID, "the list of events is empty");
+    else if (count > SERVER_EVENTS_MAX)
+      rc = fail(status, 413, e, ERR_TOOBIG, "too many events: %d (at most %d in one request)",
+                count, SERVER_EVENTS_MAX);
+    for (cJSON *ev = v->child; ev && !rc; ev = ev->next, n++) {
+      char where[48];
+      snprintf(where, sizeof where, "events[%d]: ", n);
+      rc = check_event(ev, where, lim->event_limit, out, status, e);
+    }
+  } else if (cJSON_IsObject(v)) {
+    rc = check_event(v, "", lim->event_limit, out, status, e);
+    n = 1;
+  } else {
+    rc = fail(status, 400, e, ERR_INVALID,
+              "expected an event {name, data, id?} or a list of them, got %s", json_type(v));
+  }
+  cJSON_Delete(v);
+  if (rc) {
+    cJSON_Delete(out);
+    return rc;
+  }
+  p->events = out;
+  p->nevents = n;
+  return 0;
+}
+
+/* POST /v1/skills/{id}/invoke: {data, wait?}; an empty body is {}. */
+static int route_invoke(const char *body, size_t blen, const struct server_limits *lim,
+                        struct server_plan *p, int *status, err_t *e) {
+  static const char *const keys[] = {"data", "wait", NULL};
+  if (only_space(body, blen)) {
+    p->data = strdup("null");
+    return p->data ? 0 : fail(status, 500, e, ERR_NOMEM, "out of memory");
+  }
+  cJSON *v;
+  if (parse_json(body, blen, &v, status, e)) return e->code;
+  int rc = 0;
+  if (!cJSON_IsObject(v)) {
+    rc = fail(status, 400, e, ERR_INVALID, "expected an object {data, wait?}, got %s",
+              json_type(v));
+  } else if (!(rc = check_keys(v, keys, "", "invoke takes data and wait", status, e))) {
+    cJSON *w = cJSON_GetObjectItemCaseSensitive(v, "wait");
+    if (!w || cJSON_IsNull(w) || cJSON_IsFalse(w)) p->wait_ms = 0;
+    else if (cJSON_IsTrue(w)) p->wait_ms = SERVER_WAIT_DEFAULT_MS;
+    else if (cJSON_IsNumber(w) && isfinite(w->valuedouble) && w->valuedouble >= 0 &&
+             w->valuedouble <= SERVER_WAIT_MAX_MS / 1000)
+      p->wait_ms = (int64_t)llround(w->valuedouble * 1000);
+    else
+      rc = fail(status, 400, e, ERR_INVALID,
+                "wait must be true, false or a number of seconds from 0 to %d",
+                SERVER_WAIT_MAX_MS / 1000);
+    if (!rc)
+      rc = check_size(cJSON_GetObjectItemCaseSensitive(v, "data"), lim->event_limit, "",
+                      "data", &p->data, status, e);
+  }
+  cJSON_Delete(v);
+  return rc;
+}
+
+/* ---- GET /v1/runs query -------------------------------------------------- */
+
+/* The parameter of query q (qlen bytes) that starts at i: *j gets where it
+** ends (the next '&' or qlen) and *eq where its '=' is (*j when it has none). */
+static void split_param(const char *q, size_t qlen, size_t i, size_t *j, size_t *eq) {
+  *j = i;
+  while (*j < qlen && q[*j] != '&') (*j)++;
+  *eq = i;
+  while (*eq < *j && q[*eq] != '=') (*eq)++;
+}
+
+/* GET /v1/runs's query: skill, status, since, limit, before, trigger, parent. */
+static int route_list(const char *q, size_t qlen, int64_t now_ms, struct server_plan *p,
+                      int *status, err_t *e) {
+  p->limit = SERVER_LIST_DEFAULT;
+  size_t i = 0;
+  while (i < qlen) {
+    size_t j, eq;
+    split_param(q, qlen, i, &j, &eq);
+    char key[32], val[SERVER_ID_MAX * 2 + 1];
+    long kl = pct_decode(q + i, eq - i, key, sizeof key, 1);
+    long vl = eq < j ? pct_decode(q + eq + 1, j - eq - 1, val, sizeof val, 1) : 0;
+    if (eq >= j) val[0] = 0;
+    char shown[80];
+    printable(shown, sizeof shown, q + i, eq - i);
+    if (kl == -1 || vl == -1)
+      return fail(status, 400, e, ERR_INVALID, "malformed percent-encoding in parameter '%s'",
+                  shown);
+    if (j == i) {
+      i = j + 1;
+      continue;
+    }
+    if (kl < 0 || (size_t)kl != strlen(key) ||
+        (strcmp(key, "skill") && strcmp(key, "status") && strcmp(key, "since") &&
+         strcmp(key, "limit") && strcmp(key, "before") && strcmp(key, "trigger") &&
+         strcmp(key, "parent")))
+      return fail(status, 400, e, ERR_INVALID, "unknown parameter '%s' (GET /v1/runs takes "
+                  "skill, status, since, limit, before, trigger and parent)", shown);
+    printable(shown, sizeof shown, val, vl > 0 ? (size_t)vl : 0);
+    if (vl == -2 || (vl > 0 && (size_t)vl != strlen(val)))
+      return fail(status, 400, e, ERR_INVALID, "parameter '%s' is too long or holds a NUL byte",
+                  key);
+    if (vl == 0) {
+      /* An empty value is no filter, as HTML forms send it. */
+    } else if (!strcmp(key, "skill")) {
+      if (!is_skill_id(val, (size_t)vl))
+        return fail(status, 400, e, ERR_INVALID, "skill: '%s' is not a skill id", shown);
+      memcpy(p->skill, val, (size_t)vl + 1);
+      p->filter.skill = p->skill;
+    } else if (!strcmp(key, "status")) {
+      if (!vocab_is_run_status(val))
+        return fail(status, 400, e, ERR_INVALID, "status must be one of " VOCAB_RUN_STATUSES
+                    "; got '%s'", shown);
+      memcpy(p->status, val, (size_t)vl + 1); /* one of the statuses: shorter than 16 */
+      p->filter.status = p->status;
+    } else if (!strcmp(key, "trigger")) {
+      if (!vocab_is_trigger_kind(val))
+        return fail(status, 400, e, ERR_INVALID, "trigger must be one of " VOCAB_TRIGGER_KINDS
+                    "; got '%s'", shown);
+      memcpy(p->trigger, val, (size_t)vl + 1); /* a trigger kind: shorter than p->trigger */
+      p->filter.trigger = p->trigger;
+    } else if (!strcmp(key, "before") || !strcmp(key, "parent")) {
+      /* Both hold a run id: before pages, parent lists a run's children. */
+      int before = key[0] == 'b';
+      if (!is_run_id(val, (size_t)vl))
+        return fail(status, 400, e, ERR_INVALID, "%s: '%s' is not a run id (26 characters "
+                    "such as 01J00000000000000000000000)", key, shown);
+      char *dst = before ? p->before : p->parent;
+      memcpy(dst, val, (size_t)vl + 1);
+      if (before) p->filter.before = dst;
+      else p->filter.parent_id = dst;
+    } else if (!strcmp(key, "since")) {
+      int64_t ms;
+      err_t sub;
+      if (!units_duration(val, &ms, &sub)) p->filter.since = now_ms - ms;
+      else if (!units_parse_rfc3339(val, &ms, &sub)) p->filter.since = ms;
+      else
+        return fail(status, 400, e, ERR_INVALID, "since: expected a duration such as 7d or "
+                    "an RFC 3339 time, got '%s'", shown);
+      if (p->filter.since <= 0) p->filter.since = 1;
+    } else { /* limit */
+      long n = 0;
+      int ok = vl <= 5;
+      for (long k = 0; k < vl && ok; k++) {
+        ok = val[k] >= '0' && val[k] <= '9';
+        n = n * 10 + (val[k] - '0');
+      }
+      if (!ok || n < 1 || n > SERVER_LIST_MAX)
+        return fail(status, 400, e, ERR_INVALID,
+                    "limit must be a number from 1 to %d, got '%s'", SERVER_LIST_MAX, shown);
+      p->limit = (int)n;
+    }
+    i = j + 1;
+  }
+  /* One more than asked: whether it comes back says if there is a next page. */
+  p->filter.limit = p->limit + 1;
+  return 0;
+}
+
+/* ---- PUT and DELETE /v1/skills/{id} query ----------------------------- */
+
+/* The only parameter: file, the name of the skill's file (the standalone
+** sidecar's "//HOST/PATH"): printable UTF-8, at most SERVER_FILE_MAX bytes. */
+static int route_file(const char *q, size_t qlen, struct server_plan *p, int *status, err_t *e) {
+  size_t i = 0;
+  while (i < qlen) {
+    size_t j, eq;
+    split_param(q, qlen, i, &j, &eq);
+    char shown[80];
+    printable(shown, sizeof shown, q + i, eq - i);
+    if (j == i) {
+      i = j + 1;
+      continue;
+    }
+    if (eq - i != 4 || memcmp(q + i, "file", 4))
+      return fail(status, 400, e, ERR_INVALID, "unknown parameter '%s' (this path takes only "
+                  "file)", shown);
+    long vl = eq < j ? pct_decode(q + eq + 1, j - eq - 1, p->file, sizeof p->file, 1) : 0;
+    if (vl == -1)
+      return fail(status, 400, e, ERR_INVALID, "malformed percent-encoding in parameter 'file'");
+    if (vl == -2)
+      return fail(status, 400, e, ERR_INVALID, "parameter 'file' is longer than %d bytes",
+                  SERVER_FILE_MAX);
+    int ok = jsontext_utf8_valid(p->file, (size_t)vl);
+    for (long k = 0; k < vl && ok; k++) ok = (unsigned char)p->file[k] >= 0x20 && p->file[k] != 0x7f;
+    if (!ok) {
+      p->file[0] = 0;
+      return fail(status, 400, e, ERR_INVALID, "parameter 'file' must be printable UTF-8");
+    }
+    i = j + 1;
+  }
+  return 0;
+}
+
+/* ---- the route table -------------------------------------------------- */
+
+/* See server_route.h. */
+void server_plan_free(struct server_plan *p) {
+  cJSON_Delete(p->events);
+  free(p->data);
+  p->events = NULL;
+  p->data = NULL;
+}
+
+/* A 405, remembering the methods the path takes for the Allow header. */
+static int not_allowed(struct server_plan *p, const char *allow, int *status, err_t *e,
+                       const char *m, size_t mlen, const char *path) {
+  char shown[80];
+  printable(shown, sizeof shown, m, mlen);
+  p->allow = allow;
+  return fail(status, 405, e, ERR_INVALID, "%s is not allowed on %s (allowed: %s)", shown, path,
+              allow);
+}
+
+/* See server_route.h. */
+int server_route(const char *method, size_t mlen, const char *target, size_t tlen,
+                 const char *body, size_t blen, const struct server_limits *lim, int64_t now_ms,
+                 struct server_plan *p, int *status, err_t *e) {
+  memset(p, 0, sizeof *p);
+  struct server_limits dl = {.event_limit = 1 << 20, .body_max = SERVER_BODY_MAX};
+  if (!lim) lim = &dl;
+  size_t body_max = lim->body_max ? lim->body_max : SERVER_BODY_MAX;
+  if (!body) blen = 0, body = "";
+  *status = 200;
+
+  /* Split the target into path and query, and the path into decoded segments. */
+  size_t plen = 0;
+  while (plen < tlen && target[plen] != '?' && target[plen] != '#') plen++;
+  int has_q = plen < tlen && target[plen] == '?';
+  const char *q = has_q ? target + plen + 1 : "";
+  size_t qlen = has_q ? tlen - plen - 1 : 0; /* "?" alone: q points at the end, qlen 0 */
+  for (size_t k = 0; k < qlen; k++)
+    if (q[k] == '#') qlen = k;
+  char shown[80];
+  printable(shown, sizeof shown, target, plen);
+  if (plen == 0 || target[0] != '/')
+    return fail(status, 404, e, ERR_NOTFOUND, "no such path: '%s'", shown);
+  size_t end = plen;
+  if (end > 1 && target[end - 1] == '/') end--;
+  struct seg segs[MAX_SEGMENTS];
+  int nseg = 0;
+  size_t i = 1;
+  while (i < end) {
+    size_t j = i;
+    while (j < end && target[j] != '/') j++;
+    if (nseg == MAX_SEGMENTS)
+      return fail(status, 404, e, ERR_NOTFOUND, "no such path: '%s'", shown);
+    long n = pct_decode(target + i, j - i, segs[nseg].s, sizeof segs[nseg].s, 0);
+    if (n == -1)
+      return fail(status, 400, e, ERR_INVALID, "malformed percent-encoding in the path '%s'",
+                  shown);
+    segs[nseg].too_long = n == -2;
+    segs[nseg].len = n < 0 ? 0 : (size_t)n;
+    nseg++;
+    i = j + 1;
+  }
+#define SEG(k, lit) (nseg > (k) && segs[k].len == sizeof(lit) - 1 && !memcmp(segs[k].s, lit, sizeof(lit) - 1))
+  int get = is_method(method, mlen, "GET"), head = is_method(method, mlen, "HEAD");
+  int post = is_method(method, mlen, "POST"), put = is_method(method, mlen, "PUT");
+  int del = is_method(method, mlen, "DELETE");
+  p->head = head;
+  get |= head;
+  enum server_op op = SERVER_OP_NONE;
+  const char *allow = NULL;
+  int id_seg = -1, skill_path = 0;
+  if (nseg == 0) {
+    op = SERVER_OP_INDEX, allow = "GET, HEAD";
+    if (!get) return not_allowed(p, allow, status, e, method, mlen, "/");
+  } else if (nseg == 1 && SEG(0, "metrics")) {
+    op = SERVER_OP_METRICS, allow = "GET, HEAD";
+    if (!get) return not_allowed(p, allow, status, e, method, mlen, "/metrics");
+  } else if (SEG(0, "v1") && SEG(1, "runs") && nseg == 2) {
+    op = SERVER_OP_LIST_RUNS, allow = "GET, HEAD";
+    if (!get) return not_allowed(p, allow, status, e, method, mlen, "/v1/runs");
+  } else if (SEG(0, "v1") && SEG(1, "runs") && nseg == 3) {
+    op = SERVER_OP_GET_RUN, allow = "GET, HEAD", id_seg = 2;
+    if (!get) return not_allowed(p, allow, status, e, method, mlen, "/v1/runs/{id}");
+  } else if (SEG(0, "v1") && SEG(1, "runs") && nseg == 4 && (SEG(3, "cancel") || SEG(3, "rerun"))) {
+    op = SEG(3, "cancel") ? SERVER_OP_CANCEL : SERVER_OP_RERUN, allow = "POST", id_seg = 2;
+    if (!post)
+      return not_allowed(p, allow, status, e, method, mlen,
+                         op == SERVER_OP_CANCEL ? "/v1/runs/{id}/cancel" : "/v1/runs/{id}/rerun");
+  } else if (SEG(0, "v1") && SEG(1, "events") && nseg == 2) {
+    op = SERVER_OP_EVENTS, allow = "POST";
+    if (!post) return not_allowed(p, allow, status, e, method, mlen, "/v1/events");
+  } else if (SEG(0, "v1") && SEG(1, "skills") && nseg == 2) {
+    op = SERVER_OP_LIST_SKILLS, allow = "GET, HEAD";
+    if (!get) return not_allowed(p, allow, status, e, method, mlen, "/v1/skills");
+  } else if (SEG(0, "v1") && SEG(1, "skills") && nseg == 3) {
+    allow = "GET, HEAD, PUT, DELETE", id_seg = 2, skill_path = 1;
+    if (get) op = SERVER_OP_GET_SKILL;
+    else if (put) op = SERVER_OP_PUT_SKILL;
+    else if (del) op = SERVER_OP_DELETE_SKILL;
+    else return not_allowed(p, allow, status, e, method, mlen, "/v1/skills/{id}");
+  } else if (SEG(0, "v1") && SEG(1, "skills") && nseg == 4 && SEG(3, "invoke")) {
+    op = SERVER_OP_INVOKE, allow = "POST", id_seg = 2, skill_path = 1;
+    if (!post) return not_allowed(p, allow, status, e, method, mlen, "/v1/skills/{id}/invoke");
+  } else if (SEG(0, "v1") && SEG(1, "versions") && nseg == 3) {
+    op = SERVER_OP_GET_VERSION, allow = "GET, HEAD";
+    if (!get) return not_allowed(p, allow, status, e, method, mlen, "/v1/versions/{hash}");
+    char v[80];
+    printable(v, sizeof v, segs[2].s, segs[2].len);
+    if (segs[2].too_long || !is_version(segs[2].s, segs[2].len))
+      return fail(status, 404, e, ERR_NOTFOUND, "no skill version '%s': a version is the 64 "
+                  "lowercase hex digits of its source's SHA-256", v);
+    memcpy(p->id, segs[2].s, segs[2].len);
+    p->id[segs[2].len] = 0;
+  } else {
+    return fail(status, 404, e, ERR_NOTFOUND, "no such path: '%s' (the API is under /v1: "
+                "runs, events, skills, versions)", shown);
+  }
+#undef SEG
+  p->op = op;
+  p->allow = allow;
+
+  if (id_seg >= 0) {
+    struct seg *s = &segs[id_seg];
+    char id[80];
+    printable(id, sizeof id, s->s, s->len);
+    int ok = !s->too_long && (skill_path ? is_skill_id(s->s, s->len) : is_run_id(s->s, s->len));
+    if (!ok) {
+      p->op = SERVER_OP_NONE;
+      if (op == SERVER_OP_PUT_SKILL)
+        return fail(status, 400, e, ERR_INVALID, "bad skill id '%s': it must match "
+                    "[a-z0-9][a-z0-9._-]* and have at most %d characters", id, SERVER_ID_MAX);
+      if (s->too_long)
+        return fail(status, 404, e, ERR_NOTFOUND, "no %s has an id that long (over %d bytes)",
+                    skill_path ? "skill" : "run", SERVER_ID_MAX * 3);
+      if (skill_path)
+        return fail(status, 404, e, ERR_NOTFOUND, "no skill '%s' is registered", id);
+      return fail(status, 404, e, ERR_NOTFOUND, "no run with id '%s'", id);
+    }
+    memcpy(p->id, s->s, s->len);
+    p->id[s->len] = 0;
+  }
+
+  if (blen > body_max) {
+    char a[32], b[32];
+    units_fmt_over((int64_t)blen, (int64_t)body_max, a, b, sizeof a);
+    p->op = SERVER_OP_NONE;
+    return fail(status, 413, e, ERR_TOOBIG, "the body is %s, over the limit of %s", a, b);
+  }
+  int rc = 0;
+  switch (op) {
+  case SERVER_OP_LIST_RUNS: rc = route_list(q, qlen, now_ms, p, status, e); break;
+  case SERVER_OP_EVENTS: rc = route_events(body, blen, lim, p, status, e); break;
+  case SERVER_OP_INVOKE: rc = route_invoke(body, blen, lim, p, status, e); break;
+  case SERVER_OP_PUT_SKILL:
+    if (blen == 0) {
+      rc = fail(status, 400, e, ERR_INVALID, "the body is empty: PUT /v1/skills/{id} takes "
+                "the skill's Lua source");
+      break;
+    }
+    p->source = body;
+    p->source_len = blen;
+    rc = route_file(q, qlen, p, status, e);
+    break;
+  case SERVER_OP_DELETE_SKILL: rc = route_file(q, qlen, p, status, e); break;
+  default: break;
+  }
+  if (rc) {
+    server_plan_free(p);
+    p->op = SERVER_OP_NONE;
+  }
+  return rc;
+}
+
+/* See server_route.h. */
+int server_route_check(const char *method, const char *path, const char *body, size_t len,
+                       int *status, err_t *e) {
+  struct server_plan p;
+  struct server_limits lim = {.event_limit = 1 << 20, .body_max = SERVER_BODY_MAX};
+  int rc = server_route(method, strlen(method), path, strlen(path), body, len, &lim,
+                        units_now_ms(), &p, status, e);
+  server_plan_free(&p);
+  return rc;
+}

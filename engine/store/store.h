@@ -1,0 +1,149 @@
+/*
+** store.h: the one narrow interface between the engine and its durable
+** state. Everything the scheduler, the CLI and the HTTP API need from the
+** database goes through these functions, so another backend (PostgreSQL, for
+** engines on several hosts) can be added beside SQLite without touching them.
+**
+** Two sides:
+**   - writes: store_commit (a journal group in one transaction), leases,
+**     claiming work. They use the writer connection and may block on a sync,
+**     so the scheduler calls them from its commit thread; one thread at a
+**     time per store.
+**   - reads: run records (DESIGN's JSON shape), run lists, skill sources.
+**     They use the reader connection, from one thread at a time, and never
+**     wait for a writer (WAL).
+**
+** Times are milliseconds since the epoch. Run records are cJSON trees the
+** caller frees with cJSON_Delete.
+*/
+#ifndef ML_STORE_H
+#define ML_STORE_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cJSON.h>
+
+#include "base/err.h"
+#include "store/journal.h"
+
+typedef struct store store_t;
+
+enum store_durability {
+  STORE_FULL,   /* every commit group is synced to disk before it counts */
+  STORE_NORMAL, /* WAL's default: survives a process crash, not a power loss */
+};
+
+/* Open (creating and migrating as needed) the database at path. */
+int store_open(const char *path, enum store_durability d, store_t **out, err_t *e);
+void store_close(store_t *s);
+const char *store_path(const store_t *s);
+
+/* ---- writes ---------------------------------------------------------- */
+
+/* Commit every entry of j in one transaction. When j names an owner, its
+** lease is renewed in the same transaction, and the whole group is refused
+** (ERR_CONFLICT, "lease lost") if that lease no longer exists. */
+int store_commit(store_t *s, const journal_t *j, err_t *e);
+
+/* A process's lease: while it is held, the runs it owns are its to run. */
+struct lease {
+  const char *owner; /* unique per process */
+  const char *kind;  /* "serve", "run" */
+  const char *host;
+  long pid;
+  long long pid_start; /* the process's start time, to tell a reused pid */
+  int64_t expires_at;
+};
+
+/* Take a lease (insert its row). */
+int store_lease_acquire(store_t *s, const struct lease *l, err_t *e);
+
+/* Give up a lease: its unfinished runs become claimable at once. */
+int store_lease_release(store_t *s, const char *owner, err_t *e);
+
+/* Release the runs of leases that expired or whose process is gone (on
+** this host); returns the number of leases reaped, or a negative code. */
+int store_reap(store_t *s, const char *host, int64_t now, err_t *e);
+
+/* Claim up to limit unowned, unfinished runs for owner, oldest first.
+** *rows gets an array of n runs (free with store_rows_free). */
+int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows, size_t *n,
+                err_t *e);
+
+/* Take one run for owner (moonloop run --resume): allowed when it is
+** unfinished and unowned, or its owner's lease is gone. ERR_CONFLICT says
+** who holds it; ERR_NOTFOUND / ERR_CONFLICT for unknown or finished runs. */
+int store_take_run(store_t *s, const char *run_id, const char *owner, const char *host,
+                   int64_t now, struct run_row **row, err_t *e);
+
+void store_rows_free(struct run_row *rows, size_t n);
+
+/* Dispatch up to limit accepted events, oldest first, in one transaction:
+** start a run of every live skill with a matching event trigger (queued,
+** for any engine to claim), and deliver the event to the runs waiting for
+** it. *runs gets the number of runs started. Returns the number of events
+** dispatched, or a negative code. */
+int store_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e);
+
+/* Retention: delete the history of runs that ended before `before` (ms),
+** and dispatched events accepted before it; runs not ended are kept.
+** Counts go to *runs and *events. Works in batches of one transaction. */
+int store_prune(store_t *s, int64_t before, int64_t *runs, int64_t *events, err_t *e);
+
+/* ---- reads ----------------------------------------------------------- */
+
+/* The run record of DESIGN (with steps, attempts and logs when with_steps). */
+int store_get_run(store_t *s, const char *id, int with_steps, cJSON **out, err_t *e);
+
+/* One step as the journal holds it, for replay: the steps of a run in
+** order. *out is an array of objects {seq, id, kind, status, output (JSON
+** text), error, attempts, started_at, ended_at, wake_at, retry_at}. */
+int store_get_steps(store_t *s, const char *run_id, cJSON **out, err_t *e);
+
+struct run_filter {
+  const char *skill, *status, *trigger, *parent_id;
+  int64_t since, until; /* created_at bounds, 0 = none */
+  const char *before;   /* paging: only runs with an id below this one */
+  int limit;            /* 0 = 100 */
+};
+
+/* Runs matching f, newest first, as run records without steps. */
+int store_list_runs(store_t *s, const struct run_filter *f, cJSON **out, err_t *e);
+
+/* How many runs match f (its limit and paging are ignored). */
+int store_count_runs(store_t *s, const struct run_filter *f, int64_t *n, err_t *e);
+
+/* Runs by status, {"completed": 12, "failed": 1, ...}, for /metrics. */
+int store_count_by_status(store_t *s, cJSON **out, err_t *e);
+
+/* The source of a version (and its skill id and file); caller frees. */
+int store_get_version(store_t *s, const char *version, char **source, char **skill, char **file,
+                      err_t *e);
+
+/* A skill's registry record as DESIGN shows it; ERR_NOTFOUND if unknown. */
+int store_get_skill(store_t *s, const char *id, cJSON **out, err_t *e);
+int store_list_skills(store_t *s, cJSON **out, err_t *e);
+
+/* The version a rerun of a run of skill (which ran run_version) starts on,
+** malloc'd in *out: the skill's live version; the run's own when the skill
+** was never registered (a file run with `moonloop run FILE`); ERR_CONFLICT
+** when it is registered but has no live version (its file was deleted or
+** never loaded): a rerun is a new run, and those stopped with the file. */
+int store_rerun_version(store_t *s, const char *skill, const char *run_version, char **out,
+                        err_t *e);
+
+/* What the runs of owner got from others: waits delivered
+** ({"deliveries": [{"run_id", "seq"}]}) and cancellations asked for
+** ({"cancels": [{"run_id", "reason"}]}). */
+int store_poll(store_t *s, const char *owner, cJSON **out, err_t *e);
+
+/* The last cron tick fired for (skill, spec), or 0 when none was. */
+int64_t store_cron_last(store_t *s, const char *skill, const char *spec);
+
+/* Whether a live "serve" lease holds this database (for invoke --wait). */
+int store_engine_alive(store_t *s, int64_t now);
+
+/* A number that changes when another connection commits (PRAGMA data_version). */
+int64_t store_data_version(store_t *s);
+
+#endif

@@ -1,0 +1,767 @@
+/*
+** store_sqlite.c: the store (store.h) on an embedded SQLite file.
+**
+** Two connections to one WAL-mode database: the writer, used by whoever
+** commits (the scheduler's commit thread), and the reader, used by the loop
+** thread and the CLI. WAL lets the reader see the last committed state
+** while a commit is being synced, so the loop never waits for a writer.
+**
+** Schema (migrations are numbered by PRAGMA user_version; add, never edit):
+**
+**   skills   (id) -> live version, file, description, triggers, last error
+**   versions (version) -> skill, source, file: every source ever loaded
+**   runs     (id) -> skill, version, status, trigger, input, output, error,
+**            times, owner (the lease holding it while unfinished)
+**   steps    (run_id, seq) -> id, kind, status, output, attempts, times
+**   attempts (run_id, seq, n) -> failed attempts with error and traceback
+**   logs     run_id, seq, ts, level, msg
+**   events   (id) -> name, data, idempotency key, dispatched
+**   waits    (run_id, seq) -> what a parked run waits for (an event, a
+**            child run, a cancelling event) and, once delivered, the result
+**   deliveries (run_id, event_id): events a run's waits already took
+**   slots, slot_queue: concurrency slots held, and runs queued for them
+**   cron_state (skill, spec) -> the last tick fired
+**   leases   (owner) -> kind, host, pid, expires_at
+**
+** A run is owned by at most one live lease. Finished runs have no owner.
+** Claiming work takes unowned unfinished runs; reaping clears the owner of
+** runs whose lease expired or whose process died.
+**
+** This file holds the connections, the schema, the core journal entries
+** (store_commit), leases and claiming work. The other parts of the store:
+** store_flow.c (events, waits, cancellation, slots, cron), store_prune.c
+** (retention) and store_read.c (every read: run records, lists, skills);
+** what they share is in store_db.h.
+*/
+#include "base/fault.h"
+#include "base/proc.h"
+#include "base/units.h"
+#include "store/store_db.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *const migrations[] = {
+  /* 1: the durable core */
+  "CREATE TABLE skills("
+  "  id TEXT PRIMARY KEY, version TEXT, file TEXT, description TEXT,"
+  "  triggers TEXT, error TEXT, updated_at INTEGER NOT NULL);"
+  "CREATE TABLE versions("
+  "  version TEXT PRIMARY KEY, skill TEXT NOT NULL, source TEXT NOT NULL,"
+  "  file TEXT, loaded_at INTEGER NOT NULL);"
+  "CREATE INDEX versions_skill ON versions(skill, loaded_at);"
+  "CREATE TABLE runs("
+  "  id TEXT PRIMARY KEY, skill TEXT NOT NULL, version TEXT NOT NULL,"
+  "  status TEXT NOT NULL, entry TEXT NOT NULL DEFAULT 'run', trigger TEXT NOT NULL,"
+  "  parent_id TEXT, input TEXT, output TEXT, error TEXT,"
+  "  created_at INTEGER NOT NULL, started_at INTEGER, ended_at INTEGER,"
+  "  deadline_at INTEGER, wake_at INTEGER, owner TEXT);"
+  "CREATE INDEX runs_skill ON runs(skill, id);"
+  "CREATE INDEX runs_status ON runs(status, id);"
+  "CREATE INDEX runs_parent ON runs(parent_id) WHERE parent_id IS NOT NULL;"
+  "CREATE INDEX runs_owner ON runs(owner) WHERE owner IS NOT NULL;"
+  "CREATE INDEX runs_unowned ON runs(id) WHERE owner IS NULL"
+  "  AND status IN ('queued','running','sleeping','waiting');"
+  "CREATE TABLE steps("
+  "  run_id TEXT NOT NULL, seq INTEGER NOT NULL, id TEXT NOT NULL, kind TEXT NOT NULL,"
+  "  status TEXT NOT NULL, output TEXT, error TEXT, usage TEXT,"
+  "  attempts INTEGER NOT NULL DEFAULT 1, started_at INTEGER, ended_at INTEGER,"
+  "  wake_at INTEGER, retry_at INTEGER, PRIMARY KEY(run_id, seq)) WITHOUT ROWID;"
+  "CREATE TABLE attempts("
+  "  run_id TEXT NOT NULL, seq INTEGER NOT NULL, n INTEGER NOT NULL, status TEXT NOT NULL,"
+  "  error TEXT, traceback TEXT, started_at INTEGER, ended_at INTEGER, retry_at INTEGER,"
+  "  PRIMARY KEY(run_id, seq, n)) WITHOUT ROWID;"
+  "CREATE TABLE logs("
+  "  run_id TEXT NOT NULL, seq INTEGER NOT NULL, ts INTEGER NOT NULL,"
+  "  level TEXT NOT NULL, msg TEXT NOT NULL);"
+  "CREATE INDEX logs_run ON logs(run_id, seq);"
+  "CREATE TABLE events("
+  "  id TEXT PRIMARY KEY, name TEXT NOT NULL, data TEXT, idem TEXT UNIQUE,"
+  "  ts INTEGER NOT NULL, dispatched INTEGER NOT NULL DEFAULT 0);"
+  "CREATE TABLE timers(run_id TEXT PRIMARY KEY, seq INTEGER, wake_at INTEGER NOT NULL);"
+  "CREATE INDEX timers_wake ON timers(wake_at);"
+  "CREATE TABLE leases("
+  "  owner TEXT PRIMARY KEY, kind TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL,"
+  "  pid_start INTEGER NOT NULL, started_at INTEGER NOT NULL, expires_at INTEGER NOT NULL);",
+  /* 2: triggers and flow: waits, deliveries, cancellation, concurrency, cron */
+  "DROP TABLE timers;"
+  "ALTER TABLE runs ADD COLUMN cancel_requested INTEGER NOT NULL DEFAULT 0;"
+  "ALTER TABLE runs ADD COLUMN cancel_reason TEXT;"
+  "CREATE INDEX runs_cancel ON runs(owner) WHERE cancel_requested = 1;"
+  "CREATE INDEX events_pending ON events(ts, id) WHERE dispatched = 0;"
+  "CREATE INDEX events_name ON events(name, ts);"
+  "CREATE TABLE waits("
+  "  run_id TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL,"
+  "  match_path TEXT, match_value TEXT, since INTEGER NOT NULL, timeout_at INTEGER,"
+  "  owner TEXT, result TEXT, delivered_at INTEGER,"
+  "  PRIMARY KEY(run_id, seq)) WITHOUT ROWID;"
+  "CREATE INDEX waits_pending ON waits(kind, name) WHERE result IS NULL;"
+  "CREATE INDEX waits_delivered ON waits(run_id) WHERE result IS NOT NULL;"
+  "CREATE TABLE deliveries("
+  "  run_id TEXT NOT NULL, event_id TEXT NOT NULL, seq INTEGER NOT NULL,"
+  "  PRIMARY KEY(run_id, event_id)) WITHOUT ROWID;"
+  "CREATE TABLE slots("
+  "  skill TEXT NOT NULL, key TEXT NOT NULL, run_id TEXT NOT NULL, since INTEGER NOT NULL,"
+  "  PRIMARY KEY(skill, key, run_id)) WITHOUT ROWID;"
+  "CREATE INDEX slots_run ON slots(run_id);"
+  "CREATE TABLE slot_queue("
+  "  skill TEXT NOT NULL, key TEXT NOT NULL, run_id TEXT NOT NULL, since INTEGER NOT NULL,"
+  "  PRIMARY KEY(skill, key, since, run_id)) WITHOUT ROWID;"
+  "CREATE INDEX slot_queue_run ON slot_queue(run_id);"
+  "CREATE TABLE cron_state("
+  "  skill TEXT NOT NULL, spec TEXT NOT NULL, last_tick INTEGER NOT NULL,"
+  "  PRIMARY KEY(skill, spec)) WITHOUT ROWID;",
+};
+#define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
+
+
+static const char *const wsql[W_COUNT] = {
+  [W_BEGIN] = "BEGIN IMMEDIATE",
+  [W_COMMIT] = "COMMIT",
+  [W_ROLLBACK] = "ROLLBACK",
+  [W_LEASE_RENEW] = "UPDATE leases SET expires_at = ?2 WHERE owner = ?1",
+  [W_RUN_NEW] =
+    "INSERT INTO runs(id, skill, version, status, entry, trigger, parent_id, input, output,"
+    " error, created_at, started_at, ended_at, deadline_at, wake_at, owner)"
+    " VALUES(?1,?2,?3,?4,COALESCE(?5,'run'),?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)",
+  [W_RUN_SET] =
+    "UPDATE runs SET status = ?2, output = COALESCE(?3, output), error = COALESCE(?4, error),"
+    " started_at = COALESCE(?5, started_at), ended_at = COALESCE(?6, ended_at), wake_at = ?7,"
+    " owner = CASE WHEN ?2 IN ('completed','failed','cancelled') THEN NULL ELSE owner END"
+    " WHERE id = ?1",
+  [W_STEP] =
+    "INSERT OR REPLACE INTO steps(run_id, seq, id, kind, status, output, error, usage, attempts,"
+    " started_at, ended_at, wake_at, retry_at) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)",
+  [W_ATTEMPT] =
+    "INSERT OR REPLACE INTO attempts(run_id, seq, n, status, error, traceback, started_at,"
+    " ended_at, retry_at) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
+  [W_LOG] = "INSERT INTO logs(run_id, seq, ts, level, msg) VALUES(?1,?2,?3,?4,?5)",
+  [W_VERSION] =
+    "INSERT OR IGNORE INTO versions(version, skill, source, file, loaded_at)"
+    " VALUES(?1,?2,?3,?4,?5)",
+  [W_SKILL] =
+    "INSERT INTO skills(id, version, file, description, triggers, error, updated_at)"
+    " VALUES(?1,?2,?3,?4,?5,?6,?7) ON CONFLICT(id) DO UPDATE SET version = ?2,"
+    " file = COALESCE(?3, file), description = ?4, triggers = ?5, error = ?6, updated_at = ?7",
+};
+
+
+/* See store.h. */
+const char *store_path(const store_t *s) { return s->path; }
+
+/* Report the connection's last error as an ERR_IO with context. */
+int store__db_err(err_t *e, sqlite3 *db, const char *what) {
+  int code = sqlite3_errcode(db);
+  return err_set(e, code == SQLITE_BUSY || code == SQLITE_LOCKED ? ERR_BUSY : ERR_IO,
+                 "store: %s: %s", what, sqlite3_errmsg(db));
+}
+
+/* Run sql (one or more statements, no parameters) on db; ERR_IO with the
+** start of the SQL on failure. */
+int store__exec(sqlite3 *db, const char *sql, err_t *e) {
+  char *msg = NULL;
+  if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+    err_set(e, ERR_IO, "store: %s (in: %.80s)", msg ? msg : "error", sql);
+    sqlite3_free(msg);
+    return ERR_IO;
+  }
+  return 0;
+}
+
+/* Fill e with why path could not be opened: what the file system says
+** when it tells more than SQLite's "unable to open database file" (the
+** folder is missing, not a folder, not writable; path is a folder), else
+** SQLite's message. */
+static int open_error(const char *path, const char *sqlite_msg, err_t *e) {
+  struct stat st;
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+    return err_set(e, ERR_IO, "cannot open database '%s': it is a folder, not a file", path);
+  const char *slash = strrchr(path, '/');
+  char dir[1024];
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == path) snprintf(dir, sizeof dir, "/");
+  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  if (stat(dir, &st) != 0 && errno == ENOENT)
+    return err_set(e, ERR_IO, "cannot open database '%s': the folder '%s' does not exist", path,
+                   dir);
+  if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
+    return err_set(e, ERR_IO, "cannot open database '%s': '%s' is not a folder", path, dir);
+  if (access(path, F_OK) != 0 && access(dir, W_OK | X_OK) != 0)
+    return err_set(e, ERR_IO, "cannot create database '%s': the folder '%s' is not writable (%s)",
+                   path, dir, strerror(errno));
+  return err_set(e, ERR_IO, "cannot open database '%s': %s", path, sqlite_msg);
+}
+
+/* Open one connection to the file at path (created if missing), with a
+** busy timeout of 10 s; *db is NULL on failure. */
+static int open_conn(const char *path, sqlite3 **db, err_t *e) {
+  int rc = sqlite3_open_v2(path, db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
+                                       SQLITE_OPEN_NOMUTEX, NULL);
+  if (rc != SQLITE_OK) {
+    open_error(path, *db ? sqlite3_errmsg(*db) : sqlite3_errstr(rc), e);
+    sqlite3_close(*db);
+    *db = NULL;
+    return ERR_IO;
+  }
+  sqlite3_busy_timeout(*db, 10000);
+  return 0;
+}
+
+/* Bring the schema up to date, one migration per transaction. */
+static int migrate(sqlite3 *db, err_t *e) {
+  sqlite3_stmt *st;
+  int version = 0;
+  if (sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &st, NULL) != SQLITE_OK)
+    return store__db_err(e, db, "reading the schema version");
+  if (sqlite3_step(st) == SQLITE_ROW) version = sqlite3_column_int(st, 0);
+  sqlite3_finalize(st);
+  if (version > NMIGRATIONS)
+    return err_set(e, ERR_INVALID,
+                   "database schema version %d is newer than this moonloop knows (%d): "
+                   "upgrade moonloop", version, NMIGRATIONS);
+  for (int v = version; v < NMIGRATIONS; v++) {
+    char sql[64];
+    if (store__exec(db, "BEGIN IMMEDIATE", e)) return ERR_IO;
+    /* Another process may have migrated meanwhile: check again inside the lock. */
+    int now = 0;
+    if (sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &st, NULL) == SQLITE_OK) {
+      if (sqlite3_step(st) == SQLITE_ROW) now = sqlite3_column_int(st, 0);
+      sqlite3_finalize(st);
+    }
+    if (now > v) {
+      store__exec(db, "COMMIT", e);
+      v = now - 1;
+      continue;
+    }
+    snprintf(sql, sizeof sql, "PRAGMA user_version = %d", v + 1);
+    if (store__exec(db, migrations[v], e) || store__exec(db, sql, e)) {
+      err_prefix(e, "migrating the database to version %d", v + 1);
+      store__exec(db, "ROLLBACK", NULL);
+      return ERR_IO;
+    }
+    if (store__exec(db, "COMMIT", e)) return ERR_IO;
+  }
+  return 0;
+}
+
+/* Put the database in WAL mode. Asking when it already is changes nothing,
+** and is only a read: another process writing then is no obstacle. Setting
+** it (a new file) can meet a busy database past the busy handler (SQLite
+** does not wait in every case): try again for a while. */
+static int use_wal(sqlite3 *db, err_t *e) {
+  for (int tries = 0;; tries++) {
+    sqlite3_stmt *st;
+    int rc = sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &st, NULL);
+    if (rc == SQLITE_OK) {
+      rc = sqlite3_step(st);
+      const char *mode = rc == SQLITE_ROW ? (const char *)sqlite3_column_text(st, 0) : NULL;
+      int wal = mode && !strcmp(mode, "wal");
+      sqlite3_finalize(st);
+      if (wal) return 0;
+      if (rc == SQLITE_ROW) rc = sqlite3_exec(db, "PRAGMA journal_mode=WAL", NULL, NULL, NULL);
+      if (rc == SQLITE_OK) return 0;
+    }
+    if ((rc != SQLITE_BUSY && rc != SQLITE_LOCKED) || tries >= 100)
+      return store__db_err(e, db, "setting WAL mode");
+    struct timespec ts = {0, 50 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* See store.h: the writer first (WAL, durability, migrations, its
+** statements), then the reader. */
+int store_open(const char *path, enum store_durability d, store_t **out, err_t *e) {
+  store_t *s = calloc(1, sizeof *s);
+  if (!s) return err_set(e, ERR_NOMEM, "out of memory");
+  s->path = strdup(path);
+  if (open_conn(path, &s->w, e)) goto fail;
+  if (use_wal(s->w, e)) {
+    /* The first read of the file: where a file that is not SQLite shows. */
+    if ((sqlite3_errcode(s->w) & 0xff) == SQLITE_NOTADB)
+      err_set(e, ERR_IO, "'%s' is not a moonloop database (SQLite: %s)", path,
+              sqlite3_errmsg(s->w));
+    else
+      err_prefix(e, "cannot use '%s' as a database", path);
+    goto fail;
+  }
+  if (store__exec(s->w, d == STORE_FULL ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL", e))
+    goto fail;
+  if (migrate(s->w, e)) goto fail;
+  for (int i = 0; i < W_COUNT; i++)
+    if (sqlite3_prepare_v3(s->w, wsql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->ws[i], NULL)) {
+      store__db_err(e, s->w, "preparing statements");
+      goto fail;
+    }
+  if (open_conn(path, &s->r, e)) goto fail;
+  *out = s;
+  return 0;
+fail:
+  store_close(s);
+  return e ? e->code : ERR_IO;
+}
+
+/* See store.h. NULL is a no-op. */
+void store_close(store_t *s) {
+  if (!s) return;
+  for (int i = 0; i < W_COUNT; i++) sqlite3_finalize(s->ws[i]);
+  store__flow_close(s);
+  for (int i = 0; i < STORE_CACHED_STMTS; i++) sqlite3_finalize(s->cache[i].st);
+  sqlite3_close(s->w);
+  sqlite3_close(s->r);
+  free(s->path);
+  free(s);
+}
+
+/* ---- binding helpers ---- */
+
+/* Bind text v (not copied: it must outlive the step), or NULL for NULL. */
+void store__bind_text(sqlite3_stmt *st, int i, const char *v) {
+  if (v) sqlite3_bind_text(st, i, v, -1, SQLITE_STATIC);
+  else sqlite3_bind_null(st, i);
+}
+
+/* Bind a time, with 0 meaning "none" (NULL). */
+void store__bind_time(sqlite3_stmt *st, int i, int64_t v) {
+  if (v) sqlite3_bind_int64(st, i, v);
+  else sqlite3_bind_null(st, i);
+}
+
+/* Step a bound write statement to completion and reset it. */
+int store__step(store_t *s, sqlite3_stmt *st, err_t *e, const char *what) {
+  int rc = sqlite3_step(st);
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  if (rc != SQLITE_DONE && rc != SQLITE_ROW) return store__db_err(e, s->w, what);
+  return 0;
+}
+
+/* Column i as a malloc'd string, or NULL for NULL. */
+char *store__col_dup(sqlite3_stmt *st, int i) {
+  const unsigned char *t = sqlite3_column_text(st, i);
+  return t ? strdup((const char *)t) : NULL;
+}
+
+/* Whether a run status is final (completed, failed, cancelled); NULL is not. */
+int store__is_terminal(const char *status) {
+  return status && (!strcmp(status, "completed") || !strcmp(status, "failed") ||
+                    !strcmp(status, "cancelled"));
+}
+
+/* Run each of the n statements of sql on the writer, in order, with ?1
+** bound to arg; stops at the first failure (what names it). */
+sqlite3_stmt *store__cached(store_t *s, const char *sql, err_t *e) {
+  int i = 0;
+  for (; i < STORE_CACHED_STMTS && s->cache[i].sql; i++)
+    if (s->cache[i].sql == sql) {
+      sqlite3_reset(s->cache[i].st);
+      sqlite3_clear_bindings(s->cache[i].st);
+      return s->cache[i].st;
+    }
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v3(s->w, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, NULL) != SQLITE_OK) {
+    store__db_err(e, s->w, "preparing a statement");
+    return NULL;
+  }
+  if (i < STORE_CACHED_STMTS) {
+    s->cache[i].sql = sql;
+    s->cache[i].st = st;
+  }
+  /* A full cache only happens if someone passes non-static SQL: then the
+  ** statement leaks no more than one per call site ever seen. */
+  return st;
+}
+
+int store__exec_bound(store_t *s, const char *const *sql, size_t n, const char *arg,
+                      const char *what, err_t *e) {
+  for (size_t i = 0; i < n; i++) {
+    sqlite3_stmt *st = store__cached(s, sql[i], e);
+    if (!st) return e->code;
+    store__bind_text(st, 1, arg);
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (rc != SQLITE_DONE) return store__db_err(e, s->w, what);
+  }
+  return 0;
+}
+
+/* Insert a run row (every column of struct run_row) inside the open
+** transaction; what names the write in an error. */
+int store__put_run(store_t *s, const struct run_row *r, const char *what, err_t *e) {
+  sqlite3_stmt *st = s->ws[W_RUN_NEW];
+  store__bind_text(st, 1, r->id);
+  store__bind_text(st, 2, r->skill);
+  store__bind_text(st, 3, r->version);
+  store__bind_text(st, 4, r->status);
+  store__bind_text(st, 5, r->entry);
+  store__bind_text(st, 6, r->trigger ? r->trigger : "{}");
+  store__bind_text(st, 7, r->parent_id);
+  store__bind_text(st, 8, r->input);
+  store__bind_text(st, 9, r->output);
+  store__bind_text(st, 10, r->error);
+  sqlite3_bind_int64(st, 11, r->created_at);
+  store__bind_time(st, 12, r->started_at);
+  store__bind_time(st, 13, r->ended_at);
+  store__bind_time(st, 14, r->deadline_at);
+  store__bind_time(st, 15, r->wake_at);
+  store__bind_text(st, 16, r->owner);
+  return store__step(s, st, e, what);
+}
+
+/* Write one journal entry inside the open transaction: the core kinds
+** here, the others through store_flow.c. */
+static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
+  sqlite3_stmt *st;
+  switch (je->kind) {
+  case J_RUN_NEW:
+    return store__put_run(s, &je->u.run, "creating a run", e);
+  case J_RUN_SET: {
+    const struct run_set *r = &je->u.set;
+    st = s->ws[W_RUN_SET];
+    store__bind_text(st, 1, r->run_id);
+    store__bind_text(st, 2, r->status);
+    store__bind_text(st, 3, r->output);
+    store__bind_text(st, 4, r->error);
+    store__bind_time(st, 5, r->started_at);
+    store__bind_time(st, 6, r->ended_at);
+    store__bind_time(st, 7, r->wake_at);
+    if (store__step(s, st, e, "updating a run")) return e->code;
+    if (store__is_terminal(r->status)) return store__run_ended(s, r->run_id, r->status, e);
+    return 0;
+  }
+  case J_STEP: {
+    const struct step_row *r = &je->u.step;
+    st = s->ws[W_STEP];
+    store__bind_text(st, 1, r->run_id);
+    sqlite3_bind_int(st, 2, r->seq);
+    store__bind_text(st, 3, r->id);
+    store__bind_text(st, 4, r->kind);
+    store__bind_text(st, 5, r->status);
+    store__bind_text(st, 6, r->output);
+    store__bind_text(st, 7, r->error);
+    store__bind_text(st, 8, r->usage);
+    sqlite3_bind_int(st, 9, r->attempts);
+    store__bind_time(st, 10, r->started_at);
+    store__bind_time(st, 11, r->ended_at);
+    store__bind_time(st, 12, r->wake_at);
+    store__bind_time(st, 13, r->retry_at);
+    return store__step(s, st, e, "recording a step");
+  }
+  case J_ATTEMPT: {
+    const struct attempt_row *r = &je->u.attempt;
+    st = s->ws[W_ATTEMPT];
+    store__bind_text(st, 1, r->run_id);
+    sqlite3_bind_int(st, 2, r->seq);
+    sqlite3_bind_int(st, 3, r->n);
+    store__bind_text(st, 4, r->status);
+    store__bind_text(st, 5, r->error);
+    store__bind_text(st, 6, r->traceback);
+    store__bind_time(st, 7, r->started_at);
+    store__bind_time(st, 8, r->ended_at);
+    store__bind_time(st, 9, r->retry_at);
+    return store__step(s, st, e, "recording an attempt");
+  }
+  case J_LOG: {
+    const struct log_row *r = &je->u.log;
+    st = s->ws[W_LOG];
+    store__bind_text(st, 1, r->run_id);
+    sqlite3_bind_int(st, 2, r->seq);
+    sqlite3_bind_int64(st, 3, r->ts);
+    store__bind_text(st, 4, r->level);
+    store__bind_text(st, 5, r->msg);
+    return store__step(s, st, e, "recording a log line");
+  }
+  case J_VERSION: {
+    const struct version_row *r = &je->u.version;
+    st = s->ws[W_VERSION];
+    store__bind_text(st, 1, r->version);
+    store__bind_text(st, 2, r->skill);
+    store__bind_text(st, 3, r->source);
+    store__bind_text(st, 4, r->file);
+    sqlite3_bind_int64(st, 5, r->loaded_at);
+    return store__step(s, st, e, "recording a skill version");
+  }
+  case J_SKILL: {
+    const struct skill_row *r = &je->u.skill;
+    if (r->op != SKILL_PUT) return store__skill_change(s, r, e);
+    st = s->ws[W_SKILL];
+    store__bind_text(st, 1, r->id);
+    store__bind_text(st, 2, r->version);
+    store__bind_text(st, 3, r->file);
+    store__bind_text(st, 4, r->description);
+    store__bind_text(st, 5, r->triggers);
+    store__bind_text(st, 6, r->error);
+    sqlite3_bind_int64(st, 7, r->updated_at);
+    return store__step(s, st, e, "registering a skill");
+  }
+  default:
+    return store__write_flow(s, je, e);
+  }
+  return err_set(e, ERR_INTERNAL, "store: unknown journal entry kind %d", (int)je->kind);
+}
+
+/* See store.h: renew the lease (fencing), write every entry, commit; roll
+** back on any failure. */
+int store_commit(store_t *s, const journal_t *j, err_t *e) {
+  if (store__step(s, s->ws[W_BEGIN], e, "beginning a transaction")) return e->code;
+  int64_t expires;
+  const char *owner = journal_owner(j, &expires);
+  if (owner) {
+    sqlite3_stmt *st = s->ws[W_LEASE_RENEW];
+    store__bind_text(st, 1, owner);
+    sqlite3_bind_int64(st, 2, expires);
+    if (store__step(s, st, e, "renewing the lease")) goto fail;
+    if (sqlite3_changes(s->w) == 0) {
+      err_set(e, ERR_CONFLICT, "lease lost: another process took over the runs of %s", owner);
+      goto fail;
+    }
+  }
+  for (size_t i = 0, n = journal_count(j); i < n; i++)
+    if (write_entry(s, journal_entry(j, i), e)) goto fail;
+  fault_point("commit");
+  if (store__step(s, s->ws[W_COMMIT], e, "committing")) goto fail;
+  return 0;
+fail:
+  store__step(s, s->ws[W_ROLLBACK], NULL, "rolling back");
+  return e->code;
+}
+
+/* ---- leases and claiming work ---- */
+
+/* Prepare sql on db or fill e. */
+sqlite3_stmt *store__prep(sqlite3 *db, const char *sql, err_t *e) {
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
+    store__db_err(e, db, "preparing a query");
+    return NULL;
+  }
+  return st;
+}
+
+/* See store.h. */
+int store_lease_acquire(store_t *s, const struct lease *l, err_t *e) {
+  sqlite3_stmt *st = store__prep(s->w,
+    "INSERT OR REPLACE INTO leases(owner, kind, host, pid, pid_start, started_at, expires_at)"
+    " VALUES(?1,?2,?3,?4,?5,?6,?7)", e);
+  if (!st) return e->code;
+  store__bind_text(st, 1, l->owner);
+  store__bind_text(st, 2, l->kind);
+  store__bind_text(st, 3, l->host);
+  sqlite3_bind_int64(st, 4, l->pid);
+  sqlite3_bind_int64(st, 5, l->pid_start);
+  sqlite3_bind_int64(st, 6, units_now_ms());
+  sqlite3_bind_int64(st, 7, l->expires_at);
+  int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : store__db_err(e, s->w, "taking a lease");
+  sqlite3_finalize(st);
+  return rc;
+}
+
+/* Release the runs of owner and delete its lease; inside a transaction.
+** The runs keep their concurrency slots: a slot belongs to a run, and a
+** run whose process died may have a step still running out there; the
+** next owner resumes the run in the slot it holds. */
+static int release_owner(store_t *s, const char *owner, err_t *e) {
+  static const char *const sql[] = {
+    "UPDATE runs SET owner = NULL WHERE owner = ?1", "DELETE FROM leases WHERE owner = ?1",
+  };
+  return store__exec_bound(s, sql, 2, owner, "releasing a lease", e);
+}
+
+/* See store.h. */
+int store_lease_release(store_t *s, const char *owner, err_t *e) {
+  if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
+  if (release_owner(s, owner, e)) {
+    store__exec(s->w, "ROLLBACK", NULL);
+    return e->code;
+  }
+  return store__exec(s->w, "COMMIT", e);
+}
+
+/* Whether a lease row (owner, host, pid, pid_start, expires_at) is dead:
+** expired, or its process is gone on this host. */
+int store__lease_dead(sqlite3_stmt *st, const char *host, int64_t now) {
+  const char *h = (const char *)sqlite3_column_text(st, 1);
+  long pid = (long)sqlite3_column_int64(st, 2);
+  long long start = sqlite3_column_int64(st, 3);
+  int64_t expires = sqlite3_column_int64(st, 4);
+  if (expires < now) return 1;
+  return h && host && !strcmp(h, host) && !proc_alive(pid, start);
+}
+
+/* Reap dead leases inside an open write transaction. */
+static int reap_locked(store_t *s, const char *host, int64_t now, err_t *e) {
+  sqlite3_stmt *st = store__prep(s->w, "SELECT owner, host, pid, pid_start, expires_at FROM leases", e);
+  if (!st) return e->code;
+  char *dead[64];
+  int n = 0;
+  while (n < 64 && sqlite3_step(st) == SQLITE_ROW)
+    if (store__lease_dead(st, host, now)) dead[n++] = strdup((const char *)sqlite3_column_text(st, 0));
+  sqlite3_finalize(st);
+  int rc = 0;
+  for (int i = 0; i < n; i++) {
+    if (!rc && release_owner(s, dead[i], e)) rc = e->code;
+    free(dead[i]);
+  }
+  return rc ? rc : n;
+}
+
+/* See store.h. */
+int store_reap(store_t *s, const char *host, int64_t now, err_t *e) {
+  if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
+  int n = reap_locked(s, host, now, e);
+  if (n < 0) {
+    store__exec(s->w, "ROLLBACK", NULL);
+    return n;
+  }
+  if (store__exec(s->w, "COMMIT", e)) return e->code;
+  return n;
+}
+
+/* Fill r from a row of STORE_RUN_COLS; strings are malloc'd. */
+static void row_from_stmt(sqlite3_stmt *st, struct run_row *r) {
+  r->id = store__col_dup(st, 0);
+  r->skill = store__col_dup(st, 1);
+  r->version = store__col_dup(st, 2);
+  r->status = store__col_dup(st, 3);
+  r->entry = store__col_dup(st, 4);
+  r->trigger = store__col_dup(st, 5);
+  r->parent_id = store__col_dup(st, 6);
+  r->input = store__col_dup(st, 7);
+  r->output = store__col_dup(st, 8);
+  r->error = store__col_dup(st, 9);
+  r->created_at = sqlite3_column_int64(st, 10);
+  r->started_at = sqlite3_column_int64(st, 11);
+  r->ended_at = sqlite3_column_int64(st, 12);
+  r->deadline_at = sqlite3_column_int64(st, 13);
+  r->wake_at = sqlite3_column_int64(st, 14);
+  r->owner = store__col_dup(st, 15);
+}
+
+/* See store.h. */
+void store_rows_free(struct run_row *rows, size_t n) {
+  if (!rows) return;
+  for (size_t i = 0; i < n; i++) {
+    struct run_row *r = &rows[i];
+    free((char *)r->id), free((char *)r->skill), free((char *)r->version);
+    free((char *)r->status), free((char *)r->entry), free((char *)r->trigger);
+    free((char *)r->parent_id), free((char *)r->input), free((char *)r->output);
+    free((char *)r->error), free((char *)r->owner);
+  }
+  free(rows);
+}
+
+/* qsort's order of run rows: by id (ULIDs: by creation). */
+static int cmp_rows(const void *a, const void *b) {
+  return strcmp(((const struct run_row *)a)->id, ((const struct run_row *)b)->id);
+}
+
+/* See store.h. */
+int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows, size_t *n,
+                err_t *e) {
+  *rows = NULL;
+  *n = 0;
+  if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
+  sqlite3_stmt *st = store__prep(s->w,
+    "UPDATE runs SET owner = ?1 WHERE id IN (SELECT id FROM runs WHERE owner IS NULL"
+    " AND status IN ('queued','running','sleeping','waiting') ORDER BY id LIMIT ?2)"
+    " RETURNING " STORE_RUN_COLS, e);
+  if (!st) {
+    store__exec(s->w, "ROLLBACK", NULL);
+    return e->code;
+  }
+  store__bind_text(st, 1, owner);
+  sqlite3_bind_int(st, 2, limit);
+  size_t cap = 0;
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    if (*n == cap) {
+      cap = cap ? cap * 2 : 16;
+      struct run_row *p = realloc(*rows, cap * sizeof *p);
+      if (!p) break;
+      *rows = p;
+    }
+    row_from_stmt(st, &(*rows)[(*n)++]);
+  }
+  sqlite3_finalize(st);
+  if (rc != SQLITE_DONE || store__exec(s->w, "COMMIT", e)) {
+    if (rc != SQLITE_DONE) store__db_err(e, s->w, "claiming runs");
+    store__exec(s->w, "ROLLBACK", NULL);
+    store_rows_free(*rows, *n);
+    *rows = NULL;
+    *n = 0;
+    return e->code;
+  }
+  if (*n > 1) qsort(*rows, *n, sizeof **rows, cmp_rows);
+  return 0;
+}
+
+/* See store.h: reap dead leases first, so a run whose owner died can be
+** taken at once. */
+int store_take_run(store_t *s, const char *run_id, const char *owner, const char *host,
+                   int64_t now, struct run_row **row, err_t *e) {
+  *row = NULL;
+  if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
+  int rc = reap_locked(s, host, now, e);
+  sqlite3_stmt *st = NULL;
+  if (rc < 0) goto done;
+  rc = 0;
+  st = store__prep(s->w, "SELECT " STORE_RUN_COLS " FROM runs WHERE id = ?1", e);
+  if (!st) {
+    rc = e->code;
+    goto done;
+  }
+  store__bind_text(st, 1, run_id);
+  if (sqlite3_step(st) != SQLITE_ROW) {
+    rc = err_set(e, ERR_NOTFOUND, "no run with id '%s'", run_id);
+    goto done;
+  }
+  struct run_row *r = calloc(1, sizeof *r);
+  row_from_stmt(st, r);
+  sqlite3_finalize(st);
+  st = NULL;
+  if (store__is_terminal(r->status)) {
+    rc = err_set(e, ERR_CONFLICT, "run %s is already %s: nothing to resume", run_id,
+                 r->status);
+  } else if (r->owner && strcmp(r->owner, owner)) {
+    sqlite3_stmt *l = store__prep(s->w, "SELECT kind, host, pid, expires_at FROM leases WHERE owner=?1", e);
+    if (l) {
+      store__bind_text(l, 1, r->owner);
+      if (sqlite3_step(l) == SQLITE_ROW)
+        rc = err_set(e, ERR_CONFLICT,
+                     "run %s is held by a live process (moonloop %s, pid %lld on %s); "
+                     "its lease expires in %llds unless renewed",
+                     run_id, sqlite3_column_text(l, 0), sqlite3_column_int64(l, 2),
+                     sqlite3_column_text(l, 1),
+                     (long long)(sqlite3_column_int64(l, 3) - now + 999) / 1000);
+      sqlite3_finalize(l);
+    } else {
+      rc = e->code;
+    }
+  }
+  if (!rc) {
+    st = store__prep(s->w, "UPDATE runs SET owner = ?2 WHERE id = ?1", e);
+    if (!st) rc = e->code;
+    else {
+      store__bind_text(st, 1, run_id);
+      store__bind_text(st, 2, owner);
+      if (sqlite3_step(st) != SQLITE_DONE) rc = store__db_err(e, s->w, "taking a run");
+    }
+  }
+  if (rc) store_rows_free(r, 1);
+  else *row = r;
+done:
+  sqlite3_finalize(st);
+  if (rc) store__exec(s->w, "ROLLBACK", NULL);
+  else if (store__exec(s->w, "COMMIT", e)) {
+    store_rows_free(*row, 1);
+    *row = NULL;
+    rc = e->code;
+  }
+  return rc;
+}
