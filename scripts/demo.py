@@ -13,13 +13,13 @@
    the sidecar; the next health check runs on it.
 
 Everything runs on the embedded SQLite default in a temporary folder; the
-world around it is scripts/standins.py, set up by scripts/story.py.
+world around it is tests/lib/standins.py, set up by tests/lib/story.py.
 """
 import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "lib"))
 from story import BIN, Story  # noqa: E402
 
 TTY = sys.stdout.isatty()

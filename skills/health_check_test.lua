@@ -1,5 +1,5 @@
 -- health_check_test.lua: tests of health_check.lua (run: moonloop test skills/).
--- Metrics shapes follow scripts/standins.py; see docs/testing.md for the test API.
+-- Metrics shapes follow tests/lib/standins.py; see docs/testing.md for the test API.
 local t = test.skill("health_check.lua", { env = { METRICS_URL = "http://metrics.test" } })
 
 local function svc(name, over)

@@ -1,5 +1,5 @@
 -- incident_triage_test.lua: tests of incident_triage.lua (run: moonloop test skills/).
--- Shapes follow scripts/standins.py; see docs/testing.md for the test API.
+-- Shapes follow tests/lib/standins.py; see docs/testing.md for the test API.
 local t = test.skill("incident_triage.lua", { env = {
   METRICS_URL = "http://metrics.test", DEPLOYS_URL = "http://deploys.test",
   CHAT_WEBHOOK = "http://chat.test/hook", OPS_WEBHOOK = "http://ops.test/hook",

@@ -1,11 +1,11 @@
-"""The agent loop end to end, against the stand-ins (scripts/standins.py):
+"""The agent loop end to end, against the stand-ins (tests/lib/standins.py):
 health check, incident triage, the weekly review and the update skill."""
 import os
 import sys
 import time
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 from story import Story  # noqa: E402
 
 

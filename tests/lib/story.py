@@ -17,9 +17,10 @@ import threading
 import time
 import urllib.request
 
-TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOP = os.path.dirname(os.path.dirname(HERE))
 BIN = os.environ.get("MOONLOOP_BIN") or os.path.join(TOP, "build", "moonloop")
-sys.path.insert(0, os.path.join(TOP, "scripts"))
+sys.path.insert(0, HERE)
 from standins import World  # noqa: E402
 
 SKILLS = ["health_check.lua", "incident_triage.lua", "review_skill_performance.lua", "update_skill.lua"]

@@ -20,16 +20,21 @@ with the checkout deploy, advises raising the latency threshold, and
 writes the updated skill file. `llm` = "fail" makes it answer 503,
 "nonsense" makes it ramble. `metrics_down` makes the metrics API answer 503.
 
-Run alone: python3 scripts/standins.py [--spike-at S --spike-for S] prints
-its port, then serves until killed. Standard library only.
+The HTTP server is mltest's StandIn (the tests' one stand-in server):
+every path goes to World.route, and StandIn counts the requests.
+
+Run alone: python3 tests/lib/standins.py [--spike-at S --spike-for S]
+prints its port, then serves until killed. Standard library only.
 """
 import json
+import os
 import re
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mltest import StandIn  # noqa: E402
 
 HEALTHY = [
     {"name": "api", "error_rate": 0.004, "latency_ms": 120, "memory": 0.61, "cpu": 0.42},
@@ -46,59 +51,27 @@ DEPLOYS = [
 ]
 
 
-class World:
-    """The stand-ins' state and HTTP server. Thread-safe."""
+class World(StandIn):
+    """The stand-ins' state, served by a StandIn. Thread-safe."""
 
     def __init__(self, spike_at=None, spike_for=None):
-        self.lock = threading.Lock()
         self.started = time.time()
         self.spike_at, self.spike_for = spike_at, spike_for
         self.state = {"spike": False, "metrics_down": False, "llm": "ok", "llm_delay": 0.0,
                       "advice_change": True}
-        self.calls = {}
         self.chat, self.ops = [], []
         self.llm_requests = []
-        world = self
+        super().__init__()
+        self.route_prefix("/", self.answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True
-
-            def log_message(self, *a):
-                pass
-
-            def reply(self, status, value, ctype="application/json"):
-                data = value if isinstance(value, bytes) else json.dumps(value).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                try:
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-            def body(self):
-                n = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(n) if n else b""
-                try:
-                    return json.loads(raw or b"null")
-                except ValueError:
-                    return None
-
-            def do_GET(self):
-                world.route(self, "GET", None)
-
-            def do_POST(self):
-                world.route(self, "POST", self.body())
-
-        class Server(ThreadingHTTPServer):
-            request_queue_size = 1024
-            daemon_threads = True
-
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.url = "http://127.0.0.1:%d" % self.port
+    def answer(self, handler, raw, n):
+        """StandIn's route: the request's JSON body (None when it has none or
+        it is not JSON) to World.route, keyed "METHOD /path"."""
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        return self.route(handler.path, handler.command, body)
 
     # ---- the simulated world ----
 
@@ -115,12 +88,9 @@ class World:
             return [dict(s) for s in HEALTHY]
         return [dict(SPIKE) if s["name"] == "checkout" else dict(s) for s in HEALTHY]
 
-    def count(self, key):
-        with self.lock:
-            return self.calls.get(key, 0)
-
-    def route(self, h, method, body):
-        u = urlparse(h.path)
+    def route(self, path, method, body):
+        """(status, JSON value) for one request."""
+        u = urlparse(path)
         q = parse_qs(u.query)
         key = "%s %s" % (method, u.path)
         with self.lock:
@@ -129,46 +99,46 @@ class World:
             if method == "POST" and isinstance(body, dict):
                 with self.lock:
                     self.state.update(body)
-            return h.reply(200, self.state)
+            return (200, self.state)
         if u.path in ("/metrics", "/detailed") and self.state["metrics_down"]:
-            return h.reply(503, {"error": "metrics backend unavailable"})
+            return (503, {"error": "metrics backend unavailable"})
         if u.path == "/metrics":
-            return h.reply(200, {"services": self.services(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            return (200, {"services": self.services(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         if u.path == "/detailed":
             name = (q.get("service") or ["?"])[0]
             svc = next((s for s in self.services() if s["name"] == name), None)
             if not svc:
-                return h.reply(404, {"error": "no service %s" % name})
+                return (404, {"error": "no service %s" % name})
             slow = svc["latency_ms"] > 500
-            return h.reply(200, {"service": svc, "endpoints": [
+            return (200, {"service": svc, "endpoints": [
                 {"path": "/pay", "p95_ms": svc["latency_ms"] * (1.4 if slow else 1.0), "errors": 41 if slow else 0},
                 {"path": "/cart", "p95_ms": svc["latency_ms"] * 0.6, "errors": 3 if slow else 0}],
                 "pool": {"db_connections_in_use": 98 if slow else 22, "db_connections_max": 100}})
         if u.path == "/deploys":
-            return h.reply(200, {"deploys": DEPLOYS})
+            return (200, {"deploys": DEPLOYS})
         if u.path == "/outcomes":
-            return h.reply(200, {"incidents": 9, "confirmed": 3, "false_positives": 5, "acted_on": 2,
+            return (200, {"incidents": 9, "confirmed": 3, "false_positives": 5, "acted_on": 2,
                                  "note": "most false positives were latency alerts between 450 and 800 ms"})
         if u.path in ("/chat", "/ops"):
             box = self.chat if u.path == "/chat" else self.ops
             if method == "POST":
                 with self.lock:
                     box.append(body)
-                return h.reply(200, {"ok": True})
+                return (200, {"ok": True})
             with self.lock:
-                return h.reply(200, list(box))
+                return (200, list(box))
         if u.path == "/v1/chat/completions" and method == "POST":
-            return self.llm(h, body or {})
-        return h.reply(404, {"error": "no such path: %s" % u.path})
+            return self.llm(body or {})
+        return (404, {"error": "no such path: %s" % u.path})
 
     # ---- the LLM ----
 
-    def llm(self, h, req):
+    def llm(self, req):
         with self.lock:
             self.llm_requests.append(req)
             mode, delay = self.state["llm"], float(self.state["llm_delay"] or 0)
         if mode == "fail":
-            return h.reply(503, {"error": {"message": "model overloaded"}})
+            return (503, {"error": {"message": "model overloaded"}})
         if delay:
             time.sleep(delay)  # a slow model: the demo kills the engine meanwhile
         msgs = req.get("messages") or []
@@ -203,7 +173,7 @@ class World:
                               "finish_reason": "stop"}],
                  "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(text) // 4,
                            "total_tokens": len(prompt) // 4 + len(text) // 4}}
-        return h.reply(200, reply)
+        return (200, reply)
 
     def classify(self, prompt):
         """Classify from the metrics in the prompt, against the thresholds it gives."""
@@ -224,12 +194,8 @@ class World:
     # ---- life ----
 
     def start(self):
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        """The server already runs (StandIn starts it): kept for callers."""
         return self
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 if __name__ == "__main__":
