@@ -20,6 +20,8 @@ struct cli {
   struct config cfg;
   int json, verbose, quiet, wait, follow;
   const char *data, *resume, *id, *skill, *status, *since, *trigger, *limit, *older_than;
+  const char *event, *cron; /* moonloop new: the skeleton's trigger */
+  const char *out_dir;      /* moonloop new: --workspace, where the files go (NULL: here) */
   int color; /* stdout is a terminal */
 };
 
@@ -37,6 +39,7 @@ int cli_cancel(struct cli *c);
 int cli_rerun(struct cli *c);
 int cli_prune(struct cli *c);
 int cli_repl(struct cli *c); /* cli_repl.c */
+int cli_new(struct cli *c);  /* cli_new.c */
 
 /* Print "moonloop: message" to stderr and return status. */
 int cli_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -17,7 +17,8 @@ enum {
   C_TEST = 1 << 14, /* moonloop test (cli_test.c) */
   C_SIDECAR = 1 << 15, /* moonloop sidecar (cli_sidecar.c) */
   C_VERSION = 1 << 16, /* moonloop version, moonloop --version (here) */
-  C_ALL = 0x1ffff,
+  C_NEW = 1 << 17, /* moonloop new (cli_new.c) */
+  C_ALL = 0x3ffff,
 };
 
 struct command {
@@ -38,6 +39,7 @@ static const struct command commands[] = {
   {"runs", C_RUNS, cli_runs, "runs [--skill ID] [--status S] [--since 7d] [--trigger KIND] [--limit N] [--follow]", 0},
   {"trace", C_TRACE, cli_trace, "trace RUN_ID", 1},
   {"skills", C_SKILLS, cli_skills, "skills", 0},
+  {"new", C_NEW, cli_new, "new ID [--event NAME | --cron SPEC] [--workspace DIR]", 1},
   {"check", C_CHECK, cli_check, "check FILE-or-DIR...", -1},
   {"test", C_TEST, cli_test, "test [FILES or DIRS] [--json] [-v]", -1},
   {"serve", C_SERVE, cli_serve, "serve [--workspace DIR] [--listen ADDR]", 0},
@@ -61,7 +63,8 @@ static const struct option options[] = {
   {"id", 1, C_SEND}, {"older-than", 1, C_PRUNE},
   {"skill", 1, C_RUNS}, {"status", 1, C_RUNS}, {"since", 1, C_RUNS}, {"trigger", 1, C_RUNS},
   {"limit", 1, C_RUNS}, {"follow", 0, C_RUNS},
-  {"workspace", 1, C_SERVE | C_SIDECAR | C_REPL}, {"listen", 1, C_SERVE},
+  {"workspace", 1, C_SERVE | C_SIDECAR | C_REPL | C_NEW}, {"listen", 1, C_SERVE},
+  {"event", 1, C_NEW}, {"cron", 1, C_NEW},
   {NULL, 0, 0},
 };
 
@@ -223,6 +226,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(name, "follow")) c.follow = 1;
     else if (!strcmp(name, "workspace")) workspace = val;
     else if (!strcmp(name, "listen")) listen = val;
+    else if (!strcmp(name, "event")) c.event = val;
+    else if (!strcmp(name, "cron")) c.cron = val;
   }
   /* An argument the command does not take is a mistake, never ignored. */
   if (cmd->max_args >= 0 && npos > cmd->max_args) {
@@ -248,6 +253,7 @@ int main(int argc, char **argv) {
   if (db) config_set(&c.cfg.db, db);
   if (server) config_set(&c.cfg.server, server);
   if (workspace) config_set(&c.cfg.workspace, workspace);
+  c.out_dir = workspace;
   if (listen) config_set(&c.cfg.listen, listen);
   int rc = cmd->fn(&c);
   config_free(&c.cfg);
