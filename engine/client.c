@@ -82,7 +82,7 @@ int client_call(const struct config *cfg, const char *method, const char *path,
   hdrs = curl_slist_append(hdrs, "Accept: application/json");
   hdrs = curl_slist_append(hdrs, "Expect:");
   if (body)
-    hdrs = curl_slist_append(hdrs, !strcmp(method, "PUT") ? "Content-Type: text/plain; charset=utf-8"
+    hdrs = curl_slist_append(hdrs, !strcmp(method, "PUT") ? "Content-Type: text/x-lua; charset=utf-8"
                                                           : "Content-Type: application/json");
   struct answer_buf buf = {0};
   char errbuf[CURL_ERROR_SIZE] = "";

@@ -56,10 +56,12 @@ static const char *reason_of(int status) {
   case 304: return "Not Modified";
   case 400: return "Bad Request";
   case 401: return "Unauthorized";
+  case 403: return "Forbidden";
   case 404: return "Not Found";
   case 405: return "Method Not Allowed";
   case 409: return "Conflict";
   case 413: return "Payload Too Large";
+  case 415: return "Unsupported Media Type";
   case 503: return "Service Unavailable";
   default: return status < 400 ? "OK" : "Internal Server Error";
   }

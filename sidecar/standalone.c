@@ -133,7 +133,7 @@ static void pump(struct standalone *sa) {
       snprintf(url, ul, "%s/v1/skills/%s?file=%s", sa->base, eid, efile);
       const char *hdrs[4] = {"Accept: application/json", NULL, NULL, NULL};
       int nh = 1;
-      if (op->kind == WATCHER_LOAD) hdrs[nh++] = "Content-Type: text/plain; charset=utf-8";
+      if (op->kind == WATCHER_LOAD) hdrs[nh++] = "Content-Type: text/x-lua; charset=utf-8";
       if (sa->auth) hdrs[nh++] = sa->auth;
       struct httpc_req req = {
         .method = op->kind == WATCHER_LOAD ? "PUT" : "DELETE", .url = url, .headers = hdrs,
