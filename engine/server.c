@@ -120,7 +120,8 @@ static int refuse_foreign(server_t *srv, h2o_req_t *req) {
              "allowed_hosts are answered, so that a web page whose name was rebound to this "
              "address cannot use the API. If this engine is reached by that name, add it: "
              "allowed_hosts = { \"%.*s\" }", shown, srv->listen_host,
-             (int)strcspn(shown, ":"), shown);
+             (int)(shown[0] == '[' ? strcspn(shown, "]") + (strchr(shown, ']') != NULL)
+                                   : strcspn(shown, ":")), shown);
     server__respond_error(srv, req, 403, "forbidden", msg);
     return 1;
   }
