@@ -22,6 +22,7 @@
 #include "server_int.h"
 #include "units.h"
 #include "web.h"
+#include "workspace.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -231,6 +232,14 @@ static void control(server_t *srv, h2o_req_t *req, const struct server_plan *pl)
   case SERVER_OP_CANCEL: rc = sched_cancel(s, pl->id, on_reply, p, &e); break;
   case SERVER_OP_RERUN: rc = sched_rerun(s, pl->id, on_reply, p, &e); break;
   case SERVER_OP_PUT_SKILL:
+    /* A local file name must be inside the workspace on its real path
+    ** (skills.deploy writes to it); "//HOST/PATH" names another host's
+    ** file, which the engine never writes. */
+    if (pl->file[0] && strncmp(pl->file, "//", 2) && srv->en->cfg &&
+        workspace_inside(srv->en->cfg->workspace, pl->file, &e)) {
+      rc = err_prefix(&e, "parameter 'file'");
+      break;
+    }
     rc = sched_put_skill(s, pl->id, pl->file[0] ? pl->file : NULL, pl->source, pl->source_len,
                          on_reply, p, &e);
     break;

@@ -604,6 +604,31 @@ static int route_list(const char *q, size_t qlen, int64_t now_ms, struct server_
 
 /* ---- PUT and DELETE /v1/skills/{id} query ----------------------------- */
 
+/* Refuse a file name with a ".." component (anywhere: it could lead out
+** of the workspace once joined or resolved), and a "//HOST/PATH" (the
+** standalone sidecar's) without a host or an absolute path after it.
+** Whether a local name is inside the workspace needs the file system: the
+** server checks that (workspace_inside). */
+static int file_name_bad(const char *f, int *status, err_t *e) {
+  char shown[80];
+  printable(shown, sizeof shown, f, strlen(f));
+  for (const char *c = f; *c;) {
+    size_t n = strcspn(c, "/");
+    if (n == 2 && c[0] == '.' && c[1] == '.')
+      return fail(status, 400, e, ERR_INVALID, "parameter 'file' ('%s') has a '..' part: a "
+                  "skill's file is named by its path inside the workspace", shown);
+    c += n;
+    while (*c == '/') c++;
+  }
+  if (!strncmp(f, "//", 2)) {
+    size_t hl = strcspn(f + 2, "/");
+    if (hl == 0 || f[2 + hl] != '/' || !f[3 + hl])
+      return fail(status, 400, e, ERR_INVALID, "parameter 'file' ('%s'): a remote file is "
+                  "named //HOST/PATH (as moonloop sidecar sends it)", shown);
+  }
+  return 0;
+}
+
 /* The only parameter: file, the name of the skill's file (the standalone
 ** sidecar's "//HOST/PATH"): printable UTF-8, at most SERVER_FILE_MAX bytes. */
 static int route_file(const char *q, size_t qlen, struct server_plan *p, int *status, err_t *e) {
@@ -631,6 +656,10 @@ static int route_file(const char *q, size_t qlen, struct server_plan *p, int *st
     if (!ok) {
       p->file[0] = 0;
       return fail(status, 400, e, ERR_INVALID, "parameter 'file' must be printable UTF-8");
+    }
+    if (file_name_bad(p->file, status, e)) {
+      p->file[0] = 0;
+      return e->code;
     }
     i = j + 1;
   }
