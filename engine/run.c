@@ -652,6 +652,16 @@ static void on_http(const struct httpc_resp *resp, void *ud) {
   run__complete(t);
 }
 
+/* Whether skill id may call the engine's own API over HTTP: only the
+** skills allowed to deploy (docs/security.md). Any other skill's requests
+** carry HTTPC_SKILL_HEADER, which the API refuses, and may not connect to
+** the API's address. */
+static int may_call_api(const struct sched_opts *o, const char *id) {
+  for (const char *const *c = o->api_callers; id && c && *c; c++)
+    if (!strcmp(*c, id)) return 1;
+  return 0;
+}
+
 /* OP_HTTP (request table): start the transfer; the task parks until the
 ** response, a failure, or its step's timeout. */
 static void op_http(struct task *t, lua_State *co) {
@@ -661,6 +671,7 @@ static void op_http(struct task *t, lua_State *co) {
   struct httpc_req req;
   err_t e;
   int nh = run__http_request_from_lua(co, 2, &req, hdrs);
+  req.for_skill = !may_call_api(o, r->skill ? r->skill->id : NULL);
   int rc;
   /* A step whose time is up gets no more I/O in this attempt. */
   if (t->step_timed_out) {

@@ -100,6 +100,16 @@ static int changes_state(h2o_req_t *req) {
 ** origin), so the CLI, the sidecar and scripts pass. Returns 1 when it
 ** answered the request. */
 static int refuse_foreign(server_t *srv, h2o_req_t *req) {
+  size_t ml;
+  int mdup;
+  /* H2O keeps header names in lowercase: this is HTTPC_SKILL_HEADER. */
+  if (one_header(req, H2O_STRLIT("moonloop-from-skill"), &ml, &mdup)) {
+    server__respond_error(srv, req, 403, "forbidden", "this request comes from a skill (its http "
+                          "module marks every request with " HTTPC_SKILL_HEADER "): only skills "
+                          "the configuration lists in `deployers` may use the engine's API; "
+                          "others read runs and skills through the runs and skills modules");
+    return 1;
+  }
   /* H2O keeps Host out of req->headers: it is the request's authority
   ** (HTTP/2's :authority; the last Host line of an HTTP/1 request). */
   const char *host = req->input.authority.base;
@@ -495,6 +505,8 @@ int server_start(struct engine *en, const char *listen, server_t **out, err_t *e
     return err_set(e, ERR_IO, "cannot listen on %s: %s", listen, uv_strerror(rc));
   }
   srv->listener = l;
+  /* Skills' own HTTP requests may not come back here (httpc_set_self). */
+  if (en->http) httpc_set_self(en->http, (struct sockaddr *)&ss);
   format_url(&ss, srv->url, sizeof srv->url);
 
   int64_t timeout = DEFAULT_TIMEOUT_MS;
