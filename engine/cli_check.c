@@ -10,6 +10,7 @@
 */
 #include "cli.h"
 #include "engine.h"
+#include "term.h"
 #include "watcher.h"
 
 #include <cJSON.h>
@@ -145,11 +146,11 @@ int cli_check(struct cli *c) {
       cJSON_AddFalseToObject(r, "ok");
       cJSON_AddStringToObject(r, "error", se.err.msg);
       if (se.line) cJSON_AddNumberToObject(r, "line", se.line);
-      if (!c->json) fprintf(stderr, "%s\n", se.err.msg);
+      if (!c->json) term_printf(stderr, "%s\n", se.err.msg);
     } else {
       cJSON_AddTrueToObject(r, "ok");
       cJSON_AddStringToObject(r, "id", id ? id : "");
-      if (!c->json) printf("ok  %s  (%s)\n", path, id ? id : "?");
+      if (!c->json) term_printf(stdout, "ok  %s  (%s)\n", path, id ? id : "?");
     }
     cJSON_AddItemToArray(all, r);
     free(src);

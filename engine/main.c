@@ -3,6 +3,7 @@
 ** dispatch to a command (cli_*.c).
 */
 #include "cli.h"
+#include "term.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -82,14 +83,18 @@ static int is_option(const char *a) {
   return option_of(a) || !strcmp(a, "-h") || !strcmp(a, "--help") || !strcmp(a, "--version");
 }
 
-/* See cli.h. */
+/* See cli.h. The message often holds text from a skill (a load error, a
+** run's error, an engine's answer): it is escaped for the terminal. */
 int cli_fail(int status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fputs("moonloop: ", stderr);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
+  char *msg = NULL;
+  if (vasprintf(&msg, fmt, ap) < 0) msg = NULL;
   va_end(ap);
+  fputs("moonloop: ", stderr);
+  term_fputs(msg ? msg : "out of memory", stderr, 0);
+  fputc('\n', stderr);
+  free(msg);
   return status;
 }
 

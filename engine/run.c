@@ -14,6 +14,7 @@
 #include "ids.h"
 #include "run_pause.h"
 #include "json.h"
+#include "term.h"
 #include "units.h"
 
 #include <lauxlib.h>
@@ -157,7 +158,7 @@ static void start_on_failure(struct run *r, const char *error, int64_t now) {
     .created_at = now, .started_at = now,
   };
   journal_run_new(sched__journal(s), &row);
-  if (run_start(s, f, NULL, &e)) fprintf(stderr, "moonloop: on_failure of %s: %s\n", r->id, e.msg);
+  if (run_start(s, f, NULL, &e)) term_printf(stderr, "moonloop: on_failure of %s: %s\n", r->id, e.msg);
 }
 
 struct done_ctx {
@@ -457,7 +458,9 @@ void run__verbose(struct run *r, const char *mark, const char *id, int64_t ms,
   if (!sched__opts(r->sched)->verbose) return;
   char d[32];
   units_fmt_duration(ms, d, sizeof d);
-  fprintf(stderr, "  %s %-28s %8s%s%s\n", mark, id, d, extra ? "  " : "", extra ? extra : "");
+  /* The mark is ours; the step id and the extra (an error) are the skill's. */
+  fprintf(stderr, "  %s ", mark);
+  term_printf(stderr, "%-28s %8s%s%s\n", id, d, extra ? "  " : "", extra ? extra : "");
 }
 
 /* Value i of co as an integer (times, delays: Lua numbers). */
@@ -781,13 +784,13 @@ static int c_log(lua_State *L) {
     msg = cut;
   }
   if (!t) {
-    fprintf(stderr, "[%s] %s\n", level, msg);
+    term_printf(stderr, "[%s] %s\n", level, msg);
     return 0;
   }
   struct log_row row = {.run_id = t->run->id, .seq = seq, .ts = units_now_ms(), .level = level,
                         .msg = msg};
   journal_log(sched__journal(s), &row);
-  if (sched__opts(s)->verbose) fprintf(stderr, "    %s: %s\n", level, msg);
+  if (sched__opts(s)->verbose) term_printf(stderr, "    %s: %s\n", level, msg);
   return 0;
 }
 
