@@ -69,14 +69,18 @@ DANGER = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]|\xc2[\x80-\x9f]|\xe2\x80[\x8e\x8
 class TerminalOutputTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.e = Engine({"evil": EVIL, "broken": BROKEN})
+        cls.e = Engine({"evil": EVIL})
         w = cls.e.w
         w.write("skills/evil_test.lua", EVIL_TEST)
-        # A file whose name is the payload's controls.
+        # Written once serve runs, so what it logs about them comes after
+        # "listening on": a file that fails to load, and a file whose name
+        # is the payload's controls.
+        w.write("skills/broken.lua", BROKEN)
         w.write("skills/name\x1b[2J\u202e.lua", 'return { id = "oddname", run = function() end }\n')
         cls.env = dict(w.env, NO_COLOR="1")
-        wait_until(lambda: (cls.e.skill("oddname") or {}).get("version"), timeout=10,
-                   what="the odd file name to load")
+        wait_until(lambda: (cls.e.skill("oddname") or {}).get("version") and
+                   (cls.e.skill("broken") or {}).get("error"), timeout=10,
+                   what="the new files to be seen")
         r = cls.ml("send", "ev" + P, "--data", '{"k": 1}', "--id", "key" + P)
         assert r.returncode == 0, r.stderr
         cls.ok_id = wait_until(lambda: [x["id"] for x in cls.e.runs("evil", "completed")],
