@@ -42,8 +42,10 @@ static int code_of_status(long status) {
   switch (status) {
   case 400: return ERR_INVALID;
   case 401: return ERR_AUTH;
+  case 403: return ERR_AUTH;    /* a Host the engine does not answer (allowed_hosts) */
   case 404: return ERR_NOTFOUND;
   case 405: return ERR_INVALID;
+  case 415: return ERR_INVALID;
   case 409: return ERR_CONFLICT;
   case 413: return ERR_TOOBIG;
   case 503: return ERR_BUSY;

@@ -70,8 +70,8 @@ static char *pct(const char *s, int keep_slash) {
 ** the file's, so the watcher tries again. */
 static int code_of(long status) {
   switch (status) {
-  case 400: case 405: return ERR_INVALID;
-  case 401: return ERR_AUTH;
+  case 400: case 405: case 415: return ERR_INVALID;
+  case 401: case 403: return ERR_AUTH;
   case 404: return ERR_NOTFOUND;
   case 409: return ERR_CONFLICT;
   case 413: return ERR_TOOBIG;
