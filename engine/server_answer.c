@@ -102,6 +102,10 @@ void server__respond(server_t *srv, h2o_req_t *req, int status, const char *ctyp
                  strlen(ctype));
   h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL,
                  H2O_STRLIT("no-store"));
+  /* An answer is never to be read as anything but its type (a page that
+  ** loads it as a script or a style sheet gets nothing). */
+  h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-content-type-options"), 0,
+                        NULL, H2O_STRLIT("nosniff"));
   /* While stopping, no connection is kept alive for another request. */
   if (srv->stopping) req->http1_is_persistent = 0;
   server__count(srv, status);

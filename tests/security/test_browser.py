@@ -181,6 +181,7 @@ class BrowserAttackTest(unittest.TestCase):
                              cross_site([("Host", self.host)], mode="cors"))
         self.assertEqual(st, 200)
         self.assertFalse([k for k in rh if k.startswith("access-control-")], rh)
+        self.assertEqual(rh["x-content-type-options"], ["nosniff"])
 
     def test_zz_the_real_event_is_still_accepted_after_the_attacks(self):
         # Run last (zz): after every attack above, key1 is unburnt, r1 is
