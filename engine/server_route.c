@@ -182,8 +182,6 @@ int server_auth_ok(const char *header, size_t hlen, const char *token, size_t to
   return same_len & (diff == 0);
 }
 
-/* ---- bodies ------------------------------------------------------------ */
-
 /* Fill e and *status; returns code. */
 static int fail(int *status, int st, err_t *e, int code, const char *fmt, ...)
   __attribute__((format(printf, 5, 6)));
@@ -325,6 +323,8 @@ int server_check_type(const struct server_plan *p, const char *ctype, size_t ctl
   default: return 0;
   }
 }
+
+/* ---- bodies ------------------------------------------------------------ */
 
 /* "an object", "a list", ... for messages. */
 static const char *json_type(const cJSON *v) {
