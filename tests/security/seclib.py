@@ -7,7 +7,6 @@ a client library would add on its own. The engine is the real binary
 """
 import json
 import os
-import re
 import socket
 import sys
 import time
@@ -89,7 +88,11 @@ class Engine:
         os.makedirs(os.path.join(self.w.path, "skills"), exist_ok=True)
         for name, src in skills.items():
             self.w.write("skills/%s.lua" % name, src)
-        self.p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0", env=env)
+        try:
+            self.p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0", env=env)
+        except BaseException:
+            self.w.close()  # no process outlives a class whose setup failed
+            raise
         self.port = self.p.port
         self.url = self.p.url
 
@@ -124,5 +127,3 @@ def assert_refused(tc, st, body, status, code, words=()):
     for w in words:
         tc.assertIn(w, body["error"]["message"])
 
-
-ANSI = re.compile(rb"\x1b")

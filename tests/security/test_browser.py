@@ -56,6 +56,7 @@ class BrowserAttackTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.e = Engine({"started": STARTED, "hello": HELLO, "waiter": WAITER})
+        cls.addClassCleanup(cls.e.close)
         cls.port = cls.e.port
         cls.host = "127.0.0.1:%d" % cls.port
         cls.e.w.ml("send", "review.requested", "--data", '{"request_id": "r1"}', check=0)
@@ -63,9 +64,6 @@ class BrowserAttackTest(unittest.TestCase):
         wait_until(lambda: len(cls.e.runs("waiter", "waiting")) == 2, timeout=20,
                    what="two waiting runs")
 
-    @classmethod
-    def tearDownClass(cls):
-        cls.e.close()
 
     def waiter_of(self, rid):
         for r in self.e.runs("waiter"):
@@ -203,11 +201,9 @@ class DnsRebindingTest(unittest.TestCase):
     def setUpClass(cls):
         cls.e = Engine({"hello": HELLO, "target": HELLO.replace('"hello"', '"target"')},
                        config={"allowed_hosts": '{ "loop.example.com", "[fd00::5]" }'})
+        cls.addClassCleanup(cls.e.close)
         cls.port = cls.e.port
 
-    @classmethod
-    def tearDownClass(cls):
-        cls.e.close()
 
     def rebound(self, name, method, path, extra=(), body=""):
         origin = "http://%s" % name

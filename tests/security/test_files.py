@@ -9,7 +9,6 @@ percent-encoding, skill ids, a linked folder, a linked file, a folder
 swapped for a link after it was registered, and pointing one skill at
 another skill's file.
 """
-import json
 import os
 import sys
 import unittest

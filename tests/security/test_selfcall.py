@@ -15,7 +15,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from seclib import BIN, Engine, StandIn, api, wait_until  # noqa: E402
+from seclib import Engine, StandIn, api, wait_until  # noqa: E402
 
 # Tries each URL in ctx.input.urls with ctx.input.method; returns what it got.
 PROBE = """
@@ -40,19 +40,16 @@ class SelfCallTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.si = StandIn()
+        cls.addClassCleanup(cls.si.close)
         cls.e = Engine({"sneaky": PROBE % "sneaky", "deployer": PROBE % "deployer",
                         "waiter": """
 return { id = "waiter", triggers = { { event = "go" } }, run = function(ctx)
   return ctx.step.wait_for_event("w", { event = "approve", timeout = "10m" })
 end }"""}, config={"deployers": '{ "deployer" }'})
+        cls.addClassCleanup(cls.e.close)
         cls.port = cls.e.port
         cls.e.w.ml("send", "go", check=0)
         wait_until(lambda: cls.e.runs("waiter", "waiting"), timeout=20, what="a waiting run")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.e.close()
-        cls.si.close()
 
     def probe(self, skill, urls, method="PUT", body=VICTIM_SRC, ctype="text/x-lua", headers=None):
         data = {"urls": urls, "method": method, "body": body, "ctype": ctype}

@@ -70,6 +70,7 @@ class TerminalOutputTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.e = Engine({"evil": EVIL})
+        cls.addClassCleanup(cls.e.close)
         w = cls.e.w
         w.write("skills/evil_test.lua", EVIL_TEST)
         # Written once serve runs, so what it logs about them comes after
@@ -89,9 +90,6 @@ class TerminalOutputTest(unittest.TestCase):
         cls.failed_id = wait_until(lambda: [x["id"] for x in cls.e.runs("evil", "failed")],
                                    timeout=20, what="the failed run")[0]
 
-    @classmethod
-    def tearDownClass(cls):
-        cls.e.close()
 
     @classmethod
     def ml(cls, *args, input=None, timeout=60):
