@@ -30,6 +30,9 @@ local ROP = core.repl_ops
 local yield = coroutine.yield
 local null = core.json.null
 local encode, decode = core.encode, core.decode
+-- Everything the REPL prints goes through term: controls in a run's output
+-- or a skill's error are shown escaped (\x1b, \u202e), never obeyed.
+local term = core.repl_term
 local type, tostring, pairs, next, select, error, rawget = type, tostring, pairs, next, select, error, rawget
 local raw_getmetatable = debug.getmetatable
 local concat, sort = table.concat, table.sort
@@ -136,7 +139,7 @@ function M.pretty(v) return render(v, 1, {}, "") end
 local function show(v)
   local mt = raw_getmetatable(v)
   if type(mt) == "table" and rawget(mt, "__repl_show") then return mt.__repl_show(v) end
-  io.stdout:write(M.pretty(v), "\n")
+  io.stdout:write(term(M.pretty(v)), "\n")
 end
 
 -- Errors ---------------------------------------------------------------------
@@ -174,11 +177,11 @@ local function message_of(v)
 end
 
 local function print_error(e)
-  io.stderr:write(message_of(e.value), "\n")
+  io.stderr:write(term(message_of(e.value)), "\n")
   local tb = short_traceback(e.traceback)
   -- A traceback that only names the chunk typed at the prompt says nothing new.
   if #tb == 1 and tb[1]:find("in main chunk$") then tb = {} end
-  if #tb > 0 then io.stderr:write("stack traceback:\n", concat(tb, "\n"), "\n") end
+  if #tb > 0 then io.stderr:write("stack traceback:\n", term(concat(tb, "\n")), "\n") end
 end
 
 -- Compiling and evaluating -----------------------------------------------------
@@ -230,7 +233,7 @@ local function pack(...) return { n = select("#", ...), ... } end
 function M.eval(src)
   local fn, expr = compile(src)
   if not fn then
-    io.stderr:write(tostring(expr), "\n")
+    io.stderr:write(term(tostring(expr)), "\n")
     return false
   end
   local res = pack(xpcall(fn, handler))
@@ -579,6 +582,12 @@ function M.init(env_values)
   for k, v in pairs(unswallowable()) do env[k] = v end
   for k, v in pairs(modules.build(env_values)) do env[k] = v end
   for k, v in pairs(make_functions()) do env[k] = v end
+  -- print as Lua's, its text escaped as everything else the REPL prints.
+  env.print = function(...)
+    local parts = {}
+    for i = 1, select("#", ...) do parts[i] = tostring((select(i, ...))) end
+    io.stdout:write(term(concat(parts, "\t")), "\n")
+  end
   env._G = env
   M.env = env
 end

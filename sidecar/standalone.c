@@ -70,8 +70,8 @@ static char *pct(const char *s, int keep_slash) {
 ** the file's, so the watcher tries again. */
 static int code_of(long status) {
   switch (status) {
-  case 400: case 405: return ERR_INVALID;
-  case 401: return ERR_AUTH;
+  case 400: case 405: case 415: return ERR_INVALID;
+  case 401: case 403: return ERR_AUTH;
   case 404: return ERR_NOTFOUND;
   case 409: return ERR_CONFLICT;
   case 413: return ERR_TOOBIG;
@@ -133,7 +133,7 @@ static void pump(struct standalone *sa) {
       snprintf(url, ul, "%s/v1/skills/%s?file=%s", sa->base, eid, efile);
       const char *hdrs[4] = {"Accept: application/json", NULL, NULL, NULL};
       int nh = 1;
-      if (op->kind == WATCHER_LOAD) hdrs[nh++] = "Content-Type: text/plain; charset=utf-8";
+      if (op->kind == WATCHER_LOAD) hdrs[nh++] = "Content-Type: text/x-lua; charset=utf-8";
       if (sa->auth) hdrs[nh++] = sa->auth;
       struct httpc_req req = {
         .method = op->kind == WATCHER_LOAD ? "PUT" : "DELETE", .url = url, .headers = hdrs,

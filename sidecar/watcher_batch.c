@@ -11,6 +11,7 @@
 ** flight; a failed submit is answered at once through handle().
 */
 #include "base/ids.h"
+#include "base/term.h"
 #include "sidecar/watcher_int.h"
 
 #include <errno.h>
@@ -33,7 +34,8 @@ static char *dupstr(const char *s) { return s ? strdup(s) : NULL; }
 
 /* ---- the log ------------------------------------------------------------ */
 
-/* One line: "<prefix><word>  <file>: <text>". */
+/* One line: "<prefix><word>  <file>: <text>". File names and load errors
+** come from whoever writes the workspace: the line is escaped (term.h). */
 static void log_line(watcher_t *w, const char *word, const char *rel, const char *path,
                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 static void log_line(watcher_t *w, const char *word, const char *rel, const char *path,
@@ -41,11 +43,13 @@ static void log_line(watcher_t *w, const char *word, const char *rel, const char
   if (!w->o.log) return;
   va_list ap;
   va_start(ap, fmt);
-  fprintf(w->o.log, "%s%-8s  %s: ", w->log_prefix, word, w->o.log_rel ? rel : path);
-  vfprintf(w->o.log, fmt, ap);
-  fputc('\n', w->o.log);
-  fflush(w->o.log);
+  char *text = NULL;
+  if (vasprintf(&text, fmt, ap) < 0) text = NULL;
   va_end(ap);
+  term_printf(w->o.log, "%s%-8s  %s: %s\n", w->log_prefix, word, w->o.log_rel ? rel : path,
+              text ? text : "out of memory");
+  free(text);
+  fflush(w->o.log);
 }
 
 /* ---- batches ------------------------------------------------------------ */

@@ -9,6 +9,7 @@
 ** watch remembers its folder's inode, so a folder removed and recreated
 ** gets a new watch; a file is only marked due here (the batch reads it).
 */
+#include "base/term.h"
 #include "sidecar/watcher_int.h"
 
 #include <dirent.h>
@@ -28,11 +29,13 @@ __attribute__((format(printf, 2, 3))) static void status_line(watcher_t *w, cons
   if (!w->o.status_log) return;
   va_list ap;
   va_start(ap, fmt);
-  fputs(w->status_prefix, w->o.status_log);
-  vfprintf(w->o.status_log, fmt, ap);
-  fputc('\n', w->o.status_log);
-  fflush(w->o.status_log);
+  char *text = NULL;
+  if (vasprintf(&text, fmt, ap) < 0) text = NULL;
   va_end(ap);
+  /* The folder's name is the operator's, but escaped like every line. */
+  term_printf(w->o.status_log, "%s%s\n", w->status_prefix, text ? text : "out of memory");
+  free(text);
+  fflush(w->o.status_log);
 }
 
 /* The watched folder rel, or NULL. */

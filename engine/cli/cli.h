@@ -47,8 +47,10 @@ int cli_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 
 /* Parse --data (default null) into compact JSON text (caller frees), or NULL after printing the problem. */
 char *cli_data_json(const struct cli *c);
 
-/* Print a JSON value (pretty when human) followed by a newline. */
-void cli_print_json(FILE *f, const char *json, int pretty);
+/* Print a JSON value (pretty when human) followed by a newline; escape:
+** for a person, with term.h's escapes in their JSON form (the text still
+** reads as the same JSON); 0 for --json, which stays exact. */
+void cli_print_json(FILE *f, const char *json, int pretty, int escape);
 
 /* A growing list of paths (check and test gather the files they were given). */
 struct cli_paths {

@@ -8,6 +8,7 @@
 ** names starting with '.' or '#'; folders starting with '.' and symbolic
 ** links to folders are not entered; names in order.
 */
+#include "base/term.h"
 #include "cli/cli.h"
 #include "core/engine.h"
 #include "sidecar/watcher.h"
@@ -145,11 +146,11 @@ int cli_check(struct cli *c) {
       cJSON_AddFalseToObject(r, "ok");
       cJSON_AddStringToObject(r, "error", se.err.msg);
       if (se.line) cJSON_AddNumberToObject(r, "line", se.line);
-      if (!c->json) fprintf(stderr, "%s\n", se.err.msg);
+      if (!c->json) term_printf(stderr, "%s\n", se.err.msg);
     } else {
       cJSON_AddTrueToObject(r, "ok");
       cJSON_AddStringToObject(r, "id", id ? id : "");
-      if (!c->json) printf("ok  %s  (%s)\n", path, id ? id : "?");
+      if (!c->json) term_printf(stdout, "ok  %s  (%s)\n", path, id ? id : "?");
     }
     cJSON_AddItemToArray(all, r);
     free(src);

@@ -9,6 +9,7 @@
 */
 #include "base/ids.h"
 #include "base/proc.h"
+#include "base/term.h"
 #include "base/units.h"
 #include "cli/cli.h"
 #include "cli/client.h"
@@ -35,11 +36,14 @@ char *cli_data_json(const struct cli *c) {
   return s;
 }
 
-/* See cli.h: text that is not JSON is printed as it is. */
-void cli_print_json(FILE *f, const char *json, int pretty) {
+/* See cli.h: text that is not JSON is printed as it is (escaped too). */
+void cli_print_json(FILE *f, const char *json, int pretty, int escape) {
   cJSON *v = json ? cJSON_Parse(json) : NULL;
   char *s = v ? (pretty ? cJSON_Print(v) : cJSON_PrintUnformatted(v)) : NULL;
-  fprintf(f, "%s\n", s ? s : json ? json : "null");
+  const char *text = s ? s : json ? json : "null";
+  if (escape) term_fputs(text, f, 1);
+  else fputs(text, f);
+  fputc('\n', f);
   free(s);
   cJSON_Delete(v);
 }
@@ -63,11 +67,11 @@ static void on_done(const struct sched_result *r, void *arg) {
 int cli_report_run(const struct cli *c, const char *run_id, const char *status,
                    const char *output, const char *error) {
   if (!strcmp(status, "completed")) {
-    cli_print_json(stdout, output, !c->json && isatty(1));
+    cli_print_json(stdout, output, !c->json && isatty(1), !c->json);
     return EXIT_OK;
   }
   if (c->json) {
-    cli_print_json(stderr, error ? error : "null", 0);
+    cli_print_json(stderr, error ? error : "null", 0, 0);
     return EXIT_FAILED;
   }
   if (!strcmp(status, "abandoned")) {
@@ -77,10 +81,10 @@ int cli_report_run(const struct cli *c, const char *run_id, const char *status,
   }
   cJSON *e = error ? cJSON_Parse(error) : NULL;
   cJSON *msg = cJSON_GetObjectItem(e, "message");
-  fprintf(stderr, "moonloop: run %s %s: %s\n", run_id, status,
-          cJSON_IsString(msg) ? msg->valuestring : error ? error : "(no error recorded)");
+  term_printf(stderr, "moonloop: run %s %s: %s\n", run_id, status,
+              cJSON_IsString(msg) ? msg->valuestring : error ? error : "(no error recorded)");
   cJSON *tb = cJSON_GetObjectItem(e, "traceback");
-  if (cJSON_IsString(tb) && c->verbose) fprintf(stderr, "%s\n", tb->valuestring);
+  if (cJSON_IsString(tb) && c->verbose) term_printf(stderr, "%s\n", tb->valuestring);
   cJSON_Delete(e);
   return EXIT_FAILED;
 }

@@ -2,6 +2,7 @@
 ** cli_show.c: commands that read history: runs, trace, skills.
 */
 #include "base/jsontext.h"
+#include "base/term.h"
 #include "base/units.h"
 #include "base/vocab.h"
 #include "cli/cli.h"
@@ -60,10 +61,13 @@ static void follow_line(const struct cli *c, const cJSON *r, const char *change)
   const char *status = cJSON_IsString(st) ? st->valuestring : "?";
   const char *color = !c->color ? "" : !strcmp(status, "completed") ? "\033[32m"
                       : !strcmp(status, "failed") ? "\033[31m" : "\033[33m";
+  struct term_strs ts = {0};
   printf("%.8s  %-26s  %-24.24s  %s%-10s%s  %-8s  %s\n", now + 11,
-         cJSON_GetObjectItem(r, "id")->valuestring, cJSON_GetObjectItem(r, "skill")->valuestring,
-         color, status, c->color ? "\033[0m" : "", cJSON_IsString(kind) ? kind->valuestring : "?",
-         dur);
+         term_str(&ts, cJSON_GetObjectItem(r, "id")->valuestring),
+         term_str(&ts, cJSON_GetObjectItem(r, "skill")->valuestring), color,
+         term_str(&ts, status), c->color ? "\033[0m" : "",
+         cJSON_IsString(kind) ? term_str(&ts, kind->valuestring) : "?", dur);
+  term_strs_free(&ts);
   fflush(stdout);
 }
 

@@ -18,6 +18,7 @@
 ** and its path is printed, so `moonloop trace RUN_ID --db PATH` shows the
 ** failed runs.
 */
+#include "base/term.h"
 #include "base/units.h"
 #include "cli/cli.h"
 #include "cli/skilltest.h"
@@ -63,7 +64,7 @@ static void print_rest(const char *msg) {
   while (nl) {
     const char *next = strchr(nl + 1, '\n');
     int len = next ? (int)(next - nl - 1) : (int)strlen(nl + 1);
-    printf("    %.*s\n", len, nl + 1);
+    term_printf(stdout, "    %.*s\n", len, nl + 1);
     nl = next;
   }
 }
@@ -92,13 +93,13 @@ static void on_result(const struct skilltest_result *r, void *arg) {
   if (r->line > 0) snprintf(where, sizeof where, "%s:%d", r->file, r->line);
   else snprintf(where, sizeof where, "%s", r->file);
   if (r->ok) {
-    if (ty->c->verbose) printf("%s: ok %s (%.0fms)\n", where, r->name, r->ms);
+    if (ty->c->verbose) term_printf(stdout, "%s: ok %s (%.0fms)\n", where, r->name, r->ms);
     return;
   }
   const char *msg = r->message ? r->message : "failed";
   int first = (int)strcspn(msg, "\n");
   if (r->name) {
-    printf("%s: FAIL %s: %.*s\n", where, r->name, first, msg);
+    term_printf(stdout, "%s: FAIL %s: %.*s\n", where, r->name, first, msg);
   } else {
     /* A file that cannot be loaded: its message often names the place
     ** already ("file:12: ..."); say it once. */
@@ -111,7 +112,7 @@ static void on_result(const struct skilltest_result *r, void *arg) {
       while (*m == ' ') m++;
     }
     first = (int)strcspn(m, "\n");
-    printf("%s: FAIL loading the test file: %.*s\n", where, first, m);
+    term_printf(stdout, "%s: FAIL loading the test file: %.*s\n", where, first, m);
   }
   print_rest(msg);
   if (ty->c->verbose && r->run_id) {

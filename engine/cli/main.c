@@ -2,6 +2,7 @@
 ** main.c: the moonloop command: parse arguments, load the configuration,
 ** dispatch to a command (cli_*.c).
 */
+#include "base/term.h"
 #include "cli/cli.h"
 
 #include <stdarg.h>
@@ -85,14 +86,18 @@ static int is_option(const char *a) {
   return option_of(a) || !strcmp(a, "-h") || !strcmp(a, "--help") || !strcmp(a, "--version");
 }
 
-/* See cli.h. */
+/* See cli.h. The message often holds text from a skill (a load error, a
+** run's error, an engine's answer): it is escaped for the terminal. */
 int cli_fail(int status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fputs("moonloop: ", stderr);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
+  char *msg = NULL;
+  if (vasprintf(&msg, fmt, ap) < 0) msg = NULL;
   va_end(ap);
+  fputs("moonloop: ", stderr);
+  term_fputs(msg ? msg : "out of memory", stderr, 0);
+  fputc('\n', stderr);
+  free(msg);
   return status;
 }
 

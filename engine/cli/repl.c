@@ -37,8 +37,10 @@
 ** The C functions lua/repl.lua calls are in repl_core.c (see repl_int.h).
 */
 #include "base/proc.h"
+#include "base/term.h"
 #include "base/units.h"
 #include "cli/repl_int.h"
+#include "core/run.h"
 #include "core/run.h" /* OP_HTTP and its conversions */
 #include "lua/json.h"
 
@@ -139,7 +141,7 @@ static void wait_for_run(struct repl *rp, const char *run_id, const char *skill,
   rp->nwatch = 0;
   rp->nskips = 0;
   repl__watch_add(rp, run_id, skill);
-  fprintf(stderr, "run %s %s%s\n", run_id, skill ? skill : "", how ? how : "");
+  term_printf(stderr, "run %s %s%s\n", run_id, skill ? skill : "", how ? how : "");
   lua_settop(rp->co, 0);
   rp->state = CO_PARKED;
 }
@@ -395,7 +397,7 @@ static void co_step(struct repl *rp) {
   } else {
     /* An error outside eval's own handler (while printing a value). */
     const char *msg = lua_tostring(co, -1);
-    fprintf(stderr, "%s\n", msg ? msg : "error");
+    term_printf(stderr, "%s\n", msg ? msg : "error");
     rp->result = 1;
   }
   co_drop(rp);
@@ -488,7 +490,7 @@ static void load_workspace(struct repl *rp, const char *dir) {
     free(names[i]);
     struct skill *s;
     struct skill_error se;
-    if (engine_load_file(&rp->en, path, 1, &s, &se)) fprintf(stderr, "moonloop: %s\n", se.err.msg);
+    if (engine_load_file(&rp->en, path, 1, &s, &se)) term_printf(stderr, "moonloop: %s\n", se.err.msg);
     else loaded++;
   }
   fprintf(stderr, "workspace %s: %d skill%s registered\n", dir, loaded, loaded == 1 ? "" : "s");

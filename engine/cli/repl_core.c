@@ -10,6 +10,7 @@
 ** aux connection (one transaction each), never the scheduler's writer.
 */
 #include "base/ids.h"
+#include "base/term.h"
 #include "base/units.h"
 #include "base/vocab.h"
 #include "cli/repl_int.h"
@@ -162,6 +163,26 @@ static int c_show(lua_State *L) {
   return 0;
 }
 
+/* core.repl_term(s): s with term.h's escapes, for everything the REPL
+** prints (values, errors, print()): a run's output or a skill's error can
+** hold controls that would drive the terminal. */
+static int c_term(lua_State *L) {
+  size_t len;
+  const char *s = luaL_checklstring(L, 1, &len);
+  if (term_is_clean(s, len)) {
+    lua_settop(L, 1);
+    return 1;
+  }
+  buf_t b = BUF_INIT;
+  if (term_escape(&b, s, len, 0)) {
+    buf_free(&b);
+    return luaL_error(L, "out of memory");
+  }
+  lua_pushlstring(L, buf_str(&b), b.len);
+  buf_free(&b);
+  return 1;
+}
+
 /* See repl_int.h. */
 void repl__register_core(struct repl *rp) {
   lrt_t *lrt = rp->en.lrt;
@@ -172,6 +193,7 @@ void repl__register_core(struct repl *rp) {
   lrt_register(lrt, "repl_runs", c_runs, rp);
   lrt_register(lrt, "repl_trace", c_trace, rp);
   lrt_register(lrt, "repl_show", c_show, rp);
+  lrt_register(lrt, "repl_term", c_term, rp);
   lua_createtable(L, 0, 4);
   static const struct { const char *name; int op; } ops[] = {
     {"SKILL", ROP_SKILL}, {"RUN", ROP_RUN}, {"RESUME", ROP_RESUME}, {"WAIT", ROP_WAIT},

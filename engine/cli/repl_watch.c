@@ -14,6 +14,7 @@
 ** asks the question through repl_ask_cb, between loop turns, and answers.
 ** At most one question is pending at a time.
 */
+#include "base/term.h"
 #include "base/units.h"
 #include "cli/repl_int.h"
 
@@ -71,28 +72,33 @@ static int take_skip(struct repl *rp, const char *run_id, int seq) {
 /* One line per step event: "  ✓ fetch   12ms  {...}". Steps of child
 ** runs are indented under their skill's name. */
 static void print_step(struct repl *rp, int w, const struct step_row *st) {
-  char d[32], v[96], pre[96];
-  const char *id = st->id ? st->id : "?";
-  if (w > 0) snprintf(pre, sizeof pre, "    %s: ", rp->watch_skill[w]);
+  char d[32], raw[96], pre[96];
+  struct term_strs ts = {0}; /* step ids, outputs and errors are the skill's: escaped */
+  const char *id = term_str(&ts, st->id ? st->id : "?");
+  if (w > 0) snprintf(pre, sizeof pre, "    %s: ", term_str(&ts, rp->watch_skill[w]));
   else snprintf(pre, sizeof pre, "  ");
   int64_t ms = st->ended_at && st->started_at ? st->ended_at - st->started_at : 0;
   units_fmt_duration(ms, d, sizeof d);
   if (!strcmp(st->status, "completed")) {
-    short_json(st->output, v, 72);
+    short_json(st->output, raw, 72);
+    char *v = term_dup(raw, 1);
     if (take_skip(rp, st->run_id, st->seq))
       fprintf(stderr, "%s%s\xe2\x86\xb7%s %-24s %8s  skipped with %s\n", pre, repl__col(rp, C_YELLOW),
-              repl__col(rp, C_RESET), id, "", v);
+              repl__col(rp, C_RESET), id, "", v ? v : "?");
     else
       fprintf(stderr, "%s%s\xe2\x9c\x93%s %-24s %s%8s%s  %s\n", pre, repl__col(rp, C_GREEN),
-              repl__col(rp, C_RESET), id, repl__col(rp, C_DIM), d, repl__col(rp, C_RESET), v);
+              repl__col(rp, C_RESET), id, repl__col(rp, C_DIM), d, repl__col(rp, C_RESET),
+              v ? v : "?");
+    free(v);
   } else if (!strcmp(st->status, "failed")) {
     fprintf(stderr, "%s%s\xe2\x9c\x97%s %-24s %s%8s%s  %s\n", pre, repl__col(rp, C_RED), repl__col(rp, C_RESET),
-            id, repl__col(rp, C_DIM), d, repl__col(rp, C_RESET), st->error ? st->error : "failed");
+            id, repl__col(rp, C_DIM), d, repl__col(rp, C_RESET),
+            st->error ? term_str(&ts, st->error) : "failed");
   } else if (!strcmp(st->status, "running") && st->retry_at) {
     units_fmt_duration(st->retry_at - units_now_ms(), d, sizeof d);
     fprintf(stderr, "%s%s\xe2\x86\xbb%s %-24s attempt %d failed: %s; retrying in %s\n", pre,
             repl__col(rp, C_YELLOW), repl__col(rp, C_RESET), id, st->attempts,
-            rp->last_attempt_error ? rp->last_attempt_error : "error", d);
+            rp->last_attempt_error ? term_str(&ts, rp->last_attempt_error) : "error", d);
   } else if (!strcmp(st->status, "sleeping")) {
     units_fmt_duration(st->wake_at - units_now_ms(), d, sizeof d);
     fprintf(stderr, "%s%sz%s %-24s sleeping for %s\n", pre, repl__col(rp, C_CYAN), repl__col(rp, C_RESET), id, d);
@@ -108,6 +114,7 @@ static void print_step(struct repl *rp, int w, const struct step_row *st) {
     }
   }
   /* "running" rows without a retry (a body waiting on I/O) say nothing new. */
+  term_strs_free(&ts);
 }
 
 /* See repl_int.h: every entry of each durable group, in order. */
@@ -118,8 +125,8 @@ void repl__observe(const struct jentry *je, void *arg) {
   case J_RUN_NEW:
     if (je->u.run.parent_id && watch_index(rp, je->u.run.parent_id) >= 0) {
       repl__watch_add(rp, je->u.run.id, je->u.run.skill);
-      fprintf(stderr, "    %s\xe2\x96\xb8%s child run %s (%s)\n", repl__col(rp, C_CYAN), repl__col(rp, C_RESET),
-              je->u.run.id, je->u.run.skill);
+      fprintf(stderr, "    %s\xe2\x96\xb8%s ", repl__col(rp, C_CYAN), repl__col(rp, C_RESET));
+      term_printf(stderr, "child run %s (%s)\n", je->u.run.id, je->u.run.skill);
     }
     break;
   case J_ATTEMPT:
@@ -131,9 +138,11 @@ void repl__observe(const struct jentry *je, void *arg) {
     if ((w = watch_index(rp, je->u.step.run_id)) >= 0) print_step(rp, w, &je->u.step);
     break;
   case J_LOG:
-    if ((w = watch_index(rp, je->u.log.run_id)) >= 0)
-      fprintf(stderr, "%s      %s: %s%s\n", repl__col(rp, C_DIM), je->u.log.level, je->u.log.msg,
-              repl__col(rp, C_RESET));
+    if ((w = watch_index(rp, je->u.log.run_id)) >= 0) {
+      fprintf(stderr, "%s      ", repl__col(rp, C_DIM));
+      term_printf(stderr, "%s: %s", je->u.log.level, je->u.log.msg);
+      fprintf(stderr, "%s\n", repl__col(rp, C_RESET));
+    }
     break;
   default:
     break;
@@ -185,8 +194,8 @@ enum run_pause_decision repl__on_pause(const struct run_pause_step *p, char **va
 void repl__answer_pause(struct repl *rp) {
   enum run_pause_decision d = PAUSE_STOP;
   char *value = NULL;
-  fprintf(stderr, "  %s\xe2\x96\xb8%s next: %s (%s)\n", repl__col(rp, C_CYAN), repl__col(rp, C_RESET),
-          rp->pause.step_id, rp->pause.kind);
+  fprintf(stderr, "  %s\xe2\x96\xb8%s ", repl__col(rp, C_CYAN), repl__col(rp, C_RESET));
+  term_printf(stderr, "next: %s (%s)\n", rp->pause.step_id, rp->pause.kind);
   for (;;) {
     if (rp->interrupted || !rp->ask) break;
     char *line = rp->ask("step> ", rp->ask_arg);
@@ -213,7 +222,7 @@ void repl__answer_pause(struct repl *rp) {
           rp->skips[rp->nskips++].seq = rp->pause.seq;
         }
       } else {
-        fprintf(stderr, "  %s\n", msg);
+        term_printf(stderr, "  %s\n", msg);
         decided = 0;
       }
       free(asked);
@@ -228,6 +237,6 @@ void repl__answer_pause(struct repl *rp) {
   rp->pause.pending = 0;
   err_t e;
   if (run_pause_answer(rp->en.sched, rp->pause.run_id, d, value, &e))
-    fprintf(stderr, "  %s\n", e.msg);
+    term_printf(stderr, "  %s\n", e.msg);
   free(value);
 }

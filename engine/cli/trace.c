@@ -1,8 +1,12 @@
 /*
-** trace.c: printing run records for the terminal (see trace.h).
+** trace.c: printing run records for the terminal (see trace.h). Every
+** string of a record may come from a skill (ids, names, messages, logs,
+** outputs), so every one goes through term.h's escaping (T below; JSON
+** through short_json); only the colours are this file's own escapes.
 */
-#include "cli/trace.h"
+#include "base/term.h"
 #include "base/units.h"
+#include "cli/trace.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -70,11 +74,21 @@ void trace_fmt_ago(int64_t then_ms, int64_t now_ms, char *out, size_t n) {
   }
 }
 
-/* Compact JSON of v, cut to max bytes with "..." */
+/* The escaped strings of the record being printed. */
+#define T(s) term_str(&ts, (s))
+
+/* Compact JSON of v, cut to max bytes (at a character's start) with
+** "...", escaped for the terminal (as JSON: it still reads as JSON). */
 static char *short_json(const cJSON *v, size_t max) {
   char *s = v ? cJSON_PrintUnformatted(v) : strdup("null");
-  if (s && strlen(s) > max) strcpy(s + max - 3, "...");
-  return s;
+  if (s && strlen(s) > max) {
+    size_t cut = max - 3;
+    while (cut && ((unsigned char)s[cut] & 0xc0) == 0x80) cut--;
+    strcpy(s + cut, "...");
+  }
+  char *e = term_dup(s, 1);
+  free(s);
+  return e;
 }
 
 static const char *trigger_kind(const cJSON *run) {
@@ -84,6 +98,7 @@ static const char *trigger_kind(const cJSON *run) {
 }
 
 void trace_print_runs(FILE *f, const cJSON *runs, int color, int64_t now) {
+  struct term_strs ts = {0};
   int n = cJSON_GetArraySize(runs);
   if (!n) {
     fprintf(f, "no runs\n");
@@ -99,10 +114,11 @@ void trace_print_runs(FILE *f, const cJSON *runs, int color, int64_t now) {
     char ago[32], dur[32] = "-";
     trace_fmt_ago(started, now, ago, sizeof ago);
     if (started) units_fmt_duration((ended ? ended : now) - started, dur, sizeof dur);
-    fprintf(f, "%-26s  %-24.24s  %s%-10s%s  %-10s  %-14s  %9s\n", shown(r, "id"),
-            shown(r, "skill"), color ? status_color(st) : "",
-            st ? st : "?", color ? RESET : "", trigger_kind(r), ago, dur);
+    fprintf(f, "%-26s  %-24.24s  %s%-10s%s  %-10s  %-14s  %9s\n", T(shown(r, "id")),
+            T(shown(r, "skill")), color ? status_color(st) : "",
+            st ? T(st) : "?", color ? RESET : "", T(trigger_kind(r)), ago, dur);
   }
+  term_strs_free(&ts);
 }
 
 /* A waterfall bar: the step's place and length within the run. */
@@ -129,15 +145,18 @@ static void bar(char *out, size_t n, int64_t t0, int64_t total, int64_t s, int64
 }
 
 static void print_logs(FILE *f, const cJSON *logs, const char *indent, int color) {
+  struct term_strs ts = {0};
   const cJSON *l;
   cJSON_ArrayForEach(l, logs) {
     const char *lv = str(l, "level");
-    fprintf(f, "%s%s%-5s%s %s\n", indent, color ? DIM : "", lv ? lv : "", color ? RESET : "",
-            str(l, "msg") ? str(l, "msg") : "");
+    fprintf(f, "%s%s%-5s%s %s\n", indent, color ? DIM : "", lv ? T(lv) : "", color ? RESET : "",
+            str(l, "msg") ? T(str(l, "msg")) : "");
   }
+  term_strs_free(&ts);
 }
 
 void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
+  struct term_strs ts = {0};
   const char *st = str(run, "status");
   int64_t t0 = time_of(run, "started_at"), t1 = time_of(run, "ended_at");
   if (!t0) t0 = time_of(run, "created_at");
@@ -145,37 +164,39 @@ void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
   char dur[32], ago[32];
   units_fmt_duration(total, dur, sizeof dur);
   trace_fmt_ago(t0, now, ago, sizeof ago);
-  fprintf(f, "%srun %s%s  %s  %s%s %s%s  %s\n", color ? BOLD : "", shown(run, "id"),
-          color ? RESET : "", shown(run, "skill"), color ? status_color(st) : "", status_mark(st),
-          st ? st : "?", color ? RESET : "", dur);
+  fprintf(f, "%srun %s%s  %s  %s%s %s%s  %s\n", color ? BOLD : "", T(shown(run, "id")),
+          color ? RESET : "", T(shown(run, "skill")), color ? status_color(st) : "", status_mark(st),
+          st ? T(st) : "?", color ? RESET : "", dur);
   const char *ver = str(run, "version");
   const cJSON *trig = cJSON_GetObjectItem(run, "trigger");
-  fprintf(f, "  version  %.12s\n", ver ? ver : "?");
+  fprintf(f, "  version  %.12s\n", ver ? T(ver) : "?");
   const char *kind = str(trig, "kind");
   if (kind && !strcmp(kind, "event")) {
     const cJSON *ev = cJSON_GetObjectItem(trig, "event");
-    fprintf(f, "  trigger  event %s (id %s)\n", str(ev, "name") ? str(ev, "name") : "?",
-            str(ev, "id") ? str(ev, "id") : "-");
+    fprintf(f, "  trigger  event %s (id %s)\n", str(ev, "name") ? T(str(ev, "name")) : "?",
+            str(ev, "id") ? T(str(ev, "id")) : "-");
   } else if (kind && (!strcmp(kind, "rerun") || !strcmp(kind, "on_failure"))) {
-    fprintf(f, "  trigger  %s of run %s\n", kind, str(trig, "run_id") ? str(trig, "run_id") : "?");
+    fprintf(f, "  trigger  %s of run %s\n", T(kind), str(trig, "run_id") ? T(str(trig, "run_id")) : "?");
   } else if (kind && !strcmp(kind, "cron")) {
-    fprintf(f, "  trigger  cron %s%s%s, tick %s%s\n", str(trig, "cron") ? str(trig, "cron") : "",
-            str(trig, "tz") ? " " : "", str(trig, "tz") ? str(trig, "tz") : "",
-            str(trig, "tick") ? str(trig, "tick") : "?",
+    fprintf(f, "  trigger  cron %s%s%s, tick %s%s\n", str(trig, "cron") ? T(str(trig, "cron")) : "",
+            str(trig, "tz") ? " " : "", str(trig, "tz") ? T(str(trig, "tz")) : "",
+            str(trig, "tick") ? T(str(trig, "tick")) : "?",
             cJSON_IsTrue(cJSON_GetObjectItem(trig, "catch_up")) ? " (catch-up after downtime)" : "");
   } else if (str(trig, "step")) {
-    fprintf(f, "  trigger  %s by step %s of the parent run\n", kind ? kind : "?", shown(trig, "step"));
+    fprintf(f, "  trigger  %s by step %s of the parent run\n", kind ? T(kind) : "?",
+            T(shown(trig, "step")));
   } else {
-    fprintf(f, "  trigger  %s%s%s\n", kind ? kind : "?", str(trig, "by") ? " by " : "",
-            str(trig, "by") ? str(trig, "by") : "");
+    fprintf(f, "  trigger  %s%s%s\n", kind ? T(kind) : "?", str(trig, "by") ? " by " : "",
+            str(trig, "by") ? T(str(trig, "by")) : "");
   }
-  if (str(run, "parent_id")) fprintf(f, "  parent   %s\n", str(run, "parent_id"));
+  if (str(run, "parent_id")) fprintf(f, "  parent   %s\n", T(str(run, "parent_id")));
   const cJSON *kid;
   cJSON_ArrayForEach(kid, cJSON_GetObjectItem(run, "children"))
-    fprintf(f, "  child    %s  %s  %s\n", shown(kid, "id"), shown(kid, "skill"), shown(kid, "status"));
-  char ts[40];
-  units_rfc3339(t0, ts, sizeof ts);
-  fprintf(f, "  started  %s (%s)\n", ts, ago);
+    fprintf(f, "  child    %s  %s  %s\n", T(shown(kid, "id")), T(shown(kid, "skill")),
+            T(shown(kid, "status")));
+  char started[40];
+  units_rfc3339(t0, started, sizeof started);
+  fprintf(f, "  started  %s (%s)\n", started, ago);
   char *in = short_json(cJSON_GetObjectItem(run, "input"), 200);
   fprintf(f, "  input    %s\n", in ? in : "null");
   free(in);
@@ -197,8 +218,8 @@ void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
     bar(b, sizeof b, t0, total, s, e ? e : now);
     const char *kindp = str(p, "kind");
     fprintf(f, "  %s %s%s%s %-28s %-6s %8s  %s%s%s\n", branch, color ? status_color(pst) : "",
-            status_mark(pst), color ? RESET : "", str(p, "id"),
-            kindp && strcmp(kindp, "run") ? kindp : "", d, color ? CYAN : "", b,
+            status_mark(pst), color ? RESET : "", T(str(p, "id")),
+            kindp && strcmp(kindp, "run") ? T(kindp) : "", d, color ? CYAN : "", b,
             color ? RESET : "");
     const cJSON *atts = cJSON_GetObjectItem(p, "attempts");
     const cJSON *a;
@@ -210,16 +231,16 @@ void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
         if (as && ae) units_fmt_duration(ae - as, ad, sizeof ad);
         const cJSON *nn = cJSON_GetObjectItem(a, "n");
         fprintf(f, "  %s   attempt %d %s%s%s%s%s%s%s\n", cont, nn ? nn->valueint : 0,
-                color ? status_color(ast) : "", ast ? ast : "", color ? RESET : "",
+                color ? status_color(ast) : "", ast ? T(ast) : "", color ? RESET : "",
                 *ad ? " after " : "", ad, str(a, "error") ? ": " : "",
-                str(a, "error") ? str(a, "error") : "");
+                str(a, "error") ? T(str(a, "error")) : "");
       }
     }
     /* A step that failed without attempts of its own (an invoke whose
     ** child failed, a wait that could not start): its error. */
     const char *perr = str(p, "error") ? str(p, "error") : str(cJSON_GetObjectItem(p, "error"), "message");
     if (perr && !cJSON_GetArraySize(atts))
-      fprintf(f, "  %s   %serror%s %s\n", cont, color ? RED : "", color ? RESET : "", perr);
+      fprintf(f, "  %s   %serror%s %s\n", cont, color ? RED : "", color ? RESET : "", T(perr));
     if (str(p, "wake_at") && pst && !strcmp(pst, "sleeping")) {
       char w[32];
       trace_fmt_ago(time_of(p, "wake_at"), now, w, sizeof w);
@@ -246,10 +267,11 @@ void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
   const cJSON *err = cJSON_GetObjectItem(run, "error");
   if (err && !cJSON_IsNull(err)) {
     const char *m = str(err, "message");
-    fprintf(f, "  %serror%s    %s\n", color ? RED : "", color ? RESET : "", m ? m : "");
+    fprintf(f, "  %serror%s    %s\n", color ? RED : "", color ? RESET : "", m ? T(m) : "");
     const char *tb = str(err, "traceback");
-    if (tb) fprintf(f, "%s%s%s\n", color ? DIM : "", tb, color ? RESET : "");
+    if (tb) fprintf(f, "%s%s%s\n", color ? DIM : "", T(tb), color ? RESET : "");
   }
+  term_strs_free(&ts);
 }
 
 /* A skill's last rejected load: where (file:line), when, why, and what
@@ -258,6 +280,7 @@ void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
 **     version 941f6671a2b3 stays live
 ** The message's own "file:line: " prefix is not repeated. */
 static void print_load_error(FILE *f, const cJSON *err, const char *live, int color) {
+  struct term_strs ts = {0};
   const char *file = str(err, "file"), *msg = str(err, "message"), *at = str(err, "at");
   const cJSON *line = cJSON_GetObjectItem(err, "line");
   char where[600] = "";
@@ -275,15 +298,17 @@ static void print_load_error(FILE *f, const cJSON *err, const char *live, int co
   int64_t ms = time_of(err, "at");
   if (ms) trace_fmt_ago(ms, units_now_ms(), ago, sizeof ago);
   fprintf(f, "  %srejected%s %s%s%s%s%s%s: %s\n", color ? RED : "", color ? RESET : "",
-          wl ? where : "", *ago ? (wl ? ", " : "") : "", ago, at ? " (" : "", at ? at : "",
-          at ? ")" : "", msg);
+          wl ? T(where) : "", *ago ? (wl ? ", " : "") : "", ago, at ? " (" : "", at ? T(at) : "",
+          at ? ")" : "", T(msg));
   if (live)
-    fprintf(f, "    %sversion %.12s stays live%s\n", color ? DIM : "", live, color ? RESET : "");
+    fprintf(f, "    %sversion %.12s stays live%s\n", color ? DIM : "", T(live), color ? RESET : "");
   else
     fprintf(f, "    %sno live version%s\n", color ? DIM : "", color ? RESET : "");
+  term_strs_free(&ts);
 }
 
 void trace_print_skills(FILE *f, const cJSON *skills, int color) {
+  struct term_strs ts = {0};
   if (!cJSON_GetArraySize(skills)) {
     fprintf(f, "no skills registered\n");
     return;
@@ -302,10 +327,11 @@ void trace_print_skills(FILE *f, const cJSON *skills, int color) {
       if (k >= sizeof trig) break;
     }
     const char *ver = str(s, "version");
-    fprintf(f, "%-24s  %-12.12s  %-8d  %-36.36s  %s\n", shown(s, "id"), ver ? ver : "(none)",
-            cJSON_GetArraySize(cJSON_GetObjectItem(s, "versions")), k ? trig : "invoke only",
-            str(s, "file") ? str(s, "file") : "");
+    fprintf(f, "%-24s  %-12.12s  %-8d  %-36.36s  %s\n", T(shown(s, "id")), ver ? T(ver) : "(none)",
+            cJSON_GetArraySize(cJSON_GetObjectItem(s, "versions")), k ? T(trig) : "invoke only",
+            str(s, "file") ? T(str(s, "file")) : "");
     const cJSON *err = cJSON_GetObjectItem(s, "error");
     if (err && !cJSON_IsNull(err)) print_load_error(f, err, ver, color);
   }
+  term_strs_free(&ts);
 }

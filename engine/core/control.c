@@ -315,6 +315,28 @@ static int held_elsewhere(sched_t *s, const char *id, const char *file, char *ot
   return held;
 }
 
+/* (PUT) The live skill other than id registered from file, or NULL
+** (caller frees): a file name belongs to its skill, so a PUT cannot point
+** another skill at it (and skills.deploy then write over it). */
+static char *file_taken(sched_t *s, const char *id, const char *file) {
+  cJSON *all;
+  err_t e;
+  char *other = NULL;
+  if (store_list_skills(sched__opts(s)->store, &all, &e)) return NULL;
+  const cJSON *k;
+  cJSON_ArrayForEach(k, all) {
+    const cJSON *f = cJSON_GetObjectItem(k, "file"), *v = cJSON_GetObjectItem(k, "version");
+    const cJSON *kid = cJSON_GetObjectItem(k, "id");
+    if (cJSON_IsString(f) && !strcmp(f->valuestring, file) && cJSON_IsString(v) &&
+        cJSON_IsString(kid) && strcmp(kid->valuestring, id)) {
+      other = strdup(kid->valuestring);
+      break;
+    }
+  }
+  cJSON_Delete(all);
+  return other;
+}
+
 /* (sidecar) The line of the source's `id = ...` (0 when there is none). */
 static int id_line(const char *src, size_t len) {
   int line = 1;
@@ -349,6 +371,12 @@ static int put_source(sched_t *s, const char *file, const char *want_id, const c
   if (!rc && want_id && strcmp(sk->id, want_id))
     rc = err_set(&se.err, ERR_INVALID, "%s: the source declares id '%s', not '%s'", file, sk->id,
                  want_id);
+  char *taken = !rc && want_id ? file_taken(s, want_id, file) : NULL;
+  if (taken) {
+    rc = err_set(&se.err, ERR_CONFLICT, "%s is the file of skill '%s': a skill cannot be "
+                 "registered from another skill's file", file, taken);
+    free(taken);
+  }
   if (!rc && held_elsewhere(s, sk->id, file, other, sizeof other)) {
     /* (sidecar) The error points at the line that declares the id. */
     se.line = id_line(source, len);

@@ -51,6 +51,30 @@ static int boot(struct engine *en, err_t *e) {
   return 0;
 }
 
+/* Tell the HTTP client where the engine's API listens, as the configuration
+** says (serve corrects it with the address it bound): skills' requests may
+** not go there. A host name other than localhost is not looked up here
+** (no blocking lookup at start); such an API is kept from skills by the
+** header their requests carry (httpc.h, HTTPC_SKILL_HEADER). */
+static void set_self(struct engine *en, const char *listen) {
+  struct sockaddr_storage ss;
+  const char *colon = listen ? strrchr(listen, ':') : NULL;
+  if (!colon || colon == listen) return;
+  char host[128];
+  size_t hl = (size_t)(colon - listen);
+  if (listen[0] == '[' && hl >= 2 && listen[hl - 1] == ']') listen++, hl -= 2;
+  if (hl >= sizeof host) return;
+  memcpy(host, listen, hl);
+  host[hl] = 0;
+  int port = atoi(colon + 1);
+  if (port <= 0 || port > 65535) return;
+  if (!strcmp(host, "localhost")) snprintf(host, sizeof host, "127.0.0.1");
+  if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) &&
+      uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss))
+    return;
+  httpc_set_self(en->http, (struct sockaddr *)&ss);
+}
+
 int engine_open(struct engine *en, const struct config *cfg, enum sched_mode mode, int verbose,
                 err_t *e) {
   if (engine_open_store(en, cfg, e)) return e->code;
@@ -58,6 +82,7 @@ int engine_open(struct engine *en, const struct config *cfg, enum sched_mode mod
   if (uv_loop_init(&en->loop)) return err_set(e, ERR_INTERNAL, "cannot create the event loop");
   en->loop_open = 1;
   if (httpc_new(&en->loop, &en->http, e)) return e->code;
+  set_self(en, cfg->listen);
   struct sched_opts so = {
     .loop = &en->loop, .store = en->store, .lrt = en->lrt, .skills = en->skills,
     .http = en->http, .mode = mode, .lease_ttl_ms = cfg->lease_ttl_ms,
@@ -66,6 +91,7 @@ int engine_open(struct engine *en, const struct config *cfg, enum sched_mode mod
     .event_limit = cfg->event_limit, .max_parked = (int)cfg->parked_runs,
     .retention_ms = cfg->retention_ms,
     .verbose = verbose,
+    .api_callers = (const char *const *)cfg->deployers,
   };
   if (sched_new(&so, &en->sched, e)) return e->code;
   otlp_start(en);

@@ -50,7 +50,10 @@
 */
 #include "core/httpc.h"
 
+#include <arpa/inet.h>
 #include <curl/curl.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -72,6 +75,8 @@ struct httpc_xfer {
   CURLcode result;           /* set when it leaves X_RUNNING */
   int watch_err;             /* a uv error watching one of its sockets (fails it) */
   int too_big, hdr_too_big, nomem;
+  int for_skill, to_self;    /* sent for a skill; refused: it would have connected to the API */
+  char self_addr[64];        /* where to_self would have gone, for the message */
   httpc_cb cb;
   void *ud;
   long timeout_ms;
@@ -104,6 +109,7 @@ struct httpc {
   int closing, finished;
   void (*done)(void *);
   void *done_arg;
+  struct sockaddr_storage self; /* the engine's API (httpc_set_self); family 0: none */
 };
 
 /* ---- curl_global_init, once per process ---- */
@@ -379,7 +385,11 @@ static void describe_error(httpc_xfer *x, struct httpc_resp *r) {
   int code = ERR_IO;
   const char *reason = "network";
   CURLcode rc = x->result;
-  if (x->watch_err) {
+  if (x->to_self) {
+    code = ERR_AUTH, reason = "self";
+    snprintf(cause, sizeof cause, "refused: %s is this engine's own API, which a skill can use "
+             "only when the configuration lists it in `deployers`", x->self_addr);
+  } else if (x->watch_err) {
     code = ERR_INTERNAL, reason = "internal";
     snprintf(cause, sizeof cause, "could not watch the connection's socket: %s",
              uv_strerror(x->watch_err));
@@ -556,6 +566,120 @@ static void dispatch(httpc_t *h) {
   if (h->closing && h->depth == 0) finish_close(h);
 }
 
+/* ---- a skill's requests never reach the engine's own API ---- */
+
+/* The port of an address (host order), and whether it is loopback or
+** unspecified: what "this host" means to a connect() on this machine. */
+static int addr_port(const struct sockaddr *sa) {
+  if (sa->sa_family == AF_INET) return ntohs(((const struct sockaddr_in *)sa)->sin_port);
+  if (sa->sa_family == AF_INET6) return ntohs(((const struct sockaddr_in6 *)sa)->sin6_port);
+  return -1;
+}
+
+/* The IPv4 address in sa (also one mapped into IPv6), in host order, or 0
+** when there is none; *is4 says which. */
+static uint32_t addr_v4(const struct sockaddr *sa, int *is4) {
+  *is4 = 0;
+  if (sa->sa_family == AF_INET) {
+    *is4 = 1;
+    return ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr);
+  }
+  const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+  if (sa->sa_family == AF_INET6 && IN6_IS_ADDR_V4MAPPED(a)) {
+    *is4 = 1;
+    uint32_t v;
+    memcpy(&v, a->s6_addr + 12, 4);
+    return ntohl(v);
+  }
+  return 0;
+}
+
+/* Whether sa is a loopback (127/8, ::1) or unspecified (0.0.0.0, ::)
+** address: a connect() to either reaches this host's loopback. */
+static int addr_local(const struct sockaddr *sa) {
+  int is4;
+  uint32_t v = addr_v4(sa, &is4);
+  if (is4) return (v >> 24) == 127 || v == 0;
+  if (sa->sa_family != AF_INET6) return 0;
+  const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+  return IN6_IS_ADDR_LOOPBACK(a) || IN6_IS_ADDR_UNSPECIFIED(a);
+}
+
+/* Whether a and b are the same IP address (an IPv4 one mapped into IPv6
+** is the IPv4 one). */
+static int addr_same(const struct sockaddr *a, const struct sockaddr *b) {
+  int a4, b4;
+  uint32_t va = addr_v4(a, &a4), vb = addr_v4(b, &b4);
+  if (a4 || b4) return a4 && b4 && va == vb;
+  if (a->sa_family != AF_INET6 || b->sa_family != AF_INET6) return 0;
+  return !memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+                 &((const struct sockaddr_in6 *)b)->sin6_addr, sizeof(struct in6_addr));
+}
+
+/* Whether sa is one of this host's interface addresses. */
+static int addr_of_host(const struct sockaddr *sa) {
+  struct ifaddrs *all = NULL;
+  if (getifaddrs(&all)) return 0;
+  int found = 0;
+  for (struct ifaddrs *i = all; i && !found; i = i->ifa_next)
+    found = i->ifa_addr && addr_same(i->ifa_addr, sa);
+  freeifaddrs(all);
+  return found;
+}
+
+/* Whether a connection to sa would reach the API at self (see httpc_set_self). */
+static int reaches_self(const struct sockaddr *self, const struct sockaddr *sa) {
+  if (!self->sa_family || addr_port(sa) != addr_port(self)) return 0;
+  if (addr_same(sa, self)) return 1;
+  /* An API on a specific outside address is reached by that address only. */
+  if (!addr_local(self)) return 0;
+  /* One on loopback (or everywhere) is reached by any loopback or
+  ** unspecified address of its port: connect() to 0.0.0.0 or :: goes to
+  ** the loopback, and 127.0.0.2 or ::1 for an API on 127.0.0.1 costs
+  ** nothing to refuse. */
+  if (addr_local(sa)) return 1;
+  /* Listening on 0.0.0.0 or :: is listening on every address of the host. */
+  int is4;
+  uint32_t v = addr_v4(self, &is4);
+  int unspecified = is4 ? v == 0 : IN6_IS_ADDR_UNSPECIFIED(&((const struct sockaddr_in6 *)self)->sin6_addr);
+  return unspecified && addr_of_host(sa);
+}
+
+/* CURLOPT_OPENSOCKETFUNCTION of a skill's request: every connection curl
+** opens (the first, each redirect's, each address it tries) comes here
+** with the address resolved, so no spelling of the name gets round it. */
+static curl_socket_t open_socket(void *ud, curlsocktype purpose, struct curl_sockaddr *a) {
+  httpc_xfer *x = ud;
+  (void)purpose;
+  if (reaches_self((const struct sockaddr *)&x->h->self, &a->addr)) {
+    char ip[INET6_ADDRSTRLEN] = "?";
+    const struct sockaddr *sa = &a->addr;
+    if (sa->sa_family == AF_INET)
+      inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, ip, sizeof ip);
+    else if (sa->sa_family == AF_INET6)
+      inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, ip, sizeof ip);
+    snprintf(x->self_addr, sizeof x->self_addr, sa->sa_family == AF_INET6 ? "[%s]:%d" : "%s:%d",
+             ip, addr_port(sa));
+    x->to_self = 1;
+    return CURL_SOCKET_BAD;
+  }
+  return socket(a->family, a->socktype, a->protocol);
+}
+
+void httpc_set_self(httpc_t *h, const struct sockaddr *addr) {
+  memset(&h->self, 0, sizeof h->self);
+  if (!addr) return;
+  size_t n = addr->sa_family == AF_INET ? sizeof(struct sockaddr_in)
+             : addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : 0;
+  memcpy(&h->self, addr, n);
+}
+
+/* Whether header line s ("Name: value", "Name;") is named name. */
+static int header_named(const char *s, const char *name) {
+  size_t n = strlen(name);
+  return !strncasecmp(s, name, n) && (s[n] == ':' || s[n] == ';');
+}
+
 int httpc_start(httpc_t *h, const struct httpc_req *req, httpc_cb cb, void *ud,
                 httpc_xfer **out, err_t *e) {
   if (out) *out = NULL;
@@ -582,6 +706,9 @@ int httpc_start(httpc_t *h, const struct httpc_req *req, httpc_cb cb, void *ud,
     while (is_tchar((unsigned char)s[n])) n++;
     if (n == 0 || (s[n] != ':' && !(s[n] == ';' && !s[n + 1])) || strpbrk(s, "\r\n"))
       rc = err_set(e, ERR_INVALID, "invalid request header '%.100s' (want \"Name: value\") (%s)", s, what);
+    else if (req->for_skill && header_named(s, HTTPC_SKILL_HEADER))
+      rc = err_set(e, ERR_INVALID, "the header %s is the engine's: a skill cannot set it (%s)",
+                   HTTPC_SKILL_HEADER, what);
   }
   if (rc) {
     free(what);
@@ -620,6 +747,12 @@ int httpc_start(httpc_t *h, const struct httpc_req *req, httpc_cb cb, void *ud,
     if (!l) goto nomem;
     x->hdrs = l;
   }
+  if (req->for_skill) {
+    struct curl_slist *l = curl_slist_append(x->hdrs, HTTPC_SKILL_HEADER ": 1");
+    if (!l) goto nomem;
+    x->hdrs = l;
+    x->for_skill = 1;
+  }
 
   CURLcode cc = CURLE_OK;
 #define SET(opt, val) \
@@ -647,6 +780,10 @@ int httpc_start(httpc_t *h, const struct httpc_req *req, httpc_cb cb, void *ud,
   SET(CURLOPT_HEADERFUNCTION, on_header);
   SET(CURLOPT_HEADERDATA, (void *)x);
   SET(CURLOPT_ERRORBUFFER, x->errbuf);
+  if (req->for_skill) {
+    SET(CURLOPT_OPENSOCKETFUNCTION, open_socket);
+    SET(CURLOPT_OPENSOCKETDATA, (void *)x);
+  }
   /* POST uses plain POSTFIELDS so that a 301/302/303 turns it into a GET as
   ** browsers do; other methods are custom requests, with the body if any. */
   int has_body = req->body != NULL || !strcmp(method, "POST");

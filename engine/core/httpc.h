@@ -29,6 +29,11 @@ typedef struct httpc_xfer httpc_xfer;  /* one request in flight */
 #define HTTPC_MAX_REDIRECTS 5
 #define HTTPC_MAX_CONNECTIONS 256 /* open at once per httpc_t; more requests queue in curl */
 #define HTTPC_USER_AGENT "moonloop/0.1"
+/* The header every request sent for a skill carries (.for_skill): the
+** engine's API refuses any request that has it, so a skill cannot reach
+** the API of this or another engine through a name, a redirect or a proxy
+** the address check below does not see. A skill cannot set it itself. */
+#define HTTPC_SKILL_HEADER "Moonloop-From-Skill"
 
 struct httpc_req {
   const char *method;                  /* "GET" default; an HTTP token ("PUT", "PATCH", ...) */
@@ -37,6 +42,8 @@ struct httpc_req {
   const char *body; size_t body_len;   /* may be NULL/0; copied by httpc_start */
   long timeout_ms;                     /* whole transfer; 0 = default 30000 */
   size_t max_response;                 /* bytes of body; 0 = default 16 MB; over it the transfer fails */
+  int for_skill;                       /* sent for a skill: carries HTTPC_SKILL_HEADER, and may not
+                                          connect to the address given to httpc_set_self */
 };
 
 struct httpc_resp {
@@ -44,7 +51,8 @@ struct httpc_resp {
   const char *reason;     /* NULL when error == 0, else a stable word for the cause: "timeout",
                              "connect", "dns", "tls", "too_big", "scheme" (a redirect to a
                              URL that is not http/https), "redirects", "invalid", "network",
-                             "nomem", "internal" */
+                             "nomem", "internal", "self" (a skill's request to the engine's
+                             own API, see httpc_set_self) */
   char errmsg[512];       /* "" when error == 0, else the cause with method and URL:
                              "timeout after 5000 ms (GET http://...)" */
   long status;            /* HTTP status when error == 0 (non-2xx is not an error) */
@@ -72,6 +80,15 @@ int httpc_start(httpc_t *h, const struct httpc_req *req, httpc_cb cb, void *ud,
 ** httpc callback, also on a request whose completion is already pending; a
 ** no-op on the request whose callback is running. NULL is ignored. */
 void httpc_cancel(httpc_xfer *x);
+
+/* The engine's own API address (IP and port; NULL: none): from now on a
+** request with .for_skill fails (reason "self", ERR_AUTH) before it sends
+** anything when any connection it opens, redirects included, goes to that
+** address in any spelling: the name is resolved first, and when the API
+** listens on a loopback or an unspecified address (0.0.0.0, ::), every
+** loopback and unspecified address of that port counts as it (and, for an
+** unspecified one, every address of this host's interfaces). */
+void httpc_set_self(httpc_t *h, const struct sockaddr *addr);
 
 /* Number of transfers whose callback has not fired yet (cancelled ones excluded). */
 size_t httpc_active(const httpc_t *h);

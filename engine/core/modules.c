@@ -8,10 +8,11 @@
 ** registers any file an agent writes: deploying is saving a file. Only the
 ** skills the configuration lists in `deployers` may call it.
 */
-#include "core/modules.h"
 #include "base/ids.h"
 #include "base/units.h"
+#include "base/workspace.h"
 #include "core/engine.h"
+#include "core/modules.h"
 #include "core/run.h"
 
 #include <errno.h>
@@ -131,16 +132,37 @@ static int is_deployer(struct engine *en, const char *skill) {
   return 0;
 }
 
-/* The file a deploy of id writes: the file that registered it, when it is
-** in the workspace, else WORKSPACE/<id with '-' as '_'>.lua. */
+/* Whether another skill with a live version was registered from file:
+** a deploy never writes over another skill's file. */
+static int file_of_other(struct engine *en, const char *id, const char *file) {
+  cJSON *all;
+  err_t e;
+  if (store_list_skills(en->store, &all, &e)) return 1;
+  int other = 0;
+  const cJSON *k;
+  cJSON_ArrayForEach(k, all) {
+    const cJSON *f = cJSON_GetObjectItem(k, "file"), *v = cJSON_GetObjectItem(k, "version");
+    const cJSON *kid = cJSON_GetObjectItem(k, "id");
+    if (cJSON_IsString(f) && !strcmp(f->valuestring, file) && cJSON_IsString(v) &&
+        cJSON_IsString(kid) && strcmp(kid->valuestring, id))
+      other = 1;
+  }
+  cJSON_Delete(all);
+  return other;
+}
+
+/* The file a deploy of id writes: the file that registered it, when that
+** is inside the workspace (on its real path) and no other live skill's,
+** else WORKSPACE/<id with '-' as '_'>.lua. Whatever a PUT's ?file= said,
+** the write lands inside the workspace; workspace_write checks it again. */
 static void deploy_path(struct engine *en, const char *id, char *out, size_t n) {
   cJSON *rec;
   err_t e;
   const char *ws = en->cfg->workspace;
   if (!store_get_skill(en->store, id, &rec, &e)) {
     const cJSON *f = cJSON_GetObjectItem(rec, "file");
-    size_t wl = strlen(ws);
-    if (cJSON_IsString(f) && !strncmp(f->valuestring, ws, wl) && f->valuestring[wl] == '/') {
+    if (cJSON_IsString(f) && strncmp(f->valuestring, "//", 2) &&
+        !workspace_inside(ws, f->valuestring, &e) && !file_of_other(en, id, f->valuestring)) {
       snprintf(out, n, "%s", f->valuestring);
       cJSON_Delete(rec);
       return;
@@ -152,6 +174,20 @@ static void deploy_path(struct engine *en, const char *id, char *out, size_t n) 
   for (char *p = base; *p; p++)
     if (*p == '-') *p = '_';
   snprintf(out, n, "%s/%s.lua", ws, base);
+}
+
+/* Whether id is a skill id ([a-z0-9][a-z0-9._-]*, at most 128 bytes, as
+** skill.lua checks a source's): it becomes a file name. */
+static int is_skill_id(const char *id) {
+  size_t n = strlen(id);
+  if (!n || n > 128) return 0;
+  for (size_t i = 0; i < n; i++) {
+    char c = id[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+          (i && (c == '.' || c == '_' || c == '-'))))
+      return 0;
+  }
+  return 1;
 }
 
 /* core.skills_deploy(id, source): {file, version} or nil, message. */
@@ -168,6 +204,11 @@ static int c_skills_deploy(lua_State *L) {
              "`deployers` in the configuration)", caller ? caller : "?");
     return fail(L, msg);
   }
+  if (!is_skill_id(id)) {
+    snprintf(msg, sizeof msg, "skills.deploy: '%.200s' is not a skill id ([a-z0-9][a-z0-9._-]*, "
+             "at most 128 characters)", id);
+    return fail(L, msg);
+  }
   char path[1024];
   deploy_path(en, id, path, sizeof path);
   char *got = NULL;
@@ -180,18 +221,9 @@ static int c_skills_deploy(lua_State *L) {
   }
   free(got);
   mkdir(en->cfg->workspace, 0755);
-  char tmp[1100];
-  snprintf(tmp, sizeof tmp, "%s/.deploy-%ld.tmp", en->cfg->workspace, (long)getpid());
-  FILE *f = fopen(tmp, "wb");
-  if (!f || fwrite(src, 1, len, f) != len || fflush(f) || fsync(fileno(f)) || fclose(f)) {
-    snprintf(msg, sizeof msg, "skills.deploy: cannot write %s: %s", tmp, strerror(errno));
-    if (f) fclose(f);
-    unlink(tmp);
-    return fail(L, msg);
-  }
-  if (rename(tmp, path)) {
-    snprintf(msg, sizeof msg, "skills.deploy: cannot write %s: %s", path, strerror(errno));
-    unlink(tmp);
+  err_t we;
+  if (workspace_write(en->cfg->workspace, path, src, len, &we)) {
+    snprintf(msg, sizeof msg, "skills.deploy: %s", we.msg);
     return fail(L, msg);
   }
   char version[65];

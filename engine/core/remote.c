@@ -35,8 +35,10 @@ static int code_of_status(long status) {
   switch (status) {
   case 400: return ERR_INVALID;
   case 401: return ERR_AUTH;
+  case 403: return ERR_AUTH;    /* a Host the engine does not answer (allowed_hosts) */
   case 404: return ERR_NOTFOUND;
   case 405: return ERR_INVALID;
+  case 415: return ERR_INVALID;
   case 409: return ERR_CONFLICT;
   case 413: return ERR_TOOBIG;
   case 503: return ERR_BUSY;
@@ -75,7 +77,7 @@ int remote_call(const struct config *cfg, const char *method, const char *path,
   hdrs = curl_slist_append(hdrs, "Accept: application/json");
   hdrs = curl_slist_append(hdrs, "Expect:");
   if (body)
-    hdrs = curl_slist_append(hdrs, !strcmp(method, "PUT") ? "Content-Type: text/plain; charset=utf-8"
+    hdrs = curl_slist_append(hdrs, !strcmp(method, "PUT") ? "Content-Type: text/x-lua; charset=utf-8"
                                                           : "Content-Type: application/json");
   struct answer_buf buf = {0};
   char errbuf[CURL_ERROR_SIZE] = "";

@@ -10,9 +10,10 @@
 ** queue, never from a completion handler: handlers push the values to
 ** resume with and count the completion (run__complete).
 */
-#include "core/run.h"
 #include "base/ids.h"
+#include "base/term.h"
 #include "base/units.h"
+#include "core/run.h"
 #include "core/run_pause.h"
 #include "lua/json.h"
 
@@ -157,7 +158,7 @@ static void start_on_failure(struct run *r, const char *error, int64_t now) {
     .created_at = now, .started_at = now,
   };
   journal_run_new(sched__journal(s), &row);
-  if (run_start(s, f, NULL, &e)) fprintf(stderr, "moonloop: on_failure of %s: %s\n", r->id, e.msg);
+  if (run_start(s, f, NULL, &e)) term_printf(stderr, "moonloop: on_failure of %s: %s\n", r->id, e.msg);
 }
 
 struct done_ctx {
@@ -457,7 +458,9 @@ void run__verbose(struct run *r, const char *mark, const char *id, int64_t ms,
   if (!sched__opts(r->sched)->verbose) return;
   char d[32];
   units_fmt_duration(ms, d, sizeof d);
-  fprintf(stderr, "  %s %-28s %8s%s%s\n", mark, id, d, extra ? "  " : "", extra ? extra : "");
+  /* The mark is ours; the step id and the extra (an error) are the skill's. */
+  fprintf(stderr, "  %s ", mark);
+  term_printf(stderr, "%-28s %8s%s%s\n", id, d, extra ? "  " : "", extra ? extra : "");
 }
 
 /* Value i of co as an integer (times, delays: Lua numbers). */
@@ -652,6 +655,16 @@ static void on_http(const struct httpc_resp *resp, void *ud) {
   run__complete(t);
 }
 
+/* Whether skill id may call the engine's own API over HTTP: only the
+** skills allowed to deploy (docs/security.md). Any other skill's requests
+** carry HTTPC_SKILL_HEADER, which the API refuses, and may not connect to
+** the API's address. */
+static int may_call_api(const struct sched_opts *o, const char *id) {
+  for (const char *const *c = o->api_callers; id && c && *c; c++)
+    if (!strcmp(*c, id)) return 1;
+  return 0;
+}
+
 /* OP_HTTP (request table): start the transfer; the task parks until the
 ** response, a failure, or its step's timeout. */
 static void op_http(struct task *t, lua_State *co) {
@@ -661,6 +674,7 @@ static void op_http(struct task *t, lua_State *co) {
   struct httpc_req req;
   err_t e;
   int nh = run__http_request_from_lua(co, 2, &req, hdrs);
+  req.for_skill = !may_call_api(o, r->skill ? r->skill->id : NULL);
   int rc;
   /* A step whose time is up gets no more I/O in this attempt. */
   if (t->step_timed_out) {
@@ -770,13 +784,13 @@ static int c_log(lua_State *L) {
     msg = cut;
   }
   if (!t) {
-    fprintf(stderr, "[%s] %s\n", level, msg);
+    term_printf(stderr, "[%s] %s\n", level, msg);
     return 0;
   }
   struct log_row row = {.run_id = t->run->id, .seq = seq, .ts = units_now_ms(), .level = level,
                         .msg = msg};
   journal_log(sched__journal(s), &row);
-  if (sched__opts(s)->verbose) fprintf(stderr, "    %s: %s\n", level, msg);
+  if (sched__opts(s)->verbose) term_printf(stderr, "    %s: %s\n", level, msg);
   return 0;
 }
 

@@ -60,6 +60,8 @@ struct sched_opts {
   int max_parked;           /* runs parked in memory before eviction, default 10000 */
   int64_t retention_ms;     /* serve: prune history older than this every hour (0: keep all) */
   int verbose;              /* print each step to stderr as it completes */
+  const char *const *api_callers; /* skills whose http requests may reach the engine's API
+                                     (the configuration's deployers; NULL-terminated) */
 };
 
 /* What a finished run reports to whoever waits for it. */

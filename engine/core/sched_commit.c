@@ -23,6 +23,7 @@
 */
 #include "base/ids.h"
 #include "base/proc.h"
+#include "base/term.h"
 #include "base/units.h"
 #include "core/sched_int.h"
 
@@ -210,7 +211,7 @@ static void after_work_cb(uv_work_t *w, int status) {
       for (size_t i = 0; i < j->nrows && !s->stopping; i++) {
         err_t e;
         if (sched_adopt(s, &j->rows[i], &e))
-          fprintf(stderr, "moonloop: cannot resume run %s: %s\n", j->rows[i].id, e.msg);
+          term_printf(stderr, "moonloop: cannot resume run %s: %s\n", j->rows[i].id, e.msg);
       }
       if (j->nrows == CLAIM_BATCH) s->claim_wanted = 1;
       store_rows_free(j->rows, j->nrows);

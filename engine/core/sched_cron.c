@@ -13,6 +13,7 @@
 */
 #include "base/cron.h"
 #include "base/ids.h"
+#include "base/term.h"
 #include "base/units.h"
 #include "core/run.h"
 
@@ -51,7 +52,7 @@ static void on_fired(void *arg, const struct jentry *je) {
     struct skill *sk;
     if (sched__version_skill(f->s, f->version, &sk, &e) ||
         sched__start_existing(f->s, sk, f->id, f->trigger, "null", f->at, &e))
-      fprintf(stderr, "moonloop: cron run of %s: %s\n", f->skill, e.msg);
+      term_printf(stderr, "moonloop: cron run of %s: %s\n", f->skill, e.msg);
   }
   free(f->skill), free(f->version), free(f->trigger);
   free(f);
@@ -148,7 +149,8 @@ void sched__skills_changed(sched_t *s) {
       struct cron_entry *c = calloc(1, sizeof *c);
       if (!c) break;
       if (cron_parse(expr->valuestring, cJSON_IsString(tz) ? tz->valuestring : NULL, &c->cron, &e)) {
-        fprintf(stderr, "moonloop: skill %s: %s\n", cJSON_GetObjectItem(sk, "id")->valuestring, e.msg);
+        term_printf(stderr, "moonloop: skill %s: %s\n", cJSON_GetObjectItem(sk, "id")->valuestring,
+                    e.msg);
         free(c);
         continue;
       }

@@ -9,6 +9,7 @@
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
+#include <ctype.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -54,6 +55,7 @@ void config_free(struct config *c) {
   free(c->otlp_endpoint), free(c->otlp_service);
   free_list(c->env);
   free_list(c->deployers);
+  free_list(c->allowed_hosts);
   memset(c, 0, sizeof *c);
 }
 
@@ -250,6 +252,31 @@ static int get_list(lua_State *L, const struct cfgsrc *s, const char *key, char 
   return rc;
 }
 
+/* allowed_hosts: a list of host names (or IP addresses, an IPv6 one in
+** brackets) that a request's Host header may name, for an engine reached
+** through a name of its own (a proxy, a LAN name). Only names: the port is
+** never compared, and a scheme or a path means the entry was misread. */
+static int get_hosts(lua_State *L, const struct cfgsrc *s, char ***out, err_t *e) {
+  if (get_list(L, s, "allowed_hosts", out, e)) return ERR_INVALID;
+  for (char **h = *out; h && *h; h++) {
+    const char *v = *h;
+    size_t n = strlen(v);
+    int ok = n > 0 && n < 254;
+    if (ok && v[0] == '[') {
+      ok = n > 2 && v[n - 1] == ']';
+      for (size_t i = 1; ok && i + 1 < n; i++) ok = isxdigit((unsigned char)v[i]) || v[i] == ':' || v[i] == '.';
+    } else {
+      for (size_t i = 0; ok && i < n; i++)
+        ok = isalnum((unsigned char)v[i]) || v[i] == '-' || v[i] == '.' || v[i] == '_';
+    }
+    if (!ok)
+      return cfg_fail(s, "allowed_hosts", e, "'allowed_hosts' entries are host names such as "
+                      "\"loop.example.com\" or addresses such as \"192.168.1.5\" or "
+                      "\"[fd00::5]\", without a scheme, port or path; got \"%.80s\"", v);
+  }
+  return 0;
+}
+
 /* Refuse keys of the table on top that are not in known (NULL-terminated),
 ** naming the line and the nearest known key. */
 static int only_keys(lua_State *L, const struct cfgsrc *s, const char *const *known, err_t *e) {
@@ -305,7 +332,8 @@ static void close_table(lua_State *L, struct cfgsrc *s) {
 static int read_table(struct config *c, lua_State *L, struct cfgsrc *s, err_t *e) {
   static const char *const top[] = {"db", "workspace", "listen", "token_env", "durability",
                                     "llm", "env", "deployers", "limits", "retry", "lease",
-                                    "shutdown_grace", "retention", "otlp", NULL};
+                                    "shutdown_grace", "retention", "otlp", "allowed_hosts",
+                                    NULL};
   static const char *const llm[] = {"base_url", "model", "api_key_env", NULL};
   static const char *const limits[] = {"step_output", "event", "run_seconds_between_yields",
                                        "run_memory", "parked_runs", NULL};
@@ -318,6 +346,7 @@ static int read_table(struct config *c, lua_State *L, struct cfgsrc *s, err_t *e
       get_string(L, s, "token_env", &c->token_env, e) ||
       get_string(L, s, "durability", &durability, e) ||
       get_list(L, s, "env", &c->env, e) || get_list(L, s, "deployers", &c->deployers, e) ||
+      get_hosts(L, s, &c->allowed_hosts, e) ||
       get_num(L, s, "lease", &R_LEASE, &c->lease_ttl_ms, e) ||
       get_num(L, s, "shutdown_grace", &R_GRACE, &c->shutdown_grace_ms, e) ||
       get_num(L, s, "retention", &R_RETENTION, &c->retention_ms, e)) {

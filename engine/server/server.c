@@ -56,6 +56,111 @@ struct errfix_ostream {
 
 /* ---- the handler -------------------------------------------------------- */
 
+/* The value of the one header named name (len bytes in *len), NULL when
+** absent; *dup is set when it appears more than once. */
+static const char *one_header(h2o_req_t *req, const char *name, size_t nl, size_t *len, int *dup) {
+  ssize_t i = h2o_find_header_by_str(&req->headers, name, nl, -1);
+  *len = 0;
+  *dup = 0;
+  if (i < 0) return NULL;
+  *dup = h2o_find_header_by_str(&req->headers, name, nl, i) >= 0;
+  *len = req->headers.entries[i].value.len;
+  return req->headers.entries[i].value.base;
+}
+
+/* Copy at most 100 bytes of s into out as printable ASCII (others as '?'),
+** for messages. */
+static void printable_copy(char *out, size_t n, const char *s, size_t len) {
+  size_t o = 0;
+  for (size_t i = 0; s && i < len && i < 100 && o + 1 < n; i++)
+    out[o++] = s[i] >= 0x20 && s[i] < 0x7f && s[i] != '\'' && s[i] != '"' ? s[i] : '?';
+  out[o] = 0;
+}
+
+/* Whether the request's method changes state: anything but GET and HEAD
+** (OPTIONS too: a browser's preflight for a request that would). */
+static int changes_state(h2o_req_t *req) {
+  return !h2o_memis(req->method.base, req->method.len, H2O_STRLIT("GET")) &&
+         !h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD"));
+}
+
+/* Refuse, with a 403 the operator can act on, a request a web page could
+** have made the browser send (docs/security.md):
+**   - a Host that names neither this engine's listen address, a loopback
+**     name nor one of allowed_hosts: a page whose own name was rebound to
+**     this address (DNS rebinding) sends its name, and would otherwise
+**     read and change everything as if it were the dashboard;
+**   - on a request that changes state (and on preflights), an Origin that
+**     is not the engine's own (scheme://Host), "null", or Sec-Fetch-Site
+**     cross-site or same-site: another page, also one served from another
+**     port of this machine (same-site), asking the browser to post here.
+** A request without Origin or Sec-Fetch-Site is no browser's cross-origin
+** request (browsers send Origin on every POST, PUT and DELETE to another
+** origin), so the CLI, the sidecar and scripts pass. Returns 1 when it
+** answered the request. */
+static int refuse_foreign(server_t *srv, h2o_req_t *req) {
+  size_t ml;
+  int mdup;
+  /* H2O keeps header names in lowercase: this is HTTPC_SKILL_HEADER. */
+  if (one_header(req, H2O_STRLIT("moonloop-from-skill"), &ml, &mdup)) {
+    server__respond_error(srv, req, 403, "forbidden", "this request comes from a skill (its http "
+                          "module marks every request with " HTTPC_SKILL_HEADER "): only skills "
+                          "the configuration lists in `deployers` may use the engine's API; "
+                          "others read runs and skills through the runs and skills modules");
+    return 1;
+  }
+  /* H2O keeps Host out of req->headers: it is the request's authority
+  ** (HTTP/2's :authority; the last Host line of an HTTP/1 request). */
+  const char *host = req->input.authority.base;
+  size_t hl = req->input.authority.len;
+  char shown[160], msg[1400];
+  if (!server_host_ok(host, hl, srv->listen_host, srv->allowed_hosts)) {
+    /* H2O fills in its host configuration's name, "default", when the
+    ** request has no Host header (HTTP/1.0): refused too, as every browser
+    ** sends one. */
+    if (h2o_memis(host, hl, H2O_STRLIT("default"))) {
+      server__respond_error(srv, req, 400, "invalid", "the request has no Host header (or Host "
+                            "'default'): send the engine's address, as HTTP/1.1 requires");
+      return 1;
+    }
+    printable_copy(shown, sizeof shown, host, hl);
+    snprintf(msg, sizeof msg, "Host '%s' is not a name of this engine: only its listen address "
+             "(%s), loopback names (localhost, 127.0.0.1, [::1]) and the configuration's "
+             "allowed_hosts are answered, so that a web page whose name was rebound to this "
+             "address cannot use the API. If this engine is reached by that name, add it: "
+             "allowed_hosts = { \"%.*s\" }", shown, srv->listen_host,
+             (int)(shown[0] == '[' ? strcspn(shown, "]") + (strchr(shown, ']') != NULL)
+                                   : strcspn(shown, ":")), shown);
+    server__respond_error(srv, req, 403, "forbidden", msg);
+    return 1;
+  }
+  if (!changes_state(req)) return 0;
+  size_t ol, fl;
+  int odup, fdup;
+  const char *origin = one_header(req, H2O_STRLIT("origin"), &ol, &odup);
+  const char *site = one_header(req, H2O_STRLIT("sec-fetch-site"), &fl, &fdup);
+  int bad_origin = odup || (origin && !server_origin_ok(origin, ol, host, hl));
+  int cross = fdup || (site && (h2o_memis(site, fl, H2O_STRLIT("cross-site")) ||
+                                h2o_memis(site, fl, H2O_STRLIT("same-site"))));
+  if (!bad_origin && !cross) return 0;
+  char why[400];
+  if (bad_origin) {
+    printable_copy(shown, sizeof shown, origin, ol);
+    snprintf(why, sizeof why, odup ? "the request has more than one Origin header"
+             : "Origin '%s' is not this engine's origin (http://%.*s)", shown, (int)hl, host);
+  } else {
+    printable_copy(shown, sizeof shown, site, fl);
+    snprintf(why, sizeof why, "the browser says it comes from another site (Sec-Fetch-Site: %s)",
+             fdup ? "given twice" : shown);
+  }
+  snprintf(msg, sizeof msg, "cross-origin request refused: %s. The API changes state only for "
+           "its own pages and for clients that are not browsers (the CLI, scripts): a page on "
+           "another site or another port cannot start runs, send events or deploy skills here",
+           why);
+  server__respond_error(srv, req, 403, "forbidden", msg);
+  return 1;
+}
+
 /* Every request: refuse while stopping, authenticate, route, answer. */
 static int on_req(h2o_handler_t *self, h2o_req_t *req) {
   server_t *srv = ((struct api_handler *)self)->srv;
@@ -63,6 +168,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     server__respond_error(srv, req, 503, "unavailable", "the engine is stopping");
     return 0;
   }
+  if (refuse_foreign(srv, req)) return 0;
   /* The dashboard's page, script and style sheet hold no data: they are
   ** served without the token, so a browser (which cannot send a bearer
   ** token when it navigates) can load the page that then asks for it. */
@@ -89,6 +195,14 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     if (status == 405 && pl.allow)
       h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ALLOW, NULL, pl.allow,
                      strlen(pl.allow));
+    server__respond_error(srv, req, status, server_error_code(status, e.code), e.msg);
+    return 0;
+  }
+  ssize_t ct = h2o_find_header(&req->headers, H2O_TOKEN_CONTENT_TYPE, -1);
+  if (server_check_type(&pl, ct >= 0 ? req->headers.entries[ct].value.base : NULL,
+                        ct >= 0 ? req->headers.entries[ct].value.len : 0,
+                        req->entity.base ? req->entity.len : 0, &status, &e)) {
+    server_plan_free(&pl);
     server__respond_error(srv, req, status, server_error_code(status, e.code), e.msg);
     return 0;
   }
@@ -239,8 +353,10 @@ static int is_loopback(const struct sockaddr *sa) {
   return 0;
 }
 
-/* Parse "HOST:PORT" / "[V6]:PORT" into an address (resolving a host name). */
-static int parse_listen(const char *listen, struct sockaddr_storage *ss, err_t *e) {
+/* Parse "HOST:PORT" / "[V6]:PORT" into an address (resolving a host name);
+** name (may be NULL) gets the host as written, brackets kept. */
+static int parse_listen(const char *listen, struct sockaddr_storage *ss, char *name, size_t nn,
+                        err_t *e) {
   char host[256];
   const char *colon = strrchr(listen, ':');
   const char *h = listen;
@@ -248,6 +364,7 @@ static int parse_listen(const char *listen, struct sockaddr_storage *ss, err_t *
   if (!colon || hl == 0 || hl >= sizeof host || !colon[1])
     return err_set(e, ERR_INVALID, "listen address '%s' must be HOST:PORT, such as "
                    "127.0.0.1:8288", listen);
+  if (name) snprintf(name, nn, "%.*s", (int)hl, listen);
   if (h[0] == '[') {
     if (hl < 3 || h[hl - 1] != ']')
       return err_set(e, ERR_INVALID, "listen address '%s': an IPv6 host goes in brackets, "
@@ -348,7 +465,8 @@ int server_start(struct engine *en, const char *listen, server_t **out, err_t *e
   *out = NULL;
   struct sockaddr_storage ss;
   if (!listen || !*listen) listen = "127.0.0.1:8288";
-  if (parse_listen(listen, &ss, e)) return e->code;
+  char listen_host[272];
+  if (parse_listen(listen, &ss, listen_host, sizeof listen_host, e)) return e->code;
   const char *tok_env = en->cfg && en->cfg->token_env ? en->cfg->token_env : "MOONLOOP_TOKEN";
   const char *tok = getenv(tok_env);
   if ((!tok || !*tok) && !is_loopback((struct sockaddr *)&ss))
@@ -363,6 +481,8 @@ int server_start(struct engine *en, const char *listen, server_t **out, err_t *e
     return err_set(e, ERR_NOMEM, "out of memory");
   }
   srv->en = en;
+  snprintf(srv->listen_host, sizeof srv->listen_host, "%s", listen_host);
+  srv->allowed_hosts = en->cfg ? (const char *const *)en->cfg->allowed_hosts : NULL;
   if (tok && *tok) {
     srv->token = strdup(tok);
     srv->toklen = strlen(tok);
@@ -384,6 +504,8 @@ int server_start(struct engine *en, const char *listen, server_t **out, err_t *e
     return err_set(e, ERR_IO, "cannot listen on %s: %s", listen, uv_strerror(rc));
   }
   srv->listener = l;
+  /* Skills' own HTTP requests may not come back here (httpc_set_self). */
+  if (en->http) httpc_set_self(en->http, (struct sockaddr *)&ss);
   format_url(&ss, srv->url, sizeof srv->url);
 
   int64_t timeout = DEFAULT_TIMEOUT_MS;

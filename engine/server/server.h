@@ -29,6 +29,14 @@
 ** binds loopback addresses only (127.0.0.0/8, ::1, localhost) and refuses
 ** any other with ERR_AUTH.
 **
+** Web pages (docs/security.md): before anything else, a request whose Host
+** is not the listen address's host, a loopback name or one of the
+** configuration's allowed_hosts is refused (403), and so is a request that
+** is not GET or HEAD whose Origin is another origin or "null", or whose
+** Sec-Fetch-Site is cross-site or same-site; after routing, a JSON body
+** without application/json or Lua source without text/x-lua (415). A
+** request carrying HTTPC_SKILL_HEADER came from a skill and is refused.
+**
 ** MOONLOOP_HTTP_TIMEOUT (a duration, default 10s) bounds how long a client
 ** may take to send one request's headers and body, and how long an idle
 ** keep-alive connection stays open: slow clients are dropped.

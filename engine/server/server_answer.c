@@ -20,6 +20,7 @@
 */
 #include "base/jsontext.h"
 #include "base/units.h"
+#include "base/workspace.h"
 #include "server/server_int.h"
 #include "server/web.h"
 
@@ -55,10 +56,12 @@ static const char *reason_of(int status) {
   case 304: return "Not Modified";
   case 400: return "Bad Request";
   case 401: return "Unauthorized";
+  case 403: return "Forbidden";
   case 404: return "Not Found";
   case 405: return "Method Not Allowed";
   case 409: return "Conflict";
   case 413: return "Payload Too Large";
+  case 415: return "Unsupported Media Type";
   case 503: return "Service Unavailable";
   default: return status < 400 ? "OK" : "Internal Server Error";
   }
@@ -98,6 +101,10 @@ void server__respond(server_t *srv, h2o_req_t *req, int status, const char *ctyp
                  strlen(ctype));
   h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL,
                  H2O_STRLIT("no-store"));
+  /* An answer is never to be read as anything but its type (a page that
+  ** loads it as a script or a style sheet gets nothing). */
+  h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-content-type-options"), 0,
+                        NULL, H2O_STRLIT("nosniff"));
   /* While stopping, no connection is kept alive for another request. */
   if (srv->stopping) req->http1_is_persistent = 0;
   server__count(srv, status);
@@ -228,6 +235,14 @@ static void control(server_t *srv, h2o_req_t *req, const struct server_plan *pl)
   case SERVER_OP_CANCEL: rc = sched_cancel(s, pl->id, on_reply, p, &e); break;
   case SERVER_OP_RERUN: rc = sched_rerun(s, pl->id, on_reply, p, &e); break;
   case SERVER_OP_PUT_SKILL:
+    /* A local file name must be inside the workspace on its real path
+    ** (skills.deploy writes to it); "//HOST/PATH" names another host's
+    ** file, which the engine never writes. */
+    if (pl->file[0] && strncmp(pl->file, "//", 2) && srv->en->cfg &&
+        workspace_inside(srv->en->cfg->workspace, pl->file, &e)) {
+      rc = err_prefix(&e, "parameter 'file'");
+      break;
+    }
     rc = sched_put_skill(s, pl->id, pl->file[0] ? pl->file : NULL, pl->source, pl->source_len,
                          on_reply, p, &e);
     break;

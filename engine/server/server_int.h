@@ -33,6 +33,8 @@ struct server {
   size_t toklen;
   struct server_limits lim;
   char url[96];
+  char listen_host[272];    /* the listen address's host ("[::1]" for IPv6), for Host checks */
+  const char *const *allowed_hosts; /* the configuration's allowed_hosts (NULL-terminated) */
   double start_time;        /* the process's start, seconds since the epoch */
   uint64_t codes[SERVER_MAX_STATUS];
 };

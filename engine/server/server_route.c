@@ -39,6 +39,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include <arpa/inet.h>
 #include <openssl/crypto.h>
 
 #define MAX_SEGMENTS 5
@@ -130,6 +131,8 @@ static int is_method(const char *m, size_t mlen, const char *want) {
 const char *server_error_code(int status, int code) {
   if (status == 405) return "method_not_allowed";
   if (status == 401) return "unauthenticated";
+  if (status == 403) return "forbidden";
+  if (status == 415) return "unsupported_media_type";
   if (status == 413) return "too_large";
   if (status == 503 && code != ERR_BUSY) return "unavailable";
   return err_name(code);
@@ -179,8 +182,6 @@ int server_auth_ok(const char *header, size_t hlen, const char *token, size_t to
   return same_len & (diff == 0);
 }
 
-/* ---- bodies ------------------------------------------------------------ */
-
 /* Fill e and *status; returns code. */
 static int fail(int *status, int st, err_t *e, int code, const char *fmt, ...)
   __attribute__((format(printf, 5, 6)));
@@ -196,6 +197,134 @@ static int fail(int *status, int st, err_t *e, int code, const char *fmt, ...) {
   *status = st;
   return code;
 }
+
+/* ---- who may ask: Host, Origin, Content-Type --------------------------- */
+
+#define HOST_MAX 256
+
+/* Split an authority ("name", "name:port", "[v6]:port") into its host,
+** lowercased, without a trailing dot, brackets kept around an IPv6 address,
+** and its port (-1 when it has none). Returns 0, or -1 for a malformed one:
+** empty, a character no host name has, a port that is not 1 to 5 digits. */
+static int split_authority(const char *s, size_t len, char *host, size_t cap, long *port) {
+  size_t hl;
+  *port = -1;
+  if (len && s[0] == '[') {
+    const char *close = memchr(s, ']', len);
+    if (!close) return -1;
+    hl = (size_t)(close - s) + 1;
+    for (size_t i = 1; i + 1 < hl; i++)
+      if (!isxdigit((unsigned char)s[i]) && s[i] != ':' && s[i] != '.') return -1;
+  } else {
+    hl = 0;
+    while (hl < len && s[hl] != ':') hl++;
+    for (size_t i = 0; i < hl; i++) {
+      unsigned char c = (unsigned char)s[i];
+      if (!isalnum(c) && c != '-' && c != '.' && c != '_') return -1;
+    }
+  }
+  if (hl == 0 || hl >= cap) return -1;
+  if (hl < len) {
+    if (s[hl] != ':' || len - hl - 1 < 1 || len - hl - 1 > 5) return -1;
+    long n = 0;
+    for (size_t i = hl + 1; i < len; i++) {
+      if (s[i] < '0' || s[i] > '9') return -1;
+      n = n * 10 + (s[i] - '0');
+    }
+    if (n > 65535) return -1;
+    *port = n;
+  }
+  for (size_t i = 0; i < hl; i++) host[i] = (char)tolower((unsigned char)s[i]);
+  if (hl > 1 && host[hl - 1] == '.') hl--;
+  host[hl] = 0;
+  return 0;
+}
+
+/* Whether a host (as split_authority leaves it) is a loopback name. */
+static int loopback_name(const char *h) {
+  if (!strcmp(h, "localhost")) return 1;
+  unsigned char a[16];
+  if (inet_pton(AF_INET, h, a) == 1) return a[0] == 127;
+  size_t n = strlen(h);
+  char in[64];
+  if (n < 3 || h[0] != '[' || n - 2 >= sizeof in) return 0;
+  memcpy(in, h + 1, n - 2);
+  in[n - 2] = 0;
+  if (inet_pton(AF_INET6, in, a) != 1) return 0;
+  static const unsigned char one[16] = {[15] = 1};
+  static const unsigned char v4map[12] = {[10] = 0xff, [11] = 0xff};
+  return !memcmp(a, one, 16) || (!memcmp(a, v4map, 12) && a[12] == 127);
+}
+
+/* See server_route.h. */
+int server_host_ok(const char *host, size_t len, const char *listen_host,
+                   const char *const *allowed) {
+  char h[HOST_MAX], x[HOST_MAX];
+  long port;
+  if (!host || split_authority(host, len, h, sizeof h, &port)) return 0;
+  if (loopback_name(h)) return 1;
+  if (listen_host && !split_authority(listen_host, strlen(listen_host), x, sizeof x, &port) &&
+      !strcmp(h, x))
+    return 1;
+  for (const char *const *a = allowed; a && *a; a++)
+    if (!split_authority(*a, strlen(*a), x, sizeof x, &port) && !strcmp(h, x)) return 1;
+  return 0;
+}
+
+/* See server_route.h. */
+int server_origin_ok(const char *origin, size_t olen, const char *host, size_t hlen) {
+  long dflt;
+  size_t skip;
+  if (!origin || !host) return 0;
+  if (olen > 7 && !strncasecmp(origin, "http://", 7)) skip = 7, dflt = 80;
+  else if (olen > 8 && !strncasecmp(origin, "https://", 8)) skip = 8, dflt = 443;
+  else return 0;
+  char oh[HOST_MAX], hh[HOST_MAX];
+  long op, hp;
+  if (split_authority(origin + skip, olen - skip, oh, sizeof oh, &op) ||
+      split_authority(host, hlen, hh, sizeof hh, &hp))
+    return 0;
+  return !strcmp(oh, hh) && (op < 0 ? dflt : op) == (hp < 0 ? dflt : hp);
+}
+
+/* Whether a Content-Type value is the media type want (params, such as
+** "; charset=utf-8", and case ignored). */
+static int media_type_is(const char *ct, size_t len, const char *want) {
+  while (len && (*ct == ' ' || *ct == '\t')) ct++, len--;
+  size_t n = 0;
+  while (n < len && ct[n] != ';' && ct[n] != ' ' && ct[n] != '\t') n++;
+  size_t rest = n;
+  while (rest < len && (ct[rest] == ' ' || ct[rest] == '\t')) rest++;
+  return n == strlen(want) && !strncasecmp(ct, want, n) && (rest == len || ct[rest] == ';');
+}
+
+/* See server_route.h. */
+int server_check_type(const struct server_plan *p, const char *ctype, size_t ctlen, size_t blen,
+                      int *status, err_t *e) {
+  char shown[80];
+  printable(shown, sizeof shown, ctype ? ctype : "", ctype ? ctlen : 0);
+  switch (p->op) {
+  case SERVER_OP_EVENTS:
+  case SERVER_OP_INVOKE:
+  case SERVER_OP_CANCEL:
+  case SERVER_OP_RERUN:
+    if ((blen || ctype) && !(ctype && media_type_is(ctype, ctlen, "application/json")))
+      return fail(status, 415, e, ERR_INVALID, "a JSON body needs 'Content-Type: "
+                  "application/json'%s%s%s (a browser can send other types to another site's "
+                  "server without asking first, so the engine refuses them)",
+                  ctype ? ", not '" : "", ctype ? shown : "", ctype ? "'" : "");
+    return 0;
+  case SERVER_OP_PUT_SKILL:
+    if (!ctype || !media_type_is(ctype, ctlen, "text/x-lua"))
+      return fail(status, 415, e, ERR_INVALID, "PUT /v1/skills/{id} takes Lua source with "
+                  "'Content-Type: text/x-lua'%s%s%s", ctype ? ", not '" : "",
+                  ctype ? shown : "", ctype ? "'" : "");
+    return 0;
+  default: return 0;
+  }
+}
+
+/* ---- bodies ------------------------------------------------------------ */
 
 /* "an object", "a list", ... for messages. */
 static const char *json_type(const cJSON *v) {
@@ -475,6 +604,31 @@ static int route_list(const char *q, size_t qlen, int64_t now_ms, struct server_
 
 /* ---- PUT and DELETE /v1/skills/{id} query ----------------------------- */
 
+/* Refuse a file name with a ".." component (anywhere: it could lead out
+** of the workspace once joined or resolved), and a "//HOST/PATH" (the
+** standalone sidecar's) without a host or an absolute path after it.
+** Whether a local name is inside the workspace needs the file system: the
+** server checks that (workspace_inside). */
+static int file_name_bad(const char *f, int *status, err_t *e) {
+  char shown[80];
+  printable(shown, sizeof shown, f, strlen(f));
+  for (const char *c = f; *c;) {
+    size_t n = strcspn(c, "/");
+    if (n == 2 && c[0] == '.' && c[1] == '.')
+      return fail(status, 400, e, ERR_INVALID, "parameter 'file' ('%s') has a '..' part: a "
+                  "skill's file is named by its path inside the workspace", shown);
+    c += n;
+    while (*c == '/') c++;
+  }
+  if (!strncmp(f, "//", 2)) {
+    size_t hl = strcspn(f + 2, "/");
+    if (hl == 0 || f[2 + hl] != '/' || !f[3 + hl])
+      return fail(status, 400, e, ERR_INVALID, "parameter 'file' ('%s'): a remote file is "
+                  "named //HOST/PATH (as moonloop sidecar sends it)", shown);
+  }
+  return 0;
+}
+
 /* The only parameter: file, the name of the skill's file (the standalone
 ** sidecar's "//HOST/PATH"): printable UTF-8, at most SERVER_FILE_MAX bytes. */
 static int route_file(const char *q, size_t qlen, struct server_plan *p, int *status, err_t *e) {
@@ -502,6 +656,10 @@ static int route_file(const char *q, size_t qlen, struct server_plan *p, int *st
     if (!ok) {
       p->file[0] = 0;
       return fail(status, 400, e, ERR_INVALID, "parameter 'file' must be printable UTF-8");
+    }
+    if (file_name_bad(p->file, status, e)) {
+      p->file[0] = 0;
+      return e->code;
     }
     i = j + 1;
   }

@@ -96,7 +96,8 @@ int server_route_check(const char *method, const char *path, const char *body, s
                        int *status, err_t *e);
 
 /* The "code" of an error body for an HTTP status and an ERR_* code:
-** err_name(code), except 405 "method_not_allowed" and 401 "unauthenticated". */
+** err_name(code), except 405 "method_not_allowed", 401 "unauthenticated",
+** 403 "forbidden" and 415 "unsupported_media_type". */
 const char *server_error_code(int status, int code);
 
 /* The HTTP status for an ERR_* code: ERR_INVALID 400, ERR_NOTFOUND 404,
@@ -105,6 +106,33 @@ int server_status_of(int code);
 
 /* {"error": {"code": code, "message": message}} as JSON text (malloc'd), or NULL. */
 char *server_error_json(const char *code, const char *message);
+
+/* ---- who may ask (DNS rebinding, cross-site requests; docs/security.md) ---- */
+
+/* Whether a Host header value (len bytes, "name", "name:port", "[v6]:port")
+** names this engine: a loopback name (localhost, 127.0.0.0/8, [::1], with
+** or without a port), listen_host (the host of the listen address, brackets
+** around an IPv6 address; may be NULL) or one of allowed (NULL-terminated,
+** may be NULL). Names compare without case and without a trailing dot; the
+** port is not compared (a rebinding page has another name, whatever the
+** port). A malformed or empty value is refused. */
+int server_host_ok(const char *host, size_t len, const char *listen_host,
+                   const char *const *allowed);
+
+/* Whether an Origin header value is the engine's own origin for a request
+** whose Host is host: "http://HOST" or "https://HOST", the same host name
+** and the same port once the scheme's default port is filled in. "null",
+** a path or a malformed value are refused. */
+int server_origin_ok(const char *origin, size_t olen, const char *host, size_t hlen);
+
+/* Check the Content-Type of a routed request (p from server_route): JSON
+** bodies (every POST) need application/json when they carry a body or a
+** Content-Type at all; PUT /v1/skills/{id} needs text/x-lua. Those are
+** types a browser can send to another origin only after a preflight, which
+** the server refuses. Returns 0, or ERR_INVALID with *status 415 and e's
+** message saying what to send. ctype may be NULL (no header). */
+int server_check_type(const struct server_plan *p, const char *ctype, size_t ctlen, size_t blen,
+                      int *status, err_t *e);
 
 /* Whether an Authorization header value carries "Bearer <token>". The
 ** token is compared in constant time (CRYPTO_memcmp over the whole token,

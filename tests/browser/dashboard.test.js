@@ -88,10 +88,11 @@ function startEngine(dir) {
   });
 }
 
-/* A request to the API with the token; returns the decoded JSON. */
+/* A request to the API with the token; returns the decoded JSON. PUT
+** takes Lua source (text/x-lua), every other body is JSON. */
 async function call(url, method, p, body) {
   const res = await fetch(url + p, {
-    method, headers: { Authorization: 'Bearer ' + TOKEN, 'Content-Type': 'application/json' },
+    method, headers: { Authorization: 'Bearer ' + TOKEN, 'Content-Type': method === 'PUT' ? 'text/x-lua' : 'application/json' },
     body: body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body),
   });
   const text = await res.text();

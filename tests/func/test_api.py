@@ -72,7 +72,12 @@ def request(port, method, path, body=None, headers=None, timeout=10):
     try:
         if isinstance(body, (dict, list)):
             body = json.dumps(body)
-        c.request(method, path, body=body, headers=headers or {})
+        headers = dict(headers or {})
+        # The types the engine requires (docs/security.md): JSON for POST
+        # bodies, Lua for PUT; a test of the check itself passes its own.
+        if body and not any(k.lower() == "content-type" for k in headers):
+            headers["Content-Type"] = "text/x-lua" if method == "PUT" else "application/json"
+        c.request(method, path, body=body, headers=headers)
         r = c.getresponse()
         data = r.read()
         return r.status, {k.lower(): v for k, v in r.getheaders()}, data
@@ -295,8 +300,8 @@ class ApiReadTest(ApiTestBase):
         # answer starts right after them.
         for path in ("/v1/skills/hello", "/metrics", "/"):
             s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
-            s.sendall(b"HEAD %s HTTP/1.1\r\nHost: x\r\n\r\n"
-                      b"GET /v1/skills HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            s.sendall(b"HEAD %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+                      b"GET /v1/skills HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
                       % path.encode())
             out = b""
             while True:  # until the server closes, after the second answer
@@ -372,7 +377,7 @@ class ApiReadTest(ApiTestBase):
     def test_body_over_8mb_is_413_without_reading_it(self):
         # Content-Length says 9 MB; the server answers at once, without the body.
         t = time.time()
-        resp = raw(self.port, b"POST /v1/events HTTP/1.1\r\nHost: x\r\n"
+        resp = raw(self.port, b"POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                               b"Content-Type: application/json\r\nContent-Length: 9437184\r\n\r\n{")
         self.assertLess(time.time() - t, 2)
         st, h, body = parse_raw(resp)
@@ -382,7 +387,7 @@ class ApiReadTest(ApiTestBase):
         self.assertError(st, err, 413, "too_large", "8.0 MB")
         # A chunked body is cut off once it passes 8 MB, before its end.
         s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
-        s.sendall(b"PUT /v1/skills/big HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        s.sendall(b"PUT /v1/skills/big HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n")
         chunk = b"%x\r\n%s\r\n" % (1 << 20, b"-" * (1 << 20))
         sent = 0
         try:
@@ -413,18 +418,18 @@ class ApiReadTest(ApiTestBase):
         payloads = [
             b"\x00\x01\x02garbage\r\n\r\n", b"GET\r\n\r\n", b"GET / HTTP/9.9\r\n\r\n",
             b"GET /v1/runs HTTP/1.1\r\nNo colon here\r\n\r\n",
-            b"GET /v1/runs HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 200000 + b"\r\n\r\n",
-            b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
-            b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 9\r\n\r\nabc",
-            b"POST /v1/events HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-            b"G\xffT /v1/runs HTTP/1.1\r\nHost: x\r\n\r\n",
-            b"GET /v1/runs/\xff\xfe HTTP/1.1\r\nHost: x\r\n\r\n",
-            b"GET http://example.com/v1/runs HTTP/1.1\r\nHost: x\r\n\r\n",
-            b"GET /v1/runs?limit=" + b"9" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nX: " + b"a" * 200000 + b"\r\n\r\n",
+            b"POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -5\r\n\r\n",
+            b"POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 3\r\nContent-Length: 9\r\n\r\nabc",
+            b"POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            b"G\xffT /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+            b"GET /v1/runs/\xff\xfe HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+            b"GET http://example.com/v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+            b"GET /v1/runs?limit=" + b"9" * 5000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
         ]
         payloads += [bytes(rnd.randrange(256) for _ in range(rnd.randrange(1, 400)))
                      for _ in range(150)]
-        payloads += [b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (n, j)
+        payloads += [b"POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n%s" % (n, j)
                      for n, j in ((len(x), x) for x in (b"{" * 2000, b"[" * 5000, b'"\\u', b"\xc3"))]
         for p in payloads:
             out = raw(self.port, p, timeout=3)
@@ -439,7 +444,7 @@ class ApiReadTest(ApiTestBase):
         # The class's serve has MOONLOOP_HTTP_TIMEOUT=2s: a client trickling
         # its headers is cut off after 2 s, and the server answers others meanwhile.
         s = socket.create_connection(("127.0.0.1", self.port), timeout=10)
-        req = b"GET /v1/runs HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"z" * 100
+        req = b"GET /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"z" * 100
         t = time.time()
         closed_after = None
         for i, byte in enumerate(req):
@@ -684,7 +689,7 @@ class ApiStartTest(unittest.TestCase):
         s = Serve(self.w)
         socks = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(300)]
         half = socket.create_connection(("127.0.0.1", s.port))
-        half.sendall(b"GET /v1/runs HTTP/1.1\r\nHost: x\r\n")  # a request half sent
+        half.sendall(b"GET /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # a request half sent
         t = time.time()
         self.assertEqual(s.stop(), 0)
         self.assertLess(time.time() - t, 6)

@@ -243,7 +243,7 @@ class ApiWriteTest(unittest.TestCase):
         for _ in range(20):
             s = socket.create_connection(("127.0.0.1", self.port))
             body = json.dumps({"data": {"s": 0.5}, "wait": 5}).encode()
-            s.sendall(b"POST /v1/skills/nap/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: "
+            s.sendall(b"POST /v1/skills/nap/invoke HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                       b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
             s.close()
         time.sleep(1.5)
@@ -286,7 +286,8 @@ class ApiWriteShutdownTest(unittest.TestCase):
             srv = Serve(w)
             s = socket.create_connection(("127.0.0.1", srv.port), timeout=15)
             body = b'{"wait": 120}'
-            s.sendall(b"POST /v1/skills/nap/invoke HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+            s.sendall(b"POST /v1/skills/nap/invoke HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                       % (len(body), body))
             time.sleep(0.5)
             t = time.time()

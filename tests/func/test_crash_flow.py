@@ -148,7 +148,8 @@ end }""")
         p = self.serve()
         # The hundred runs start at once (one request), however slow the CLI is.
         req = urllib.request.Request(p.url + "/v1/events", method="POST",
-                                     data=json.dumps([{"name": "start"}] * 100).encode())
+                                     data=json.dumps([{"name": "start"}] * 100).encode(),
+                                     headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as r:
             self.assertEqual(r.status, 202)
         wait_until(lambda: len(self.runs_of("nap", "waiting")) == 100, timeout=30, what="all waiting")

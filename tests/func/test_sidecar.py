@@ -59,7 +59,10 @@ class Serve:
         try:
             if isinstance(body, (dict, list)):
                 body = json.dumps(body)
-            c.request(method, path, body=body)
+            headers = {}
+            if body:
+                headers["Content-Type"] = "text/x-lua" if method == "PUT" else "application/json"
+            c.request(method, path, body=body, headers=headers)
             r = c.getresponse()
             data = r.read()
             return r.status, json.loads(data) if data else None

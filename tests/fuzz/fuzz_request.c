@@ -3,8 +3,10 @@
 ** Raw bytes are parsed as an HTTP/1.1 request by picohttpparser (H2O's own
 ** parser, exported by libh2o), then go through what the server does with a
 ** request before it touches the engine: the Authorization check
-** (server_auth_ok) and routing plus validation (server_route), with the
-** same limits. Invariants checked on every input:
+** (server_auth_ok), the Host and Origin checks (server_host_ok,
+** server_origin_ok), routing plus validation (server_route) and the body's
+** type (server_check_type), with the same limits. Invariants checked on
+** every input:
 **   - an error has a status in {400, 404, 405, 413} and an error body that
 **     is valid JSON and valid UTF-8;
 **   - a plan has an operation, and what the scheduler will get is well
@@ -113,8 +115,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (n <= 0) return 0;
   /* The body: what follows the headers, cut at Content-Length when given. */
   size_t blen = size - (size_t)n;
-  const char *auth = NULL;
-  size_t alen = 0;
+  const char *auth = NULL, *host = NULL, *origin = NULL, *ctype = NULL;
+  size_t alen = 0, hlen = 0, olen = 0, ctlen = 0;
   for (size_t i = 0; i < nh; i++) {
     if (header_is(&hdrs[i], "content-length")) {
       size_t cl = 0;
@@ -125,6 +127,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else if (header_is(&hdrs[i], "authorization")) {
       auth = hdrs[i].value;
       alen = hdrs[i].value_len;
+    } else if (header_is(&hdrs[i], "host")) {
+      host = hdrs[i].value, hlen = hdrs[i].value_len;
+    } else if (header_is(&hdrs[i], "origin")) {
+      origin = hdrs[i].value, olen = hdrs[i].value_len;
+    } else if (header_is(&hdrs[i], "content-type")) {
+      ctype = hdrs[i].value, ctlen = hdrs[i].value_len;
     }
   }
   /* Copies of exactly the right size, so ASan sees any read past the end. */
@@ -137,6 +145,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   static const char token[] = "fuzz-token-0123456789";
   int ok = server_auth_ok(auth, alen, token, sizeof token - 1);
   if (ok) CHECK(alen >= sizeof token - 1 + 7);
+
+  /* A Host the checks take is one of the names they know; an Origin they
+  ** take names that Host. */
+  static const char *const allowed[] = {"loop.example.com", NULL};
+  char *hc = host ? strndup(host, hlen) : NULL, *oc = origin ? strndup(origin, olen) : NULL;
+  if (hc && server_host_ok(hc, hlen, "127.0.0.1", allowed))
+    CHECK(!strncasecmp(hc, "localhost", 9) || !strncasecmp(hc, "127.", 4) ||
+          !strncasecmp(hc, "loop.example.com", 16) || hc[0] == '[');
+  if (hc && oc && server_origin_ok(oc, olen, hc, hlen))
+    CHECK(!strncasecmp(oc, "http://", 7) || !strncasecmp(oc, "https://", 8));
+  free(hc), free(oc);
 
   struct server_limits lim = {.event_limit = 4096, .body_max = 1 << 20};
   struct server_plan plan;
@@ -151,6 +170,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   } else {
     CHECK(status == 200);
     check_plan(&plan);
+    err_t te = {0};
+    if (server_check_type(&plan, ctype, ctlen, blen, &status, &te)) {
+      CHECK(status == 415);
+      CHECK(memchr(te.msg, 0, sizeof te.msg) != NULL);
+    }
   }
   server_plan_free(&plan);
   free(m);
