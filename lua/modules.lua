@@ -329,7 +329,8 @@ local function make_skills()
       user_error("skills.check: name must be a file name (a string)")
     end
     local ok, id_or_err, line = core.skills_check(source, name)
-    if ok then return { ok = true, id = id_or_err } end
+    -- On success, line is the static checks' warnings (JSON), if any.
+    if ok then return { ok = true, id = id_or_err, warnings = line and core.decode(line) or nil } end
     return { ok = false, error = id_or_err, line = line }
   end
   function skills.deploy(id, source)

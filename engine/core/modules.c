@@ -109,15 +109,16 @@ static int c_skills_get(lua_State *L) {
   return push_json(L, rec);
 }
 
-/* core.skills_check(source [, name]): true, id or nil, message, line. */
+/* core.skills_check(source [, name]): true, id, warnings (JSON or nil) or
+** nil, message, line. */
 static int c_skills_check(lua_State *L) {
   struct engine *en = up_engine(L);
   size_t len;
   const char *src = luaL_checklstring(L, 1, &len);
   const char *name = luaL_optstring(L, 2, "skill.lua");
-  char *id = NULL;
+  char *id = NULL, *warnings = NULL;
   struct skill_error se;
-  if (skills_check(en->skills, src, len, name, &id, &se)) {
+  if (skills_check_warnings(en->skills, src, len, name, &id, &warnings, &se)) {
     lua_pushnil(L);
     lua_pushstring(L, se.err.msg);
     if (se.line) lua_pushinteger(L, se.line);
@@ -126,8 +127,11 @@ static int c_skills_check(lua_State *L) {
   }
   lua_pushboolean(L, 1);
   lua_pushstring(L, id ? id : "");
+  if (warnings) lua_pushstring(L, warnings);
+  else lua_pushnil(L);
   free(id);
-  return 2;
+  free(warnings);
+  return 3;
 }
 
 /* Whether skill is in list (a configuration list such as `deployers`). */

@@ -282,7 +282,8 @@ int sched__version_skill(sched_t *s, const char *version, struct skill **out, er
   char *source = NULL, *file = NULL, *skill = NULL;
   struct skill_error se;
   int rc = store_get_version(s->o.store, version, &source, &skill, &file, &se.err);
-  if (!rc) rc = skills_load(s->o.skills, source, strlen(source), file ? file : skill, out, &se);
+  if (!rc) rc = skills_load_recorded(s->o.skills, source, strlen(source), file ? file : skill, out,
+                                     &se);
   if (rc) err_set(e, rc, "cannot load version %.12s of skill '%s': %s", version,
                   skill ? skill : "?", se.err.msg);
   free(source), free(file), free(skill);

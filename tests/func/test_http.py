@@ -114,9 +114,11 @@ end)""")
             # a tail call from the body: no position (was moonloop/run.lua)
             ('ctx.step.run("c", function() return http.get_json(%s) end)' % u,
              "step 'c' failed: http.get_json: GET "),
-            # outside a step (was moonloop/modules.lua:91)
-            ('local x = http.get(%s)' % u, "h.lua:2: http.get must be called inside a step body"),
-            ('local x = runs.list{}', "h.lua:2: runs.list must be called inside a step body"),
+            # outside a step (was moonloop/modules.lua:91); through a local,
+            # since the static checks name `http.get(...)` in the run itself
+            # before it runs (test_check.py)
+            ('local get = http.get local x = get(%s)' % u, "h.lua:2: http.get must be called inside a step body"),
+            ('local list = runs.list local x = list{}', "h.lua:2: runs.list must be called inside a step body"),
             # bad arguments the runtime's own Lua tripped over
             ('ctx.step.run("c", function() local x = http.get(%s, 5) return x end)' % u,
              "step 'c' failed: h.lua:2: http.get: opts must be a table"),

@@ -99,9 +99,14 @@ end)''')
         self.assertIn("llm.chat: the request is not a JSON value: cannot encode a function at $.temperature",
                       self.w.ml("run", "s.lua", check=1).stderr)
         self.assertEqual(self.si.count("/v1/chat/completions"), 0)
+        # Outside a step body: the static checks refuse the file...
         self.skill('local x = llm.chat{ prompt = "x" }')
         err = self.w.ml("run", "s.lua", check=1).stderr
+        self.assertIn("s.lua:2: llm.chat must be called inside a step body", err)
+        # ...and the runtime too, where they cannot see it (through a local).
         # It names llm.chat (not the http.request it uses) at the skill's line.
+        self.skill('local chat = llm.chat local x = chat{ prompt = "x" }')
+        err = self.w.ml("run", "s.lua", check=1).stderr
         self.assertIn("failed: s.lua:2: llm.chat must be called inside a step body", err)
         self.assertNotIn("moonloop/", err)
 
