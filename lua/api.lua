@@ -375,11 +375,12 @@ function M.export(arr)
   arr = arr or function(t) return t end
   -- A function's call as written: http.request{...} for one that takes a
   -- single table, else name(args).
-  local function entry(e, prefix)
+  -- io: the function must be called inside a step body.
+  local function entry(e, prefix, io)
     local a = e.args or ""
     local call = prefix .. e.name .. ((a:sub(1, 1) == "{" and a:sub(-1) == "}") and a or "(" .. a .. ")")
     return { name = e.name, call = call, options = arr(e.opts or {}), required = arr(e.required or {}),
-      returns = e.returns, doc = e.doc, io = e.pure and false or nil }
+      returns = e.returns, doc = e.doc, io = io }
   end
   local out = { skill_keys = {}, trigger_keys = M.trigger_keys, concurrency_keys = M.concurrency_keys,
     cancel_on_keys = M.cancel_on_keys, event_keys = M.event_keys, ctx_fields = {}, steps = {}, modules = {} }
@@ -392,7 +393,7 @@ function M.export(arr)
   end
   for i, m in ipairs(M.modules) do
     local fns = {}
-    for j, fn in ipairs(m.functions) do fns[j] = entry(fn, m.name .. ".") end
+    for j, fn in ipairs(m.functions) do fns[j] = entry(fn, m.name .. ".", (m.io and not fn.pure) or false) end
     local vals = {}
     for j, v in ipairs(m.values or {}) do vals[j] = { name = v.name, doc = v.doc } end
     out.modules[i] = { name = m.name, functions = arr(fns), values = arr(vals), io = m.io or false, doc = m.doc,

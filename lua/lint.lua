@@ -26,12 +26,11 @@
 -- that is not deterministic: os.time(), os.clock(), os.date() of now,
 -- math.random(), and time.now() (the time of the last step there).
 
-local core = ...
 local api = require("api")
 local parser = require("luacheck.parser")
 local M = {}
 
-local type, pairs, ipairs, tostring, pcall, setmetatable = type, pairs, ipairs, tostring, pcall, setmetatable
+local type, ipairs, tostring, pcall, setmetatable = type, ipairs, tostring, pcall, setmetatable
 local sort = table.sort
 
 -- The source as luacheck's lexer reads it: an object with the interface
@@ -62,12 +61,12 @@ local function new_checker()
   return { scopes = { {} }, errors = {}, warnings = {}, runs = {}, globals = {} }
 end
 
-local function report(C, list, node, msg)
+local function report(list, node, msg)
   list[#list + 1] = { line = node.line or 0, message = msg }
 end
 
-local function err(C, node, msg) report(C, C.errors, node, msg) end
-local function warn(C, node, msg) report(C, C.warnings, node, msg) end
+local function err(C, node, msg) report(C.errors, node, msg) end
+local function warn(C, node, msg) report(C.warnings, node, msg) end
 
 local function lookup(C, name)
   for i = #C.scopes, 1, -1 do
@@ -94,12 +93,14 @@ local function module_of(C, node)
   return nil
 end
 
--- Whether node is ctx (the run function's parameter, or any name `ctx`).
-local function is_ctx(C, node)
+-- Whether node is ctx: the run function's first parameter ("run"), or a
+-- parameter named ctx ("named": a helper the run passes its ctx to, most
+-- likely; its fields are not checked, it may be some other ctx).
+local function is_ctx(C, node, run_only)
   if node.tag ~= "Id" then return false end
   local d = lookup(C, node[1])
-  if d then return d.ctx == true end
-  return false
+  if not d or not d.ctx then return false end
+  return not run_only or d.ctx == "run"
 end
 
 -- Whether node is the step API: ctx.step, or a local aliased from it.
@@ -265,7 +266,7 @@ function expr(C, node)
     local k = literal(node[2])
     if k and is_step_api(C, node[1]) and not api.step[k] then
       err(C, node, api.unknown("step", k))
-    elseif k and is_ctx(C, node[1]) and not api.ctx_field_set[k] then
+    elseif k and is_ctx(C, node[1], true) and not api.ctx_field_set[k] then
       err(C, node, api.unknown("ctx", k))
     else
       local mod = k and module_of(C, node[1])
@@ -303,7 +304,9 @@ function func(C, node, body)
   for i, p in ipairs(node[1]) do
     -- ctx: the run function's first parameter, or a parameter named ctx
     -- (a helper the run passes its ctx to).
-    if p.tag == "Id" then declare(C, p[1], { ctx = (is_run and i == 1 or p[1] == "ctx") or nil }) end
+    if p.tag == "Id" then
+      declare(C, p[1], { ctx = (is_run and i == 1) and "run" or (p[1] == "ctx" and "named") or nil })
+    end
   end
   block(C, node[2])
   pop(C)
@@ -414,7 +417,7 @@ local function find_runs(C, ast)
     if v and v.tag == "Id" then v = locals[v[1]] end
     return v and v.tag == "Function" and v or nil
   end
-  local function mark(tbl, name)
+  local function mark(tbl)
     for _, item in ipairs(tbl) do
       if item.tag == "Pair" and (literal(item[1]) == "run" or literal(item[1]) == "on_failure") then
         local f = fn_of(item[2])
