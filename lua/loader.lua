@@ -70,9 +70,9 @@ function M.load(chunk, file, src, default_id, env_values, extra, recorded)
   end
   sandbox.freeze(env)
   local spec = skill.validate(def, file, src, default_id, recorded)
-  -- (A file over 256 KB is not checked statically: parsing it could take
+  -- (A file over 128 KB is not checked statically: parsing it could take
   -- longer than the time budget of the load.)
-  if not recorded and type(src) == "string" and #src <= 262144 then
+  if not recorded and type(src) == "string" and #src <= 131072 then
     local errors, warnings = lint(src)
     local e = errors[1]
     if e then error({ message = ("%s:%d: %s"):format(file, e.line, e.message), line = e.line }, 0) end
