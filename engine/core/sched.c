@@ -322,6 +322,7 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
     /* The version cannot run here any more: the run fails, saying why. */
     char *ej = jsontext_message(le.msg);
     r->skill = NULL;
+    r->main.run = r; /* run_abort stops the main task, which must know its run */
     sched__run_link(s, r);
     r->refs = 1;
     run_abort(r, "failed", ej);

@@ -1,10 +1,11 @@
 """moonloop check: strict validation with errors that name the file, the line and the key."""
 import json
 import os
+import sqlite3
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import TestCase, wait_until  # noqa: E402
+from mltest import TestCase, kill9, wait_until  # noqa: E402
 
 GOOD = """return {
   id = "incident-triage",
@@ -265,6 +266,46 @@ class StaticCheckTest(TestCase):
         r = self.check('return { id = "f", run = function() end,\n  on_failure = function(ctx, err)\n'
                        '    local n = math.random()\n  end }\n', status=0)
         self.assertIn("s.lua:3: warning: math.random()", r.stderr)
+
+    def test_a_recorded_version_is_not_checked_again_when_its_run_resumes(self):
+        # A version accepted before a check was added must not fail the runs
+        # that started on it. Stand-in for an older binary's version: the
+        # stored source gets a line the static checks refuse (in a branch
+        # that never runs).
+        self.w.write("w.lua", 'return { id = "w", run = function(ctx)\n'
+                     '  local e = ctx.step.wait_for_event("w", { event = "go", timeout = "1h" })\n'
+                     '  return e.data\nend }\n')
+        p = self.w.start("run", "w.lua")
+        run = wait_until(lambda: self.w.runs(status="waiting"), what="the run to wait")[0]
+        kill9(p)
+        db = sqlite3.connect(self.w.db)
+        (src,) = db.execute("SELECT source FROM versions WHERE version = ?", (run["version"],)).fetchone()
+        old = src.replace("return e.data", 'if not e then return ctx.step.run("x", function() '
+                          'return http.post("u", {}) end) end\n  return e.data')
+        db.execute("UPDATE versions SET source = ? WHERE version = ?", (old, run["version"]))
+        db.commit()
+        db.close()
+        self.assertIn("http.post is not a function", self.check(old).stderr)  # refused as a new file
+        p = self.w.start("run", "--resume", run["id"])
+        self.w.ml("send", "go", "--data", '{"ok": true}', check=0)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 0, err)
+        self.assertEqual(json.loads(out), {"ok": True})
+
+    def test_a_recorded_version_that_no_longer_loads_fails_its_run(self):
+        # (It crashed the process that adopted the run.)
+        self.w.write("w.lua", 'return { id = "w", run = function(ctx)\n'
+                     '  return ctx.step.wait_for_event("w", { event = "go", timeout = "1h" })\nend }\n')
+        p = self.w.start("run", "w.lua")
+        run = wait_until(lambda: self.w.runs(status="waiting"), what="the run to wait")[0]
+        kill9(p)
+        db = sqlite3.connect(self.w.db)
+        db.execute("UPDATE versions SET source = 'return {' WHERE version = ?", (run["version"],))
+        db.commit()
+        db.close()
+        r = self.w.ml("run", "--resume", run["id"], check=1)
+        self.assertIn("cannot load version %s of skill 'w'" % run["version"][:12], r.stderr)
+        self.assertEqual(self.w.runs()[0]["status"], "failed")
 
     def test_every_way_in_validates_alike(self):
         # skills.check answers what check answers, warnings included; the
