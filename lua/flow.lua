@@ -14,15 +14,16 @@
 
 local core = ...
 local run = require("run")
+local api = require("api") -- the steps' option keys
 local M = {}
 
 local OP = core.OP
 local yield, create = coroutine.yield, coroutine.create
 local real_xpcall = xpcall
-local type, tostring, error, ipairs, select = type, tostring, error, ipairs, select
+local type, tostring, error, ipairs, select, next = type, tostring, error, ipairs, select, next
 local encode, decode = core.encode, core.decode
 local need_run, next_step, record_at, to_ms = run.need_run, run.next_step, run.record_at, run.to_ms
-local user_error = run.user_error
+local user_error, user_fatal = run.user_error, run.user_fatal
 local null = core.json.null
 
 local function done_rec(R, rec)
@@ -90,6 +91,9 @@ end
 
 run.add_step("wait_for_event", function(id, opts)
   local R, T = need_run("step.wait_for_event", id)
+  -- An unknown key first: { name = "x" } is a misnamed 'event'.
+  local bad = type(opts) == "table" and api.check_keys("step.wait_for_event", api.step.wait_for_event, opts)
+  if bad then user_fatal(bad) end
   if type(opts) ~= "table" or type(opts.event) ~= "string" or opts.event == "" then
     user_error("step.wait_for_event(id, {event=, timeout=, match=}): 'event' must be an event name")
   end
@@ -111,6 +115,8 @@ end)
 
 run.add_step("invoke", function(id, opts)
   local R, T = need_run("step.invoke", id)
+  local bad = type(opts) == "table" and api.check_keys("step.invoke", api.step.invoke, opts)
+  if bad then user_fatal(bad) end
   if type(opts) ~= "table" or type(opts.skill) ~= "string" or opts.skill == "" then
     user_error("step.invoke(id, {skill=, data=, timeout=}): 'skill' must be a skill id")
   end
@@ -153,8 +159,13 @@ end)
 run.add_step("send_event", function(id, events)
   local R, T = need_run("step.send_event", id)
   if type(events) ~= "table" then user_error("step.send_event(id, event or list): expected a table") end
-  local list = events.name ~= nil and { events } or events
+  -- One event, or a list of them: a table with keys but no [1] is one
+  -- event (so { event = "x" } is an event with a misnamed key, not an
+  -- empty list).
+  local list = (events[1] == nil and next(events) ~= nil) and { events } or events
   for i, ev in ipairs(list) do
+    local bad = type(ev) == "table" and api.check_event_keys("step.send_event", i, ev)
+    if bad then user_fatal(bad) end
     if type(ev) ~= "table" or type(ev.name) ~= "string" or ev.name == "" then
       user_error(("step.send_event: event %d needs a 'name'"):format(i))
     end

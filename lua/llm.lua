@@ -7,8 +7,9 @@
 --
 -- The endpoint, model and key come from the configuration (llm.base_url,
 -- llm.model, and the variable named by llm.api_key_env). Answers 429 and
--- 5xx are retried here, honouring Retry-After, before the step's own
--- retries come into play. Token usage is added to the step's record. Call
+-- 5xx, and transport failures, are retried here (up to 4 times, each
+-- retry a warn line in the step's log), honouring Retry-After, before the
+-- step's own retries come into play. Token usage is added to the step's record. Call
 -- it inside a step body: the answer is then checkpointed like any step
 -- result, so a replay never pays for the same call twice.
 
@@ -93,11 +94,20 @@ function M.chat(req)
                                  timeout = req.timeout or 120 }
     local retryable = not resp or resp.status == 429 or resp.status >= 500
     if retryable and n <= MAX_RETRIES then
-      yield(OP.DELAY, retry_delay(resp, n))
+      -- Said in the trace (a log line of the step), so a slow step shows why:
+      -- transport failures (refused, reset, timed out) are retried too,
+      -- since a model server that restarts answers again a moment later.
+      local delay = retry_delay(resp, n)
+      if M.warn then
+        M.warn(("llm.chat: POST %s %s; retry %d of %d in %.1fs"):format(url,
+          resp and ("returned " .. resp.status) or ("failed: " .. tostring(err)), n, MAX_RETRIES, delay / 1000))
+      end
+      yield(OP.DELAY, delay)
     elseif not resp then
       user_error(("llm.chat: %s (after %d tries)"):format(err, n))
     elseif resp.status < 200 or resp.status > 299 then
-      user_error(("llm.chat: POST %s returned %d: %s"):format(url, resp.status, excerpt(resp.body)))
+      user_error(("llm.chat: POST %s returned %d: %s%s"):format(url, resp.status, excerpt(resp.body),
+        n > 1 and (" (after %d tries)"):format(n) or ""))
     else
       local ok, data = pcall(decode, resp.body)
       local choice = ok and type(data) == "table" and type(data.choices) == "table" and data.choices[1]

@@ -1,18 +1,64 @@
 -- loader.lua: load a skill file into a fresh sandbox and validate it.
+--
+-- Validation is the skill table's (skill.lua) and, for a new version, the
+-- static checks of its source (lint.lua): the first static error fails the
+-- load; the warnings go with the spec (spec.warnings) for `moonloop check`
+-- and skills.check to show. A recorded version (one registered before,
+-- whose runs resume on it) is not checked statically: a check added since
+-- must not fail the runs that were accepted.
 
 local core = ...
 local sandbox = require("sandbox")
 local modules = require("modules")
 local skill = require("skill")
+local run = require("run")
+local api = require("api")
 require("flow") -- installs the flow steps into run.step
 local M = {}
 
 local setfenv, pcall, type, tostring, error = setfenv, pcall, type, tostring, error
 
+-- The API's tables and what the runtime has must agree: a step or a
+-- module function added on one side only is a mistake of ours, said at
+-- once rather than found by an agent.
+do
+  local mods = modules.build({})
+  for _, s in ipairs(api.steps) do
+    if type(run.step[s.name]) ~= "function" then error("internal: api.lua lists step." .. s.name .. ", the runtime has none") end
+  end
+  for name in pairs(run.step) do
+    if not api.step[name] then error("internal: step." .. name .. " is missing from api.lua") end
+  end
+  for _, m in ipairs(api.modules) do
+    local t = mods[m.name]
+    if t == nil then error("internal: api.lua lists the module " .. m.name .. ", the runtime has none") end
+    for _, f in ipairs(m.functions) do
+      if type(t[f.name]) ~= "function" then error("internal: api.lua lists " .. m.name .. "." .. f.name .. ", the runtime has none") end
+    end
+    if type(t) == "table" and m.name ~= "env" then
+      for k in pairs(t) do
+        if not api.func[m.name][k] then error("internal: " .. m.name .. "." .. k .. " is missing from api.lua") end
+      end
+    end
+  end
+end
+
+-- The static checks of the last source checked: a test file runs its
+-- skill many times (each c:run loads it afresh), from the same source.
+local last_src, last_errors, last_warnings
+
+local function lint(src)
+  if src ~= last_src then
+    last_errors, last_warnings = require("lint").check(src)
+    last_src = src
+  end
+  return last_errors, last_warnings
+end
+
 -- Run a compiled skill chunk in a fresh sandbox, then validate the table it
 -- returns. Returns the definition and its normalized spec, or raises a
--- table {message=, line=, key=}.
-function M.load(chunk, file, src, default_id, env_values, extra)
+-- table {message=, line=, key=}. recorded: see the top.
+function M.load(chunk, file, src, default_id, env_values, extra, recorded)
   local env = sandbox.new(modules.build(env_values, extra))
   setfenv(chunk, env)
   local ok, def = pcall(chunk)
@@ -23,7 +69,15 @@ function M.load(chunk, file, src, default_id, env_values, extra)
     error({ message = msg, line = tonumber(msg:match("^[^:\n]+:(%d+):")) }, 0)
   end
   sandbox.freeze(env)
-  local spec = skill.validate(def, file, src, default_id)
+  local spec = skill.validate(def, file, src, default_id, recorded)
+  -- (A file over 128 KB is not checked statically: parsing it could take
+  -- longer than the time budget of the load.)
+  if not recorded and type(src) == "string" and #src <= 131072 then
+    local errors, warnings = lint(src)
+    local e = errors[1]
+    if e then error({ message = ("%s:%d: %s"):format(file, e.line, e.message), line = e.line }, 0) end
+    if #warnings > 0 then spec.warnings = warnings end
+  end
   return def, spec
 end
 

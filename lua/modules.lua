@@ -6,14 +6,24 @@
 
 local core = ...
 local run = require("run")
-local suggest = require("skill").suggest -- " (did you mean 'x'?)"
+local api = require("api") -- every function's option keys
+local suggest = api.suggest -- " (did you mean 'x'?)"
 local M = {}
 
 local OP = core.OP
 local yield = coroutine.yield
 local type, tostring, select, error, pairs, ipairs = type, tostring, select, error, pairs, ipairs
 local concat = table.concat
-local current_task, user_error = run.current_task, run.user_error
+local current_task, user_error, user_fatal = run.current_task, run.user_error, run.user_fatal
+
+-- Raise at the skill's line when opts (the options table of module
+-- function mod.name) has a key the function does not take: a misspelt or
+-- guessed key would otherwise be ignored ({ json = body } sent no body).
+local function check_keys(mod, name, opts)
+  local bad = api.check_keys(mod .. "." .. name, api.func[mod][name], opts)
+  if bad then user_fatal(bad) end -- fatal: a retry would make the same mistake
+end
+M.check_keys = check_keys
 
 local function message(...)
   local n = select("#", ...)
@@ -49,12 +59,37 @@ local function io_allowed(name)
   end
 end
 
+-- http.request{method=, url=, headers=, body= or json=, timeout=}. json =
+-- value sends value as JSON (encoded as by json.encode, with Content-Type:
+-- application/json unless headers say otherwise); body is text as is.
 local function http_request(req)
-  if type(req) ~= "table" then user_error("http.request expects a table {method=, url=, headers=, body=, timeout=}") end
+  if type(req) ~= "table" then
+    user_error("http.request expects a table {method=, url=, headers=, body= or json=, timeout=}")
+  end
+  check_keys("http", "request", req)
   if type(req.url) ~= "string" then user_error("http.request: 'url' must be a string") end
+  if req.headers ~= nil and type(req.headers) ~= "table" then
+    user_error("http.request: 'headers' must be a table of header names and values")
+  end
+  if req.json ~= nil then
+    if req.body ~= nil then user_error("http.request: give 'body' (text) or 'json' (a value), not both") end
+    local body, err = core.encode(req.json, 0)
+    if not body then user_error("http.request: json is not a JSON value: " .. err) end
+    local headers, typed = {}, false
+    for k, v in pairs(req.headers or {}) do
+      headers[k] = v
+      if type(k) == "string" and k:lower() == "content-type" then typed = true end
+    end
+    if not typed then headers["Content-Type"] = "application/json" end
+    req = { method = req.method or "POST", url = req.url, headers = headers, body = body, timeout = req.timeout }
+  elseif req.body ~= nil and type(req.body) ~= "string" then
+    user_error(("http.request: 'body' must be a string, got a %s (to send a value as JSON, use json = value)")
+      :format(type(req.body)))
+  end
   io_allowed("http.request")
   return yield(OP.HTTP, req)
 end
+M.http_request = http_request
 
 local function excerpt(body)
   body = tostring(body or "")
@@ -87,6 +122,7 @@ end
 local function check_opts(name, opts)
   if opts == nil then return nil end
   if type(opts) ~= "table" then user_error(name .. ": opts must be a table {headers=, timeout=}") end
+  check_keys("http", name:match("[%w_]+$"), opts)
   if opts.headers ~= nil and type(opts.headers) ~= "table" then
     user_error(name .. ": opts.headers must be a table of header names and values")
   end
@@ -160,7 +196,10 @@ local function make_llm()
   -- checks them first itself, so that a refusal names llm.chat.
   llm.request = http_request
   local chat = llm.chat
+  -- Its retries of failed calls are said in the run's trace.
+  llm.warn = logger("warn")
   return { chat = function(req)
+    if type(req) == "table" then check_keys("llm", "chat", req) end
     io_allowed("llm.chat")
     return chat(req)
   end }
@@ -183,7 +222,6 @@ end
 
 -- runs.list's filter is strict: a misspelt key or value would otherwise
 -- quietly match every run, or none.
-local LIST_KEYS = { "skill", "status", "trigger", "parent", "since", "until", "limit" }
 local STATUSES = { "queued", "running", "sleeping", "waiting", "completed", "failed", "cancelled" }
 local TRIGGER_KINDS = { "event", "cron", "invoke", "rerun", "on_failure" }
 
@@ -192,7 +230,7 @@ local function set_of(list)
   for _, v in ipairs(list) do s[v] = true end
   return s
 end
-local LIST_KEY_SET, STATUS_SET, TRIGGER_SET = set_of(LIST_KEYS), set_of(STATUSES), set_of(TRIGGER_KINDS)
+local STATUS_SET, TRIGGER_SET = set_of(STATUSES), set_of(TRIGGER_KINDS)
 
 -- How a value shows in a message: a string quoted, a number as itself,
 -- else its type.
@@ -205,12 +243,7 @@ end
 -- Check runs.list's filter: known keys, strings where strings are due,
 -- a status and a trigger kind that exist.
 local function check_list_filter(f)
-  for k in pairs(f) do
-    if not LIST_KEY_SET[k] then
-      user_error(("runs.list: unknown key %s%s; the keys are %s"):format(shown(k),
-        type(k) == "string" and suggest(k, LIST_KEY_SET) or "", concat(LIST_KEYS, ", ")))
-    end
-  end
+  check_keys("runs", "list", f)
   for _, k in ipairs({ "skill", "parent", "status", "trigger" }) do
     if f[k] ~= nil and type(f[k]) ~= "string" then
       user_error(("runs.list: %s must be a string, got %s"):format(k, type(f[k])))
@@ -252,6 +285,23 @@ local function make_runs()
     if not js then return nil, err end
     return core.decode(js)
   end
+  -- Cancel a run (and its children) as `moonloop cancel` does, durably;
+  -- only for skills the configuration lists in `cancellers`.
+  function runs.cancel(id, reason)
+    if type(id) ~= "string" then user_error("runs.cancel(run_id [, reason]) expects a run id") end
+    if reason ~= nil and type(reason) ~= "string" then user_error("runs.cancel: reason must be a string") end
+    io_allowed("runs.cancel")
+    -- First the checks that need no journal: the permission (fatal: a
+    -- retry cannot fix it), an id that names no run (an answer).
+    local ok, err, how = core.runs_cancel(id)
+    if not ok then
+      if how == "answer" then return nil, err end
+      (how == "fatal" and user_fatal or user_error)(err)
+    end
+    local res, msg = yield(OP.CANCEL, id, reason)
+    if not res then return nil, msg end
+    return core.decode(res)
+  end
   return runs
 end
 
@@ -279,7 +329,8 @@ local function make_skills()
       user_error("skills.check: name must be a file name (a string)")
     end
     local ok, id_or_err, line = core.skills_check(source, name)
-    if ok then return { ok = true, id = id_or_err } end
+    -- On success, line is the static checks' warnings (JSON), if any.
+    if ok then return { ok = true, id = id_or_err, warnings = line and core.decode(line) or nil } end
     return { ok = false, error = id_or_err, line = line }
   end
   function skills.deploy(id, source)
@@ -287,8 +338,9 @@ local function make_skills()
       user_error("skills.deploy(id, source) expects a skill id and Lua source")
     end
     io_allowed("skills.deploy")
-    local res, err = core.skills_deploy(id, source)
-    if not res then user_error(err) end
+    local res, err, fatal = core.skills_deploy(id, source)
+    -- A skill the configuration does not let deploy fails at once: retrying will not change that.
+    if not res then (fatal and user_fatal or user_error)(err) end
     return res
   end
   return skills
@@ -306,6 +358,11 @@ end
 function M.build(env_values, extra)
   local json = {}
   for k, v in pairs(core.json) do json[k] = v end
+  local encode = core.json.encode
+  json.encode = function(v, opts)
+    if type(opts) == "table" then check_keys("json", "encode", opts) end
+    return encode(v, opts)
+  end
   local mods = {
     json = json, http = make_http(), log = make_log(), time = make_time(),
     env = make_env(env_values or {}), fatal = run.fatal, llm = make_llm(),

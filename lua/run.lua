@@ -25,6 +25,7 @@
 -- task's T is R itself, so a run without parallel steps costs one table.
 
 local core = ...
+local api = require("api") -- step kinds and their options
 local M = {}
 
 local OP = core.OP
@@ -114,6 +115,14 @@ end
 
 local fatal_mt = M.error_mt()
 M.fatal_mt = fatal_mt
+
+-- Raise msg at the skill's line as fatal() does, failing the step without
+-- retries: for mistakes retrying cannot fix (a permission the
+-- configuration does not give).
+local function user_fatal(msg)
+  error(setmetatable({ message = skill_position() .. msg, fatal = true }, fatal_mt), 0)
+end
+M.user_fatal = user_fatal
 
 -- fatal(msg): an error value that fails its step at once, without retries.
 function M.fatal(msg)
@@ -323,17 +332,13 @@ M.run_body = run_body
 boundaries[run_body] = true
 
 -- Check the opts of step.run or step.parallel ({retries=, timeout=})
--- before the step is numbered, so a bad one never reaches run_body.
-local STEP_OPTS = { retries = true, timeout = true }
+-- before the step is numbered, so a bad one never reaches run_body. The
+-- option keys are api.lua's.
 local function check_step_opts(what, opts)
   if opts == nil then return end
   if type(opts) ~= "table" then user_error(what .. ": opts must be a table {retries=, timeout=}") end
-  for k in pairs(opts) do
-    if not STEP_OPTS[k] then
-      local near = type(k) == "string" and require("skill").suggest(k, STEP_OPTS) or ""
-      user_error(("%s: unknown option '%s'%s; the options are retries and timeout"):format(what, tostring(k), near))
-    end
-  end
+  local bad = api.check_keys(what, api.step[what:match("[%w_]+$")], opts)
+  if bad then user_fatal(bad) end
   local r = opts.retries
   if r ~= nil and (type(r) ~= "number" or r ~= floor(r) or r < 0 or r > 100) then
     user_error(what .. ": opts.retries must be a whole number from 0 to 100, got " .. (type(r) == "number" and tostring(r) or type(r)))
@@ -420,7 +425,14 @@ local ctx_fields = {
   input = function(R) return M.input(R) end,
   trigger = function(R) return M.trigger(R) end,
   step = function()
-    step_view = step_view or read_only(M.step, "ctx.step")
+    if not step_view then
+      -- ctx.step.wait is an error that names the steps, not a nil to call.
+      step_view = read_only(setmetatable({}, { __index = function(_, k)
+        local f = M.step[k]
+        if f == nil then user_fatal(api.unknown("step", k)) end
+        return f
+      end }), "ctx.step")
+    end
     return step_view
   end,
   log = function()
@@ -436,10 +448,12 @@ local ctx_fields = {
     return T and (R.run_id .. ":" .. T.in_step) or nil
   end,
 }
+-- A field ctx does not have is an error that names the fields (ctx.data
+-- is ctx.input), not a nil that fails further on.
 ctx_mt.__index = function(ctx, k)
   local f = ctx_fields[k]
   if f then return f(ctx_runs[ctx]) end
-  return nil
+  user_fatal(api.unknown("ctx", k))
 end
 
 local function main(R, def, err_arg)

@@ -8,42 +8,14 @@
 local core = ...
 local M = {}
 
-local KEYS = {
-  id = true, description = true, triggers = true, retries = true, backoff = true,
-  timeout = true, concurrency = true, cancel_on = true, on_failure = true, run = true,
-}
-local TRIGGER_KEYS = { event = true, cron = true, tz = true, match = true }
-local CONCURRENCY_KEYS = { limit = true, key = true }
-local CANCEL_KEYS = { event = true, match = true, timeout = true }
+local api = require("api") -- the one list of skill keys
+local suggest, line_of = api.suggest, api.line_of
+local set_of = api.set_of
 
-local function distance(a, b)
-  local la, lb = #a, #b
-  local prev, cur = {}, {}
-  for j = 0, lb do prev[j] = j end
-  for i = 1, la do
-    cur[0] = i
-    for j = 1, lb do
-      local cost = a:sub(i, i) == b:sub(j, j) and 0 or 1
-      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
-    end
-    prev, cur = cur, prev
-  end
-  return prev[lb]
-end
-
--- " (did you mean 'x'?)" for the key of known (a set) nearest to key, or
--- "" when none is near enough.
-local function suggest(key, known)
-  local best, bestd
-  for k in pairs(known) do
-    local d = distance(key, k)
-    if not bestd or d < bestd or (d == bestd and k < best) then best, bestd = k, d end
-  end
-  if bestd and bestd <= math.max(2, math.floor(#key / 3)) then
-    return (" (did you mean '%s'?)"):format(best)
-  end
-  return ""
-end
+local KEYS = api.skill_key_set
+local TRIGGER_KEYS = set_of(api.trigger_keys)
+local CONCURRENCY_KEYS = set_of(api.concurrency_keys)
+local CANCEL_KEYS = set_of(api.cancel_on_keys)
 M.suggest = suggest
 
 -- A value as an error shows it: a string is quoted and called one, so "3"
@@ -57,18 +29,6 @@ local function show(v)
   return "a " .. type(v)
 end
 
--- The line where `key = ` first appears in src, or nil.
-local function line_of(src, key)
-  if not src or type(key) ~= "string" then return nil end
-  key = key:gsub("%p", "%%%0") -- a key is text, not a pattern
-  local n = 1
-  for line in (src .. "\n"):gmatch("([^\n]*)\n") do
-    local s = line:gsub("%-%-.*$", "")
-    if s:find("^%s*" .. key .. "%s*=") or s:find("[{,;%s]" .. key .. "%s*=") then return n end
-    n = n + 1
-  end
-end
-
 -- The line of the final `return`, where the table starts.
 local function line_of_return(src)
   if not src then return nil end
@@ -80,7 +40,10 @@ local function line_of_return(src)
   return found
 end
 
-function M.validate(def, file, src, default_id)
+-- recorded: the source is a version registered before (its runs resume on
+-- it), so keys that newer validation refuses but that never did anything
+-- (api.legacy_*) are let through rather than failing those runs.
+function M.validate(def, file, src, default_id, recorded)
   local function fail(key, fmt, ...)
     local line = line_of(src, key) or line_of_return(src)
     local where = line and (file .. ":" .. line) or file
@@ -147,7 +110,7 @@ function M.validate(def, file, src, default_id)
     for i, t in ipairs(def.triggers) do
       if type(t) ~= "table" then fail("triggers", "trigger %d must be a table, got %s", i, type(t)) end
       for k in pairs(t) do
-        if not TRIGGER_KEYS[k] then
+        if not TRIGGER_KEYS[k] and not (recorded and api.legacy_trigger_keys[k]) then
           fail(type(k) == "string" and k or "triggers", "unknown key '%s' in trigger %d%s", tostring(k), i,
                type(k) == "string" and suggest(k, TRIGGER_KEYS) or "")
         end
@@ -201,7 +164,7 @@ function M.validate(def, file, src, default_id)
     for i, c in ipairs(def.cancel_on) do
       if type(c) ~= "table" then fail("cancel_on", "cancel_on %d must be a table", i) end
       for k in pairs(c) do
-        if not CANCEL_KEYS[k] then
+        if not CANCEL_KEYS[k] and not (recorded and api.legacy_cancel_on_keys[k]) then
           fail(type(k) == "string" and k or "cancel_on", "unknown key '%s' in cancel_on %d%s", tostring(k), i,
                type(k) == "string" and suggest(k, CANCEL_KEYS) or "")
         end
@@ -219,8 +182,7 @@ function M.validate(def, file, src, default_id)
   return spec
 end
 
--- For the configuration's validation too (engine/lua/config.c), so both find a
--- key's line and suggest a misspelt key alike.
+-- (api.lua has them; kept here for the modules that ask skill.lua.)
 M.suggest, M.line_of = suggest, line_of
 
 return M

@@ -187,7 +187,7 @@ end
 -- Tests are hermetic: the modules that read or change the engine itself
 -- (runs.*, skills.list/get/deploy) answer with an error that says to mock
 -- the step; skills.check, which is pure, works.
-for _, name in ipairs({ "runs_list", "runs_get", "skills_list", "skills_get", "skills_deploy" }) do
+for _, name in ipairs({ "runs_list", "runs_get", "runs_cancel", "skills_list", "skills_get", "skills_deploy" }) do
   local what = name:gsub("_", ".", 1)
   core[name] = function()
     local T = run.current_task()

@@ -2,9 +2,11 @@
 # Installs the Debian packages moonloop needs to build, test and run its demo.
 # Idempotent and silent when nothing is missing; uses sudo when not root.
 set -e
+# (lua-check: luacheck's parser, built into the binary for the static
+# checks of skill files.)
 pkgs="build-essential cmake pkg-config libluajit-5.1-dev libuv1-dev
 libsqlite3-dev libcurl4-openssl-dev libcjson-dev libh2o-dev libssl-dev
-libedit-dev python3 tzdata
+libedit-dev lua-check python3 tzdata
 wrk clang libclang-rt-14-dev"
 # The dashboard's browser test (tests/func/test_dashboard.py): Debian's
 # Chromium, and Node.js with npm unless a node and an npm are already on the

@@ -19,6 +19,7 @@ struct cli {
   int nargs;
   struct config cfg;
   int json, verbose, quiet, wait, follow;
+  int api; /* moonloop check --api: print the API's tables */
   const char *data, *resume, *id, *skill, *status, *since, *trigger, *limit, *older_than;
   const char *event, *cron; /* moonloop new: the skeleton's trigger */
   const char *out_dir;      /* moonloop new: --workspace, where the files go (NULL: here) */

@@ -15,6 +15,7 @@
 
 #include <cJSON.h>
 #include <dirent.h>
+#include <lua.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -97,10 +98,36 @@ static int find_skills(const char *dir, int depth, struct cli_paths *out) {
   return rc;
 }
 
+/* moonloop check --api: the API's tables (lua/api.lua) that skills are
+** checked against: every skill key, step, option and module function, as
+** JSON (--json) or as one line each. */
+static int print_api(struct cli *c) {
+  if (c->nargs) return cli_fail(EXIT_USAGE, "usage: moonloop check --api [--json] (no files)");
+  struct engine en;
+  memset(&en, 0, sizeof en);
+  err_t e;
+  int rc = EXIT_OK;
+  if (engine_open_runtime(&en, &c->cfg, &e) || lrt_boot(en.lrt, &e) ||
+      lrt_require(en.lrt, "api", &e)) {
+    engine_close(&en);
+    return cli_fail(EXIT_FAILED, "%s", e.msg);
+  }
+  lua_State *L = lrt_L(en.lrt);
+  lua_getfield(L, -1, c->json ? "export_json" : "export_text");
+  lua_remove(L, -2);
+  if (lrt_pcall(en.lrt, 0, 1, &e)) rc = cli_fail(EXIT_FAILED, "%s", e.msg);
+  else printf("%s\n", lua_tostring(L, -1));
+  lua_settop(L, 0);
+  engine_close(&en);
+  return rc;
+}
+
 /* moonloop check: every file named, and the skill files of every folder
-** named; exit 1 when any fails, 2 when a folder holds none at all. */
+** named; exit 1 when any fails, 2 when a folder holds none at all. Warnings
+** of the static checks are printed and do not change the exit status. */
 int cli_check(struct cli *c) {
-  if (!c->nargs) return cli_fail(EXIT_USAGE, "usage: moonloop check FILE-or-DIR...");
+  if (c->api) return print_api(c);
+  if (!c->nargs) return cli_fail(EXIT_USAGE, "usage: moonloop check FILE-or-DIR... | moonloop check --api");
   struct cli_paths files = {0};
   int dirs = 0;
   for (int i = 0; i < c->nargs; i++) {
@@ -134,11 +161,11 @@ int cli_check(struct cli *c) {
   cJSON *all = cJSON_CreateArray();
   for (int i = 0; i < files.n; i++) {
     const char *path = files.v[i];
-    char *src = NULL, *id = NULL;
+    char *src = NULL, *id = NULL, *warnings = NULL;
     size_t len;
     struct skill_error se = {0};
     int rc = skills_read_file(path, &src, &len, &se.err);
-    if (!rc) rc = skills_check(en.skills, src, len, path, &id, &se);
+    if (!rc) rc = skills_check_warnings(en.skills, src, len, path, &id, &warnings, &se);
     cJSON *r = cJSON_CreateObject();
     cJSON_AddStringToObject(r, "file", path);
     if (rc) {
@@ -152,9 +179,27 @@ int cli_check(struct cli *c) {
       cJSON_AddStringToObject(r, "id", id ? id : "");
       if (!c->json) term_printf(stdout, "ok  %s  (%s)\n", path, id ? id : "?");
     }
+    /* Warnings do not fail the check: FILE:LINE: warning: ... on stderr,
+    ** after the file's line on stdout (flushed, so that the two stay in
+    ** order when both go to one pipe). */
+    fflush(stdout);
+    cJSON *wl = warnings ? cJSON_Parse(warnings) : NULL;
+    if (!cJSON_IsArray(wl)) {
+      cJSON_Delete(wl);
+      wl = cJSON_CreateArray();
+    }
+    const cJSON *w;
+    cJSON_ArrayForEach(w, wl) {
+      if (c->json) continue;
+      const cJSON *line = cJSON_GetObjectItem(w, "line"), *msg = cJSON_GetObjectItem(w, "message");
+      fprintf(stderr, "%s:%d: warning: %s\n", path, cJSON_IsNumber(line) ? line->valueint : 0,
+              cJSON_IsString(msg) ? msg->valuestring : "?");
+    }
+    cJSON_AddItemToObject(r, "warnings", wl);
     cJSON_AddItemToArray(all, r);
     free(src);
     free(id);
+    free(warnings);
   }
   if (c->json) {
     char *s = cJSON_PrintUnformatted(all);

@@ -41,7 +41,7 @@ static const struct command commands[] = {
   {"trace", C_TRACE, cli_trace, "trace RUN_ID", 1},
   {"skills", C_SKILLS, cli_skills, "skills", 0},
   {"new", C_NEW, cli_new, "new ID [--event NAME | --cron SPEC] [--workspace DIR]", 1},
-  {"check", C_CHECK, cli_check, "check FILE-or-DIR...", -1},
+  {"check", C_CHECK, cli_check, "check FILE-or-DIR... | check --api", -1},
   {"test", C_TEST, cli_test, "test [FILES or DIRS] [--json] [-v]", -1},
   {"serve", C_SERVE, cli_serve, "serve [--workspace DIR] [--listen ADDR]", 0},
   {"sidecar", C_SIDECAR, cli_sidecar, "sidecar --workspace DIR --server URL", 0},
@@ -65,7 +65,7 @@ static const struct option options[] = {
   {"skill", 1, C_RUNS}, {"status", 1, C_RUNS}, {"since", 1, C_RUNS}, {"trigger", 1, C_RUNS},
   {"limit", 1, C_RUNS}, {"follow", 0, C_RUNS},
   {"workspace", 1, C_SERVE | C_SIDECAR | C_REPL | C_NEW}, {"listen", 1, C_SERVE},
-  {"event", 1, C_NEW}, {"cron", 1, C_NEW},
+  {"event", 1, C_NEW}, {"cron", 1, C_NEW}, {"api", 0, C_CHECK},
   {NULL, 0, 0},
 };
 
@@ -229,6 +229,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(name, "trigger")) c.trigger = val;
     else if (!strcmp(name, "limit")) c.limit = val;
     else if (!strcmp(name, "follow")) c.follow = 1;
+    else if (!strcmp(name, "api")) c.api = 1;
     else if (!strcmp(name, "workspace")) workspace = val;
     else if (!strcmp(name, "listen")) listen = val;
     else if (!strcmp(name, "event")) c.event = val;

@@ -149,7 +149,7 @@ int engine_load_registered(struct engine *en, const char *id, struct skill **out
   cJSON_Delete(rec);
   if (rc) return rc;
   struct skill_error se;
-  rc = skills_load(en->skills, source, strlen(source), file ? file : id, out, &se);
+  rc = skills_load_recorded(en->skills, source, strlen(source), file ? file : id, out, &se);
   if (rc) *e = se.err;
   free(source);
   free(file);

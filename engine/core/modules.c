@@ -7,6 +7,11 @@
 ** temporary file renamed over it), so the sidecar registers it the way it
 ** registers any file an agent writes: deploying is saving a file. Only the
 ** skills the configuration lists in `deployers` may call it.
+**
+** runs.cancel journals the same cancel entry as `moonloop cancel` (OP_CANCEL)
+** and answers once it is durable; only the skills the configuration lists
+** in `cancellers` may call it. A refused permission is fatal for the step
+** (a third value "fatal" tells lua/modules.lua so): retrying cannot help.
 */
 #include "base/ids.h"
 #include "base/units.h"
@@ -105,15 +110,16 @@ static int c_skills_get(lua_State *L) {
   return push_json(L, rec);
 }
 
-/* core.skills_check(source [, name]): true, id or nil, message, line. */
+/* core.skills_check(source [, name]): true, id, warnings (JSON or nil) or
+** nil, message, line. */
 static int c_skills_check(lua_State *L) {
   struct engine *en = up_engine(L);
   size_t len;
   const char *src = luaL_checklstring(L, 1, &len);
   const char *name = luaL_optstring(L, 2, "skill.lua");
-  char *id = NULL;
+  char *id = NULL, *warnings = NULL;
   struct skill_error se;
-  if (skills_check(en->skills, src, len, name, &id, &se)) {
+  if (skills_check_warnings(en->skills, src, len, name, &id, &warnings, &se)) {
     lua_pushnil(L);
     lua_pushstring(L, se.err.msg);
     if (se.line) lua_pushinteger(L, se.line);
@@ -122,12 +128,16 @@ static int c_skills_check(lua_State *L) {
   }
   lua_pushboolean(L, 1);
   lua_pushstring(L, id ? id : "");
+  if (warnings) lua_pushstring(L, warnings);
+  else lua_pushnil(L);
   free(id);
-  return 2;
+  free(warnings);
+  return 3;
 }
 
-static int is_deployer(struct engine *en, const char *skill) {
-  for (char **d = en->cfg->deployers; d && *d; d++)
+/* Whether skill is in list (a configuration list such as `deployers`). */
+static int listed(char **list, const char *skill) {
+  for (char **d = list; skill && d && *d; d++)
     if (!strcmp(*d, skill)) return 1;
   return 0;
 }
@@ -155,6 +165,16 @@ static int file_of_other(struct engine *en, const char *id, const char *file) {
 ** is inside the workspace (on its real path) and no other live skill's,
 ** else WORKSPACE/<id with '-' as '_'>.lua. Whatever a PUT's ?file= said,
 ** the write lands inside the workspace; workspace_write checks it again. */
+/* The skill of the run whose task is running (the caller of a module
+** function), or NULL outside a run. */
+static const char *caller_skill(struct engine *en, struct task **tp) {
+  struct task *t = en->sched ? sched__current(en->sched) : NULL;
+  if (tp) *tp = t;
+  return t && t->run->skill ? t->run->skill->id : NULL;
+}
+
+/* The file a deploy of id writes: the file that registered it, when it is
+** in the workspace, else WORKSPACE/<id with '-' as '_'>.lua. */
 static void deploy_path(struct engine *en, const char *id, char *out, size_t n) {
   cJSON *rec;
   err_t e;
@@ -196,13 +216,16 @@ static int c_skills_deploy(lua_State *L) {
   const char *id = luaL_checkstring(L, 1);
   size_t len;
   const char *src = luaL_checklstring(L, 2, &len);
-  struct task *t = en->sched ? sched__current(en->sched) : NULL;
-  const char *caller = t && t->run->skill ? t->run->skill->id : NULL;
+  const char *caller = caller_skill(en, NULL);
   char msg[1200];
-  if (!caller || !is_deployer(en, caller)) {
-    snprintf(msg, sizeof msg, "skills.deploy: skill '%s' is not allowed to deploy (add it to "
-             "`deployers` in the configuration)", caller ? caller : "?");
-    return fail(L, msg);
+  if (!listed(en->cfg->deployers, caller)) {
+    /* Fatal (third value): retrying cannot give a permission. */
+    snprintf(msg, sizeof msg, "skills.deploy: skill '%s' is not allowed to deploy: add it to "
+             "`deployers` in the configuration (deployers = { \"%s\" } in moonloop.conf.lua)",
+             caller ? caller : "?", caller ? caller : "SKILL");
+    fail(L, msg);
+    lua_pushliteral(L, "fatal");
+    return 3;
   }
   if (!is_skill_id(id)) {
     snprintf(msg, sizeof msg, "skills.deploy: '%.200s' is not a skill id ([a-z0-9][a-z0-9._-]*, "
@@ -234,6 +257,108 @@ static int c_skills_deploy(lua_State *L) {
   return 1;
 }
 
+/* ---- runs.cancel ---- */
+
+/* core.runs_cancel(id): the checks made before runs.cancel yields OP_CANCEL:
+** true, or nil, message, how: "fatal" when the caller may not cancel (not
+** in `cancellers`, or the run is its own), "answer" when id names no run. */
+static int c_runs_cancel(lua_State *L) {
+  struct engine *en = up_engine(L);
+  const char *id = luaL_checkstring(L, 1);
+  struct task *t;
+  const char *caller = caller_skill(en, &t);
+  char msg[600];
+  const char *how = "fatal";
+  if (!t) {
+    snprintf(msg, sizeof msg, "runs.cancel can only be called inside a run (in a step body); "
+             "from a shell: moonloop cancel RUN_ID");
+  } else if (!listed(en->cfg->cancellers, caller)) {
+    snprintf(msg, sizeof msg, "runs.cancel: skill '%s' is not allowed to cancel runs: add it to "
+             "`cancellers` in the configuration (cancellers = { \"%s\" } in moonloop.conf.lua)",
+             caller ? caller : "?", caller ? caller : "SKILL");
+  } else if (!strcmp(id, t->run->id)) {
+    snprintf(msg, sizeof msg, "runs.cancel: a run cannot cancel itself: return, or raise "
+             "error(fatal(\"why\")) to fail it");
+  } else if (strlen(id) != 26) {
+    snprintf(msg, sizeof msg, "no run with id '%.40s'", id);
+    how = "answer";
+  } else {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  fail(L, msg);
+  lua_pushstring(L, how);
+  return 3;
+}
+
+/* A runs.cancel waiting for its cancel entry to be applied. */
+struct cancel_ctx {
+  struct task *t;
+  char run_id[27];
+  char reason[400];
+};
+
+/* The cancel is durable: answer runs.cancel as `moonloop cancel` answers,
+** and stop the run at once when this engine holds it. */
+static void on_cancel_applied(void *arg, const struct jentry *je) {
+  struct cancel_ctx *cc = arg;
+  struct task *t = cc->t;
+  struct run *r = t->run;
+  const char *st = je->result;
+  if (!r->aborted && !r->finished) {
+    lua_State *co = t->co;
+    char buf[160];
+    if (!st || !strcmp(st, "notfound")) {
+      snprintf(buf, sizeof buf, "no run with id '%s'", cc->run_id);
+      lua_pushnil(co);
+      lua_pushstring(co, buf);
+      t->nres = 2;
+    } else if (!strncmp(st, "ended:", 6)) {
+      snprintf(buf, sizeof buf, "run %s is already %s: nothing to cancel", cc->run_id, st + 6);
+      lua_pushnil(co);
+      lua_pushstring(co, buf);
+      t->nres = 2;
+    } else {
+      struct run *target = sched__find(r->sched, cc->run_id);
+      if (target) run_cancelled(target, cc->reason);
+      snprintf(buf, sizeof buf, "{\"run_id\":\"%s\",\"status\":\"%s\"}", cc->run_id,
+               target ? "cancelled" : st);
+      lua_pushstring(co, buf);
+      t->nres = 1;
+    }
+    run__complete(t);
+  }
+  run_unref(r);
+  free(cc);
+}
+
+/* See modules.h: OP_CANCEL (run_id, reason): the same durable cancel as
+** `moonloop cancel`, with a reason that names the cancelling run. */
+void modules_op_cancel(struct task *t, lua_State *co) {
+  struct run *r = t->run;
+  struct cancel_ctx *cc = calloc(1, sizeof *cc);
+  const char *why = lua_tostring(co, 3);
+  if (!cc) {
+    lua_settop(co, 0);
+    lua_pushnil(co);
+    lua_pushliteral(co, "out of memory");
+    t->nres = 2;
+    run__park(t, 1);
+    run__complete(t);
+    return;
+  }
+  cc->t = t;
+  snprintf(cc->run_id, sizeof cc->run_id, "%s", lua_tostring(co, 2));
+  snprintf(cc->reason, sizeof cc->reason, "cancelled by run %s of skill %s%s%s", r->id,
+           r->skill ? r->skill->id : "?", why && *why ? ": " : "", why ? why : "");
+  lua_settop(co, 0);
+  struct cancel_row c = {.run_id = cc->run_id, .reason = cc->reason, .at = units_now_ms()};
+  journal_cancel(sched__journal(r->sched), &c);
+  r->refs++;
+  sched__after_entry(r->sched, on_cancel_applied, cc);
+  run__park(t, 1);
+}
+
 void modules_register(struct engine *en) {
   lrt_register(en->lrt, "runs_list", c_runs_list, en);
   lrt_register(en->lrt, "runs_get", c_runs_get, en);
@@ -241,4 +366,5 @@ void modules_register(struct engine *en) {
   lrt_register(en->lrt, "skills_get", c_skills_get, en);
   lrt_register(en->lrt, "skills_check", c_skills_check, en);
   lrt_register(en->lrt, "skills_deploy", c_skills_deploy, en);
+  lrt_register(en->lrt, "runs_cancel", c_runs_cancel, en);
 }

@@ -6,10 +6,19 @@
 #ifndef ML_MODULES_H
 #define ML_MODULES_H
 
-struct engine;
+#include <lua.h>
 
-/* Register core.runs_list, core.runs_get, core.skills_list, core.skills_get,
-** core.skills_check and core.skills_deploy for this engine's runtime. */
+struct engine;
+struct task;
+
+/* Register core.runs_list, core.runs_get, core.runs_cancel, core.skills_list,
+** core.skills_get, core.skills_check and core.skills_deploy for this
+** engine's runtime. */
 void modules_register(struct engine *en);
+
+/* OP_CANCEL (run_id, reason) from run_resume: journal the cancel, park the
+** task until it is durable, then resume it with {run_id, status} as JSON,
+** or nil and a message (no such run, or it had ended). */
+void modules_op_cancel(struct task *t, lua_State *co);
 
 #endif

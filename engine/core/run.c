@@ -13,6 +13,7 @@
 #include "base/ids.h"
 #include "base/term.h"
 #include "base/units.h"
+#include "core/modules.h"
 #include "core/run.h"
 #include "core/run_pause.h"
 #include "lua/json.h"
@@ -755,6 +756,7 @@ void run_resume(struct task *t) {
   case OP_SEND: run_op_send(t, co); break;
   case OP_PARALLEL: run_op_parallel(t, co); break;
   case OP_DELAY: op_delay(t, co); break;
+  case OP_CANCEL: modules_op_cancel(t, co); break;
   case OP_BACKOFF: op_backoff(t, co); break;
   case OP_HTTP: op_http(t, co); break;
   case OP_PAUSE: run_op_pause(t, co); break; /* the REPL's step_through */
@@ -868,7 +870,7 @@ void run_register_core(lrt_t *lrt, sched_t *s) {
     {"COMMIT", OP_COMMIT}, {"RETRY", OP_RETRY}, {"FAIL", OP_FAIL},
     {"SLEEP", OP_SLEEP}, {"BACKOFF", OP_BACKOFF}, {"HTTP", OP_HTTP},
     {"WAIT", OP_WAIT}, {"INVOKE", OP_INVOKE}, {"SEND", OP_SEND}, {"PARALLEL", OP_PARALLEL},
-    {"DELAY", OP_DELAY}, {"PAUSE", OP_PAUSE},
+    {"DELAY", OP_DELAY}, {"CANCEL", OP_CANCEL}, {"PAUSE", OP_PAUSE},
   };
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
     lua_pushinteger(L, ops[i].op);

@@ -43,6 +43,7 @@ enum run_op {
   OP_SEND,       /* send events */
   OP_PARALLEL,   /* run step bodies in child tasks */
   OP_DELAY,      /* wait inside a step body, not journaled (llm.chat's retries) */
+  OP_CANCEL,     /* runs.cancel: cancel another run (engine/core/modules.c) */
   /* The REPL's step_through (engine/core/run_pause.c): pause before a live step.
   ** A fixed value, apart from the ops above. */
   OP_PAUSE = 40,

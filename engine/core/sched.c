@@ -282,7 +282,8 @@ int sched__version_skill(sched_t *s, const char *version, struct skill **out, er
   char *source = NULL, *file = NULL, *skill = NULL;
   struct skill_error se;
   int rc = store_get_version(s->o.store, version, &source, &skill, &file, &se.err);
-  if (!rc) rc = skills_load(s->o.skills, source, strlen(source), file ? file : skill, out, &se);
+  if (!rc) rc = skills_load_recorded(s->o.skills, source, strlen(source), file ? file : skill, out,
+                                     &se);
   if (rc) err_set(e, rc, "cannot load version %.12s of skill '%s': %s", version,
                   skill ? skill : "?", se.err.msg);
   free(source), free(file), free(skill);
@@ -321,6 +322,7 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
     /* The version cannot run here any more: the run fails, saying why. */
     char *ej = jsontext_message(le.msg);
     r->skill = NULL;
+    r->main.run = r; /* run_abort stops the main task, which must know its run */
     sched__run_link(s, r);
     r->refs = 1;
     run_abort(r, "failed", ej);

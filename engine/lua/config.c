@@ -56,6 +56,7 @@ void config_free(struct config *c) {
   free_list(c->env);
   free_list(c->deployers);
   free_list(c->allowed_hosts);
+  free_list(c->cancellers);
   memset(c, 0, sizeof *c);
 }
 
@@ -70,20 +71,20 @@ struct cfgsrc {
   const char *table;
 };
 
-/* A fresh state holding lua/skill.lua's module, whose helpers (line_of,
+/* A fresh state holding lua/api.lua's module, whose helpers (line_of,
 ** suggest) skill validation uses to find a key's line and suggest a
 ** misspelt key; NULL when it cannot be made. Made only to explain an
 ** error, apart from the state the configuration ran in. */
 static lua_State *helpers_open(void) {
   const struct embed_file *f = embed_files;
-  while (f->name && strcmp(f->name, "skill")) f++;
+  while (f->name && strcmp(f->name, "api")) f++;
   lua_State *L = f->name ? luaL_newstate() : NULL;
   if (!L) return NULL;
   lua_pushcfunction(L, luaopen_base), lua_call(L, 0, 0);
   lua_pushcfunction(L, luaopen_string), lua_call(L, 0, 0);
   lua_pushcfunction(L, luaopen_table), lua_call(L, 0, 0);
   lua_pushcfunction(L, luaopen_math), lua_call(L, 0, 0);
-  if (luaL_loadbuffer(L, f->text, f->len, "=moonloop/skill.lua") || lua_pcall(L, 0, 1, 0) ||
+  if (luaL_loadbuffer(L, f->text, f->len, "=moonloop/api.lua") || lua_pcall(L, 0, 1, 0) ||
       !lua_istable(L, -1)) {
     lua_close(L);
     return NULL;
@@ -91,7 +92,7 @@ static lua_State *helpers_open(void) {
   return L;
 }
 
-/* The line where `key =` is written in text (skill.lua's line_of), or 0. */
+/* The line where `key =` is written in text (api.lua's line_of), or 0. */
 static int key_line(const char *text, const char *key) {
   if (!text || !key) return 0;
   lua_State *H = helpers_open();
@@ -105,7 +106,7 @@ static int key_line(const char *text, const char *key) {
   return line;
 }
 
-/* " (did you mean 'K'?)" for the known key K nearest to key (skill.lua's
+/* " (did you mean 'K'?)" for the known key K nearest to key (api.lua's
 ** suggest, so both say it alike), or "" when none is near. */
 static void key_suggestion(const char *key, const char *const *known, char *out, size_t n) {
   out[0] = 0;
@@ -331,9 +332,9 @@ static void close_table(lua_State *L, struct cfgsrc *s) {
 ** unknown, of the wrong type or out of range. */
 static int read_table(struct config *c, lua_State *L, struct cfgsrc *s, err_t *e) {
   static const char *const top[] = {"db", "workspace", "listen", "token_env", "durability",
-                                    "llm", "env", "deployers", "limits", "retry", "lease",
-                                    "shutdown_grace", "retention", "otlp", "allowed_hosts",
-                                    NULL};
+                                    "llm", "env", "deployers", "cancellers", "limits", "retry",
+                                    "lease", "shutdown_grace", "retention", "otlp",
+                                    "allowed_hosts", NULL};
   static const char *const llm[] = {"base_url", "model", "api_key_env", NULL};
   static const char *const limits[] = {"step_output", "event", "run_seconds_between_yields",
                                        "run_memory", "parked_runs", NULL};
@@ -347,6 +348,7 @@ static int read_table(struct config *c, lua_State *L, struct cfgsrc *s, err_t *e
       get_string(L, s, "durability", &durability, e) ||
       get_list(L, s, "env", &c->env, e) || get_list(L, s, "deployers", &c->deployers, e) ||
       get_hosts(L, s, &c->allowed_hosts, e) ||
+      get_list(L, s, "cancellers", &c->cancellers, e) ||
       get_num(L, s, "lease", &R_LEASE, &c->lease_ttl_ms, e) ||
       get_num(L, s, "shutdown_grace", &R_GRACE, &c->shutdown_grace_ms, e) ||
       get_num(L, s, "retention", &R_RETENTION, &c->retention_ms, e)) {

@@ -23,6 +23,7 @@ struct config {
   char **env;            /* variables exposed to skills as env.*, NULL-terminated */
   char **deployers;      /* skills allowed to call skills.deploy, NULL-terminated */
   char **allowed_hosts;  /* Host names the HTTP API answers besides loopback and listen's */
+  char **cancellers;     /* skills allowed to call runs.cancel, NULL-terminated */
   int64_t step_output;   /* limits.step_output, bytes */
   int64_t event_limit;   /* limits.event, bytes */
   int64_t slice_ms;      /* limits.run_seconds_between_yields, in ms */

@@ -135,8 +135,9 @@ static char *opt_json(lua_State *L, int idx, const char *key) {
 }
 
 /* Compile, run and validate source; on success the definition table and
-** the spec are left on the stack (2 values). */
-static int load_def(skills_t *c, const char *src, size_t len, const char *file,
+** the spec are left on the stack (2 values). recorded: the source is a
+** version registered before (lua/loader.lua skips the static checks). */
+static int load_def(skills_t *c, const char *src, size_t len, const char *file, int recorded,
                     struct skill_error *se) {
   lrt_t *r = c->r;
   lua_State *L = lrt_L(r);
@@ -159,7 +160,9 @@ static int load_def(skills_t *c, const char *src, size_t len, const char *file,
   lua_pushlstring(L, src, len);
   lua_pushstring(L, id);
   lua_rawgeti(L, LUA_REGISTRYINDEX, c->env_ref);
-  if (lrt_pcall(r, 5, 3, e)) {
+  lua_pushnil(L); /* extra modules: none */
+  lua_pushboolean(L, recorded);
+  if (lrt_pcall(r, 7, 3, e)) {
     lua_settop(L, top);
     return err_prefix(e, "%s", file);
   }
@@ -175,17 +178,25 @@ static int load_def(skills_t *c, const char *src, size_t len, const char *file,
 
 int skills_check(skills_t *c, const char *source, size_t len, const char *file, char **id,
                  struct skill_error *se) {
+  return skills_check_warnings(c, source, len, file, id, NULL, se);
+}
+
+int skills_check_warnings(skills_t *c, const char *source, size_t len, const char *file,
+                          char **id, char **warnings, struct skill_error *se) {
   lua_State *L = lrt_L(c->r);
   int top = lua_gettop(L);
-  int rc = load_def(c, source, len, file, se);
+  if (warnings) *warnings = NULL;
+  int rc = load_def(c, source, len, file, 0, se);
   if (rc) return rc;
   if (id) *id = opt_string(L, -1, "id");
+  if (warnings) *warnings = opt_json(L, lua_gettop(L), "warnings");
   lua_settop(L, top);
   return 0;
 }
 
-int skills_load(skills_t *c, const char *source, size_t len, const char *file,
-                struct skill **out, struct skill_error *se) {
+/* skills_load and skills_load_recorded: recorded skips the static checks. */
+static int load_version(skills_t *c, const char *source, size_t len, const char *file,
+                        int recorded, struct skill **out, struct skill_error *se) {
   char version[65];
   ids_sha256_hex(source, len, version);
   struct skill *s = skills_find(c, version);
@@ -195,7 +206,7 @@ int skills_load(skills_t *c, const char *source, size_t len, const char *file,
   }
   lua_State *L = lrt_L(c->r);
   int top = lua_gettop(L);
-  int rc = load_def(c, source, len, file, se);
+  int rc = load_def(c, source, len, file, recorded, se);
   if (rc) return rc;
   s = calloc(1, sizeof *s);
   if (!s) {
@@ -232,4 +243,14 @@ int skills_load(skills_t *c, const char *source, size_t len, const char *file,
   c->head = s;
   *out = s;
   return 0;
+}
+
+int skills_load(skills_t *c, const char *source, size_t len, const char *file,
+                struct skill **out, struct skill_error *se) {
+  return load_version(c, source, len, file, 0, out, se);
+}
+
+int skills_load_recorded(skills_t *c, const char *source, size_t len, const char *file,
+                         struct skill **out, struct skill_error *se) {
+  return load_version(c, source, len, file, 1, out, se);
 }

@@ -45,13 +45,25 @@ skills_t *skills_new(lrt_t *r, const char *const *env_names);
 void skills_free(skills_t *c);
 
 /* Load (or find in the cache) the version of source. file names it in
-** errors and gives the default id. */
+** errors and gives the default id. A new version is validated in full,
+** static checks included (lua/lint.lua). */
 int skills_load(skills_t *c, const char *source, size_t len, const char *file,
                 struct skill **out, struct skill_error *se);
+
+/* The same for a version read back from the store (runs resume on it): it
+** was accepted when it was registered, so checks added since (the static
+** ones, keys that were dropped) do not refuse it. */
+int skills_load_recorded(skills_t *c, const char *source, size_t len, const char *file,
+                         struct skill **out, struct skill_error *se);
 
 /* Validate source without keeping it (moonloop check); *id gets the skill id (caller frees). */
 int skills_check(skills_t *c, const char *source, size_t len, const char *file, char **id,
                  struct skill_error *se);
+
+/* The same; *warnings gets the static checks' warnings as a JSON list of
+** {"line", "message"}, or NULL when there are none (caller frees). */
+int skills_check_warnings(skills_t *c, const char *source, size_t len, const char *file,
+                          char **id, char **warnings, struct skill_error *se);
 
 /* The cached version with this hash, or NULL. */
 struct skill *skills_find(skills_t *c, const char *version);

@@ -2,6 +2,7 @@
 retries on 429/5xx with Retry-After, usage in the trace, and no second call on replay."""
 import json
 import os
+import socket
 import sys
 import time
 
@@ -66,6 +67,30 @@ end)''')
         # One step attempt: the retries were the module's own.
         self.assertEqual(len(self.w.trace(self.run_id_of(r))["steps"][0]["attempts"]), 1)
 
+    def test_retries_are_said_in_the_trace_also_of_failures_that_are_not_answers(self):
+        # A connection dropped without an answer is retried like a 503, and
+        # every retry is a warn line in the step's log (it used to be silent).
+        self.si.llm(["fine"])
+        chat = self.si.routes["/v1/chat/completions"]
+
+        def drop_first(h, body, n):
+            if n == 1:
+                h.connection.shutdown(socket.SHUT_RDWR)  # no answer at all
+            if n == 2:
+                return 503, {"error": {"message": "warming up"}}
+            return chat(h, body, n - 2)
+        self.si.routes["/v1/chat/completions"] = drop_first
+        self.skill('return ctx.step.run("ask", function() return llm.chat{ prompt = "x" }.text end)')
+        r = self.w.ml("run", "s.lua", check=0)
+        self.assertEqual(json.loads(r.stdout), "fine")
+        logs = self.w.trace(self.run_id_of(r))["steps"][0]["logs"]
+        url = self.si.url + "/v1/chat/completions"
+        self.assertEqual([l["level"] for l in logs], ["warn", "warn"])
+        self.assertTrue(logs[0]["msg"].startswith("llm.chat: POST %s failed: " % url), logs[0]["msg"])
+        self.assertIn("; retry 1 of 4 in ", logs[0]["msg"])
+        self.assertTrue(logs[1]["msg"].startswith("llm.chat: POST %s returned 503; retry 2 of 4 in " % url),
+                        logs[1]["msg"])
+
     def test_bad_arguments_and_io_outside_steps(self):
         self.skill('return ctx.step.run("c", function() return llm.chat{ temperature = 1 } end)')
         self.assertIn("give 'prompt'", self.w.ml("run", "s.lua", check=1).stderr)
@@ -74,9 +99,14 @@ end)''')
         self.assertIn("llm.chat: the request is not a JSON value: cannot encode a function at $.temperature",
                       self.w.ml("run", "s.lua", check=1).stderr)
         self.assertEqual(self.si.count("/v1/chat/completions"), 0)
+        # Outside a step body: the static checks refuse the file...
         self.skill('local x = llm.chat{ prompt = "x" }')
         err = self.w.ml("run", "s.lua", check=1).stderr
+        self.assertIn("s.lua:2: llm.chat must be called inside a step body", err)
+        # ...and the runtime too, where they cannot see it (through a local).
         # It names llm.chat (not the http.request it uses) at the skill's line.
+        self.skill('local chat = llm.chat local x = chat{ prompt = "x" }')
+        err = self.w.ml("run", "s.lua", check=1).stderr
         self.assertIn("failed: s.lua:2: llm.chat must be called inside a step body", err)
         self.assertNotIn("moonloop/", err)
 

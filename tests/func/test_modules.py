@@ -4,7 +4,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import TestCase  # noqa: E402
+from mltest import TestCase, wait_until  # noqa: E402
 
 
 class ModulesTest(TestCase):
@@ -56,7 +56,7 @@ return { id = "review", run = function(ctx)
   end)
 end }""")
         out = json.loads(self.w.ml("run", "review.lua", check=0).stdout)
-        keys = "; the keys are skill, status, trigger, parent, since, until, limit"
+        keys = "; the keys are skill, status, trigger, parent, since, until and limit"
         statuses = "queued, running, sleeping, waiting, completed, failed, cancelled"
         kinds = "event, cron, invoke, rerun, on_failure"
         self.assertEqual(out, [
@@ -99,4 +99,139 @@ end }"""
             self.assertIn("return 2", f.read())  # written where the sidecar watches
         out = json.loads(self.w.ml("run", "intruder.lua", check=0).stdout)
         self.assertFalse(out["ok"])
-        self.assertIn("not allowed to deploy", out["err"])
+        self.assertIn("skills.deploy: skill 'intruder' is not allowed to deploy: add it to `deployers` in the "
+                      "configuration (deployers = { \"intruder\" } in moonloop.conf.lua)", out["err"])
+        # Not caught: the step fails at once (retrying cannot give the
+        # permission), where it used to be retried.
+        self.w.write("intruder2.lua", """
+return { id = "intruder2", retries = 3, run = function(ctx)
+  return ctx.step.run("deploy", function() local r = skills.deploy("target", "return {}") return r end)
+end }""")
+        r = self.w.ml("run", "intruder2.lua", check=1)
+        self.assertIn("intruder2.lua:3: skills.deploy: skill 'intruder2' is not allowed to deploy", r.stderr)
+        step = self.w.trace(self.run_id_of(r))["steps"][0]
+        self.assertEqual(len(step["attempts"]), 1)
+
+    def test_unknown_option_keys_are_errors_in_every_module_function(self):
+        # Each call gets a table with one key the function does not take
+        # (through pcall, where the static checks cannot see the literal):
+        # http.request{ json = body } used to send an empty body.
+        self.w.write("opts.lua", """
+return { id = "opts", retries = 3, run = function(ctx)
+  local out = ctx.step.run("calls", function()
+    local u = env.STANDIN .. "/x"
+    local out = {}
+    for i, c in ipairs({
+      { http.request, { url = u, jsn = 1 } },
+      { http.request, { url = u, data = "x" } },
+      { http.get, u, { header = {} } },
+      { http.get_json, u, { timout = 1 } },
+      { http.post_json, u, {}, { retries = 1 } },
+      { llm.chat, { prompt = "x", max_token = 5 } },
+      { runs.list, { skil = "x" } },
+      { json.encode, {}, { indent = 2 } },
+    }) do
+      local ok, e = pcall(unpack(c))
+      out[i] = ok and "ok" or tostring(e)
+    end
+    return out
+  end)
+  -- Not caught: the step fails at once, without its 3 retries.
+  ctx.step.run("bad", function() local o = { url = env.STANDIN .. "/y", bdy = "x" } local r = http.request(o) return r end)
+end }""")
+        r = self.w.ml("run", "opts.lua", check=1)
+        self.assertIn("step 'bad' failed: opts.lua:22: http.request: unknown key 'bdy' (did you mean 'body'?)",
+                      r.stderr)
+        trace = self.w.trace(self.run_id_of(r))
+        out = trace["steps"][0]["output"]
+        at = "opts.lua:16: "
+        self.assertEqual(out, [
+            at + "http.request: unknown key 'jsn' (did you mean 'json'?); the keys are method, url, headers, "
+                 "body, json and timeout",
+            at + "http.request: unknown key 'data' (did you mean 'json'?); the keys are method, url, headers, "
+                 "body, json and timeout",
+            at + "http.get: unknown option 'header' (did you mean 'headers'?); the options are headers and timeout",
+            at + "http.get_json: unknown option 'timout' (did you mean 'timeout'?); the options are headers and "
+                 "timeout",
+            at + "http.post_json: unknown option 'retries'; the options are headers and timeout",
+            at + "llm.chat: unknown key 'max_token' (did you mean 'max_tokens'?); the keys are prompt, messages, "
+                 "system, model, json, temperature, max_tokens and timeout",
+            at + "runs.list: unknown key 'skil' (did you mean 'skill'?); the keys are skill, status, trigger, "
+                 "parent, since, until and limit",
+            at + "json.encode: unknown option 'indent'; the options are pretty",
+        ])
+        self.assertEqual(len(trace["steps"][1]["attempts"]), 1)
+        self.assertEqual(self.si.count("/x") + self.si.count("/y"), 0)  # nothing was sent
+
+    def test_unknown_steps_and_ctx_fields_are_errors_that_name_the_fix(self):
+        # Through a local the static checks do not follow: the runtime says it too.
+        self.w.write("c.lua", """
+return { id = "c", run = function(ctx)
+  local k = "wait"
+  local ok1, e1 = pcall(function() return ctx.step[k]("w", { event = "x" }) end)
+  local f = "data"
+  local ok2, e2 = pcall(function() return ctx[f] end)
+  return { tostring(e1), tostring(e2) }
+end }""")
+        out = json.loads(self.w.ml("run", "c.lua", check=0).stdout)
+        self.assertEqual(out, [
+            "c.lua:4: ctx.step.wait is not a step: did you mean ctx.step.wait_for_event? (the steps are run, "
+            "sleep, sleep_until, wait_for_event, invoke, send_event and parallel)",
+            "c.lua:6: ctx.data is not a field of ctx: did you mean ctx.input? (the fields are input, event, "
+            "run_id, skill, version, trigger, step, log, attempt and step_key)",
+        ])
+
+
+class RunsCancelTest(TestCase):
+    def test_runs_cancel_for_the_skills_the_configuration_lets(self):
+        os.makedirs(os.path.join(self.w.path, "skills"))
+        self.w.write("moonloop.conf.lua", 'return { env = { "STANDIN" }, cancellers = { "janitor" } }')
+        self.w.write("skills/waiter.lua", """
+return { id = "waiter", triggers = { { event = "order.placed" } }, run = function(ctx)
+  return ctx.step.wait_for_event("paid", { event = "order.paid", timeout = "1h" })
+end }""")
+        self.w.write("skills/janitor.lua", """
+return { id = "janitor", run = function(ctx)
+  return ctx.step.run("cancel", function()
+    local first, e1 = runs.cancel(ctx.input.id, "order abandoned")
+    local again, e2 = runs.cancel(ctx.input.id)
+    local none, e3 = runs.cancel("01AAAAAAAAAAAAAAAAAAAAAAAA")
+    local bad, e4 = runs.cancel("nope")
+    local ok, e5 = pcall(runs.cancel, ctx.run_id)
+    return { first = first, e1 = e1, e2 = e2, e3 = e3, e4 = e4, e5 = tostring(e5) }
+  end)
+end }""")
+        self.w.write("skills/intruder.lua", """
+return { id = "intruder", retries = 3, run = function(ctx)
+  return ctx.step.run("cancel", function() local r = runs.cancel(ctx.input.id) return r end)
+end }""")
+        p = self.w.serve("--workspace", "skills")
+        try:
+            self.w.ml("send", "order.placed", "--data", '{"order": 7}', check=0)
+            waiting = wait_until(lambda: self.w.runs(skill="waiter", status="waiting"), what="the waiting run")
+            target = waiting[0]["id"]
+            # Not in `cancellers`: the step fails at once, naming the key to add.
+            r = self.w.ml("invoke", "intruder", "--data", json.dumps({"id": target}), "--wait", check=1)
+            self.assertIn("intruder.lua:3: runs.cancel: skill 'intruder' is not allowed to cancel runs: add it "
+                          "to `cancellers` in the configuration (cancellers = { \"intruder\" } in "
+                          "moonloop.conf.lua)", r.stderr)
+            intruder = self.w.runs(skill="intruder")[0]
+            self.assertEqual(len(self.w.trace(intruder["id"])["steps"][0]["attempts"]), 1)
+            self.assertEqual(self.w.runs(skill="waiter")[0]["status"], "waiting")
+            # Listed: the run is cancelled as `moonloop cancel` does it.
+            r = self.w.ml("invoke", "janitor", "--data", json.dumps({"id": target}), "--wait", check=0)
+            out = json.loads(r.stdout)
+            janitor = self.w.runs(skill="janitor")[0]["id"]
+            self.assertEqual(out["first"], {"run_id": target, "status": "cancelled"})
+            self.assertNotIn("e1", out)
+            self.assertEqual(out["e2"], "run %s is already cancelled: nothing to cancel" % target)
+            self.assertEqual(out["e3"], "no run with id '01AAAAAAAAAAAAAAAAAAAAAAAA'")
+            self.assertEqual(out["e4"], "no run with id 'nope'")
+            self.assertIn("runs.cancel: a run cannot cancel itself", out["e5"])
+            run = self.w.trace(target)
+            self.assertEqual(run["status"], "cancelled")
+            self.assertIn("cancelled by run %s of skill janitor: order abandoned" % janitor,
+                          run["error"]["message"])
+        finally:
+            p.terminate()
+            p.wait(timeout=10)

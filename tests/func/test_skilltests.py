@@ -161,6 +161,24 @@ class SkillTestsTest(TestCase):
         self.assertIn("1 passed, 0 failed", r.stdout)
         self.assertEqual(self.si.count("/x"), 0)
 
+    def test_the_engine_modules_ask_for_a_mock(self):
+        # runs.cancel, like runs.list, would reach outside the test: the
+        # step fails asking for its mock, and works mocked.
+        self.w.write("m/stop.lua", 'return { retries = 0, run = function(ctx)\n'
+                     '  return ctx.step.run("stop", function() local r = runs.cancel(ctx.input.id) return r end)\n'
+                     'end }\n')
+        self.w.write("m/stop_test.lua", 'local t = test.skill("stop.lua")\n'
+                     't:case("unmocked", function(c)\n'
+                     '  c:run({ id = "01AAAAAAAAAAAAAAAAAAAAAAAA" })\n'
+                     '  c:err("runs.cancel is not available in skill tests: mock the step \'stop\' with c:mock")\n'
+                     'end)\n'
+                     't:case("mocked", function(c)\n'
+                     '  c:mock("stop", { status = "cancelled" })\n'
+                     '  c:eq(c:run({ id = "x" }), { status = "cancelled" })\n'
+                     'end)\nreturn t\n')
+        r = self.w.ml("test", "m", check=0)
+        self.assertIn("2 passed, 0 failed", r.stdout)
+
     def test_registered_skill_by_id(self):
         self.w.write("ws/greet.lua", 'return { id = "greet", run = function(ctx)\n'
                      '  return ctx.step.run("hello", function() return "hi " .. ctx.input.name end)\n'
