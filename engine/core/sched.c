@@ -289,15 +289,12 @@ int sched__version_skill(sched_t *s, const char *version, struct skill **out, er
   return rc;
 }
 
-/* See run.h. */
+/* See run.h: one cached lookup of the live version (every invoke asks),
+** then the skill cache. */
 int sched__live_skill(sched_t *s, const char *id, struct skill **out, err_t *e) {
-  cJSON *rec;
-  if (store_get_skill(s->o.store, id, &rec, e)) return e->code;
-  cJSON *v = cJSON_GetObjectItem(rec, "version");
-  int rc = cJSON_IsString(v) ? sched__version_skill(s, v->valuestring, out, e)
-                             : err_set(e, ERR_NOTFOUND, "skill '%s' has no live version", id);
-  cJSON_Delete(rec);
-  return rc;
+  char version[80];
+  if (store_live_version(s->o.store, id, version, sizeof version, e)) return e->code;
+  return sched__version_skill(s, version, out, e);
 }
 
 /* See sched.h: a queued run starts; a parked one waits dormant; one that

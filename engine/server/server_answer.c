@@ -245,38 +245,40 @@ static void control(server_t *srv, h2o_req_t *req, const struct server_plan *pl)
 
 /* ---- reads ------------------------------------------------------------ */
 
-/* GET /v1/runs: {"runs": [...], "next": id of the last run shown, or null}. */
+/* GET /v1/runs: {"runs": [...], "next": id of the last run shown, or null},
+** written as text from the store (no tree). */
 static void list_runs(server_t *srv, h2o_req_t *req, const struct server_plan *pl) {
-  cJSON *runs;
+  buf_t b = BUF_INIT;
   err_t e;
-  if (store_list_runs(srv->en->store, &pl->filter, &runs, &e)) {
+  struct run_filter f = pl->filter;
+  f.limit = pl->limit;
+  char next[SERVER_ID_MAX + 1] = "";
+  int rc = buf_reserve(&b, 16384) | buf_puts(&b, "{\"runs\":");
+  if (!rc && store_list_runs_json(srv->en->store, &f, &b, next, sizeof next, &e)) {
+    buf_free(&b);
     respond_err(srv, req, &e);
     return;
   }
-  /* The store was asked for one more than the limit: its presence says
-  ** there is a next page, which starts below the last run shown. */
-  cJSON *next = cJSON_CreateNull();
-  if (cJSON_GetArraySize(runs) > pl->limit) {
-    cJSON_DeleteItemFromArray(runs, pl->limit);
-    cJSON *last = cJSON_GetArrayItem(runs, pl->limit - 1);
-    cJSON *id = cJSON_GetObjectItemCaseSensitive(last, "id");
-    if (cJSON_IsString(id)) {
-      cJSON_Delete(next);
-      next = cJSON_CreateString(id->valuestring);
-    }
-  }
-  cJSON *o = cJSON_CreateObject();
-  cJSON_AddItemToObject(o, "runs", runs);
-  cJSON_AddItemToObject(o, "next", next);
-  respond_cjson(srv, req, 200, o);
+  rc |= buf_puts(&b, ",\"next\":");
+  rc |= next[0] ? jsontext_put_string(&b, next, strlen(next)) : buf_puts(&b, "null");
+  rc |= buf_puts(&b, "}");
+  if (rc) buf_free(&b);
+  size_t len = b.len;
+  server__respond(srv, req, 200, "application/json", rc ? NULL : buf_take(&b), len);
 }
 
-/* GET /v1/runs/{id}: the run record with steps. */
+/* GET /v1/runs/{id}: the run record with steps, as text from the store. */
 static void get_run(server_t *srv, h2o_req_t *req, const char *id) {
-  cJSON *run;
+  buf_t b = BUF_INIT;
   err_t e;
-  if (store_get_run(srv->en->store, id, 1, &run, &e)) respond_err(srv, req, &e);
-  else respond_cjson(srv, req, 200, run);
+  buf_reserve(&b, 4096);
+  if (store_run_json(srv->en->store, id, 1, &b, &e)) {
+    buf_free(&b);
+    respond_err(srv, req, &e);
+    return;
+  }
+  size_t len = b.len;
+  server__respond(srv, req, 200, "application/json", buf_take(&b), len);
 }
 
 /* GET /v1/skills: {"skills": [...]}. */

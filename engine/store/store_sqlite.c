@@ -278,6 +278,14 @@ static int use_wal(sqlite3 *db, err_t *e) {
 /* See store.h: the writer first (WAL, durability, migrations, its
 ** statements), then the reader. */
 int store_open(const char *path, enum store_durability d, store_t **out, err_t *e) {
+  /* SQLite's memory statistics take a global mutex on every allocation,
+  ** which the loop and commit threads would contend for; nothing reads
+  ** them. Only possible before SQLite initializes (later: a no-op). */
+  static int configured;
+  if (!configured) {
+    configured = 1;
+    sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
+  }
   store_t *s = calloc(1, sizeof *s);
   if (!s) return err_set(e, ERR_NOMEM, "out of memory");
   s->path = strdup(path);
@@ -313,6 +321,7 @@ void store_close(store_t *s) {
   for (int i = 0; i < W_COUNT; i++) sqlite3_finalize(s->ws[i]);
   store__flow_close(s);
   for (int i = 0; i < STORE_CACHED_STMTS; i++) sqlite3_finalize(s->cache[i].st);
+  store__read_close(s);
   sqlite3_close(s->w);
   sqlite3_close(s->r);
   free(s->path);
