@@ -233,6 +233,10 @@ const struct sched_opts *sched__opts(const sched_t *s);
 void sched__run_done(sched_t *s, struct run *r, const char *status, const char *output,
                      const char *error);
 void sched__run_unlink(sched_t *s, struct run *r);
+/* sched_watch without looking at the store first (the caller knows the run
+** has not ended: it just started it); NULL when out of memory. */
+struct sched_watch *sched__watch_add(sched_t *s, const char *run_id, int64_t wait_ms,
+                                     sched_watch_cb cb, void *arg);
 void sched__run_link(sched_t *s, struct run *r);
 
 #endif

@@ -33,14 +33,6 @@
 #define DRAIN_MAX 20000
 #define TICK_MS 50
 
-/* Someone waiting for one run to end (sched_on_done). */
-struct done_waiter {
-  char run_id[27];
-  sched_done_cb cb;
-  void *arg;
-  struct done_waiter *next;
-};
-
 static void idle_cb(uv_idle_t *h);
 
 /* The upper bounds (ms) of the step duration histogram's buckets. */
@@ -189,17 +181,6 @@ void sched__run_unlink(sched_t *s, struct run *r) {
   s->nruns--;
 }
 
-/* See sched.h. */
-void sched_on_done(sched_t *s, const char *run_id, sched_done_cb cb, void *arg) {
-  struct done_waiter *w = calloc(1, sizeof *w);
-  if (!w) return;
-  snprintf(w->run_id, sizeof w->run_id, "%s", run_id);
-  w->cb = cb;
-  w->arg = arg;
-  w->next = s->done;
-  s->done = w;
-}
-
 /* See sched.h: at most 4 listeners. */
 void sched_on_finish(sched_t *s, sched_done_cb cb, void *arg) {
   if (s->nfinish < 4) {
@@ -209,7 +190,7 @@ void sched_on_finish(sched_t *s, sched_done_cb cb, void *arg) {
 }
 
 /* See run.h: count the end, tell the listeners (not for "abandoned") and
-** the waiters on this run (removed as they are called). */
+** the waiters on this run (sched_watch.c). */
 void sched__run_done(sched_t *s, struct run *r, const char *status, const char *output,
                      const char *error) {
   struct sched_result res = {r->id, status, output, error};
@@ -218,16 +199,7 @@ void sched__run_done(sched_t *s, struct run *r, const char *status, const char *
   else if (!strcmp(status, "cancelled")) s->stats.runs_cancelled++;
   if (strcmp(status, "abandoned"))
     for (int i = 0; i < s->nfinish; i++) s->finish[i].cb(&res, s->finish[i].arg);
-  for (struct done_waiter **p = &s->done; *p;) {
-    struct done_waiter *w = *p;
-    if (!strcmp(w->run_id, r->id)) {
-      *p = w->next;
-      w->cb(&res, w->arg);
-      free(w);
-    } else {
-      p = &w->next;
-    }
-  }
+  sched__watch_ended(s, &res);
 }
 
 /* A run struct for a run that starts now. */
@@ -400,6 +372,7 @@ static void tick_cb(uv_timer_t *h) {
       s->claim_wanted = s->o.mode == SCHED_SERVE;
       s->dispatch_wanted = 1;
       s->poll_wanted = 1;
+      sched__watch_poll(s); /* attached clients of runs executed elsewhere */
     }
   }
   if (s->poll_wanted && !s->stopping) {
@@ -549,11 +522,7 @@ const struct sched_stats *sched_stats(const sched_t *s) {
 void sched_free(sched_t *s) {
   if (!s) return;
   free(s->stats.samples);
-  while (s->done) {
-    struct done_waiter *w = s->done;
-    s->done = w->next;
-    free(w);
-  }
+  sched__watch_free(s);
   journal_free(s->open.j);
   free(s->open.w);
   journal_free(s->retry.j);

@@ -40,8 +40,16 @@ struct group {
   size_t nw, cap;
 };
 
-struct job;         /* sched_commit.c's */
-struct done_waiter; /* sched.c's */
+struct job;  /* sched_commit.c's */
+struct wrun; /* sched_watch.c's: the waiters of one run */
+
+/* Who waits for runs to end (sched_watch.c): run id -> waiters. */
+struct sched_watches {
+  struct wrun **b;      /* chained buckets, a power of two */
+  size_t nb, n;
+  size_t nremote;       /* entries whose run may end in another process */
+  size_t nremote_watch; /* watches on those: the tick asks the store only then */
+};
 
 struct sched {
   struct sched_opts o;
@@ -61,7 +69,7 @@ struct sched {
   struct task *cur;
   struct run *runs;
   int nruns;
-  struct done_waiter *done;
+  struct sched_watches watches;
   int stopping;
   int claim_wanted;
   int dispatch_wanted;
@@ -92,6 +100,15 @@ int sched__group_empty(const struct group *g);
 void sched__maybe_submit(sched_t *s);
 /* Take a new lease for this process (a new owner name). */
 int sched__take_lease(sched_t *s, err_t *e);
+
+/* ---- sched_watch.c ---- */
+
+/* A run of this process ended (its end durable), or was abandoned. */
+void sched__watch_ended(sched_t *s, const struct sched_result *res);
+/* Another connection committed: which watched runs executed elsewhere ended? */
+void sched__watch_poll(sched_t *s);
+/* Free every waiter without calling it (the scheduler is freed). */
+void sched__watch_free(sched_t *s);
 
 /* ---- sched_heap.c ---- */
 

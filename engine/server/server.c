@@ -219,6 +219,7 @@ void server_stop(server_t *srv) {
   /* Idle connections are woken by end-of-file and closed by H2O; those
   ** with a request in flight finish it first (no keep-alive while stopping). */
   shutdown_conns(srv, SHUT_RD);
+  server__attach_stop(srv);
   uv_timer_start(&srv->grace, on_grace, GRACE_MS, 0);
   maybe_finish(srv);
 }

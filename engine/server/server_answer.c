@@ -36,6 +36,8 @@ struct pending {
   h2o_req_t *req;       /* NULL once the request is gone or was answered */
   struct guard *guard;
   enum server_op op;
+  struct sched_watch *watch; /* GET_RUN with wait: the attach, until it fires */
+  char run_id[SERVER_ID_MAX + 1]; /* GET_RUN: the run attached to */
   struct pending *prev, *next;
 };
 
@@ -134,12 +136,21 @@ static void respond_err(server_t *srv, h2o_req_t *req, const err_t *e) {
 
 /* ---- pending answers ------------------------------------------------------ */
 
-/* The request's pool is being cleared: its pending record loses it. */
+static void pending_free(struct pending *p);
+
+/* The request's pool is being cleared: its pending record loses it. An
+** attach has nothing left to do: its watch goes at once (a client that
+** gave up costs nothing until the wait would have run out). */
 static void guard_dispose(void *x) {
   struct guard *g = x;
-  if (g->p) {
-    g->p->req = NULL;
-    g->p->guard = NULL;
+  struct pending *p = g->p;
+  if (!p) return;
+  p->req = NULL;
+  p->guard = NULL;
+  if (p->watch) {
+    sched_unwatch(p->srv->en->sched, p->watch);
+    p->watch = NULL;
+    pending_free(p);
   }
 }
 
@@ -223,7 +234,8 @@ static void control(server_t *srv, h2o_req_t *req, const struct server_plan *pl)
   switch (pl->op) {
   case SERVER_OP_EVENTS: rc = sched_send_events(s, pl->events, on_reply, p, &e); break;
   case SERVER_OP_INVOKE:
-    rc = sched_invoke(s, pl->id, pl->data, pl->wait_ms, on_reply, p, &e);
+    rc = sched_invoke(s, pl->id, pl->data, pl->key[0] ? pl->key : NULL, pl->wait_ms, on_reply, p,
+                      &e);
     break;
   case SERVER_OP_CANCEL: rc = sched_cancel(s, pl->id, on_reply, p, &e); break;
   case SERVER_OP_RERUN: rc = sched_rerun(s, pl->id, on_reply, p, &e); break;
@@ -279,6 +291,59 @@ static void get_run(server_t *srv, h2o_req_t *req, const char *id) {
   }
   size_t len = b.len;
   server__respond(srv, req, 200, "application/json", buf_take(&b), len);
+}
+
+/* An attach fired: the run ended (or the wait ran out): answer its record
+** as GET /v1/runs/{id} does, read now that its end is durable. */
+static void on_attach(void *arg, int ended) {
+  struct pending *p = arg;
+  server_t *srv = p->srv;
+  char id[SERVER_ID_MAX + 1];
+  (void)ended;
+  memcpy(id, p->run_id, sizeof id);
+  p->watch = NULL;
+  h2o_req_t *req = pending_detach(p);
+  pending_free(p);
+  if (req) get_run(srv, req, id);
+}
+
+/* GET /v1/runs/{id}?wait=SECONDS: a run that has ended (or an unknown one)
+** is answered at once; otherwise the answer waits for the run's end, or
+** for the wait to run out, whichever comes first (sched_watch). */
+static void attach(server_t *srv, h2o_req_t *req, const struct server_plan *pl) {
+  struct pending *p = pending_new(srv, req, pl->op);
+  if (!p) {
+    server__respond_error(srv, req, 500, "no_memory", "out of memory");
+    return;
+  }
+  snprintf(p->run_id, sizeof p->run_id, "%s", pl->id);
+  err_t e = {0};
+  int rc = sched_watch(srv->en->sched, pl->id, pl->wait_ms, on_attach, p, &p->watch, &e);
+  if (rc == 0) return;
+  pending_free(p);
+  if (rc == 1) get_run(srv, req, pl->id);
+  else respond_err(srv, req, &e);
+}
+
+/* See server_int.h: attached clients are answered now, not at the end of
+** the grace period: 503, so they attach again (to this engine once it is
+** back, or to another). */
+void server__attach_stop(server_t *srv) {
+  for (struct pending *p = srv->pending, *next; p; p = next) {
+    next = p->next;
+    if (!p->watch) continue;
+    sched_unwatch(srv->en->sched, p->watch);
+    p->watch = NULL;
+    h2o_req_t *req = pending_detach(p);
+    pending_free(p);
+    if (req) {
+      h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_RETRY_AFTER, NULL,
+                     H2O_STRLIT("1"));
+      server__respond_error(srv, req, 503, "unavailable",
+                            "the engine is stopping: attach again (the run goes on when an "
+                            "engine runs)");
+    }
+  }
 }
 
 /* GET /v1/skills: {"skills": [...]}. */
@@ -467,7 +532,10 @@ void server__answer(server_t *srv, h2o_req_t *req, const struct server_plan *pl)
   case SERVER_OP_INDEX: index_page(srv, req); break;
   case SERVER_OP_METRICS: metrics(srv, req); break;
   case SERVER_OP_LIST_RUNS: list_runs(srv, req, pl); break;
-  case SERVER_OP_GET_RUN: get_run(srv, req, pl->id); break;
+  case SERVER_OP_GET_RUN:
+    if (pl->wait_ms > 0 && !srv->stopping) attach(srv, req, pl);
+    else get_run(srv, req, pl->id);
+    break;
   case SERVER_OP_LIST_SKILLS: list_skills(srv, req); break;
   case SERVER_OP_GET_SKILL: get_skill(srv, req, pl->id); break;
   case SERVER_OP_GET_VERSION: get_version(srv, req, pl->id); break;
@@ -483,7 +551,13 @@ void server__pending_fail_all(server_t *srv, int status, const char *code, const
   }
 }
 
-/* See server_int.h. */
+/* See server_int.h: watches still registered go first (the scheduler is
+** still there). */
 void server__pending_free_all(server_t *srv) {
-  while (srv->pending) pending_free(srv->pending);
+  while (srv->pending) {
+    struct pending *p = srv->pending;
+    if (p->watch) sched_unwatch(srv->en->sched, p->watch);
+    p->watch = NULL;
+    pending_free(p);
+  }
 }

@@ -77,6 +77,8 @@ int store__exec_bound(store_t *s, const char *const *sql, size_t n, const char *
                       const char *what, err_t *e);
 /* Insert a run row inside the open transaction (what names it in an error). */
 int store__put_run(store_t *s, const struct run_row *r, const char *what, err_t *e);
+/* J_RUN_NEW with an idempotency key (store_flow.c). */
+int store__put_keyed_run(store_t *s, const struct jentry *je, err_t *e);
 /* Whether a lease row (owner, host, pid, pid_start, expires_at) is dead. */
 int store__lease_dead(sqlite3_stmt *st, const char *host, int64_t now);
 /* Write one of store_flow.c's entries inside the open transaction. */
