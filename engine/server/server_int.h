@@ -26,6 +26,7 @@ struct server {
   uv_tcp_t *listener;       /* malloc'd: freed by its close callback */
   uv_timer_t grace;
   int grace_open, stopping;
+  int ready, accept_waiting; /* server_ready called; a connection waits for it */
   struct conn *conns;
   size_t nconns;
   struct pending *pending;
