@@ -322,6 +322,7 @@ struct put_ctx {
 
 static void on_put(void *arg) {
   struct put_ctx *p = arg;
+  sched__live_forget(p->r->s);
   sched__skills_changed(p->r->s);
   cJSON *rec;
   err_t e;

@@ -215,6 +215,8 @@ int sched__draining(const sched_t *s);
 int sched__version_skill(sched_t *s, const char *version, struct skill **out, err_t *e);
 /* The live version of a registered skill, loaded. */
 int sched__live_skill(sched_t *s, const char *id, struct skill **out, err_t *e);
+/* The registry changed here: forget the live versions looked up. */
+void sched__live_forget(sched_t *s);
 /* The registry changed: rearm the cron triggers (sched_cron.c). */
 void sched__skills_changed(sched_t *s);
 void sched__crons_free(sched_t *s);

@@ -261,13 +261,32 @@ int sched__version_skill(sched_t *s, const char *version, struct skill **out, er
   return rc;
 }
 
-/* See run.h: one cached lookup of the live version (every invoke asks),
-** then the skill cache. */
+/* See run.h. Every invoke asks, and the answer changes only with the
+** registry: the last answers are kept until this process changes the
+** registry (sched__live_forget) or the tick sees that another connection
+** committed (a version registered elsewhere is live here within 50 ms, as
+** everything another process writes). */
 int sched__live_skill(sched_t *s, const char *id, struct skill **out, err_t *e) {
+  for (int i = 0; i < s->nlive; i++)
+    if (!strcmp(s->live[i].id, id)) {
+      *out = s->live[i].sk;
+      return 0;
+    }
   char version[80];
-  if (store_live_version(s->o.store, id, version, sizeof version, e)) return e->code;
-  return sched__version_skill(s, version, out, e);
+  if (store_live_version(s->o.store, id, version, sizeof version, e) ||
+      sched__version_skill(s, version, out, e))
+    return e->code;
+  if (strlen(id) < sizeof s->live[0].id) {
+    int i = s->nlive < (int)(sizeof s->live / sizeof s->live[0]) ? s->nlive++
+          : s->live_next++ % (int)(sizeof s->live / sizeof s->live[0]);
+    snprintf(s->live[i].id, sizeof s->live[i].id, "%s", id);
+    s->live[i].sk = *out;
+  }
+  return 0;
 }
+
+/* See run.h. */
+void sched__live_forget(sched_t *s) { s->nlive = 0; }
 
 /* See sched.h: a queued run starts; a parked one waits dormant; one that
 ** was running is replayed from its steps. A version that cannot be loaded
@@ -373,6 +392,7 @@ static void tick_cb(uv_timer_t *h) {
       s->dispatch_wanted = 1;
       s->poll_wanted = 1;
       sched__watch_poll(s); /* attached clients of runs executed elsewhere */
+      sched__live_forget(s); /* the registry may have changed */
     }
   }
   if (s->poll_wanted && !s->stopping) {

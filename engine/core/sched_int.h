@@ -84,6 +84,10 @@ struct sched {
   struct run **slot_waiters; /* runs refused a slot, to try again at the next poll */
   int nslot_waiters;
   int64_t data_version;
+  /* skills' live versions as last looked up (sched__live_skill), until the
+  ** registry changes here (sched__live_forget) or anywhere (the tick) */
+  struct { char id[132]; struct skill *sk; } live[16];
+  int nlive, live_next;
   int64_t last_commit_ms, last_claim_ms, last_reap_ms, last_prune_ms;
   struct sched_stats stats;
   sched_observer_cb observer; /* sched_observe (the REPL) */
