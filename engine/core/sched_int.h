@@ -8,6 +8,7 @@
 **                   commit thread) and the process's lease
 **   sched_heap.c    the timer heap and the map of live runs by id
 **   sched_cron.c    cron triggers (through run.h's sched__ functions)
+**   sched_watch.c   who waits for runs to end (sched_on_done, attach)
 **
 ** What the run context needs from the scheduler is in run.h's sched__
 ** section; this header is for the scheduler's files only.
