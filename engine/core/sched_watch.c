@@ -197,14 +197,18 @@ struct sched_watch *sched__watch_add(sched_t *s, const char *run_id, int64_t wai
   return x;
 }
 
-/* See sched.h: the store says whether it ended already. */
+/* See sched.h: a run live in this process has not ended (a run leaves the
+** map when its end is journaled); for any other the store says. */
 int sched_watch(sched_t *s, const char *run_id, int64_t wait_ms, sched_watch_cb cb, void *arg,
                 struct sched_watch **out, err_t *e) {
   char status[32];
   *out = NULL;
-  if (store_run_status(s->o.store, run_id, status, sizeof status, e)) return e->code;
-  if (!strcmp(status, "completed") || !strcmp(status, "failed") || !strcmp(status, "cancelled"))
-    return 1;
+  if (!sched__find(s, run_id)) {
+    if (store_run_status(s->o.store, run_id, status, sizeof status, e)) return e->code;
+    if (!strcmp(status, "completed") || !strcmp(status, "failed") ||
+        !strcmp(status, "cancelled"))
+      return 1;
+  }
   if (!(*out = sched__watch_add(s, run_id, wait_ms, cb, arg)))
     return err_set(e, ERR_NOMEM, "out of memory");
   return 0;
