@@ -497,6 +497,7 @@ void sched_stop(sched_t *s, int64_t grace_ms) {
   if (s->stopping) return;
   s->stopping = 1;
   sched__crons_free(s);
+  sched__watch_stop(s); /* their clients are answered now, not at the grace's end */
   /* Runs are left to whoever takes them over: dropped here without a
   ** write; the lease release makes them claimable. Bodies in flight may
   ** first reach their checkpoint (run_resume releases them there). */

@@ -112,6 +112,10 @@ int sched__take_lease(sched_t *s, err_t *e);
 void sched__watch_ended(sched_t *s, const struct sched_result *res);
 /* Another connection committed: which watched runs executed elsewhere ended? */
 void sched__watch_poll(sched_t *s);
+/* The scheduler stops: every watch is told its wait is over (the run goes
+** on in whichever process takes it); done waiters hear "abandoned" from
+** the runs released. */
+void sched__watch_stop(sched_t *s);
 /* Free every waiter without calling it (the scheduler is freed). */
 void sched__watch_free(sched_t *s);
 

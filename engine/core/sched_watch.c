@@ -270,6 +270,18 @@ void sched__watch_poll(sched_t *s) {
   buf_free(&ids);
 }
 
+/* See sched_int.h: every watch hears that its wait is over (ended 0). */
+void sched__watch_stop(sched_t *s) {
+  struct sched_watches *m = &s->watches;
+  for (size_t i = 0; i < m->nb; i++)
+    for (struct wrun *w = m->b[i], *next; w; w = next) {
+      next = w->chain;
+      if (!w->nwatch) continue;
+      fire_watches(s, w, 0);
+      entry_drop(m, w);
+    }
+}
+
 /* See sched_int.h: at the scheduler's end nobody is called any more. */
 void sched__watch_free(sched_t *s) {
   struct sched_watches *m = &s->watches;
