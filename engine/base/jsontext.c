@@ -262,6 +262,17 @@ char *jsontext_message(const char *msg) {
   return s;
 }
 
+/* See jsontext.h. */
+int jsontext_invoke_trigger(const char *by, const char *key, char *out, size_t n) {
+  cJSON *t = cJSON_CreateObject();
+  cJSON_AddStringToObject(t, "kind", "invoke");
+  cJSON_AddStringToObject(t, "by", by);
+  if (key) cJSON_AddStringToObject(t, "key", key);
+  int ok = cJSON_PrintPreallocated(t, out, (int)n, 0);
+  cJSON_Delete(t);
+  return ok ? 0 : -1;
+}
+
 /* The JSON text s as a cJSON value, or null when s is NULL or not JSON. */
 static cJSON *parsed_or_null(const char *s) {
   cJSON *v = s ? cJSON_Parse(s) : NULL;

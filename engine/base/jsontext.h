@@ -66,6 +66,11 @@ const cJSON *jsontext_path(const cJSON *v, const char *path);
 ** (malloc'd; NULL only when out of memory). */
 char *jsontext_message(const char *msg);
 
+/* The trigger of a run started by invoke, as JSON text in out (n bytes):
+** {"kind":"invoke","by":by} with "key" when the start has an idempotency
+** key (the run's record shows it there). 0, or -1 when it does not fit. */
+int jsontext_invoke_trigger(const char *by, const char *key, char *out, size_t n);
+
 /* A finished run's outcome as its parent gets it, compact JSON text:
 ** {run_id, status, output, error}; output and error are JSON texts (NULL or
 ** text that is not JSON gives null). malloc'd. */

@@ -8,6 +8,7 @@
 ** cancelled, 2 usage.
 */
 #include "base/ids.h"
+#include "base/jsontext.h"
 #include "base/proc.h"
 #include "base/units.h"
 #include "cli/cli.h"
@@ -199,17 +200,9 @@ static int enqueue(struct engine *en, const char *skill_id, const char *data, co
   if (store_live_version(en->store, skill_id, version, sizeof version, e)) return e->code;
   int64_t now = units_now_ms();
   ids_ulid(now, run_id);
-  char trig[SCHED_KEY_MAX * 6 + 96] = "{\"kind\":\"invoke\",\"by\":\"cli\"}";
-  if (key) {
-    /* The key is kept in the run's trigger too, where its record shows it. */
-    cJSON *t = cJSON_CreateObject();
-    cJSON_AddStringToObject(t, "kind", "invoke");
-    cJSON_AddStringToObject(t, "by", "cli");
-    cJSON_AddStringToObject(t, "key", key);
-    int ok = cJSON_PrintPreallocated(t, trig, sizeof trig, 0);
-    cJSON_Delete(t);
-    if (!ok) return err_set(e, ERR_INVALID, "--key is too long (at most %d bytes)", SCHED_KEY_MAX);
-  }
+  char trig[SCHED_KEY_MAX * 6 + 96];
+  if (jsontext_invoke_trigger("cli", key, trig, sizeof trig))
+    return err_set(e, ERR_INVALID, "--key is too long (at most %d bytes)", SCHED_KEY_MAX);
   struct run_row row = {
     .id = run_id, .skill = skill_id, .version = version, .status = "queued",
     .entry = "run", .trigger = trig, .input = data, .created_at = now, .idem = key,

@@ -233,20 +233,8 @@ int sched_invoke(sched_t *s, const char *skill, const char *data_json, const cha
   struct skill *sk;
   if (sched__live_skill(s, skill, &sk, e)) return e->code;
   char trig[SCHED_KEY_MAX * 6 + 96];
-  if (key) {
-    /* The key is kept in the run's trigger too, where its record shows it. */
-    cJSON *t = cJSON_CreateObject();
-    cJSON_AddStringToObject(t, "kind", "invoke");
-    cJSON_AddStringToObject(t, "by", "http");
-    cJSON_AddStringToObject(t, "key", key);
-    if (!cJSON_PrintPreallocated(t, trig, sizeof trig, 0)) {
-      cJSON_Delete(t);
-      return err_set(e, ERR_INVALID, "the key is too long (at most %d bytes)", SCHED_KEY_MAX);
-    }
-    cJSON_Delete(t);
-  } else {
-    snprintf(trig, sizeof trig, "{\"kind\":\"invoke\",\"by\":\"http\"}");
-  }
+  if (jsontext_invoke_trigger("http", key, trig, sizeof trig))
+    return err_set(e, ERR_INVALID, "the key is too long (at most %d bytes)", SCHED_KEY_MAX);
   return start_and_answer(s, sk, trig, data_json ? data_json : "null", key, wait_ms, cb, arg, e);
 }
 

@@ -39,7 +39,7 @@ enum server_op {
   SERVER_OP_INDEX,       /* GET / */
   SERVER_OP_METRICS,     /* GET /metrics */
   SERVER_OP_LIST_RUNS,   /* GET /v1/runs */
-  SERVER_OP_GET_RUN,     /* GET /v1/runs/{id} */
+  SERVER_OP_GET_RUN,     /* GET /v1/runs/{id}[?wait=SECONDS] */
   SERVER_OP_CANCEL,      /* POST /v1/runs/{id}/cancel */
   SERVER_OP_RERUN,       /* POST /v1/runs/{id}/rerun */
   SERVER_OP_EVENTS,      /* POST /v1/events */
