@@ -20,7 +20,10 @@ static int buf_grow(buf_t *b, size_t need) {
   return 0;
 }
 
-int buf_add(buf_t *b, const void *s, size_t n) {
+int buf_reserve(buf_t *b, size_t n) { return buf_grow(b, n); }
+
+/* See buf.h: buf_add when the buffer must grow first. */
+int buf__add_grow(buf_t *b, const void *s, size_t n) {
   if (buf_grow(b, n)) return ERR_NOMEM;
   if (n) memcpy(b->p + b->len, s, n);
   b->len += n;

@@ -5,6 +5,7 @@
 #ifndef ML_BUF_H
 #define ML_BUF_H
 #include <stddef.h>
+#include <string.h>
 
 typedef struct buf {
   char *p;      /* NUL-terminated contents, or NULL while empty */
@@ -14,8 +15,21 @@ typedef struct buf {
 
 #define BUF_INIT {NULL, 0, 0}
 
-/* Append n bytes; returns 0 or ERR_NOMEM. */
-int buf_add(buf_t *b, const void *s, size_t n);
+/* Make room for n more bytes at once (a caller that knows about how much
+** it writes saves the doublings); returns 0 or ERR_NOMEM. */
+int buf_reserve(buf_t *b, size_t n);
+/* Append n bytes; returns 0 or ERR_NOMEM. Inline while there is room:
+** JSON answers are written a few bytes at a time. */
+int buf__add_grow(buf_t *b, const void *s, size_t n);
+static inline int buf_add(buf_t *b, const void *s, size_t n) {
+  if (b->len + n + 1 > b->cap) return buf__add_grow(b, s, n);
+  memcpy(b->p + b->len, s, n);
+  b->len += n;
+  b->p[b->len] = 0;
+  return 0;
+}
+/* Append a string literal (its length known at compile time). */
+#define BUF_LIT(b, lit) buf_add((b), (lit), sizeof(lit) - 1)
 /* Append a NUL-terminated string. */
 int buf_puts(buf_t *b, const char *s);
 /* Append printf-style formatted text. */

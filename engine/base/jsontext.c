@@ -262,6 +262,17 @@ char *jsontext_message(const char *msg) {
   return s;
 }
 
+/* See jsontext.h. */
+int jsontext_invoke_trigger(const char *by, const char *key, char *out, size_t n) {
+  cJSON *t = cJSON_CreateObject();
+  cJSON_AddStringToObject(t, "kind", "invoke");
+  cJSON_AddStringToObject(t, "by", by);
+  if (key) cJSON_AddStringToObject(t, "key", key);
+  int ok = cJSON_PrintPreallocated(t, out, (int)n, 0);
+  cJSON_Delete(t);
+  return ok ? 0 : -1;
+}
+
 /* The JSON text s as a cJSON value, or null when s is NULL or not JSON. */
 static cJSON *parsed_or_null(const char *s) {
   cJSON *v = s ? cJSON_Parse(s) : NULL;
@@ -279,4 +290,119 @@ char *jsontext_run_outcome(const char *run_id, const char *status, const char *o
   char *s = cJSON_PrintUnformatted(o);
   cJSON_Delete(o);
   return s;
+}
+
+/* ---- writing JSON text ------------------------------------------------ */
+
+/* See jsontext.h: runs of bytes that need nothing are copied whole. */
+int jsontext_put_string(buf_t *b, const char *str, size_t n) {
+  static const char hex[] = "0123456789abcdef";
+  const unsigned char *s = (const unsigned char *)str;
+  int rc = buf_add(b, "\"", 1);
+  size_t i = 0;
+  /* 1 for the bytes that go as they are: printable ASCII but '"' and '\\'. */
+  static const unsigned char plain[256] = {
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+  };
+  while (i < n && !rc) {
+    size_t j = i;
+    while (j < n && plain[s[j]]) j++;
+    if (j > i) rc |= buf_add(b, s + i, j - i);
+    i = j;
+    if (i >= n) break;
+    unsigned char c = s[i];
+    if (c >= 0x80) {
+      size_t ok = jsontext_utf8_prefix(str + i, n - i);
+      if (ok) rc |= buf_add(b, s + i, ok), i += ok;
+      else rc |= buf_add(b, "\xEF\xBF\xBD", 3), i++;
+      continue;
+    }
+    char esc[6] = {'\\', 0};
+    size_t el = 2;
+    switch (c) {
+    case '"': esc[1] = '"'; break;
+    case '\\': esc[1] = '\\'; break;
+    case '\b': esc[1] = 'b'; break;
+    case '\f': esc[1] = 'f'; break;
+    case '\n': esc[1] = 'n'; break;
+    case '\r': esc[1] = 'r'; break;
+    case '\t': esc[1] = 't'; break;
+    default:
+      memcpy(esc + 1, "u00", 3);
+      esc[4] = hex[c >> 4];
+      esc[5] = hex[c & 15];
+      el = 6;
+    }
+    rc |= buf_add(b, esc, el);
+    i++;
+  }
+  return rc | buf_add(b, "\"", 1);
+}
+
+/* Whether s[0..n) (trimmed) has the shape of one JSON value: its first and
+** last bytes agree (braces, brackets, quotes), or it is a literal, or a
+** number's characters only. Not a full parse: text the engine wrote is
+** JSON; this only tells it from plain text. */
+static int json_shaped(const char *s, size_t n) {
+  if (!n) return 0;
+  char a = s[0], z = s[n - 1];
+  if (a == '{') return z == '}';
+  if (a == '[') return z == ']';
+  if (a == '"') return n >= 2 && z == '"';
+  if (n == 4 && (!memcmp(s, "true", 4) || !memcmp(s, "null", 4))) return 1;
+  if (n == 5 && !memcmp(s, "false", 5)) return 1;
+  if (a != '-' && (a < '0' || a > '9')) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (!strchr("0123456789+-.eE", s[i])) return 0;
+  return 1;
+}
+
+/* See jsontext.h. */
+int jsontext_put_value(buf_t *b, const char *s, size_t n) {
+  if (!s) return buf_add(b, "null", 4);
+  size_t i = skip_ws(s, n, 0);
+  while (n > i && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' || s[n - 1] == '\r'))
+    n--;
+  if (json_shaped(s + i, n - i) && jsontext_utf8_valid(s + i, n - i)) return buf_add(b, s + i, n - i);
+  /* Not as expected: parse it (repairing its strings), or show it as text. */
+  cJSON *v = cJSON_ParseWithLength(s, n);
+  if (!v) return jsontext_put_string(b, s, n);
+  jsontext_fix_utf8(v);
+  char *t = cJSON_PrintUnformatted(v);
+  cJSON_Delete(v);
+  int rc = t ? buf_puts(b, t) : ERR_NOMEM;
+  free(t);
+  return rc;
+}
+
+/* See jsontext.h. */
+int jsontext_put_key(buf_t *b, const char *key) {
+  size_t n = strlen(key);
+  char tmp[64];
+  if (n + 3 > sizeof tmp) return buf_add(b, "\"", 1) | buf_add(b, key, n) | buf_add(b, "\":", 2);
+  tmp[0] = '"';
+  memcpy(tmp + 1, key, n);
+  tmp[n + 1] = '"';
+  tmp[n + 2] = ':';
+  return buf_add(b, tmp, n + 3);
+}
+
+/* See jsontext.h. */
+int jsontext_put_int(buf_t *b, int64_t v) {
+  char tmp[24];
+  int i = (int)sizeof tmp;
+  uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+  do {
+    tmp[--i] = (char)('0' + u % 10);
+    u /= 10;
+  } while (u);
+  if (v < 0) tmp[--i] = '-';
+  return buf_add(b, tmp + i, sizeof tmp - (size_t)i);
 }

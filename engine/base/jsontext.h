@@ -4,9 +4,11 @@
 #ifndef ML_JSONTEXT_H
 #define ML_JSONTEXT_H
 #include <stddef.h>
+#include <stdint.h>
 
 #include <cJSON.h>
 
+#include "base/buf.h"
 #include "base/err.h"
 
 /* Parse len bytes of JSON text at s (need not be NUL-terminated) into *out
@@ -30,6 +32,29 @@ void jsontext_fix_utf8(cJSON *v);
 /* Whether n bytes at s form a Lua identifier (paths show them as .name). */
 int jsontext_is_ident(const char *s, size_t n);
 
+/* ---- writing JSON text straight into a buffer (no cJSON tree) ----------
+** For answers read often (run records, run lists): no allocation per value.
+** Each returns 0, or ERR_NOMEM (the buffer then holds a part). */
+
+/* Append n bytes of s as a JSON string: quoted, escaped as cJSON escapes
+** ('"', '\\', control characters), each byte that does not start valid
+** UTF-8 replaced by U+FFFD (as jsontext_fix_utf8 does). */
+int jsontext_put_string(buf_t *b, const char *s, size_t n);
+
+/* Append the JSON text s (n bytes) as a value. Text the engine wrote is
+** JSON already: it goes as it is when it is valid UTF-8 and has the shape
+** of one value (an object, a list, a string, a number, true, false, null).
+** Otherwise it is parsed (and printed again with its strings repaired to
+** UTF-8), or, when it is no JSON at all, written as a string. NULL s
+** appends null. */
+int jsontext_put_value(buf_t *b, const char *s, size_t n);
+
+/* Append "key": (the key is the caller's literal: no escaping). */
+int jsontext_put_key(buf_t *b, const char *key);
+
+/* Append a whole number. */
+int jsontext_put_int(buf_t *b, int64_t v);
+
 /* ---- the engine's own JSON values (the run context and the store share them) ---- */
 
 /* The value at a dotted path of keys in v ("data.request_id"), or NULL when
@@ -40,6 +65,11 @@ const cJSON *jsontext_path(const cJSON *v, const char *path);
 /* {"message": msg} as compact JSON text, the shape of a run's error record
 ** (malloc'd; NULL only when out of memory). */
 char *jsontext_message(const char *msg);
+
+/* The trigger of a run started by invoke, as JSON text in out (n bytes):
+** {"kind":"invoke","by":by} with "key" when the start has an idempotency
+** key (the run's record shows it there). 0, or -1 when it does not fit. */
+int jsontext_invoke_trigger(const char *by, const char *key, char *out, size_t n);
 
 /* A finished run's outcome as its parent gets it, compact JSON text:
 ** {run_id, status, output, error}; output and error are JSON texts (NULL or

@@ -5,6 +5,7 @@
 
 #include <ctype.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,13 +72,62 @@ uint64_t units_mono_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* Write v as exactly n decimal digits at p. */
+static void put_digits(char *p, int v, int n) {
+  while (n--) {
+    p[n] = (char)('0' + v % 10);
+    v /= 10;
+  }
+}
+
+/* Run records show several times each, and are read often: the date is
+** computed here (days to civil date, the proleptic Gregorian calendar
+** that gmtime also uses) and its digits written without snprintf, for the
+** years 0 to 9999 (others, never seen in practice, go through gmtime and
+** snprintf). */
 void units_rfc3339(int64_t ms, char *out, size_t n) {
-  time_t t = (time_t)(ms >= 0 ? ms / 1000 : (ms - 999) / 1000);
-  int frac = (int)(ms - (int64_t)t * 1000);
-  struct tm tm;
-  gmtime_r(&t, &tm);
-  snprintf(out, n, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
-           tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, frac);
+  /* The times of one record mostly fall in the same second: the last
+  ** second formatted is kept (per thread) and only its fraction redone. */
+  static _Thread_local int64_t last_secs = INT64_MIN;
+  static _Thread_local char last[20];
+  int64_t secs = ms >= 0 ? ms / 1000 : (ms - 999) / 1000;
+  int frac = (int)(ms - secs * 1000);
+  if (secs == last_secs && n >= 25) {
+    memcpy(out, last, 19);
+    memcpy(out + 19, ".000Z", 6);
+    put_digits(out + 20, frac, 3);
+    return;
+  }
+  int64_t days = secs >= 0 ? secs / 86400 : (secs - 86399) / 86400;
+  int sod = (int)(secs - days * 86400);
+  /* Howard Hinnant's days_from_civil, inverted: eras of 400 years. */
+  int64_t z = days + 719468;
+  int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+  int64_t doe = z - era * 146097;
+  int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+  int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+  int64_t mp = (5 * doy + 2) / 153;
+  int day = (int)(doy - (153 * mp + 2) / 5 + 1);
+  int month = (int)(mp < 10 ? mp + 3 : mp - 9);
+  int64_t year = yoe + era * 400 + (month <= 2);
+  if (n < 25 || year < 0 || year > 9999) {
+    time_t t = (time_t)secs;
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    snprintf(out, n, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+             tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, frac);
+    return;
+  }
+  memcpy(out, "0000-00-00T00:00:00.000Z", 25);
+  put_digits(out, (int)year, 4);
+  put_digits(out + 5, month, 2);
+  put_digits(out + 8, day, 2);
+  put_digits(out + 11, sod / 3600, 2);
+  put_digits(out + 14, sod / 60 % 60, 2);
+  put_digits(out + 17, sod % 60, 2);
+  put_digits(out + 20, frac, 3);
+  memcpy(last, out, 19);
+  last_secs = secs;
 }
 
 /* Read exactly n digits from *p into *v; returns 0 or -1. */

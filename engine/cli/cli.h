@@ -7,6 +7,7 @@
 */
 #ifndef ML_CLI_H
 #define ML_CLI_H
+#include <stdint.h>
 #include <stdio.h>
 
 #include "lua/config.h"
@@ -23,6 +24,8 @@ struct cli {
   const char *data, *resume, *id, *skill, *status, *since, *trigger, *limit, *older_than;
   const char *event, *cron; /* moonloop new: the skeleton's trigger */
   const char *out_dir;      /* moonloop new: --workspace, where the files go (NULL: here) */
+  const char *key;      /* invoke --key: the idempotency key */
+  const char *wait_for; /* trace --wait: how long (NULL for invoke's --wait) */
   int color; /* stdout is a terminal */
 };
 
@@ -72,6 +75,19 @@ void cli_paths_sort(struct cli_paths *l);
 
 /* Free the list and its paths. */
 void cli_paths_free(struct cli_paths *l);
+
+struct engine;
+
+/* File mode: wait until run_id has ended (completed, failed, cancelled) or
+** deadline_ms passes (0: none), looking at the run only when another
+** process committed (PRAGMA data_version, asked every 20 ms). Returns 0
+** once it ended, 1 at the deadline, or a negative code with e (an unknown
+** run: ERR_NOTFOUND). cli_run.c. */
+int cli_wait_run(struct engine *en, const char *run_id, int64_t deadline_ms, err_t *e);
+
+/* A --wait value (trace): seconds or a duration ("30", "1.5", "2m") into
+** *ms; 0, or EXIT_USAGE after printing why. */
+int cli_wait_arg(const char *s, int64_t *ms);
 
 /* Print a finished run's result the way DESIGN says (output on stdout, or
 ** the error on stderr); returns the exit status. output and error are JSON

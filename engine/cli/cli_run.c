@@ -8,6 +8,7 @@
 ** cancelled, 2 usage.
 */
 #include "base/ids.h"
+#include "base/jsontext.h"
 #include "base/proc.h"
 #include "base/term.h"
 #include "base/units.h"
@@ -133,8 +134,10 @@ static int run_here(struct cli *c, const char *target, const char *data, const c
   return rc;
 }
 
-/* run --resume RUN_ID: take an unfinished run and go on with it here. */
-static int resume(struct cli *c) {
+/* Take the unfinished run id and go on with it here; note follows its id
+** on stderr. With held (not NULL), a run a live process holds is no
+** failure: *held is set and nothing is printed (the caller waits). */
+static int resume_id(struct cli *c, const char *id, const char *note, int *held) {
   struct engine en;
   err_t e;
   int verbose = c->verbose || (!c->quiet && isatty(2));
@@ -143,15 +146,19 @@ static int resume(struct cli *c) {
     return cli_fail(EXIT_FAILED, "%s", e.msg);
   }
   struct run_row *row = NULL;
-  if (store_take_run(en.store, c->resume, sched_owner(en.sched), proc_hostname(), units_now_ms(),
+  if (store_take_run(en.store, id, sched_owner(en.sched), proc_hostname(), units_now_ms(),
                      &row, &e)) {
     engine_close(&en);
+    if (held && e.code == ERR_CONFLICT) {
+      *held = 1;
+      return EXIT_OK;
+    }
     return cli_fail(EXIT_FAILED, "%s", e.msg); /* an unknown run too: the request failed */
   }
   struct outcome out = {0};
   char run_id[27];
   snprintf(run_id, sizeof run_id, "%s", row->id);
-  fprintf(stderr, "run %s (resumed)\n", run_id);
+  fprintf(stderr, "run %s%s\n", run_id, note);
   sched_on_done(en.sched, run_id, on_done, &out);
   int rc = sched_adopt(en.sched, row, &e);
   store_rows_free(row, 1);
@@ -176,7 +183,7 @@ int cli_run(struct cli *c) {
     if (c->nargs)
       return cli_fail(EXIT_USAGE, "run --resume RUN_ID takes no other argument, got '%s'",
                       c->args[0]);
-    return resume(c);
+    return resume_id(c, c->resume, " (resumed)", NULL);
   }
   if (c->nargs != 1)
     return cli_fail(EXIT_USAGE, "usage: moonloop run FILE-or-SKILL [--data JSON] | run --resume RUN_ID");
@@ -187,28 +194,32 @@ int cli_run(struct cli *c) {
   return rc;
 }
 
-/* Create a queued run of a registered skill for an engine to pick up. */
-static int enqueue(struct engine *en, const char *skill_id, const char *data, char *run_id,
-                   err_t *e) {
-  cJSON *rec;
-  if (store_get_skill(en->store, skill_id, &rec, e)) return e->code;
-  cJSON *v = cJSON_GetObjectItem(rec, "version");
-  if (!cJSON_IsString(v)) {
-    cJSON_Delete(rec);
-    return err_set(e, ERR_NOTFOUND, "skill '%s' has no live version", skill_id);
-  }
+/* Create a queued run of a registered skill for an engine to pick up, in
+** one synced transaction. With a key, a run of the skill that has it
+** already is answered instead: run_id gets its id and *repeat is set. */
+static int enqueue(struct engine *en, const char *skill_id, const char *data, const char *key,
+                   char *run_id, int *repeat, err_t *e) {
+  char version[80];
+  *repeat = 0;
+  if (store_live_version(en->store, skill_id, version, sizeof version, e)) return e->code;
   int64_t now = units_now_ms();
   ids_ulid(now, run_id);
+  char trig[SCHED_KEY_MAX * 6 + 96];
+  if (jsontext_invoke_trigger("cli", key, trig, sizeof trig))
+    return err_set(e, ERR_INVALID, "--key is too long (at most %d bytes)", SCHED_KEY_MAX);
   struct run_row row = {
-    .id = run_id, .skill = skill_id, .version = v->valuestring, .status = "queued",
-    .entry = "run", .trigger = "{\"kind\":\"invoke\",\"by\":\"cli\"}", .input = data,
-    .created_at = now,
+    .id = run_id, .skill = skill_id, .version = version, .status = "queued",
+    .entry = "run", .trigger = trig, .input = data, .created_at = now, .idem = key,
   };
   journal_t *j = journal_new();
   journal_run_new(j, &row);
   int rc = store_commit(en->store, j, e);
+  const struct jentry *je = journal_entry(j, 0);
+  if (!rc && je->result) {
+    snprintf(run_id, 27, "%s", je->result);
+    *repeat = 1;
+  }
   journal_free(j);
-  cJSON_Delete(rec);
   return rc;
 }
 
@@ -217,10 +228,54 @@ static int terminal(const char *s) {
   return !strcmp(s, "completed") || !strcmp(s, "failed") || !strcmp(s, "cancelled");
 }
 
-/* moonloop invoke SKILL [--data JSON] [--wait]: queue a run (--wait: and
-** read it until it ends). */
+/* See cli.h. */
+int cli_wait_run(struct engine *en, const char *run_id, int64_t deadline_ms, err_t *e) {
+  int64_t seen = -1;
+  for (;;) {
+    int64_t v = store_data_version(en->store);
+    if (v != seen) {
+      /* Something was committed since the last look (or this is the first). */
+      seen = v;
+      char st[32];
+      if (store_run_status(en->store, run_id, st, sizeof st, e)) return e->code;
+      if (terminal(st)) return 0;
+    }
+    if (deadline_ms && units_now_ms() >= deadline_ms) return 1;
+    usleep(20000);
+  }
+}
+
+/* See cli.h. */
+int cli_wait_arg(const char *s, int64_t *ms) {
+  err_t e;
+  if (units_duration(s, ms, &e))
+    return cli_fail(EXIT_USAGE, "--wait: expected seconds or a duration such as 30s, got '%s'", s);
+  return 0;
+}
+
+/* Print the stored outcome of a run that ended; the exit status. */
+static int report_stored(struct cli *c, struct engine *en, const char *run_id) {
+  cJSON *rec;
+  err_t e;
+  if (store_get_run(en->store, run_id, 0, &rec, &e)) return cli_fail(EXIT_FAILED, "%s", e.msg);
+  const char *st = cJSON_GetObjectItem(rec, "status")->valuestring;
+  cJSON *err = cJSON_GetObjectItem(rec, "error");
+  char *out = cJSON_PrintUnformatted(cJSON_GetObjectItem(rec, "output"));
+  char *ej = cJSON_IsNull(err) ? NULL : cJSON_PrintUnformatted(err);
+  int rc = cli_report_run(c, run_id, st, out, ej);
+  free(out), free(ej);
+  cJSON_Delete(rec);
+  return rc;
+}
+
+/* moonloop invoke SKILL [--data JSON] [--key KEY] [--wait]: queue a run
+** (--wait: and wait for it to end, watching the database; run it here
+** when no engine holds the database). */
 int cli_invoke(struct cli *c) {
-  if (c->nargs != 1) return cli_fail(EXIT_USAGE, "usage: moonloop invoke SKILL [--data JSON] [--wait]");
+  if (c->nargs != 1)
+    return cli_fail(EXIT_USAGE, "usage: moonloop invoke SKILL [--data JSON] [--key KEY] [--wait]");
+  if (c->key && strlen(c->key) > SCHED_KEY_MAX)
+    return cli_fail(EXIT_USAGE, "--key is too long (at most %d bytes)", SCHED_KEY_MAX);
   if (c->cfg.server) return client_invoke(c); /* --server: through the HTTP API */
   char *data = cli_data_json(c);
   if (!data) return EXIT_USAGE;
@@ -231,14 +286,16 @@ int cli_invoke(struct cli *c) {
     return cli_fail(EXIT_FAILED, "%s", e.msg);
   }
   /* With --wait and no engine holding the database, run it here. */
-  if (c->wait && !store_engine_alive(en.store, units_now_ms())) {
+  int alive = store_engine_alive(en.store, units_now_ms());
+  if (c->wait && !alive && !c->key) {
     engine_close(&en);
     int rc = run_here(c, c->args[0], data, "{\"kind\":\"invoke\",\"by\":\"cli\"}");
     free(data);
     return rc;
   }
   char run_id[27];
-  int rc = enqueue(&en, c->args[0], data, run_id, &e);
+  int repeat;
+  int rc = enqueue(&en, c->args[0], data, c->key, run_id, &repeat, &e);
   free(data);
   if (rc) {
     engine_close(&en);
@@ -247,28 +304,31 @@ int cli_invoke(struct cli *c) {
   if (!c->wait) {
     if (c->json) printf("{\"run_id\":\"%s\"}\n", run_id);
     else printf("%s\n", run_id);
+    if (repeat && !c->json)
+      fprintf(stderr, "moonloop: a run with key '%s' was started before: this is its id\n", c->key);
     engine_close(&en);
     return EXIT_OK;
   }
-  fprintf(stderr, "run %s\n", run_id);
-  for (;;) {
-    cJSON *rec;
-    if (store_get_run(en.store, run_id, 0, &rec, &e)) {
+  if (!alive) {
+    /* A keyed run with no engine: run it here, unless it has ended or
+    ** another process is running it (then wait for that one). */
+    char st[32];
+    if (store_run_status(en.store, run_id, st, sizeof st, &e)) {
       engine_close(&en);
       return cli_fail(EXIT_FAILED, "%s", e.msg);
     }
-    const char *st = cJSON_GetObjectItem(rec, "status")->valuestring;
-    if (terminal(st)) {
-      char *out = cJSON_PrintUnformatted(cJSON_GetObjectItem(rec, "output"));
-      char *err = cJSON_PrintUnformatted(cJSON_GetObjectItem(rec, "error"));
-      rc = cli_report_run(c, run_id, st, out, err);
-      free(out), free(err);
-      cJSON_Delete(rec);
-      break;
+    if (!terminal(st)) {
+      engine_close(&en);
+      int held = 0;
+      rc = resume_id(c, run_id, "", &held);
+      if (!held) return rc;
+      if (engine_open_store(&en, &c->cfg, &e)) return cli_fail(EXIT_FAILED, "%s", e.msg);
     }
-    cJSON_Delete(rec);
-    usleep(50000);
   }
+  fprintf(stderr, "run %s\n", run_id);
+  fflush(stderr);
+  if (cli_wait_run(&en, run_id, 0, &e) < 0) rc = cli_fail(EXIT_FAILED, "%s", e.msg);
+  else rc = report_stored(c, &en, run_id);
   engine_close(&en);
   return rc;
 }

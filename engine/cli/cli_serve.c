@@ -3,7 +3,10 @@
 ** watches the workspace and hot-loads its skills (the sidecar: sidecar.h),
 ** resumes every unfinished run it can claim, executes queued ones, and
 ** stops cleanly on SIGINT or SIGTERM. "listening on URL" is printed once
-** the workspace's skills are registered.
+** the workspace's skills are registered, and only then are connections
+** accepted (before, they wait in the listen backlog): a client that
+** connects in serve's first milliseconds never sees a 404 for a skill of
+** the workspace.
 */
 #include "cli/cli.h"
 #include "core/engine.h"
@@ -50,6 +53,7 @@ static void on_ready(void *arg, int loaded, int rejected) {
   fprintf(stderr, ")\n");
   fprintf(stderr, "moonloop: listening on %s\n", server_url(sv->srv));
   fflush(stderr);
+  server_ready(sv->srv); /* only now are connections accepted */
 }
 
 int cli_serve(struct cli *c) {

@@ -14,8 +14,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#define INVOKE_WAIT_S 300     /* what invoke --wait asks for per request */
-#define POLL_US 200000        /* between reads of a run still going after that */
+#define WAIT_MAX_MS 300000    /* the longest wait one request may ask for */
+#define RETRY_US 200000       /* between tries while the engine cannot answer */
+#define RETRY_FOR_MS 30000    /* how long an engine may be gone (a restart) */
 
 /* ---- the commands ------------------------------------------------------- */
 
@@ -122,11 +123,66 @@ static cJSON *get_run(struct cli *c, const char *id, int *exit_status) {
   return run;
 }
 
-/* moonloop trace --server: GET /v1/runs/{id}. */
+/* Whether a run status is final (NULL is not). */
+static int terminal(const char *s) {
+  return s && (!strcmp(s, "completed") || !strcmp(s, "failed") || !strcmp(s, "cancelled"));
+}
+
+/* The string at key k of o, or NULL. */
+static const char *str_of(const cJSON *o, const char *k) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+  return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* Whether a failed call is worth trying again: the engine could not be
+** reached, or answered 503 (it is stopping or starting). */
+static int transient(const err_t *e) { return e->code == ERR_IO || e->code == ERR_BUSY; }
+
+/* Attach: GET /v1/runs/{id}?wait= until the run has ended or wait_ms
+** (-1: no end) has passed; the record then (caller frees), or NULL after
+** printing why. An engine that restarts meanwhile is waited for (up to
+** RETRY_FOR_MS at a time), and attached to again. */
+static cJSON *attach(struct cli *c, const char *id, int64_t wait_ms, int *exit_status) {
+  char *esc = url_escape(id);
+  int64_t deadline = wait_ms >= 0 ? units_now_ms() + wait_ms : 0, failing_since = 0;
+  for (;;) {
+    int64_t left = deadline ? deadline - units_now_ms() : WAIT_MAX_MS;
+    if (left < 0) left = 0;
+    if (left > WAIT_MAX_MS) left = WAIT_MAX_MS;
+    char path[512];
+    snprintf(path, sizeof path, "/v1/runs/%s?wait=%.3f", esc ? esc : "", (double)left / 1000);
+    long status;
+    cJSON *run = NULL;
+    err_t e;
+    if (remote_call(&c->cfg, "GET", path, NULL, &status, &run, &e)) {
+      cJSON_Delete(run);
+      int64_t now = units_now_ms();
+      if (!failing_since) failing_since = now;
+      if (!transient(&e) || now - failing_since > RETRY_FOR_MS || (deadline && now >= deadline)) {
+        curl_free(esc);
+        *exit_status = fail_exit(&e);
+        return NULL;
+      }
+      usleep(RETRY_US);
+      continue;
+    }
+    failing_since = 0;
+    if (terminal(str_of(run, "status")) || (deadline && units_now_ms() >= deadline)) {
+      curl_free(esc);
+      return run;
+    }
+    cJSON_Delete(run);
+  }
+}
+
+/* moonloop trace --server [--wait SECONDS]: GET /v1/runs/{id}, attached
+** first when waiting. */
 int client_trace(struct cli *c) {
-  if (c->nargs != 1) return cli_fail(EXIT_USAGE, "usage: moonloop trace RUN_ID");
+  if (c->nargs != 1) return cli_fail(EXIT_USAGE, "usage: moonloop trace RUN_ID [--wait SECONDS]");
+  int64_t wait_ms = 0;
+  if (c->wait_for && cli_wait_arg(c->wait_for, &wait_ms)) return EXIT_USAGE;
   int st = EXIT_OK;
-  cJSON *run = get_run(c, c->args[0], &st);
+  cJSON *run = wait_ms > 0 ? attach(c, c->args[0], wait_ms, &st) : get_run(c, c->args[0], &st);
   if (!run) return st;
   if (c->json) print_json(run, 0);
   else trace_print_run(stdout, run, c->color, units_now_ms());
@@ -154,17 +210,6 @@ int client_skills(struct cli *c) {
   return EXIT_OK;
 }
 
-/* Whether a run status is final (NULL is not). */
-static int terminal(const char *s) {
-  return s && (!strcmp(s, "completed") || !strcmp(s, "failed") || !strcmp(s, "cancelled"));
-}
-
-/* The string at key k of o, or NULL. */
-static const char *str_of(const cJSON *o, const char *k) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-  return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
 /* Print a finished run's result as the file mode does (cli_report_run):
 ** output on stdout, or the error on stderr (a null error is none); the
 ** exit status. */
@@ -178,28 +223,41 @@ static int report(const struct cli *c, const char *run_id, const char *status,
   return rc;
 }
 
-/* moonloop invoke --server [--wait]: POST /v1/skills/{id}/invoke. */
+/* moonloop invoke --server [--key KEY] [--wait]: POST
+** /v1/skills/{id}/invoke; --wait attaches to the run until it ends. With a
+** key the start itself is retried while the engine cannot answer (a
+** repeat of the key cannot start a second run); without one it is not. */
 int client_invoke(struct cli *c) {
-  if (c->nargs != 1) return cli_fail(EXIT_USAGE, "usage: moonloop invoke SKILL [--data JSON] [--wait]");
+  if (c->nargs != 1)
+    return cli_fail(EXIT_USAGE, "usage: moonloop invoke SKILL [--data JSON] [--key KEY] [--wait]");
   char *data = cli_data_json(c);
   if (!data) return EXIT_USAGE;
-  size_t bl = strlen(data) + 64;
-  char *body = malloc(bl);
+  cJSON *req = cJSON_CreateObject();
+  cJSON *d = cJSON_Parse(data);
+  free(data);
+  cJSON_AddItemToObject(req, "data", d ? d : cJSON_CreateNull());
+  if (c->key) cJSON_AddStringToObject(req, "key", c->key);
+  if (c->wait) cJSON_AddNumberToObject(req, "wait", WAIT_MAX_MS / 1000);
+  char *body = cJSON_PrintUnformatted(req);
+  cJSON_Delete(req);
   char *esc = url_escape(c->args[0]);
   if (!body || !esc) {
-    free(body), free(data), curl_free(esc);
+    free(body), curl_free(esc);
     return cli_fail(EXIT_FAILED, "out of memory");
   }
-  if (c->wait) snprintf(body, bl, "{\"data\":%s,\"wait\":%d}", data, INVOKE_WAIT_S);
-  else snprintf(body, bl, "{\"data\":%s}", data);
-  free(data);
   char path[512];
   snprintf(path, sizeof path, "/v1/skills/%s/invoke", esc);
   curl_free(esc);
   long status;
   cJSON *ans;
   err_t e;
-  int rc = remote_call(&c->cfg, "POST", path, body, &status, &ans, &e);
+  int rc;
+  for (int64_t since = units_now_ms();; usleep(RETRY_US)) {
+    ans = NULL;
+    rc = remote_call(&c->cfg, "POST", path, body, &status, &ans, &e);
+    if (!rc || !c->key || !transient(&e) || units_now_ms() - since > RETRY_FOR_MS) break;
+    cJSON_Delete(ans);
+  }
   free(body);
   if (rc) {
     cJSON_Delete(ans);
@@ -219,19 +277,15 @@ int client_invoke(struct cli *c) {
   fprintf(stderr, "run %s\n", run_id);
   fflush(stderr);
   /* The answer came when the run ended, or when the wait ran out: then
-  ** read the run until it ends, as the file mode does. */
+  ** attach to the run until it ends. */
   cJSON *rec = ans;
-  while (!terminal(str_of(rec, "status"))) {
-    usleep(POLL_US);
+  if (!terminal(str_of(ans, "status"))) {
     int st = EXIT_OK;
-    cJSON *run = get_run(c, run_id, &st);
-    if (!run) {
+    rec = attach(c, run_id, -1, &st);
+    if (!rec) {
       cJSON_Delete(ans);
-      if (rec != ans) cJSON_Delete(rec);
       return st;
     }
-    if (rec != ans) cJSON_Delete(rec);
-    rec = run;
   }
   rc = report(c, run_id, str_of(rec, "status"), cJSON_GetObjectItemCaseSensitive(rec, "output"),
               cJSON_GetObjectItemCaseSensitive(rec, "error"));

@@ -32,13 +32,13 @@ struct command {
 
 static const struct command commands[] = {
   {"run", C_RUN, cli_run, "run FILE-or-SKILL [--data JSON] | run --resume RUN_ID", 1},
-  {"invoke", C_INVOKE, cli_invoke, "invoke SKILL [--data JSON] [--wait]", 1},
+  {"invoke", C_INVOKE, cli_invoke, "invoke SKILL [--data JSON] [--key KEY] [--wait]", 1},
   {"send", C_SEND, cli_send, "send NAME [--data JSON] [--id KEY]", 1},
   {"cancel", C_CANCEL, cli_cancel, "cancel RUN_ID", 1},
   {"rerun", C_RERUN, cli_rerun, "rerun RUN_ID", 1},
   {"prune", C_PRUNE, cli_prune, "prune --older-than 30d", 0},
   {"runs", C_RUNS, cli_runs, "runs [--skill ID] [--status S] [--since 7d] [--trigger KIND] [--limit N] [--follow]", 0},
-  {"trace", C_TRACE, cli_trace, "trace RUN_ID", 1},
+  {"trace", C_TRACE, cli_trace, "trace RUN_ID [--wait SECONDS]", 1},
   {"skills", C_SKILLS, cli_skills, "skills", 0},
   {"new", C_NEW, cli_new, "new ID [--event NAME | --cron SPEC] [--workspace DIR]", 1},
   {"check", C_CHECK, cli_check, "check FILE-or-DIR... | check --api", -1},
@@ -61,7 +61,8 @@ static const struct option options[] = {
   {"db", 1, C_ALL}, {"config", 1, C_ALL}, {"server", 1, C_ALL}, {"json", 0, C_ALL},
   {"verbose", 0, C_ALL}, {"quiet", 0, C_ALL},
   {"data", 1, C_RUN | C_INVOKE | C_SEND}, {"resume", 1, C_RUN}, {"wait", 0, C_INVOKE},
-  {"id", 1, C_SEND}, {"older-than", 1, C_PRUNE},
+  {"wait", 1, C_TRACE}, /* trace --wait takes how long; invoke --wait waits for the end */
+  {"key", 1, C_INVOKE}, {"id", 1, C_SEND}, {"older-than", 1, C_PRUNE},
   {"skill", 1, C_RUNS}, {"status", 1, C_RUNS}, {"since", 1, C_RUNS}, {"trigger", 1, C_RUNS},
   {"limit", 1, C_RUNS}, {"follow", 0, C_RUNS},
   {"workspace", 1, C_SERVE | C_SIDECAR | C_REPL | C_NEW}, {"listen", 1, C_SERVE},
@@ -196,9 +197,10 @@ int main(int argc, char **argv) {
       name = buf;
       val = eq + 1;
     }
+    /* A name may have one entry per set of commands (--wait). */
     const struct option *o = options;
-    while (o->name && strcmp(o->name, name)) o++;
-    if (!o->name || !(o->cmds & cmd->bit)) {
+    while (o->name && (strcmp(o->name, name) || !(o->cmds & cmd->bit))) o++;
+    if (!o->name) {
       free(pos);
       return cli_fail(EXIT_USAGE, "%s: unknown option '%s' (usage: moonloop %s)", cmd->name, a,
                       cmd->usage);
@@ -222,7 +224,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(name, "resume")) c.resume = val;
     else if (!strcmp(name, "id")) c.id = val;
     else if (!strcmp(name, "older-than")) c.older_than = val;
-    else if (!strcmp(name, "wait")) c.wait = 1;
+    else if (!strcmp(name, "wait")) c.wait = 1, c.wait_for = val;
+    else if (!strcmp(name, "key")) c.key = val;
     else if (!strcmp(name, "skill")) c.skill = val;
     else if (!strcmp(name, "status")) c.status = val;
     else if (!strcmp(name, "since")) c.since = val;

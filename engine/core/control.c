@@ -22,8 +22,7 @@ struct reply {
   int n;          /* entries to answer for (events) */
   char run_id[27];
   int64_t wait_ms;
-  struct stimer timer;
-  int replied, done;
+  int replied;
 };
 
 static struct reply *reply_new(sched_t *s, sched_reply_cb cb, void *arg) {
@@ -107,15 +106,30 @@ int sched_send_events(sched_t *s, const cJSON *events, sched_reply_cb cb, void *
 
 /* ---- invoke ---- */
 
-static void reply_outcome(struct reply *r, const struct sched_result *res) {
+/* What an invoke needs across its commit: the run, and what to answer. */
+struct invoke {
+  struct reply r;        /* first: the reply's callback gets it back */
+  struct skill *sk;
+  char *trigger, *input;
+  int64_t at, deadline_at;
+};
+
+/* Answer an invoke that waited: the run's outcome once it ended, else
+** {"run_id", "status": "running"} (still going when the wait ran out). */
+static void reply_outcome(struct reply *r, int ended) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "run_id", r->run_id);
-  cJSON_AddStringToObject(o, "status", res ? res->status : "running");
-  if (res) {
-    cJSON *ov = res->output ? cJSON_Parse(res->output) : NULL;
-    cJSON *ev = res->error ? cJSON_Parse(res->error) : NULL;
-    cJSON_AddItemToObject(o, "output", ov ? ov : cJSON_CreateNull());
-    cJSON_AddItemToObject(o, "error", ev ? ev : cJSON_CreateNull());
+  cJSON *run = NULL;
+  err_t e;
+  if (ended && !store_get_run(sched__opts(r->s)->store, r->run_id, 0, &run, &e)) {
+    const char *keys[] = {"status", "output", "error"};
+    for (int i = 0; i < 3; i++) {
+      cJSON *v = cJSON_DetachItemFromObjectCaseSensitive(run, keys[i]);
+      cJSON_AddItemToObject(o, keys[i], v ? v : cJSON_CreateNull());
+    }
+    cJSON_Delete(run);
+  } else {
+    cJSON_AddStringToObject(o, "status", "running");
   }
   jsontext_fix_utf8(o);
   char *js = cJSON_PrintUnformatted(o);
@@ -124,54 +138,104 @@ static void reply_outcome(struct reply *r, const struct sched_result *res) {
   free(js);
 }
 
-static void on_invoke_done(const struct sched_result *res, void *arg) {
-  struct reply *r = arg;
-  r->done = 1;
-  sched__timer_stop(r->s, &r->timer);
-  reply_outcome(r, res);
-  free(r);
+/* The run ended, or the invoke's wait ran out. */
+static void on_invoke_end(void *arg, int ended) {
+  struct invoke *iv = arg;
+  reply_outcome(&iv->r, ended);
+  free(iv->trigger), free(iv->input);
+  free(iv);
 }
 
-static void on_invoke_timeout(struct stimer *tm) {
-  struct reply *r = (struct reply *)((char *)tm - offsetof(struct reply, timer));
-  /* Still going: answer now; the done callback frees the reply later. */
-  reply_outcome(r, NULL);
-}
-
-static void on_run_queued(void *arg) {
-  struct reply *r = arg;
-  char js[64];
-  snprintf(js, sizeof js, "{\"run_id\":\"%s\"}", r->run_id);
-  answer(r, 0, NULL, js);
-  free(r);
-}
-
-/* Start a run here and answer as invoke does. */
-static int start_and_answer(sched_t *s, struct skill *sk, const char *trigger, const char *input,
-                            int64_t wait_ms, sched_reply_cb cb, void *arg, err_t *e) {
-  struct reply *r = reply_new(s, cb, arg);
-  if (!r) return err_set(e, ERR_NOMEM, "out of memory");
-  if (sched_run_new(s, sk, trigger, input, NULL, r->run_id, e)) {
-    free(r);
-    return e->code;
+/* The run is durable: answer {"run_id"}, or wait for its end. A run that
+** ended already (a repeated key's) is answered at once. */
+static void answer_started(struct invoke *iv, int started_here) {
+  struct reply *r = &iv->r;
+  if (r->wait_ms > 0) {
+    err_t e;
+    struct sched_watch *w = NULL;
+    int rc = started_here ? (sched__watch_add(r->s, r->run_id, r->wait_ms, on_invoke_end, iv)
+                                 ? 0 : err_set(&e, ERR_NOMEM, "out of memory"))
+                          : sched_watch(r->s, r->run_id, r->wait_ms, on_invoke_end, iv, &w, &e);
+    if (rc == 0) return;
+    if (rc == 1) reply_outcome(r, 1);
+    else answer(r, rc, e.msg, NULL);
+  } else {
+    char js[64];
+    snprintf(js, sizeof js, "{\"run_id\":\"%s\"}", r->run_id);
+    answer(r, 0, NULL, js);
   }
-  if (wait_ms <= 0) {
-    sched__after_commit(s, on_run_queued, r);
+  free(iv->trigger), free(iv->input);
+  free(iv);
+}
+
+/* A run started at once is durable. */
+static void on_run_queued(void *arg) { answer_started(arg, 1); }
+
+/* A keyed run's row was committed, or its key was found taken (the
+** entry's result: the first run's id): start it here, or answer for the
+** first run. */
+static void on_keyed_row(void *arg, const struct jentry *je) {
+  struct invoke *iv = arg;
+  struct reply *r = &iv->r;
+  if (je->result) {
+    snprintf(r->run_id, sizeof r->run_id, "%s", je->result);
+    answer_started(iv, 0);
+    return;
+  }
+  err_t e;
+  if (sched__start_existing(r->s, iv->sk, r->run_id, iv->trigger, iv->input, iv->at, &e)) {
+    /* Its row is durable: whoever takes this process's runs over starts it. */
+    fprintf(stderr, "moonloop: starting run %s: %s\n", r->run_id, e.msg);
+  }
+  answer_started(iv, 1);
+}
+
+/* Start a run here and answer as invoke does. Without a key the run starts
+** at once, its row in the open group. With a key, its row goes first,
+** alone, and the run starts once the store has kept it (a repeat of the
+** key finds the first run instead): a run never executes steps for a row
+** that a concurrent start of the same key lost. */
+static int start_and_answer(sched_t *s, struct skill *sk, const char *trigger, const char *input,
+                            const char *key, int64_t wait_ms, sched_reply_cb cb, void *arg,
+                            err_t *e) {
+  struct invoke *iv = calloc(1, sizeof *iv);
+  if (!iv) return err_set(e, ERR_NOMEM, "out of memory");
+  iv->r.s = s, iv->r.cb = cb, iv->r.arg = arg, iv->r.wait_ms = wait_ms;
+  if (!key) {
+    if (sched_run_new(s, sk, trigger, input, NULL, iv->r.run_id, e)) {
+      free(iv);
+      return e->code;
+    }
+    sched__after_commit(s, on_run_queued, iv);
     return 0;
   }
-  r->wait_ms = wait_ms;
-  r->timer.fn = on_invoke_timeout;
-  sched__timer_start(s, &r->timer, units_now_ms() + wait_ms);
-  sched_on_done(s, r->run_id, on_invoke_done, r);
+  iv->sk = sk;
+  iv->trigger = strdup(trigger);
+  iv->input = input ? strdup(input) : NULL;
+  iv->at = units_now_ms();
+  iv->deadline_at = sk->timeout_ms ? iv->at + sk->timeout_ms : 0;
+  ids_ulid(iv->at, iv->r.run_id);
+  struct run_row row = {
+    .id = iv->r.run_id, .skill = sk->id, .version = sk->version, .status = "running",
+    .entry = "run", .trigger = trigger, .input = input, .owner = sched_owner(s),
+    .created_at = iv->at, .started_at = iv->at, .deadline_at = iv->deadline_at, .idem = key,
+  };
+  if (!iv->trigger || journal_run_new(sched__journal(s), &row)) {
+    free(iv->trigger), free(iv->input), free(iv);
+    return err_set(e, ERR_NOMEM, "out of memory");
+  }
+  sched__after_entry(s, on_keyed_row, iv);
   return 0;
 }
 
-int sched_invoke(sched_t *s, const char *skill, const char *data_json, int64_t wait_ms,
-                 sched_reply_cb cb, void *arg, err_t *e) {
+int sched_invoke(sched_t *s, const char *skill, const char *data_json, const char *key,
+                 int64_t wait_ms, sched_reply_cb cb, void *arg, err_t *e) {
   struct skill *sk;
   if (sched__live_skill(s, skill, &sk, e)) return e->code;
-  return start_and_answer(s, sk, "{\"kind\":\"invoke\",\"by\":\"http\"}",
-                          data_json ? data_json : "null", wait_ms, cb, arg, e);
+  char trig[SCHED_KEY_MAX * 6 + 96];
+  if (jsontext_invoke_trigger("http", key, trig, sizeof trig))
+    return err_set(e, ERR_INVALID, "the key is too long (at most %d bytes)", SCHED_KEY_MAX);
+  return start_and_answer(s, sk, trig, data_json ? data_json : "null", key, wait_ms, cb, arg, e);
 }
 
 /* ---- cancel and rerun ---- */
@@ -229,7 +293,7 @@ int sched_rerun(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, er
   char *input = cJSON_PrintUnformatted(cJSON_GetObjectItem(run, "input"));
   char trig[96];
   snprintf(trig, sizeof trig, "{\"kind\":\"rerun\",\"run_id\":\"%s\"}", run_id);
-  rc = start_and_answer(s, sk, trig, input, 0, cb, arg, e);
+  rc = start_and_answer(s, sk, trig, input, NULL, 0, cb, arg, e);
   free(input);
   cJSON_Delete(run);
   return rc;
@@ -246,6 +310,7 @@ struct put_ctx {
 
 static void on_put(void *arg) {
   struct put_ctx *p = arg;
+  sched__live_forget(p->r->s);
   sched__skills_changed(p->r->s);
   cJSON *rec;
   err_t e;

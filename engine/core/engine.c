@@ -9,6 +9,8 @@
 
 #include <lauxlib.h>
 
+#include <malloc.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,8 +77,21 @@ static void set_self(struct engine *en, const char *listen) {
   httpc_set_self(en->http, (struct sockaddr *)&ss);
 }
 
+/* Keep freed memory rather than give it back at once. Each commit runs on
+** one of libuv's pool threads, whose malloc arena glibc trims as soon as a
+** transaction's memory is freed (128 KB at the top): the next commit then
+** faults the same pages in again, which was a quarter of the commit
+** thread's time under load. Freed memory is still reused. */
+static void keep_freed_memory(void) {
+#ifdef M_TRIM_THRESHOLD
+  mallopt(M_TRIM_THRESHOLD, 64 << 20);
+#endif
+}
+
+/* See engine.h. */
 int engine_open(struct engine *en, const struct config *cfg, enum sched_mode mode, int verbose,
                 err_t *e) {
+  keep_freed_memory();
   if (engine_open_store(en, cfg, e)) return e->code;
   if (engine_open_runtime(en, cfg, e)) return e->code;
   if (uv_loop_init(&en->loop)) return err_set(e, ERR_INTERNAL, "cannot create the event loop");

@@ -216,6 +216,8 @@ int sched__draining(const sched_t *s);
 int sched__version_skill(sched_t *s, const char *version, struct skill **out, err_t *e);
 /* The live version of a registered skill, loaded. */
 int sched__live_skill(sched_t *s, const char *id, struct skill **out, err_t *e);
+/* The registry changed here: forget the live versions looked up. */
+void sched__live_forget(sched_t *s);
 /* The registry changed: rearm the cron triggers (sched_cron.c). */
 void sched__skills_changed(sched_t *s);
 void sched__crons_free(sched_t *s);
@@ -234,6 +236,10 @@ const struct sched_opts *sched__opts(const sched_t *s);
 void sched__run_done(sched_t *s, struct run *r, const char *status, const char *output,
                      const char *error);
 void sched__run_unlink(sched_t *s, struct run *r);
+/* sched_watch without looking at the store first (the caller knows the run
+** has not ended: it just started it); NULL when out of memory. */
+struct sched_watch *sched__watch_add(sched_t *s, const char *run_id, int64_t wait_ms,
+                                     sched_watch_cb cb, void *arg);
 void sched__run_link(sched_t *s, struct run *r);
 
 #endif

@@ -33,14 +33,6 @@
 #define DRAIN_MAX 20000
 #define TICK_MS 50
 
-/* Someone waiting for one run to end (sched_on_done). */
-struct done_waiter {
-  char run_id[27];
-  sched_done_cb cb;
-  void *arg;
-  struct done_waiter *next;
-};
-
 static void idle_cb(uv_idle_t *h);
 
 /* The upper bounds (ms) of the step duration histogram's buckets. */
@@ -189,17 +181,6 @@ void sched__run_unlink(sched_t *s, struct run *r) {
   s->nruns--;
 }
 
-/* See sched.h. */
-void sched_on_done(sched_t *s, const char *run_id, sched_done_cb cb, void *arg) {
-  struct done_waiter *w = calloc(1, sizeof *w);
-  if (!w) return;
-  snprintf(w->run_id, sizeof w->run_id, "%s", run_id);
-  w->cb = cb;
-  w->arg = arg;
-  w->next = s->done;
-  s->done = w;
-}
-
 /* See sched.h: at most 4 listeners. */
 void sched_on_finish(sched_t *s, sched_done_cb cb, void *arg) {
   if (s->nfinish < 4) {
@@ -209,7 +190,7 @@ void sched_on_finish(sched_t *s, sched_done_cb cb, void *arg) {
 }
 
 /* See run.h: count the end, tell the listeners (not for "abandoned") and
-** the waiters on this run (removed as they are called). */
+** the waiters on this run (sched_watch.c). */
 void sched__run_done(sched_t *s, struct run *r, const char *status, const char *output,
                      const char *error) {
   struct sched_result res = {r->id, status, output, error};
@@ -218,16 +199,7 @@ void sched__run_done(sched_t *s, struct run *r, const char *status, const char *
   else if (!strcmp(status, "cancelled")) s->stats.runs_cancelled++;
   if (strcmp(status, "abandoned"))
     for (int i = 0; i < s->nfinish; i++) s->finish[i].cb(&res, s->finish[i].arg);
-  for (struct done_waiter **p = &s->done; *p;) {
-    struct done_waiter *w = *p;
-    if (!strcmp(w->run_id, r->id)) {
-      *p = w->next;
-      w->cb(&res, w->arg);
-      free(w);
-    } else {
-      p = &w->next;
-    }
-  }
+  sched__watch_ended(s, &res);
 }
 
 /* A run struct for a run that starts now. */
@@ -290,16 +262,32 @@ int sched__version_skill(sched_t *s, const char *version, struct skill **out, er
   return rc;
 }
 
-/* See run.h. */
+/* See run.h. Every invoke asks, and the answer changes only with the
+** registry: the last answers are kept until this process changes the
+** registry (sched__live_forget) or the tick sees that another connection
+** committed (a version registered elsewhere is live here within 50 ms, as
+** everything another process writes). */
 int sched__live_skill(sched_t *s, const char *id, struct skill **out, err_t *e) {
-  cJSON *rec;
-  if (store_get_skill(s->o.store, id, &rec, e)) return e->code;
-  cJSON *v = cJSON_GetObjectItem(rec, "version");
-  int rc = cJSON_IsString(v) ? sched__version_skill(s, v->valuestring, out, e)
-                             : err_set(e, ERR_NOTFOUND, "skill '%s' has no live version", id);
-  cJSON_Delete(rec);
-  return rc;
+  for (int i = 0; i < s->nlive; i++)
+    if (!strcmp(s->live[i].id, id)) {
+      *out = s->live[i].sk;
+      return 0;
+    }
+  char version[80];
+  if (store_live_version(s->o.store, id, version, sizeof version, e) ||
+      sched__version_skill(s, version, out, e))
+    return e->code;
+  if (strlen(id) < sizeof s->live[0].id) {
+    int i = s->nlive < (int)(sizeof s->live / sizeof s->live[0]) ? s->nlive++
+          : s->live_next++ % (int)(sizeof s->live / sizeof s->live[0]);
+    snprintf(s->live[i].id, sizeof s->live[i].id, "%s", id);
+    s->live[i].sk = *out;
+  }
+  return 0;
 }
+
+/* See run.h. */
+void sched__live_forget(sched_t *s) { s->nlive = 0; }
 
 /* See sched.h: a queued run starts; a parked one waits dormant; one that
 ** was running is replayed from its steps. A version that cannot be loaded
@@ -405,6 +393,8 @@ static void tick_cb(uv_timer_t *h) {
       s->claim_wanted = s->o.mode == SCHED_SERVE;
       s->dispatch_wanted = 1;
       s->poll_wanted = 1;
+      sched__watch_poll(s); /* attached clients of runs executed elsewhere */
+      sched__live_forget(s); /* the registry may have changed */
     }
   }
   if (s->poll_wanted && !s->stopping) {
@@ -509,6 +499,7 @@ void sched_stop(sched_t *s, int64_t grace_ms) {
   if (s->stopping) return;
   s->stopping = 1;
   sched__crons_free(s);
+  sched__watch_stop(s); /* their clients are answered now, not at the grace's end */
   /* Runs are left to whoever takes them over: dropped here without a
   ** write; the lease release makes them claimable. Bodies in flight may
   ** first reach their checkpoint (run_resume releases them there). */
@@ -554,11 +545,7 @@ const struct sched_stats *sched_stats(const sched_t *s) {
 void sched_free(sched_t *s) {
   if (!s) return;
   free(s->stats.samples);
-  while (s->done) {
-    struct done_waiter *w = s->done;
-    s->done = w->next;
-    free(w);
-  }
+  sched__watch_free(s);
   journal_free(s->open.j);
   free(s->open.w);
   journal_free(s->retry.j);

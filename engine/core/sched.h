@@ -89,8 +89,28 @@ int sched_run_new(sched_t *s, struct skill *skill, const char *trigger, const ch
 ** journal, then run live. */
 int sched_adopt(sched_t *s, const struct run_row *row, err_t *e);
 
-/* Call cb when run_id reaches a terminal status (once, from the loop). */
+/* Call cb when run_id, executed by this process, reaches a terminal
+** status (once, from the loop; "abandoned" too, when the process lets it
+** go without finishing it). */
 void sched_on_done(sched_t *s, const char *run_id, sched_done_cb cb, void *arg);
+
+/* Attach (GET /v1/runs/{id}?wait=): cb(arg, 1) once run_id has ended
+** (completed, failed or cancelled, its end durable), whichever process
+** executes it, or cb(arg, 0) when wait_ms runs out first; once, from the
+** loop. A run of this process reports its end at once; for a run executed
+** elsewhere the 50 ms tick asks the store, only when another connection
+** committed, in one indexed query over the runs watched. Waiting costs a
+** heap timer and a few bytes. Returns 0 and *out (for sched_unwatch), 1
+** when the run has ended already (cb never fires), or a negative code
+** (ERR_NOTFOUND for an unknown run). */
+struct sched_watch;
+typedef void (*sched_watch_cb)(void *arg, int ended);
+int sched_watch(sched_t *s, const char *run_id, int64_t wait_ms, sched_watch_cb cb, void *arg,
+                struct sched_watch **out, err_t *e);
+
+/* Stop a watch before it fires (its client went away). Not from its own
+** callback, nor from the callback of another watch of the same run. */
+void sched_unwatch(sched_t *s, struct sched_watch *w);
 
 /* Call cb for every run that ends in this process (completed, failed or
 ** cancelled), once its end is durable. Up to 4 observers. */
@@ -138,12 +158,16 @@ typedef void (*sched_reply_cb)(const struct sched_reply *r, void *arg);
 ** the event ids in order (a repeat gets the first event's id). */
 int sched_send_events(sched_t *s, const cJSON *events, sched_reply_cb cb, void *arg, err_t *e);
 
-/* POST /v1/skills/{id}/invoke: queue a run of skill's live version with
-** input data_json. wait_ms 0 answers {"run_id"} once queued; wait_ms > 0
-** answers when the run ends, {"run_id", "status", "output", "error"}, or
-** after wait_ms with {"run_id", "status": "running"} (still going). */
-int sched_invoke(sched_t *s, const char *skill, const char *data_json, int64_t wait_ms,
-                 sched_reply_cb cb, void *arg, err_t *e);
+/* POST /v1/skills/{id}/invoke: start a run of skill's live version with
+** input data_json. wait_ms 0 answers {"run_id"} once its row is durable;
+** wait_ms > 0 answers when the run ends, {"run_id", "status", "output",
+** "error"}, or after wait_ms with {"run_id", "status": "running"} (still
+** going). key (NULL: none, at most SCHED_KEY_MAX bytes) makes the start
+** idempotent: a key the skill's runs already have starts nothing and
+** answers for the first run (with wait_ms, once it ends). */
+#define SCHED_KEY_MAX 256
+int sched_invoke(sched_t *s, const char *skill, const char *data_json, const char *key,
+                 int64_t wait_ms, sched_reply_cb cb, void *arg, err_t *e);
 
 /* POST /v1/runs/{id}/cancel: answers {"run_id", "status"}; ERR_CONFLICT
 ** for a run that already ended. Children are cancelled too. */

@@ -8,6 +8,7 @@
 **                   commit thread) and the process's lease
 **   sched_heap.c    the timer heap and the map of live runs by id
 **   sched_cron.c    cron triggers (through run.h's sched__ functions)
+**   sched_watch.c   who waits for runs to end (sched_on_done, attach)
 **
 ** What the run context needs from the scheduler is in run.h's sched__
 ** section; this header is for the scheduler's files only.
@@ -40,8 +41,16 @@ struct group {
   size_t nw, cap;
 };
 
-struct job;         /* sched_commit.c's */
-struct done_waiter; /* sched.c's */
+struct job;  /* sched_commit.c's */
+struct wrun; /* sched_watch.c's: the waiters of one run */
+
+/* Who waits for runs to end (sched_watch.c): run id -> waiters. */
+struct sched_watches {
+  struct wrun **b;      /* chained buckets, a power of two */
+  size_t nb, n;
+  size_t nremote;       /* entries whose run may end in another process */
+  size_t nremote_watch; /* watches on those: the tick asks the store only then */
+};
 
 struct sched {
   struct sched_opts o;
@@ -61,7 +70,7 @@ struct sched {
   struct task *cur;
   struct run *runs;
   int nruns;
-  struct done_waiter *done;
+  struct sched_watches watches;
   int stopping;
   int claim_wanted;
   int dispatch_wanted;
@@ -76,6 +85,10 @@ struct sched {
   struct run **slot_waiters; /* runs refused a slot, to try again at the next poll */
   int nslot_waiters;
   int64_t data_version;
+  /* skills' live versions as last looked up (sched__live_skill), until the
+  ** registry changes here (sched__live_forget) or anywhere (the tick) */
+  struct { char id[132]; struct skill *sk; } live[16];
+  int nlive, live_next;
   int64_t last_commit_ms, last_claim_ms, last_reap_ms, last_prune_ms;
   struct sched_stats stats;
   sched_observer_cb observer; /* sched_observe (the REPL) */
@@ -92,6 +105,19 @@ int sched__group_empty(const struct group *g);
 void sched__maybe_submit(sched_t *s);
 /* Take a new lease for this process (a new owner name). */
 int sched__take_lease(sched_t *s, err_t *e);
+
+/* ---- sched_watch.c ---- */
+
+/* A run of this process ended (its end durable), or was abandoned. */
+void sched__watch_ended(sched_t *s, const struct sched_result *res);
+/* Another connection committed: which watched runs executed elsewhere ended? */
+void sched__watch_poll(sched_t *s);
+/* The scheduler stops: every watch is told its wait is over (the run goes
+** on in whichever process takes it); done waiters hear "abandoned" from
+** the runs released. */
+void sched__watch_stop(sched_t *s);
+/* Free every waiter without calling it (the scheduler is freed). */
+void sched__watch_free(sched_t *s);
 
 /* ---- sched_heap.c ---- */
 

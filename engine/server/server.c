@@ -274,10 +274,16 @@ static void on_conn_close(uv_handle_t *h) {
 /* Close callback of handles malloc'd on their own. */
 static void free_handle(uv_handle_t *h) { free(h); }
 
-/* A new connection: track it, and hand it to H2O. */
+/* A new connection: track it, and hand it to H2O. Before server_ready it
+** is left unaccepted: libuv then stops accepting until uv_accept is
+** called (server_ready does), so connections wait in the backlog. */
 static void on_accept(uv_stream_t *listener, int status) {
   server_t *srv = listener->data;
   if (status != 0 || srv->stopping) return;
+  if (!srv->ready) {
+    srv->accept_waiting = 1;
+    return;
+  }
   struct conn *c = calloc(1, sizeof *c);
   if (!c) return;
   uv_tcp_init(listener->loop, &c->tcp);
@@ -333,6 +339,7 @@ void server_stop(server_t *srv) {
   /* Idle connections are woken by end-of-file and closed by H2O; those
   ** with a request in flight finish it first (no keep-alive while stopping). */
   shutdown_conns(srv, SHUT_RD);
+  server__attach_stop(srv);
   uv_timer_start(&srv->grace, on_grace, GRACE_MS, 0);
   maybe_finish(srv);
 }
@@ -546,6 +553,17 @@ int server_start(struct engine *en, const char *listen, server_t **out, err_t *e
   srv->grace_open = 1;
   *out = srv;
   return 0;
+}
+
+/* See server.h: accept the connection libuv holds, which starts the
+** listener again. */
+void server_ready(server_t *srv) {
+  if (!srv || srv->ready) return;
+  srv->ready = 1;
+  if (srv->accept_waiting && srv->listener) {
+    srv->accept_waiting = 0;
+    on_accept((uv_stream_t *)srv->listener, 0);
+  }
 }
 
 const char *server_url(const server_t *srv) { return srv ? srv->url : ""; }

@@ -6,10 +6,10 @@
 **
 ** Lifecycle (all on the loop thread):
 **
-**   server_start ---> serving ---> server_stop ---> draining ---> closed
-**   (bind, listen)                 (listener closed;   (pending answers
-**                                  idle connections    arrive, or 503
-**                                  woken to close)     after the grace)
+**   server_start ---> server_ready ---> serving ---> server_stop ---> draining ---> closed
+**   (bind, listen:    (the workspace's              (listener closed;   (pending answers
+**   connections wait   skills are                   idle connections    arrive, or 503
+**   in the backlog)    registered: accept)          woken to close)     after the grace)
 **
 **   The loop ends once every connection has closed; then server_free
 **   (outside the loop: H2O's context dispose runs the loop itself).
@@ -54,6 +54,12 @@ typedef struct server server_t;
 ** address without a token) or ERR_IO (cannot bind); then nothing is left
 ** open but handles already closing on the loop. */
 int server_start(struct engine *en, const char *listen, server_t **out, err_t *e);
+
+/* Start accepting connections: serve calls it once the workspace's skills
+** are registered. Until then the port is bound and listening, and clients
+** that connect wait in the backlog: nobody is answered before the skills
+** are there (no 404 for a skill about to be registered). */
+void server_ready(server_t *s);
 
 /* The address actually bound, as a URL: "http://127.0.0.1:8288". */
 const char *server_url(const server_t *s);

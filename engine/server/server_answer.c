@@ -37,6 +37,8 @@ struct pending {
   h2o_req_t *req;       /* NULL once the request is gone or was answered */
   struct guard *guard;
   enum server_op op;
+  struct sched_watch *watch; /* GET_RUN with wait: the attach, until it fires */
+  char run_id[SERVER_ID_MAX + 1]; /* GET_RUN: the run attached to */
   struct pending *prev, *next;
 };
 
@@ -141,12 +143,21 @@ static void respond_err(server_t *srv, h2o_req_t *req, const err_t *e) {
 
 /* ---- pending answers ------------------------------------------------------ */
 
-/* The request's pool is being cleared: its pending record loses it. */
+static void pending_free(struct pending *p);
+
+/* The request's pool is being cleared: its pending record loses it. An
+** attach has nothing left to do: its watch goes at once (a client that
+** gave up costs nothing until the wait would have run out). */
 static void guard_dispose(void *x) {
   struct guard *g = x;
-  if (g->p) {
-    g->p->req = NULL;
-    g->p->guard = NULL;
+  struct pending *p = g->p;
+  if (!p) return;
+  p->req = NULL;
+  p->guard = NULL;
+  if (p->watch) {
+    sched_unwatch(p->srv->en->sched, p->watch);
+    p->watch = NULL;
+    pending_free(p);
   }
 }
 
@@ -230,7 +241,8 @@ static void control(server_t *srv, h2o_req_t *req, const struct server_plan *pl)
   switch (pl->op) {
   case SERVER_OP_EVENTS: rc = sched_send_events(s, pl->events, on_reply, p, &e); break;
   case SERVER_OP_INVOKE:
-    rc = sched_invoke(s, pl->id, pl->data, pl->wait_ms, on_reply, p, &e);
+    rc = sched_invoke(s, pl->id, pl->data, pl->key[0] ? pl->key : NULL, pl->wait_ms, on_reply, p,
+                      &e);
     break;
   case SERVER_OP_CANCEL: rc = sched_cancel(s, pl->id, on_reply, p, &e); break;
   case SERVER_OP_RERUN: rc = sched_rerun(s, pl->id, on_reply, p, &e); break;
@@ -260,38 +272,93 @@ static void control(server_t *srv, h2o_req_t *req, const struct server_plan *pl)
 
 /* ---- reads ------------------------------------------------------------ */
 
-/* GET /v1/runs: {"runs": [...], "next": id of the last run shown, or null}. */
+/* GET /v1/runs: {"runs": [...], "next": id of the last run shown, or null},
+** written as text from the store (no tree). */
 static void list_runs(server_t *srv, h2o_req_t *req, const struct server_plan *pl) {
-  cJSON *runs;
+  buf_t b = BUF_INIT;
   err_t e;
-  if (store_list_runs(srv->en->store, &pl->filter, &runs, &e)) {
+  struct run_filter f = pl->filter;
+  f.limit = pl->limit;
+  char next[SERVER_ID_MAX + 1] = "";
+  int rc = buf_reserve(&b, 16384) | buf_puts(&b, "{\"runs\":");
+  if (!rc && store_list_runs_json(srv->en->store, &f, &b, next, sizeof next, &e)) {
+    buf_free(&b);
     respond_err(srv, req, &e);
     return;
   }
-  /* The store was asked for one more than the limit: its presence says
-  ** there is a next page, which starts below the last run shown. */
-  cJSON *next = cJSON_CreateNull();
-  if (cJSON_GetArraySize(runs) > pl->limit) {
-    cJSON_DeleteItemFromArray(runs, pl->limit);
-    cJSON *last = cJSON_GetArrayItem(runs, pl->limit - 1);
-    cJSON *id = cJSON_GetObjectItemCaseSensitive(last, "id");
-    if (cJSON_IsString(id)) {
-      cJSON_Delete(next);
-      next = cJSON_CreateString(id->valuestring);
-    }
-  }
-  cJSON *o = cJSON_CreateObject();
-  cJSON_AddItemToObject(o, "runs", runs);
-  cJSON_AddItemToObject(o, "next", next);
-  respond_cjson(srv, req, 200, o);
+  rc |= buf_puts(&b, ",\"next\":");
+  rc |= next[0] ? jsontext_put_string(&b, next, strlen(next)) : buf_puts(&b, "null");
+  rc |= buf_puts(&b, "}");
+  if (rc) buf_free(&b);
+  size_t len = b.len;
+  server__respond(srv, req, 200, "application/json", rc ? NULL : buf_take(&b), len);
 }
 
-/* GET /v1/runs/{id}: the run record with steps. */
+/* GET /v1/runs/{id}: the run record with steps, as text from the store. */
 static void get_run(server_t *srv, h2o_req_t *req, const char *id) {
-  cJSON *run;
+  buf_t b = BUF_INIT;
   err_t e;
-  if (store_get_run(srv->en->store, id, 1, &run, &e)) respond_err(srv, req, &e);
-  else respond_cjson(srv, req, 200, run);
+  buf_reserve(&b, 4096);
+  if (store_run_json(srv->en->store, id, 1, &b, &e)) {
+    buf_free(&b);
+    respond_err(srv, req, &e);
+    return;
+  }
+  size_t len = b.len;
+  server__respond(srv, req, 200, "application/json", buf_take(&b), len);
+}
+
+/* An attach fired: the run ended (or the wait ran out): answer its record
+** as GET /v1/runs/{id} does, read now that its end is durable. */
+static void on_attach(void *arg, int ended) {
+  struct pending *p = arg;
+  server_t *srv = p->srv;
+  char id[SERVER_ID_MAX + 1];
+  (void)ended;
+  memcpy(id, p->run_id, sizeof id);
+  p->watch = NULL;
+  h2o_req_t *req = pending_detach(p);
+  pending_free(p);
+  if (req) get_run(srv, req, id);
+}
+
+/* GET /v1/runs/{id}?wait=SECONDS: a run that has ended (or an unknown one)
+** is answered at once; otherwise the answer waits for the run's end, or
+** for the wait to run out, whichever comes first (sched_watch). */
+static void attach(server_t *srv, h2o_req_t *req, const struct server_plan *pl) {
+  struct pending *p = pending_new(srv, req, pl->op);
+  if (!p) {
+    server__respond_error(srv, req, 500, "no_memory", "out of memory");
+    return;
+  }
+  snprintf(p->run_id, sizeof p->run_id, "%s", pl->id);
+  err_t e = {0};
+  int rc = sched_watch(srv->en->sched, pl->id, pl->wait_ms, on_attach, p, &p->watch, &e);
+  if (rc == 0) return;
+  pending_free(p);
+  if (rc == 1) get_run(srv, req, pl->id);
+  else respond_err(srv, req, &e);
+}
+
+/* See server_int.h: attached clients are answered now, not at the end of
+** the grace period: 503, so they attach again (to this engine once it is
+** back, or to another). */
+void server__attach_stop(server_t *srv) {
+  for (struct pending *p = srv->pending, *next; p; p = next) {
+    next = p->next;
+    if (!p->watch) continue;
+    sched_unwatch(srv->en->sched, p->watch);
+    p->watch = NULL;
+    h2o_req_t *req = pending_detach(p);
+    pending_free(p);
+    if (req) {
+      h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_RETRY_AFTER, NULL,
+                     H2O_STRLIT("1"));
+      server__respond_error(srv, req, 503, "unavailable",
+                            "the engine is stopping: attach again (the run goes on when an "
+                            "engine runs)");
+    }
+  }
 }
 
 /* GET /v1/skills: {"skills": [...]}. */
@@ -480,7 +547,10 @@ void server__answer(server_t *srv, h2o_req_t *req, const struct server_plan *pl)
   case SERVER_OP_INDEX: index_page(srv, req); break;
   case SERVER_OP_METRICS: metrics(srv, req); break;
   case SERVER_OP_LIST_RUNS: list_runs(srv, req, pl); break;
-  case SERVER_OP_GET_RUN: get_run(srv, req, pl->id); break;
+  case SERVER_OP_GET_RUN:
+    if (pl->wait_ms > 0 && !srv->stopping) attach(srv, req, pl);
+    else get_run(srv, req, pl->id);
+    break;
   case SERVER_OP_LIST_SKILLS: list_skills(srv, req); break;
   case SERVER_OP_GET_SKILL: get_skill(srv, req, pl->id); break;
   case SERVER_OP_GET_VERSION: get_version(srv, req, pl->id); break;
@@ -496,7 +566,13 @@ void server__pending_fail_all(server_t *srv, int status, const char *code, const
   }
 }
 
-/* See server_int.h. */
+/* See server_int.h: watches still registered go first (the scheduler is
+** still there). */
 void server__pending_free_all(server_t *srv) {
-  while (srv->pending) pending_free(srv->pending);
+  while (srv->pending) {
+    struct pending *p = srv->pending;
+    if (p->watch) sched_unwatch(srv->en->sched, p->watch);
+    p->watch = NULL;
+    pending_free(p);
+  }
 }

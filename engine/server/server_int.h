@@ -26,6 +26,7 @@ struct server {
   uv_tcp_t *listener;       /* malloc'd: freed by its close callback */
   uv_timer_t grace;
   int grace_open, stopping;
+  int ready, accept_waiting; /* server_ready called; a connection waits for it */
   struct conn *conns;
   size_t nconns;
   struct pending *pending;
@@ -63,6 +64,10 @@ void server__answer(server_t *srv, h2o_req_t *req, const struct server_plan *pl)
 /* Answer every request still waiting on the scheduler with an error (the
 ** grace period at shutdown is over); their records stay until freed. */
 void server__pending_fail_all(server_t *srv, int status, const char *code, const char *message);
+
+/* Answer every attached client (GET /v1/runs/{id}?wait=) at once with a
+** 503 it can retry: the server is stopping. */
+void server__attach_stop(server_t *srv);
 
 /* Free every pending record (after the loop ended: no callback can fire). */
 void server__pending_free_all(server_t *srv);

@@ -8,7 +8,7 @@
 **   /                              GET              INDEX
 **   /metrics                       GET              METRICS
 **   /v1/runs                       GET              LIST_RUNS
-**   /v1/runs/{id}                  GET              GET_RUN
+**   /v1/runs/{id}[?wait=SECONDS]   GET              GET_RUN (wait: attach)
 **   /v1/runs/{id}/cancel           POST             CANCEL
 **   /v1/runs/{id}/rerun            POST             RERUN
 **   /v1/events                     POST             EVENTS
@@ -470,10 +470,10 @@ static int route_events(const char *body, size_t blen, const struct server_limit
   return 0;
 }
 
-/* POST /v1/skills/{id}/invoke: {data, wait?}; an empty body is {}. */
+/* POST /v1/skills/{id}/invoke: {data, key?, wait?}; an empty body is {}. */
 static int route_invoke(const char *body, size_t blen, const struct server_limits *lim,
                         struct server_plan *p, int *status, err_t *e) {
-  static const char *const keys[] = {"data", "wait", NULL};
+  static const char *const keys[] = {"data", "key", "wait", NULL};
   if (only_space(body, blen)) {
     p->data = strdup("null");
     return p->data ? 0 : fail(status, 500, e, ERR_NOMEM, "out of memory");
@@ -482,11 +482,20 @@ static int route_invoke(const char *body, size_t blen, const struct server_limit
   if (parse_json(body, blen, &v, status, e)) return e->code;
   int rc = 0;
   if (!cJSON_IsObject(v)) {
-    rc = fail(status, 400, e, ERR_INVALID, "expected an object {data, wait?}, got %s",
+    rc = fail(status, 400, e, ERR_INVALID, "expected an object {data, key?, wait?}, got %s",
               json_type(v));
-  } else if (!(rc = check_keys(v, keys, "", "invoke takes data and wait", status, e))) {
+  } else if (!(rc = check_keys(v, keys, "", "invoke takes data, key and wait", status, e))) {
+    cJSON *k = cJSON_GetObjectItemCaseSensitive(v, "key");
+    if (!check_name(k, 1, SERVER_NAME_MAX))
+      rc = fail(status, 400, e, ERR_INVALID,
+                "key (the idempotency key) must be a non-empty string of at most %d bytes",
+                SERVER_NAME_MAX);
+    else if (cJSON_IsString(k))
+      memcpy(p->key, k->valuestring, strlen(k->valuestring) + 1);
     cJSON *w = cJSON_GetObjectItemCaseSensitive(v, "wait");
-    if (!w || cJSON_IsNull(w) || cJSON_IsFalse(w)) p->wait_ms = 0;
+    if (rc) {
+      /* the key was refused */
+    } else if (!w || cJSON_IsNull(w) || cJSON_IsFalse(w)) p->wait_ms = 0;
     else if (cJSON_IsTrue(w)) p->wait_ms = SERVER_WAIT_DEFAULT_MS;
     else if (cJSON_IsNumber(w) && isfinite(w->valuedouble) && w->valuedouble >= 0 &&
              w->valuedouble <= SERVER_WAIT_MAX_MS / 1000)
@@ -599,6 +608,40 @@ static int route_list(const char *q, size_t qlen, int64_t now_ms, struct server_
   }
   /* One more than asked: whether it comes back says if there is a next page. */
   p->filter.limit = p->limit + 1;
+  return 0;
+}
+
+/* ---- GET /v1/runs/{id} query ------------------------------------------ */
+
+/* The only parameter: wait, seconds from 0 to 300 (attach: answer once
+** the run has ended, or when the wait runs out). */
+static int route_run_wait(const char *q, size_t qlen, struct server_plan *p, int *status,
+                          err_t *e) {
+  size_t i = 0;
+  while (i < qlen) {
+    size_t j, eq;
+    split_param(q, qlen, i, &j, &eq);
+    char shown[80], val[32];
+    printable(shown, sizeof shown, q + i, eq - i);
+    if (j == i) {
+      i = j + 1;
+      continue;
+    }
+    if (eq - i != 4 || memcmp(q + i, "wait", 4))
+      return fail(status, 400, e, ERR_INVALID, "unknown parameter '%s' (GET /v1/runs/{id} "
+                  "takes only wait)", shown);
+    long vl = eq < j ? pct_decode(q + eq + 1, j - eq - 1, val, sizeof val, 1) : 0;
+    char *end = NULL;
+    double secs = vl > 0 ? strtod(val, &end) : -1;
+    if (vl <= 0 || !end || *end || !isfinite(secs) || secs < 0 ||
+        secs > SERVER_WAIT_MAX_MS / 1000) {
+      printable(shown, sizeof shown, q + eq + 1, eq < j ? j - eq - 1 : 0);
+      return fail(status, 400, e, ERR_INVALID, "wait must be a number of seconds from 0 to %d, "
+                  "got '%s'", SERVER_WAIT_MAX_MS / 1000, shown);
+    }
+    p->wait_ms = (int64_t)llround(secs * 1000);
+    i = j + 1;
+  }
   return 0;
 }
 
@@ -817,6 +860,7 @@ int server_route(const char *method, size_t mlen, const char *target, size_t tle
   int rc = 0;
   switch (op) {
   case SERVER_OP_LIST_RUNS: rc = route_list(q, qlen, now_ms, p, status, e); break;
+  case SERVER_OP_GET_RUN: rc = route_run_wait(q, qlen, p, status, e); break;
   case SERVER_OP_EVENTS: rc = route_events(body, blen, lim, p, status, e); break;
   case SERVER_OP_INVOKE: rc = route_invoke(body, blen, lim, p, status, e); break;
   case SERVER_OP_PUT_SKILL:

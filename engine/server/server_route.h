@@ -29,7 +29,7 @@
 #define SERVER_NAME_MAX 256                /* event names and idempotency keys */
 #define SERVER_EVENTS_MAX 10000            /* events in one POST /v1/events */
 #define SERVER_WAIT_DEFAULT_MS 30000       /* invoke {"wait": true} */
-#define SERVER_WAIT_MAX_MS 300000          /* invoke {"wait": 300} at most */
+#define SERVER_WAIT_MAX_MS 300000          /* invoke {"wait": 300}, GET /v1/runs/{id}?wait=300 at most */
 #define SERVER_LIST_DEFAULT 100            /* GET /v1/runs without limit */
 #define SERVER_LIST_MAX 1000
 #define SERVER_FILE_MAX 1024               /* PUT/DELETE /v1/skills/{id}?file= */
@@ -39,7 +39,7 @@ enum server_op {
   SERVER_OP_INDEX,       /* GET / */
   SERVER_OP_METRICS,     /* GET /metrics */
   SERVER_OP_LIST_RUNS,   /* GET /v1/runs */
-  SERVER_OP_GET_RUN,     /* GET /v1/runs/{id} */
+  SERVER_OP_GET_RUN,     /* GET /v1/runs/{id}[?wait=SECONDS] */
   SERVER_OP_CANCEL,      /* POST /v1/runs/{id}/cancel */
   SERVER_OP_RERUN,       /* POST /v1/runs/{id}/rerun */
   SERVER_OP_EVENTS,      /* POST /v1/events */
@@ -73,7 +73,8 @@ struct server_plan {
   cJSON *events;                   /* EVENTS: a JSON array of {name, data, id?} (owned) */
   int nevents;
   char *data;                      /* INVOKE: the input as JSON text (owned) */
-  int64_t wait_ms;                 /* INVOKE: 0 answers once queued */
+  int64_t wait_ms;                 /* INVOKE: 0 answers once queued; GET_RUN: ?wait= (attach) */
+  char key[SERVER_NAME_MAX + 1];   /* INVOKE: the idempotency key, "" when none */
   const char *source;              /* PUT_SKILL: the Lua source (the body) */
   size_t source_len;
   char file[SERVER_FILE_MAX + 1];  /* PUT_SKILL, DELETE_SKILL: ?file=, "" when absent */

@@ -13,11 +13,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A run, as the runs table holds it. Strings may be NULL; JSON fields hold JSON text. */
+/* A run, as the runs table holds it. Strings may be NULL; JSON fields hold JSON text.
+** idem: the caller's idempotency key (invoke's key), unique per skill: a
+** new run with a key its skill already has is not created; the entry's
+** result is then the first run's id. */
 struct run_row {
   const char *id, *skill, *version, *status, *entry, *trigger, *parent_id;
   const char *input, *output, *error, *owner;
   int64_t created_at, started_at, ended_at, deadline_at, wake_at;
+  const char *idem;
 };
 
 /* A change of a run's status. NULL output/error and 0 times leave the

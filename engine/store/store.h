@@ -23,6 +23,7 @@
 
 #include <cJSON.h>
 
+#include "base/buf.h"
 #include "base/err.h"
 #include "store/journal.h"
 
@@ -95,6 +96,25 @@ int store_prune(store_t *s, int64_t before, int64_t *runs, int64_t *events, err_
 /* The run record of DESIGN (with steps, attempts and logs when with_steps). */
 int store_get_run(store_t *s, const char *id, int with_steps, cJSON **out, err_t *e);
 
+/* The same record as JSON text, appended to out: what the API answers,
+** written from the rows without a tree (store_get_run parses it). Strings
+** are valid UTF-8 (bytes that are not show as U+FFFD); on failure out is
+** as it was. ERR_NOTFOUND for an unknown run. */
+int store_run_json(store_t *s, const char *id, int with_steps, buf_t *out, err_t *e);
+
+/* A run's status into status (n bytes); ERR_NOTFOUND for an unknown run. */
+int store_run_status(store_t *s, const char *id, char *status, size_t n, err_t *e);
+
+/* Which of the runs ids_json names (a JSON array of run ids) have ended
+** (completed, failed, cancelled): cb(arg, id) for each, in one indexed
+** query. Returns how many, or a negative code. */
+int store_runs_ended(store_t *s, const char *ids_json, void (*cb)(void *arg, const char *id),
+                     void *arg, err_t *e);
+
+/* A registered skill's live version (the hash) into version (n bytes):
+** ERR_NOTFOUND for an unknown skill, or one with no live version. */
+int store_live_version(store_t *s, const char *skill, char *version, size_t n, err_t *e);
+
 /* One step as the journal holds it, for replay: the steps of a run in
 ** order. *out is an array of objects {seq, id, kind, status, output (JSON
 ** text), error, attempts, started_at, ended_at, wake_at, retry_at}. */
@@ -109,6 +129,12 @@ struct run_filter {
 
 /* Runs matching f, newest first, as run records without steps. */
 int store_list_runs(store_t *s, const struct run_filter *f, cJSON **out, err_t *e);
+
+/* The same list as a JSON array, appended to out (store_list_runs parses
+** it). With next (nnext bytes): when more runs match past f's limit, the
+** id of the last run written (the next page starts below it), else "". */
+int store_list_runs_json(store_t *s, const struct run_filter *f, buf_t *out, char *next,
+                         size_t nnext, err_t *e);
 
 /* How many runs match f (its limit and paging are ignored). */
 int store_count_runs(store_t *s, const struct run_filter *f, int64_t *n, err_t *e);

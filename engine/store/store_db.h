@@ -32,6 +32,8 @@ enum {
   " created_at, started_at, ended_at, deadline_at, wake_at, owner"
 
 #define STORE_CACHED_STMTS 32
+#define STORE_RCACHED_STMTS 32
+#define STORE_FILTER_SHAPES 128 /* a run filter's seven optional conditions */
 
 struct store {
   sqlite3 *w, *r;
@@ -39,12 +41,24 @@ struct store {
   sqlite3_stmt *fs[STORE_FLOW_STMTS]; /* store_flow.c's, prepared on first use */
   /* the writer's statements from static SQL texts, by the text's address */
   struct { const char *sql; sqlite3_stmt *st; } cache[STORE_CACHED_STMTS];
+  /* the reader's, likewise (store_read.c), and its run list and count
+  ** statements by filter shape */
+  struct { const char *sql; sqlite3_stmt *st; } rcache[STORE_RCACHED_STMTS];
+  sqlite3_stmt *rfilter[2][STORE_FILTER_SHAPES];
+  buf_t scratch; /* the reader's, reused: a record's run-level logs */
   char *path;
 };
 
 /* The writer's prepared statement for a static SQL text (its address is
 ** the key), reset and ready to bind; prepared on first use. */
 sqlite3_stmt *store__cached(store_t *s, const char *sql, err_t *e);
+
+/* The reader's prepared statement for a static SQL text, bindings
+** cleared; prepared on first use. Reset it once read (store_read.c's
+** done()): a statement left open keeps its read transaction. */
+sqlite3_stmt *store__rcached(store_t *s, const char *sql, err_t *e);
+/* Finalize the reader's cached statements. */
+void store__read_close(store_t *s);
 
 #define store_db_err store__db_err
 int store__db_err(err_t *e, sqlite3 *db, const char *what);
@@ -63,6 +77,8 @@ int store__exec_bound(store_t *s, const char *const *sql, size_t n, const char *
                       const char *what, err_t *e);
 /* Insert a run row inside the open transaction (what names it in an error). */
 int store__put_run(store_t *s, const struct run_row *r, const char *what, err_t *e);
+/* J_RUN_NEW with an idempotency key (store_flow.c). */
+int store__put_keyed_run(store_t *s, const struct jentry *je, err_t *e);
 /* Whether a lease row (owner, host, pid, pid_start, expires_at) is dead. */
 int store__lease_dead(sqlite3_stmt *st, const char *host, int64_t now);
 /* Write one of store_flow.c's entries inside the open transaction. */

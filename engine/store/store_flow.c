@@ -27,7 +27,7 @@ enum {
   F_EVENT_INSERT, F_EVENT_BY_IDEM, F_WAIT_GET, F_WAIT_UPDATE, F_WAIT_INSERT, F_EVENTS_SINCE,
   F_DELIVERY_INSERT, F_WAIT_DELETE, F_CHILD_DONE, F_RUN_OUTCOME, F_CANCEL_FLAG,
   F_SLOT_HELD, F_SLOT_COUNT, F_SLOT_AHEAD, F_SLOT_QUEUE_SINCE, F_SLOT_INSERT, F_SLOT_QUEUE_DEL,
-  F_SLOT_QUEUE_INSERT, F_SLOT_RELEASE, F_CRON_GET, F_CRON_SET,
+  F_SLOT_QUEUE_INSERT, F_SLOT_RELEASE, F_CRON_GET, F_CRON_SET, F_RUN_BY_IDEM, F_RUN_SET_IDEM,
   F_COUNT
 };
 
@@ -63,6 +63,8 @@ static const char *const fsql[F_COUNT] = {
   [F_CRON_GET] = "SELECT last_tick FROM cron_state WHERE skill = ?1 AND spec = ?2",
   [F_CRON_SET] = "INSERT INTO cron_state(skill, spec, last_tick) VALUES(?1,?2,?3)"
                  " ON CONFLICT(skill, spec) DO UPDATE SET last_tick = ?3",
+  [F_RUN_BY_IDEM] = "SELECT id FROM runs WHERE skill = ?1 AND idem = ?2",
+  [F_RUN_SET_IDEM] = "UPDATE runs SET idem = ?2 WHERE id = ?1",
 };
 
 /* The statement f of the writer, prepared on first use. */
@@ -144,6 +146,33 @@ static int write_event(store_t *s, const struct jentry *je, err_t *e) {
     journal_set_result(je, strdup(ev->id));
   }
   return 0;
+}
+
+/* See store_db.h: J_RUN_NEW with a key. The first run of (skill, key)
+** wins: a repeat writes nothing and its result is the first run's id. The
+** look-up and the insert are in one write transaction, and the unique
+** index runs_idem stands behind them. */
+int store__put_keyed_run(store_t *s, const struct jentry *je, err_t *e) {
+  const struct run_row *r = &je->u.run;
+  sqlite3_stmt *q = fst(s, F_RUN_BY_IDEM, e);
+  if (!q) return e->code;
+  store__bind_text(q, 1, r->skill);
+  store__bind_text(q, 2, r->idem);
+  int rc = sqlite3_step(q);
+  char *first = rc == SQLITE_ROW ? store__col_dup(q, 0) : NULL;
+  sqlite3_reset(q);
+  sqlite3_clear_bindings(q);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return store__db_err(e, s->w, "looking up a key");
+  if (first) {
+    journal_set_result(je, first);
+    return 0;
+  }
+  if (store__put_run(s, r, "creating a run", e)) return e->code;
+  sqlite3_stmt *st = fst(s, F_RUN_SET_IDEM, e);
+  if (!st) return e->code;
+  store__bind_text(st, 1, r->id);
+  store__bind_text(st, 2, r->idem);
+  return store__step(s, st, e, "keeping a run's key");
 }
 
 /* Insert a wait row; result (may be NULL) delivered now. */

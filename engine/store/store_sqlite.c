@@ -11,7 +11,8 @@
 **   skills   (id) -> live version, file, description, triggers, last error
 **   versions (version) -> skill, source, file: every source ever loaded
 **   runs     (id) -> skill, version, status, trigger, input, output, error,
-**            times, owner (the lease holding it while unfinished)
+**            times, owner (the lease holding it while unfinished), idem
+**            (invoke's key: unique per skill)
 **   steps    (run_id, seq) -> id, kind, status, output, attempts, times
 **   attempts (run_id, seq, n) -> failed attempts with error and traceback
 **   logs     run_id, seq, ts, level, msg
@@ -118,6 +119,10 @@ static const char *const migrations[] = {
   "CREATE TABLE cron_state("
   "  skill TEXT NOT NULL, spec TEXT NOT NULL, last_tick INTEGER NOT NULL,"
   "  PRIMARY KEY(skill, spec)) WITHOUT ROWID;",
+  /* 3: idempotent starts: invoke's key, unique per skill, kept with its
+  ** run (and pruned with it) */
+  "ALTER TABLE runs ADD COLUMN idem TEXT;"
+  "CREATE UNIQUE INDEX runs_idem ON runs(skill, idem) WHERE idem IS NOT NULL;",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -278,6 +283,14 @@ static int use_wal(sqlite3 *db, err_t *e) {
 /* See store.h: the writer first (WAL, durability, migrations, its
 ** statements), then the reader. */
 int store_open(const char *path, enum store_durability d, store_t **out, err_t *e) {
+  /* SQLite's memory statistics take a global mutex on every allocation,
+  ** which the loop and commit threads would contend for; nothing reads
+  ** them. Only possible before SQLite initializes (later: a no-op). */
+  static int configured;
+  if (!configured) {
+    configured = 1;
+    sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
+  }
   store_t *s = calloc(1, sizeof *s);
   if (!s) return err_set(e, ERR_NOMEM, "out of memory");
   s->path = strdup(path);
@@ -313,6 +326,7 @@ void store_close(store_t *s) {
   for (int i = 0; i < W_COUNT; i++) sqlite3_finalize(s->ws[i]);
   store__flow_close(s);
   for (int i = 0; i < STORE_CACHED_STMTS; i++) sqlite3_finalize(s->cache[i].st);
+  store__read_close(s);
   sqlite3_close(s->w);
   sqlite3_close(s->r);
   free(s->path);
@@ -420,6 +434,7 @@ static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
   sqlite3_stmt *st;
   switch (je->kind) {
   case J_RUN_NEW:
+    if (je->u.run.idem) return store__put_keyed_run(s, je, e);
     return store__put_run(s, &je->u.run, "creating a run", e);
   case J_RUN_SET: {
     const struct run_set *r = &je->u.set;
@@ -641,6 +656,7 @@ static void row_from_stmt(sqlite3_stmt *st, struct run_row *r) {
   r->deadline_at = sqlite3_column_int64(st, 13);
   r->wake_at = sqlite3_column_int64(st, 14);
   r->owner = store__col_dup(st, 15);
+  r->idem = NULL;
 }
 
 /* See store.h. */

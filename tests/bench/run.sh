@@ -14,6 +14,8 @@ echo "== HTTP: events accepted per second"
 sh "$top/tests/bench/http_events.sh"
 echo "== HTTP: invoke with wait"
 sh "$top/tests/bench/http_invoke.sh"
+echo "== the client path: reads, starts, attach (BASE=commit: before and after)"
+sh "$top/tests/bench/client_path.sh"
 for extra in "$top"/tests/bench/sandbox_*.sh "$top"/tests/bench/bench_sidecar*.sh; do
   [ -f "$extra" ] || continue
   echo "== $(basename "$extra" .sh)"

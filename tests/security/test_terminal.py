@@ -29,8 +29,9 @@ P = ("[\x1b]0;owned\x07|\x1b]52;c;cHduZWQ=\x07|\x1b[2J|\rforged|\x7f|\u009b|\udc
 # Printed escaped (the lone 0x9b byte as \x9b, U+009B as \u009b).
 SHOWN = (r"[\x1b]0;owned\x07|\x1b]52;c;cHduZWQ=\x07|\x1b[2J|\x0dforged|\x7f|\u009b|\x9b|"
          r"\u202e|\u2067|\u200f|\u061c|\x1b]8;;http://x\x07link\x1b]8;;\x07]")
-# What went through JSON (the HTTP API, a stored output) lost the lone byte:
-# JSON cannot hold it, and the API shows it as U+FFFD (docs/api.md).
+# What went through JSON (the HTTP API, a stored output, a run record read
+# back from the store in either mode) lost the lone byte: JSON cannot hold
+# it, and the store's record writer shows it as U+FFFD (docs/api.md).
 SHOWN_API = SHOWN.replace(r"\x9b", "\ufffd")
 # Inside JSON text the C0 escapes are JSON's own, and the lone byte is U+FFFD.
 SHOWN_JSON = r"[\u001b]0;owned\u0007|\u001b]52;c;cHduZWQ=\u0007|\u001b[2J|\rforged|\u007f|\u009b|"
@@ -112,7 +113,7 @@ class TerminalOutputTest(unittest.TestCase):
                 r = self.ml("trace", self.ok_id, *where)
                 self.assertEqual(r.returncode, 0, r.stderr)
                 # Event name and key, run log, step id, step log, step output, run output.
-                shown = SHOWN_API if where else SHOWN
+                shown = SHOWN_API
                 self.assert_safe("trace", r.stdout, (
                     "event ev" + shown, "run log " + shown, "step" + shown,
                     "step log " + shown, SHOWN_JSON))
@@ -172,7 +173,7 @@ class TerminalOutputTest(unittest.TestCase):
             'trace("%s")' % self.ok_id,
         ]) + "\n"
         r = self.ml("repl", "--workspace", "skills", input=lines.encode())
-        self.assert_safe("repl (stdout)", r.stdout, ("print " + SHOWN, "run log " + SHOWN,
+        self.assert_safe("repl (stdout)", r.stdout, ("print " + SHOWN, "run log " + SHOWN_API,
                                                       r'"about [\027]0;owned\007|'))
         self.assert_safe("repl (stderr)", r.stderr, ("raised " + SHOWN, "step" + SHOWN))
 

@@ -3,6 +3,7 @@
 #include <lauxlib.h>
 #include <lualib.h>
 
+#include "base/jsontext.h"
 #include "lua/json.h"
 #include "test.h"
 
@@ -616,7 +617,34 @@ TEST(c_open_sets_no_global) {
   lua_close(L);
 }
 
+/* The JSON writer behind run records (jsontext_put_*): escaping as cJSON
+** does, bytes that are not UTF-8 shown as U+FFFD, JSON text embedded as it
+** is, text that is not JSON written as a string. */
+TEST(jsontext_writer) {
+  buf_t b = BUF_INIT;
+  jsontext_put_string(&b, "a\"b\\c\n\x01/\xc3\xa9", 10);
+  CHECK_STR_EQ(buf_str(&b), "\"a\\\"b\\\\c\\n\\u0001/\xc3\xa9\"");
+  buf_reset(&b);
+  jsontext_put_string(&b, "x\xffy", 3);
+  CHECK_STR_EQ(buf_str(&b), "\"x\xef\xbf\xbdy\"");
+  buf_reset(&b);
+  jsontext_put_value(&b, " {\"a\": [1, 2]} ", 15);
+  CHECK_STR_EQ(buf_str(&b), "{\"a\": [1, 2]}");
+  buf_reset(&b);
+  jsontext_put_value(&b, "plain words", 11);
+  CHECK_STR_EQ(buf_str(&b), "\"plain words\"");
+  buf_reset(&b);
+  jsontext_put_value(&b, "{\"a\":\"\xff\"}", 9);
+  CHECK_STR_EQ(buf_str(&b), "{\"a\":\"\xef\xbf\xbd\"}");
+  buf_reset(&b);
+  jsontext_put_value(&b, NULL, 0);
+  jsontext_put_int(&b, -1234567890123LL);
+  CHECK_STR_EQ(buf_str(&b), "null-1234567890123");
+  buf_free(&b);
+}
+
 int main(void) {
+  RUN(jsontext_writer);
   RUN(encode_scalars);
   RUN(encode_numbers_are_exact);
   RUN(encode_large_integers);

@@ -2,6 +2,8 @@
 #include "base/units.h"
 #include "test.h"
 
+#include <time.h>
+
 static int64_t dur(const char *s) {
   int64_t ms = -1;
   err_t e;
@@ -58,6 +60,37 @@ TEST(rfc3339_round_trip) {
   CHECK_CONTAINS(e.msg, "yesterday");
 }
 
+/* units_rfc3339 computes the date itself (and keeps the last second):
+** it must agree with gmtime over the years it handles, whatever the order
+** of the times it is given. */
+TEST(rfc3339_agrees_with_gmtime) {
+  char a[40], b[80];
+  int64_t ms = -86400000LL * 400;
+  uint64_t x = 88172645463325252ULL;
+  for (int i = 0; i < 200000; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    /* Neighbours (the same second, the next one) and far jumps, 0 to 9999. */
+    ms = i % 3 ? ms + (int64_t)(x % 2500) : (int64_t)(x % 253402300800000ULL);
+    if (ms > 253402300799999LL) ms = 0;
+    units_rfc3339(ms, a, sizeof a);
+    time_t t = (time_t)(ms / 1000);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    snprintf(b, sizeof b, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+             tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(ms % 1000));
+    if (strcmp(a, b)) {
+      CHECK_STR_EQ(a, b);
+      break;
+    }
+  }
+  units_rfc3339(951782400000LL, a, sizeof a); /* a leap day */
+  CHECK_STR_EQ(a, "2000-02-29T00:00:00.000Z");
+  units_rfc3339(951782400999LL, a, sizeof a); /* the same second again */
+  CHECK_STR_EQ(a, "2000-02-29T00:00:00.999Z");
+  units_rfc3339(-1, a, sizeof a);
+  CHECK_STR_EQ(a, "1969-12-31T23:59:59.999Z");
+}
+
 TEST(format_duration) {
   char s[32];
   units_fmt_duration(850, s, sizeof s);
@@ -73,6 +106,7 @@ int main(void) {
   RUN(bad_durations_name_the_problem);
   RUN(sizes);
   RUN(rfc3339_round_trip);
+  RUN(rfc3339_agrees_with_gmtime);
   RUN(format_duration);
   return test_summary();
 }
