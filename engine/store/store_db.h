@@ -33,6 +33,13 @@ enum {
 
 #define STORE_CACHED_STMTS 32
 
+/* The summary of a run's steps kept on an ended run (steps, failed_steps,
+** retries, tokens): a SELECT whose text ends where the run's id goes. */
+#define STORE_STEP_SUMMARY \
+  "SELECT count(*), coalesce(sum(status = 'failed'), 0), coalesce(sum(max(attempts - 1, 0)), 0)," \
+  " coalesce(sum(CASE WHEN json_valid(usage) THEN json_extract(usage, '$.total_tokens') END), 0)" \
+  " FROM steps WHERE run_id = "
+
 struct store {
   sqlite3 *w, *r;
   sqlite3_stmt *ws[W_COUNT];
@@ -70,8 +77,10 @@ int store__write_flow(store_t *s, const struct jentry *je, err_t *e);
 /* SKILL_ERROR and SKILL_REMOVE changes to the registry. */
 int store__skill_change(store_t *s, const struct skill_row *r, err_t *e);
 /* A run ended with status: drop its waits, slots and queue places; unless
-** it completed, end its steps still open. */
+** it completed, end its steps still open; keep the summary of its steps. */
 int store__run_ended(store_t *s, const char *run_id, const char *status, err_t *e);
+/* store_stats.c, for tests: read the steps of every n-th run (n > 0), not a sample. */
+extern int store__stats_steps_mode;
 /* Finalize store_flow.c's statements. */
 void store__flow_close(store_t *s);
 

@@ -11,7 +11,8 @@
 **   skills   (id) -> live version, file, description, triggers, last error
 **   versions (version) -> skill, source, file: every source ever loaded
 **   runs     (id) -> skill, version, status, trigger, input, output, error,
-**            times, owner (the lease holding it while unfinished)
+**            times, owner (the lease holding it while unfinished); once
+**            ended, a summary of its steps (steps, failed_steps, retries, tokens)
 **   steps    (run_id, seq) -> id, kind, status, output, attempts, times
 **   attempts (run_id, seq, n) -> failed attempts with error and traceback
 **   logs     run_id, seq, ts, level, msg
@@ -22,6 +23,10 @@
 **   slots, slot_queue: concurrency slots held, and runs queued for them
 **   cron_state (skill, spec) -> the last tick fired
 **   leases   (owner) -> kind, host, pid, expires_at
+**
+** Indexes for reading history: runs_stats (runs by skill and time,
+** store_stats.c) and runs_event (runs by the id of the event that started
+** them).
 **
 ** A run is owned by at most one live lease. Finished runs have no owner.
 ** Claiming work takes unowned unfinished runs; reaping clears the owner of
@@ -118,6 +123,25 @@ static const char *const migrations[] = {
   "CREATE TABLE cron_state("
   "  skill TEXT NOT NULL, spec TEXT NOT NULL, last_tick INTEGER NOT NULL,"
   "  PRIMARY KEY(skill, spec)) WITHOUT ROWID;",
+  /* 3: health figures (store_stats.c). An ended run keeps a summary of
+  ** its steps (count, failed, retries after the first attempt, LLM tokens),
+  ** written when it ends (store__run_ended) and filled here for the runs
+  ** that ended before. runs_stats covers every column the figures read,
+  ** by skill, status and creation time (status before time: a window's
+  ** runs are counted by status without reading their entries). runs_event
+  ** finds the runs an event started (LIKE guards json_valid: a trigger
+  ** that is not JSON never fails an insert). */
+  "ALTER TABLE runs ADD COLUMN steps INTEGER;"
+  "ALTER TABLE runs ADD COLUMN failed_steps INTEGER;"
+  "ALTER TABLE runs ADD COLUMN retries INTEGER;"
+  "ALTER TABLE runs ADD COLUMN tokens INTEGER;"
+  "UPDATE runs SET (steps, failed_steps, retries, tokens) = (" STORE_STEP_SUMMARY "runs.id)"
+  "  WHERE status IN ('completed','failed','cancelled');"
+  "CREATE INDEX runs_stats ON runs(skill, status, created_at, started_at, ended_at,"
+  "  steps, failed_steps, retries, tokens, id);"
+  "CREATE INDEX runs_event ON runs("
+  "  CASE WHEN json_valid(trigger) THEN json_extract(trigger, '$.event.id') END)"
+  "  WHERE trigger LIKE '{\"kind\":\"event\"%';",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -300,6 +324,9 @@ int store_open(const char *path, enum store_durability d, store_t **out, err_t *
       goto fail;
     }
   if (open_conn(path, &s->r, e)) goto fail;
+  /* The reader maps the file instead of copying pages into its cache:
+  ** history reads (stats over a million runs) touch many pages once. */
+  store__exec(s->r, "PRAGMA mmap_size=1073741824", NULL);
   *out = s;
   return 0;
 fail:
