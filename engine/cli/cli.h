@@ -20,6 +20,7 @@ struct cli {
   struct config cfg;
   int json, verbose, quiet, wait, follow;
   const char *data, *resume, *id, *skill, *status, *since, *trigger, *limit, *older_than;
+  const char *until, *interval; /* stats */
   int color; /* stdout is a terminal */
 };
 
@@ -36,6 +37,7 @@ int cli_send(struct cli *c);
 int cli_cancel(struct cli *c);
 int cli_rerun(struct cli *c);
 int cli_prune(struct cli *c);
+int cli_stats(struct cli *c); /* cli_stats.c */
 int cli_repl(struct cli *c); /* cli_repl.c */
 
 /* Print "moonloop: message" to stderr and return status. */

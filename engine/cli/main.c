@@ -13,6 +13,7 @@ enum {
   C_RUN = 1 << 0, C_INVOKE = 1 << 1, C_RUNS = 1 << 2, C_TRACE = 1 << 3, C_SKILLS = 1 << 4,
   C_CHECK = 1 << 5, C_SERVE = 1 << 6, C_SEND = 1 << 7, C_CANCEL = 1 << 8, C_RERUN = 1 << 9,
   C_PRUNE = 1 << 10,
+  C_STATS = 1 << 11, /* moonloop stats (cli_stats.c) */
   C_REPL = 1 << 13, /* moonloop repl (cli_repl.c) */
   C_TEST = 1 << 14, /* moonloop test (cli_test.c) */
   C_SIDECAR = 1 << 15, /* moonloop sidecar (cli_sidecar.c) */
@@ -38,6 +39,7 @@ static const struct command commands[] = {
   {"runs", C_RUNS, cli_runs, "runs [--skill ID] [--status S] [--since 7d] [--trigger KIND] [--limit N] [--follow]", 0},
   {"trace", C_TRACE, cli_trace, "trace RUN_ID", 1},
   {"skills", C_SKILLS, cli_skills, "skills", 0},
+  {"stats", C_STATS, cli_stats, "stats [SKILL] [--since 7d] [--until TIME] [--interval 1h]", 1},
   {"check", C_CHECK, cli_check, "check FILE-or-DIR...", -1},
   {"test", C_TEST, cli_test, "test [FILES or DIRS] [--json] [-v]", -1},
   {"serve", C_SERVE, cli_serve, "serve [--workspace DIR] [--listen ADDR]", 0},
@@ -59,8 +61,9 @@ static const struct option options[] = {
   {"verbose", 0, C_ALL}, {"quiet", 0, C_ALL},
   {"data", 1, C_RUN | C_INVOKE | C_SEND}, {"resume", 1, C_RUN}, {"wait", 0, C_INVOKE},
   {"id", 1, C_SEND}, {"older-than", 1, C_PRUNE},
-  {"skill", 1, C_RUNS}, {"status", 1, C_RUNS}, {"since", 1, C_RUNS}, {"trigger", 1, C_RUNS},
+  {"skill", 1, C_RUNS}, {"status", 1, C_RUNS}, {"since", 1, C_RUNS | C_STATS}, {"trigger", 1, C_RUNS},
   {"limit", 1, C_RUNS}, {"follow", 0, C_RUNS},
+  {"until", 1, C_STATS}, {"interval", 1, C_STATS},
   {"workspace", 1, C_SERVE | C_SIDECAR | C_REPL}, {"listen", 1, C_SERVE},
   {NULL, 0, 0},
 };
@@ -221,6 +224,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(name, "trigger")) c.trigger = val;
     else if (!strcmp(name, "limit")) c.limit = val;
     else if (!strcmp(name, "follow")) c.follow = 1;
+    else if (!strcmp(name, "until")) c.until = val;
+    else if (!strcmp(name, "interval")) c.interval = val;
     else if (!strcmp(name, "workspace")) workspace = val;
     else if (!strcmp(name, "listen")) listen = val;
   }
