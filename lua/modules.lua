@@ -193,6 +193,8 @@ local function set_of(list)
   return s
 end
 local LIST_KEY_SET, STATUS_SET, TRIGGER_SET = set_of(LIST_KEYS), set_of(STATUSES), set_of(TRIGGER_KINDS)
+local STATS_KEYS = { "skill", "since", "until", "interval" }
+local STATS_KEY_SET = set_of(STATS_KEYS)
 
 -- How a value shows in a message: a string quoted, a number as itself,
 -- else its type.
@@ -250,6 +252,45 @@ local function make_runs()
     io_allowed("runs.get")
     local js, err = core.runs_get(id)
     if not js then return nil, err end
+    return core.decode(js)
+  end
+  -- runs.stats{skill=, since=, until=, interval=}: the health figures of
+  -- one skill (or of every skill without skill=) over a window, as
+  -- GET /v1/skills/{id}/stats (GET /v1/stats) answers them. A skill that
+  -- is neither registered nor ever ran gives nil, message.
+  function runs.stats(f)
+    f = f or {}
+    if type(f) ~= "table" then
+      user_error("runs.stats expects a table {skill=, since=, until=, interval=}")
+    end
+    for k in pairs(f) do
+      if not STATS_KEY_SET[k] then
+        user_error(("runs.stats: unknown key %s%s; the keys are %s"):format(shown(k),
+          type(k) == "string" and suggest(k, STATS_KEY_SET) or "", concat(STATS_KEYS, ", ")))
+      end
+    end
+    if f.skill ~= nil and type(f.skill) ~= "string" then
+      user_error(("runs.stats: skill must be a string, got %s"):format(type(f.skill)))
+    end
+    io_allowed("runs.stats")
+    local interval = f.interval
+    if type(interval) == "number" then
+      interval = interval * 1000
+    elseif type(interval) == "string" then
+      local ms, err = core.duration(interval)
+      if not ms then user_error("runs.stats: interval: " .. err) end
+      interval = ms
+    elseif interval ~= nil then
+      user_error("runs.stats: interval must be a duration such as \"1h\" or a number of seconds")
+    end
+    if interval ~= nil and interval <= 0 then user_error("runs.stats: interval must be positive") end
+    local js, err, code = core.runs_stats{ skill = f.skill,
+      since = since_ms(f.since == nil and "7d" or f.since, "runs.stats: since"),
+      ["until"] = since_ms(f["until"], "runs.stats: until"), interval = interval }
+    if not js then
+      if code == "not_found" then return nil, err end
+      user_error("runs.stats: " .. err)
+    end
     return core.decode(js)
   end
   return runs
