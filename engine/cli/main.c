@@ -3,6 +3,7 @@
 ** dispatch to a command (cli_*.c).
 */
 #include "cli/cli.h"
+#include "cli/help.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -19,14 +20,6 @@ enum {
   C_SIDECAR = 1 << 15, /* moonloop sidecar (cli_sidecar.c) */
   C_VERSION = 1 << 16, /* moonloop version, moonloop --version (here) */
   C_ALL = 0x1ffff,
-};
-
-struct command {
-  const char *name;
-  int bit;
-  int (*fn)(struct cli *c);
-  const char *usage;
-  int max_args; /* positional arguments it takes at most; -1: any number */
 };
 
 static const struct command commands[] = {
@@ -50,12 +43,6 @@ static const struct command commands[] = {
 };
 
 /* Options: name, whether it takes a value, which commands accept it. */
-struct option {
-  const char *name;
-  int has_arg;
-  int cmds;
-};
-
 static const struct option options[] = {
   {"db", 1, C_ALL}, {"config", 1, C_ALL}, {"server", 1, C_ALL}, {"json", 0, C_ALL},
   {"verbose", 0, C_ALL}, {"quiet", 0, C_ALL},
@@ -108,19 +95,31 @@ static int print_version(const struct cli *c) {
   return EXIT_OK;
 }
 
-/* Print the usage: every command, then the options every command takes. */
-static void usage(FILE *f) {
-  fprintf(f, "usage: moonloop COMMAND [options]\n\ncommands:\n");
-  for (const struct command *c = commands; c->name; c++) fprintf(f, "  moonloop %s\n", c->usage);
-  fprintf(f,
-          "\noptions for every command:\n"
-          "  --db PATH        the database (default ./moonloop.db, or $MOONLOOP_DB)\n"
-          "  --config FILE    the configuration (default ./moonloop.conf.lua if present)\n"
-          "  --server URL     send the command to a running engine ($MOONLOOP_URL)\n"
-          "  --json           machine-readable output\n"
-          "  -v, --verbose    show each step as it completes\n"
-          "  --quiet          no step lines, even on a terminal\n"
-          "  -h, --help       this help, or a command's usage (moonloop COMMAND --help)\n");
+/* The tables, for help.c: --help, the man page and the completions. */
+static const struct help_tables tables = {commands, options, C_ALL, MOONLOOP_VERSION};
+
+/* moonloop help [--man | --completion SHELL]: the usage, the man page, or
+** a completion script (what the build installs). */
+static int help(int argc, char **argv) {
+  if (argc > 2 && !strcmp(argv[2], "--man")) {
+    help_man(stdout, &tables);
+    return EXIT_OK;
+  }
+  if (argc > 2 && !strcmp(argv[2], "--completion")) {
+    if (argc > 3 && !help_completion(stdout, argv[3], &tables)) return EXIT_OK;
+    return cli_fail(EXIT_USAGE, "help --completion: which shell? bash or zsh");
+  }
+  if (argc > 2 && strcmp(argv[2], "--help") && strcmp(argv[2], "-h")) {
+    for (const struct command *k = commands; k->name; k++)
+      if (!strcmp(k->name, argv[2])) {
+        printf("usage: moonloop %s\n", k->usage);
+        return EXIT_OK;
+      }
+    return cli_fail(EXIT_USAGE, "help: unknown argument '%s' (moonloop help [COMMAND | --man | "
+                    "--completion bash|zsh])", argv[2]);
+  }
+  help_usage(stdout, &tables);
+  return EXIT_OK;
 }
 
 /* Parse the arguments, load the configuration, run the command; its
@@ -153,15 +152,14 @@ int main(int argc, char **argv) {
     break;
   }
   if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help"))) {
-    usage(stdout);
     free(pos);
-    return EXIT_OK;
+    return help(argc, argv);
   }
   if (!cmd) {
     int i = 1;
     while (i < argc && argv[i][0] == '-') i++;
     if (i < argc) cli_fail(EXIT_USAGE, "unknown command '%s'", argv[i]);
-    usage(stderr);
+    help_usage(stderr, &tables);
     free(pos);
     return EXIT_USAGE;
   }
