@@ -3,8 +3,11 @@
 ** watches the workspace and hot-loads its skills (the sidecar: sidecar.h),
 ** resumes every unfinished run it can claim, executes queued ones, and
 ** stops cleanly on SIGINT or SIGTERM. "listening on URL" is printed once
-** the workspace's skills are registered.
+** the workspace's skills are registered; then, under a service manager
+** ($NOTIFY_SOCKET: systemd's Type=notify), READY=1 is sent, and STOPPING=1
+** when a signal asks it to stop.
 */
+#include "base/notify.h"
 #include "cli/cli.h"
 #include "core/engine.h"
 #include "server/server.h"
@@ -32,6 +35,8 @@ static void on_signal(uv_signal_t *h, int signum) {
   }
   sv->stopping = 1;
   fprintf(stderr, "moonloop: %s, stopping\n", signum == SIGINT ? "interrupted" : "terminated");
+  err_t ne;
+  if (notify_send("STOPPING=1", &ne)) fprintf(stderr, "moonloop: %s\n", ne.msg);
   /* Still listening for a second signal, without keeping the loop alive. */
   uv_unref((uv_handle_t *)&sv->sigint);
   uv_unref((uv_handle_t *)&sv->sigterm);
@@ -50,6 +55,10 @@ static void on_ready(void *arg, int loaded, int rejected) {
   fprintf(stderr, ")\n");
   fprintf(stderr, "moonloop: listening on %s\n", server_url(sv->srv));
   fflush(stderr);
+  /* The API listens and the workspace is registered: ready. A service
+  ** manager that cannot be told is worth a line, not a stop. */
+  err_t e;
+  if (notify_send("READY=1", &e)) fprintf(stderr, "moonloop: %s\n", e.msg);
 }
 
 int cli_serve(struct cli *c) {
