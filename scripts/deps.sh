@@ -10,6 +10,10 @@ wrk clang libclang-rt-14-dev"
 # Chromium, and Node.js with npm unless a node and an npm are already on the
 # PATH (a machine may have them from elsewhere, such as Node 20).
 pkgs="$pkgs chromium"
+# The install tests (tests/func/test_install.py) and `make deb`: man renders
+# moonloop(1), dpkg-shlibdeps names the package's dependencies, zsh parses
+# the zsh completion.
+pkgs="$pkgs man-db dpkg-dev zsh"
 command -v node >/dev/null 2>&1 || pkgs="$pkgs nodejs"
 command -v npm >/dev/null 2>&1 || pkgs="$pkgs npm"
 [ -n "$MOONLOOP_DEPS_EXTRA" ] && pkgs="$pkgs $MOONLOOP_DEPS_EXTRA"
