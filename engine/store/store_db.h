@@ -34,11 +34,16 @@ enum {
 #define STORE_CACHED_STMTS 32
 
 /* The summary of a run's steps kept on an ended run (steps, failed_steps,
-** retries, tokens): a SELECT whose text ends where the run's id goes. */
-#define STORE_STEP_SUMMARY \
-  "SELECT count(*), coalesce(sum(status = 'failed'), 0), coalesce(sum(max(attempts - 1, 0)), 0)," \
-  " coalesce(sum(CASE WHEN json_valid(usage) THEN json_extract(usage, '$.total_tokens') END), 0)" \
-  " FROM steps WHERE run_id = "
+** retries, tokens), as the four columns of a SELECT over its steps, each
+** NULL unless cond (SQL) holds. */
+#define STORE_STEP_SUMS(cond) \
+  "CASE WHEN " cond " THEN count(*) END," \
+  " CASE WHEN " cond " THEN coalesce(sum(status = 'failed'), 0) END," \
+  " CASE WHEN " cond " THEN coalesce(sum(max(attempts - 1, 0)), 0) END," \
+  " CASE WHEN " cond " THEN coalesce(sum(CASE WHEN usage IS NOT NULL AND json_valid(usage)" \
+  " THEN json_extract(usage, '$.total_tokens') END), 0) END"
+/* The same, unconditional: a SELECT whose text ends where the run's id goes. */
+#define STORE_STEP_SUMMARY "SELECT " STORE_STEP_SUMS("1") " FROM steps WHERE run_id = "
 
 struct store {
   sqlite3 *w, *r;

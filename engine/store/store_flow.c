@@ -493,9 +493,11 @@ int store__run_ended(store_t *s, const char *run_id, const char *status, err_t *
     "UPDATE runs SET (steps, failed_steps, retries, tokens) = (" STORE_STEP_SUMMARY "?1)"
     " WHERE id = ?1",
   };
-  size_t n = status && !strcmp(status, "completed") ? 3 : 4;
-  if (store__exec_bound(s, sql, n, run_id, "cleaning up after a run", e)) return e->code;
-  /* The health figures (store_stats.c) read these, not the steps. */
+  /* A completed run has no open steps, and got its summary with its
+  ** status (W_RUN_SET); the others get it once their steps are ended. */
+  if (status && !strcmp(status, "completed"))
+    return store__exec_bound(s, sql, 3, run_id, "cleaning up after a run", e);
+  if (store__exec_bound(s, sql, 4, run_id, "cleaning up after a run", e)) return e->code;
   return store__exec_bound(s, summary, 1, run_id, "summing up a run's steps", e);
 }
 

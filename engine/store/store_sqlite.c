@@ -24,8 +24,8 @@
 **   cron_state (skill, spec) -> the last tick fired
 **   leases   (owner) -> kind, host, pid, expires_at
 **
-** Indexes for reading history: runs_stats (runs by skill and time,
-** store_stats.c) and runs_event (runs by the id of the event that started
+** Indexes for reading history: runs_ended (ended runs by skill, status
+** and time, store_stats.c) and runs_event (runs by the id of the event that started
 ** them).
 **
 ** A run is owned by at most one live lease. Finished runs have no owner.
@@ -126,9 +126,11 @@ static const char *const migrations[] = {
   /* 3: health figures (store_stats.c). An ended run keeps a summary of
   ** its steps (count, failed, retries after the first attempt, LLM tokens),
   ** written when it ends (store__run_ended) and filled here for the runs
-  ** that ended before. runs_stats covers every column the figures read,
-  ** by skill, status and creation time (status before time: a window's
-  ** runs are counted by status without reading their entries). runs_event
+  ** that ended before. runs_ended covers every column the figures read
+  ** of ended runs, by skill, status and creation time (status before
+  ** time: a window's runs are counted by status without reading their
+  ** entries); partial, so a run's entry is written once, when it ends
+  ** (with its summary), not at every status change. runs_event
   ** finds the runs an event started (LIKE guards json_valid: a trigger
   ** that is not JSON never fails an insert). */
   "ALTER TABLE runs ADD COLUMN steps INTEGER;"
@@ -137,8 +139,9 @@ static const char *const migrations[] = {
   "ALTER TABLE runs ADD COLUMN tokens INTEGER;"
   "UPDATE runs SET (steps, failed_steps, retries, tokens) = (" STORE_STEP_SUMMARY "runs.id)"
   "  WHERE status IN ('completed','failed','cancelled');"
-  "CREATE INDEX runs_stats ON runs(skill, status, created_at, started_at, ended_at,"
-  "  steps, failed_steps, retries, tokens, id);"
+  "CREATE INDEX runs_ended ON runs(skill, status, created_at, started_at, ended_at,"
+  "  steps, failed_steps, retries, tokens, id)"
+  "  WHERE status = 'completed' OR status = 'failed' OR status = 'cancelled';"
   "CREATE INDEX runs_event ON runs("
   "  CASE WHEN json_valid(trigger) THEN json_extract(trigger, '$.event.id') END)"
   "  WHERE trigger LIKE '{\"kind\":\"event\"%';",
@@ -155,10 +158,15 @@ static const char *const wsql[W_COUNT] = {
     "INSERT INTO runs(id, skill, version, status, entry, trigger, parent_id, input, output,"
     " error, created_at, started_at, ended_at, deadline_at, wake_at, owner)"
     " VALUES(?1,?2,?3,?4,COALESCE(?5,'run'),?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)",
+  /* A run that completes gets the summary of its steps (store_stats.c
+  ** reads it) in the same write; a failed or cancelled one gets it from
+  ** store__run_ended, once its open steps are ended too. */
   [W_RUN_SET] =
     "UPDATE runs SET status = ?2, output = COALESCE(?3, output), error = COALESCE(?4, error),"
     " started_at = COALESCE(?5, started_at), ended_at = COALESCE(?6, ended_at), wake_at = ?7,"
-    " owner = CASE WHEN ?2 IN ('completed','failed','cancelled') THEN NULL ELSE owner END"
+    " owner = CASE WHEN ?2 IN ('completed','failed','cancelled') THEN NULL ELSE owner END,"
+    " (steps, failed_steps, retries, tokens) = (SELECT " STORE_STEP_SUMS("?2 = 'completed'")
+    " FROM steps WHERE run_id = ?1 AND ?2 = 'completed')"
     " WHERE id = ?1",
   [W_STEP] =
     "INSERT OR REPLACE INTO steps(run_id, seq, id, kind, status, output, error, usage, attempts,"

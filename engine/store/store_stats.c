@@ -10,20 +10,25 @@
 **
 ** Where each figure comes from, and why it stays fast over a million runs:
 **
-**   runs        runs_stats, an index on (skill, status, created_at,
-**               started_at, ended_at, steps, failed_steps, retries, tokens,
-**               id): one range of it per skill, status and window, never the
-**               table. The overview's window before is only counted, range
-**               by range, without reading an entry.
+**   runs        ended runs: runs_ended, a partial index on (skill, status,
+**               created_at, started_at, ended_at, steps, failed_steps,
+**               retries, tokens, id) over ended runs only: one range of it
+**               per skill, status and window, never the table; partial, so
+**               a run's entry is written once, when it ends. The runs not
+**               ended yet: runs_status (status, id) from the window's
+**               first ULID on, for every skill at once in the overview. The overview's window before is
+**               only counted, range by range, without reading an entry.
 **               Counts by outcome, failure rate (failed among completed and
 **               failed: a cancelled run is no failure, an unfinished one has
 **               no outcome yet), run duration (started_at to ended_at of
 **               ended runs), queue wait (created_at to started_at: 0 for a
 **               run that starts at once; it grows once runs wait for a slot
 **               or a throttle).
-**   step sums   an ended run's summary of its steps (written when it ends:
-**               store__run_ended): steps, failed steps, retries (attempts
-**               after the first), LLM tokens. Exact, per interval and over
+**   step sums   an ended run's summary of its steps (written with its
+**               ending status, in the same write: store_sqlite.c's
+**               W_RUN_SET, or store__run_ended for a failed or cancelled
+**               run): steps, failed steps, retries (attempts after the
+**               first), LLM tokens. Exact, per interval and over
 **               the window, without reading a step.
 **   steps       step durations (of kind "run": a sleep's or a wait's length
 **               is what it waited for), the slowest steps and the most
@@ -45,7 +50,6 @@
 ** transaction, so the figures of one answer come from one snapshot.
 */
 #include "base/units.h"
-#include "base/vocab.h"
 #include "store/store_db.h"
 
 #include <math.h>
@@ -218,8 +222,7 @@ static void runagg_free(struct runagg *a) {
   vals_free(&a->wait);
 }
 
-/* One row of run_pass's query: created_at, status, started_at, ended_at,
-** steps, failed_steps, retries, tokens, id. */
+/* One run as count_run reads it. */
 struct runrow {
   int64_t created, started, ended, steps, failed_steps, retries, tokens;
   int queued, summed; /* no start yet; the summary is there (the run ended) */
@@ -242,10 +245,13 @@ static void count_into(struct counts *c, const struct runrow *r) {
   c->tokens += r->tokens;
 }
 
-/* Count one run (the current row of run_pass's query st). */
-static int count_run(struct runagg *a, sqlite3_stmt *st) {
+/* Count one run with outcome ('c'ompleted, 'f'ailed, 'x' cancelled,
+** 'a'ctive): the current row of st, whose columns are created_at, (a
+** column not read), started_at, ended_at, steps, failed_steps, retries,
+** tokens, id. */
+static int count_run(struct runagg *a, sqlite3_stmt *st, char outcome) {
   struct runrow r;
-  const char *status = (const char *)sqlite3_column_text(st, 1);
+  r.outcome = outcome;
   r.created = sqlite3_column_int64(st, 0);
   r.queued = sqlite3_column_type(st, 2) == SQLITE_NULL;
   r.started = r.queued ? 0 : sqlite3_column_int64(st, 2);
@@ -255,9 +261,6 @@ static int count_run(struct runagg *a, sqlite3_stmt *st) {
   r.failed_steps = r.summed ? sqlite3_column_int64(st, 5) : 0;
   r.retries = r.summed ? sqlite3_column_int64(st, 6) : 0;
   r.tokens = r.summed ? sqlite3_column_int64(st, 7) : 0;
-  /* completed, cancelled, failed; anything else has not ended. */
-  r.outcome = !status ? 'a' : !strcmp(status, "completed") ? 'c' : !strcmp(status, "failed") ? 'f'
-              : !strcmp(status, "cancelled") ? 'x' : 'a';
   uint32_t k = a->nb ? (uint32_t)((r.created - a->since) / a->iv) : 0;
   if (a->nb && k >= a->nb) k = a->nb - 1;
   count_into(&a->tot, &r);
@@ -267,7 +270,7 @@ static int count_run(struct runagg *a, sqlite3_stmt *st) {
   if (a->waits && r.started && r.started >= r.created &&
       vals_add(&a->wait, k, r.started - r.created))
     return ERR_NOMEM;
-  if (!a->want_refs || !r.summed) return 0;
+  if (!a->want_refs || r.outcome == 'a') return 0;
   const char *id = (const char *)sqlite3_column_text(st, 8);
   size_t len = id ? strlen(id) : 0;
   if (!len || len > RUN_ID_MAX) return 0;
@@ -286,64 +289,113 @@ static int count_run(struct runagg *a, sqlite3_stmt *st) {
   return 0;
 }
 
-/* "'queued','running',...": every run status, for an IN list. */
-static const char *status_list(void) {
-  static char list[256];
-  if (!list[0]) {
-    size_t n = 0;
-    for (const char *const *st = vocab_run_statuses; *st; st++)
-      n += (size_t)snprintf(list + n, sizeof list - n, "%s'%s'", n ? "," : "", *st);
-  }
-  return list;
-}
-
-/* Read skill's runs created in [a->since, until) into a, from runs_stats
-** alone (it covers every column read here): one range per status. */
-static int run_pass(store_t *s, const char *skill, int64_t until, struct runagg *a, err_t *e) {
-  if (a->nb && !(a->b = calloc(a->nb, sizeof *a->b))) return err_set(e, ERR_NOMEM, "out of memory");
-  /* Each column read costs on every row: the overview reads only four. */
-  char sql[640];
-  snprintf(sql, sizeof sql, "SELECT created_at, status, started_at, ended_at%s FROM runs"
-           " INDEXED BY runs_stats WHERE skill = ?1 AND status IN (%s)"
-           " AND created_at >= ?2 AND created_at < ?3",
-           a->sums ? ", steps, failed_steps, retries, tokens, id" : "", status_list());
-  sqlite3_stmt *st = store__prep(s->r, sql, e);
+/* The ended runs of skill created in [a->since, until) into a, from
+** runs_ended alone (it covers every column read here): one range per
+** ended status, which the range says (the status is not read). */
+static int ended_pass(store_t *s, const char *skill, int64_t until, struct runagg *a, err_t *e) {
+  if (a->nb && !a->b && !(a->b = calloc(a->nb, sizeof *a->b)))
+    return err_set(e, ERR_NOMEM, "out of memory");
+  /* Each column read costs on every row: the overview reads only three. */
+  sqlite3_stmt *st = store__prep(s->r, a->sums ?
+    "SELECT created_at, 0, started_at, ended_at, steps, failed_steps, retries, tokens, id"
+    " FROM runs INDEXED BY runs_ended WHERE skill = ?1 AND status = ?4"
+    " AND (status = 'completed' OR status = 'failed' OR status = 'cancelled')"
+    " AND created_at >= ?2 AND created_at < ?3" :
+    "SELECT created_at, 0, started_at, ended_at"
+    " FROM runs INDEXED BY runs_ended WHERE skill = ?1 AND status = ?4"
+    " AND (status = 'completed' OR status = 'failed' OR status = 'cancelled')"
+    " AND created_at >= ?2 AND created_at < ?3", e);
   if (!st) return e->code;
   store__bind_text(st, 1, skill);
   sqlite3_bind_int64(st, 2, a->since);
   sqlite3_bind_int64(st, 3, until);
-  int rc = 0, src;
-  while (!rc && (src = sqlite3_step(st)) == SQLITE_ROW)
-    if ((rc = count_run(a, st))) err_set(e, ERR_NOMEM, "out of memory");
+  static const struct { const char *status; char outcome; } ended[] = {
+    {"completed", 'c'}, {"failed", 'f'}, {"cancelled", 'x'}};
+  int rc = 0, src = SQLITE_DONE;
+  for (int i = 0; i < 3 && !rc && src == SQLITE_DONE; i++) {
+    sqlite3_reset(st);
+    store__bind_text(st, 4, ended[i].status);
+    while (!rc && (src = sqlite3_step(st)) == SQLITE_ROW)
+      if ((rc = count_run(a, st, ended[i].outcome))) err_set(e, ERR_NOMEM, "out of memory");
+  }
   if (!rc && src != SQLITE_DONE) rc = store__db_err(e, s->r, "reading runs for the figures");
   sqlite3_finalize(st);
   return rc;
 }
 
-/* The runs of skill created in [since, until) by status into c, counted
-** on runs_stats's ranges without reading an entry. */
+/* The first ten digits of the ULIDs made at ms: its time, in Crockford's
+** base 32 (ids.c), which sorts as the time does. */
+static void ulid_time(int64_t ms, char out[11]) {
+  static const char digits[] = "0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+  for (int k = 0; k < 10; k++) out[k] = digits[((uint64_t)ms >> (45 - 5 * k)) & (k ? 31 : 7)];
+  out[10] = 0;
+}
+
+/* The runs not ended yet, created in [since, until), of skill (NULL: of
+** every skill), one at a time to each(arg, row of st, skill): read through
+** runs_status (status, id) and their rows. A run's id is a ULID of its
+** creation time (or later, when ids.c keeps them increasing), so those
+** created since `since` are the ids from since's ULID time on: parked runs
+** of older windows are not even looked at. st's columns are count_run's,
+** then the skill. */
+static int open_pass(store_t *s, const char *skill, int64_t since, int64_t until,
+                     int (*each)(void *arg, sqlite3_stmt *st, const char *skill), void *arg,
+                     err_t *e) {
+  sqlite3_stmt *st = store__prep(s->r,
+    "SELECT created_at, 0, started_at, ended_at, NULL, NULL, NULL, NULL, id, skill"
+    " FROM runs INDEXED BY runs_status WHERE status IN ('queued','running','sleeping','waiting')"
+    " AND id >= ?4 AND created_at >= ?1 AND created_at < ?2 AND (?3 IS NULL OR skill = ?3)", e);
+  if (!st) return e->code;
+  char from[11];
+  ulid_time(since, from);
+  sqlite3_bind_int64(st, 1, since);
+  sqlite3_bind_int64(st, 2, until);
+  store__bind_text(st, 3, skill);
+  store__bind_text(st, 4, from);
+  int rc = 0, src;
+  while (!rc && (src = sqlite3_step(st)) == SQLITE_ROW)
+    if ((rc = each(arg, st, (const char *)sqlite3_column_text(st, 9)))) err_set(e, ERR_NOMEM, "out of memory");
+  if (!rc && src != SQLITE_DONE) rc = store__db_err(e, s->r, "reading unfinished runs for the figures");
+  sqlite3_finalize(st);
+  return rc;
+}
+
+/* open_pass's each for one skill's window: arg is a runagg. */
+static int open_into(void *arg, sqlite3_stmt *st, const char *skill) {
+  (void)skill;
+  return count_run(arg, st, 'a');
+}
+
+/* Every run of skill created in [a->since, until) into a. */
+static int run_pass(store_t *s, const char *skill, int64_t until, struct runagg *a, err_t *e) {
+  if (ended_pass(s, skill, until, a, e)) return e->code;
+  return open_pass(s, skill, a->since, until, open_into, a, e);
+}
+
+/* The ended runs of skill created in [since, until) by status into c,
+** counted on runs_ended's ranges without reading an entry. */
 static int count_pass(store_t *s, const char *skill, int64_t since, int64_t until,
                       struct counts *c, err_t *e) {
   sqlite3_stmt *st = store__prep(s->r,
-    "SELECT count(*) FROM runs INDEXED BY runs_stats WHERE skill = ?1 AND status = ?4"
+    "SELECT count(*) FROM runs INDEXED BY runs_ended WHERE skill = ?1 AND status = ?4"
+    " AND (status = 'completed' OR status = 'failed' OR status = 'cancelled')"
     " AND created_at >= ?2 AND created_at < ?3", e);
   if (!st) return e->code;
   store__bind_text(st, 1, skill);
   sqlite3_bind_int64(st, 2, since);
   sqlite3_bind_int64(st, 3, until);
+  static const char *const ended[] = {"completed", "failed", "cancelled"};
   int rc = 0;
-  for (const char *const *status = vocab_run_statuses; *status && !rc; status++) {
+  for (int i = 0; i < 3 && !rc; i++) {
     sqlite3_reset(st);
-    store__bind_text(st, 4, *status);
+    store__bind_text(st, 4, ended[i]);
     if (sqlite3_step(st) != SQLITE_ROW) {
       rc = store__db_err(e, s->r, "counting runs for the figures");
       break;
     }
     int64_t n = sqlite3_column_int64(st, 0);
     c->started += n;
-    *(!strcmp(*status, "completed") ? &c->completed : !strcmp(*status, "failed") ? &c->failed
-      : !strcmp(*status, "cancelled") ? &c->cancelled : &c->active) += n;
-    if (!strcmp(*status, "queued")) c->queued += n;
+    *(i == 0 ? &c->completed : i == 1 ? &c->failed : &c->cancelled) += n;
   }
   sqlite3_finalize(st);
   return rc;
@@ -727,13 +779,12 @@ static char *live_version(store_t *s, const char *skill) {
   return v;
 }
 
-/* The window before [since, until), of the same length, into o's
-** "previous": its run figures (with percentiles) when full, else only its
-** counts by outcome (the overview: counted without reading a run). */
+/* The run figures of the window before [since, until), of the same
+** length, into o's "previous". */
 static int add_previous(store_t *s, cJSON *o, const char *skill, int64_t since, int64_t until,
-                        int full, err_t *e) {
+                        err_t *e) {
   struct runagg p = {.since = since - (until - since), .waits = 1};
-  int rc = full ? run_pass(s, skill, since, &p, e) : count_pass(s, skill, p.since, since, &p.tot, e);
+  int rc = run_pass(s, skill, since, &p, e);
   if (!rc) {
     cJSON *x = cJSON_AddObjectToObject(o, "previous");
     char ts[40];
@@ -741,8 +792,7 @@ static int add_previous(store_t *s, cJSON *o, const char *skill, int64_t since, 
     cJSON_AddStringToObject(x, "since", ts);
     units_rfc3339(since, ts, sizeof ts);
     cJSON_AddStringToObject(x, "until", ts);
-    if (full) add_run_totals(x, &p);
-    else add_counts(x, &p.tot, 0);
+    add_run_totals(x, &p);
   }
   runagg_free(&p);
   return rc;
@@ -783,7 +833,7 @@ int store_stats_skill(store_t *s, const struct stats_query *q, cJSON **out, err_
     cJSON_AddNumberToObject(sm, "of", (double)a.nrefs);
     cJSON_AddNumberToObject(sm, "failing_runs", (double)g.problems_read);
     cJSON_AddNumberToObject(sm, "of_failing", (double)a.nproblem);
-    rc = add_previous(s, o, q->skill, since, q->until, 1, e);
+    rc = add_previous(s, o, q->skill, since, q->until, e);
   }
   if (!rc && add_step_lists(o, &g)) rc = err_set(e, ERR_NOMEM, "out of memory");
   if (!rc) rc = add_versions(s, o, q->skill, since, q->until, e);
@@ -798,9 +848,44 @@ int store_stats_skill(store_t *s, const struct stats_query *q, cJSON **out, err_
   return 0;
 }
 
+/* The overview's skills, in name order, each with its window's figures
+** and the counts of the window before. */
+struct ovskill {
+  char *skill;
+  int registered;
+  struct runagg a;
+  struct counts prev;
+};
+struct overview {
+  struct ovskill *v;
+  size_t n;
+  int64_t since; /* the window's; the one before starts earlier */
+};
+
+/* open_pass's each for the overview: the run goes to its skill's window,
+** or, created before it, to the counts of the window before. */
+static int open_overview(void *arg, sqlite3_stmt *st, const char *skill) {
+  struct overview *o = arg;
+  size_t lo = 0, hi = o->n;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    int c = strcmp(o->v[mid].skill, skill ? skill : "");
+    if (!c) {
+      struct ovskill *x = &o->v[mid];
+      if (sqlite3_column_int64(st, 0) >= o->since) return count_run(&x->a, st, 'a');
+      x->prev.started++, x->prev.active++;
+      return 0;
+    }
+    if (c < 0) lo = mid + 1;
+    else hi = mid;
+  }
+  return 0; /* a skill the list has not seen: it had no run when the list was read */
+}
+
 /* See store.h: the skills are the registered ones and those with runs
 ** (found by a loose scan of runs_skill: one seek per skill); a skill that
-** is not registered and has no run in either window is left out. */
+** is not registered and has no run in either window is left out. The
+** runs not ended yet are read once for every skill. */
 int store_stats_overview(store_t *s, const struct stats_query *q, cJSON **out, err_t *e) {
   *out = NULL;
   int64_t since, iv;
@@ -808,46 +893,70 @@ int store_stats_overview(store_t *s, const struct stats_query *q, cJSON **out, e
   if (window_of(q, &since, &iv, &nb, e)) return e->code;
   int began = read_begin(s, e);
   if (began < 0) return e->code;
+  int64_t prev_since = since - (q->until - since);
+  struct overview ov = {.since = since};
+  size_t cap = 0;
+  int rc = 0, src;
   sqlite3_stmt *names = store__prep(s->r,
     "WITH RECURSIVE k(skill) AS (SELECT min(skill) FROM runs UNION ALL"
     " SELECT (SELECT min(skill) FROM runs WHERE skill > k.skill) FROM k WHERE k.skill IS NOT NULL)"
     " SELECT skill, 0 FROM k WHERE skill IS NOT NULL AND skill NOT IN (SELECT id FROM skills)"
     " UNION ALL SELECT id, 1 FROM skills ORDER BY 1", e);
-  if (!names) {
-    read_end(s, began);
-    return e->code;
+  if (!names) rc = e->code;
+  while (!rc && (src = sqlite3_step(names)) == SQLITE_ROW) {
+    if (ov.n == cap) {
+      cap = cap ? cap * 2 : 16;
+      struct ovskill *v = realloc(ov.v, cap * sizeof *v);
+      if (!v) {
+        rc = err_set(e, ERR_NOMEM, "out of memory");
+        break;
+      }
+      ov.v = v;
+    }
+    struct ovskill *x = &ov.v[ov.n++];
+    memset(x, 0, sizeof *x);
+    x->skill = store__col_dup(names, 0);
+    x->registered = sqlite3_column_int(names, 1);
+    x->a = (struct runagg){.since = since, .iv = iv, .nb = nb};
+    if (!x->skill) rc = err_set(e, ERR_NOMEM, "out of memory");
   }
+  if (!rc && names && src != SQLITE_DONE) rc = store__db_err(e, s->r, "listing the skills");
+  sqlite3_finalize(names);
+  for (size_t i = 0; i < ov.n && !rc; i++) {
+    rc = ended_pass(s, ov.v[i].skill, q->until, &ov.v[i].a, e);
+    if (!rc) rc = count_pass(s, ov.v[i].skill, prev_since, since, &ov.v[i].prev, e);
+  }
+  if (!rc) rc = open_pass(s, NULL, prev_since, q->until, open_overview, &ov, e);
   cJSON *o = cJSON_CreateObject();
   add_window(o, since, q->until, iv);
   cJSON *list = cJSON_AddArrayToObject(o, "skills");
-  int rc = 0, src;
-  while (!rc && (src = sqlite3_step(names)) == SQLITE_ROW) {
-    const char *skill = (const char *)sqlite3_column_text(names, 0);
-    int registered = sqlite3_column_int(names, 1);
-    struct runagg a = {.since = since, .iv = iv, .nb = nb};
-    cJSON *x = cJSON_CreateObject();
-    rc = run_pass(s, skill, q->until, &a, e);
-    if (!rc) {
-      cJSON_AddStringToObject(x, "skill", skill);
-      cJSON_AddBoolToObject(x, "registered", registered);
-      char *v = registered ? live_version(s, skill) : NULL;
-      cJSON_AddItemToObject(x, "version", v ? cJSON_CreateString(v) : cJSON_CreateNull());
-      free(v);
-      if (add_series(x, &a, NULL)) rc = err_set(e, ERR_NOMEM, "out of memory");
-    }
-    if (!rc) {
-      add_run_totals(cJSON_AddObjectToObject(x, "totals"), &a);
-      rc = add_previous(s, x, skill, since, q->until, 0, e);
-    }
-    if (!rc) rc = add_versions(s, x, skill, since, q->until, e);
-    int keep = !rc && (registered || a.tot.started ||
-                       num_of(cJSON_GetObjectItem(x, "previous"), "started") > 0);
-    runagg_free(&a);
-    if (keep) cJSON_AddItemToArray(list, x);
-    else cJSON_Delete(x);
+  char ts[40];
+  for (size_t i = 0; i < ov.n && !rc; i++) {
+    struct ovskill *x = &ov.v[i];
+    if (!x->registered && !x->a.tot.started && !x->prev.started) continue;
+    cJSON *y = cJSON_CreateObject();
+    cJSON_AddItemToArray(list, y);
+    cJSON_AddStringToObject(y, "skill", x->skill);
+    cJSON_AddBoolToObject(y, "registered", x->registered);
+    char *v = x->registered ? live_version(s, x->skill) : NULL;
+    cJSON_AddItemToObject(y, "version", v ? cJSON_CreateString(v) : cJSON_CreateNull());
+    free(v);
+    if (add_series(y, &x->a, NULL)) rc = err_set(e, ERR_NOMEM, "out of memory");
+    if (rc) break;
+    add_run_totals(cJSON_AddObjectToObject(y, "totals"), &x->a);
+    cJSON *p = cJSON_AddObjectToObject(y, "previous");
+    units_rfc3339(prev_since, ts, sizeof ts);
+    cJSON_AddStringToObject(p, "since", ts);
+    units_rfc3339(since, ts, sizeof ts);
+    cJSON_AddStringToObject(p, "until", ts);
+    add_counts(p, &x->prev, 0);
+    rc = add_versions(s, y, x->skill, since, q->until, e);
   }
-  if (!rc && src != SQLITE_DONE) rc = store__db_err(e, s->r, "listing the skills");
-  sqlite3_finalize(names);
+  for (size_t i = 0; i < ov.n; i++) {
+    free(ov.v[i].skill);
+    runagg_free(&ov.v[i].a);
+  }
+  free(ov.v);
   read_end(s, began);
   if (rc) {
     cJSON_Delete(o);

@@ -367,7 +367,7 @@ class StatsMigrationTest(TestCase):
         self.w.ml("run", "bad.lua", check=1)
         # Take the database back to schema 2, as moonloop 0.1 left it.
         con = sqlite3.connect(self.w.db)
-        con.executescript("DROP INDEX runs_stats; DROP INDEX runs_event;"
+        con.executescript("DROP INDEX runs_ended; DROP INDEX runs_event;"
                           "ALTER TABLE runs DROP COLUMN steps; ALTER TABLE runs DROP COLUMN failed_steps;"
                           "ALTER TABLE runs DROP COLUMN retries; ALTER TABLE runs DROP COLUMN tokens;"
                           "PRAGMA user_version = 2;")
