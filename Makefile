@@ -44,7 +44,8 @@ fuzz: deps
 
 # A Debian package (a Release build into build/deb, staged, then dpkg-deb):
 # build/moonloop_VERSION_ARCH.deb. docs/operations.md installs it.
-deb: deps
+deb:
+	@sh scripts/deps.sh --build
 	@sh scripts/deb.sh
 
 clean:
