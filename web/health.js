@@ -25,7 +25,10 @@
   const views = window.moonloopViews = window.moonloopViews || {};
   const C = window.moonloopCharts;
   const WINDOWS = [['1h', '1 h'], ['24h', '24 h'], ['7d', '7 d']];
-  const STATS_POLL_MS = 5000;
+  /* The engine computes the figures on its loop (tens of milliseconds for
+   * a day of a busy engine, more for a week): longer windows, which change
+   * slower, are asked for less often. */
+  const STATS_POLL_MS = { '1h': 5000, '24h': 15000, '7d': 60000 };
   const EVENTS_POLL_MS = 2000;
 
   function windowOf(params) {
@@ -108,7 +111,7 @@
       box.replaceChildren(...(skills.length ? skills.map((x) => card(k, x, w))
         : [k.h('div', { class: 'empty' }, 'No skill has runs in this window, and none is registered.')]));
       return true;
-    }, STATS_POLL_MS);
+    }, STATS_POLL_MS[w]);
   }
 
   /* ---- one skill ---------------------------------------------------------------------- */
@@ -232,7 +235,7 @@
           k.h('time', { datetime: v.loaded_at, class: 'sub' }, 'loaded ' + k.fmtTime(v.loaded_at)))))
           : k.h('p', { class: 'sub', id: 'skill-versions' }, st.version_before ? `None; ${k.short(st.version_before.version)} was loaded before (${k.fmtTime(st.version_before.loaded_at)}).` : 'None.'));
       return true;
-    }, STATS_POLL_MS);
+    }, STATS_POLL_MS[w]);
   }
 
   /* ---- events ---------------------------------------------------------------------------- */

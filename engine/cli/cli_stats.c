@@ -11,6 +11,7 @@
 ** without a value (no ended run to take a percentile of) is a dot, a zero
 ** is a space. Colour only on a terminal (and never with NO_COLOR).
 */
+#include "base/jsontext.h"
 #include "base/units.h"
 #include "cli/cli.h"
 #include "cli/client.h"
@@ -411,6 +412,7 @@ int cli_stats(struct cli *c) {
     if (rc) return cli_fail(rc == ERR_INVALID ? EXIT_USAGE : EXIT_FAILED, "%s", e.msg);
   }
   if (c->json) {
+    jsontext_fix_utf8(st); /* step ids are a skill's strings: any bytes */
     char *s = cJSON_PrintUnformatted(st);
     printf("%s\n", s ? s : "null");
     free(s);
