@@ -47,7 +47,10 @@
 **   versions    versions_skill (skill, loaded_at).
 **
 ** Every function reads through the reader connection, inside one read
-** transaction, so the figures of one answer come from one snapshot.
+** transaction, so the figures of one answer come from one snapshot; but
+** the overview hands every other skill's passes to a second thread with a
+** read-only connection of its own, whose snapshot may be a commit newer
+** (each skill's figures are still from one snapshot).
 */
 #include "base/units.h"
 #include "store/store_db.h"
