@@ -3,7 +3,7 @@ BUILD   := build
 ASAN    := build/asan
 JOBS    := $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all deps build asan test unit demo bench fuzz clean
+.PHONY: all deps build asan test unit demo bench fuzz deb install clean
 
 all: build
 
@@ -41,6 +41,12 @@ bench: build
 # Not part of make test.
 fuzz: deps
 	@sh tests/fuzz/run.sh
+
+# A Debian package (a Release build into build/deb, staged, then dpkg-deb):
+# build/moonloop_VERSION_ARCH.deb. docs/operations.md installs it.
+deb:
+	@sh scripts/deps.sh --build
+	@sh scripts/deb.sh
 
 clean:
 	rm -rf $(BUILD)

@@ -227,6 +227,9 @@ M.modules = {
       { name = "get", args = "run_id", returns = "the run record with its steps, or nil, message" },
       { name = "cancel", args = "run_id [, reason]",
         returns = "{run_id=, status=}, or nil, message when there is no such run or it already ended" },
+      { name = "stats", args = "{skill=, since=, until=, interval=}", opts_arg = 1, table_arg = true,
+        opts = { "skill", "since", "until", "interval" },
+        returns = "the health figures of a skill (or every skill) over a window, as GET /v1/skills/{id}/stats; nil, message for an unknown skill" },
     } },
   { name = "skills", io = true, functions = {
       { name = "list", args = "", returns = "the registered skills" },

@@ -302,6 +302,40 @@ local function make_runs()
     if not res then return nil, msg end
     return core.decode(res)
   end
+  -- runs.stats{skill=, since=, until=, interval=}: the health figures of
+  -- one skill (or of every skill without skill=) over a window, as
+  -- GET /v1/skills/{id}/stats (GET /v1/stats) answers them. A skill that
+  -- is neither registered nor ever ran gives nil, message.
+  function runs.stats(f)
+    f = f or {}
+    if type(f) ~= "table" then
+      user_error("runs.stats expects a table {skill=, since=, until=, interval=}")
+    end
+    check_keys("runs", "stats", f)
+    if f.skill ~= nil and type(f.skill) ~= "string" then
+      user_error(("runs.stats: skill must be a string, got %s"):format(type(f.skill)))
+    end
+    io_allowed("runs.stats")
+    local interval = f.interval
+    if type(interval) == "number" then
+      interval = interval * 1000
+    elseif type(interval) == "string" then
+      local ms, err = core.duration(interval)
+      if not ms then user_error("runs.stats: interval: " .. err) end
+      interval = ms
+    elseif interval ~= nil then
+      user_error("runs.stats: interval must be a duration such as \"1h\" or a number of seconds")
+    end
+    if interval ~= nil and interval <= 0 then user_error("runs.stats: interval must be positive") end
+    local js, err, code = core.runs_stats{ skill = f.skill,
+      since = since_ms(f.since == nil and "7d" or f.since, "runs.stats: since"),
+      ["until"] = since_ms(f["until"], "runs.stats: until"), interval = interval }
+    if not js then
+      if code == "not_found" then return nil, err end
+      user_error("runs.stats: " .. err)
+    end
+    return core.decode(js)
+  end
   return runs
 end
 

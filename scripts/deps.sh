@@ -1,19 +1,26 @@
 #!/bin/sh
 # Installs the Debian packages moonloop needs to build, test and run its demo.
 # Idempotent and silent when nothing is missing; uses sudo when not root.
+# With --build, only what building it and its Debian package need (make deb).
 set -e
 # (lua-check: luacheck's parser, built into the binary for the static
 # checks of skill files.)
 pkgs="build-essential cmake pkg-config libluajit-5.1-dev libuv1-dev
 libsqlite3-dev libcurl4-openssl-dev libcjson-dev libh2o-dev libssl-dev
-libedit-dev lua-check python3 tzdata
-wrk clang libclang-rt-14-dev"
+libedit-dev lua-check dpkg-dev"
+if [ "$1" != "--build" ]; then
+pkgs="$pkgs python3 tzdata wrk clang libclang-rt-14-dev"
 # The dashboard's browser test (tests/func/test_dashboard.py): Debian's
 # Chromium, and Node.js with npm unless a node and an npm are already on the
 # PATH (a machine may have them from elsewhere, such as Node 20).
 pkgs="$pkgs chromium"
+# The install tests (tests/func/test_install.py) and `make deb`: man renders
+# moonloop(1), dpkg-shlibdeps names the package's dependencies, zsh parses
+# the zsh completion (dpkg-dev is in the build set).
+pkgs="$pkgs man-db zsh"
 command -v node >/dev/null 2>&1 || pkgs="$pkgs nodejs"
 command -v npm >/dev/null 2>&1 || pkgs="$pkgs npm"
+fi
 [ -n "$MOONLOOP_DEPS_EXTRA" ] && pkgs="$pkgs $MOONLOOP_DEPS_EXTRA"
 missing=""
 for p in $pkgs; do

@@ -10,6 +10,8 @@
  *                                                            children; polled until it has ended
  *   #/skills                                                 the registry: versions, load errors
  *   #/versions/HASH?line=N                                   the source of a version
+ *   #/health, #/health/SKILL, #/events                       health.js's views (window.moonloopViews),
+ *                                                            given the helpers below by kit()
  *
  * Every view is drawn from scratch from the API's JSON (no state kept but
  * what the user opened); a generation number stops the answers of a view
@@ -204,13 +206,17 @@
     constructor(status, code, message) { super(message); this.status = status; this.code = code; }
   }
 
-  async function api(path, method) {
+  /* A request to the engine's API; body (when given) goes as JSON, with
+   * its Content-Type, from this page's own origin. */
+  async function api(path, method, body) {
     const headers = { Accept: 'application/json' };
     const tok = sessionStorage.getItem(TOKEN_KEY);
     if (tok) headers.Authorization = 'Bearer ' + tok;
+    if (body !== undefined) headers['Content-Type'] = 'application/json';
     let res;
     try {
-      res = await fetch(path, { method: method || 'GET', headers, cache: 'no-store' });
+      res = await fetch(path, { method: method || 'GET', headers, cache: 'no-store',
+        body: body === undefined ? undefined : JSON.stringify(body) });
     } catch (e) {
       throw new ApiError(0, 'offline', 'cannot reach the engine (' + e.message + ')');
     }
@@ -753,6 +759,13 @@
 
   /* ---- routing and keys ----------------------------------------------------------- */
 
+  /* What the views of other files (health.js: window.moonloopViews) get. */
+  function kit(my) {
+    return { my, current: () => my === gen, h, add, api, draw, poll, enc, ms, fmtTime, fmtDur, fmtAgo,
+      when, badge, runLink, short, jsonView, flash, showError, clearError, setLive, askToken, FINISHED };
+  }
+  const views = window.moonloopViews || {};
+
   function route() {
     gen++;
     clearTimeout(timer);
@@ -761,11 +774,11 @@
     const qi = raw.indexOf('?');
     const path = (qi >= 0 ? raw.slice(0, qi) : raw).split('/').filter(Boolean).map(decodeURIComponent);
     const params = new URLSearchParams(qi >= 0 ? raw.slice(qi + 1) : '');
-    const section = path[0] === 'skills' || path[0] === 'versions' ? 'skills' : 'runs';
-    document.getElementById('nav-runs').toggleAttribute('aria-current', false);
-    document.getElementById('nav-skills').toggleAttribute('aria-current', false);
+    const section = path[0] === 'skills' || path[0] === 'versions' ? 'skills' : views[path[0]] ? path[0] : 'runs';
+    for (const a of document.querySelectorAll('.top nav a')) a.toggleAttribute('aria-current', false);
     document.getElementById('nav-' + section).setAttribute('aria-current', 'page');
-    if (!path.length || (path[0] === 'runs' && path.length === 1)) runsView(params);
+    if (views[path[0]]) views[path[0]](path.slice(1), params, kit(gen));
+    else if (!path.length || (path[0] === 'runs' && path.length === 1)) runsView(params);
     else if (path[0] === 'runs') runView(path[1]);
     else if (path[0] === 'skills') skillsView();
     else if (path[0] === 'versions' && path[1]) versionView(path[1], params);
@@ -794,6 +807,8 @@
       gPending = false;
       if (e.key === 'r') location.hash = '#/runs';
       else if (e.key === 's') location.hash = '#/skills';
+      else if (e.key === 'h') location.hash = '#/health';
+      else if (e.key === 'e') location.hash = '#/events';
       return;
     }
     switch (e.key) {

@@ -26,6 +26,7 @@ struct cli {
   const char *out_dir;      /* moonloop new: --workspace, where the files go (NULL: here) */
   const char *key;      /* invoke --key: the idempotency key */
   const char *wait_for; /* trace --wait: how long (NULL for invoke's --wait) */
+  const char *until, *interval; /* stats */
   int color; /* stdout is a terminal */
 };
 
@@ -42,6 +43,7 @@ int cli_send(struct cli *c);
 int cli_cancel(struct cli *c);
 int cli_rerun(struct cli *c);
 int cli_prune(struct cli *c);
+int cli_stats(struct cli *c); /* cli_stats.c */
 int cli_repl(struct cli *c); /* cli_repl.c */
 int cli_new(struct cli *c);  /* cli_new.c */
 

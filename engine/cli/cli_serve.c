@@ -6,8 +6,11 @@
 ** the workspace's skills are registered, and only then are connections
 ** accepted (before, they wait in the listen backlog): a client that
 ** connects in serve's first milliseconds never sees a 404 for a skill of
-** the workspace.
+** the workspace. Then, under a service manager ($NOTIFY_SOCKET:
+** systemd's Type=notify), READY=1 is sent, and STOPPING=1 when a signal
+** asks it to stop.
 */
+#include "base/notify.h"
 #include "cli/cli.h"
 #include "core/engine.h"
 #include "server/server.h"
@@ -35,6 +38,8 @@ static void on_signal(uv_signal_t *h, int signum) {
   }
   sv->stopping = 1;
   fprintf(stderr, "moonloop: %s, stopping\n", signum == SIGINT ? "interrupted" : "terminated");
+  err_t ne;
+  if (notify_send("STOPPING=1", &ne)) fprintf(stderr, "moonloop: %s\n", ne.msg);
   /* Still listening for a second signal, without keeping the loop alive. */
   uv_unref((uv_handle_t *)&sv->sigint);
   uv_unref((uv_handle_t *)&sv->sigterm);
@@ -54,6 +59,10 @@ static void on_ready(void *arg, int loaded, int rejected) {
   fprintf(stderr, "moonloop: listening on %s\n", server_url(sv->srv));
   fflush(stderr);
   server_ready(sv->srv); /* only now are connections accepted */
+  /* The API listens and the workspace is registered: ready. A service
+  ** manager that cannot be told is worth a line, not a stop. */
+  err_t e;
+  if (notify_send("READY=1", &e)) fprintf(stderr, "moonloop: %s\n", e.msg);
 }
 
 int cli_serve(struct cli *c) {

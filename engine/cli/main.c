@@ -4,6 +4,7 @@
 */
 #include "base/term.h"
 #include "cli/cli.h"
+#include "cli/help.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@ enum {
   C_RUN = 1 << 0, C_INVOKE = 1 << 1, C_RUNS = 1 << 2, C_TRACE = 1 << 3, C_SKILLS = 1 << 4,
   C_CHECK = 1 << 5, C_SERVE = 1 << 6, C_SEND = 1 << 7, C_CANCEL = 1 << 8, C_RERUN = 1 << 9,
   C_PRUNE = 1 << 10,
+  C_STATS = 1 << 11, /* moonloop stats (cli_stats.c) */
   C_REPL = 1 << 13, /* moonloop repl (cli_repl.c) */
   C_TEST = 1 << 14, /* moonloop test (cli_test.c) */
   C_SIDECAR = 1 << 15, /* moonloop sidecar (cli_sidecar.c) */
@@ -22,52 +24,110 @@ enum {
   C_ALL = 0x3ffff,
 };
 
-struct command {
-  const char *name;
-  int bit;
-  int (*fn)(struct cli *c);
-  const char *usage;
-  int max_args; /* positional arguments it takes at most; -1: any number */
-};
-
 static const struct command commands[] = {
-  {"run", C_RUN, cli_run, "run FILE-or-SKILL [--data JSON] | run --resume RUN_ID", 1},
-  {"invoke", C_INVOKE, cli_invoke, "invoke SKILL [--data JSON] [--key KEY] [--wait]", 1},
-  {"send", C_SEND, cli_send, "send NAME [--data JSON] [--id KEY]", 1},
-  {"cancel", C_CANCEL, cli_cancel, "cancel RUN_ID", 1},
-  {"rerun", C_RERUN, cli_rerun, "rerun RUN_ID", 1},
-  {"prune", C_PRUNE, cli_prune, "prune --older-than 30d", 0},
-  {"runs", C_RUNS, cli_runs, "runs [--skill ID] [--status S] [--since 7d] [--trigger KIND] [--limit N] [--follow]", 0},
-  {"trace", C_TRACE, cli_trace, "trace RUN_ID [--wait SECONDS]", 1},
-  {"skills", C_SKILLS, cli_skills, "skills", 0},
-  {"new", C_NEW, cli_new, "new ID [--event NAME | --cron SPEC] [--workspace DIR]", 1},
-  {"check", C_CHECK, cli_check, "check FILE-or-DIR... | check --api", -1},
-  {"test", C_TEST, cli_test, "test [FILES or DIRS] [--json] [-v]", -1},
-  {"serve", C_SERVE, cli_serve, "serve [--workspace DIR] [--listen ADDR]", 0},
-  {"sidecar", C_SIDECAR, cli_sidecar, "sidecar --workspace DIR --server URL", 0},
-  {"repl", C_REPL, cli_repl, "repl [--workspace DIR]", 0},
-  {"version", C_VERSION, NULL, "version (or --version)", 0},
-  {NULL, 0, NULL, NULL, 0},
+  {"run", C_RUN, cli_run, "run FILE-or-SKILL [--data JSON] | run --resume RUN_ID", 1,
+   "Run one skill (a file, or a registered skill) to its end in this process and print "
+   "its result; its run id goes to stderr first. With --resume, finish a run that a dead "
+   "process left behind."},
+  {"invoke", C_INVOKE, cli_invoke, "invoke SKILL [--data JSON] [--key KEY] [--wait]", 1,
+   "Start a run of a registered skill. With --wait, print its result (and run it in "
+   "this process when no engine holds the database)."},
+  {"send", C_SEND, cli_send, "send NAME [--data JSON] [--id KEY]", 1,
+   "Send an event: it starts the runs of the skills it triggers and resumes the runs "
+   "waiting for it."},
+  {"cancel", C_CANCEL, cli_cancel, "cancel RUN_ID", 1,
+   "Cancel a run and its children."},
+  {"rerun", C_RERUN, cli_rerun, "rerun RUN_ID", 1,
+   "Start a run again with the same input, on the skill's live version."},
+  {"prune", C_PRUNE, cli_prune, "prune --older-than 30d", 0,
+   "Delete the history of runs that ended longer ago than the given duration, and the "
+   "dispatched events as old."},
+  {"runs", C_RUNS, cli_runs, "runs [--skill ID] [--status S] [--since 7d] [--trigger KIND] [--limit N] [--follow]", 0,
+   "List runs, newest first. With --follow, print runs as they start and end."},
+  {"trace", C_TRACE, cli_trace, "trace RUN_ID [--wait SECONDS]", 1,
+   "Show a run as a tree: steps, attempts, inputs, outputs, errors, logs, timings."},
+  {"skills", C_SKILLS, cli_skills, "skills", 0,
+   "List the registered skills, their versions, triggers and last load error."},
+  {"new", C_NEW, cli_new, "new ID [--event NAME | --cron SPEC] [--workspace DIR]", 1,
+   "Write a skill skeleton ID.lua and its test ID_test.lua (with - and . as _) that pass check and test as written, with an event or cron trigger or none; existing files are never overwritten."},
+  {"stats", C_STATS, cli_stats, "stats [SKILL] [--since 7d] [--until TIME] [--interval 1h]", 1,
+   "Show the health of every skill, or of one, over a window: runs by outcome per "
+   "interval, failure rate, run and step duration percentiles, queue wait, retries, "
+   "LLM tokens, the slowest and most failing steps, and the versions loaded (deploys). "
+   "Sparklines on a terminal; the API's figures with --json."},
+  {"check", C_CHECK, cli_check, "check FILE-or-DIR... | check --api", -1,
+   "Load and validate skill files (or the skill files of folders) without deploying them."},
+  {"test", C_TEST, cli_test, "test [FILES or DIRS] [--json] [-v]", -1,
+   "Run skill tests (*_test.lua files) against mocks and a virtual clock."},
+  {"serve", C_SERVE, cli_serve, "serve [--workspace DIR] [--listen ADDR]", 0,
+   "Run the engine: scheduler, cron, HTTP API and dashboard, and the sidecar that "
+   "hot-loads the skill files of the workspace. Under systemd (Type=notify) it says "
+   "READY=1 once the workspace's skills are registered and the API listens."},
+  {"sidecar", C_SIDECAR, cli_sidecar, "sidecar --workspace DIR --server URL", 0,
+   "Watch a workspace as a separate process and send its skill files to an engine's API."},
+  {"repl", C_REPL, cli_repl, "repl [--workspace DIR]", 0,
+   "Interactive Lua with the engine inside: load, run and step through skills."},
+  {"version", C_VERSION, NULL, "version (or --version)", 0,
+   "Print the version of moonloop."},
+  {NULL, 0, NULL, NULL, 0, NULL},
 };
 
-/* Options: name, whether it takes a value, which commands accept it. */
-struct option {
-  const char *name;
-  int has_arg;
-  int cmds;
-};
-
+/* Options: name, whether it takes a value, which commands accept it, the
+** name of its value and what it means (--help, the man page, completions). */
 static const struct option options[] = {
-  {"db", 1, C_ALL}, {"config", 1, C_ALL}, {"server", 1, C_ALL}, {"json", 0, C_ALL},
-  {"verbose", 0, C_ALL}, {"quiet", 0, C_ALL},
-  {"data", 1, C_RUN | C_INVOKE | C_SEND}, {"resume", 1, C_RUN}, {"wait", 0, C_INVOKE},
-  {"wait", 1, C_TRACE}, /* trace --wait takes how long; invoke --wait waits for the end */
-  {"key", 1, C_INVOKE}, {"id", 1, C_SEND}, {"older-than", 1, C_PRUNE},
-  {"skill", 1, C_RUNS}, {"status", 1, C_RUNS}, {"since", 1, C_RUNS}, {"trigger", 1, C_RUNS},
-  {"limit", 1, C_RUNS}, {"follow", 0, C_RUNS},
-  {"workspace", 1, C_SERVE | C_SIDECAR | C_REPL | C_NEW}, {"listen", 1, C_SERVE},
-  {"event", 1, C_NEW}, {"cron", 1, C_NEW}, {"api", 0, C_CHECK},
-  {NULL, 0, 0},
+  {"db", 1, C_ALL, "PATH",
+   "the database (default ./moonloop.db, or $MOONLOOP_DB)"},
+  {"config", 1, C_ALL, "FILE",
+   "the configuration (default ./moonloop.conf.lua if present, or $MOONLOOP_CONFIG)"},
+  {"server", 1, C_ALL, "URL",
+   "send the command to a running engine ($MOONLOOP_URL)"},
+  {"json", 0, C_ALL, NULL,
+   "machine-readable output"},
+  {"verbose", 0, C_ALL, NULL,
+   "show each step as it completes"},
+  {"quiet", 0, C_ALL, NULL,
+   "no step lines, even on a terminal"},
+  {"data", 1, C_RUN | C_INVOKE | C_SEND, "JSON",
+   "the run's input, or the event's data"},
+  {"resume", 1, C_RUN, "RUN_ID",
+   "finish this unfinished run"},
+  {"wait", 0, C_INVOKE, NULL,
+   "wait for the run to end and print its result"},
+  {"wait", 1, C_TRACE, "SECONDS",
+   "wait up to this long for the run to end (at most 300), then show it"},
+  {"key", 1, C_INVOKE, "KEY",
+   "a key that makes the start idempotent: a repeat answers the first run"},
+  {"id", 1, C_SEND, "KEY",
+   "the event's idempotency key: a repeat is accepted once"},
+  {"older-than", 1, C_PRUNE, "DURATION",
+   "how old an ended run must be to go (30d)"},
+  {"skill", 1, C_RUNS, "ID",
+   "only runs of this skill"},
+  {"status", 1, C_RUNS, "STATUS",
+   "only runs with this status"},
+  {"since", 1, C_RUNS | C_STATS, "TIME",
+   "from this time: a duration back from now (7d, 24h) or an RFC 3339 time"},
+  {"trigger", 1, C_RUNS, "KIND",
+   "only runs started this way"},
+  {"limit", 1, C_RUNS, "N",
+   "at most N runs (default 100)"},
+  {"follow", 0, C_RUNS, NULL,
+   "keep printing runs as they start and end"},
+  {"until", 1, C_STATS, "TIME",
+   "up to this time (default now): a duration back from now or an RFC 3339 time"},
+  {"interval", 1, C_STATS, "DURATION",
+   "the length of one interval of the figures (default: the window cut into at most 60)"},
+  {"workspace", 1, C_SERVE | C_SIDECAR | C_REPL | C_NEW, "DIR",
+   "the folder of skill files to watch and load"},
+  {"listen", 1, C_SERVE, "ADDR",
+   "the HTTP API's address (default 127.0.0.1:8288)"},
+  {"event", 1, C_NEW, "NAME",
+   "the skeleton's trigger: this event"},
+  {"cron", 1, C_NEW, "SPEC",
+   "the skeleton's trigger: this cron schedule"},
+  {"api", 0, C_CHECK, NULL,
+   "print the tables of skill keys, steps and module functions instead"},
+  {NULL, 0, 0, NULL, NULL},
 };
 
 /* The option argument a names ("--db", "--db=x", "-v"), or NULL. */
@@ -114,19 +174,31 @@ static int print_version(const struct cli *c) {
   return EXIT_OK;
 }
 
-/* Print the usage: every command, then the options every command takes. */
-static void usage(FILE *f) {
-  fprintf(f, "usage: moonloop COMMAND [options]\n\ncommands:\n");
-  for (const struct command *c = commands; c->name; c++) fprintf(f, "  moonloop %s\n", c->usage);
-  fprintf(f,
-          "\noptions for every command:\n"
-          "  --db PATH        the database (default ./moonloop.db, or $MOONLOOP_DB)\n"
-          "  --config FILE    the configuration (default ./moonloop.conf.lua if present)\n"
-          "  --server URL     send the command to a running engine ($MOONLOOP_URL)\n"
-          "  --json           machine-readable output\n"
-          "  -v, --verbose    show each step as it completes\n"
-          "  --quiet          no step lines, even on a terminal\n"
-          "  -h, --help       this help, or a command's usage (moonloop COMMAND --help)\n");
+/* The tables, for help.c: --help, the man page and the completions. */
+static const struct help_tables tables = {commands, options, C_ALL, MOONLOOP_VERSION};
+
+/* moonloop help [--man | --completion SHELL]: the usage, the man page, or
+** a completion script (what the build installs). */
+static int help(int argc, char **argv) {
+  if (argc > 2 && !strcmp(argv[2], "--man")) {
+    help_man(stdout, &tables);
+    return EXIT_OK;
+  }
+  if (argc > 2 && !strcmp(argv[2], "--completion")) {
+    if (argc > 3 && !help_completion(stdout, argv[3], &tables)) return EXIT_OK;
+    return cli_fail(EXIT_USAGE, "help --completion: which shell? bash or zsh");
+  }
+  if (argc > 2 && strcmp(argv[2], "--help") && strcmp(argv[2], "-h")) {
+    for (const struct command *k = commands; k->name; k++)
+      if (!strcmp(k->name, argv[2])) {
+        printf("usage: moonloop %s\n", k->usage);
+        return EXIT_OK;
+      }
+    return cli_fail(EXIT_USAGE, "help: unknown argument '%s' (moonloop help [COMMAND | --man | "
+                    "--completion bash|zsh])", argv[2]);
+  }
+  help_usage(stdout, &tables);
+  return EXIT_OK;
 }
 
 /* Parse the arguments, load the configuration, run the command; its
@@ -159,15 +231,14 @@ int main(int argc, char **argv) {
     break;
   }
   if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help"))) {
-    usage(stdout);
     free(pos);
-    return EXIT_OK;
+    return help(argc, argv);
   }
   if (!cmd) {
     int i = 1;
     while (i < argc && argv[i][0] == '-') i++;
     if (i < argc) cli_fail(EXIT_USAGE, "unknown command '%s'", argv[i]);
-    usage(stderr);
+    help_usage(stderr, &tables);
     free(pos);
     return EXIT_USAGE;
   }
@@ -233,6 +304,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(name, "limit")) c.limit = val;
     else if (!strcmp(name, "follow")) c.follow = 1;
     else if (!strcmp(name, "api")) c.api = 1;
+    else if (!strcmp(name, "until")) c.until = val;
+    else if (!strcmp(name, "interval")) c.interval = val;
     else if (!strcmp(name, "workspace")) workspace = val;
     else if (!strcmp(name, "listen")) listen = val;
     else if (!strcmp(name, "event")) c.event = val;

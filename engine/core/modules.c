@@ -88,6 +88,33 @@ static int c_runs_get(lua_State *L) {
   return push_json(L, run);
 }
 
+/* core.runs_stats{skill=, since= (ms), until= (ms), interval= (ms)}: the
+** health figures as JSON (store_stats_skill with a skill, else
+** store_stats_overview), or nil, message, and "not_found" for a skill
+** neither registered nor run, "invalid" for a bad window. */
+static int c_runs_stats(lua_State *L) {
+  struct engine *en = up_engine(L);
+  luaL_checktype(L, 1, LUA_TTABLE);
+  struct stats_query q = {.skill = opt_field(L, "skill")};
+  lua_getfield(L, 1, "since");
+  q.since = (int64_t)lua_tonumber(L, -1);
+  lua_getfield(L, 1, "until");
+  q.until = lua_isnumber(L, -1) ? (int64_t)lua_tonumber(L, -1) : units_now_ms();
+  lua_getfield(L, 1, "interval");
+  q.interval = (int64_t)lua_tonumber(L, -1);
+  lua_pop(L, 3);
+  cJSON *st;
+  err_t e;
+  int rc = q.skill ? store_stats_skill(en->store, &q, &st, &e) : store_stats_overview(en->store, &q, &st, &e);
+  if (rc) {
+    lua_pushnil(L);
+    lua_pushstring(L, e.msg);
+    lua_pushstring(L, err_name(rc));
+    return 3;
+  }
+  return push_json(L, st);
+}
+
 static int c_skills_list(lua_State *L) {
   struct engine *en = up_engine(L);
   cJSON *skills;
@@ -362,6 +389,7 @@ void modules_op_cancel(struct task *t, lua_State *co) {
 void modules_register(struct engine *en) {
   lrt_register(en->lrt, "runs_list", c_runs_list, en);
   lrt_register(en->lrt, "runs_get", c_runs_get, en);
+  lrt_register(en->lrt, "runs_stats", c_runs_stats, en);
   lrt_register(en->lrt, "skills_list", c_skills_list, en);
   lrt_register(en->lrt, "skills_get", c_skills_get, en);
   lrt_register(en->lrt, "skills_check", c_skills_check, en);

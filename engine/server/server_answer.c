@@ -479,6 +479,40 @@ static void get_version(server_t *srv, h2o_req_t *req, const char *version) {
   respond_cjson(srv, req, 200, o);
 }
 
+/* GET /v1/stats and /v1/skills/{id}/stats: the store's figures. */
+static void stats(server_t *srv, h2o_req_t *req, const struct server_plan *pl) {
+  cJSON *o;
+  err_t e;
+  int rc = pl->op == SERVER_OP_SKILL_STATS ? store_stats_skill(srv->en->store, &pl->stats, &o, &e)
+                                           : store_stats_overview(srv->en->store, &pl->stats, &o, &e);
+  if (rc) respond_err(srv, req, &e);
+  else respond_cjson(srv, req, 200, o);
+}
+
+/* GET /v1/events: {"events": [...], "next": id of the last event shown, or null}. */
+static void list_events(server_t *srv, h2o_req_t *req, const struct server_plan *pl) {
+  cJSON *events;
+  err_t e;
+  if (store_list_events(srv->en->store, &pl->evf, &events, &e)) {
+    respond_err(srv, req, &e);
+    return;
+  }
+  /* One more than the limit was asked for: its presence says there is a next page. */
+  cJSON *next = cJSON_CreateNull();
+  if (cJSON_GetArraySize(events) > pl->limit) {
+    cJSON_DeleteItemFromArray(events, pl->limit);
+    cJSON *id = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(events, pl->limit - 1), "id");
+    if (cJSON_IsString(id)) {
+      cJSON_Delete(next);
+      next = cJSON_CreateString(id->valuestring);
+    }
+  }
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddItemToObject(o, "events", events);
+  cJSON_AddItemToObject(o, "next", next);
+  respond_cjson(srv, req, 200, o);
+}
+
 /* Headers of every dashboard file: its validator, revalidation on each use
 ** (a new binary serves new files at once), and a policy that lets the page
 ** load nothing but its own files and talk to nothing but this server. */
@@ -554,6 +588,9 @@ void server__answer(server_t *srv, h2o_req_t *req, const struct server_plan *pl)
   case SERVER_OP_LIST_SKILLS: list_skills(srv, req); break;
   case SERVER_OP_GET_SKILL: get_skill(srv, req, pl->id); break;
   case SERVER_OP_GET_VERSION: get_version(srv, req, pl->id); break;
+  case SERVER_OP_STATS:
+  case SERVER_OP_SKILL_STATS: stats(srv, req, pl); break;
+  case SERVER_OP_LIST_EVENTS: list_events(srv, req, pl); break;
   default: control(srv, req, pl); break;
   }
 }

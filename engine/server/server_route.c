@@ -17,6 +17,9 @@
 **                                  (PUT and DELETE take ?file=NAME: the sidecar's file)
 **   /v1/skills/{id}/invoke         POST             INVOKE
 **   /v1/versions/{hash}            GET              GET_VERSION
+**   /v1/stats                      GET              STATS
+**   /v1/skills/{id}/stats          GET              SKILL_STATS
+**   /v1/events                     GET              LIST_EVENTS (POST: EVENTS)
 **
 ** The dashboard's files (GET and HEAD of /, /app.js, /style.css: web.h) are
 ** answered by server.c before authentication and routing; INDEX answers /
@@ -645,6 +648,124 @@ static int route_run_wait(const char *q, size_t qlen, struct server_plan *p, int
   return 0;
 }
 
+/* ---- GET /v1/stats and /v1/events queries ----------------------------- */
+
+/* One parameter of q at i, decoded into key and val (with its printable
+** form in shown); *j gets where it ends. 1 when there is one, 0 for an
+** empty one (skip it), or a code after filling e. */
+static int next_param(const char *q, size_t qlen, size_t i, size_t *j, char *key, size_t kn,
+                      char *val, size_t vn, long *vl, char *shown, size_t sn, int *status,
+                      err_t *e) {
+  size_t eq;
+  split_param(q, qlen, i, j, &eq);
+  if (*j == i) return 0;
+  long kl = pct_decode(q + i, eq - i, key, kn, 1);
+  *vl = eq < *j ? pct_decode(q + eq + 1, *j - eq - 1, val, vn, 1) : 0;
+  if (eq >= *j) val[0] = 0;
+  printable(shown, sn, q + i, eq - i);
+  if (kl == -1 || *vl == -1)
+    return fail(status, 400, e, ERR_INVALID, "malformed percent-encoding in parameter '%s'", shown);
+  if (kl < 0 || (size_t)kl != strlen(key)) key[0] = 0; /* no known key: refused by the caller */
+  if (*vl == -2 || (*vl > 0 && (size_t)*vl != strlen(val)))
+    return fail(status, 400, e, ERR_INVALID, "parameter '%s' is too long or holds a NUL byte", shown);
+  return 1;
+}
+
+/* A time parameter: a duration back from now ("7d") or an RFC 3339 time. */
+static int param_time(const char *key, const char *val, int64_t now_ms, int64_t *out,
+                      int *status, err_t *e) {
+  int64_t ms;
+  err_t sub;
+  char shown[80];
+  printable(shown, sizeof shown, val, strlen(val));
+  if (!units_duration(val, &ms, &sub)) *out = now_ms - ms;
+  else if (!units_parse_rfc3339(val, &ms, &sub)) *out = ms;
+  else
+    return fail(status, 400, e, ERR_INVALID, "%s: expected a duration such as 7d or an RFC 3339 "
+                "time, got '%s'", key, shown);
+  if (*out <= 0) *out = 1;
+  return 0;
+}
+
+/* GET /v1/stats's and /v1/skills/{id}/stats's query: since (default 7d),
+** until (default now), interval (a duration; default: picked by the store). */
+static int route_stats(const char *q, size_t qlen, int64_t now_ms, struct server_plan *p,
+                       int *status, err_t *e) {
+  p->stats.since = now_ms - 7 * 86400000LL;
+  p->stats.until = now_ms;
+  size_t i = 0, j;
+  while (i < qlen) {
+    char key[32], val[80], shown[80];
+    long vl;
+    int rc = next_param(q, qlen, i, &j, key, sizeof key, val, sizeof val, &vl, shown,
+                        sizeof shown, status, e);
+    if (rc < 0) return rc;
+    i = j + 1;
+    if (!rc || vl == 0) continue; /* an empty value is the default, as forms send it */
+    if (!strcmp(key, "since") || !strcmp(key, "until")) {
+      if (param_time(key, val, now_ms, key[0] == 's' ? &p->stats.since : &p->stats.until, status, e))
+        return e->code;
+    } else if (!strcmp(key, "interval")) {
+      err_t sub;
+      if (units_duration(val, &p->stats.interval, &sub) || p->stats.interval <= 0) {
+        printable(shown, sizeof shown, val, (size_t)vl);
+        return fail(status, 400, e, ERR_INVALID, "interval: expected a duration such as 1h, "
+                    "got '%s'", shown);
+      }
+    } else {
+      return fail(status, 400, e, ERR_INVALID, "unknown parameter '%s' (the figures take since, "
+                  "until and interval)", shown);
+    }
+  }
+  if (p->stats.until <= p->stats.since)
+    return fail(status, 400, e, ERR_INVALID, "the window is empty: since must come before until");
+  return 0;
+}
+
+/* GET /v1/events's query: limit, before (an event id: the next page). */
+static int route_events_list(const char *q, size_t qlen, struct server_plan *p, int *status,
+                             err_t *e) {
+  p->evf.limit = SERVER_EVENTS_DEFAULT;
+  size_t i = 0, j;
+  while (i < qlen) {
+    char key[32], val[SERVER_ID_MAX + 1], shown[80];
+    long vl;
+    int rc = next_param(q, qlen, i, &j, key, sizeof key, val, sizeof val, &vl, shown,
+                        sizeof shown, status, e);
+    if (rc < 0) return rc;
+    i = j + 1;
+    if (!rc || vl == 0) continue;
+    if (!strcmp(key, "before")) {
+      printable(shown, sizeof shown, val, (size_t)vl);
+      if (!is_run_id(val, (size_t)vl))
+        return fail(status, 400, e, ERR_INVALID, "before: '%s' is not an event id (26 characters "
+                    "such as 01J00000000000000000000000)", shown);
+      memcpy(p->before, val, (size_t)vl + 1);
+      p->evf.before = p->before;
+    } else if (!strcmp(key, "limit")) {
+      long n = 0;
+      int ok = vl <= 5;
+      for (long k = 0; k < vl && ok; k++) {
+        ok = val[k] >= '0' && val[k] <= '9';
+        n = n * 10 + (val[k] - '0');
+      }
+      if (!ok || n < 1 || n > SERVER_EVENTS_LIST_MAX) {
+        printable(shown, sizeof shown, val, (size_t)vl);
+        return fail(status, 400, e, ERR_INVALID, "limit must be a number from 1 to %d, got '%s'",
+                    SERVER_EVENTS_LIST_MAX, shown);
+      }
+      p->evf.limit = (int)n;
+    } else {
+      return fail(status, 400, e, ERR_INVALID, "unknown parameter '%s' (GET /v1/events takes "
+                  "limit and before)", shown);
+    }
+  }
+  /* One more than asked: whether it comes back says if there is a next page. */
+  p->limit = p->evf.limit;
+  p->evf.limit++;
+  return 0;
+}
+
 /* ---- PUT and DELETE /v1/skills/{id} query ----------------------------- */
 
 /* Refuse a file name with a ".." component (anywhere: it could lead out
@@ -798,8 +919,11 @@ int server_route(const char *method, size_t mlen, const char *target, size_t tle
       return not_allowed(p, allow, status, e, method, mlen,
                          op == SERVER_OP_CANCEL ? "/v1/runs/{id}/cancel" : "/v1/runs/{id}/rerun");
   } else if (SEG(0, "v1") && SEG(1, "events") && nseg == 2) {
-    op = SERVER_OP_EVENTS, allow = "POST";
-    if (!post) return not_allowed(p, allow, status, e, method, mlen, "/v1/events");
+    op = get ? SERVER_OP_LIST_EVENTS : SERVER_OP_EVENTS, allow = "GET, HEAD, POST";
+    if (!post && !get) return not_allowed(p, allow, status, e, method, mlen, "/v1/events");
+  } else if (SEG(0, "v1") && SEG(1, "stats") && nseg == 2) {
+    op = SERVER_OP_STATS, allow = "GET, HEAD";
+    if (!get) return not_allowed(p, allow, status, e, method, mlen, "/v1/stats");
   } else if (SEG(0, "v1") && SEG(1, "skills") && nseg == 2) {
     op = SERVER_OP_LIST_SKILLS, allow = "GET, HEAD";
     if (!get) return not_allowed(p, allow, status, e, method, mlen, "/v1/skills");
@@ -809,6 +933,9 @@ int server_route(const char *method, size_t mlen, const char *target, size_t tle
     else if (put) op = SERVER_OP_PUT_SKILL;
     else if (del) op = SERVER_OP_DELETE_SKILL;
     else return not_allowed(p, allow, status, e, method, mlen, "/v1/skills/{id}");
+  } else if (SEG(0, "v1") && SEG(1, "skills") && nseg == 4 && SEG(3, "stats")) {
+    op = SERVER_OP_SKILL_STATS, allow = "GET, HEAD", id_seg = 2, skill_path = 1;
+    if (!get) return not_allowed(p, allow, status, e, method, mlen, "/v1/skills/{id}/stats");
   } else if (SEG(0, "v1") && SEG(1, "skills") && nseg == 4 && SEG(3, "invoke")) {
     op = SERVER_OP_INVOKE, allow = "POST", id_seg = 2, skill_path = 1;
     if (!post) return not_allowed(p, allow, status, e, method, mlen, "/v1/skills/{id}/invoke");
@@ -824,7 +951,7 @@ int server_route(const char *method, size_t mlen, const char *target, size_t tle
     p->id[segs[2].len] = 0;
   } else {
     return fail(status, 404, e, ERR_NOTFOUND, "no such path: '%s' (the API is under /v1: "
-                "runs, events, skills, versions)", shown);
+                "runs, events, skills, versions, stats)", shown);
   }
 #undef SEG
   p->op = op;
@@ -874,6 +1001,12 @@ int server_route(const char *method, size_t mlen, const char *target, size_t tle
     rc = route_file(q, qlen, p, status, e);
     break;
   case SERVER_OP_DELETE_SKILL: rc = route_file(q, qlen, p, status, e); break;
+  case SERVER_OP_STATS: rc = route_stats(q, qlen, now_ms, p, status, e); break;
+  case SERVER_OP_SKILL_STATS:
+    rc = route_stats(q, qlen, now_ms, p, status, e);
+    p->stats.skill = p->id;
+    break;
+  case SERVER_OP_LIST_EVENTS: rc = route_events_list(q, qlen, p, status, e); break;
   default: break;
   }
   if (rc) {

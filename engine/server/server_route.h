@@ -33,6 +33,8 @@
 #define SERVER_LIST_DEFAULT 100            /* GET /v1/runs without limit */
 #define SERVER_LIST_MAX 1000
 #define SERVER_FILE_MAX 1024               /* PUT/DELETE /v1/skills/{id}?file= */
+#define SERVER_EVENTS_DEFAULT 50           /* GET /v1/events without limit */
+#define SERVER_EVENTS_LIST_MAX 500
 
 enum server_op {
   SERVER_OP_NONE,
@@ -49,6 +51,9 @@ enum server_op {
   SERVER_OP_PUT_SKILL,   /* PUT /v1/skills/{id}[?file=NAME] */
   SERVER_OP_DELETE_SKILL,/* DELETE /v1/skills/{id}[?file=NAME] (the standalone sidecar) */
   SERVER_OP_GET_VERSION, /* GET /v1/versions/{hash}: a version's source */
+  SERVER_OP_STATS,       /* GET /v1/stats: every skill's health figures */
+  SERVER_OP_SKILL_STATS, /* GET /v1/skills/{id}/stats: one skill's */
+  SERVER_OP_LIST_EVENTS, /* GET /v1/events: recent events and the runs they started */
 };
 
 /* What the route needs from the configuration. */
@@ -79,6 +84,8 @@ struct server_plan {
   size_t source_len;
   char file[SERVER_FILE_MAX + 1];  /* PUT_SKILL, DELETE_SKILL: ?file=, "" when absent */
   const char *allow;               /* after a 405: the methods the path takes */
+  struct stats_query stats;        /* STATS, SKILL_STATS: since (default 7d), until, interval */
+  struct event_filter evf;         /* LIST_EVENTS: before points into before[] */
 };
 
 /* Route one request. target is the request target as sent (path and

@@ -142,6 +142,43 @@ int store_count_runs(store_t *s, const struct run_filter *f, int64_t *n, err_t *
 /* Runs by status, {"completed": 12, "failed": 1, ...}, for /metrics. */
 int store_count_by_status(store_t *s, cJSON **out, err_t *e);
 
+/* ---- health figures and the event stream (store_stats.c) ------------- */
+
+/* A window of history cut into equal intervals. since and until are ms;
+** since is moved back to a multiple of the interval (intervals line up
+** from one query to the next); interval 0 picks one from the window's
+** length (at most 60 intervals: 1h -> 1m, 24h -> 30m, 7d -> 3h). More than
+** STORE_STATS_MAX_INTERVALS intervals is ERR_INVALID. */
+struct stats_query {
+  const char *skill; /* store_stats_skill's skill */
+  int64_t since, until, interval;
+};
+#define STORE_STATS_MAX_INTERVALS 1000
+
+/* One skill's figures over the window, as docs/api.md shows them: run
+** counts by outcome, failure rate, run duration and queue wait percentiles,
+** per interval and over the window; the same run figures for the window
+** before (to say what changed); steps: duration percentiles, retries, LLM
+** tokens, the slowest and the most failing steps; the versions loaded in
+** the window (deploy markers). A run counts in the interval its created_at
+** falls in. ERR_NOTFOUND for a skill neither registered nor ever run. */
+int store_stats_skill(store_t *s, const struct stats_query *q, cJSON **out, err_t *e);
+
+/* Every skill's run figures over the window and the one before, with its
+** series per interval and the versions loaded in the window (no step
+** figures): {"since", "until", "interval", "interval_ms", "skills": [...]}. */
+int store_stats_overview(store_t *s, const struct stats_query *q, cJSON **out, err_t *e);
+
+struct event_filter {
+  const char *before; /* paging: only events with an id below this one */
+  int limit;          /* 0 = 50 */
+};
+
+/* Recent events, newest first: [{id, name, ts, dispatched, data (null
+** when over 4 KB: data_bytes says how big), runs: [{id, skill, status}]
+** (the runs it started)}]. */
+int store_list_events(store_t *s, const struct event_filter *f, cJSON **out, err_t *e);
+
 /* The source of a version (and its skill id and file); caller frees. */
 int store_get_version(store_t *s, const char *version, char **source, char **skill, char **file,
                       err_t *e);

@@ -35,6 +35,18 @@ enum {
 #define STORE_RCACHED_STMTS 32
 #define STORE_FILTER_SHAPES 128 /* a run filter's seven optional conditions */
 
+/* The summary of a run's steps kept on an ended run (steps, failed_steps,
+** retries, tokens), as the four columns of a SELECT over its steps, each
+** NULL unless cond (SQL) holds. */
+#define STORE_STEP_SUMS(cond) \
+  "CASE WHEN " cond " THEN count(*) END," \
+  " CASE WHEN " cond " THEN coalesce(sum(status = 'failed'), 0) END," \
+  " CASE WHEN " cond " THEN coalesce(sum(max(attempts - 1, 0)), 0) END," \
+  " CASE WHEN " cond " THEN coalesce(sum(CASE WHEN usage IS NOT NULL AND json_valid(usage)" \
+  " THEN json_extract(usage, '$.total_tokens') END), 0) END"
+/* The same, unconditional: a SELECT whose text ends where the run's id goes. */
+#define STORE_STEP_SUMMARY "SELECT " STORE_STEP_SUMS("1") " FROM steps WHERE run_id = "
+
 struct store {
   sqlite3 *w, *r;
   sqlite3_stmt *ws[W_COUNT];
@@ -86,8 +98,10 @@ int store__write_flow(store_t *s, const struct jentry *je, err_t *e);
 /* SKILL_ERROR and SKILL_REMOVE changes to the registry. */
 int store__skill_change(store_t *s, const struct skill_row *r, err_t *e);
 /* A run ended with status: drop its waits, slots and queue places; unless
-** it completed, end its steps still open. */
+** it completed, end its steps still open; keep the summary of its steps. */
 int store__run_ended(store_t *s, const char *run_id, const char *status, err_t *e);
+/* store_stats.c, for tests: read the steps of every n-th run (n > 0), not a sample. */
+extern int store__stats_steps_mode;
 /* Finalize store_flow.c's statements. */
 void store__flow_close(store_t *s);
 

@@ -518,8 +518,16 @@ int store__run_ended(store_t *s, const char *run_id, const char *status, err_t *
     " ended_at = (SELECT ended_at FROM runs WHERE id = ?1), wake_at = NULL, retry_at = NULL"
     " WHERE run_id = ?1 AND status IN ('running', 'sleeping', 'waiting')",
   };
-  size_t n = status && !strcmp(status, "completed") ? 3 : 4;
-  return store__exec_bound(s, sql, n, run_id, "cleaning up after a run", e);
+  static const char *const summary[] = {
+    "UPDATE runs SET (steps, failed_steps, retries, tokens) = (" STORE_STEP_SUMMARY "?1)"
+    " WHERE id = ?1",
+  };
+  /* A completed run has no open steps, and got its summary with its
+  ** status (W_RUN_SET); the others get it once their steps are ended. */
+  if (status && !strcmp(status, "completed"))
+    return store__exec_bound(s, sql, 3, run_id, "cleaning up after a run", e);
+  if (store__exec_bound(s, sql, 4, run_id, "cleaning up after a run", e)) return e->code;
+  return store__exec_bound(s, summary, 1, run_id, "summing up a run's steps", e);
 }
 
 /* Start the runs of skills triggered by this event. */

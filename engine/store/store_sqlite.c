@@ -12,7 +12,8 @@
 **   versions (version) -> skill, source, file: every source ever loaded
 **   runs     (id) -> skill, version, status, trigger, input, output, error,
 **            times, owner (the lease holding it while unfinished), idem
-**            (invoke's key: unique per skill)
+**            (invoke's key: unique per skill); once ended, a summary of
+**            its steps (steps, failed_steps, retries, tokens)
 **   steps    (run_id, seq) -> id, kind, status, output, attempts, times
 **   attempts (run_id, seq, n) -> failed attempts with error and traceback
 **   logs     run_id, seq, ts, level, msg
@@ -23,6 +24,10 @@
 **   slots, slot_queue: concurrency slots held, and runs queued for them
 **   cron_state (skill, spec) -> the last tick fired
 **   leases   (owner) -> kind, host, pid, expires_at
+**
+** Indexes for reading history: runs_ended (ended runs by skill, status
+** and time, store_stats.c) and runs_event (runs by the id of the event that started
+** them).
 **
 ** A run is owned by at most one live lease. Finished runs have no owner.
 ** Claiming work takes unowned unfinished runs; reaping clears the owner of
@@ -123,6 +128,28 @@ static const char *const migrations[] = {
   ** run (and pruned with it) */
   "ALTER TABLE runs ADD COLUMN idem TEXT;"
   "CREATE UNIQUE INDEX runs_idem ON runs(skill, idem) WHERE idem IS NOT NULL;",
+  /* 4: health figures (store_stats.c). An ended run keeps a summary of
+  ** its steps (count, failed, retries after the first attempt, LLM tokens),
+  ** written when it ends (store__run_ended) and filled here for the runs
+  ** that ended before. runs_ended covers every column the figures read
+  ** of ended runs, by skill, status and creation time (status before
+  ** time: a window's runs are counted by status without reading their
+  ** entries); partial, so a run's entry is written once, when it ends
+  ** (with its summary), not at every status change. runs_event
+  ** finds the runs an event started (LIKE guards json_valid: a trigger
+  ** that is not JSON never fails an insert). */
+  "ALTER TABLE runs ADD COLUMN steps INTEGER;"
+  "ALTER TABLE runs ADD COLUMN failed_steps INTEGER;"
+  "ALTER TABLE runs ADD COLUMN retries INTEGER;"
+  "ALTER TABLE runs ADD COLUMN tokens INTEGER;"
+  "UPDATE runs SET (steps, failed_steps, retries, tokens) = (" STORE_STEP_SUMMARY "runs.id)"
+  "  WHERE status IN ('completed','failed','cancelled');"
+  "CREATE INDEX runs_ended ON runs(skill, status, created_at, started_at, ended_at,"
+  "  steps, failed_steps, retries, tokens, id)"
+  "  WHERE status = 'completed' OR status = 'failed' OR status = 'cancelled';"
+  "CREATE INDEX runs_event ON runs("
+  "  CASE WHEN json_valid(trigger) THEN json_extract(trigger, '$.event.id') END)"
+  "  WHERE trigger LIKE '{\"kind\":\"event\"%';",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -136,10 +163,15 @@ static const char *const wsql[W_COUNT] = {
     "INSERT INTO runs(id, skill, version, status, entry, trigger, parent_id, input, output,"
     " error, created_at, started_at, ended_at, deadline_at, wake_at, owner)"
     " VALUES(?1,?2,?3,?4,COALESCE(?5,'run'),?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)",
+  /* A run that completes gets the summary of its steps (store_stats.c
+  ** reads it) in the same write; a failed or cancelled one gets it from
+  ** store__run_ended, once its open steps are ended too. */
   [W_RUN_SET] =
     "UPDATE runs SET status = ?2, output = COALESCE(?3, output), error = COALESCE(?4, error),"
     " started_at = COALESCE(?5, started_at), ended_at = COALESCE(?6, ended_at), wake_at = ?7,"
-    " owner = CASE WHEN ?2 IN ('completed','failed','cancelled') THEN NULL ELSE owner END"
+    " owner = CASE WHEN ?2 IN ('completed','failed','cancelled') THEN NULL ELSE owner END,"
+    " (steps, failed_steps, retries, tokens) = (SELECT " STORE_STEP_SUMS("?2 = 'completed'")
+    " FROM steps WHERE run_id = ?1 AND ?2 = 'completed')"
     " WHERE id = ?1",
   [W_STEP] =
     "INSERT OR REPLACE INTO steps(run_id, seq, id, kind, status, output, error, usage, attempts,"
@@ -313,6 +345,9 @@ int store_open(const char *path, enum store_durability d, store_t **out, err_t *
       goto fail;
     }
   if (open_conn(path, &s->r, e)) goto fail;
+  /* The reader maps the file instead of copying pages into its cache:
+  ** history reads (stats over a million runs) touch many pages once. */
+  store__exec(s->r, "PRAGMA mmap_size=1073741824", NULL);
   *out = s;
   return 0;
 fail:

@@ -10,6 +10,8 @@ echo "== 100,000 parked runs: memory, and waking one"
 "$b/bench_parked" 100000 10000
 echo "== moonloop runs over 100,000 runs"
 python3 "$top/tests/bench/runs_list.py" 100000 "$b/moonloop"
+echo "== moonloop stats over 1,000,000 runs (target: under 200 ms)"
+python3 "$top/tests/bench/stats.py" "${STATS_RUNS:-1000000}" "$b/moonloop"
 echo "== HTTP: events accepted per second"
 sh "$top/tests/bench/http_events.sh"
 echo "== HTTP: invoke with wait"

@@ -281,7 +281,7 @@ class ApiReadTest(ApiTestBase):
 
     def test_wrong_method_is_405_with_allow(self):
         cases = [("DELETE", "/v1/runs", "GET"), ("POST", "/v1/runs", "GET"),
-                 ("GET", "/v1/events", "POST"), ("PUT", "/v1/events", "POST"),
+                 ("DELETE", "/v1/events", "POST"), ("PUT", "/v1/events", "GET"),
                  ("GET", "/v1/runs/01J00000000000000000000000/cancel", "POST"),
                  ("GET", "/v1/runs/01J00000000000000000000000/rerun", "POST"),
                  ("GET", "/v1/skills/hello/invoke", "POST"), ("PATCH", "/v1/skills/hello", "PUT"),

@@ -12,6 +12,11 @@ tests/browser/node_modules once per lockfile). It needs /usr/bin/chromium and
 node with npm: scripts/deps.sh installs them; this test tries apt-get when
 they are missing, and is skipped, saying why, only when they cannot be
 installed. Its screenshot goes to tests/artifacts/dashboard.png.
+
+HealthBrowserTest: tests/browser/health.test.js drives the health views
+(overview, a skill's charts, the window switch, deploy markers, invoke and
+send from the page, the event stream) the same way; screenshots go to
+tests/artifacts/health-overview.png, health-skill.png and events.png.
 """
 import fcntl
 import hashlib
@@ -113,7 +118,10 @@ class DashboardHttpTest(unittest.TestCase):
         for path, name, ctype in (("/", "index.html", "text/html; charset=utf-8"),
                                   ("/?from=bookmark", "index.html", "text/html; charset=utf-8"),
                                   ("/app.js", "app.js", "text/javascript; charset=utf-8"),
-                                  ("/style.css", "style.css", "text/css; charset=utf-8")):
+                                  ("/style.css", "style.css", "text/css; charset=utf-8"),
+                                  ("/charts.js", "charts.js", "text/javascript; charset=utf-8"),
+                                  ("/health.js", "health.js", "text/javascript; charset=utf-8"),
+                                  ("/health.css", "health.css", "text/css; charset=utf-8")):
             st, h, body = request(self.port, "GET", path, token=None)
             self.assertEqual(st, 200, path)
             self.assertEqual(h["content-type"], ctype, path)
@@ -128,8 +136,12 @@ class DashboardHttpTest(unittest.TestCase):
         page = web_file("index.html").decode()
         self.assertIn('src="/app.js"', page)
         self.assertIn('href="/style.css"', page)
-        for name in ("index.html", "app.js", "style.css"):
+        for name in ("charts.js", "health.js", "health.css"):
+            self.assertIn('"/%s"' % name, page)
+        for name in sorted(os.listdir(WEB)):
             text = web_file(name).decode()
+            # SVG's namespace name is a name, not an address anything is fetched from.
+            text = text.replace("'http://www.w3.org/2000/svg'", "")
             self.assertNotRegex(text, r"https?://|//[a-z0-9.-]+\.[a-z]{2,}/", name)
             self.assertNotIn("@import", text, name)
 
@@ -295,6 +307,33 @@ class DashboardBrowserTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, "the browser test failed:\n" + r.stdout + r.stderr)
         self.assertRegex(r.stdout, r"(?m)^\d+ passed, 0 failed$")
         self.assertTrue(os.path.getsize(shot) > 10000, "no screenshot at " + shot)
+
+
+class HealthBrowserTest(unittest.TestCase):
+    """The health views in headless Chromium: tests/browser/health.test.js."""
+
+    setUpClass = classmethod(DashboardBrowserTest.setUpClass.__func__)  # Chromium, node, npm
+
+    def test_health_in_chromium(self):
+        _npm_ci()
+        artifacts = os.path.join(SRC, "tests", "artifacts")
+        shots = [os.path.join(artifacts, n) for n in ("health-overview.png", "health-skill.png", "events.png")]
+        for shot in shots:
+            if os.path.exists(shot):
+                os.unlink(shot)
+        env = dict(os.environ, MOONLOOP_BIN=os.path.abspath(BIN), ARTIFACTS_DIR=artifacts,
+                   CHROMIUM=CHROMIUM)
+        env.pop("MOONLOOP_URL", None)
+        env.pop("MOONLOOP_TOKEN", None)
+        t0 = time.time()
+        r = subprocess.run(["node", "health.test.js"], cwd=BROWSER, env=env, capture_output=True,
+                           text=True, timeout=240)
+        sys.stderr.write(r.stdout)
+        sys.stderr.write("(browser test took %.1f s)\n" % (time.time() - t0))
+        self.assertEqual(r.returncode, 0, "the browser test failed:\n" + r.stdout + r.stderr)
+        self.assertRegex(r.stdout, r"(?m)^\d+ passed, 0 failed$")
+        for shot in shots:
+            self.assertTrue(os.path.getsize(shot) > 10000, "no screenshot at " + shot)
 
 
 if __name__ == "__main__":

@@ -154,7 +154,8 @@ end }""")
             main_c = f.read()
         bits = dict(re.findall(r'\{"(\w+)", (C_\w+), ', main_c))
         table = main_c[main_c.index("static const struct option options[]"):]
-        flags = re.findall(r'\{"([a-z][a-z-]*)", [01], ([A-Z_ |]+)\}', table[:table.index("{NULL")])
+        flags = re.findall(r'\{"([a-z][a-z-]*)", [01], ([A-Z_ |]+),', table[:table.index("{NULL")])
+        flags = [(n, m.strip()) for n, m in flags]
         self.assertIn(("follow", "C_RUNS"), flags)
         helptext = self.w.ml("--help", check=0).stdout
         general = helptext[helptext.index("options for every command"):]
