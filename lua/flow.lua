@@ -187,8 +187,23 @@ run.add_step("parallel", function(id, fns, opts)
   end
   run.check_step_opts("step.parallel", opts)
   local sid, seq, rec = next_step(R, T, id, "parallel")
-  if done_rec(R, rec) then return decode(rec.output) end
   local n = #fns
+  if rec and (rec.status == "completed" or rec.status == "failed") then
+    -- Ended: its branches' records follow its own. Step past them (checked
+    -- against the code's branches) before anything else, so the steps after
+    -- the parallel meet their own records.
+    local first_failed
+    for i = 1, n do
+      local crec = record_at(R, seq + i, sid .. "/" .. i, "run")
+      if not crec then run.diverge(R, ("the code no longer matches this run's journal: step %d should be '%s' (run), a branch of the ended parallel '%s', but the journal ends before it"):format(seq + i, sid .. "/" .. i, sid)) end
+      if crec.status == "failed" and not first_failed then first_failed = i end
+    end
+    R.seq = seq + n
+    R.now = rec.ended_at or R.now
+    if rec.status == "completed" then return decode(rec.output) end
+    error(setmetatable({ message = ("step '%s' failed: %s"):format(sid, rec.error or "failed"),
+      step = first_failed and (sid .. "/" .. first_failed) or sid, fatal = true }, run.step_error_mt), 0)
+  end
   -- The children's seqs follow the parent's; take their records before
   -- anything can end the replay.
   local recs = {}

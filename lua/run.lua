@@ -180,19 +180,26 @@ local function need_run(name, id)
 end
 M.need_run = need_run
 
-local function mismatch(seq, rec, sid, kind)
-  error(setmetatable({
-    message = ("the code no longer matches this run's journal: step %d is '%s' (%s) in the journal, but the code reached '%s' (%s)")
-      :format(seq, rec.id, rec.kind, sid, kind),
-    fatal = true,
-  }, fatal_mt), 0)
+-- The code reached something the journal does not hold: the run fails with
+-- msg, and no pcall in the skill can catch it (the sandbox's pcall raises
+-- R.diverged again): going on would mix two histories.
+local function diverge(R, msg)
+  local e = setmetatable({ message = msg, fatal = true }, fatal_mt)
+  R.diverged = e
+  error(e, 0)
+end
+M.diverge = diverge
+
+local function mismatch(R, seq, rec, sid, kind)
+  diverge(R, ("the code no longer matches this run's journal: step %d is '%s' (%s) in the journal, but the code reached '%s' (%s)")
+    :format(seq, rec.id, rec.kind, sid, kind))
 end
 
 -- The journal's record at seq, checked against the step the code reached.
 local function record_at(R, seq, sid, kind)
   local rec = R.journal[seq]
   if rec then
-    if rec.id ~= sid or rec.kind ~= kind then mismatch(seq, rec, sid, kind) end
+    if rec.id ~= sid or rec.kind ~= kind then mismatch(R, seq, rec, sid, kind) end
   else
     R.replaying = false
     R.journal = EMPTY -- past its end: the journal is not needed any more

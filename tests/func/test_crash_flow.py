@@ -136,6 +136,75 @@ end }""")
         ticks = [r["trigger"]["tick"] for r in self.runs_of("tick")]
         self.assertEqual(len(ticks), len(set(ticks)), "a tick fired twice")
 
+    PARALLEL = """
+return { id = "par", retries = 0, run = function(ctx)
+  local r = ctx.step.parallel("p", {
+    function() return http.get_json(env.STANDIN .. "/b1").n end,
+    function() return http.get_json(env.STANDIN .. "/b2").n end,
+  })
+  local ok, err = pcall(ctx.step.parallel, "q", {
+    function() return 1 end,
+    function() error(fatal("branch two broke")) end,
+  })
+  ctx.step.sleep("nap", "2s")
+  local after = ctx.step.run("after", function() return http.get_json(env.STANDIN .. "/after").n end)
+  return { r = r, after = after, caught = tostring(err), step = type(err) == "table" and err.step or nil }
+end }"""
+
+    def check_parallel_run(self, rid):
+        t = self.w.trace(rid)
+        self.assertEqual(t["status"], "completed", t.get("error"))
+        self.assertEqual(t["output"], {"r": [1, 1], "after": 1, "step": "q/2",
+                                       "caught": "step 'q' failed: step 'q/2' failed: branch two broke"})
+        self.assertEqual([s["id"] for s in t["steps"]], ["p", "p/1", "p/2", "q", "q/1", "q/2", "nap", "after"])
+        # The replay ran no completed body again, and nothing after the parallels twice.
+        self.assertEqual((self.si.count("/b1"), self.si.count("/b2"), self.si.count("/after")), (1, 1, 1))
+
+    def test_a_run_past_completed_and_failed_parallels_survives_kill_9(self):
+        self.skill("par", self.PARALLEL)
+        p = self.serve()
+        rid = self.w.ml("invoke", "par", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["status"] == "sleeping", what="the nap")
+        kill9(p)
+        self.serve()
+        wait_until(lambda: self.w.trace(rid)["status"] in ("completed", "failed"), what="the run's end")
+        self.check_parallel_run(rid)
+
+    def test_a_run_past_completed_and_failed_parallels_survives_a_clean_restart(self):
+        self.skill("par", self.PARALLEL)
+        p = self.serve()
+        rid = self.w.ml("invoke", "par", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["status"] == "sleeping", what="the nap")
+        p.terminate()
+        self.assertEqual(p.wait(timeout=20), 0)
+        self.serve()
+        wait_until(lambda: self.w.trace(rid)["status"] in ("completed", "failed"), what="the run's end")
+        self.check_parallel_run(rid)
+
+    def test_a_replay_that_leaves_the_journal_fails_even_inside_pcall(self):
+        # Code outside steps that is not deterministic (here: a step id
+        # made from the clock) reaches another step on replay; a pcall around it must not let
+        # the run go on mixing two histories.
+        self.skill("coin", """
+return { id = "coin", run = function(ctx)
+  local id = string.format("s%d%06d", os.time(), math.floor(os.clock() * 1e6))
+  local ok, err = pcall(ctx.step.run, id, function() return 1 end)
+  ctx.step.sleep("nap", "2s")
+  ctx.step.run("after", function() return http.get_json(env.STANDIN .. "/after").n end)
+  return tostring(err)
+end }""")
+        p = self.serve()
+        rid = self.w.ml("invoke", "coin", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["status"] == "sleeping", what="the nap")
+        kill9(p)
+        self.serve()
+        wait_until(lambda: self.w.trace(rid)["status"] in ("completed", "failed"), what="the run's end")
+        t = self.w.trace(rid)
+        self.assertEqual(t["status"], "failed", t.get("output"))
+        self.assertRegex(t["error"]["message"], r"^the code no longer matches this run's journal: "
+                         r"step 1 is 's\d+' \(run\) in the journal, but the code reached 's\d+' \(run\)$")
+        self.assertEqual(self.si.count("/after"), 0)
+
     def test_evicted_parked_runs_wake_by_replay(self):
         self.w.write("moonloop.conf.lua", 'return { env = { "STANDIN" }, limits = { parked_runs = 20 } }')
         self.skill("nap", """
