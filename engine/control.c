@@ -43,6 +43,17 @@ static void answer(struct reply *r, int rc, const char *message, const char *jso
   r->cb(&rep, r->arg);
 }
 
+/* The request's group could not be committed (sched__after_request): its
+** entries are dropped, and the writer hears why at once. */
+static void on_write_failed(void *arg, const char *msg) {
+  struct reply *r = arg;
+  char m[1200];
+  snprintf(m, sizeof m, "the engine cannot write to its database: %s; nothing was stored, try "
+           "again later", msg);
+  answer(r, ERR_BUSY, m, NULL);
+  free(r);
+}
+
 /* ---- events ---- */
 
 static void on_events(void *arg, const struct jentry *last) {
@@ -62,6 +73,7 @@ static void on_events(void *arg, const struct jentry *last) {
 
 int sched_send_events(sched_t *s, const cJSON *events, sched_reply_cb cb, void *arg, err_t *e) {
   int64_t limit = sched__opts(s)->event_limit, now = units_now_ms();
+  if (sched__refuse_write(s, e)) return e->code;
   int n = cJSON_GetArraySize(events);
   if (!cJSON_IsArray(events) || n == 0)
     return err_set(e, ERR_INVALID, "expected an event {name, data, id?} or a non-empty list of them");
@@ -89,6 +101,7 @@ int sched_send_events(sched_t *s, const cJSON *events, sched_reply_cb cb, void *
   struct reply *r = reply_new(s, cb, arg);
   if (!r) return err_set(e, ERR_NOMEM, "out of memory");
   journal_t *j = sched__journal(s);
+  size_t first = journal_count(j);
   cJSON_ArrayForEach(ev, events) {
     char id[27];
     ids_ulid(now, id);
@@ -101,7 +114,7 @@ int sched_send_events(sched_t *s, const cJSON *events, sched_reply_cb cb, void *
     free(data);
     r->n++;
   }
-  sched__after_entry(s, on_events, r);
+  sched__after_request(s, first, on_events, on_write_failed, r);
   return 0;
 }
 
@@ -128,7 +141,8 @@ static void on_invoke_done(const struct sched_result *res, void *arg) {
   struct reply *r = arg;
   r->done = 1;
   sched__timer_stop(r->s, &r->timer);
-  reply_outcome(r, res);
+  /* Dropped here (the lease was lost): it goes on in another process. */
+  reply_outcome(r, strcmp(res->status, "abandoned") ? res : NULL);
   free(r);
 }
 
@@ -138,7 +152,8 @@ static void on_invoke_timeout(struct stimer *tm) {
   reply_outcome(r, NULL);
 }
 
-static void on_run_queued(void *arg) {
+static void on_run_queued(void *arg, const struct jentry *last) {
+  (void)last;
   struct reply *r = arg;
   char js[64];
   snprintf(js, sizeof js, "{\"run_id\":\"%s\"}", r->run_id);
@@ -146,20 +161,43 @@ static void on_run_queued(void *arg) {
   free(r);
 }
 
+/* The group that creates the run could not be committed: nothing of it is
+** stored, so it stops here too; the writer hears why. */
+static void on_invoke_failed(void *arg, const char *msg) {
+  struct reply *r = arg;
+  sched_t *s = r->s;
+  char id[27];
+  memcpy(id, r->run_id, sizeof id);
+  int waits = r->wait_ms > 0;
+  if (waits) {
+    char m[1200];
+    snprintf(m, sizeof m, "the engine cannot write to its database: %s; nothing was stored, "
+             "try again later", msg);
+    answer(r, ERR_BUSY, m, NULL); /* r is freed by on_invoke_done, below */
+    sched__timer_stop(s, &r->timer);
+  } else {
+    on_write_failed(r, msg);
+  }
+  sched__drop_run(s, id);
+}
+
 /* Start a run here and answer as invoke does. */
 static int start_and_answer(sched_t *s, struct skill *sk, const char *trigger, const char *input,
                             int64_t wait_ms, sched_reply_cb cb, void *arg, err_t *e) {
+  if (sched__refuse_write(s, e)) return e->code;
   struct reply *r = reply_new(s, cb, arg);
   if (!r) return err_set(e, ERR_NOMEM, "out of memory");
+  size_t first = journal_count(sched__journal(s));
   if (sched_run_new(s, sk, trigger, input, NULL, r->run_id, e)) {
     free(r);
     return e->code;
   }
+  r->wait_ms = wait_ms;
   if (wait_ms <= 0) {
-    sched__after_commit(s, on_run_queued, r);
+    sched__after_request(s, first, on_run_queued, on_invoke_failed, r);
     return 0;
   }
-  r->wait_ms = wait_ms;
+  sched__after_request(s, first, NULL, on_invoke_failed, r);
   r->timer.fn = on_invoke_timeout;
   sched__timer_start(s, &r->timer, units_now_ms() + wait_ms);
   sched_on_done(s, r->run_id, on_invoke_done, r);
@@ -201,12 +239,14 @@ static void on_cancel(void *arg, const struct jentry *je) {
 
 int sched_cancel(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, err_t *e) {
   if (!run_id || strlen(run_id) != 26) return err_set(e, ERR_NOTFOUND, "no run with id '%.40s'", run_id ? run_id : "");
+  if (sched__refuse_write(s, e)) return e->code;
   struct reply *r = reply_new(s, cb, arg);
   if (!r) return err_set(e, ERR_NOMEM, "out of memory");
   snprintf(r->run_id, sizeof r->run_id, "%s", run_id);
   struct cancel_row c = {.run_id = run_id, .reason = "cancelled over HTTP", .at = units_now_ms()};
+  size_t first = journal_count(sched__journal(s));
   journal_cancel(sched__journal(s), &c);
-  sched__after_entry(s, on_cancel, r);
+  sched__after_request(s, first, on_cancel, on_write_failed, r);
   return 0;
 }
 
@@ -244,7 +284,22 @@ struct put_ctx {
   char *message;
 };
 
-static void on_put(void *arg) {
+/* put_source's write could not be committed: the load is refused with
+** the reason (the sidecar tries again; its skill keeps its live version). */
+static void on_put_failed(void *arg, const char *msg) {
+  struct put_ctx *p = arg;
+  char m[1200];
+  snprintf(m, sizeof m, "the engine cannot write to its database: %s; nothing was stored, try "
+           "again later", msg);
+  answer(p->r, ERR_BUSY, m, NULL);
+  free(p->id);
+  free(p->message);
+  free(p->r);
+  free(p);
+}
+
+static void on_put(void *arg, const struct jentry *last) {
+  (void)last;
   struct put_ctx *p = arg;
   sched__skills_changed(p->r->s);
   cJSON *rec;
@@ -335,6 +390,7 @@ static int id_line(const char *src, size_t len) {
 /* Register (or reject) source as the file's skill; answer through cb. */
 static int put_source(sched_t *s, const char *file, const char *want_id, const char *source,
                       size_t len, sched_reply_cb cb, void *arg, err_t *e) {
+  if (sched__refuse_write(s, e)) return e->code;
   struct put_ctx *p = calloc(1, sizeof *p);
   if (!p || !(p->r = reply_new(s, cb, arg))) {
     free(p);
@@ -342,6 +398,7 @@ static int put_source(sched_t *s, const char *file, const char *want_id, const c
   }
   int64_t now = units_now_ms();
   journal_t *j = sched__journal(s);
+  size_t first = journal_count(j);
   struct skill *sk = NULL;
   struct skill_error se = {0};
   char other[512];
@@ -396,7 +453,7 @@ static int put_source(sched_t *s, const char *file, const char *want_id, const c
     journal_skill(j, &k);
     p->id = strdup(sk->id);
   }
-  sched__after_commit(s, on_put, p);
+  sched__after_request(s, first, on_put, on_put_failed, p);
   return 0;
 }
 
@@ -418,6 +475,10 @@ int sched_load_file(sched_t *s, const char *path, const char *source, size_t len
 /* Journal the removal of id's live version; answer its record once durable. */
 static int unload_id(sched_t *s, char *id, const char *path, sched_reply_cb cb, void *arg,
                      err_t *e) {
+  if (sched__refuse_write(s, e)) {
+    free(id);
+    return e->code;
+  }
   struct put_ctx *p = calloc(1, sizeof *p);
   if (!p || !(p->r = reply_new(s, cb, arg))) {
     free(p);
@@ -425,9 +486,10 @@ static int unload_id(sched_t *s, char *id, const char *path, sched_reply_cb cb, 
     return err_set(e, ERR_NOMEM, "out of memory");
   }
   struct skill_row k = {.op = SKILL_REMOVE, .id = id, .file = path, .updated_at = units_now_ms()};
+  size_t first = journal_count(sched__journal(s));
   journal_skill(sched__journal(s), &k);
   p->id = id;
-  sched__after_commit(s, on_put, p);
+  sched__after_request(s, first, on_put, on_put_failed, p);
   return 0;
 }
 

@@ -154,7 +154,7 @@ static void start_on_failure(struct run *r, const char *error, int64_t now) {
   struct run_row row = {
     .id = f->id, .skill = r->skill->id, .version = r->skill->version, .status = "running",
     .entry = "on_failure", .trigger = tj, .input = r->input, .owner = sched_owner(s),
-    .created_at = now, .started_at = now,
+    .created_at = now, .started_at = now, .by_run = r->id,
   };
   journal_run_new(sched__journal(s), &row);
   if (run_start(s, f, NULL, &e)) fprintf(stderr, "moonloop: on_failure of %s: %s\n", r->id, e.msg);
@@ -184,7 +184,8 @@ void run__finish(struct run *r, const char *status, const char *output, const ch
   int64_t now = units_now_ms();
   if (strcmp(status, "completed")) {
     /* A run that did not complete takes its live children with it. */
-    struct cancel_row c = {.run_id = r->id, .reason = "its parent run ended", .at = now};
+    struct cancel_row c = {.run_id = r->id, .reason = "its parent run ended", .at = now,
+                           .by_run = r->id};
     journal_cancel(j, &c);
   }
   struct run_set set = {.run_id = r->id, .status = status, .output = output, .error = error,
@@ -661,6 +662,7 @@ static void op_http(struct task *t, lua_State *co) {
   struct httpc_req req;
   err_t e;
   int nh = run__http_request_from_lua(co, 2, &req, hdrs);
+  req.gated = 1; /* not sent while the lease is in doubt (sched.h) */
   int rc;
   /* A step whose time is up gets no more I/O in this attempt. */
   if (t->step_timed_out) {

@@ -169,7 +169,7 @@ static void wait_finish(struct task *t, const char *result) {
   if (!result && t->wait_child) {
     /* An invoke that timed out: its child is not wanted any more. */
     struct cancel_row c = {.run_id = t->wait_child, .reason = "its parent stopped waiting",
-                           .at = now};
+                           .at = now, .by_run = r->id};
     journal_cancel(j, &c);
   }
   run__verbose(r, failed ? "\xe2\x9c\x97" : "\xe2\x9c\x93", t->wait_id, now - t->wait_started,
@@ -408,7 +408,8 @@ void run_op_send(struct task *t, lua_State *co) {
       return;
     }
     struct event_row er = {.id = id, .name = cJSON_GetObjectItem(ev, "name")->valuestring,
-                           .data = data ? data : "null", .idem = idem, .ts = now};
+                           .data = data ? data : "null", .idem = idem, .ts = now,
+                           .by_run = r->id};
     journal_event(j, &er);
     free(data);
     n++;

@@ -200,6 +200,9 @@ struct sched_stats {
   double step_sum_ms;
   uint64_t runs_completed, runs_failed, runs_cancelled;
   uint64_t takeovers;   /* runs resumed that another process had started */
+  uint64_t leases_lost; /* times this process found its lease gone (fenced) */
+  uint64_t commit_failures; /* commits that failed (and were tried again) */
+  int writes_refused;   /* 1 while the database cannot be written: writes get 503 */
   int ready;            /* tasks ready to resume now */
   uint32_t *samples;
   size_t nsamples, cap;

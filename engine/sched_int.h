@@ -25,19 +25,25 @@
 #include "sched.h"
 
 /* Something to call once the group it belongs to is durable: fn, or efn
-** with the journal entry idx of that group (to read the store's answer). */
+** with the journal entry idx of that group (to read the store's answer).
+** A request from outside (fail set) wrote entries first..idx; when the
+** group cannot be committed, fail is called instead (with the reason) and
+** those entries are dropped: nothing of the request is stored. */
 struct gwait {
   void (*fn)(void *arg);
   void (*efn)(void *arg, const struct jentry *e);
+  void (*fail)(void *arg, const char *msg);
   void *arg;
-  size_t idx;
+  size_t first, idx;
 };
 
-/* A journal group and what waits for it to be durable. */
+/* A journal group and what waits for it to be durable. noted: its runs'
+** traces already say that it failed once. */
 struct group {
   journal_t *j;
   struct gwait *w;
   size_t nw, cap;
+  int noted;
 };
 
 struct job;         /* sched_commit.c's */
@@ -52,8 +58,17 @@ struct sched {
   uv_timer_t tick;
   int handles_open;
   struct group open;
-  struct group retry;    /* a group whose commit failed, to commit first */
+  struct group retry;    /* a group whose commit failed, to commit first (retry.j set) */
   int64_t retry_at;
+  int64_t lease_until;   /* the lease's expiry as this process last renewed it */
+  int lease_doubt;       /* too close to lease_until: no step body or request starts */
+  int lease_wanted;      /* the lease was lost and a new one could not be taken yet */
+  struct {               /* commits failing (a full disk, a lock held): one episode */
+    int64_t since;       /* when the first failed, 0 when healthy */
+    int64_t delay;       /* the back-off before the next try */
+    int count;
+    char msg[1024];
+  } fail;
   struct job *inflight;
   struct task *ready_head, *ready_tail;
   struct stimer **heap;
@@ -92,6 +107,11 @@ int sched__group_empty(const struct group *g);
 void sched__maybe_submit(sched_t *s);
 /* Take a new lease for this process (a new owner name). */
 int sched__take_lease(sched_t *s, err_t *e);
+/* Resume the ready tasks from the next loop turn (unless the lease gate holds). */
+void sched__kick(sched_t *s);
+/* Whether this process may start a step body or a request now: its lease,
+** as it last renewed it, does not expire within the margin. */
+int sched__lease_fresh(sched_t *s);
 
 /* ---- sched_heap.c ---- */
 

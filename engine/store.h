@@ -40,9 +40,12 @@ const char *store_path(const store_t *s);
 
 /* ---- writes ---------------------------------------------------------- */
 
-/* Commit every entry of j in one transaction. When j names an owner, its
-** lease is renewed in the same transaction, and the whole group is refused
-** (ERR_CONFLICT, "lease lost") if that lease no longer exists. */
+/* Commit every entry of j (but the dropped ones) in one transaction. When
+** j names an owner, its lease is renewed in the same transaction, and the
+** whole group is refused with ERR_CONFLICT if that lease no longer exists
+** ("lease lost"; journal_fenced(j) is -1) or if an entry writes for a run
+** that owner does not hold ("fenced: ..."; journal_fenced(j) is that
+** entry's index). See store_sqlite.c's fencing. */
 int store_commit(store_t *s, const journal_t *j, err_t *e);
 
 /* A process's lease: while it is held, the runs it owns are its to run. */

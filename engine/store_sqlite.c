@@ -506,12 +506,82 @@ static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
   return err_set(e, ERR_INTERNAL, "store: unknown journal entry kind %d", (int)je->kind);
 }
 
+/* ---- fencing ----
+**
+** A group that names an owner commits only what that owner may write: its
+** lease must exist (renewed in the same transaction), and every entry that
+** writes for a run (journal_run_of) must be for a run that owner holds, as
+** the runs table says inside this transaction. A process that lost a run
+** (its lease was reaped, the run was taken with run --resume or cancelled
+** as unowned) can then never write over whoever has it now, even if its
+** own lease row exists again. New runs must be the owner's or nobody's.
+** Runs found to be the owner's are remembered for the rest of the
+** transaction (nothing else can change them meanwhile; a run that ends
+** gives up its owner but may still write its last entries). */
+
+#define FENCE_SEEN 8
+
+struct fence {
+  const char *owner;
+  const char *seen[FENCE_SEEN]; /* runs this transaction found to be the owner's */
+  int next;
+};
+
+static void fence_remember(struct fence *f, const char *run_id) {
+  f->seen[f->next] = run_id;
+  f->next = (f->next + 1) % FENCE_SEEN;
+}
+
+/* 0 when f's owner holds run_id; else ERR_CONFLICT, saying who does. */
+static int fence_check(store_t *s, struct fence *f, const char *run_id, err_t *e) {
+  for (int i = 0; i < FENCE_SEEN; i++)
+    if (f->seen[i] && !strcmp(f->seen[i], run_id)) return 0;
+  sqlite3_stmt *st = store__cached(s, "SELECT owner, status FROM runs WHERE id = ?1", e);
+  if (!st) return e->code;
+  store__bind_text(st, 1, run_id);
+  int rc = sqlite3_step(st);
+  const char *owner = rc == SQLITE_ROW ? (const char *)sqlite3_column_text(st, 0) : NULL;
+  if (rc == SQLITE_ROW && owner && !strcmp(owner, f->owner)) {
+    sqlite3_reset(st);
+    fence_remember(f, run_id);
+    return 0;
+  }
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+    store__db_err(e, s->w, "checking a run's owner");
+  } else if (rc == SQLITE_DONE) {
+    err_set(e, ERR_CONFLICT, "fenced: run %s does not exist (this process is %s)", run_id,
+            f->owner);
+  } else {
+    err_set(e, ERR_CONFLICT, "fenced: run %s is %s, held by %s, not by this process (%s)",
+            run_id, (const char *)sqlite3_column_text(st, 1), owner ? owner : "no process",
+            f->owner);
+  }
+  sqlite3_reset(st);
+  return e->code;
+}
+
+/* The fencing check of one entry (see above). */
+static int fence_entry(store_t *s, struct fence *f, const struct jentry *je, err_t *e) {
+  const struct run_row *nr = je->kind == J_RUN_NEW ? &je->u.run
+                             : je->kind == J_CRON && je->u.cron.run.id ? &je->u.cron.run : NULL;
+  if (nr && nr->owner && strcmp(nr->owner, f->owner))
+    return err_set(e, ERR_CONFLICT, "fenced: a new run (%s) for another owner (%s) in a group "
+                   "of %s", nr->id, nr->owner, f->owner);
+  const char *run = journal_run_of(je);
+  if (run && fence_check(s, f, run, e)) return e->code;
+  /* A new run of the owner's is the owner's for the rest of the group. */
+  if (nr && nr->owner) fence_remember(f, nr->id);
+  return 0;
+}
+
 /* See store.h: renew the lease (fencing), write every entry, commit; roll
 ** back on any failure. */
 int store_commit(store_t *s, const journal_t *j, err_t *e) {
   if (store__step(s, s->ws[W_BEGIN], e, "beginning a transaction")) return e->code;
   int64_t expires;
   const char *owner = journal_owner(j, &expires);
+  struct fence f = {.owner = owner};
+  journal_set_fenced(j, -1);
   if (owner) {
     sqlite3_stmt *st = s->ws[W_LEASE_RENEW];
     store__bind_text(st, 1, owner);
@@ -522,8 +592,15 @@ int store_commit(store_t *s, const journal_t *j, err_t *e) {
       goto fail;
     }
   }
-  for (size_t i = 0, n = journal_count(j); i < n; i++)
-    if (write_entry(s, journal_entry(j, i), e)) goto fail;
+  for (size_t i = 0, n = journal_count(j); i < n; i++) {
+    const struct jentry *je = journal_entry(j, i);
+    if (je->dropped) continue;
+    if (owner && fence_entry(s, &f, je, e)) {
+      if (e->code == ERR_CONFLICT) journal_set_fenced(j, (long)i);
+      goto fail;
+    }
+    if (write_entry(s, je, e)) goto fail;
+  }
   fault_point("commit");
   if (store__step(s, s->ws[W_COMMIT], e, "committing")) goto fail;
   return 0;

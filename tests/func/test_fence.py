@@ -1,0 +1,116 @@
+"""Fencing: an engine frozen (SIGSTOP) past its lease while another takes
+its runs over must never write over the new owner's journal, nor start a
+step body or send a request once it resumes (SIGCONT)."""
+import json
+import os
+import signal
+import sqlite3
+import sys
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from mltest import SkillsTestCase, wait_until  # noqa: E402
+
+
+def metric(url, name):
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError("no metric %s" % name)
+
+
+class FenceTest(SkillsTestCase):
+    config = {"lease": '"2s"'}
+
+    def freeze_with_a_commit_in_flight(self, p, hold=1.5):
+        """SIGSTOP p while its commit thread waits for the database's write
+        lock (held here for `hold` seconds), so that commit is in flight when
+        p resumes, and what p wrote meanwhile waits in its open group."""
+        lock = sqlite3.connect(self.w.db, timeout=10, isolation_level=None)
+        lock.execute("BEGIN IMMEDIATE")
+        time.sleep(hold)  # p renews its lease every 2s/3: its commit now waits for the lock
+        os.kill(p.pid, signal.SIGSTOP)
+        lock.execute("ROLLBACK")
+        lock.close()
+        time.sleep(3)  # past p's lease
+
+    def status_history(self, rid, seconds):
+        seen = []
+        end = time.time() + seconds
+        while time.time() < end:
+            st = self.w.trace(rid)["status"]
+            if not seen or seen[-1] != st:
+                seen.append(st)
+            time.sleep(0.05)
+        return seen
+
+    def test_a_frozen_engines_result_and_next_request_never_land(self):
+        self.skill("fence", """
+return { id = "fence", retries = 0, run = function(ctx)
+  local a = ctx.step.run("a", function() return http.get_json(env.STANDIN .. "/a").n end)
+  local b = ctx.step.run("b", function() return http.get_json(env.STANDIN .. "/b").n end)
+  return { a = a, b = b }
+end }""")
+        release = threading.Event()
+
+        def a(handler, body, n):
+            if n == 1:  # engine A's call: answered only once A is frozen and fenced
+                release.wait(60)
+            return 200, {"n": n}
+        self.si.routes["/a"] = a
+        pa = self.serve()
+        rid = self.w.ml("invoke", "fence", check=0).stdout.strip()
+        wait_until(lambda: self.si.count("/a") == 1, what="A's call to /a")
+        self.freeze_with_a_commit_in_flight(pa)
+        pb = self.serve()  # B reaps A's expired lease and takes the run over
+        wait_until(lambda: self.w.trace(rid)["status"] == "completed", timeout=30, what="B ends the run")
+        release.set()  # A's answer to /a waits in its socket
+        time.sleep(0.3)
+        os.kill(pa.pid, signal.SIGCONT)
+        wait_until(lambda: any("lease lost" in l.lower() for l in pa.stderr_lines), timeout=20, what="A fenced")
+        history = self.status_history(rid, 2)
+        t = self.w.trace(rid)
+        self.assertEqual(t["output"], {"a": 2, "b": 1})
+        self.assertEqual({s["id"]: s["output"] for s in t["steps"]}, {"a": 2, "b": 1})
+        self.assertEqual(history, ["completed"])
+        # A's body got its answer after SIGCONT, but never went on to /b.
+        self.assertEqual((self.si.count("/a"), self.si.count("/b")), (2, 1))
+        self.assertEqual(metric(pa.url, "moonloop_leases_lost_total"), 1)
+        # A goes on serving under a new lease.
+        rid2 = self.w.ml("invoke", "fence", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid2)["status"] == "completed", timeout=20, what="a new run")
+        for p in (pa, pb):
+            p.terminate()
+            p.wait(timeout=20)
+
+    def test_a_frozen_engines_pending_writes_are_dropped_with_its_runs(self):
+        # A's sleep ends while its commit waits for the lock: its write (the
+        # sleep completed, the run running again) is pending in its open
+        # group when the lease turns out lost, and must not commit under the
+        # new lease it takes.
+        self.skill("nap", """
+return { id = "nap", retries = 0, run = function(ctx)
+  ctx.step.run("a", function() return 1 end)
+  ctx.step.sleep("nap", "2s")
+  return ctx.step.run("c", function() return http.get_json(env.STANDIN .. "/c").n end)
+end }""")
+        pa = self.serve()
+        rid = self.w.ml("invoke", "nap", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["status"] == "sleeping", what="the nap")
+        self.freeze_with_a_commit_in_flight(pa, hold=2.5)
+        pb = self.serve()
+        wait_until(lambda: self.w.trace(rid)["status"] == "completed", timeout=30, what="B ends the run")
+        ended = self.w.trace(rid)["ended_at"]
+        os.kill(pa.pid, signal.SIGCONT)
+        history = self.status_history(rid, 3)
+        self.assertTrue(any("lease lost" in l.lower() for l in pa.stderr_lines), "".join(pa.stderr_lines))
+        self.assertEqual(history, ["completed"])
+        t = self.w.trace(rid)
+        self.assertEqual((t["ended_at"], t["output"]), (ended, 1))
+        self.assertEqual(self.si.count("/c"), 1)
+        for p in (pa, pb):
+            p.terminate()
+            p.wait(timeout=20)
