@@ -114,3 +114,42 @@ end }""")
         for p in (pa, pb):
             p.terminate()
             p.wait(timeout=20)
+
+    def test_a_run_cancelled_while_its_engine_was_frozen_stays_cancelled(self):
+        # Nobody reaps A's lease here: A renews it when it resumes. But its
+        # run was cancelled meanwhile (as unowned: A's lease had expired), so
+        # the store refuses A's writes for that run, per run.
+        self.skill("fence", """
+return { id = "fence", retries = 0, run = function(ctx)
+  local a = ctx.step.run("a", function() return http.get_json(env.STANDIN .. "/a").n end)
+  local b = ctx.step.run("b", function() return http.get_json(env.STANDIN .. "/b").n end)
+  return { a = a, b = b }
+end }""")
+        release = threading.Event()
+
+        def a(handler, body, n):
+            release.wait(60)
+            return 200, {"n": n}
+        self.si.routes["/a"] = a
+        pa = self.serve()
+        rid = self.w.ml("invoke", "fence", check=0).stdout.strip()
+        wait_until(lambda: self.si.count("/a") == 1, what="A's call to /a")
+        os.kill(pa.pid, signal.SIGSTOP)
+        time.sleep(3)  # past A's lease
+        self.w.ml("cancel", rid, check=0)
+        self.assertEqual(self.w.trace(rid)["status"], "cancelled")
+        release.set()
+        os.kill(pa.pid, signal.SIGCONT)
+        wait_until(lambda: any("fenced: run %s is cancelled" % rid in l for l in pa.stderr_lines),
+                   timeout=20, what="A fenced for that run")
+        history = self.status_history(rid, 2)
+        self.assertEqual(history, ["cancelled"])
+        t = self.w.trace(rid)
+        self.assertNotEqual([s["status"] for s in t["steps"]], ["completed"])
+        self.assertEqual(self.si.count("/b"), 0)
+        # A keeps its lease and serves on.
+        self.assertEqual(metric(pa.url, "moonloop_leases_lost_total"), 0)
+        rid2 = self.w.ml("invoke", "fence", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid2)["status"] == "completed", timeout=20, what="a new run")
+        pa.terminate()
+        pa.wait(timeout=20)
