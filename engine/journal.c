@@ -229,7 +229,10 @@ const char *journal_run_of(const struct jentry *e) {
 }
 
 void journal_drop(journal_t *j, size_t i) {
-  if (i < j->n) j->e[i].dropped = 1;
+  if (i >= j->n) return;
+  j->e[i].dropped = 1;
+  free(j->e[i].result); /* an answer of an attempt that did not commit */
+  j->e[i].result = NULL;
 }
 
 void journal_disown_run(journal_t *j, size_t i) {

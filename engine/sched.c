@@ -438,6 +438,13 @@ static void tick_cb(uv_timer_t *h) {
     s->poll_wanted = 0;
     poll_runs(s);
   }
+  int64_t now = units_now_ms();
+  if (now - s->last_file_check_ms >= 1000) {
+    s->last_file_check_ms = now;
+    sched__check_store(s);
+  }
+  if (s->stopping && !s->nruns && !s->inflight && s->fail.since && now > s->stop_deadline)
+    sched__give_up(s); /* the store refuses what is left: stop anyway */
   if ((s->stopping || s->o.mode == SCHED_SOLO) && !s->nruns && !s->inflight &&
       sched__group_empty(&s->open) && sched__group_empty(&s->retry)) {
     close_handles(s);
@@ -539,6 +546,7 @@ int sched__draining(const sched_t *s) { return s->stopping; }
 void sched_stop(sched_t *s, int64_t grace_ms) {
   if (s->stopping) return;
   s->stopping = 1;
+  s->stop_deadline = units_now_ms() + (grace_ms > 0 ? grace_ms : 0);
   sched__crons_free(s);
   /* Runs are left to whoever takes them over: dropped here without a
   ** write; the lease release makes them claimable. Bodies in flight may

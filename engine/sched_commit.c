@@ -277,8 +277,10 @@ static void commit_failed(sched_t *s, struct job *j) {
     s->fail.count = 0;
     s->fail.delay = 200;
     snprintf(s->fail.msg, sizeof s->fail.msg, "%s", j->err.msg);
-    fprintf(stderr, "moonloop: cannot write to the database: %s; trying again with a back-off, "
-            "runs wait, and new writes are refused meanwhile (HTTP 503)\n", j->err.msg);
+    fprintf(stderr, "moonloop: %s: %s; trying again with a back-off, runs wait, and new writes "
+            "are refused meanwhile (HTTP 503)\n", strstr(j->err.msg, "was deleted while") ||
+            strstr(j->err.msg, "was replaced by") ? "DATABASE FILE GONE" :
+            "cannot write to the database", j->err.msg);
   } else {
     s->fail.delay = s->fail.delay * 2 > 5000 ? 5000 : s->fail.delay * 2;
     if (strcmp(s->fail.msg, j->err.msg)) {
@@ -486,6 +488,45 @@ void sched__maybe_submit(sched_t *s) {
     s->claim_wanted = 0;
     submit_new(s, JOB_CLAIM);
   }
+}
+
+/* See sched_int.h: the file check of the tick. Commits check it too, but
+** an idle engine commits only every third of its lease: writers should
+** hear at once. */
+void sched__check_store(sched_t *s) {
+  err_t e;
+  if (s->fail.since || !store_check_file(s->o.store, &e)) return;
+  s->fail.since = units_now_ms();
+  s->fail.count = 0;
+  s->fail.delay = 5000;
+  snprintf(s->fail.msg, sizeof s->fail.msg, "%s", e.msg);
+  fprintf(stderr, "moonloop: DATABASE FILE GONE: %s\n", e.msg);
+  /* What waits in the open group will not be stored: say so now. */
+  fail_requests(&s->open, s->fail.msg);
+}
+
+/* See sched_int.h: a stopping engine whose store refuses its last writes
+** (a full disk, a deleted file) past the grace period stops without them,
+** saying so. They are the steps of runs it released (the next engine runs
+** those steps again) and nothing acknowledged: writers were answered 503. */
+void sched__give_up(sched_t *s) {
+  size_t n = 0;
+  struct group *gs[2] = {&s->retry, &s->open};
+  for (int k = 0; k < 2; k++) {
+    fail_requests(gs[k], s->fail.msg);
+    for (size_t i = 0, c = gs[k]->j ? journal_count(gs[k]->j) : 0; i < c; i++) {
+      if (!journal_entry(gs[k]->j, i)->dropped) n++;
+      journal_drop(gs[k]->j, i);
+    }
+  }
+  if (n)
+    fprintf(stderr, "moonloop: stopping without %zu write%s the database refused (%s); the runs "
+            "they belong to take those steps again in the next engine\n", n, n == 1 ? "" : "s",
+            s->fail.msg);
+  group_done(&s->retry);
+  group_done(&s->open);
+  if (sched__group_init(&s->open)) abort();
+  s->fail.since = 0;
 }
 
 /* ---- the lease ---- */

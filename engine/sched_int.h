@@ -86,12 +86,13 @@ struct sched {
   int parked;       /* main tasks parked on a sleep, wait or invoke, in memory */
   struct cron_entry *crons;
   struct stimer grace;       /* the end of the shutdown's grace period */
+  int64_t stop_deadline;     /* stopping: past it, writes the store refuses are given up */
   struct { sched_done_cb cb; void *arg; } finish[4];
   int nfinish;
   struct run **slot_waiters; /* runs refused a slot, to try again at the next poll */
   int nslot_waiters;
   int64_t data_version;
-  int64_t last_commit_ms, last_claim_ms, last_reap_ms, last_prune_ms;
+  int64_t last_commit_ms, last_claim_ms, last_reap_ms, last_prune_ms, last_file_check_ms;
   struct sched_stats stats;
   sched_observer_cb observer; /* sched_observe (the REPL) */
   void *observer_arg;
@@ -107,6 +108,10 @@ int sched__group_empty(const struct group *g);
 void sched__maybe_submit(sched_t *s);
 /* Take a new lease for this process (a new owner name). */
 int sched__take_lease(sched_t *s, err_t *e);
+/* Stopping, and the store refuses the last writes: stop without them. */
+void sched__give_up(sched_t *s);
+/* Check that the database file is still at its path (the tick, every second). */
+void sched__check_store(sched_t *s);
 /* Resume the ready tasks from the next loop turn (unless the lease gate holds). */
 void sched__kick(sched_t *s);
 /* Whether this process may start a step body or a request now: its lease,

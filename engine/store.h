@@ -38,6 +38,14 @@ int store_open(const char *path, enum store_durability d, store_t **out, err_t *
 void store_close(store_t *s);
 const char *store_path(const store_t *s);
 
+/* 0 while the path still names the file this store has open; ERR_IO with
+** an explanation once it was deleted or replaced (every commit checks it
+** too, and fails then: nothing is acknowledged into a file no one reads).
+** A read: it uses the reader connection.
+** store_open refuses to create a new file at a path where another process
+** still has a deleted database of that name open. */
+int store_check_file(store_t *s, err_t *e);
+
 /* ---- writes ---------------------------------------------------------- */
 
 /* Commit every entry of j (but the dropped ones) in one transaction. When

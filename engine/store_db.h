@@ -13,6 +13,7 @@
 #ifndef ML_STORE_DB_H
 #define ML_STORE_DB_H
 #include <sqlite3.h>
+#include <sys/types.h>
 
 #include "store.h"
 
@@ -40,6 +41,8 @@ struct store {
   /* the writer's statements from static SQL texts, by the text's address */
   struct { const char *sql; sqlite3_stmt *st; } cache[STORE_CACHED_STMTS];
   char *path;
+  dev_t dev;  /* the file opened at path */
+  ino_t ino;
 };
 
 /* The writer's prepared statement for a static SQL text (its address is

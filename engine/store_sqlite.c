@@ -38,7 +38,9 @@
 #include "proc.h"
 #include "units.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -275,13 +277,123 @@ static int use_wal(sqlite3 *db, err_t *e) {
   }
 }
 
+/* ---- the file under the path ----
+**
+** The engine writes into the file it opened. If that file is deleted (or
+** another put in its place) while it runs, every commit would be
+** acknowledged into a file no one will read again: the engine would look
+** healthy and lose everything at its next start. So the store checks,
+** before every commit and when asked (the engine's tick), that the path
+** still names the file it has open (SQLite's SQLITE_FCNTL_HAS_MOVED: a
+** stat of the path against the open file's inode). And a new database is
+** not created at a path where a process still has a deleted one open: a
+** writer (moonloop send) would write where that engine never reads. */
+
+/* The path of the file descriptor of this process that has the file
+** (dev, ino) open, as "/proc/PID/fd/N", in buf; "" when none is found. */
+static void own_fd_of(dev_t dev, ino_t ino, char *buf, size_t n) {
+  buf[0] = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return;
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    int fd = atoi(de->d_name);
+    struct stat st;
+    if (de->d_name[0] != '.' && fstat(fd, &st) == 0 && st.st_dev == dev && st.st_ino == ino) {
+      snprintf(buf, n, "/proc/%ld/fd/%d", (long)getpid(), fd);
+      break;
+    }
+  }
+  closedir(d);
+}
+
+/* Whether the path no longer names the file db has open; ERR_IO saying so. */
+static int check_moved(store_t *s, sqlite3 *db, err_t *e) {
+  int moved = 0;
+  if (sqlite3_file_control(db, "main", SQLITE_FCNTL_HAS_MOVED, &moved) != SQLITE_OK || !moved)
+    return 0;
+  struct stat st;
+  int gone = stat(s->path, &st) != 0;
+  char fd[64];
+  own_fd_of(s->dev, s->ino, fd, sizeof fd);
+  return err_set(e, ERR_IO, "the database file '%s' was %s while this process had it open: "
+                 "writes are refused from now on (nothing more is acknowledged into a file no "
+                 "one will read). What was written before is in the file this process still "
+                 "has open%s%s%s. Stop this process, put the right file at that path, and start "
+                 "again", s->path, gone ? "deleted" : "replaced by another file",
+                 *fd ? " (" : "", fd, *fd ? " while it runs)" : "");
+}
+
+/* See store.h: through the reader (the caller's thread's connection). */
+int store_check_file(store_t *s, err_t *e) { return check_moved(s, s->r, e); }
+
+/* A process that still has a deleted file named path open (its pid, and
+** its name in comm), found through /proc; 0 when none is (or /proc cannot
+** tell: other users' processes are not visible). */
+static long deleted_holder(const char *path, char *comm, size_t ncomm) {
+  char dir[PATH_MAX], full[PATH_MAX + 16], want[PATH_MAX + 32];
+  const char *slash = strrchr(path, '/');
+  const char *base = slash ? slash + 1 : path;
+  snprintf(full, sizeof full, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+  if (slash == path) snprintf(full, sizeof full, "/");
+  if (!realpath(full, dir)) return 0;
+  snprintf(want, sizeof want, "%s%s%s (deleted)", dir, strcmp(dir, "/") ? "/" : "", base);
+  long found = 0;
+  DIR *proc = opendir("/proc");
+  struct dirent *p;
+  while (proc && !found && (p = readdir(proc))) {
+    long pid = atol(p->d_name);
+    if (pid <= 0 || pid == (long)getpid()) continue;
+    char fdir[64];
+    snprintf(fdir, sizeof fdir, "/proc/%ld/fd", pid);
+    DIR *fds = opendir(fdir);
+    struct dirent *f;
+    while (fds && !found && (f = readdir(fds))) {
+      char link[sizeof fdir + 260], target[PATH_MAX + 32];
+      snprintf(link, sizeof link, "%s/%s", fdir, f->d_name);
+      ssize_t n = readlink(link, target, sizeof target - 1);
+      if (n <= 0) continue;
+      target[n] = 0;
+      if (!strcmp(target, want)) found = pid;
+    }
+    if (fds) closedir(fds);
+  }
+  if (proc) closedir(proc);
+  comm[0] = 0;
+  if (found) {
+    char cpath[64];
+    snprintf(cpath, sizeof cpath, "/proc/%ld/comm", found);
+    FILE *c = fopen(cpath, "r");
+    if (c) {
+      if (fgets(comm, (int)ncomm, c)) comm[strcspn(comm, "\n")] = 0;
+      fclose(c);
+    }
+  }
+  return found;
+}
+
 /* See store.h: the writer first (WAL, durability, migrations, its
 ** statements), then the reader. */
 int store_open(const char *path, enum store_durability d, store_t **out, err_t *e) {
+  struct stat st;
+  if (stat(path, &st) != 0 && errno == ENOENT) {
+    char comm[64];
+    long pid = deleted_holder(path, comm, sizeof comm);
+    if (pid)
+      return err_set(e, ERR_IO, "there is no database at '%s', but process %ld (%s) still has a "
+                     "deleted file of that name open: it was deleted while in use. Nothing was "
+                     "written: a new database there would be one that process never reads. "
+                     "Stop it first (its log says where its data is), or use another --db",
+                     path, pid, *comm ? comm : "?");
+  }
   store_t *s = calloc(1, sizeof *s);
   if (!s) return err_set(e, ERR_NOMEM, "out of memory");
   s->path = strdup(path);
   if (open_conn(path, &s->w, e)) goto fail;
+  if (stat(path, &st) == 0) {
+    s->dev = st.st_dev;
+    s->ino = st.st_ino;
+  }
   if (use_wal(s->w, e)) {
     /* The first read of the file: where a file that is not SQLite shows. */
     if ((sqlite3_errcode(s->w) & 0xff) == SQLITE_NOTADB)
@@ -582,6 +694,12 @@ int store_commit(store_t *s, const journal_t *j, err_t *e) {
   const char *owner = journal_owner(j, &expires);
   struct fence f = {.owner = owner};
   journal_set_fenced(j, -1);
+  /* A group tried again must not keep the answers of the attempt that
+  ** failed (they were rolled back with it). */
+  for (size_t i = 0, n = journal_count(j); i < n; i++) {
+    const struct jentry *je = journal_entry(j, i);
+    if (je->result) journal_set_result(je, NULL);
+  }
   if (owner) {
     sqlite3_stmt *st = s->ws[W_LEASE_RENEW];
     store__bind_text(st, 1, owner);
@@ -601,6 +719,8 @@ int store_commit(store_t *s, const journal_t *j, err_t *e) {
     }
     if (write_entry(s, je, e)) goto fail;
   }
+  /* Last, just before it counts: is the file still the one at the path? */
+  if (check_moved(s, s->w, e)) goto fail;
   fault_point("commit");
   if (store__step(s, s->ws[W_COMMIT], e, "committing")) goto fail;
   return 0;

@@ -128,7 +128,8 @@ class FullDiskTest(DiskCase):
         os.remove(self.fill)
         wait_until(lambda: metric(p.url, "moonloop_writes_refused") == 0, timeout=20,
                    what="the engine to write again")
-        self.assertTrue(any("the database is writable again" in l for l in p.stderr_lines))
+        wait_until(lambda: any("the database is writable again" in l for l in p.stderr_lines),
+                   what="the engine to say so")
         self.assertEqual(http("POST", p.url + "/v1/events", {"name": "go"})[0], 202)
         wait_until(lambda: self.runs_by_status() == {"completed": 3}, timeout=30,
                    what="every accepted event's run to complete")
@@ -191,3 +192,66 @@ class FullDiskRequestsTest(DiskCase):
         self.assertGreaterEqual(metric(p.url, "moonloop_commit_failures_total"), refused)
         p.terminate()
         self.assertEqual(p.wait(timeout=20), 0)
+
+
+class DatabaseFileGoneTest(SkillsTestCase):
+    def test_a_deleted_database_refuses_writes_loudly_and_a_new_one_is_not_created_under_it(self):
+        self.si.route_prefix("/a/", lambda h, b, n: (200, {"n": 1}))
+        self.si.route_prefix("/b/", lambda h, b, n: (200, {"n": 2}))
+        self.skill("s", SKILL)
+        p = self.serve()
+        self.assertEqual(http("POST", p.url + "/v1/events", {"name": "go"})[0], 202)
+        wait_until(lambda: [r for r in self.w.runs(skill="s") if r["status"] == "completed"], what="a run")
+        os.remove(self.w.db)
+        code, body = http("POST", p.url + "/v1/events", {"name": "go"})
+        self.assertEqual(code, 503, body)
+        self.assertIn("was deleted while this process had it open", body["error"]["message"])
+        wait_until(lambda: any("DATABASE FILE GONE" in l for l in p.stderr_lines), what="the engine to say so")
+        self.assertEqual(http("POST", p.url + "/v1/skills/s/invoke", {"data": {}})[0], 503)
+        self.assertIn("/proc/%d/fd/" % p.pid, "".join(p.stderr_lines))  # where the data still is
+        # A writer on the same path is not given a fresh file that engine never reads.
+        r = self.w.ml("send", "go")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("but process %d (moonloop) still has a deleted file of that name open" % p.pid,
+                      r.stderr)
+        self.assertFalse(os.path.exists(self.w.db))
+        p.kill()
+        p.wait()
+        # With no process holding it, a new database is just that.
+        self.w.ml("send", "go", check=0)
+        self.assertTrue(os.path.exists(self.w.db))
+
+    def test_a_moved_database_refuses_writes_until_it_is_back_or_replaced(self):
+        self.si.route_prefix("/a/", lambda h, b, n: (200, {"n": 1}))
+        self.si.route_prefix("/b/", lambda h, b, n: (200, {"n": 2}))
+        self.skill("s", SKILL)
+        p = self.serve()
+        self.assertEqual(http("POST", p.url + "/v1/events", {"name": "go"})[0], 202)
+        wait_until(lambda: self.w.runs(skill="s") and self.w.runs(skill="s")[0]["status"] == "completed",
+                   what="a run")
+        moved = self.w.db + ".moved"
+        os.rename(self.w.db, moved)
+        wait_until(lambda: any("DATABASE FILE GONE" in l for l in p.stderr_lines), what="the engine to say so")
+        self.assertEqual(http("POST", p.url + "/v1/events", {"name": "go"})[0], 503)
+        os.rename(moved, self.w.db)  # back: the same file, writable again without a restart
+        wait_until(lambda: http("POST", p.url + "/v1/events", {"name": "go"})[0] == 202, timeout=20,
+                   what="writes to work again")
+        wait_until(lambda: any("writable again" in l for l in p.stderr_lines), what="the engine to say so")
+        wait_until(lambda: len([r for r in self.w.runs(skill="s") if r["status"] == "completed"]) == 2,
+                   timeout=20, what="the second run")
+        # Another file put in its place (a copy: another inode) is not this
+        # engine's, while a run sleeps: the write of its wake-up is refused.
+        self.assertEqual(http("POST", p.url + "/v1/events", {"name": "go"})[0], 202)
+        wait_until(lambda: [r for r in self.w.runs(skill="s") if r["status"] == "sleeping"], what="a nap")
+        shutil.copy(self.w.db, moved)
+        os.replace(moved, self.w.db)
+        code, body = http("POST", p.url + "/v1/events", {"name": "go"})
+        self.assertEqual(code, 503, body)
+        self.assertIn("was replaced by another file", body["error"]["message"])
+        time.sleep(1.5)  # the nap is over
+        # Stopping does not wait forever for a store that refuses: after the
+        # grace period it stops without those writes, and says so.
+        p.terminate()
+        self.assertEqual(p.wait(timeout=40), 0)
+        self.assertTrue(any("stopping without" in l and "the next engine" in l for l in p.stderr_lines),
+                        "".join(p.stderr_lines))
