@@ -481,9 +481,17 @@ int sched_new(const struct sched_opts *o, sched_t **out, err_t *e) {
   return 0;
 }
 
-/* See sched.h. */
+/* See sched.h. The lease is the first write: while another process holds
+** the database's write lock (one frozen inside a commit holds it until it
+** is continued or killed), wait for it, saying every time what for. */
 int sched_start(sched_t *s, err_t *e) {
-  if (sched__take_lease(s, e)) return e->code;
+  int64_t since = units_now_ms();
+  while (sched__take_lease(s, e)) {
+    if (e->code != ERR_BUSY) return e->code;
+    char d[32];
+    units_fmt_duration(units_now_ms() - since, d, sizeof d);
+    fprintf(stderr, "moonloop: waiting %s so far to take a lease: %s\n", d, e->msg);
+  }
   uv_loop_t *loop = s->o.loop;
   uv_idle_init(loop, &s->idle);
   uv_prepare_init(loop, &s->prepare);

@@ -258,13 +258,16 @@ static void group_done(struct group *g) {
   memset(g, 0, sizeof *g);
 }
 
-/* The lease is fresh again (a renewal committed): let what the gate held go. */
+/* The lease is fresh again (a renewal committed): let what the gate held
+** go (the idle handle's tasks, and requests httpc held: those may have met
+** the gate without the loop noticing). */
 static void lease_renewed(sched_t *s, int64_t until) {
   s->lease_until = until;
-  if (!s->lease_doubt || !sched__lease_fresh(s)) return;
+  if (!sched__lease_fresh(s)) return;
+  if (s->o.http && httpc_held(s->o.http)) httpc_gate_open(s->o.http);
+  if (!s->lease_doubt) return;
   s->lease_doubt = 0;
   fprintf(stderr, "moonloop: lease renewed: step bodies and requests go on\n");
-  if (s->o.http) httpc_gate_open(s->o.http);
   sched__kick(s);
 }
 

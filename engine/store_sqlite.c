@@ -40,6 +40,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -47,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -158,11 +160,68 @@ static const char *const wsql[W_COUNT] = {
 /* See store.h. */
 const char *store_path(const store_t *s) { return s->path; }
 
-/* Report the connection's last error as an ERR_IO with context. */
+/* Who else holds the write lock of the database at path, as words in buf
+** (", held by process 123 (moonloop), which is stopped"); "" when no other
+** process does, as far as this one can see. In WAL mode the writer's lock
+** is a POSIX lock on byte 120 of the -shm file (SQLite's WAL_WRITE_LOCK).
+** It is looked up in /proc/locks, never by opening the -shm file: closing
+** any descriptor of a file drops every POSIX lock this process holds on
+** it, SQLite's own included. */
+static void lock_holder(const char *path, char *buf, size_t n) {
+  buf[0] = 0;
+  if (!path || !*path) return;
+  char shm[PATH_MAX + 8];
+  snprintf(shm, sizeof shm, "%s-shm", path);
+  struct stat st;
+  if (stat(shm, &st) != 0) return;
+  FILE *f = fopen("/proc/locks", "r");
+  if (!f) return;
+  char line[256];
+  long pid = 0;
+  while (!pid && fgets(line, sizeof line, f)) {
+    char type[16];
+    long p;
+    unsigned maj, min;
+    unsigned long ino;
+    long long start;
+    if (sscanf(line, "%*d: POSIX %*s %15s %ld %x:%x:%lu %lld", type, &p, &maj, &min, &ino,
+               &start) == 6 && !strcmp(type, "WRITE") && ino == (unsigned long)st.st_ino &&
+        maj == major(st.st_dev) && min == minor(st.st_dev) && start == 120 &&
+        p != (long)getpid())
+      pid = p;
+  }
+  fclose(f);
+  if (!pid) return;
+  char pp[64], comm[64] = "?";
+  char state = 0;
+  snprintf(pp, sizeof pp, "/proc/%ld/stat", pid);
+  FILE *sf = fopen(pp, "r");
+  if (sf) {
+    if (fgets(line, sizeof line, sf)) {
+      char *open_paren = strchr(line, '('), *close_paren = strrchr(line, ')');
+      if (open_paren && close_paren && close_paren > open_paren) {
+        snprintf(comm, sizeof comm, "%.*s", (int)(close_paren - open_paren - 1), open_paren + 1);
+        state = close_paren[1] == ' ' ? close_paren[2] : 0;
+      }
+    }
+    fclose(sf);
+  }
+  snprintf(buf, n, ", held by process %ld (%s)%s", pid, comm,
+           state == 'T' || state == 't' ? ", which is stopped (SIGSTOP): it holds the lock until "
+           "it is continued or killed" : "");
+}
+
+/* Report the connection's last error as an ERR_IO with context; a busy
+** database (ERR_BUSY) says who holds its write lock. */
 int store__db_err(err_t *e, sqlite3 *db, const char *what) {
   int code = sqlite3_errcode(db);
-  return err_set(e, code == SQLITE_BUSY || code == SQLITE_LOCKED ? ERR_BUSY : ERR_IO,
-                 "store: %s: %s", what, sqlite3_errmsg(db));
+  if (code == SQLITE_BUSY || code == SQLITE_LOCKED) {
+    char who[300];
+    lock_holder(sqlite3_db_filename(db, "main"), who, sizeof who);
+    return err_set(e, ERR_BUSY, "store: %s: %s: the database's write lock was not free for 10 s%s",
+                   what, sqlite3_errmsg(db), who);
+  }
+  return err_set(e, ERR_IO, "store: %s: %s", what, sqlite3_errmsg(db));
 }
 
 /* Run sql (one or more statements, no parameters) on db; ERR_IO with the

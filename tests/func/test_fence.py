@@ -153,3 +153,48 @@ end }""")
         wait_until(lambda: self.w.trace(rid2)["status"] == "completed", timeout=20, what="a new run")
         pa.terminate()
         pa.wait(timeout=20)
+
+
+class FrozenLockHolderTest(SkillsTestCase):
+    def test_an_engine_waits_for_a_write_lock_held_by_a_frozen_one_and_says_so(self):
+        import fcntl
+        import struct
+        self.skill("s", """
+return { id = "s", run = function(ctx)
+  return ctx.step.run("a", function() return http.get_json(env.STANDIN .. "/a").n end)
+end }""")
+        # A holds the write lock 3 s in every commit, and is frozen inside one.
+        pa = self.w.serve("--workspace", "skills", env={"MOONLOOP_FAULT": "commit=3000"})
+        shm = os.open(self.w.db + "-shm", os.O_RDONLY)
+        self.addCleanup(os.close, shm)
+
+        def holds_lock():
+            probe = struct.pack("hhqqi", fcntl.F_WRLCK, 0, 120, 1, 0)  # SQLite's WAL write lock
+            return struct.unpack("hhqqi", fcntl.fcntl(shm, fcntl.F_GETLK, probe))[0] != fcntl.F_UNLCK
+        def stopped():
+            with open("/proc/%d/stat" % pa.pid) as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "T"
+        for _ in range(300):
+            os.kill(pa.pid, signal.SIGSTOP)
+            wait_until(stopped, what="A to stop")
+            if holds_lock():
+                break
+            os.kill(pa.pid, signal.SIGCONT)
+            time.sleep(0.05)
+        else:
+            self.fail("engine A never held the write lock")
+        pb = self.w.start("serve", "--workspace", "skills", "--listen", "127.0.0.1:0")
+        said = []
+        threading.Thread(target=lambda: [said.append(l) for l in pb.stderr], daemon=True).start()
+        wait_until(lambda: any("held by process %d (moonloop), which is stopped" % pa.pid in l
+                               for l in said), timeout=40,
+                   what=lambda: "B to say what it waits for: %s" % "".join(said))
+        self.assertIsNone(pb.poll(), "".join(said))  # B waits; it does not give up
+        os.kill(pa.pid, signal.SIGKILL)
+        pa.wait()
+        wait_until(lambda: any("listening on" in l for l in said), timeout=30, what="B to serve")
+        rid = self.w.ml("invoke", "s", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["status"] == "completed", timeout=20,
+                   what=lambda: "a run on B: %s %s" % ("".join(said), self.w.trace(rid)))
+        pb.terminate()
+        self.assertEqual(pb.wait(timeout=20), 0)
