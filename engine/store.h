@@ -108,7 +108,10 @@ int store_get_run(store_t *s, const char *id, int with_steps, cJSON **out, err_t
 
 /* One step as the journal holds it, for replay: the steps of a run in
 ** order. *out is an array of objects {seq, id, kind, status, output (JSON
-** text), error, attempts, started_at, ended_at, wake_at, retry_at}. */
+** text), error, attempts, started_at, ended_at, wake_at, retry_at}; a
+** step still "running" also has interrupted (how many of its attempts were
+** cut by a stopped process) and attempt_started_at (when its attempt in
+** flight started, if after the first). */
 int store_get_steps(store_t *s, const char *run_id, cJSON **out, err_t *e);
 
 struct run_filter {

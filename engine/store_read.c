@@ -229,19 +229,28 @@ int store_get_run(store_t *s, const char *id, int with_steps, cJSON **out, err_t
 /* See store.h: each column that is not NULL, as a number or a string. */
 int store_get_steps(store_t *s, const char *run_id, cJSON **out, err_t *e) {
   *out = NULL;
+  /* A step in flight when its process stopped also says how many of its
+  ** attempts were interrupted so far (they do not count against its
+  ** retries) and when the attempt in flight started (the previous one's
+  ** retry_at, or the step's start). */
   sqlite3_stmt *st = store__prep(s->r,
     "SELECT seq, id, kind, status, output, error, attempts, started_at, ended_at, wake_at,"
-    " retry_at FROM steps WHERE run_id = ?1 ORDER BY seq", e);
+    " retry_at,"
+    " CASE WHEN status = 'running' THEN (SELECT count(*) FROM attempts a WHERE"
+    "  a.run_id = steps.run_id AND a.seq = steps.seq AND a.status = 'interrupted') END,"
+    " CASE WHEN status = 'running' THEN (SELECT a.retry_at FROM attempts a WHERE"
+    "  a.run_id = steps.run_id AND a.seq = steps.seq AND a.n = steps.attempts - 1) END"
+    " FROM steps WHERE run_id = ?1 ORDER BY seq", e);
   if (!st) return e->code;
   store__bind_text(st, 1, run_id);
   cJSON *arr = cJSON_CreateArray();
   static const char *const names[] = {"seq", "id", "kind", "status", "output", "error",
                                       "attempts", "started_at", "ended_at", "wake_at",
-                                      "retry_at"};
+                                      "retry_at", "interrupted", "attempt_started_at"};
   int rc;
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
     cJSON *o = cJSON_CreateObject();
-    for (int i = 0; i < 11; i++) {
+    for (int i = 0; i < 13; i++) {
       switch (sqlite3_column_type(st, i)) {
       case SQLITE_NULL: break;
       case SQLITE_INTEGER:

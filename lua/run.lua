@@ -266,7 +266,7 @@ M.to_ms = to_ms
 -- Run a step body at (seq, sid) with retries, given its journal record.
 -- Shared by step.run and the bodies of step.parallel.
 local function run_body(R, T, seq, sid, rec, fn, opts)
-  local n = 0
+  local n, cut = 0, 0 -- attempts so far, and how many of them were interrupted
   if rec then
     if rec.status == "completed" then
       R.now = rec.ended_at or R.now
@@ -275,14 +275,17 @@ local function run_body(R, T, seq, sid, rec, fn, opts)
       raise_step_error(sid, { message = rec.error or "failed", fatal = true })
     end
     -- In flight when the process died: go on from its recorded attempts,
-    -- waiting out a backoff that had not finished.
+    -- waiting out a backoff that had not finished. An attempt cut in its
+    -- body is recorded as interrupted, and the body runs again as the next
+    -- attempt; interrupted attempts do not count against the retries.
     n = rec.attempts or 0
+    cut = rec.interrupted or 0
     if rec.retry_at then
       yield(OP.BACKOFF, seq, rec.retry_at)
-    else
-      n = n - 1 -- the attempt in flight never finished: it counts again
+    elseif n > 0 then
+      core.step_interrupted(seq, sid, n, rec.attempt_started_at or rec.started_at)
+      cut = cut + 1
     end
-    if n < 0 then n = 0 end
   end
   local retries = (opts and opts.retries) or R.cfg.retries
   local timeout = opts and opts.timeout
@@ -313,11 +316,11 @@ local function run_body(R, T, seq, sid, rec, fn, opts)
     else
       e = unwrap(res)
     end
-    if e.fatal or n > retries then
+    if e.fatal or n - cut > retries then
       local ended = now_ms()
       -- The message as recorded is the one a replay raises: the same words.
-      if n > retries and not e.fatal and retries > 0 then
-        e.message = ("%s (after %d attempts)"):format(e.message, n)
+      if n - cut > retries and not e.fatal and retries > 0 then
+        e.message = ("%s (after %d attempts)"):format(e.message, n - cut)
       end
       yield(OP.FAIL, seq, sid, "run", n, e.message, e.traceback, t0, ended, started)
       R.now = ended

@@ -205,6 +205,45 @@ end }""")
                          r"step 1 is 's\d+' \(run\) in the journal, but the code reached 's\d+' \(run\)$")
         self.assertEqual(self.si.count("/after"), 0)
 
+    def test_a_step_cut_by_kills_shows_its_interrupted_attempts_and_the_rerun(self):
+        self.skill("cut", """
+return { id = "cut", retries = 0, run = function(ctx)
+  return ctx.step.run("call", function()
+    return { n = http.get_json(env.STANDIN .. "/slow").n, attempt = ctx.attempt }
+  end)
+end }""")
+        answer = threading.Event()
+
+        def slow(h, b, n):
+            if n < 3:  # the first two calls never get their answer: the engine is killed
+                answer.wait(30)
+            return 200, {"n": n}
+        self.si.routes["/slow"] = slow
+        p = self.serve()
+        rid = self.w.ml("invoke", "cut", check=0).stdout.strip()
+        for calls in (1, 2):
+            wait_until(lambda: self.si.count("/slow") == calls, what="call %d" % calls)
+            wait_until(lambda: self.w.trace(rid)["steps"], what="the step's running row")
+            kill9(p)
+            p = self.serve()
+        wait_until(lambda: self.w.trace(rid)["status"] == "completed", timeout=20, what="the run")
+        answer.set()
+        t = self.w.trace(rid)
+        # retries = 0, yet it completed: interrupted attempts are no failures.
+        self.assertEqual(t["output"], {"n": 3, "attempt": 3})
+        atts = t["steps"][0]["attempts"]
+        self.assertEqual([(a["n"], a["status"]) for a in atts],
+                         [(1, "interrupted"), (2, "interrupted"), (3, "completed")])
+        self.assertIn("stopped before it ended", atts[0]["error"])
+        # Each attempt shows when it started: the rerun at the time it ran again.
+        self.assertLess(atts[0]["started_at"], atts[1]["started_at"])
+        self.assertLess(atts[1]["started_at"], atts[2]["started_at"])
+        self.assertEqual(atts[0]["retry_at"], atts[1]["started_at"])
+        self.assertIsNone(atts[0]["ended_at"])
+        text = self.w.ml("trace", rid, check=0).stdout
+        self.assertIn("attempt 1 interrupted: the process running this attempt stopped", text)
+        self.assertIn("attempt 3 completed", text)
+
     def test_evicted_parked_runs_wake_by_replay(self):
         self.w.write("moonloop.conf.lua", 'return { env = { "STANDIN" }, limits = { parked_runs = 20 } }')
         self.skill("nap", """
