@@ -445,7 +445,7 @@ static int put_source(sched_t *s, const char *file, const char *want_id, const c
     p->message = strdup(se.err.msg);
   } else {
     struct version_row v = {.version = sk->version, .skill = sk->id, .source = sk->source,
-                            .file = file, .loaded_at = now};
+                            .file = file, .loaded_at = now, .triggers = sk->triggers};
     struct skill_row k = {.op = SKILL_PUT, .id = sk->id, .version = sk->version, .file = file,
                           .description = sk->description, .triggers = sk->triggers,
                           .updated_at = now};

@@ -190,6 +190,7 @@ int journal_version(journal_t *j, const struct version_row *v) {
   c->skill = dup(j, v->skill, &fail);
   c->source = dup(j, v->source, &fail);
   c->file = dup(j, v->file, &fail);
+  c->triggers = dup(j, v->triggers, &fail);
   return fail ? ERR_NOMEM : 0;
 }
 

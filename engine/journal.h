@@ -57,9 +57,13 @@ struct log_row {
   const char *level, *msg;
 };
 
+/* A version of a skill: its source, and the triggers this load of it
+** produced (JSON; they may differ between loads of one source, when they
+** come from env). */
 struct version_row {
   const char *version, *skill, *source, *file;
   int64_t loaded_at;
+  const char *triggers;
 };
 
 /* A change to a skill's registry record:

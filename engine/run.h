@@ -230,6 +230,8 @@ int sched__draining(const sched_t *s);
 int sched__version_skill(sched_t *s, const char *version, struct skill **out, err_t *e);
 /* The live version of a registered skill, loaded. */
 int sched__live_skill(sched_t *s, const char *id, struct skill **out, err_t *e);
+/* Whether the registry holds the live triggers yet (sched_triggers_live). */
+int sched__triggers_live(const sched_t *s);
 /* The registry changed: rearm the cron triggers (sched_cron.c). */
 void sched__skills_changed(sched_t *s);
 void sched__crons_free(sched_t *s);

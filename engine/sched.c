@@ -386,6 +386,14 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
   return rc;
 }
 
+/* See sched.h. */
+void sched_triggers_live(sched_t *s) {
+  if (s->triggers_live) return;
+  s->triggers_live = 1;
+  sched__skills_changed(s);
+}
+int sched__triggers_live(const sched_t *s) { return s->triggers_live; }
+
 /* sched_cron.c's list of cron entries. */
 struct cron_entry *sched__crons(sched_t *s) { return s->crons; }
 void sched__set_crons(sched_t *s, struct cron_entry *list) { s->crons = list; }

@@ -94,6 +94,11 @@ void sched_on_done(sched_t *s, const char *run_id, sched_done_cb cb, void *arg);
 ** cancelled), once its end is durable. Up to 4 observers. */
 void sched_on_finish(sched_t *s, sched_done_cb cb, void *arg);
 
+/* serve: the workspace is registered, so the registry's triggers are the
+** live set: cron triggers start now (catching up missed ticks), not from
+** what the registry held before this start. */
+void sched_triggers_live(sched_t *s);
+
 /* Runs in this process that have not finished. */
 int sched_active(const sched_t *s);
 

@@ -376,13 +376,22 @@ static cJSON *skill_record(store_t *s, sqlite3_stmt *st) {
   cJSON_AddItemToObject(o, "triggers", t ? t : cJSON_CreateArray());
   cJSON *versions = cJSON_AddArrayToObject(o, "versions");
   sqlite3_stmt *v = store__prep(s->r,
-    "SELECT version, loaded_at FROM versions WHERE skill = ?1 ORDER BY loaded_at, rowid", NULL);
+    "SELECT version, loaded_at, triggers FROM versions WHERE skill = ?1"
+    " ORDER BY loaded_at, rowid", NULL);
   if (v) {
     store__bind_text(v, 1, (const char *)sqlite3_column_text(st, 0));
     while (sqlite3_step(v) == SQLITE_ROW) {
       cJSON *x = cJSON_CreateObject();
       add_text(x, "version", v, 0);
       add_time(x, "loaded_at", v, 1);
+      /* Versions loaded before moonloop kept triggers have none: null. */
+      const char *vt = (const char *)sqlite3_column_text(v, 2);
+      cJSON *tj = vt ? cJSON_Parse(vt) : NULL;
+      if (tj && !cJSON_IsArray(tj)) { /* none: an empty Lua table, stored as {} */
+        cJSON_Delete(tj);
+        tj = cJSON_CreateArray();
+      }
+      cJSON_AddItemToObject(x, "triggers", tj ? tj : cJSON_CreateNull());
       cJSON_AddItemToArray(versions, x);
     }
     sqlite3_finalize(v);

@@ -122,6 +122,8 @@ static const char *const migrations[] = {
   "CREATE TABLE cron_state("
   "  skill TEXT NOT NULL, spec TEXT NOT NULL, last_tick INTEGER NOT NULL,"
   "  PRIMARY KEY(skill, spec)) WITHOUT ROWID;",
+  /* 3: the triggers each version's latest load produced */
+  "ALTER TABLE versions ADD COLUMN triggers TEXT;",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -148,8 +150,9 @@ static const char *const wsql[W_COUNT] = {
     " ended_at, retry_at) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
   [W_LOG] = "INSERT INTO logs(run_id, seq, ts, level, msg) VALUES(?1,?2,?3,?4,?5)",
   [W_VERSION] =
-    "INSERT OR IGNORE INTO versions(version, skill, source, file, loaded_at)"
-    " VALUES(?1,?2,?3,?4,?5)",
+    "INSERT INTO versions(version, skill, source, file, loaded_at, triggers)"
+    " VALUES(?1,?2,?3,?4,?5,?6) ON CONFLICT(version) DO UPDATE SET"
+    " triggers = COALESCE(excluded.triggers, triggers)",
   [W_SKILL] =
     "INSERT INTO skills(id, version, file, description, triggers, error, updated_at)"
     " VALUES(?1,?2,?3,?4,?5,?6,?7) ON CONFLICT(id) DO UPDATE SET version = ?2,"
@@ -656,6 +659,7 @@ static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
     store__bind_text(st, 3, r->source);
     store__bind_text(st, 4, r->file);
     sqlite3_bind_int64(st, 5, r->loaded_at);
+    store__bind_text(st, 6, r->triggers);
     return store__step(s, st, e, "recording a skill version");
   }
   case J_SKILL: {
