@@ -34,6 +34,15 @@ enum {
 
 #define STORE_CACHED_STMTS 32
 
+/* The runs the store knows to be one owner's (see store_sqlite.c's
+** fencing): an open-addressing set of run ids, used on the commit thread. */
+struct fence_set {
+  char owner[64];
+  char (*ids)[27];
+  unsigned char *state; /* per slot: free, used, gone */
+  size_t cap, n, gone;  /* cap a power of two */
+};
+
 struct store {
   sqlite3 *w, *r;
   sqlite3_stmt *ws[W_COUNT];
@@ -43,6 +52,7 @@ struct store {
   char *path;
   dev_t dev;  /* the file opened at path */
   ino_t ino;
+  struct fence_set fence;
 };
 
 /* The writer's prepared statement for a static SQL text (its address is
@@ -75,6 +85,8 @@ int store__skill_change(store_t *s, const struct skill_row *r, err_t *e);
 /* A run ended with status: drop its waits, slots and queue places; unless
 ** it completed, end its steps still open. */
 int store__run_ended(store_t *s, const char *run_id, const char *status, err_t *e);
+/* Free the fencing set (store_close). */
+void store__fence_free(store_t *s);
 /* Finalize store_flow.c's statements. */
 void store__flow_close(store_t *s);
 

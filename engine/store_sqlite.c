@@ -487,6 +487,7 @@ void store_close(store_t *s) {
   for (int i = 0; i < W_COUNT; i++) sqlite3_finalize(s->ws[i]);
   store__flow_close(s);
   for (int i = 0; i < STORE_CACHED_STMTS; i++) sqlite3_finalize(s->cache[i].st);
+  store__fence_free(s);
   sqlite3_close(s->w);
   sqlite3_close(s->r);
   free(s->path);
@@ -686,67 +687,163 @@ static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
 ** A group that names an owner commits only what that owner may write: its
 ** lease must exist (renewed in the same transaction), and every entry that
 ** writes for a run (journal_run_of) must be for a run that owner holds, as
-** the runs table says inside this transaction. A process that lost a run
-** (its lease was reaped, the run was taken with run --resume or cancelled
-** as unowned) can then never write over whoever has it now, even if its
-** own lease row exists again. New runs must be the owner's or nobody's.
-** Runs found to be the owner's are remembered for the rest of the
-** transaction (nothing else can change them meanwhile; a run that ends
-** gives up its owner but may still write its last entries). */
+** the runs table says. A process that lost a run (its lease was reaped,
+** the run was taken with run --resume or cancelled as unowned) can then
+** never write over whoever has it now, even under a new lease of its own.
+** New runs must be the owner's or nobody's.
+**
+** Checking the runs table for every entry would cost the commit thread a
+** lookup per step. It need not: while an owner's lease never expires from
+** one renewal to the next, no other process may take or end its runs
+** (reaping, claiming, run --resume and cancelling an unowned run all need
+** the lease dead: expired, or its process gone), and only the owner itself
+** renews its lease. So the runs found to be the owner's stay known to be
+** (s->fence, across transactions) until one of these: a renewal finds the
+** lease expired (another process may have acted meanwhile: check again),
+** another owner commits, a transaction fails (it may have created runs that
+** are gone again), or the run ends (once its end is committed; within the
+** transaction it still writes its last entries: its parent's delivery, an
+** on_failure run). */
 
-#define FENCE_SEEN 8
+/* Slot states of the set. */
+enum { FS_FREE, FS_USED, FS_GONE };
 
-struct fence {
-  const char *owner;
-  const char *seen[FENCE_SEEN]; /* runs this transaction found to be the owner's */
-  int next;
-};
-
-static void fence_remember(struct fence *f, const char *run_id) {
-  f->seen[f->next] = run_id;
-  f->next = (f->next + 1) % FENCE_SEEN;
+static uint64_t fence_hash(const char *id) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *id; id++) h = (h ^ (unsigned char)*id) * 1099511628211ull;
+  return h;
 }
 
-/* 0 when f's owner holds run_id; else ERR_CONFLICT, saying who does. */
-static int fence_check(store_t *s, struct fence *f, const char *run_id, err_t *e) {
-  for (int i = 0; i < FENCE_SEEN; i++)
-    if (f->seen[i] && !strcmp(f->seen[i], run_id)) return 0;
+/* The slot of id in the set, or -1. */
+static long fence_find(const struct fence_set *f, const char *id) {
+  if (!f->cap) return -1;
+  size_t i = (size_t)fence_hash(id) & (f->cap - 1);
+  for (size_t k = 0; k < f->cap; k++, i = (i + 1) & (f->cap - 1)) {
+    if (f->state[i] == FS_FREE) return -1;
+    if (f->state[i] == FS_USED && !strcmp(f->ids[i], id)) return (long)i;
+  }
+  return -1;
+}
+
+/* Forget every run (and the owner). */
+static void fence_clear(struct fence_set *f) {
+  if (f->state) memset(f->state, FS_FREE, f->cap);
+  f->n = f->gone = 0;
+  f->owner[0] = 0;
+}
+
+/* Remember id (a ULID) as the owner's; best effort: a set that cannot grow
+** only means another lookup later. */
+static void fence_add(struct fence_set *f, const char *id) {
+  if (strlen(id) >= sizeof f->ids[0] || fence_find(f, id) >= 0) return;
+  if ((f->n + f->gone + 1) * 4 > f->cap * 3) {
+    /* Grow (or just sweep the tombstones), rehashing what is kept. */
+    size_t cap = f->n * 2 + 2 > f->cap / 2 ? (f->cap ? f->cap * 2 : 1024) : f->cap;
+    char (*ids)[27] = malloc(cap * sizeof *ids);
+    unsigned char *state = calloc(cap, 1);
+    if (!ids || !state) {
+      free(ids), free(state);
+      return;
+    }
+    for (size_t i = 0; i < f->cap; i++) {
+      if (f->state[i] != FS_USED) continue;
+      size_t k = (size_t)fence_hash(f->ids[i]) & (cap - 1);
+      while (state[k] == FS_USED) k = (k + 1) & (cap - 1);
+      memcpy(ids[k], f->ids[i], sizeof ids[k]);
+      state[k] = FS_USED;
+    }
+    free(f->ids), free(f->state);
+    f->ids = ids, f->state = state, f->cap = cap, f->gone = 0;
+  }
+  size_t i = (size_t)fence_hash(id) & (f->cap - 1);
+  while (f->state[i] == FS_USED) i = (i + 1) & (f->cap - 1);
+  if (f->state[i] == FS_GONE) f->gone--;
+  snprintf(f->ids[i], sizeof f->ids[i], "%s", id);
+  f->state[i] = FS_USED;
+  f->n++;
+}
+
+static void fence_remove(struct fence_set *f, const char *id) {
+  long i = fence_find(f, id);
+  if (i < 0) return;
+  f->state[i] = FS_GONE;
+  f->n--;
+  f->gone++;
+}
+
+/* See store_db.h. */
+void store__fence_free(store_t *s) {
+  free(s->fence.ids);
+  free(s->fence.state);
+  memset(&s->fence, 0, sizeof s->fence);
+}
+
+/* 0 when owner holds run_id; else ERR_CONFLICT, saying who does. */
+static int fence_check(store_t *s, const char *owner, const char *run_id, err_t *e) {
+  if (fence_find(&s->fence, run_id) >= 0) return 0;
   sqlite3_stmt *st = store__cached(s, "SELECT owner, status FROM runs WHERE id = ?1", e);
   if (!st) return e->code;
   store__bind_text(st, 1, run_id);
   int rc = sqlite3_step(st);
-  const char *owner = rc == SQLITE_ROW ? (const char *)sqlite3_column_text(st, 0) : NULL;
-  if (rc == SQLITE_ROW && owner && !strcmp(owner, f->owner)) {
+  const char *holder = rc == SQLITE_ROW ? (const char *)sqlite3_column_text(st, 0) : NULL;
+  if (rc == SQLITE_ROW && holder && !strcmp(holder, owner)) {
     sqlite3_reset(st);
-    fence_remember(f, run_id);
+    fence_add(&s->fence, run_id);
     return 0;
   }
   if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
     store__db_err(e, s->w, "checking a run's owner");
   } else if (rc == SQLITE_DONE) {
     err_set(e, ERR_CONFLICT, "fenced: run %s does not exist (this process is %s)", run_id,
-            f->owner);
+            owner);
   } else {
     err_set(e, ERR_CONFLICT, "fenced: run %s is %s, held by %s, not by this process (%s)",
-            run_id, (const char *)sqlite3_column_text(st, 1), owner ? owner : "no process",
-            f->owner);
+            run_id, (const char *)sqlite3_column_text(st, 1), holder ? holder : "no process",
+            owner);
   }
   sqlite3_reset(st);
   return e->code;
 }
 
 /* The fencing check of one entry (see above). */
-static int fence_entry(store_t *s, struct fence *f, const struct jentry *je, err_t *e) {
+static int fence_entry(store_t *s, const char *owner, const struct jentry *je, err_t *e) {
   const struct run_row *nr = je->kind == J_RUN_NEW ? &je->u.run
                              : je->kind == J_CRON && je->u.cron.run.id ? &je->u.cron.run : NULL;
-  if (nr && nr->owner && strcmp(nr->owner, f->owner))
+  if (nr && nr->owner && strcmp(nr->owner, owner))
     return err_set(e, ERR_CONFLICT, "fenced: a new run (%s) for another owner (%s) in a group "
-                   "of %s", nr->id, nr->owner, f->owner);
+                   "of %s", nr->id, nr->owner, owner);
   const char *run = journal_run_of(je);
-  if (run && fence_check(s, f, run, e)) return e->code;
-  /* A new run of the owner's is the owner's for the rest of the group. */
-  if (nr && nr->owner) fence_remember(f, nr->id);
+  if (run && fence_check(s, owner, run, e)) return e->code;
+  if (nr && nr->owner) fence_add(&s->fence, nr->id);
   return 0;
+}
+
+/* Renew owner's lease until `expires` inside the open transaction:
+** ERR_CONFLICT when it is gone. Found expired (not yet reaped), the runs
+** known to be its own are checked again. */
+static int renew_lease(store_t *s, const char *owner, int64_t expires, err_t *e) {
+  if (strcmp(s->fence.owner, owner)) {
+    fence_clear(&s->fence);
+    snprintf(s->fence.owner, sizeof s->fence.owner, "%s", owner);
+  }
+  sqlite3_stmt *q = store__cached(s, "SELECT expires_at FROM leases WHERE owner = ?1", e);
+  if (!q) return e->code;
+  store__bind_text(q, 1, owner);
+  int rc = sqlite3_step(q);
+  int64_t was = rc == SQLITE_ROW ? sqlite3_column_int64(q, 0) : 0;
+  sqlite3_reset(q);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return store__db_err(e, s->w, "reading the lease");
+  if (rc == SQLITE_DONE)
+    return err_set(e, ERR_CONFLICT, "lease lost: another process took over the runs of %s",
+                   owner);
+  if (was < units_now_ms()) {
+    fence_clear(&s->fence);
+    snprintf(s->fence.owner, sizeof s->fence.owner, "%s", owner);
+  }
+  sqlite3_stmt *st = s->ws[W_LEASE_RENEW];
+  store__bind_text(st, 1, owner);
+  sqlite3_bind_int64(st, 2, expires);
+  return store__step(s, st, e, "renewing the lease");
 }
 
 /* See store.h: renew the lease (fencing), write every entry, commit; roll
@@ -755,7 +852,6 @@ int store_commit(store_t *s, const journal_t *j, err_t *e) {
   if (store__step(s, s->ws[W_BEGIN], e, "beginning a transaction")) return e->code;
   int64_t expires;
   const char *owner = journal_owner(j, &expires);
-  struct fence f = {.owner = owner};
   journal_set_fenced(j, -1);
   /* A group tried again must not keep the answers of the attempt that
   ** failed (they were rolled back with it). */
@@ -763,32 +859,32 @@ int store_commit(store_t *s, const journal_t *j, err_t *e) {
     const struct jentry *je = journal_entry(j, i);
     if (je->result) journal_set_result(je, NULL);
   }
-  if (owner) {
-    sqlite3_stmt *st = s->ws[W_LEASE_RENEW];
-    store__bind_text(st, 1, owner);
-    sqlite3_bind_int64(st, 2, expires);
-    if (store__step(s, st, e, "renewing the lease")) goto fail;
-    if (sqlite3_changes(s->w) == 0) {
-      err_set(e, ERR_CONFLICT, "lease lost: another process took over the runs of %s", owner);
-      goto fail;
-    }
-  }
+  if (owner && renew_lease(s, owner, expires, e)) goto fail;
+  int ended = 0;
   for (size_t i = 0, n = journal_count(j); i < n; i++) {
     const struct jentry *je = journal_entry(j, i);
     if (je->dropped) continue;
-    if (owner && fence_entry(s, &f, je, e)) {
+    if (owner && fence_entry(s, owner, je, e)) {
       if (e->code == ERR_CONFLICT) journal_set_fenced(j, (long)i);
       goto fail;
     }
     if (write_entry(s, je, e)) goto fail;
+    ended |= je->kind == J_RUN_SET && store__is_terminal(je->u.set.status);
   }
   /* Last, just before it counts: is the file still the one at the path? */
   if (check_moved(s, s->w, e)) goto fail;
   fault_point("commit");
   if (store__step(s, s->ws[W_COMMIT], e, "committing")) goto fail;
+  /* Runs that ended are no one's now. */
+  for (size_t i = 0, n = ended ? journal_count(j) : 0; i < n; i++) {
+    const struct jentry *je = journal_entry(j, i);
+    if (!je->dropped && je->kind == J_RUN_SET && store__is_terminal(je->u.set.status))
+      fence_remove(&s->fence, je->u.set.run_id);
+  }
   return 0;
 fail:
   store__step(s, s->ws[W_ROLLBACK], NULL, "rolling back");
+  fence_clear(&s->fence);
   return e->code;
 }
 
