@@ -277,12 +277,13 @@ void run_delivered(struct run *r, int seq) {
   if (t->waiting && t->wait_seq == seq) wait_end(t);
 }
 
-/* Answer an invoke that could not start its child: the step fails. */
+/* Answer an invoke that could not start its child (or a send_event whose
+** event is refused): the step fails. */
 static void invoke_failed(struct task *t, const char *msg) {
   struct run *r = t->run;
   int64_t now = units_now_ms();
   struct step_row row = {
-    .run_id = r->id, .seq = t->wait_seq, .id = t->wait_id, .kind = "invoke",
+    .run_id = r->id, .seq = t->wait_seq, .id = t->wait_id, .kind = t->wait_kind, /* or "send" */
     .status = "failed", .error = msg, .attempts = 1, .started_at = t->wait_started,
     .ended_at = now,
   };

@@ -6,7 +6,8 @@
 --                                                        -> the event (JSON) or nil, the end time
 --   INVOKE   seq id skill data timeout_at started child_id
 --                                                        -> the child's outcome (JSON) or nil, the end time [, error]
---   SEND     seq id events started                       -> the event ids (JSON)
+--   SEND     seq id events started                       -> the event ids (JSON), the end time
+--                                                           [or nil, the end time, error]
 --   PARALLEL seq id co1 ... coN                          -> {{ok=, value=}, ...} once every child ended
 --
 -- Times are counted from the step's start as recorded (R.now), so a replay
@@ -125,6 +126,10 @@ run.add_step("invoke", function(id, opts)
     R.now = rec.ended_at or R.now
     outcome = decode(rec.output)
     if outcome == null then outcome = nil end -- timed out
+  elseif rec and rec.status == "failed" then
+    -- The child could not be started: raise that again, start nothing.
+    R.now = rec.ended_at or R.now
+    run.raise_step_error(sid, { message = rec.error or "failed", fatal = true })
   else
     local started = rec and rec.started_at or R.now
     local timeout_at = rec and rec.wake_at or (timeout and started + timeout or 0)
@@ -162,10 +167,16 @@ run.add_step("send_event", function(id, events)
   if #list == 0 then user_error("step.send_event: no events to send") end
   local sid, seq, rec = next_step(R, T, id, "send")
   if done_rec(R, rec) then return decode(rec.output) end
+  if rec and rec.status == "failed" then
+    R.now = rec.ended_at or R.now
+    run.raise_step_error(sid, { message = rec.error or "failed", fatal = true })
+  end
   local js, err = encode(core.json.array(list), R.cfg.output_limit)
   if not js then user_error("step.send_event: " .. err) end
-  local ids, ended = yield(OP.SEND, seq, sid, js, rec and rec.started_at or core.now())
+  -- A refused event (over limits.event) fails the step: nil, the end time, why.
+  local ids, ended, failure = yield(OP.SEND, seq, sid, js, rec and rec.started_at or core.now())
   R.now = ended or R.now
+  if failure then run.raise_step_error(sid, { message = failure, fatal = true }) end
   return decode(ids)
 end)
 

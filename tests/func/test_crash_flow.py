@@ -244,6 +244,32 @@ end }""")
         self.assertIn("attempt 1 interrupted: the process running this attempt stopped", text)
         self.assertIn("attempt 3 completed", text)
 
+    def test_steps_that_failed_to_start_raise_the_same_error_on_replay(self):
+        # An invoke of a skill that did not exist, and an event over the
+        # limit: both failed steps. A replay raises their errors again; it
+        # does not try again (here the skill exists by then).
+        self.w.write("moonloop.conf.lua", 'return { env = { "STANDIN" }, limits = { event = "1KB" } }')
+        self.skill("p", """
+return { id = "p", run = function(ctx)
+  local _, inv = pcall(ctx.step.invoke, "c", { skill = "later" })
+  local _, sent = pcall(ctx.step.send_event, "s", { name = "x", data = string.rep("a", 2000) })
+  ctx.step.sleep("nap", "2s")
+  return { inv = tostring(inv), sent = tostring(sent) }
+end }""")
+        p = self.serve()
+        rid = self.w.ml("invoke", "p", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["status"] == "sleeping", what="the nap")
+        kill9(p)
+        self.skill("later", 'return { id = "later", run = function(ctx) return 1 end }')
+        self.serve()
+        wait_until(lambda: self.w.trace(rid)["status"] in ("completed", "failed"), what="the run's end")
+        t = self.w.trace(rid)
+        self.assertEqual(t["output"], {
+            "inv": "step 'c' failed: cannot invoke 'later': no skill 'later' is registered",
+            "sent": "step 's' failed: event 1 is 2.0 KB, over the limit of 1.0 KB (limits.event)"})
+        self.assertEqual([s["status"] for s in t["steps"]], ["failed", "failed", "completed"])
+        self.assertEqual(self.runs_of("later"), [])
+
     def test_evicted_parked_runs_wake_by_replay(self):
         self.w.write("moonloop.conf.lua", 'return { env = { "STANDIN" }, limits = { parked_runs = 20 } }')
         self.skill("nap", """
