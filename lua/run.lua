@@ -184,7 +184,7 @@ M.need_run = need_run
 -- msg, and no pcall in the skill can catch it (the sandbox's pcall raises
 -- R.diverged again): going on would mix two histories.
 local function diverge(R, msg)
-  local e = setmetatable({ message = msg, fatal = true }, fatal_mt)
+  local e = setmetatable({ message = skill_position() .. msg, fatal = true }, fatal_mt)
   R.diverged = e
   error(e, 0)
 end

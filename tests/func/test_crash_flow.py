@@ -201,7 +201,7 @@ end }""")
         wait_until(lambda: self.w.trace(rid)["status"] in ("completed", "failed"), what="the run's end")
         t = self.w.trace(rid)
         self.assertEqual(t["status"], "failed", t.get("output"))
-        self.assertRegex(t["error"]["message"], r"^the code no longer matches this run's journal: "
+        self.assertRegex(t["error"]["message"], r"^skills/coin.lua:4: the code no longer matches this run's journal: "
                          r"step 1 is 's\d+' \(run\) in the journal, but the code reached 's\d+' \(run\)$")
         self.assertEqual(self.si.count("/after"), 0)
 
