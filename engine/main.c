@@ -17,7 +17,8 @@ enum {
   C_TEST = 1 << 14, /* moonloop test (cli_test.c) */
   C_SIDECAR = 1 << 15, /* moonloop sidecar (cli_sidecar.c) */
   C_VERSION = 1 << 16, /* moonloop version, moonloop --version (here) */
-  C_ALL = 0x1ffff,
+  C_REPLAY = 1 << 17, /* moonloop replay (cli_replay.c) */
+  C_ALL = 0x3ffff,
 };
 
 struct command {
@@ -40,6 +41,7 @@ static const struct command commands[] = {
   {"skills", C_SKILLS, cli_skills, "skills", 0},
   {"check", C_CHECK, cli_check, "check FILE-or-DIR...", -1},
   {"test", C_TEST, cli_test, "test [FILES or DIRS] [--json] [-v]", -1},
+  {"replay", C_REPLAY, cli_replay, "replay RUN_ID... [--json]", -1},
   {"serve", C_SERVE, cli_serve, "serve [--workspace DIR] [--listen ADDR]", 0},
   {"sidecar", C_SIDECAR, cli_sidecar, "sidecar --workspace DIR --server URL", 0},
   {"repl", C_REPL, cli_repl, "repl [--workspace DIR]", 0},

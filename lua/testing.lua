@@ -599,6 +599,14 @@ end
 
 -- The result of the case just run: {file, line, name, ok, message, run_id}.
 -- escaped: an error that ended the driver outside the case's own handler.
+-- The driver coroutine of a replay of a recorded run (moonloop replay):
+-- it yields after each slice, as a case's does, and returns ok, message.
+function M.replay(def, info, journal, status, output_json, error_message)
+  return coroutine.create(function()
+    return driver.replay_recorded(def, info, journal, status, output_json, error_message)
+  end)
+end
+
 function M.finish(escaped)
   local s = cur.case
   core.test_clock(nil)

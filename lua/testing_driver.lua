@@ -744,6 +744,61 @@ end
 
 M.exec, M.set_clock, M.rfc3339, M.replay = exec, set_clock, rfc3339, replay
 
+-- Replay a recorded run (moonloop replay): info as run.new takes it, the
+-- journal as store_get_steps reads it, and what the run record says
+-- (status, output JSON, error message). Nothing runs: the first op the
+-- replay yields is where it would go on live. Returns ok, and a sentence.
+function M.replay_recorded(def, info, journal, status, output_json, error_message)
+  local n = #journal
+  local st = {
+    C = { mocks = {}, events = {}, http = {}, children = {}, unmocked = {} }, run_id = info.run_id,
+    steps = {}, logs = {}, requests = {}, sent = {}, invoked = {}, kids = {}, queue = {}, qn = 0,
+    resumes = 0, status = "running",
+  }
+  info.test = st
+  local co = run.new(info, def, journal)
+  core.test_clock(nil)
+  set_clock(core.now()) -- the replay happens now
+  yield()
+  local r = pack(resume(co))
+  local kill = core.kill_reason()
+  if kill then return false, "the replay was stopped: " .. kill end
+  if not r[1] then return false, "the replay failed: " .. message_of(r[2]) end
+  if info.diverged then return false, tostring(info.diverged.message) end
+  local steps = ("%d step%s replayed"):format(n, n == 1 and "" or "s")
+  if co_status(co) ~= "dead" then
+    local T = run.tasks[co]
+    local seq = T and T.in_step and T.step_seq or (type(r[3]) == "number" and r[3]) or nil
+    local sid = T and T.in_step or (type(r[4]) == "string" and r[4]) or "?"
+    local rec = seq and journal[seq]
+    if status == "completed" or (rec and (rec.status == "completed" or rec.status == "failed")) then
+      return false, ("%sthe replay reached step '%s' and would run it: the run had not taken that step there (%s)")
+        :format(co_position(co), sid, steps)
+    end
+    return true, ("%s; it goes on live at step '%s'"):format(steps, sid)
+  end
+  local ok, payload = r[2], r[3]
+  if status == "completed" or status == "failed" then
+    local got, want
+    if ok then got = "completed with " .. tostring(payload) else
+      local v = decode(payload)
+      got = "failed: " .. tostring(type(v) == "table" and v.message or v)
+    end
+    if status == "completed" then want = "completed with " .. tostring(output_json)
+    else want = "failed: " .. tostring(error_message) end
+    if got ~= want then
+      -- A run that failed by its timeout, a cancel or a budget ended
+      -- outside its code: its replay has nothing to compare.
+      if status == "failed" and ok == false then
+        return true, ("%s; the run failed (%s), the replay ends %s"):format(steps, tostring(error_message), got)
+      end
+      return false, ("the run %s, the replay %s (%s)"):format(want, got, steps)
+    end
+    return true, ("%s; it ends %s as recorded"):format(steps, status)
+  end
+  return true, ("%s; it would end %s"):format(steps, ok and "completed" or "failed")
+end
+
 -- The virtual clock now (ms since the epoch).
 function M.now() return clock end
 
