@@ -3,9 +3,11 @@
 ** journals against their own versions, as an engine does after a crash,
 ** and say whether each run's code still takes the path its journal holds.
 **
-** Nothing runs: every step the journal holds returns (or raises) what it
-** recorded, and the replay stops at the first step it would run live (a
-** run in flight goes on there; a run that ended must not reach one). Code
+** Nothing leaves the process: every step the journal holds returns (or
+** raises) what it recorded, and the replay stops at the first op it would
+** need served live (a run in flight goes on there; a run that ended must
+** not reach one): a step body it would run live gets as far as its first
+** request, which is never sent. Code
 ** outside steps that reads the clock or random numbers and branches on
 ** them, or a version whose source no longer loads, shows here before an
 ** engine meets it. The replays run in the test engine (skilltest.c), with
