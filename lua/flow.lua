@@ -6,7 +6,8 @@
 --                                                        -> the event (JSON) or nil, the end time
 --   INVOKE   seq id skill data timeout_at started child_id
 --                                                        -> the child's outcome (JSON) or nil, the end time [, error]
---   SEND     seq id events started                       -> the event ids (JSON)
+--   SEND     seq id events started                       -> the event ids (JSON), the end time
+--                                                           [or nil, the end time, error]
 --   PARALLEL seq id co1 ... coN                          -> {{ok=, value=}, ...} once every child ended
 --
 -- Times are counted from the step's start as recorded (R.now), so a replay
@@ -131,6 +132,10 @@ run.add_step("invoke", function(id, opts)
     R.now = rec.ended_at or R.now
     outcome = decode(rec.output)
     if outcome == null then outcome = nil end -- timed out
+  elseif rec and rec.status == "failed" then
+    -- The child could not be started: raise that again, start nothing.
+    R.now = rec.ended_at or R.now
+    run.raise_step_error(sid, { message = rec.error or "failed", fatal = true })
   else
     local started = rec and rec.started_at or R.now
     local timeout_at = rec and rec.wake_at or (timeout and started + timeout or 0)
@@ -173,10 +178,16 @@ run.add_step("send_event", function(id, events)
   if #list == 0 then user_error("step.send_event: no events to send") end
   local sid, seq, rec = next_step(R, T, id, "send")
   if done_rec(R, rec) then return decode(rec.output) end
+  if rec and rec.status == "failed" then
+    R.now = rec.ended_at or R.now
+    run.raise_step_error(sid, { message = rec.error or "failed", fatal = true })
+  end
   local js, err = encode(core.json.array(list), R.cfg.output_limit)
   if not js then user_error("step.send_event: " .. err) end
-  local ids, ended = yield(OP.SEND, seq, sid, js, rec and rec.started_at or core.now())
+  -- A refused event (over limits.event) fails the step: nil, the end time, why.
+  local ids, ended, failure = yield(OP.SEND, seq, sid, js, rec and rec.started_at or core.now())
   R.now = ended or R.now
+  if failure then run.raise_step_error(sid, { message = failure, fatal = true }) end
   return decode(ids)
 end)
 
@@ -198,8 +209,23 @@ run.add_step("parallel", function(id, fns, opts)
   end
   run.check_step_opts("step.parallel", opts)
   local sid, seq, rec = next_step(R, T, id, "parallel")
-  if done_rec(R, rec) then return decode(rec.output) end
   local n = #fns
+  if rec and (rec.status == "completed" or rec.status == "failed") then
+    -- Ended: its branches' records follow its own. Step past them (checked
+    -- against the code's branches) before anything else, so the steps after
+    -- the parallel meet their own records.
+    local first_failed
+    for i = 1, n do
+      local crec = record_at(R, seq + i, sid .. "/" .. i, "run")
+      if not crec then run.diverge(R, ("the code no longer matches this run's journal: step %d should be '%s' (run), a branch of the ended parallel '%s', but the journal ends before it"):format(seq + i, sid .. "/" .. i, sid)) end
+      if crec.status == "failed" and not first_failed then first_failed = i end
+    end
+    R.seq = seq + n
+    R.now = rec.ended_at or R.now
+    if rec.status == "completed" then return decode(rec.output) end
+    error(setmetatable({ message = ("step '%s' failed: %s"):format(sid, rec.error or "failed"),
+      step = first_failed and (sid .. "/" .. first_failed) or sid, fatal = true }, run.step_error_mt), 0)
+  end
   -- The children's seqs follow the parent's; take their records before
   -- anything can end the replay.
   local recs = {}

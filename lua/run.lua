@@ -189,19 +189,26 @@ local function need_run(name, id)
 end
 M.need_run = need_run
 
-local function mismatch(seq, rec, sid, kind)
-  error(setmetatable({
-    message = ("the code no longer matches this run's journal: step %d is '%s' (%s) in the journal, but the code reached '%s' (%s)")
-      :format(seq, rec.id, rec.kind, sid, kind),
-    fatal = true,
-  }, fatal_mt), 0)
+-- The code reached something the journal does not hold: the run fails with
+-- msg, and no pcall in the skill can catch it (the sandbox's pcall raises
+-- R.diverged again): going on would mix two histories.
+local function diverge(R, msg)
+  local e = setmetatable({ message = skill_position() .. msg, fatal = true }, fatal_mt)
+  R.diverged = e
+  error(e, 0)
+end
+M.diverge = diverge
+
+local function mismatch(R, seq, rec, sid, kind)
+  diverge(R, ("the code no longer matches this run's journal: step %d is '%s' (%s) in the journal, but the code reached '%s' (%s)")
+    :format(seq, rec.id, rec.kind, sid, kind))
 end
 
 -- The journal's record at seq, checked against the step the code reached.
 local function record_at(R, seq, sid, kind)
   local rec = R.journal[seq]
   if rec then
-    if rec.id ~= sid or rec.kind ~= kind then mismatch(seq, rec, sid, kind) end
+    if rec.id ~= sid or rec.kind ~= kind then mismatch(R, seq, rec, sid, kind) end
   else
     R.replaying = false
     R.journal = EMPTY -- past its end: the journal is not needed any more
@@ -268,7 +275,7 @@ M.to_ms = to_ms
 -- Run a step body at (seq, sid) with retries, given its journal record.
 -- Shared by step.run and the bodies of step.parallel.
 local function run_body(R, T, seq, sid, rec, fn, opts)
-  local n = 0
+  local n, cut = 0, 0 -- attempts so far, and how many of them were interrupted
   if rec then
     if rec.status == "completed" then
       R.now = rec.ended_at or R.now
@@ -277,14 +284,17 @@ local function run_body(R, T, seq, sid, rec, fn, opts)
       raise_step_error(sid, { message = rec.error or "failed", fatal = true })
     end
     -- In flight when the process died: go on from its recorded attempts,
-    -- waiting out a backoff that had not finished.
+    -- waiting out a backoff that had not finished. An attempt cut in its
+    -- body is recorded as interrupted, and the body runs again as the next
+    -- attempt; interrupted attempts do not count against the retries.
     n = rec.attempts or 0
+    cut = rec.interrupted or 0
     if rec.retry_at then
       yield(OP.BACKOFF, seq, rec.retry_at)
-    else
-      n = n - 1 -- the attempt in flight never finished: it counts again
+    elseif n > 0 then
+      core.step_interrupted(seq, sid, n, rec.attempt_started_at or rec.started_at)
+      cut = cut + 1
     end
-    if n < 0 then n = 0 end
   end
   local retries = (opts and opts.retries) or R.cfg.retries
   local timeout = opts and opts.timeout
@@ -315,11 +325,11 @@ local function run_body(R, T, seq, sid, rec, fn, opts)
     else
       e = unwrap(res)
     end
-    if e.fatal or n > retries then
+    if e.fatal or n - cut > retries then
       local ended = now_ms()
       -- The message as recorded is the one a replay raises: the same words.
-      if n > retries and not e.fatal and retries > 0 then
-        e.message = ("%s (after %d attempts)"):format(e.message, n)
+      if n - cut > retries and not e.fatal and retries > 0 then
+        e.message = ("%s (after %d attempts)"):format(e.message, n - cut)
       end
       yield(OP.FAIL, seq, sid, "run", n, e.message, e.traceback, t0, ended, started)
       R.now = ended

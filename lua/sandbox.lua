@@ -23,7 +23,8 @@
 -- on small input are replaced: string.find/match/gmatch/gsub check the time
 -- budget as they go (lrt_pattern.c), string.rep checks the memory budget
 -- first, and a large table.sort compares in (hooked) Lua. tostring always
--- returns a string. pcall/xpcall cannot catch a kill.
+-- returns a string. pcall/xpcall cannot catch a kill, nor a divergence from
+-- the journal (run.diverge).
 
 local core = ...
 local M = {}
@@ -51,8 +52,16 @@ end
 -- caused by a kill cannot be caught in the orchestration code either.
 local killed, kill_reason, reserve = core.killed, core.kill_reason, core.reserve
 
+-- So does a run whose code no longer matches its journal (run.diverge):
+-- it must fail, not go on past the divergence.
+local current_run = require("run").current
+
 local function check(ok, ...)
-  if not ok and killed() then error(kill_reason() or (...), 0) end
+  if not ok then
+    if killed() then error(kill_reason() or (...), 0) end
+    local R = current_run()
+    if R and R.diverged then error(R.diverged, 0) end
+  end
   return ok, ...
 end
 
@@ -63,6 +72,8 @@ end
 local function xpcall(f, handler, ...)
   local function h(e)
     if killed() then return e end
+    local R = current_run()
+    if R and R.diverged then return e end
     return handler(e)
   end
   return check(real_xpcall(f, h, ...))

@@ -236,10 +236,21 @@ function api:run(input, opts)
   set_clock(s.clock)
   local st = exec(s, s.suite, def, spec, how)
   s.last, s.failure_run, s.checked_error = st, nil, false
+  -- Every run is replayed from its journal too, as after a crash.
+  local diverged = driver.replay(st, def)
+  if diverged then
+    s.running = false
+    fail(diverged)
+  end
   if st.status == "failed" and spec.has_on_failure then
     local trig = encode({ kind = "on_failure", run_id = st.run_id, error = st.error or null }, 0)
     s.failure_run = exec(s, s.suite, def, spec, { entry = "on_failure", trigger = trig, input = input_json,
                                                    event = how.event })
+    diverged = driver.replay(s.failure_run, def)
+    if diverged then
+      s.running = false
+      fail("the on_failure run: " .. diverged)
+    end
   end
   s.clock = driver.now()
   s.running = false
@@ -588,6 +599,14 @@ end
 
 -- The result of the case just run: {file, line, name, ok, message, run_id}.
 -- escaped: an error that ended the driver outside the case's own handler.
+-- The driver coroutine of a replay of a recorded run (moonloop replay):
+-- it yields after each slice, as a case's does, and returns ok, message.
+function M.replay(def, info, journal, status, output_json, error_message)
+  return coroutine.create(function()
+    return driver.replay_recorded(def, info, journal, status, output_json, error_message)
+  end)
+end
+
 function M.finish(escaped)
   local s = cur.case
   core.test_clock(nil)

@@ -528,8 +528,10 @@ local function journal_run(st)
                  ended_at = terminal and st.ended or 0 })
 end
 
--- End the run with its status, output and error (JSON text).
-local function finish(st, status, output_json, error_json)
+-- End the run with its status, output and error (JSON text); natural: it
+-- ended by its own code (not by its timeout, a cancel, a budget, a stall).
+local function finish(st, status, output_json, error_json, natural)
+  st.natural = natural
   st.done, st.status, st.ended = true, status, clock
   st.output_json, st.error_json = output_json, error_json
   if output_json then
@@ -592,7 +594,7 @@ local function step_once(st, co, args)
   end
   if co_status(co) == "dead" then
     if co == st.main then
-      if r[2] then finish(st, "completed", r[3] or "null", nil) else finish(st, "failed", nil, r[3]) end
+      if r[2] then finish(st, "completed", r[3] or "null", nil, true) else finish(st, "failed", nil, r[3], true) end
     else
       child_done(st, co, r[2], r[3])
     end
@@ -615,6 +617,7 @@ local function exec(C, suite, def, spec, how)
     backoff_ms = spec.backoff_ms or TC.backoff_ms, backoff_max_ms = TC.backoff_max_ms,
     output_limit = TC.output_limit,
   }
+  st.cfg = cfg
   local info = { run_id = run_id, entry = how.entry, started_at = started, cfg = cfg,
                  trigger = how.trigger, input = how.input, test = st }
   st.main = run.new(info, def, nil)
@@ -654,7 +657,147 @@ local function exec(C, suite, def, spec, how)
   return st
 end
 
-M.exec, M.set_clock, M.rfc3339 = exec, set_clock, rfc3339
+-- Replay checks ---------------------------------------------------------------
+
+-- "FILE:LINE: " of the skill code where the suspended coroutine co is, or "".
+local function co_position(co)
+  for level = 0, 200 do
+    local info = debug.getinfo(co, level, "Sl")
+    if not info then break end
+    if info.what ~= "C" and (info.currentline or 0) > 0 and info.source:sub(1, 10) ~= "=moonloop/" then
+      return ("%s:%d: "):format(info.short_src, info.currentline)
+    end
+  end
+  return ""
+end
+
+-- The step records of a run as an engine reads them back for a replay.
+local function journal_of(st)
+  local journal = {}
+  for _, seq in ipairs(st.seqs) do
+    local s = st.steps[seq]
+    if s.status ~= "completed" and s.status ~= "failed" then return nil end
+    journal[seq] = { seq = seq, id = s.id, kind = s.kind, status = s.status, output = s.output,
+                     error = s.error, attempts = s.attempts, started_at = s.started_at,
+                     ended_at = s.ended_at }
+  end
+  return journal
+end
+
+local REPLAY = "replaying the run from its journal (as an engine does after a crash)"
+local HINT = "Code outside step bodies runs again on replay and must take the same path:"
+  .. " put what varies (the time, random numbers, outside calls) inside a step"
+
+-- Replay run st, which ended by its own code, from the journal it left, as
+-- an engine does after a crash or when it takes the run over: every step
+-- returns (or raises) what it recorded and nothing runs, so the run must
+-- end as it did. Code outside steps that takes another path on replay
+-- (it read the clock or a random number) is caught here, not in
+-- production: the message names the line. Returns nil, or why it failed.
+local function replay(st, def)
+  if not st.natural then return nil end
+  local journal = journal_of(st)
+  if not journal then return nil end
+  local st2 = {
+    C = st.C, suite = st.suite, spec = st.spec, run_id = st.run_id, entry = st.entry,
+    trigger = st.trigger, input = st.input, event = st.event, started = st.started, steps = {},
+    logs = {}, requests = {}, sent = {}, invoked = {}, kids = {}, queue = {}, qn = 0, resumes = 0,
+    status = "running",
+  }
+  local info = { run_id = st.run_id, entry = st.entry, started_at = st.started, cfg = st.cfg,
+                 trigger = st.trigger, input = st.input, test = st2 }
+  local co = run.new(info, def, journal)
+  -- A replay comes later (an hour, here): code that reads the clock
+  -- outside a step sees another time, as it would in production.
+  local saved = clock
+  set_clock(max(clock, st.ended or clock) + 3600 * 1000)
+  yield() -- a tick: the replay has its own budget
+  local r = pack(resume(co))
+  set_clock(saved)
+  local kill = core.kill_reason()
+  if kill then return ("%s: it was stopped: %s"):format(REPLAY, kill) end
+  if not r[1] then return ("%s: %s"):format(REPLAY, message_of(r[2])) end
+  if co_status(co) ~= "dead" then
+    local T = run.tasks[co]
+    local sid = T and T.in_step or (type(r[4]) == "string" and r[4]) or "?"
+    return ("%s%s reached step '%s' and would run it: the run had not taken that step there. %s")
+      :format(co_position(co), REPLAY, sid, HINT)
+  end
+  if info.diverged then
+    return ("%s: %s. %s"):format(REPLAY, tostring(info.diverged.message), HINT)
+  end
+  local ok, payload = r[2], r[3]
+  local function what(status, json)
+    local v = json and decode(json)
+    if status == "failed" then
+      return "failed: " .. tostring(type(v) == "table" and v.message or v)
+    end
+    return "completed with " .. tostring(json)
+  end
+  local got = what(ok and "completed" or "failed", payload)
+  local want = what(st.status, st.status == "completed" and st.output_json or st.error_json)
+  if got ~= want then
+    return ("%s: the run %s, the replay %s. %s"):format(REPLAY, want, got, HINT)
+  end
+  return nil
+end
+
+M.exec, M.set_clock, M.rfc3339, M.replay = exec, set_clock, rfc3339, replay
+
+-- Replay a recorded run (moonloop replay): info as run.new takes it, the
+-- journal as store_get_steps reads it, and what the run record says
+-- (status, output JSON, error message). Nothing runs: the first op the
+-- replay yields is where it would go on live. Returns ok, and a sentence.
+function M.replay_recorded(def, info, journal, status, output_json, error_message)
+  local n = #journal
+  local st = {
+    C = { mocks = {}, events = {}, http = {}, children = {}, unmocked = {} }, run_id = info.run_id,
+    steps = {}, logs = {}, requests = {}, sent = {}, invoked = {}, kids = {}, queue = {}, qn = 0,
+    resumes = 0, status = "running",
+  }
+  info.test = st
+  local co = run.new(info, def, journal)
+  core.test_clock(nil)
+  set_clock(core.now()) -- the replay happens now
+  yield()
+  local r = pack(resume(co))
+  local kill = core.kill_reason()
+  if kill then return false, "the replay was stopped: " .. kill end
+  if not r[1] then return false, "the replay failed: " .. message_of(r[2]) end
+  if info.diverged then return false, tostring(info.diverged.message) end
+  local steps = ("%d step%s replayed"):format(n, n == 1 and "" or "s")
+  if co_status(co) ~= "dead" then
+    local T = run.tasks[co]
+    local seq = T and T.in_step and T.step_seq or (type(r[3]) == "number" and r[3]) or nil
+    local sid = T and T.in_step or (type(r[4]) == "string" and r[4]) or "?"
+    local rec = seq and journal[seq]
+    if status == "completed" or (rec and (rec.status == "completed" or rec.status == "failed")) then
+      return false, ("%sthe replay reached step '%s' and would run it: the run had not taken that step there (%s)")
+        :format(co_position(co), sid, steps)
+    end
+    return true, ("%s; it goes on live at step '%s'"):format(steps, sid)
+  end
+  local ok, payload = r[2], r[3]
+  if status == "completed" or status == "failed" then
+    local got, want
+    if ok then got = "completed with " .. tostring(payload) else
+      local v = decode(payload)
+      got = "failed: " .. tostring(type(v) == "table" and v.message or v)
+    end
+    if status == "completed" then want = "completed with " .. tostring(output_json)
+    else want = "failed: " .. tostring(error_message) end
+    if got ~= want then
+      -- A run that failed by its timeout, a cancel or a budget ended
+      -- outside its code: its replay has nothing to compare.
+      if status == "failed" and ok == false then
+        return true, ("%s; the run failed (%s), the replay ends %s"):format(steps, tostring(error_message), got)
+      end
+      return false, ("the run %s, the replay %s (%s)"):format(want, got, steps)
+    end
+    return true, ("%s; it ends %s as recorded"):format(steps, status)
+  end
+  return true, ("%s; it would end %s"):format(steps, ok and "completed" or "failed")
+end
 
 -- The virtual clock now (ms since the epoch).
 function M.now() return clock end

@@ -27,6 +27,9 @@
   const PAGE = 50;
   const TOKEN_KEY = 'moonloop.token';
   const FINISHED = new Set(['completed', 'failed', 'cancelled']);
+  /* An attempt cut when its process stopped: it ended at an unknown time,
+   * before the step ran again (its retry_at). */
+  const INTERRUPTED = 'interrupted';
   const STATUSES = ['queued', 'running', 'sleeping', 'waiting', 'completed', 'failed', 'cancelled'];
   const TRIGGERS = ['invoke', 'event', 'cron', 'rerun', 'on_failure'];
   const SINCES = ['1h', '6h', '24h', '7d', '30d'];
@@ -476,10 +479,10 @@
       h('td', { class: 'num' }, '#' + a.n),
       h('td', null, badge(a.status)),
       h('td', { class: 'when' }, a.started_at ? h('time', { datetime: a.started_at, title: a.started_at }, fmtTime(a.started_at)) : '—'),
-      h('td', { class: 'num' }, a.started_at ? fmtDur(span(a.started_at, a.ended_at, !FINISHED.has(a.status))) : '—'),
+      h('td', { class: 'num' }, a.started_at && a.status !== INTERRUPTED ? fmtDur(span(a.started_at, a.ended_at, !FINISHED.has(a.status))) : '—'),
       h('td', { class: 'msg' }, a.error ? withSourceLinks(String(a.error), run.version, file) : '',
         a.traceback ? h('details', { dataset: { fk: stepKey(step) + ':tb:' + a.n } }, h('summary', null, 'traceback'), h('pre', null, withSourceLinks(a.traceback, run.version, file))) : null),
-      h('td', { class: 'when' }, a.retry_at ? ['retry at ', h('time', { datetime: a.retry_at, title: a.retry_at }, fmtTime(a.retry_at))] : '')));
+      h('td', { class: 'when' }, a.retry_at ? [a.status === INTERRUPTED ? 'ran again at ' : 'retry at ', h('time', { datetime: a.retry_at, title: a.retry_at }, fmtTime(a.retry_at))] : '')));
     return h('table', { class: 'attempts' },
       h('thead', null, h('tr', null, h('th', { class: 'num' }, 'Attempt'), h('th', null, 'Status'), h('th', null, 'Started'),
         h('th', { class: 'num' }, 'Took'), h('th', null, 'Error'), h('th', null, 'Next'))),
@@ -558,7 +561,8 @@
         if (atts.length > 1) {
           bars.push(h('span', { class: 'wf-bar span ' + s.status, style: pos(a, b) }));
           for (const t of atts) {
-            const ta = ms(t.started_at), tb = t.ended_at ? ms(t.ended_at) : now;
+            /* An interrupted attempt ended somewhere before the step ran again. */
+            const ta = ms(t.started_at), tb = t.ended_at ? ms(t.ended_at) : t.status === INTERRUPTED && t.retry_at ? ms(t.retry_at) : now;
             if (isFinite(ta)) bars.push(h('span', { class: 'wf-bar ' + (t.status || 'unknown'), style: pos(ta, tb), title: `attempt ${t.n}: ${t.status}` }));
           }
         } else {

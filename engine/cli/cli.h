@@ -37,6 +37,7 @@ int cli_trace(struct cli *c);
 int cli_skills(struct cli *c);
 int cli_check(struct cli *c);
 int cli_test(struct cli *c); /* cli_test.c */
+int cli_replay(struct cli *c); /* cli_replay.c */
 int cli_serve(struct cli *c);
 int cli_sidecar(struct cli *c); /* cli_sidecar.c */
 int cli_send(struct cli *c);

@@ -52,6 +52,7 @@ static void on_signal(uv_signal_t *h, int signum) {
 static void on_ready(void *arg, int loaded, int rejected) {
   struct serve *sv = arg;
   if (sv->stopping) return;
+  sched_triggers_live(sv->en.sched); /* cron follows the triggers just loaded */
   fprintf(stderr, "moonloop: serving %s (workspace %s, %d skill%s", sv->cfg->db,
           sv->cfg->workspace, loaded, loaded == 1 ? "" : "s");
   if (rejected) fprintf(stderr, ", %d file%s rejected", rejected, rejected == 1 ? "" : "s");

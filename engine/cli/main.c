@@ -21,7 +21,8 @@ enum {
   C_SIDECAR = 1 << 15, /* moonloop sidecar (cli_sidecar.c) */
   C_VERSION = 1 << 16, /* moonloop version, moonloop --version (here) */
   C_NEW = 1 << 17, /* moonloop new (cli_new.c) */
-  C_ALL = 0x3ffff,
+  C_REPLAY = 1 << 18, /* moonloop replay (cli_replay.c) */
+  C_ALL = 0x7ffff,
 };
 
 static const struct command commands[] = {
@@ -59,6 +60,9 @@ static const struct command commands[] = {
    "Load and validate skill files (or the skill files of folders) without deploying them."},
   {"test", C_TEST, cli_test, "test [FILES or DIRS] [--json] [-v]", -1,
    "Run skill tests (*_test.lua files) against mocks and a virtual clock."},
+  {"replay", C_REPLAY, cli_replay, "replay RUN_ID... [--json]", -1,
+   "Replay recorded runs from their journals against their own versions, running nothing "
+   "and writing nothing, and report any run whose code no longer reaches the steps it recorded."},
   {"serve", C_SERVE, cli_serve, "serve [--workspace DIR] [--listen ADDR]", 0,
    "Run the engine: scheduler, cron, HTTP API and dashboard, and the sidecar that "
    "hot-loads the skill files of the workspace. Under systemd (Type=notify) it says "

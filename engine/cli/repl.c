@@ -199,7 +199,8 @@ static int load_file(struct repl *rp, const char *path, struct skill **out, err_
   journal_t *j = journal_new();
   if (!j) return err_set(e, ERR_NOMEM, "out of memory");
   struct version_row v = {.version = (*out)->version, .skill = (*out)->id,
-                          .source = (*out)->source, .file = path, .loaded_at = units_now_ms()};
+                          .source = (*out)->source, .file = path, .loaded_at = units_now_ms(),
+                          .triggers = (*out)->triggers};
   journal_version(j, &v);
   rc = store_commit(rp->aux, j, e);
   journal_free(j);

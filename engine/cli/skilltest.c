@@ -432,6 +432,104 @@ static int run_case(skilltest_t *t, const char *path, int i, skilltest_cb cb, vo
   return 0;
 }
 
+/* Push info for run.new from run record rec of skill version sk: run_id,
+** entry, started_at, cfg, trigger and input as JSON text. */
+static void push_replay_info(skilltest_t *t, const cJSON *rec, struct skill *sk, int64_t started) {
+  lua_State *L = lrt_L(t->en.lrt);
+  const struct config *c = t->cfg;
+  const cJSON *trig = cJSON_GetObjectItem(rec, "trigger");
+  const char *kind = cJSON_GetStringValue(cJSON_GetObjectItem(trig, "kind"));
+  lua_createtable(L, 0, 8);
+  lua_pushstring(L, cJSON_GetStringValue(cJSON_GetObjectItem(rec, "id")));
+  lua_setfield(L, -2, "run_id");
+  lua_pushstring(L, kind && !strcmp(kind, "on_failure") ? "on_failure" : "run");
+  lua_setfield(L, -2, "entry");
+  lua_pushnumber(L, (lua_Number)started);
+  lua_setfield(L, -2, "started_at");
+  lua_createtable(L, 0, 6);
+  lua_pushstring(L, sk->id), lua_setfield(L, -2, "skill");
+  lua_pushstring(L, sk->version), lua_setfield(L, -2, "version");
+  lua_pushinteger(L, sk->retries >= 0 ? sk->retries : c->retries >= 0 ? c->retries : 3);
+  lua_setfield(L, -2, "retries");
+  lua_pushnumber(L, (lua_Number)(sk->backoff_ms ? sk->backoff_ms : c->backoff_ms > 0 ? c->backoff_ms : 1000));
+  lua_setfield(L, -2, "backoff_ms");
+  lua_pushnumber(L, (lua_Number)(c->backoff_max_ms > 0 ? c->backoff_max_ms : 600000));
+  lua_setfield(L, -2, "backoff_max_ms");
+  lua_pushnumber(L, (lua_Number)(c->step_output > 0 ? c->step_output : 1 << 20));
+  lua_setfield(L, -2, "output_limit");
+  lua_setfield(L, -2, "cfg");
+  char *tj = cJSON_PrintUnformatted(trig);
+  char *ij = cJSON_PrintUnformatted(cJSON_GetObjectItem(rec, "input"));
+  lua_pushstring(L, tj ? tj : "{}"), lua_setfield(L, -2, "trigger");
+  lua_pushstring(L, ij ? ij : "null"), lua_setfield(L, -2, "input");
+  free(tj), free(ij);
+}
+
+/* See skilltest.h. */
+int skilltest_replay(skilltest_t *t, store_t *src, const char *run_id, int *ok, char **message,
+                     err_t *e) {
+  *ok = 0;
+  *message = NULL;
+  lrt_t *lrt = t->en.lrt;
+  lua_State *L = lrt_L(lrt);
+  int top = lua_gettop(L), rc = 0;
+  cJSON *rec = NULL, *steps = NULL;
+  char *source = NULL, *file = NULL;
+  if ((rc = store_get_run(src, run_id, 0, &rec, e))) goto done;
+  const char *version = cJSON_GetStringValue(cJSON_GetObjectItem(rec, "version"));
+  if ((rc = store_get_version(src, version, &source, NULL, &file, e)) ||
+      (rc = store_get_steps(src, run_id, &steps, e)))
+    goto done;
+  struct skill *sk;
+  struct skill_error se;
+  if ((rc = skills_load(t->en.skills, source, strlen(source), file ? file : "skill.lua", &sk, &se))) {
+    rc = err_set(e, rc, "cannot load version %.12s of the run's skill: %s", version, se.err.msg);
+    goto done;
+  }
+  int64_t started = 0;
+  const char *sa = cJSON_GetStringValue(cJSON_GetObjectItem(rec, "started_at"));
+  if (!sa) sa = cJSON_GetStringValue(cJSON_GetObjectItem(rec, "created_at"));
+  if (sa) units_parse_rfc3339(sa, &started, NULL);
+  const char *status = cJSON_GetStringValue(cJSON_GetObjectItem(rec, "status"));
+  char *out = cJSON_PrintUnformatted(cJSON_GetObjectItem(rec, "output"));
+  const char *emsg = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(rec, "error"), "message"));
+  if ((rc = push_fn(t, "replay", e))) {
+    free(out);
+    goto done;
+  }
+  lua_rawgeti(L, LUA_REGISTRYINDEX, sk->def_ref);
+  push_replay_info(t, rec, sk, started);
+  if ((rc = json_push(L, steps, e))) {
+    free(out);
+    goto done;
+  }
+  lua_pushstring(L, status);
+  lua_pushstring(L, out ? out : "null");
+  if (emsg) lua_pushstring(L, emsg);
+  else lua_pushnil(L);
+  free(out);
+  if ((rc = lrt_pcall(lrt, 6, 1, e))) goto done;
+  lua_State *co = lua_tothread(L, -1);
+  int ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  int r;
+  /* As a test case: each slice of the replayed code gets a fresh budget. */
+  while ((r = lrt_resume(lrt, co, 0)) == LUA_YIELD) lua_settop(co, 0);
+  if (r) {
+    const char *kill = lrt_killed(lrt);
+    *message = strdup(*kill ? kill : lua_isstring(co, -1) ? lua_tostring(co, -1) : "error");
+  } else {
+    *ok = lua_toboolean(co, 1);
+    *message = strdup(lua_isstring(co, 2) ? lua_tostring(co, 2) : "");
+  }
+  luaL_unref(L, LUA_REGISTRYINDEX, ref);
+done:
+  lua_settop(L, top);
+  cJSON_Delete(rec);
+  cJSON_Delete(steps);
+  free(source), free(file);
+  return rc;
+}
+
 /* See skilltest.h: a file that cannot be read or loaded is reported as a
 ** failed result, not an error. */
 int skilltest_run_file(skilltest_t *t, const char *path, skilltest_cb cb, void *arg, err_t *e) {

@@ -68,4 +68,14 @@ int skilltest_run_file(skilltest_t *t, const char *path, skilltest_cb cb, void *
 /* The store of the test engine (to print the trace of a run). */
 store_t *skilltest_store(skilltest_t *t);
 
+/* moonloop replay: replay run_id of the store src from its journal against
+** its own version, as an engine does after a crash, without running
+** anything: every recorded step returns or raises what it recorded. *ok
+** says whether the code took the journal's path (and ended as the run
+** did); *message (malloc'd) says what happened: where it would go on live,
+** or the line where it left the journal. Returns 0, or a negative code
+** when the run cannot be replayed at all (unknown run, version missing). */
+int skilltest_replay(skilltest_t *t, store_t *src, const char *run_id, int *ok, char **message,
+                     err_t *e);
+
 #endif

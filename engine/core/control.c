@@ -42,6 +42,17 @@ static void answer(struct reply *r, int rc, const char *message, const char *jso
   r->cb(&rep, r->arg);
 }
 
+/* The request's group could not be committed (sched__after_request): its
+** entries are dropped, and the writer hears why at once. */
+static void on_write_failed(void *arg, const char *msg) {
+  struct reply *r = arg;
+  char m[1200];
+  snprintf(m, sizeof m, "the engine cannot write to its database: %s; nothing was stored, try "
+           "again later", msg);
+  answer(r, ERR_BUSY, m, NULL);
+  free(r);
+}
+
 /* ---- events ---- */
 
 static void on_events(void *arg, const struct jentry *last) {
@@ -61,6 +72,7 @@ static void on_events(void *arg, const struct jentry *last) {
 
 int sched_send_events(sched_t *s, const cJSON *events, sched_reply_cb cb, void *arg, err_t *e) {
   int64_t limit = sched__opts(s)->event_limit, now = units_now_ms();
+  if (sched__refuse_write(s, e)) return e->code;
   int n = cJSON_GetArraySize(events);
   if (!cJSON_IsArray(events) || n == 0)
     return err_set(e, ERR_INVALID, "expected an event {name, data, id?} or a non-empty list of them");
@@ -88,6 +100,7 @@ int sched_send_events(sched_t *s, const cJSON *events, sched_reply_cb cb, void *
   struct reply *r = reply_new(s, cb, arg);
   if (!r) return err_set(e, ERR_NOMEM, "out of memory");
   journal_t *j = sched__journal(s);
+  size_t first = journal_count(j);
   cJSON_ArrayForEach(ev, events) {
     char id[27];
     ids_ulid(now, id);
@@ -100,7 +113,7 @@ int sched_send_events(sched_t *s, const cJSON *events, sched_reply_cb cb, void *
     free(data);
     r->n++;
   }
-  sched__after_entry(s, on_events, r);
+  sched__after_request(s, first, on_events, on_write_failed, r);
   return 0;
 }
 
@@ -169,7 +182,24 @@ static void answer_started(struct invoke *iv, int started_here) {
 }
 
 /* A run started at once is durable. */
-static void on_run_queued(void *arg) { answer_started(arg, 1); }
+static void on_run_queued(void *arg, const struct jentry *last) {
+  (void)last;
+  answer_started(arg, 1);
+}
+
+/* The group that creates the run could not be committed: nothing of it is
+** stored, so a run started at once stops here too; the writer hears why. */
+static void on_invoke_failed(void *arg, const char *msg) {
+  struct invoke *iv = arg;
+  struct reply *r = &iv->r;
+  char m[1200];
+  snprintf(m, sizeof m, "the engine cannot write to its database: %s; nothing was stored, "
+           "try again later", msg);
+  answer(r, ERR_BUSY, m, NULL);
+  if (!iv->sk) sched__drop_run(r->s, r->run_id); /* (a keyed run had not started) */
+  free(iv->trigger), free(iv->input);
+  free(iv);
+}
 
 /* A keyed run's row was committed, or its key was found taken (the
 ** entry's result: the first run's id): start it here, or answer for the
@@ -198,15 +228,17 @@ static void on_keyed_row(void *arg, const struct jentry *je) {
 static int start_and_answer(sched_t *s, struct skill *sk, const char *trigger, const char *input,
                             const char *key, int64_t wait_ms, sched_reply_cb cb, void *arg,
                             err_t *e) {
+  if (sched__refuse_write(s, e)) return e->code;
   struct invoke *iv = calloc(1, sizeof *iv);
   if (!iv) return err_set(e, ERR_NOMEM, "out of memory");
   iv->r.s = s, iv->r.cb = cb, iv->r.arg = arg, iv->r.wait_ms = wait_ms;
+  size_t first = journal_count(sched__journal(s));
   if (!key) {
     if (sched_run_new(s, sk, trigger, input, NULL, iv->r.run_id, e)) {
       free(iv);
       return e->code;
     }
-    sched__after_commit(s, on_run_queued, iv);
+    sched__after_request(s, first, on_run_queued, on_invoke_failed, iv);
     return 0;
   }
   iv->sk = sk;
@@ -224,7 +256,7 @@ static int start_and_answer(sched_t *s, struct skill *sk, const char *trigger, c
     free(iv->trigger), free(iv->input), free(iv);
     return err_set(e, ERR_NOMEM, "out of memory");
   }
-  sched__after_entry(s, on_keyed_row, iv);
+  sched__after_request(s, first, on_keyed_row, on_invoke_failed, iv);
   return 0;
 }
 
@@ -265,12 +297,14 @@ static void on_cancel(void *arg, const struct jentry *je) {
 
 int sched_cancel(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, err_t *e) {
   if (!run_id || strlen(run_id) != 26) return err_set(e, ERR_NOTFOUND, "no run with id '%.40s'", run_id ? run_id : "");
+  if (sched__refuse_write(s, e)) return e->code;
   struct reply *r = reply_new(s, cb, arg);
   if (!r) return err_set(e, ERR_NOMEM, "out of memory");
   snprintf(r->run_id, sizeof r->run_id, "%s", run_id);
   struct cancel_row c = {.run_id = run_id, .reason = "cancelled over HTTP", .at = units_now_ms()};
+  size_t first = journal_count(sched__journal(s));
   journal_cancel(sched__journal(s), &c);
-  sched__after_entry(s, on_cancel, r);
+  sched__after_request(s, first, on_cancel, on_write_failed, r);
   return 0;
 }
 
@@ -308,7 +342,22 @@ struct put_ctx {
   char *message;
 };
 
-static void on_put(void *arg) {
+/* put_source's write could not be committed: the load is refused with
+** the reason (the sidecar tries again; its skill keeps its live version). */
+static void on_put_failed(void *arg, const char *msg) {
+  struct put_ctx *p = arg;
+  char m[1200];
+  snprintf(m, sizeof m, "the engine cannot write to its database: %s; nothing was stored, try "
+           "again later", msg);
+  answer(p->r, ERR_BUSY, m, NULL);
+  free(p->id);
+  free(p->message);
+  free(p->r);
+  free(p);
+}
+
+static void on_put(void *arg, const struct jentry *last) {
+  (void)last;
   struct put_ctx *p = arg;
   sched__live_forget(p->r->s);
   sched__skills_changed(p->r->s);
@@ -422,6 +471,7 @@ static int id_line(const char *src, size_t len) {
 /* Register (or reject) source as the file's skill; answer through cb. */
 static int put_source(sched_t *s, const char *file, const char *want_id, const char *source,
                       size_t len, sched_reply_cb cb, void *arg, err_t *e) {
+  if (sched__refuse_write(s, e)) return e->code;
   struct put_ctx *p = calloc(1, sizeof *p);
   if (!p || !(p->r = reply_new(s, cb, arg))) {
     free(p);
@@ -429,6 +479,7 @@ static int put_source(sched_t *s, const char *file, const char *want_id, const c
   }
   int64_t now = units_now_ms();
   journal_t *j = sched__journal(s);
+  size_t first = journal_count(j);
   struct skill *sk = NULL;
   struct skill_error se = {0};
   char other[512];
@@ -481,7 +532,7 @@ static int put_source(sched_t *s, const char *file, const char *want_id, const c
     p->message = strdup(se.err.msg);
   } else {
     struct version_row v = {.version = sk->version, .skill = sk->id, .source = sk->source,
-                            .file = file, .loaded_at = now};
+                            .file = file, .loaded_at = now, .triggers = sk->triggers};
     struct skill_row k = {.op = SKILL_PUT, .id = sk->id, .version = sk->version, .file = file,
                           .description = sk->description, .triggers = sk->triggers,
                           .updated_at = now};
@@ -489,7 +540,7 @@ static int put_source(sched_t *s, const char *file, const char *want_id, const c
     journal_skill(j, &k);
     p->id = strdup(sk->id);
   }
-  sched__after_commit(s, on_put, p);
+  sched__after_request(s, first, on_put, on_put_failed, p);
   return 0;
 }
 
@@ -511,6 +562,10 @@ int sched_load_file(sched_t *s, const char *path, const char *source, size_t len
 /* Journal the removal of id's live version; answer its record once durable. */
 static int unload_id(sched_t *s, char *id, const char *path, sched_reply_cb cb, void *arg,
                      err_t *e) {
+  if (sched__refuse_write(s, e)) {
+    free(id);
+    return e->code;
+  }
   struct put_ctx *p = calloc(1, sizeof *p);
   if (!p || !(p->r = reply_new(s, cb, arg))) {
     free(p);
@@ -518,9 +573,10 @@ static int unload_id(sched_t *s, char *id, const char *path, sched_reply_cb cb, 
     return err_set(e, ERR_NOMEM, "out of memory");
   }
   struct skill_row k = {.op = SKILL_REMOVE, .id = id, .file = path, .updated_at = units_now_ms()};
+  size_t first = journal_count(sched__journal(s));
   journal_skill(sched__journal(s), &k);
   p->id = id;
-  sched__after_commit(s, on_put, p);
+  sched__after_request(s, first, on_put, on_put_failed, p);
   return 0;
 }
 

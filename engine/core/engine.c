@@ -127,7 +127,7 @@ int engine_load_file(struct engine *en, const char *path, int register_it, struc
   journal_t *j = journal_new();
   if (!j) return err_set(&se->err, ERR_NOMEM, "out of memory");
   struct version_row v = {.version = s->version, .skill = s->id, .source = s->source,
-                          .file = path, .loaded_at = now};
+                          .file = path, .loaded_at = now, .triggers = s->triggers};
   journal_version(j, &v);
   if (register_it) {
     struct skill_row k = {.id = s->id, .version = s->version, .file = path,

@@ -33,11 +33,13 @@
 **
 ** Invariants:
 **   - A transfer is RUNNING (its easy handle is in the multi), DONE (removed,
-**     waiting in a dispatch batch), DELIVERING (its callback is running) or
-**     CANCELLED (in a batch, will be freed unseen). Every transfer that is
-**     not yet freed is on h->xfers. The callback fires at most once, only in
-**     state DELIVERING, and the transfer is freed when it returns.
-**   - h->nactive counts RUNNING and DONE transfers.
+**     waiting in a dispatch batch), DELIVERING (its callback is running),
+**     CANCELLED (in a batch, will be freed unseen) or HELD (stopped at the
+**     gate before it was sent: out of the multi, added again when the gate
+**     opens). Every transfer that is not yet freed is on h->xfers. The
+**     callback fires at most once, only in state DELIVERING, and the
+**     transfer is freed when it returns.
+**   - h->nactive counts RUNNING, DONE and HELD transfers; h->nheld the HELD.
 **   - Every uv handle (the timer, each poll) is closed in exactly one place:
 **     polls in sock_close (which unlinks the hsock from h->socks first, so
 **     it cannot run twice for one poll), the timer in finish_close (guarded
@@ -63,7 +65,7 @@
 
 #include "base/buf.h"
 
-enum xstate { X_RUNNING, X_DONE, X_DELIVERING, X_CANCELLED };
+enum xstate { X_RUNNING, X_DONE, X_DELIVERING, X_CANCELLED, X_HELD };
 
 struct httpc_xfer {
   httpc_t *h;
@@ -77,6 +79,7 @@ struct httpc_xfer {
   int too_big, hdr_too_big, nomem;
   int for_skill, to_self;    /* sent for a skill; refused: it would have connected to the API */
   char self_addr[64];        /* where to_self would have gone, for the message */
+  int gated, stopped;        /* checked at the gate; stopped there this time */
   httpc_cb cb;
   void *ud;
   long timeout_ms;
@@ -107,6 +110,9 @@ struct httpc {
   size_t nwatch_err;         /* RUNNING transfers with watch_err set */
   int depth;                 /* dispatch() frames on the stack */
   int closing, finished;
+  size_t nheld;              /* HELD transfers */
+  int (*gate_closed)(void *arg);
+  void *gate_arg;
   void (*done)(void *);
   void *done_arg;
   struct sockaddr_storage self; /* the engine's API (httpc_set_self); family 0: none */
@@ -312,6 +318,23 @@ static int on_curl_timer(CURLM *multi, long timeout_ms, void *userp) {
   else uv_timer_start(&h->timer, on_timer, (uint64_t)timeout_ms, 0);
   return 0;
 }
+
+/* ---- the gate ---- */
+
+#if LIBCURL_VERSION_NUM >= 0x075000
+/* CURLOPT_PREREQFUNCTION: the request is about to be sent. Stop it here
+** while the gate is closed; dispatch() then holds it instead of ending it. */
+static int on_prereq(void *ud, char *ip, char *local_ip, int port, int local_port) {
+  (void)ip, (void)local_ip, (void)port, (void)local_port;
+  httpc_xfer *x = ud;
+  httpc_t *h = x->h;
+  if (h->gate_closed && h->gate_closed(h->gate_arg)) {
+    x->stopped = 1;
+    return CURL_PREREQFUNC_ABORT;
+  }
+  return CURL_PREREQFUNC_OK;
+}
+#endif
 
 /* ---- response data ---- */
 
@@ -555,6 +578,14 @@ static void dispatch(httpc_t *h) {
     x = NULL;
     curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&x);
     if (!x || x->state != X_RUNNING) continue;
+    if (x->stopped && rc == CURLE_ABORTED_BY_CALLBACK) {
+      /* Stopped at the gate before it was sent: held, not ended. */
+      if (x->watch_err) h->nwatch_err--;
+      curl_multi_remove_handle(h->multi, x->easy);
+      x->state = X_HELD;
+      h->nheld++;
+      continue;
+    }
     finish_running(h, x, rc, &tail);
   }
   while ((x = batch)) {
@@ -784,6 +815,13 @@ int httpc_start(httpc_t *h, const struct httpc_req *req, httpc_cb cb, void *ud,
     SET(CURLOPT_OPENSOCKETFUNCTION, open_socket);
     SET(CURLOPT_OPENSOCKETDATA, (void *)x);
   }
+#if LIBCURL_VERSION_NUM >= 0x075000
+  if (req->gated) {
+    x->gated = 1;
+    SET(CURLOPT_PREREQFUNCTION, on_prereq);
+    SET(CURLOPT_PREREQDATA, (void *)x);
+  }
+#endif
   /* POST uses plain POSTFIELDS so that a 301/302/303 turns it into a GET as
   ** browsers do; other methods are custom requests, with the body if any. */
   int has_body = req->body != NULL || !strcmp(method, "POST");
@@ -841,6 +879,11 @@ void httpc_cancel(httpc_xfer *x) {
     x->state = X_CANCELLED;
     h->nactive--;
     break;
+  case X_HELD:
+    h->nheld--;
+    h->nactive--;
+    xfer_free(h, x);
+    break;
   case X_DELIVERING:
   case X_CANCELLED:
     break;
@@ -848,6 +891,46 @@ void httpc_cancel(httpc_xfer *x) {
 }
 
 size_t httpc_active(const httpc_t *h) { return h ? h->nactive : 0; }
+
+void httpc_set_gate(httpc_t *h, int (*closed)(void *arg), void *arg) {
+  h->gate_closed = closed;
+  h->gate_arg = arg;
+}
+
+size_t httpc_held(const httpc_t *h) { return h ? h->nheld : 0; }
+
+/* Send the held requests again from the start; one that cannot be added
+** back fails through its callback like any transfer. */
+void httpc_gate_open(httpc_t *h) {
+  if (!h || !h->nheld || h->closing) return;
+  httpc_xfer *batch = NULL, **tail = &batch, *x, *next;
+  h->depth++;
+  for (x = h->xfers; x; x = next) {
+    next = x->next;
+    if (x->state != X_HELD) continue;
+    h->nheld--;
+    x->stopped = 0;
+    buf_reset(&x->body);
+    buf_reset(&x->hdr);
+    x->nhdr = x->hdr_bytes = 0;
+    x->errbuf[0] = 0;
+    x->state = X_RUNNING;
+    if (curl_multi_add_handle(h->multi, x->easy) != CURLM_OK) {
+      x->result = CURLE_OUT_OF_MEMORY;
+      x->state = X_DONE;
+      x->next_done = NULL;
+      *tail = x;
+      tail = &x->next_done;
+    }
+  }
+  while ((x = batch)) {
+    batch = x->next_done;
+    if (x->state == X_DONE) deliver(h, x);
+    xfer_free(h, x);
+  }
+  h->depth--;
+  if (h->closing && h->depth == 0) finish_close(h);
+}
 
 /* ---- life cycle ---- */
 

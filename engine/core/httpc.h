@@ -44,6 +44,7 @@ struct httpc_req {
   size_t max_response;                 /* bytes of body; 0 = default 16 MB; over it the transfer fails */
   int for_skill;                       /* sent for a skill: carries HTTPC_SKILL_HEADER, and may not
                                           connect to the address given to httpc_set_self */
+  int gated;                           /* held at the client's gate (httpc_set_gate) */
 };
 
 struct httpc_resp {
@@ -92,6 +93,19 @@ void httpc_set_self(httpc_t *h, const struct sockaddr *addr);
 
 /* Number of transfers whose callback has not fired yet (cancelled ones excluded). */
 size_t httpc_active(const httpc_t *h);
+
+/* The gate: a request started with req.gated is checked right before it
+** is sent (after its connection is made, also after a redirect): while
+** closed(arg) returns nonzero it does not go out, and waits, held, until
+** httpc_gate_open. The engine closes it while it cannot show it still
+** holds its lease: a request queued before the process was frozen must
+** not go out after it resumes if its runs may be another's by then. A held
+** request is sent from the start when the gate opens (its timeout counts
+** again from there); cancelling it frees it. */
+void httpc_set_gate(httpc_t *h, int (*closed)(void *arg), void *arg);
+void httpc_gate_open(httpc_t *h);
+/* Requests held at the gate now. */
+size_t httpc_held(const httpc_t *h);
 
 /* Cancel everything and close all handles; `done` fires (from the loop) once
 ** every uv handle is closed, then h is gone (done may be NULL). Safe to call

@@ -156,7 +156,7 @@ static void start_on_failure(struct run *r, const char *error, int64_t now) {
   struct run_row row = {
     .id = f->id, .skill = r->skill->id, .version = r->skill->version, .status = "running",
     .entry = "on_failure", .trigger = tj, .input = r->input, .owner = sched_owner(s),
-    .created_at = now, .started_at = now,
+    .created_at = now, .started_at = now, .by_run = r->id,
   };
   journal_run_new(sched__journal(s), &row);
   if (run_start(s, f, NULL, &e)) term_printf(stderr, "moonloop: on_failure of %s: %s\n", r->id, e.msg);
@@ -186,7 +186,8 @@ void run__finish(struct run *r, const char *status, const char *output, const ch
   int64_t now = units_now_ms();
   if (strcmp(status, "completed")) {
     /* A run that did not complete takes its live children with it. */
-    struct cancel_row c = {.run_id = r->id, .reason = "its parent run ended", .at = now};
+    struct cancel_row c = {.run_id = r->id, .reason = "its parent run ended", .at = now,
+                           .by_run = r->id};
     journal_cancel(j, &c);
   }
   struct run_set set = {.run_id = r->id, .status = status, .output = output, .error = error,
@@ -676,6 +677,7 @@ static void op_http(struct task *t, lua_State *co) {
   err_t e;
   int nh = run__http_request_from_lua(co, 2, &req, hdrs);
   req.for_skill = !may_call_api(o, r->skill ? r->skill->id : NULL);
+  req.gated = 1; /* not sent while the lease is in doubt (sched.h) */
   int rc;
   /* A step whose time is up gets no more I/O in this attempt. */
   if (t->step_timed_out) {
@@ -845,6 +847,27 @@ static int c_step_end(lua_State *L) {
   return 0;
 }
 
+/* core.step_interrupted(seq, id, n, started): replay found attempt n of a
+** step in flight when its process stopped (a crash, a kill, a lost lease):
+** record it as interrupted; the body runs again as attempt n + 1, from now
+** (the attempt row's retry_at, which the trace shows as the next start). */
+static int c_step_interrupted(lua_State *L) {
+  sched_t *s = up_sched(L);
+  struct task *t = sched__current(s);
+  if (!t) return 0;
+  int64_t now = units_now_ms();
+  struct attempt_row a = {
+    .run_id = t->run->id, .seq = (int)luaL_checkinteger(L, 1), .n = (int)luaL_checkinteger(L, 3),
+    .status = "interrupted",
+    .error = "the process running this attempt stopped before it ended (a crash, a kill, a "
+             "shutdown past its grace period or a lost lease); the step ran again",
+    .started_at = (int64_t)luaL_optnumber(L, 4, 0), .retry_at = now,
+  };
+  journal_attempt(sched__journal(s), &a);
+  run__verbose(t->run, "\xe2\x86\xbb", luaL_checkstring(L, 2), 0, "attempt interrupted; running it again");
+  return 0;
+}
+
 /* core.step_usage(prompt, completion, total): an LLM call's tokens, added
 ** to the step whose body is running. */
 static int c_step_usage(lua_State *L) {
@@ -865,6 +888,7 @@ void run_register_core(lrt_t *lrt, sched_t *s) {
   lrt_register(lrt, "step_begin", c_step_begin, s);
   lrt_register(lrt, "step_end", c_step_end, s);
   lrt_register(lrt, "step_usage", c_step_usage, s);
+  lrt_register(lrt, "step_interrupted", c_step_interrupted, s);
   lua_createtable(L, 0, 12);
   static const struct { const char *name; int op; } ops[] = {
     {"COMMIT", OP_COMMIT}, {"RETRY", OP_RETRY}, {"FAIL", OP_FAIL},

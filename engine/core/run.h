@@ -203,6 +203,21 @@ journal_t *sched__journal(sched_t *s);
 void sched__after_commit(sched_t *s, void (*fn)(void *arg), void *arg);
 /* Call fn with the entry appended last, once its group is durable. */
 void sched__after_entry(sched_t *s, void (*fn)(void *arg, const struct jentry *e), void *arg);
+/* A request from outside (HTTP, the sidecar) appended the entries of the
+** open group from index first on: ok (may be NULL) gets the last of them
+** once durable; if their group fails to commit, fail gets the reason
+** instead, at once, and the entries are dropped (nothing was stored). */
+void sched__after_request(sched_t *s, size_t first,
+                          void (*ok)(void *arg, const struct jentry *last),
+                          void (*fail)(void *arg, const char *msg), void *arg);
+/* ERR_BUSY with the reason while the store cannot be written (commits are
+** failing, the database file is gone): a new request is refused at once
+** rather than left waiting. 0 otherwise. */
+int sched__refuse_write(sched_t *s, err_t *e);
+/* Drop run id here without a write (another process may own it now, or
+** its creation was never stored), with the entries written for it (and
+** for runs it created) that are not committed yet. */
+void sched__drop_run(sched_t *s, const char *id);
 struct run *sched__find(sched_t *s, const char *id);
 void sched__parked(sched_t *s, int delta);
 int sched__parked_count(const sched_t *s);
@@ -218,6 +233,8 @@ int sched__version_skill(sched_t *s, const char *version, struct skill **out, er
 int sched__live_skill(sched_t *s, const char *id, struct skill **out, err_t *e);
 /* The registry changed here: forget the live versions looked up. */
 void sched__live_forget(sched_t *s);
+/* Whether the registry holds the live triggers yet (sched_triggers_live). */
+int sched__triggers_live(const sched_t *s);
 /* The registry changed: rearm the cron triggers (sched_cron.c). */
 void sched__skills_changed(sched_t *s);
 void sched__crons_free(sched_t *s);

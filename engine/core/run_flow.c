@@ -169,7 +169,7 @@ static void wait_finish(struct task *t, const char *result) {
   if (!result && t->wait_child) {
     /* An invoke that timed out: its child is not wanted any more. */
     struct cancel_row c = {.run_id = t->wait_child, .reason = "its parent stopped waiting",
-                           .at = now};
+                           .at = now, .by_run = r->id};
     journal_cancel(j, &c);
   }
   run__verbose(r, failed ? "\xe2\x9c\x97" : "\xe2\x9c\x93", t->wait_id, now - t->wait_started,
@@ -277,12 +277,13 @@ void run_delivered(struct run *r, int seq) {
   if (t->waiting && t->wait_seq == seq) wait_end(t);
 }
 
-/* Answer an invoke that could not start its child: the step fails. */
+/* Answer an invoke that could not start its child (or a send_event whose
+** event is refused): the step fails. */
 static void invoke_failed(struct task *t, const char *msg) {
   struct run *r = t->run;
   int64_t now = units_now_ms();
   struct step_row row = {
-    .run_id = r->id, .seq = t->wait_seq, .id = t->wait_id, .kind = "invoke",
+    .run_id = r->id, .seq = t->wait_seq, .id = t->wait_id, .kind = t->wait_kind, /* or "send" */
     .status = "failed", .error = msg, .attempts = 1, .started_at = t->wait_started,
     .ended_at = now,
   };
@@ -408,7 +409,8 @@ void run_op_send(struct task *t, lua_State *co) {
       return;
     }
     struct event_row er = {.id = id, .name = cJSON_GetObjectItem(ev, "name")->valuestring,
-                           .data = data ? data : "null", .idem = idem, .ts = now};
+                           .data = data ? data : "null", .idem = idem, .ts = now,
+                           .by_run = r->id};
     journal_event(j, &er);
     free(data);
     n++;

@@ -81,14 +81,42 @@ void sched__ready(sched_t *s, struct task *t) {
   if (s->ready_tail) s->ready_tail->next_ready = t;
   else s->ready_head = t;
   s->ready_tail = t;
-  if (s->handles_open && !uv_is_active((uv_handle_t *)&s->idle)) uv_idle_start(&s->idle, idle_cb);
+  sched__kick(s);
 }
 
-/* Resume ready tasks. Bounded, so I/O is polled between batches. */
+/* See sched_int.h: resume ready tasks from the next loop turn on, unless
+** the lease gate holds them. */
+void sched__kick(sched_t *s) {
+  if (s->handles_open && s->ready_head && !s->lease_doubt &&
+      !uv_is_active((uv_handle_t *)&s->idle))
+    uv_idle_start(&s->idle, idle_cb);
+}
+
+/* The lease gate closes: this process cannot show it still holds its
+** lease, so no task resumes (a resume may start a step body) until a
+** renewal commits (sched_commit.c's lease_renewed reopens it). */
+static void hold(sched_t *s) {
+  uv_idle_stop(&s->idle);
+  if (s->lease_doubt) return;
+  s->lease_doubt = 1;
+  char at[40];
+  units_rfc3339(s->lease_until, at, sizeof at);
+  fprintf(stderr, "moonloop: this process cannot show it still holds its lease (renewed until "
+          "%s, and it was stopped or its commits are late): no step body starts and no request "
+          "goes out until it is renewed\n", at);
+}
+
+/* Resume ready tasks. Bounded, so I/O is polled between batches. The lease
+** is checked before each resume: the process may have been frozen in the
+** middle of a batch. */
 static void idle_cb(uv_idle_t *h) {
   sched_t *s = h->data;
   int n = 0;
   while (s->ready_head && n++ < DRAIN_MAX) {
+    if (!sched__lease_fresh(s)) {
+      hold(s);
+      return;
+    }
     struct task *t = s->ready_head;
     s->ready_head = t->next_ready;
     if (!s->ready_head) s->ready_tail = NULL;
@@ -231,6 +259,7 @@ int sched_run_new(sched_t *s, struct skill *skill, const char *trigger, const ch
     .id = r->id, .skill = skill->id, .version = skill->version, .status = "running",
     .entry = "run", .trigger = r->trigger, .parent_id = parent_id, .input = input,
     .owner = s->owner, .created_at = now, .started_at = now, .deadline_at = r->deadline_at,
+    .by_run = parent_id,
   };
   if (journal_run_new(s->open.j, &row)) {
     run_unref(r);
@@ -347,6 +376,14 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
   return rc;
 }
 
+/* See sched.h. */
+void sched_triggers_live(sched_t *s) {
+  if (s->triggers_live) return;
+  s->triggers_live = 1;
+  sched__skills_changed(s);
+}
+int sched__triggers_live(const sched_t *s) { return s->triggers_live; }
+
 /* sched_cron.c's list of cron entries. */
 struct cron_entry *sched__crons(sched_t *s) { return s->crons; }
 void sched__set_crons(sched_t *s, struct cron_entry *list) { s->crons = list; }
@@ -401,6 +438,13 @@ static void tick_cb(uv_timer_t *h) {
     s->poll_wanted = 0;
     poll_runs(s);
   }
+  int64_t now = units_now_ms();
+  if (now - s->last_file_check_ms >= 1000) {
+    s->last_file_check_ms = now;
+    sched__check_store(s);
+  }
+  if (s->stopping && !s->nruns && !s->inflight && s->fail.since && now > s->stop_deadline)
+    sched__give_up(s); /* the store refuses what is left: stop anyway */
   if ((s->stopping || s->o.mode == SCHED_SOLO) && !s->nruns && !s->inflight &&
       sched__group_empty(&s->open) && sched__group_empty(&s->retry)) {
     close_handles(s);
@@ -408,6 +452,9 @@ static void tick_cb(uv_timer_t *h) {
   }
   sched__maybe_submit(s);
 }
+
+/* httpc's gate: closed while this process cannot show it holds its lease. */
+static int http_gate_closed(void *arg) { return !sched__lease_fresh(arg); }
 
 /* See sched.h: options get their defaults here. */
 int sched_new(const struct sched_opts *o, sched_t **out, err_t *e) {
@@ -428,14 +475,23 @@ int sched_new(const struct sched_opts *o, sched_t **out, err_t *e) {
     return err_set(e, ERR_NOMEM, "out of memory");
   }
   s->data_version = -1;
+  if (s->o.http) httpc_set_gate(s->o.http, http_gate_closed, s);
   run_register_core(o->lrt, s);
   *out = s;
   return 0;
 }
 
-/* See sched.h. */
+/* See sched.h. The lease is the first write: while another process holds
+** the database's write lock (one frozen inside a commit holds it until it
+** is continued or killed), wait for it, saying every time what for. */
 int sched_start(sched_t *s, err_t *e) {
-  if (sched__take_lease(s, e)) return e->code;
+  int64_t since = units_now_ms();
+  while (sched__take_lease(s, e)) {
+    if (e->code != ERR_BUSY) return e->code;
+    char d[32];
+    units_fmt_duration(units_now_ms() - since, d, sizeof d);
+    fprintf(stderr, "moonloop: waiting %s so far to take a lease: %s\n", d, e->msg);
+  }
   uv_loop_t *loop = s->o.loop;
   uv_idle_init(loop, &s->idle);
   uv_prepare_init(loop, &s->prepare);
@@ -445,7 +501,7 @@ int sched_start(sched_t *s, err_t *e) {
   s->handles_open = 1;
   uv_prepare_start(&s->prepare, prepare_cb);
   uv_timer_start(&s->tick, tick_cb, TICK_MS, TICK_MS);
-  if (s->ready_head) uv_idle_start(&s->idle, idle_cb);
+  sched__kick(s);
   sched__heap_rearm(s);
   if (s->o.mode == SCHED_SERVE) s->claim_wanted = 1;
   sched__skills_changed(s);
@@ -498,6 +554,7 @@ int sched__draining(const sched_t *s) { return s->stopping; }
 void sched_stop(sched_t *s, int64_t grace_ms) {
   if (s->stopping) return;
   s->stopping = 1;
+  s->stop_deadline = units_now_ms() + (grace_ms > 0 ? grace_ms : 0);
   sched__crons_free(s);
   sched__watch_stop(s); /* their clients are answered now, not at the grace's end */
   /* Runs are left to whoever takes them over: dropped here without a
@@ -538,6 +595,7 @@ const struct sched_stats *sched_stats(const sched_t *s) {
   int n = 0;
   for (struct task *t = s->ready_head; t; t = t->next_ready) n++;
   ((sched_t *)s)->stats.ready = n;
+  ((sched_t *)s)->stats.writes_refused = s->fail.since != 0;
   return &s->stats;
 }
 

@@ -116,6 +116,11 @@ void sched_unwatch(sched_t *s, struct sched_watch *w);
 ** cancelled), once its end is durable. Up to 4 observers. */
 void sched_on_finish(sched_t *s, sched_done_cb cb, void *arg);
 
+/* serve: the workspace is registered, so the registry's triggers are the
+** live set: cron triggers start now (catching up missed ticks), not from
+** what the registry held before this start. */
+void sched_triggers_live(sched_t *s);
+
 /* Runs in this process that have not finished. */
 int sched_active(const sched_t *s);
 
@@ -226,6 +231,9 @@ struct sched_stats {
   double step_sum_ms;
   uint64_t runs_completed, runs_failed, runs_cancelled;
   uint64_t takeovers;   /* runs resumed that another process had started */
+  uint64_t leases_lost; /* times this process found its lease gone (fenced) */
+  uint64_t commit_failures; /* commits that failed (and were tried again) */
+  int writes_refused;   /* 1 while the database cannot be written: writes get 503 */
   int ready;            /* tasks ready to resume now */
   uint32_t *samples;
   size_t nsamples, cap;

@@ -17,9 +17,34 @@
 ** Jobs use the store's writer connection, which nothing else touches while
 ** a job is in flight; the loop thread only reads. Groups commit in order:
 ** a failed group is kept (s->retry) and committed again before any other,
-** so a later group's durability still implies every earlier one's. A
-** commit refused because the lease is gone (another process fenced this
-** one) drops every run of this process without writing anything.
+** so a later group's durability still implies every earlier one's.
+**
+** Failures, and what each costs:
+**
+**   the store cannot write   (a full disk, a lock held past the busy
+**                            timeout, the file deleted): the group is tried
+**                            again with a growing back-off (200 ms to 5 s),
+**                            one line on stderr per episode and one in each
+**                            touched run's trace per group. Requests from
+**                            outside in it (HTTP, the sidecar) are answered
+**                            at once with the reason and their entries
+**                            dropped; new ones are refused until a commit
+**                            works again. Runs wait: nothing is lost.
+**   a run is fenced          (the store says another process holds it): the
+**                            run is dropped here, with its pending entries,
+**                            and the group goes again without them.
+**   the lease is lost        (reaped while this process was frozen): every
+**                            run is dropped, and every pending entry written
+**                            for one (journal_run_of) is taken back from the
+**                            groups, so a new lease never commits old work;
+**                            what came from outside (events, invokes,
+**                            skills) is kept and commits under the new lease.
+**
+** The lease gate: a lease this process cannot show it still holds (its
+** expiry as last renewed, less a margin of a quarter of the lease, has
+** passed: it was frozen, or commits fail) starts no step body and sends no
+** request (httpc's gate) until a renewal commits; a lost lease then drops
+** the runs instead.
 */
 #include "base/ids.h"
 #include "base/proc.h"
@@ -61,6 +86,13 @@ int sched__group_init(struct group *g) {
 /* See sched_int.h. */
 int sched__group_empty(const struct group *g) { return !g->j || (!journal_count(g->j) && !g->nw); }
 
+/* Whether g holds an entry that is not dropped. */
+static int group_live(const struct group *g) {
+  for (size_t i = 0, n = g->j ? journal_count(g->j) : 0; i < n; i++)
+    if (!journal_entry(g->j, i)->dropped) return 1;
+  return 0;
+}
+
 /* A new, zeroed waiter of the open group. Aborts when out of memory: a
 ** task that wrote could then never be resumed. */
 static struct gwait *add_wait(sched_t *s) {
@@ -91,6 +123,67 @@ void sched__after_entry(sched_t *s, void (*fn)(void *arg, const struct jentry *e
   w->efn = fn;
   w->arg = arg;
   w->idx = n ? n - 1 : 0;
+}
+
+/* See run.h. */
+void sched__after_request(sched_t *s, size_t first,
+                          void (*ok)(void *arg, const struct jentry *last),
+                          void (*fail)(void *arg, const char *msg), void *arg) {
+  size_t n = journal_count(s->open.j);
+  struct gwait *w = add_wait(s);
+  w->efn = ok;
+  w->fail = fail;
+  w->arg = arg;
+  w->first = first;
+  w->idx = n ? n - 1 : 0;
+}
+
+/* Answer the requests from outside waiting on g with msg, and drop their
+** entries: a writer hears at once that nothing was stored. */
+static void fail_requests(struct group *g, const char *msg) {
+  for (size_t i = 0; i < g->nw; i++) {
+    struct gwait *w = &g->w[i];
+    if (!w->fail) continue;
+    for (size_t k = w->first; k <= w->idx && k < journal_count(g->j); k++) journal_drop(g->j, k);
+    void (*fail)(void *, const char *) = w->fail;
+    void *arg = w->arg;
+    w->fn = NULL, w->efn = NULL, w->fail = NULL;
+    fail(arg, msg); /* may drop runs: other entries of g */
+  }
+}
+
+/* Drop from g the entries written for run id, or for a run it created. */
+static void drop_entries_of(struct group *g, const char *id) {
+  for (size_t i = 0, n = g->j ? journal_count(g->j) : 0; i < n; i++) {
+    const struct jentry *e = journal_entry(g->j, i);
+    const char *of = journal_run_of(e);
+    if ((of && !strcmp(of, id)) || (e->kind == J_RUN_NEW && !strcmp(e->u.run.id, id)))
+      journal_drop(g->j, i);
+  }
+}
+
+/* See run.h: the run, then the runs it started here (children). */
+void sched__drop_run(sched_t *s, const char *id) {
+  char keep[27];
+  snprintf(keep, sizeof keep, "%s", id); /* id may belong to the run freed below */
+  drop_entries_of(&s->retry, keep);
+  drop_entries_of(&s->open, keep);
+  struct run *r = sched__find(s, keep);
+  if (r) run_abort(r, NULL, NULL);
+  for (struct run *c = s->runs, *next; c; c = next) {
+    next = c->next;
+    if (c->parent_id && !strcmp(c->parent_id, keep)) {
+      sched__drop_run(s, c->id);
+      next = s->runs; /* the list changed under us: start over */
+    }
+  }
+}
+
+/* See run.h. */
+int sched__refuse_write(sched_t *s, err_t *e) {
+  if (!s->fail.since) return 0;
+  return err_set(e, ERR_BUSY, "the engine cannot write to its database: %s; nothing was "
+                 "stored, try again later", s->fail.msg);
 }
 
 /* ---- the commit pipeline ---- */
@@ -128,8 +221,12 @@ static void lease_lost(sched_t *s, const char *why);
 
 /* Errors of the engine that concern a run go into its trace: a group that
 ** failed to commit gets a warning line for each run it touches (it is
-** retried as a whole, so the lines land with the writes). */
-static void note_commit_failure(journal_t *j, const char *why) {
+** retried as a whole, so the lines land with the writes), once per group
+** however often it is tried. */
+static void note_commit_failure(struct group *g, const char *why) {
+  if (g->noted) return;
+  g->noted = 1;
+  journal_t *j = g->j;
   const char *done[32];
   int n = 0;
   size_t count = journal_count(j);
@@ -137,6 +234,7 @@ static void note_commit_failure(journal_t *j, const char *why) {
   snprintf(msg, sizeof msg, "engine: writing this run's journal failed, retrying: %s", why);
   for (size_t i = 0; i < count && n < 32; i++) {
     const struct jentry *e = journal_entry(j, i);
+    if (e->dropped) continue;
     const char *id = e->kind == J_STEP ? e->u.step.run_id : e->kind == J_RUN_SET ? e->u.set.run_id
                    : NULL;
     if (!id) continue;
@@ -154,19 +252,91 @@ static void group_done(struct group *g) {
   for (size_t i = 0; i < g->nw; i++) {
     struct gwait *w = &g->w[i];
     if (w->efn) w->efn(w->arg, journal_entry(g->j, w->idx));
-    else w->fn(w->arg);
+    else if (w->fn) w->fn(w->arg);
   }
   journal_free(g->j);
   free(g->w);
+  memset(g, 0, sizeof *g);
+}
+
+/* The lease is fresh again (a renewal committed): let what the gate held
+** go (the idle handle's tasks, and requests httpc held: those may have met
+** the gate without the loop noticing). */
+static void lease_renewed(sched_t *s, int64_t until) {
+  s->lease_until = until;
+  if (!sched__lease_fresh(s)) return;
+  if (s->o.http && httpc_held(s->o.http)) httpc_gate_open(s->o.http);
+  if (!s->lease_doubt) return;
+  s->lease_doubt = 0;
+  fprintf(stderr, "moonloop: lease renewed: step bodies and requests go on\n");
+  sched__kick(s);
+}
+
+/* A commit failed for a reason other than fencing: keep the group to try
+** again first, after a back-off that grows; say so once per episode. */
+static void commit_failed(sched_t *s, struct job *j) {
+  int64_t now = units_now_ms();
+  if (!s->fail.since) {
+    s->fail.since = now;
+    s->fail.count = 0;
+    s->fail.delay = 200;
+    snprintf(s->fail.msg, sizeof s->fail.msg, "%s", j->err.msg);
+    fprintf(stderr, "moonloop: %s: %s; trying again with a back-off, runs wait, and new writes "
+            "are refused meanwhile (HTTP 503)\n", strstr(j->err.msg, "was deleted while") ||
+            strstr(j->err.msg, "was replaced by") ? "DATABASE FILE GONE" :
+            "cannot write to the database", j->err.msg);
+  } else {
+    s->fail.delay = s->fail.delay * 2 > 5000 ? 5000 : s->fail.delay * 2;
+    if (strcmp(s->fail.msg, j->err.msg)) {
+      snprintf(s->fail.msg, sizeof s->fail.msg, "%s", j->err.msg);
+      fprintf(stderr, "moonloop: cannot write to the database: %s\n", j->err.msg);
+    }
+  }
+  s->fail.count++;
+  s->stats.commit_failures++;
+  note_commit_failure(&j->g, j->err.msg);
+  s->retry = j->g;
+  memset(&j->g, 0, sizeof j->g);
+  s->retry_at = now + s->fail.delay;
+  /* Writers waiting on these groups hear now, not when the disk has room. */
+  fail_requests(&s->retry, s->fail.msg);
+  fail_requests(&s->open, s->fail.msg);
+}
+
+/* The store refused entry idx of the job's group: its run is another
+** process's now. Drop the run and go again at once without it. */
+static void run_fenced(sched_t *s, struct job *j, long idx) {
+  const struct jentry *e = journal_entry(j->g.j, (size_t)idx);
+  const char *of = journal_run_of(e);
+  char id[27] = "";
+  if (of) snprintf(id, sizeof id, "%s", of);
+  else if (e->kind == J_RUN_NEW) snprintf(id, sizeof id, "%s", e->u.run.id);
+  fprintf(stderr, "moonloop: %s; dropping %s here without writing\n", j->err.msg,
+          *id ? "that run" : "that entry");
+  s->retry = j->g;
+  memset(&j->g, 0, sizeof j->g);
+  s->retry_at = 0;
+  if (*id) sched__drop_run(s, id);
+  else journal_drop(s->retry.j, (size_t)idx);
 }
 
 /* A commit job came back: on success, note what the group asks for next
 ** (a dispatch, a poll), show it to the observer and call its waiters; when
-** fenced, drop the runs first; on another failure, keep the group to
-** commit again first, after 200 ms. */
+** fenced, drop the run or (lease lost) the runs first; on another failure,
+** keep the group to commit again first, after a back-off. */
 static void commit_done(sched_t *s, struct job *j) {
   if (j->rc == 0) {
+    int64_t until;
+    journal_owner(j->g.j, &until);
     s->last_commit_ms = units_now_ms();
+    if (s->fail.since) {
+      char d[32];
+      units_fmt_duration(s->last_commit_ms - s->fail.since, d, sizeof d);
+      fprintf(stderr, "moonloop: the database is writable again (%d failed attempt%s over %s)\n",
+              s->fail.count, s->fail.count == 1 ? "" : "s", d);
+      s->fail.since = 0;
+    }
+    lease_renewed(s, until);
     s->stats.commits++;
     s->stats.committed_entries += journal_count(j->g.j);
     for (size_t i = 0, n = journal_count(j->g.j); i < n; i++) {
@@ -179,16 +349,16 @@ static void commit_done(sched_t *s, struct job *j) {
       for (size_t i = 0, n = journal_count(j->g.j); i < n; i++)
         s->observer(journal_entry(j->g.j, i), s->observer_arg);
     group_done(&j->g);
+  } else if (j->rc == ERR_CONFLICT && journal_fenced(j->g.j) >= 0) {
+    run_fenced(s, j, journal_fenced(j->g.j));
   } else if (j->rc == ERR_CONFLICT) {
-    /* Fenced: another process owns our runs now. They are dropped first,
-    ** without writing anything, so their waiters find them aborted. */
-    lease_lost(s, j->err.msg);
-    group_done(&j->g);
-  } else {
-    fprintf(stderr, "moonloop: commit failed, retrying: %s\n", j->err.msg);
-    note_commit_failure(j->g.j, j->err.msg);
+    /* Fenced: another process owns our runs now. */
     s->retry = j->g;
-    s->retry_at = units_now_ms() + 200;
+    memset(&j->g, 0, sizeof j->g);
+    s->retry_at = 0;
+    lease_lost(s, j->err.msg);
+  } else {
+    commit_failed(s, j);
   }
 }
 
@@ -261,14 +431,27 @@ static void submit_new(sched_t *s, enum job_kind kind) {
 
 /* See sched_int.h: a failed group first, then the open group (or an empty
 ** one to renew the lease), then dispatching events, and in serve mode
-** pruning, reaping or claiming when they are due. */
+** pruning, reaping or claiming when they are due. While commits fail,
+** nothing but the failed group is tried, and only once its back-off is
+** over. */
 void sched__maybe_submit(sched_t *s) {
   if (s->inflight) return;
   int64_t now = units_now_ms();
   int64_t ttl = s->o.lease_ttl_ms;
   struct job *j;
-  if (!sched__group_empty(&s->retry)) {
-    if (now < s->retry_at) return;
+  if (s->retry.j && now < s->retry_at) return;
+  if (s->lease_wanted) {
+    /* The lease was lost and no new one could be taken: try again first. */
+    err_t e;
+    if (sched__take_lease(s, &e)) {
+      s->retry_at = now + 1000;
+      if (!s->retry.j && sched__group_init(&s->retry)) abort(); /* holds the back-off */
+      return;
+    }
+    s->lease_wanted = 0;
+    fprintf(stderr, "moonloop: took a new lease (%s)\n", s->owner);
+  }
+  if (s->retry.j) {
     if (!(j = calloc(1, sizeof *j))) return;
     j->kind = JOB_COMMIT;
     j->g = s->retry;
@@ -277,8 +460,10 @@ void sched__maybe_submit(sched_t *s) {
     submit(s, j);
     return;
   }
-  /* An empty group still renews the lease when nothing else has lately. */
-  int renew = s->handles_open && now - s->last_commit_ms > ttl / 3;
+  /* An empty group still renews the lease when nothing else has lately,
+  ** or when the lease is getting short (commits are slow) or in doubt. */
+  int renew = s->handles_open && (now - s->last_commit_ms > ttl / 3 ||
+                                  s->lease_until - now < ttl / 2 || s->lease_doubt);
   if (!sched__group_empty(&s->open) || renew) {
     if (!(j = calloc(1, sizeof *j))) return;
     j->kind = JOB_COMMIT;
@@ -288,6 +473,7 @@ void sched__maybe_submit(sched_t *s) {
     submit(s, j);
     return;
   }
+  if (s->fail.since) return; /* the failed group's next try comes first */
   if (s->dispatch_wanted && !s->stopping) {
     s->dispatch_wanted = 0;
     submit_new(s, JOB_DISPATCH);
@@ -308,6 +494,45 @@ void sched__maybe_submit(sched_t *s) {
   }
 }
 
+/* See sched_int.h: the file check of the tick. Commits check it too, but
+** an idle engine commits only every third of its lease: writers should
+** hear at once. */
+void sched__check_store(sched_t *s) {
+  err_t e;
+  if (s->fail.since || !store_check_file(s->o.store, &e)) return;
+  s->fail.since = units_now_ms();
+  s->fail.count = 0;
+  s->fail.delay = 5000;
+  snprintf(s->fail.msg, sizeof s->fail.msg, "%s", e.msg);
+  fprintf(stderr, "moonloop: DATABASE FILE GONE: %s\n", e.msg);
+  /* What waits in the open group will not be stored: say so now. */
+  fail_requests(&s->open, s->fail.msg);
+}
+
+/* See sched_int.h: a stopping engine whose store refuses its last writes
+** (a full disk, a deleted file) past the grace period stops without them,
+** saying so. They are the steps of runs it released (the next engine runs
+** those steps again) and nothing acknowledged: writers were answered 503. */
+void sched__give_up(sched_t *s) {
+  size_t n = 0;
+  struct group *gs[2] = {&s->retry, &s->open};
+  for (int k = 0; k < 2; k++) {
+    fail_requests(gs[k], s->fail.msg);
+    for (size_t i = 0, c = gs[k]->j ? journal_count(gs[k]->j) : 0; i < c; i++) {
+      if (!journal_entry(gs[k]->j, i)->dropped) n++;
+      journal_drop(gs[k]->j, i);
+    }
+  }
+  if (n)
+    fprintf(stderr, "moonloop: stopping without %zu write%s the database refused (%s); the runs "
+            "they belong to take those steps again in the next engine\n", n, n == 1 ? "" : "s",
+            s->fail.msg);
+  group_done(&s->retry);
+  group_done(&s->open);
+  if (sched__group_init(&s->open)) abort();
+  s->fail.since = 0;
+}
+
 /* ---- the lease ---- */
 
 /* See sched_int.h: a new owner name (kind-pid-random) and its lease row;
@@ -317,25 +542,81 @@ int sched__take_lease(sched_t *s, err_t *e) {
   ids_random(rnd, sizeof rnd);
   snprintf(s->owner, sizeof s->owner, "%s-%ld-%02x%02x%02x%02x%02x%02x", s->o.lease_kind,
            (long)getpid(), rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5]);
+  int64_t now = units_now_ms();
   struct lease l = {
     .owner = s->owner, .kind = s->o.lease_kind, .host = proc_hostname(), .pid = (long)getpid(),
     .pid_start = proc_start_time((long)getpid()),
-    .expires_at = units_now_ms() + s->o.lease_ttl_ms,
+    .expires_at = now + s->o.lease_ttl_ms,
   };
-  s->last_commit_ms = units_now_ms();
-  return store_lease_acquire(s->o.store, &l, e);
+  int rc = store_lease_acquire(s->o.store, &l, e);
+  if (!rc) {
+    s->last_commit_ms = now;
+    lease_renewed(s, l.expires_at);
+  }
+  return rc;
 }
 
-/* The store fenced a commit: another process took this one's runs. Drop
-** them all (without a write) and, for a long-lived engine, take a new lease. */
+/* See sched_int.h. A quarter of the lease covers the time from this check
+** to the request leaving, and clocks that differ a little between hosts. */
+int sched__lease_fresh(sched_t *s) {
+  return units_now_ms() + s->o.lease_ttl_ms / 4 < s->lease_until;
+}
+
+/* Take back from g what this process wrote as the owner of its runs (the
+** lease `lost` is gone): every entry written for a run, and cron ticks
+** that would create runs it owns. What came from outside stays: events,
+** cancellations, skill versions; a run started from outside (an invoke)
+** stays too, as a queued run no one owns yet, since its caller may have
+** been told its id. */
+static void fence_group(struct group *g, const char *lost) {
+  for (size_t i = 0, n = g->j ? journal_count(g->j) : 0; i < n; i++) {
+    const struct jentry *e = journal_entry(g->j, i);
+    if (journal_run_of(e)) journal_drop(g->j, i);
+    else if (e->kind == J_RUN_NEW && e->u.run.owner && !strcmp(e->u.run.owner, lost))
+      journal_disown_run(g->j, i);
+    else if (e->kind == J_CRON && e->u.cron.run.owner && !strcmp(e->u.cron.run.owner, lost))
+      journal_drop(g->j, i);
+  }
+}
+
+/* The store fenced a commit: this process's lease is gone, and another
+** process took its runs. Drop them all without a write, take back every
+** entry written for them from the groups not yet committed (s->retry: the
+** refused one, and s->open), and, for a long-lived engine, take a new
+** lease under which what remains (what came from outside) commits. A new
+** lease never commits old work: nothing of the old runs is left to. */
 static void lease_lost(sched_t *s, const char *why) {
-  fprintf(stderr, "moonloop: %s; dropping this process's runs\n", why);
+  char lost[sizeof s->owner];
+  snprintf(lost, sizeof lost, "%s", s->owner);
+  int n = s->nruns;
+  char ttl[32];
+  units_fmt_duration(s->o.lease_ttl_ms, ttl, sizeof ttl);
+  fprintf(stderr, "moonloop: LEASE LOST: %s. This process was stopped or cut off past its lease "
+          "(%s); another process may have taken its runs. Dropping its %d run%s and every "
+          "write for them not yet committed.\n", why, ttl, n, n == 1 ? "" : "s");
+  s->stats.leases_lost++;
   while (s->runs) run_abort(s->runs, NULL, NULL);
+  fence_group(&s->retry, lost);
+  fence_group(&s->open, lost);
   /* Long-lived engines go on with a new lease (the REPL too: its next
-  ** runs need one). */
+  ** runs need one); a solo run has nothing left to do. */
   if ((s->o.mode == SCHED_SERVE || s->o.mode == SCHED_REPL) && !s->stopping) {
     err_t e;
-    if (sched__take_lease(s, &e)) fprintf(stderr, "moonloop: cannot take a new lease: %s\n", e.msg);
+    if (sched__take_lease(s, &e)) {
+      fprintf(stderr, "moonloop: cannot take a new lease yet: %s\n", e.msg);
+      s->lease_wanted = 1;
+    } else {
+      fprintf(stderr, "moonloop: took a new lease (%s)\n", s->owner);
+    }
     s->claim_wanted = s->o.mode == SCHED_SERVE;
+  } else {
+    /* No lease to commit under: nothing more is written. */
+    for (size_t i = 0, c = s->retry.j ? journal_count(s->retry.j) : 0; i < c; i++)
+      journal_drop(s->retry.j, i);
+    group_done(&s->open);
+    if (sched__group_init(&s->open)) abort();
   }
+  /* A group left with nothing to write is done: its waiters are the
+  ** dropped runs' (and cron ticks'), which find nothing to do. */
+  if (!group_live(&s->retry)) group_done(&s->retry);
 }

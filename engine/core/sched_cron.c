@@ -123,8 +123,12 @@ static void start_entry(struct cron_entry *c) {
   arm(c, now);
 }
 
+/* See run.h. Until the workspace is registered (sched_triggers_live), the
+** registry still holds the triggers of the last start: a catch-up fired
+** from them would follow a cron expression that may be gone (one read from
+** env, say). */
 void sched__skills_changed(sched_t *s) {
-  if (sched__opts(s)->mode != SCHED_SERVE) return;
+  if (sched__opts(s)->mode != SCHED_SERVE || !sched__triggers_live(s)) return;
   /* Rebuild the entries from the registry. */
   for (struct cron_entry *c = crons_of(s), *n; c; c = n) {
     n = c->next;

@@ -26,19 +26,25 @@
 #include "core/sched.h"
 
 /* Something to call once the group it belongs to is durable: fn, or efn
-** with the journal entry idx of that group (to read the store's answer). */
+** with the journal entry idx of that group (to read the store's answer).
+** A request from outside (fail set) wrote entries first..idx; when the
+** group cannot be committed, fail is called instead (with the reason) and
+** those entries are dropped: nothing of the request is stored. */
 struct gwait {
   void (*fn)(void *arg);
   void (*efn)(void *arg, const struct jentry *e);
+  void (*fail)(void *arg, const char *msg);
   void *arg;
-  size_t idx;
+  size_t first, idx;
 };
 
-/* A journal group and what waits for it to be durable. */
+/* A journal group and what waits for it to be durable. noted: its runs'
+** traces already say that it failed once. */
 struct group {
   journal_t *j;
   struct gwait *w;
   size_t nw, cap;
+  int noted;
 };
 
 struct job;  /* sched_commit.c's */
@@ -61,8 +67,17 @@ struct sched {
   uv_timer_t tick;
   int handles_open;
   struct group open;
-  struct group retry;    /* a group whose commit failed, to commit first */
+  struct group retry;    /* a group whose commit failed, to commit first (retry.j set) */
   int64_t retry_at;
+  int64_t lease_until;   /* the lease's expiry as this process last renewed it */
+  int lease_doubt;       /* too close to lease_until: no step body or request starts */
+  int lease_wanted;      /* the lease was lost and a new one could not be taken yet */
+  struct {               /* commits failing (a full disk, a lock held): one episode */
+    int64_t since;       /* when the first failed, 0 when healthy */
+    int64_t delay;       /* the back-off before the next try */
+    int count;
+    char msg[1024];
+  } fail;
   struct job *inflight;
   struct task *ready_head, *ready_tail;
   struct stimer **heap;
@@ -80,6 +95,8 @@ struct sched {
   int parked;       /* main tasks parked on a sleep, wait or invoke, in memory */
   struct cron_entry *crons;
   struct stimer grace;       /* the end of the shutdown's grace period */
+  int64_t stop_deadline;     /* stopping: past it, writes the store refuses are given up */
+  int triggers_live;         /* serve: the registry holds the live set (sched_triggers_live) */
   struct { sched_done_cb cb; void *arg; } finish[4];
   int nfinish;
   struct run **slot_waiters; /* runs refused a slot, to try again at the next poll */
@@ -89,7 +106,7 @@ struct sched {
   ** registry changes here (sched__live_forget) or anywhere (the tick) */
   struct { char id[132]; struct skill *sk; } live[16];
   int nlive, live_next;
-  int64_t last_commit_ms, last_claim_ms, last_reap_ms, last_prune_ms;
+  int64_t last_commit_ms, last_claim_ms, last_reap_ms, last_prune_ms, last_file_check_ms;
   struct sched_stats stats;
   sched_observer_cb observer; /* sched_observe (the REPL) */
   void *observer_arg;
@@ -105,6 +122,15 @@ int sched__group_empty(const struct group *g);
 void sched__maybe_submit(sched_t *s);
 /* Take a new lease for this process (a new owner name). */
 int sched__take_lease(sched_t *s, err_t *e);
+/* Stopping, and the store refuses the last writes: stop without them. */
+void sched__give_up(sched_t *s);
+/* Check that the database file is still at its path (the tick, every second). */
+void sched__check_store(sched_t *s);
+/* Resume the ready tasks from the next loop turn (unless the lease gate holds). */
+void sched__kick(sched_t *s);
+/* Whether this process may start a step body or a request now: its lease,
+** as it last renewed it, does not expire within the margin. */
+int sched__lease_fresh(sched_t *s);
 
 /* ---- sched_watch.c ---- */
 

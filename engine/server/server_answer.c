@@ -438,6 +438,17 @@ static void metrics(server_t *srv, h2o_req_t *req) {
   fprintf(f, "# HELP moonloop_lease_takeovers_total Runs this process resumed after another stopped.\n"
              "# TYPE moonloop_lease_takeovers_total counter\n"
              "moonloop_lease_takeovers_total %llu\n", (unsigned long long)st->takeovers);
+  fprintf(f, "# HELP moonloop_leases_lost_total Times this process found its lease gone "
+             "(another took its runs while it was stopped).\n"
+             "# TYPE moonloop_leases_lost_total counter\n"
+             "moonloop_leases_lost_total %llu\n", (unsigned long long)st->leases_lost);
+  fprintf(f, "# HELP moonloop_commit_failures_total Journal commits that failed (tried again).\n"
+             "# TYPE moonloop_commit_failures_total counter\n"
+             "moonloop_commit_failures_total %llu\n", (unsigned long long)st->commit_failures);
+  fprintf(f, "# HELP moonloop_writes_refused 1 while the database cannot be written (writes "
+             "answer 503).\n"
+             "# TYPE moonloop_writes_refused gauge\n"
+             "moonloop_writes_refused %d\n", st->writes_refused);
   fprintf(f, "# HELP moonloop_ready_tasks Tasks ready to resume now (the loop's queue).\n"
              "# TYPE moonloop_ready_tasks gauge\n"
              "moonloop_ready_tasks %d\n", st->ready);

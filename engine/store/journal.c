@@ -25,9 +25,14 @@ struct journal {
   size_t bytes;
   char *owner;
   int64_t lease_expires_at;
+  long fenced; /* the entry the store refused (ERR_FENCED), or -1 */
 };
 
-journal_t *journal_new(void) { return calloc(1, sizeof(journal_t)); }
+journal_t *journal_new(void) {
+  journal_t *j = calloc(1, sizeof(journal_t));
+  if (j) j->fenced = -1;
+  return j;
+}
 
 void journal_free(journal_t *j) {
   if (!j) return;
@@ -111,6 +116,7 @@ static void copy_run(journal_t *j, struct run_row *c, const struct run_row *r, i
   c->error = dup(j, r->error, fail);
   c->owner = dup(j, r->owner, fail);
   c->idem = dup(j, r->idem, fail);
+  c->by_run = dup(j, r->by_run, fail);
 }
 
 int journal_run_new(journal_t *j, const struct run_row *r) {
@@ -185,6 +191,7 @@ int journal_version(journal_t *j, const struct version_row *v) {
   c->skill = dup(j, v->skill, &fail);
   c->source = dup(j, v->source, &fail);
   c->file = dup(j, v->file, &fail);
+  c->triggers = dup(j, v->triggers, &fail);
   return fail ? ERR_NOMEM : 0;
 }
 
@@ -205,6 +212,42 @@ int journal_skill(journal_t *j, const struct skill_row *s) {
 
 struct jentry *journal_last(journal_t *j) { return j->n ? &j->e[j->n - 1] : NULL; }
 
+const char *journal_run_of(const struct jentry *e) {
+  switch (e->kind) {
+  case J_RUN_NEW: return e->u.run.by_run;
+  case J_RUN_SET: return e->u.set.run_id;
+  case J_STEP: return e->u.step.run_id;
+  case J_ATTEMPT: return e->u.attempt.run_id;
+  case J_LOG: return e->u.log.run_id;
+  case J_EVENT: return e->u.event.by_run;
+  case J_WAIT: return e->u.wait.run_id;
+  case J_WAIT_END: return e->u.wait_end.run_id;
+  case J_CHILD_DONE: return e->u.child.child_id;
+  case J_CANCEL: return e->u.cancel.by_run;
+  case J_SLOT: return e->u.slot.run_id;
+  case J_VERSION: case J_SKILL: case J_CRON: return NULL;
+  }
+  return NULL;
+}
+
+void journal_drop(journal_t *j, size_t i) {
+  if (i >= j->n) return;
+  j->e[i].dropped = 1;
+  free(j->e[i].result); /* an answer of an attempt that did not commit */
+  j->e[i].result = NULL;
+}
+
+void journal_disown_run(journal_t *j, size_t i) {
+  if (i >= j->n || j->e[i].kind != J_RUN_NEW) return;
+  struct run_row *r = &j->e[i].u.run;
+  r->status = "queued"; /* static strings outlive the group */
+  r->owner = NULL;
+  r->started_at = 0;
+}
+
+void journal_set_fenced(const journal_t *j, long i) { ((journal_t *)j)->fenced = i; }
+long journal_fenced(const journal_t *j) { return j->fenced; }
+
 void journal_set_result(const struct jentry *e, char *result) {
   struct jentry *m = (struct jentry *)e;
   free(m->result);
@@ -221,6 +264,7 @@ int journal_event(journal_t *j, const struct event_row *ev) {
   c->name = dup(j, ev->name, &fail);
   c->data = dup(j, ev->data, &fail);
   c->idem = dup(j, ev->idem, &fail);
+  c->by_run = dup(j, ev->by_run, &fail);
   return fail ? ERR_NOMEM : 0;
 }
 
@@ -265,6 +309,7 @@ int journal_cancel(journal_t *j, const struct cancel_row *cr) {
   e->u.cancel = *cr;
   e->u.cancel.run_id = dup(j, cr->run_id, &fail);
   e->u.cancel.reason = dup(j, cr->reason, &fail);
+  e->u.cancel.by_run = dup(j, cr->by_run, &fail);
   return fail ? ERR_NOMEM : 0;
 }
 

@@ -13,15 +13,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A run, as the runs table holds it. Strings may be NULL; JSON fields hold JSON text.
-** idem: the caller's idempotency key (invoke's key), unique per skill: a
-** new run with a key its skill already has is not created; the entry's
-** result is then the first run's id. */
+/* A run, as the runs table holds it. Strings may be NULL; JSON fields hold
+** JSON text. idem: the caller's idempotency key (invoke's key), unique per
+** skill: a new run with a key its skill already has is not created; the
+** entry's result is then the first run's id. by_run (journal entries
+** only, not stored): the run that creates this one (a child of
+** step.invoke, an on_failure run), whose owner must still hold it
+** (fencing); NULL for runs started from outside. */
 struct run_row {
   const char *id, *skill, *version, *status, *entry, *trigger, *parent_id;
   const char *input, *output, *error, *owner;
   int64_t created_at, started_at, ended_at, deadline_at, wake_at;
-  const char *idem;
+  const char *idem, *by_run;
 };
 
 /* A change of a run's status. NULL output/error and 0 times leave the
@@ -57,9 +60,13 @@ struct log_row {
   const char *level, *msg;
 };
 
+/* A version of a skill: its source, and the triggers this load of it
+** produced (JSON; they may differ between loads of one source, when they
+** come from env). */
 struct version_row {
   const char *version, *skill, *source, *file;
   int64_t loaded_at;
+  const char *triggers;
 };
 
 /* A change to a skill's registry record:
@@ -74,10 +81,12 @@ struct skill_row {
 };
 
 /* An accepted event. A repeat of an idempotency key is ignored; the
-** entry's result is then the first event's id. */
+** entry's result is then the first event's id. by_run: the run whose
+** send_event step sends it (NULL: from outside). */
 struct event_row {
   const char *id, *name, *data, *idem;
   int64_t ts;
+  const char *by_run;
 };
 
 /* A run parks on something durable: an event (kind "event"), a child run
@@ -107,10 +116,12 @@ struct child_done {
 
 /* Cancel a run and its children. Unowned runs end at once; owned ones are
 ** flagged for their owner. The entry's result is the run's status after
-** it ("cancelled", "cancelling"), or "ended:<status>" if it had ended. */
+** it ("cancelled", "cancelling"), or "ended:<status>" if it had ended.
+** by_run: the run that asks (its end, a timed-out invoke), NULL: from outside. */
 struct cancel_row {
   const char *run_id, *reason;
   int64_t at;
+  const char *by_run;
 };
 
 /* A concurrency slot: acquire (the result is "1" when granted; otherwise
@@ -155,6 +166,7 @@ struct jentry {
   } u;
   char *result; /* set by the store for entries that answer (malloc'd; freed with the group) */
   void *tag;    /* the caller's, to find its answer after the commit */
+  int dropped;  /* taken back before its commit (journal_drop): the store skips it */
 };
 
 typedef struct journal journal_t;
@@ -170,6 +182,27 @@ size_t journal_bytes(const journal_t *j);
 ** The store refuses the whole group when that lease is gone. */
 int journal_set_owner(journal_t *j, const char *owner, int64_t lease_expires_at);
 const char *journal_owner(const journal_t *j, int64_t *lease_expires_at);
+
+/* The run an entry writes for, whose owner alone may commit it (fencing):
+** the run of a step, attempt, log line, status, wait or slot; the run that
+** ended (J_CHILD_DONE); the run that creates a run, sends an event or asks
+** for a cancellation (by_run). NULL for entries of no run: skill versions
+** and registrations, cron ticks, and runs, events and cancellations from
+** outside. */
+const char *journal_run_of(const struct jentry *e);
+
+/* Take entry i back before its group commits: the store skips it, and
+** whoever waits on it finds it dropped. */
+void journal_drop(journal_t *j, size_t i);
+
+/* Turn the J_RUN_NEW at i into a queued run that no process owns (any
+** engine may claim it): for a run started from outside by a process that
+** lost its lease before the run's creation was committed. */
+void journal_disown_run(journal_t *j, size_t i);
+
+/* The store refused the group because of entry i (ERR_FENCED); -1 when none. */
+void journal_set_fenced(const journal_t *j, long i);
+long journal_fenced(const journal_t *j);
 
 /* Append a copy of an entry. Each returns 0, or ERR_NOMEM. */
 int journal_run_new(journal_t *j, const struct run_row *r);

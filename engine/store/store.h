@@ -39,11 +39,22 @@ int store_open(const char *path, enum store_durability d, store_t **out, err_t *
 void store_close(store_t *s);
 const char *store_path(const store_t *s);
 
+/* 0 while the path still names the file this store has open; ERR_IO with
+** an explanation once it was deleted or replaced (every commit checks it
+** too, and fails then: nothing is acknowledged into a file no one reads).
+** A read: it uses the reader connection.
+** store_open refuses to create a new file at a path where another process
+** still has a deleted database of that name open. */
+int store_check_file(store_t *s, err_t *e);
+
 /* ---- writes ---------------------------------------------------------- */
 
-/* Commit every entry of j in one transaction. When j names an owner, its
-** lease is renewed in the same transaction, and the whole group is refused
-** (ERR_CONFLICT, "lease lost") if that lease no longer exists. */
+/* Commit every entry of j (but the dropped ones) in one transaction. When
+** j names an owner, its lease is renewed in the same transaction, and the
+** whole group is refused with ERR_CONFLICT if that lease no longer exists
+** ("lease lost"; journal_fenced(j) is -1) or if an entry writes for a run
+** that owner does not hold ("fenced: ..."; journal_fenced(j) is that
+** entry's index). See store_sqlite.c's fencing. */
 int store_commit(store_t *s, const journal_t *j, err_t *e);
 
 /* A process's lease: while it is held, the runs it owns are its to run. */
@@ -117,7 +128,10 @@ int store_live_version(store_t *s, const char *skill, char *version, size_t n, e
 
 /* One step as the journal holds it, for replay: the steps of a run in
 ** order. *out is an array of objects {seq, id, kind, status, output (JSON
-** text), error, attempts, started_at, ended_at, wake_at, retry_at}. */
+** text), error, attempts, started_at, ended_at, wake_at, retry_at}; a
+** step still "running" also has interrupted (how many of its attempts were
+** cut by a stopped process) and attempt_started_at (when its attempt in
+** flight started, if after the first). */
 int store_get_steps(store_t *s, const char *run_id, cJSON **out, err_t *e);
 
 struct run_filter {

@@ -13,6 +13,7 @@
 #ifndef ML_STORE_DB_H
 #define ML_STORE_DB_H
 #include <sqlite3.h>
+#include <sys/types.h>
 
 #include "store/store.h"
 
@@ -47,6 +48,15 @@ enum {
 /* The same, unconditional: a SELECT whose text ends where the run's id goes. */
 #define STORE_STEP_SUMMARY "SELECT " STORE_STEP_SUMS("1") " FROM steps WHERE run_id = "
 
+/* The runs the store knows to be one owner's (see store_sqlite.c's
+** fencing): an open-addressing set of run ids, used on the commit thread. */
+struct fence_set {
+  char owner[64];
+  char (*ids)[27];
+  unsigned char *state; /* per slot: free, used, gone */
+  size_t cap, n, gone;  /* cap a power of two */
+};
+
 struct store {
   sqlite3 *w, *r;
   sqlite3_stmt *ws[W_COUNT];
@@ -59,6 +69,9 @@ struct store {
   sqlite3_stmt *rfilter[2][STORE_FILTER_SHAPES];
   buf_t scratch; /* the reader's, reused: a record's run-level logs */
   char *path;
+  dev_t dev;  /* the file opened at path */
+  ino_t ino;
+  struct fence_set fence;
 };
 
 /* The writer's prepared statement for a static SQL text (its address is
@@ -102,6 +115,8 @@ int store__skill_change(store_t *s, const struct skill_row *r, err_t *e);
 int store__run_ended(store_t *s, const char *run_id, const char *status, err_t *e);
 /* store_stats.c, for tests: read the steps of every n-th run (n > 0), not a sample. */
 extern int store__stats_steps_mode;
+/* Free the fencing set (store_close). */
+void store__fence_free(store_t *s);
 /* Finalize store_flow.c's statements. */
 void store__flow_close(store_t *s);
 

@@ -339,9 +339,18 @@ int store_live_version(store_t *s, const char *skill, char *version, size_t n, e
 
 /* See store.h: each column that is not NULL, as a number or a string. */
 int store_get_steps(store_t *s, const char *run_id, cJSON **out, err_t *e) {
+  /* A step in flight when its process stopped also says how many of its
+  ** attempts were interrupted so far (they do not count against its
+  ** retries) and when the attempt in flight started (the previous one's
+  ** retry_at, or the step's start). */
   static const char sql[] =
     "SELECT seq, id, kind, status, output, error, attempts, started_at, ended_at, wake_at,"
-    " retry_at FROM steps WHERE run_id = ?1 ORDER BY seq";
+    " retry_at,"
+    " CASE WHEN status = 'running' THEN (SELECT count(*) FROM attempts a WHERE"
+    "  a.run_id = steps.run_id AND a.seq = steps.seq AND a.status = 'interrupted') END,"
+    " CASE WHEN status = 'running' THEN (SELECT a.retry_at FROM attempts a WHERE"
+    "  a.run_id = steps.run_id AND a.seq = steps.seq AND a.n = steps.attempts - 1) END"
+    " FROM steps WHERE run_id = ?1 ORDER BY seq";
   *out = NULL;
   sqlite3_stmt *st = store__rcached(s, sql, e);
   if (!st) return e->code;
@@ -349,11 +358,11 @@ int store_get_steps(store_t *s, const char *run_id, cJSON **out, err_t *e) {
   cJSON *arr = cJSON_CreateArray();
   static const char *const names[] = {"seq", "id", "kind", "status", "output", "error",
                                       "attempts", "started_at", "ended_at", "wake_at",
-                                      "retry_at"};
+                                      "retry_at", "interrupted", "attempt_started_at"};
   int rc;
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
     cJSON *o = cJSON_CreateObject();
-    for (int i = 0; i < 11; i++) {
+    for (int i = 0; i < 13; i++) {
       switch (sqlite3_column_type(st, i)) {
       case SQLITE_NULL: break;
       case SQLITE_INTEGER:
@@ -558,13 +567,22 @@ static cJSON *skill_record(store_t *s, sqlite3_stmt *st) {
   cJSON_AddItemToObject(o, "triggers", t ? t : cJSON_CreateArray());
   cJSON *versions = cJSON_AddArrayToObject(o, "versions");
   sqlite3_stmt *v = store__prep(s->r,
-    "SELECT version, loaded_at FROM versions WHERE skill = ?1 ORDER BY loaded_at, rowid", NULL);
+    "SELECT version, loaded_at, triggers FROM versions WHERE skill = ?1"
+    " ORDER BY loaded_at, rowid", NULL);
   if (v) {
     store__bind_text(v, 1, (const char *)sqlite3_column_text(st, 0));
     while (sqlite3_step(v) == SQLITE_ROW) {
       cJSON *x = cJSON_CreateObject();
       add_text(x, "version", v, 0);
       add_time(x, "loaded_at", v, 1);
+      /* Versions loaded before moonloop kept triggers have none: null. */
+      const char *vt = (const char *)sqlite3_column_text(v, 2);
+      cJSON *tj = vt ? cJSON_Parse(vt) : NULL;
+      if (tj && !cJSON_IsArray(tj)) { /* none: an empty Lua table, stored as {} */
+        cJSON_Delete(tj);
+        tj = cJSON_CreateArray();
+      }
+      cJSON_AddItemToObject(x, "triggers", tj ? tj : cJSON_CreateNull());
       cJSON_AddItemToArray(versions, x);
     }
     sqlite3_finalize(v);

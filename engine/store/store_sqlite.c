@@ -44,13 +44,17 @@
 #include "base/units.h"
 #include "store/store_db.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -150,6 +154,8 @@ static const char *const migrations[] = {
   "CREATE INDEX runs_event ON runs("
   "  CASE WHEN json_valid(trigger) THEN json_extract(trigger, '$.event.id') END)"
   "  WHERE trigger LIKE '{\"kind\":\"event\"%';",
+  /* 5: the triggers each version's latest load produced */
+  "ALTER TABLE versions ADD COLUMN triggers TEXT;",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -181,8 +187,9 @@ static const char *const wsql[W_COUNT] = {
     " ended_at, retry_at) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
   [W_LOG] = "INSERT INTO logs(run_id, seq, ts, level, msg) VALUES(?1,?2,?3,?4,?5)",
   [W_VERSION] =
-    "INSERT OR IGNORE INTO versions(version, skill, source, file, loaded_at)"
-    " VALUES(?1,?2,?3,?4,?5)",
+    "INSERT INTO versions(version, skill, source, file, loaded_at, triggers)"
+    " VALUES(?1,?2,?3,?4,?5,?6) ON CONFLICT(version) DO UPDATE SET"
+    " triggers = COALESCE(excluded.triggers, triggers)",
   [W_SKILL] =
     "INSERT INTO skills(id, version, file, description, triggers, error, updated_at)"
     " VALUES(?1,?2,?3,?4,?5,?6,?7) ON CONFLICT(id) DO UPDATE SET version = ?2,"
@@ -193,11 +200,68 @@ static const char *const wsql[W_COUNT] = {
 /* See store.h. */
 const char *store_path(const store_t *s) { return s->path; }
 
-/* Report the connection's last error as an ERR_IO with context. */
+/* Who else holds the write lock of the database at path, as words in buf
+** (", held by process 123 (moonloop), which is stopped"); "" when no other
+** process does, as far as this one can see. In WAL mode the writer's lock
+** is a POSIX lock on byte 120 of the -shm file (SQLite's WAL_WRITE_LOCK).
+** It is looked up in /proc/locks, never by opening the -shm file: closing
+** any descriptor of a file drops every POSIX lock this process holds on
+** it, SQLite's own included. */
+static void lock_holder(const char *path, char *buf, size_t n) {
+  buf[0] = 0;
+  if (!path || !*path) return;
+  char shm[PATH_MAX + 8];
+  snprintf(shm, sizeof shm, "%s-shm", path);
+  struct stat st;
+  if (stat(shm, &st) != 0) return;
+  FILE *f = fopen("/proc/locks", "r");
+  if (!f) return;
+  char line[256];
+  long pid = 0;
+  while (!pid && fgets(line, sizeof line, f)) {
+    char type[16];
+    long p;
+    unsigned maj, min;
+    unsigned long ino;
+    long long start;
+    if (sscanf(line, "%*d: POSIX %*s %15s %ld %x:%x:%lu %lld", type, &p, &maj, &min, &ino,
+               &start) == 6 && !strcmp(type, "WRITE") && ino == (unsigned long)st.st_ino &&
+        maj == major(st.st_dev) && min == minor(st.st_dev) && start == 120 &&
+        p != (long)getpid())
+      pid = p;
+  }
+  fclose(f);
+  if (!pid) return;
+  char pp[64], comm[64] = "?";
+  char state = 0;
+  snprintf(pp, sizeof pp, "/proc/%ld/stat", pid);
+  FILE *sf = fopen(pp, "r");
+  if (sf) {
+    if (fgets(line, sizeof line, sf)) {
+      char *open_paren = strchr(line, '('), *close_paren = strrchr(line, ')');
+      if (open_paren && close_paren && close_paren > open_paren) {
+        snprintf(comm, sizeof comm, "%.*s", (int)(close_paren - open_paren - 1), open_paren + 1);
+        state = close_paren[1] == ' ' ? close_paren[2] : 0;
+      }
+    }
+    fclose(sf);
+  }
+  snprintf(buf, n, ", held by process %ld (%s)%s", pid, comm,
+           state == 'T' || state == 't' ? ", which is stopped (SIGSTOP): it holds the lock until "
+           "it is continued or killed" : "");
+}
+
+/* Report the connection's last error as an ERR_IO with context; a busy
+** database (ERR_BUSY) says who holds its write lock. */
 int store__db_err(err_t *e, sqlite3 *db, const char *what) {
   int code = sqlite3_errcode(db);
-  return err_set(e, code == SQLITE_BUSY || code == SQLITE_LOCKED ? ERR_BUSY : ERR_IO,
-                 "store: %s: %s", what, sqlite3_errmsg(db));
+  if (code == SQLITE_BUSY || code == SQLITE_LOCKED) {
+    char who[300];
+    lock_holder(sqlite3_db_filename(db, "main"), who, sizeof who);
+    return err_set(e, ERR_BUSY, "store: %s: %s: the database's write lock was not free for 10 s%s",
+                   what, sqlite3_errmsg(db), who);
+  }
+  return err_set(e, ERR_IO, "store: %s: %s", what, sqlite3_errmsg(db));
 }
 
 /* Run sql (one or more statements, no parameters) on db; ERR_IO with the
@@ -312,9 +376,115 @@ static int use_wal(sqlite3 *db, err_t *e) {
   }
 }
 
+/* ---- the file under the path ----
+**
+** The engine writes into the file it opened. If that file is deleted (or
+** another put in its place) while it runs, every commit would be
+** acknowledged into a file no one will read again: the engine would look
+** healthy and lose everything at its next start. So the store checks,
+** before every commit and when asked (the engine's tick), that the path
+** still names the file it has open (SQLite's SQLITE_FCNTL_HAS_MOVED: a
+** stat of the path against the open file's inode). And a new database is
+** not created at a path where a process still has a deleted one open: a
+** writer (moonloop send) would write where that engine never reads. */
+
+/* The path of the file descriptor of this process that has the file
+** (dev, ino) open, as "/proc/PID/fd/N", in buf; "" when none is found. */
+static void own_fd_of(dev_t dev, ino_t ino, char *buf, size_t n) {
+  buf[0] = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return;
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    int fd = atoi(de->d_name);
+    struct stat st;
+    if (de->d_name[0] != '.' && fstat(fd, &st) == 0 && st.st_dev == dev && st.st_ino == ino) {
+      snprintf(buf, n, "/proc/%ld/fd/%d", (long)getpid(), fd);
+      break;
+    }
+  }
+  closedir(d);
+}
+
+/* Whether the path no longer names the file db has open; ERR_IO saying so. */
+static int check_moved(store_t *s, sqlite3 *db, err_t *e) {
+  int moved = 0;
+  if (sqlite3_file_control(db, "main", SQLITE_FCNTL_HAS_MOVED, &moved) != SQLITE_OK || !moved)
+    return 0;
+  struct stat st;
+  int gone = stat(s->path, &st) != 0;
+  char fd[64];
+  own_fd_of(s->dev, s->ino, fd, sizeof fd);
+  return err_set(e, ERR_IO, "the database file '%s' was %s while this process had it open: "
+                 "writes are refused from now on (nothing more is acknowledged into a file no "
+                 "one will read). What was written before is in the file this process still "
+                 "has open%s%s%s. Stop this process, put the right file at that path, and start "
+                 "again", s->path, gone ? "deleted" : "replaced by another file",
+                 *fd ? " (" : "", fd, *fd ? " while it runs)" : "");
+}
+
+/* See store.h: through the reader (the caller's thread's connection). */
+int store_check_file(store_t *s, err_t *e) { return check_moved(s, s->r, e); }
+
+/* A process that still has a deleted file named path open (its pid, and
+** its name in comm), found through /proc; 0 when none is (or /proc cannot
+** tell: other users' processes are not visible). */
+static long deleted_holder(const char *path, char *comm, size_t ncomm) {
+  char dir[PATH_MAX], full[PATH_MAX + 16], want[PATH_MAX + 32];
+  const char *slash = strrchr(path, '/');
+  const char *base = slash ? slash + 1 : path;
+  snprintf(full, sizeof full, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+  if (slash == path) snprintf(full, sizeof full, "/");
+  if (!realpath(full, dir)) return 0;
+  snprintf(want, sizeof want, "%s%s%s (deleted)", dir, strcmp(dir, "/") ? "/" : "", base);
+  long found = 0;
+  DIR *proc = opendir("/proc");
+  struct dirent *p;
+  while (proc && !found && (p = readdir(proc))) {
+    long pid = atol(p->d_name);
+    if (pid <= 0 || pid == (long)getpid()) continue;
+    char fdir[64];
+    snprintf(fdir, sizeof fdir, "/proc/%ld/fd", pid);
+    DIR *fds = opendir(fdir);
+    struct dirent *f;
+    while (fds && !found && (f = readdir(fds))) {
+      char link[sizeof fdir + 260], target[PATH_MAX + 32];
+      snprintf(link, sizeof link, "%s/%s", fdir, f->d_name);
+      ssize_t n = readlink(link, target, sizeof target - 1);
+      if (n <= 0) continue;
+      target[n] = 0;
+      if (!strcmp(target, want)) found = pid;
+    }
+    if (fds) closedir(fds);
+  }
+  if (proc) closedir(proc);
+  comm[0] = 0;
+  if (found) {
+    char cpath[64];
+    snprintf(cpath, sizeof cpath, "/proc/%ld/comm", found);
+    FILE *c = fopen(cpath, "r");
+    if (c) {
+      if (fgets(comm, (int)ncomm, c)) comm[strcspn(comm, "\n")] = 0;
+      fclose(c);
+    }
+  }
+  return found;
+}
+
 /* See store.h: the writer first (WAL, durability, migrations, its
 ** statements), then the reader. */
 int store_open(const char *path, enum store_durability d, store_t **out, err_t *e) {
+  struct stat st;
+  if (stat(path, &st) != 0 && errno == ENOENT) {
+    char comm[64];
+    long pid = deleted_holder(path, comm, sizeof comm);
+    if (pid)
+      return err_set(e, ERR_IO, "there is no database at '%s', but process %ld (%s) still has a "
+                     "deleted file of that name open: it was deleted while in use. Nothing was "
+                     "written: a new database there would be one that process never reads. "
+                     "Stop it first (its log says where its data is), or use another --db",
+                     path, pid, *comm ? comm : "?");
+  }
   /* SQLite's memory statistics take a global mutex on every allocation,
   ** which the loop and commit threads would contend for; nothing reads
   ** them. Only possible before SQLite initializes (later: a no-op). */
@@ -327,6 +497,10 @@ int store_open(const char *path, enum store_durability d, store_t **out, err_t *
   if (!s) return err_set(e, ERR_NOMEM, "out of memory");
   s->path = strdup(path);
   if (open_conn(path, &s->w, e)) goto fail;
+  if (stat(path, &st) == 0) {
+    s->dev = st.st_dev;
+    s->ino = st.st_ino;
+  }
   if (use_wal(s->w, e)) {
     /* The first read of the file: where a file that is not SQLite shows. */
     if ((sqlite3_errcode(s->w) & 0xff) == SQLITE_NOTADB)
@@ -362,6 +536,7 @@ void store_close(store_t *s) {
   store__flow_close(s);
   for (int i = 0; i < STORE_CACHED_STMTS; i++) sqlite3_finalize(s->cache[i].st);
   store__read_close(s);
+  store__fence_free(s);
   sqlite3_close(s->w);
   sqlite3_close(s->r);
   free(s->path);
@@ -535,6 +710,7 @@ static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
     store__bind_text(st, 3, r->source);
     store__bind_text(st, 4, r->file);
     sqlite3_bind_int64(st, 5, r->loaded_at);
+    store__bind_text(st, 6, r->triggers);
     return store__step(s, st, e, "recording a skill version");
   }
   case J_SKILL: {
@@ -556,29 +732,209 @@ static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
   return err_set(e, ERR_INTERNAL, "store: unknown journal entry kind %d", (int)je->kind);
 }
 
+/* ---- fencing ----
+**
+** A group that names an owner commits only what that owner may write: its
+** lease must exist (renewed in the same transaction), and every entry that
+** writes for a run (journal_run_of) must be for a run that owner holds, as
+** the runs table says. A process that lost a run (its lease was reaped,
+** the run was taken with run --resume or cancelled as unowned) can then
+** never write over whoever has it now, even under a new lease of its own.
+** New runs must be the owner's or nobody's.
+**
+** Checking the runs table for every entry would cost the commit thread a
+** lookup per step. It need not: while an owner's lease never expires from
+** one renewal to the next, no other process may take or end its runs
+** (reaping, claiming, run --resume and cancelling an unowned run all need
+** the lease dead: expired, or its process gone), and only the owner itself
+** renews its lease. So the runs found to be the owner's stay known to be
+** (s->fence, across transactions) until one of these: a renewal finds the
+** lease expired (another process may have acted meanwhile: check again),
+** another owner commits, a transaction fails (it may have created runs that
+** are gone again), or the run ends (once its end is committed; within the
+** transaction it still writes its last entries: its parent's delivery, an
+** on_failure run). */
+
+/* Slot states of the set. */
+enum { FS_FREE, FS_USED, FS_GONE };
+
+static uint64_t fence_hash(const char *id) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *id; id++) h = (h ^ (unsigned char)*id) * 1099511628211ull;
+  return h;
+}
+
+/* The slot of id in the set, or -1. */
+static long fence_find(const struct fence_set *f, const char *id) {
+  if (!f->cap) return -1;
+  size_t i = (size_t)fence_hash(id) & (f->cap - 1);
+  for (size_t k = 0; k < f->cap; k++, i = (i + 1) & (f->cap - 1)) {
+    if (f->state[i] == FS_FREE) return -1;
+    if (f->state[i] == FS_USED && !strcmp(f->ids[i], id)) return (long)i;
+  }
+  return -1;
+}
+
+/* Forget every run (and the owner). */
+static void fence_clear(struct fence_set *f) {
+  if (f->state) memset(f->state, FS_FREE, f->cap);
+  f->n = f->gone = 0;
+  f->owner[0] = 0;
+}
+
+/* Remember id (a ULID) as the owner's; best effort: a set that cannot grow
+** only means another lookup later. */
+static void fence_add(struct fence_set *f, const char *id) {
+  if (strlen(id) >= sizeof f->ids[0] || fence_find(f, id) >= 0) return;
+  if ((f->n + f->gone + 1) * 4 > f->cap * 3) {
+    /* Grow (or just sweep the tombstones), rehashing what is kept. */
+    size_t cap = f->n * 2 + 2 > f->cap / 2 ? (f->cap ? f->cap * 2 : 1024) : f->cap;
+    char (*ids)[27] = malloc(cap * sizeof *ids);
+    unsigned char *state = calloc(cap, 1);
+    if (!ids || !state) {
+      free(ids), free(state);
+      return;
+    }
+    for (size_t i = 0; i < f->cap; i++) {
+      if (f->state[i] != FS_USED) continue;
+      size_t k = (size_t)fence_hash(f->ids[i]) & (cap - 1);
+      while (state[k] == FS_USED) k = (k + 1) & (cap - 1);
+      memcpy(ids[k], f->ids[i], sizeof ids[k]);
+      state[k] = FS_USED;
+    }
+    free(f->ids), free(f->state);
+    f->ids = ids, f->state = state, f->cap = cap, f->gone = 0;
+  }
+  size_t i = (size_t)fence_hash(id) & (f->cap - 1);
+  while (f->state[i] == FS_USED) i = (i + 1) & (f->cap - 1);
+  if (f->state[i] == FS_GONE) f->gone--;
+  snprintf(f->ids[i], sizeof f->ids[i], "%s", id);
+  f->state[i] = FS_USED;
+  f->n++;
+}
+
+static void fence_remove(struct fence_set *f, const char *id) {
+  long i = fence_find(f, id);
+  if (i < 0) return;
+  f->state[i] = FS_GONE;
+  f->n--;
+  f->gone++;
+}
+
+/* See store_db.h. */
+void store__fence_free(store_t *s) {
+  free(s->fence.ids);
+  free(s->fence.state);
+  memset(&s->fence, 0, sizeof s->fence);
+}
+
+/* 0 when owner holds run_id; else ERR_CONFLICT, saying who does. */
+static int fence_check(store_t *s, const char *owner, const char *run_id, err_t *e) {
+  if (fence_find(&s->fence, run_id) >= 0) return 0;
+  sqlite3_stmt *st = store__cached(s, "SELECT owner, status FROM runs WHERE id = ?1", e);
+  if (!st) return e->code;
+  store__bind_text(st, 1, run_id);
+  int rc = sqlite3_step(st);
+  const char *holder = rc == SQLITE_ROW ? (const char *)sqlite3_column_text(st, 0) : NULL;
+  if (rc == SQLITE_ROW && holder && !strcmp(holder, owner)) {
+    sqlite3_reset(st);
+    fence_add(&s->fence, run_id);
+    return 0;
+  }
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+    store__db_err(e, s->w, "checking a run's owner");
+  } else if (rc == SQLITE_DONE) {
+    err_set(e, ERR_CONFLICT, "fenced: run %s does not exist (this process is %s)", run_id,
+            owner);
+  } else {
+    err_set(e, ERR_CONFLICT, "fenced: run %s is %s, held by %s, not by this process (%s)",
+            run_id, (const char *)sqlite3_column_text(st, 1), holder ? holder : "no process",
+            owner);
+  }
+  sqlite3_reset(st);
+  return e->code;
+}
+
+/* The fencing check of one entry (see above). */
+static int fence_entry(store_t *s, const char *owner, const struct jentry *je, err_t *e) {
+  const struct run_row *nr = je->kind == J_RUN_NEW ? &je->u.run
+                             : je->kind == J_CRON && je->u.cron.run.id ? &je->u.cron.run : NULL;
+  if (nr && nr->owner && strcmp(nr->owner, owner))
+    return err_set(e, ERR_CONFLICT, "fenced: a new run (%s) for another owner (%s) in a group "
+                   "of %s", nr->id, nr->owner, owner);
+  const char *run = journal_run_of(je);
+  if (run && fence_check(s, owner, run, e)) return e->code;
+  if (nr && nr->owner) fence_add(&s->fence, nr->id);
+  return 0;
+}
+
+/* Renew owner's lease until `expires` inside the open transaction:
+** ERR_CONFLICT when it is gone. Found expired (not yet reaped), the runs
+** known to be its own are checked again. */
+static int renew_lease(store_t *s, const char *owner, int64_t expires, err_t *e) {
+  if (strcmp(s->fence.owner, owner)) {
+    fence_clear(&s->fence);
+    snprintf(s->fence.owner, sizeof s->fence.owner, "%s", owner);
+  }
+  sqlite3_stmt *q = store__cached(s, "SELECT expires_at FROM leases WHERE owner = ?1", e);
+  if (!q) return e->code;
+  store__bind_text(q, 1, owner);
+  int rc = sqlite3_step(q);
+  int64_t was = rc == SQLITE_ROW ? sqlite3_column_int64(q, 0) : 0;
+  sqlite3_reset(q);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return store__db_err(e, s->w, "reading the lease");
+  if (rc == SQLITE_DONE)
+    return err_set(e, ERR_CONFLICT, "lease lost: another process took over the runs of %s",
+                   owner);
+  if (was < units_now_ms()) {
+    fence_clear(&s->fence);
+    snprintf(s->fence.owner, sizeof s->fence.owner, "%s", owner);
+  }
+  sqlite3_stmt *st = s->ws[W_LEASE_RENEW];
+  store__bind_text(st, 1, owner);
+  sqlite3_bind_int64(st, 2, expires);
+  return store__step(s, st, e, "renewing the lease");
+}
+
 /* See store.h: renew the lease (fencing), write every entry, commit; roll
 ** back on any failure. */
 int store_commit(store_t *s, const journal_t *j, err_t *e) {
   if (store__step(s, s->ws[W_BEGIN], e, "beginning a transaction")) return e->code;
   int64_t expires;
   const char *owner = journal_owner(j, &expires);
-  if (owner) {
-    sqlite3_stmt *st = s->ws[W_LEASE_RENEW];
-    store__bind_text(st, 1, owner);
-    sqlite3_bind_int64(st, 2, expires);
-    if (store__step(s, st, e, "renewing the lease")) goto fail;
-    if (sqlite3_changes(s->w) == 0) {
-      err_set(e, ERR_CONFLICT, "lease lost: another process took over the runs of %s", owner);
+  journal_set_fenced(j, -1);
+  /* A group tried again must not keep the answers of the attempt that
+  ** failed (they were rolled back with it). */
+  for (size_t i = 0, n = journal_count(j); i < n; i++) {
+    const struct jentry *je = journal_entry(j, i);
+    if (je->result) journal_set_result(je, NULL);
+  }
+  if (owner && renew_lease(s, owner, expires, e)) goto fail;
+  int ended = 0;
+  for (size_t i = 0, n = journal_count(j); i < n; i++) {
+    const struct jentry *je = journal_entry(j, i);
+    if (je->dropped) continue;
+    if (owner && fence_entry(s, owner, je, e)) {
+      if (e->code == ERR_CONFLICT) journal_set_fenced(j, (long)i);
       goto fail;
     }
+    if (write_entry(s, je, e)) goto fail;
+    ended |= je->kind == J_RUN_SET && store__is_terminal(je->u.set.status);
   }
-  for (size_t i = 0, n = journal_count(j); i < n; i++)
-    if (write_entry(s, journal_entry(j, i), e)) goto fail;
+  /* Last, just before it counts: is the file still the one at the path? */
+  if (check_moved(s, s->w, e)) goto fail;
   fault_point("commit");
   if (store__step(s, s->ws[W_COMMIT], e, "committing")) goto fail;
+  /* Runs that ended are no one's now. */
+  for (size_t i = 0, n = ended ? journal_count(j) : 0; i < n; i++) {
+    const struct jentry *je = journal_entry(j, i);
+    if (!je->dropped && je->kind == J_RUN_SET && store__is_terminal(je->u.set.status))
+      fence_remove(&s->fence, je->u.set.run_id);
+  }
   return 0;
 fail:
   store__step(s, s->ws[W_ROLLBACK], NULL, "rolling back");
+  fence_clear(&s->fence);
   return e->code;
 }
 

@@ -136,6 +136,140 @@ end }""")
         ticks = [r["trigger"]["tick"] for r in self.runs_of("tick")]
         self.assertEqual(len(ticks), len(set(ticks)), "a tick fired twice")
 
+    PARALLEL = """
+return { id = "par", retries = 0, run = function(ctx)
+  local r = ctx.step.parallel("p", {
+    function() return http.get_json(env.STANDIN .. "/b1").n end,
+    function() return http.get_json(env.STANDIN .. "/b2").n end,
+  })
+  local ok, err = pcall(ctx.step.parallel, "q", {
+    function() return 1 end,
+    function() error(fatal("branch two broke")) end,
+  })
+  ctx.step.sleep("nap", "2s")
+  local after = ctx.step.run("after", function() return http.get_json(env.STANDIN .. "/after").n end)
+  return { r = r, after = after, caught = tostring(err), step = type(err) == "table" and err.step or nil }
+end }"""
+
+    def check_parallel_run(self, rid):
+        t = self.w.trace(rid)
+        self.assertEqual(t["status"], "completed", t.get("error"))
+        self.assertEqual(t["output"], {"r": [1, 1], "after": 1, "step": "q/2",
+                                       "caught": "step 'q' failed: step 'q/2' failed: branch two broke"})
+        self.assertEqual([s["id"] for s in t["steps"]], ["p", "p/1", "p/2", "q", "q/1", "q/2", "nap", "after"])
+        # The replay ran no completed body again, and nothing after the parallels twice.
+        self.assertEqual((self.si.count("/b1"), self.si.count("/b2"), self.si.count("/after")), (1, 1, 1))
+
+    def test_a_run_past_completed_and_failed_parallels_survives_kill_9(self):
+        self.skill("par", self.PARALLEL)
+        p = self.serve()
+        rid = self.w.ml("invoke", "par", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["status"] == "sleeping", what="the nap")
+        kill9(p)
+        self.serve()
+        wait_until(lambda: self.w.trace(rid)["status"] in ("completed", "failed"), what="the run's end")
+        self.check_parallel_run(rid)
+
+    def test_a_run_past_completed_and_failed_parallels_survives_a_clean_restart(self):
+        self.skill("par", self.PARALLEL)
+        p = self.serve()
+        rid = self.w.ml("invoke", "par", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["status"] == "sleeping", what="the nap")
+        p.terminate()
+        self.assertEqual(p.wait(timeout=20), 0)
+        self.serve()
+        wait_until(lambda: self.w.trace(rid)["status"] in ("completed", "failed"), what="the run's end")
+        self.check_parallel_run(rid)
+
+    def test_a_replay_that_leaves_the_journal_fails_even_inside_pcall(self):
+        # Code outside steps that is not deterministic (here: a step id
+        # made from the clock) reaches another step on replay; a pcall around it must not let
+        # the run go on mixing two histories.
+        self.skill("coin", """
+return { id = "coin", run = function(ctx)
+  local id = string.format("s%d%06d", os.time(), math.floor(os.clock() * 1e6))
+  local ok, err = pcall(ctx.step.run, id, function() return 1 end)
+  ctx.step.sleep("nap", "2s")
+  ctx.step.run("after", function() return http.get_json(env.STANDIN .. "/after").n end)
+  return tostring(err)
+end }""")
+        p = self.serve()
+        rid = self.w.ml("invoke", "coin", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["status"] == "sleeping", what="the nap")
+        kill9(p)
+        self.serve()
+        wait_until(lambda: self.w.trace(rid)["status"] in ("completed", "failed"), what="the run's end")
+        t = self.w.trace(rid)
+        self.assertEqual(t["status"], "failed", t.get("output"))
+        self.assertRegex(t["error"]["message"], r"^skills/coin.lua:4: the code no longer matches this run's journal: "
+                         r"step 1 is 's\d+' \(run\) in the journal, but the code reached 's\d+' \(run\)$")
+        self.assertEqual(self.si.count("/after"), 0)
+
+    def test_a_step_cut_by_kills_shows_its_interrupted_attempts_and_the_rerun(self):
+        self.skill("cut", """
+return { id = "cut", retries = 0, run = function(ctx)
+  return ctx.step.run("call", function()
+    return { n = http.get_json(env.STANDIN .. "/slow").n, attempt = ctx.attempt }
+  end)
+end }""")
+        answer = threading.Event()
+
+        def slow(h, b, n):
+            if n < 3:  # the first two calls never get their answer: the engine is killed
+                answer.wait(30)
+            return 200, {"n": n}
+        self.si.routes["/slow"] = slow
+        p = self.serve()
+        rid = self.w.ml("invoke", "cut", check=0).stdout.strip()
+        for calls in (1, 2):
+            wait_until(lambda: self.si.count("/slow") == calls, what="call %d" % calls)
+            wait_until(lambda: self.w.trace(rid)["steps"], what="the step's running row")
+            kill9(p)
+            p = self.serve()
+        wait_until(lambda: self.w.trace(rid)["status"] == "completed", timeout=20, what="the run")
+        answer.set()
+        t = self.w.trace(rid)
+        # retries = 0, yet it completed: interrupted attempts are no failures.
+        self.assertEqual(t["output"], {"n": 3, "attempt": 3})
+        atts = t["steps"][0]["attempts"]
+        self.assertEqual([(a["n"], a["status"]) for a in atts],
+                         [(1, "interrupted"), (2, "interrupted"), (3, "completed")])
+        self.assertIn("stopped before it ended", atts[0]["error"])
+        # Each attempt shows when it started: the rerun at the time it ran again.
+        self.assertLess(atts[0]["started_at"], atts[1]["started_at"])
+        self.assertLess(atts[1]["started_at"], atts[2]["started_at"])
+        self.assertEqual(atts[0]["retry_at"], atts[1]["started_at"])
+        self.assertIsNone(atts[0]["ended_at"])
+        text = self.w.ml("trace", rid, check=0).stdout
+        self.assertIn("attempt 1 interrupted: the process running this attempt stopped", text)
+        self.assertIn("attempt 3 completed", text)
+
+    def test_steps_that_failed_to_start_raise_the_same_error_on_replay(self):
+        # An invoke of a skill that did not exist, and an event over the
+        # limit: both failed steps. A replay raises their errors again; it
+        # does not try again (here the skill exists by then).
+        self.w.write("moonloop.conf.lua", 'return { env = { "STANDIN" }, limits = { event = "1KB" } }')
+        self.skill("p", """
+return { id = "p", run = function(ctx)
+  local _, inv = pcall(ctx.step.invoke, "c", { skill = "later" })
+  local _, sent = pcall(ctx.step.send_event, "s", { name = "x", data = string.rep("a", 2000) })
+  ctx.step.sleep("nap", "2s")
+  return { inv = tostring(inv), sent = tostring(sent) }
+end }""")
+        p = self.serve()
+        rid = self.w.ml("invoke", "p", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["status"] == "sleeping", what="the nap")
+        kill9(p)
+        self.skill("later", 'return { id = "later", run = function(ctx) return 1 end }')
+        self.serve()
+        wait_until(lambda: self.w.trace(rid)["status"] in ("completed", "failed"), what="the run's end")
+        t = self.w.trace(rid)
+        self.assertEqual(t["output"], {
+            "inv": "step 'c' failed: cannot invoke 'later': no skill 'later' is registered",
+            "sent": "step 's' failed: event 1 is 2.0 KB, over the limit of 1.0 KB (limits.event)"})
+        self.assertEqual([s["status"] for s in t["steps"]], ["failed", "failed", "completed"])
+        self.assertEqual(self.runs_of("later"), [])
+
     def test_evicted_parked_runs_wake_by_replay(self):
         self.w.write("moonloop.conf.lua", 'return { env = { "STANDIN" }, limits = { parked_runs = 20 } }')
         self.skill("nap", """

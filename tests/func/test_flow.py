@@ -248,3 +248,41 @@ end }""")
         self.assertNotIn("catch_up", new[1]["trigger"])
         text = self.w.ml("trace", new[0]["id"], check=0).stdout
         self.assertIn("tick %s (catch-up after downtime)" % new[0]["trigger"]["tick"], text)
+
+
+class CronFromEnvTest(SkillsTestCase):
+    env_names = ("STANDIN", "CRON")
+
+    def test_a_catch_up_after_a_restart_follows_the_live_triggers(self):
+        # The expression comes from env: the same source is the same version,
+        # whatever its triggers. A restart with another expression must not
+        # catch up the ticks of the one the last start had.
+        self.skill("tick", """
+return { id = "tick", triggers = { { cron = env.CRON } }, run = function(ctx)
+  return ctx.trigger.cron
+end }""")
+        every_second, yearly = "* * * * * *", "0 0 1 1 *"
+        p = self.w.serve("--workspace", "skills", env={"CRON": every_second})
+        wait_until(lambda: len(self.runs_of("tick", "completed")) >= 2, what="two ticks")
+        p.terminate()
+        self.assertEqual(p.wait(timeout=20), 0)
+        before = len(self.runs_of("tick"))
+        time.sleep(2.5)  # ticks missed
+        p = self.w.serve("--workspace", "skills", env={"CRON": yearly})
+        time.sleep(2)
+        runs = self.runs_of("tick")
+        self.assertEqual(len(runs), before, [r["trigger"] for r in runs])
+        # The version keeps the triggers its latest load produced.
+        rec = json.loads(self.w.ml("skills", "--json", check=0).stdout)
+        tick = [s for s in (rec if isinstance(rec, list) else rec["skills"]) if s["id"] == "tick"][0]
+        self.assertEqual(tick["triggers"], [{"cron": yearly}])
+        self.assertEqual(tick["versions"][-1]["triggers"], [{"cron": yearly}])
+        p.terminate()
+        self.assertEqual(p.wait(timeout=20), 0)
+        # Back to every second: the live expression catches up once.
+        time.sleep(1.5)
+        self.w.serve("--workspace", "skills", env={"CRON": every_second})
+        wait_until(lambda: [r for r in self.runs_of("tick") if r["trigger"].get("catch_up")],
+                   what="the catch-up of the live expression")
+        catch_up = [r for r in self.runs_of("tick") if r["trigger"].get("catch_up")]
+        self.assertEqual([r["trigger"]["cron"] for r in catch_up], [every_second])

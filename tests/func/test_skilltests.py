@@ -179,6 +179,43 @@ class SkillTestsTest(TestCase):
         r = self.w.ml("test", "m", check=0)
         self.assertIn("2 passed, 0 failed", r.stdout)
 
+    def test_every_run_is_replayed_and_a_replay_that_goes_its_own_way_fails(self):
+        # Outside steps: an extra step when the clock says so, an output read
+        # from the clock, a random step id; and a deterministic skill that passes.
+        self.w.write("r/extra.lua", 'return { run = function(ctx)\n'
+                     '  local a = ctx.step.run("a", function() return 1 end)\n'
+                     '  if os.time() > 1767614400 + 1800 then\n'
+                     '    ctx.step.run("extra", function() return 2 end)\n'
+                     '  end\n'
+                     '  return a\n'
+                     'end }\n')
+        self.w.write("r/clock.lua", 'return { run = function(ctx)\n'
+                     '  ctx.step.run("a", function() return 1 end)\n'
+                     '  return { at = os.time() }\n'
+                     'end }\n')
+        self.w.write("r/fine.lua", 'return { retries = 1, backoff = "1s", run = function(ctx)\n'
+                     '  local t = ctx.step.run("t", function() return os.time() end)\n'
+                     '  local ok = pcall(ctx.step.run, "flaky", function() error("no") end)\n'
+                     '  local p = ctx.step.parallel("p", { function() return t end, function() return 2 end })\n'
+                     '  ctx.step.sleep("nap", "1h")\n'
+                     '  return { t = t, ok = ok, p = p }\n'
+                     'end }\n')
+        for name in ("extra", "clock", "fine"):
+            self.w.write("r/%s_test.lua" % name, 'local t = test.skill("%s.lua")\n'
+                         't:case("%s", function(c)\n'
+                         '  c:at("2026-01-05T12:00:00Z")\n'
+                         '  c:run({})\n'
+                         'end)\nreturn t\n' % (name, name))
+        r = self.w.ml("test", "r", check=1)
+        lines = r.stdout.splitlines()
+        self.assertEqual(lines[-1], "1 passed, 2 failed", r.stdout)
+        self.assertIn('r/clock_test.lua:4: FAIL clock: replaying the run from its journal (as an engine '
+                      'does after a crash): the run completed with {"at":1767614400}, the replay '
+                      'completed with {"at":1767618000}. Code outside step bodies', r.stdout)
+        self.assertIn("r/extra_test.lua:4: FAIL extra: r/extra.lua:4: replaying the run from its journal "
+                      "(as an engine does after a crash) reached step 'extra' and would run it: the run "
+                      "had not taken that step there.", r.stdout)
+
     def test_registered_skill_by_id(self):
         self.w.write("ws/greet.lua", 'return { id = "greet", run = function(ctx)\n'
                      '  return ctx.step.run("hello", function() return "hi " .. ctx.input.name end)\n'

@@ -28,6 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 lock = threading.Lock()
 inflight = 0
 max_inflight = 0
+marks = {}  # /mark/KEY counts
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -88,6 +89,15 @@ class Handler(BaseHTTPRequestHandler):
         elif head == "redirect-to":
             target = urllib.parse.parse_qs(u.query)["url"][0]
             self.send(302, b"moved", [("Location", target)])
+        elif head == "mark":  # count a request under a key; answer its count
+            with lock:
+                marks[arg] = marks.get(arg, 0) + 1
+                n = marks[arg]
+            self.send(200, str(n).encode())
+        elif head == "seen":  # how many /mark/KEY requests arrived
+            with lock:
+                n = marks.get(arg, 0)
+            self.send(200, str(n).encode())
         elif head == "big":
             self.send(200, b"x" * int(arg))
         elif head == "chunked":

@@ -22,14 +22,17 @@ SRC = os.environ.get("MOONLOOP_SRC") or os.path.join(os.path.dirname(__file__), 
 
 
 def wait_until(pred, timeout=10.0, interval=0.02, what="condition"):
-    """Poll pred() until it returns a true value; fail after timeout."""
+    """Poll pred() until it returns a true value; fail after timeout. what
+    names the condition in the failure (a callable: called then, to show the
+    state at the time)."""
     end = time.time() + timeout
     while True:
         v = pred()
         if v:
             return v
         if time.time() > end:
-            raise AssertionError("timed out after %.1fs waiting for %s" % (timeout, what))
+            raise AssertionError("timed out after %.1fs waiting for %s" % (
+                timeout, what() if callable(what) else what))
         time.sleep(interval)
 
 

@@ -671,6 +671,73 @@ TEST(only_http_and_https) {
 }
 
 /* httpc_close with requests in flight: no callback fires, everything closes. */
+/* The gate: a gated request is not sent while the gate is closed, and is
+** sent once it opens; cancelling or closing frees a held one. */
+static int gate_flag;
+static int gate_closed(void *arg) {
+  (void)arg;
+  return gate_flag;
+}
+
+static void stop_loop(uv_timer_t *t) { uv_stop(t->loop); }
+
+/* Run the loop for ms. */
+static void run_for(uv_loop_t *loop, uint64_t ms) {
+  uv_timer_t t;
+  uv_timer_init(loop, &t);
+  uv_timer_start(&t, stop_loop, ms, 0);
+  uv_run(loop, UV_RUN_DEFAULT);
+  uv_close((uv_handle_t *)&t, NULL);
+  uv_run(loop, UV_RUN_NOWAIT);
+}
+
+TEST(a_gated_request_waits_for_the_gate) {
+  uv_loop_t loop;
+  httpc_t *h = setup(&loop);
+  httpc_set_gate(h, gate_closed, NULL);
+  gate_flag = 1;
+  struct got g = {0}, u = {0}, seen = {0};
+  struct httpc_req gr = {.url = url("/mark/gated"), .gated = 1};
+  struct httpc_req ur = {.url = url("/mark/free")};
+  start(h, &gr, on_got, &g);
+  start(h, &ur, on_got, &u);
+  run_for(&loop, 300);
+  CHECK_INT_EQ(u.fired, 1); /* not gated: it went out */
+  CHECK_INT_EQ(g.fired, 0);
+  CHECK_INT_EQ(httpc_held(h), 1);
+  CHECK_INT_EQ(httpc_active(h), 1);
+  struct httpc_req sr = {.url = url("/seen/gated")};
+  start(h, &sr, on_got, &seen);
+  run_for(&loop, 300);
+  CHECK_STR_EQ(seen.body, "0"); /* the peer never saw it */
+  gate_flag = 0;
+  httpc_gate_open(h);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  CHECK_INT_EQ(g.fired, 1);
+  CHECK_INT_EQ(g.status, 200);
+  CHECK_STR_EQ(g.body, "1"); /* sent once */
+  CHECK_INT_EQ(httpc_held(h), 0);
+  got_free(&g), got_free(&u), got_free(&seen);
+
+  /* Held, then cancelled: freed, its callback never fires. */
+  gate_flag = 1;
+  struct cancel_ctx c = {.h = h};
+  struct httpc_req cr = {.url = url("/mark/cancelled"), .gated = 1};
+  httpc_xfer *x = start(h, &cr, count_cb, &c);
+  run_for(&loop, 300);
+  CHECK_INT_EQ(httpc_held(h), 1);
+  httpc_cancel(x);
+  CHECK_INT_EQ(httpc_held(h), 0);
+  CHECK_INT_EQ(httpc_active(h), 0);
+  /* Held when the client closes: freed with it (teardown checks the handles). */
+  struct httpc_req lr = {.url = url("/mark/left"), .gated = 1};
+  start(h, &lr, count_cb, &c);
+  run_for(&loop, 300);
+  CHECK_INT_EQ(httpc_held(h), 1);
+  teardown(&loop, h);
+  CHECK_INT_EQ(c.fired, 0);
+}
+
 static void close_now(uv_timer_t *t) {
   struct cancel_ctx *c = t->data;
   CHECK_INT_EQ(httpc_active(c->h), 40);
@@ -734,6 +801,7 @@ int main(void) {
   RUN(redirects_followed);
   RUN(only_http_and_https);
   RUN(close_with_transfers_in_flight);
+  RUN(a_gated_request_waits_for_the_gate);
   peer_stop();
   return test_summary();
 }

@@ -169,6 +169,118 @@ TEST(a_group_is_fenced_by_its_lease) {
   store_close(s);
 }
 
+/* A step of run id as the process owner writes it. */
+static journal_t *step_group(const char *owner, const char *id, const char *output) {
+  journal_t *j = journal_new();
+  journal_set_owner(j, owner, units_now_ms() + 60000);
+  struct step_row st = {.run_id = id, .seq = 1, .id = "s", .kind = "run", .status = "completed",
+                        .output = output, .attempts = 1, .started_at = 1, .ended_at = 2};
+  journal_step(j, &st);
+  return j;
+}
+
+TEST(a_write_for_a_run_another_process_holds_never_lands) {
+  store_t *s = open_db();
+  int64_t far = units_now_ms() + 60000;
+  CHECK(take_lease(s, "A", (long)getpid(), proc_start_time(getpid()), far) == 0);
+  CHECK(take_lease(s, "B", (long)getpid(), proc_start_time(getpid()), far) == 0);
+  journal_t *j = journal_new();
+  journal_set_owner(j, "B", far);
+  new_run(j, "01TAKEN", "running", "B");
+  struct step_row st = {.run_id = "01TAKEN", .seq = 1, .id = "s", .kind = "run",
+                        .status = "completed", .output = "2", .attempts = 1};
+  journal_step(j, &st);
+  err_t e;
+  CHECK(store_commit(s, j, &e) == 0); /* B's own new run and its step */
+  CHECK_INT_EQ(journal_fenced(j), -1);
+  journal_free(j);
+  /* A still has a lease, but not this run: its stale result is refused,
+  ** with the entries before it in the group. */
+  j = journal_new();
+  journal_set_owner(j, "A", far);
+  new_run(j, "01MINE", "running", "A");
+  journal_step(j, &(struct step_row){.run_id = "01MINE", .seq = 1, .id = "x", .kind = "run",
+                                     .status = "completed", .output = "7", .attempts = 1});
+  journal_step(j, &(struct step_row){.run_id = "01TAKEN", .seq = 1, .id = "s", .kind = "run",
+                                     .status = "completed", .output = "1", .attempts = 1});
+  CHECK(store_commit(s, j, &e) == ERR_CONFLICT);
+  CHECK_CONTAINS(e.msg, "fenced: run 01TAKEN is running, held by B, not by this process (A)");
+  CHECK_INT_EQ(journal_fenced(j), 2);
+  /* Taken back, the rest commits. */
+  journal_drop(j, 2);
+  CHECK(store_commit(s, j, &e) == 0);
+  journal_free(j);
+  cJSON *r;
+  CHECK(store_get_run(s, "01TAKEN", 1, &r, &e) == 0);
+  cJSON *out = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "steps"), 0), "output");
+  CHECK_INT_EQ(out ? out->valueint : -1, 2);
+  cJSON_Delete(r);
+  CHECK(store_get_run(s, "01MINE", 1, &r, &e) == 0);
+  cJSON_Delete(r);
+  /* Nor a status, an attempt, a log line, a new run in the name of
+  ** another owner, a run it creates for one it does not hold, or a run that
+  ** does not exist. */
+  struct { const char *what; int kind; } cases[] = {
+    {"status", J_RUN_SET}, {"attempt", J_ATTEMPT}, {"log", J_LOG}, {"other owner", J_RUN_NEW},
+    {"child", J_CRON}, {"missing", J_STEP},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    j = journal_new();
+    journal_set_owner(j, "A", far);
+    switch (cases[i].kind) {
+    case J_RUN_SET:
+      journal_run_set(j, &(struct run_set){.run_id = "01TAKEN", .status = "completed",
+                                           .output = "1", .ended_at = 5});
+      break;
+    case J_ATTEMPT:
+      journal_attempt(j, &(struct attempt_row){.run_id = "01TAKEN", .seq = 1, .n = 1,
+                                               .status = "failed", .error = "x"});
+      break;
+    case J_LOG:
+      journal_log(j, &(struct log_row){.run_id = "01TAKEN", .ts = 1, .level = "info", .msg = "m"});
+      break;
+    case J_RUN_NEW:
+      new_run(j, "01NEWB", "running", "B");
+      break;
+    case J_CRON: {
+      struct run_row c = {.id = "01CHILD", .skill = "demo", .version = "v1", .status = "running",
+                          .trigger = "{}", .owner = "A", .created_at = 1, .by_run = "01TAKEN"};
+      journal_run_new(j, &c);
+      break;
+    }
+    default:
+      journal_step(j, &(struct step_row){.run_id = "01NOPE", .seq = 1, .id = "s", .kind = "run",
+                                         .status = "completed", .attempts = 1});
+    }
+    if (store_commit(s, j, &e) != ERR_CONFLICT) FAILF("%s: committed", cases[i].what);
+    CHECK_CONTAINS(e.msg, "fenced: ");
+    journal_free(j);
+  }
+  CHECK(store_get_run(s, "01TAKEN", 1, &r, &e) == 0);
+  CHECK_STR_EQ(cJSON_GetObjectItem(r, "status")->valuestring, "running");
+  CHECK_INT_EQ(cJSON_GetArraySize(cJSON_GetObjectItem(r, "logs")), 0);
+  cJSON_Delete(r);
+  CHECK(store_get_run(s, "01CHILD", 0, &r, &e) == ERR_NOTFOUND);
+  /* A run that ends writes its last entries after giving up its owner: its
+  ** parent's delivery and a run it creates (an on_failure run). */
+  j = journal_new();
+  journal_set_owner(j, "B", far);
+  journal_run_set(j, &(struct run_set){.run_id = "01TAKEN", .status = "cancelled",
+                                       .error = "{\"message\":\"x\"}", .ended_at = 5});
+  journal_child_done(j, &(struct child_done){.child_id = "01TAKEN", .outcome = "{}"});
+  struct run_row f = {.id = "01ONFAIL", .skill = "demo", .version = "v1", .status = "running",
+                      .entry = "on_failure", .trigger = "{}", .owner = "B", .created_at = 1,
+                      .by_run = "01TAKEN"};
+  journal_run_new(j, &f);
+  CHECK(store_commit(s, j, &e) == 0);
+  journal_free(j);
+  /* Groups without an owner (the CLI's) are not fenced. */
+  j = step_group(NULL, "01TAKEN", "3");
+  CHECK(store_commit(s, j, &e) == 0);
+  journal_free(j);
+  store_close(s);
+}
+
 TEST(take_run_explains_who_holds_it) {
   store_t *s = open_db();
   CHECK(take_lease(s, "holder", (long)getpid(), proc_start_time(getpid()),
@@ -254,6 +366,7 @@ int main(void) {
   RUN(claim_takes_unowned_unfinished_runs_oldest_first);
   RUN(reap_releases_runs_of_dead_and_expired_leases_only);
   RUN(a_group_is_fenced_by_its_lease);
+  RUN(a_write_for_a_run_another_process_holds_never_lands);
   RUN(take_run_explains_who_holds_it);
   RUN(list_runs_filters_and_pages);
   RUN(reopening_keeps_the_schema);

@@ -1,0 +1,65 @@
+"""moonloop replay RUN_ID...: recorded runs replayed from their journals
+against their own versions, as an engine does after a crash, without
+running anything."""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from mltest import TestCase  # noqa: E402
+
+
+class ReplayTest(TestCase):
+    def run_file(self, name, src, timeout=60):
+        self.w.write(name, src)
+        r = self.w.ml("run", name, timeout=timeout)
+        return self.run_id_of(r)
+
+    def test_runs_that_follow_their_journal_pass_and_one_that_does_not_names_its_line(self):
+        done = self.run_file("good.lua", """
+return { id = "good", retries = 1, backoff = "10ms", run = function(ctx)
+  local a = ctx.step.run("a", function() return 1 end)
+  local _, err = pcall(ctx.step.run, "flaky", function() error("no", 0) end)
+  local p = ctx.step.parallel("p", { function() return 2 end, function() return 3 end })
+  ctx.step.sleep("nap", "10ms")
+  return { sum = a + p[1] + p[2], err = tostring(err) }
+end }""")
+        failed = self.run_file("bad.lua", """
+return { id = "bad", retries = 0, run = function(ctx)
+  ctx.step.run("boom", function() error("broke", 0) end)
+end }""")
+        clock = self.run_file("clock.lua", """
+return { id = "clock", run = function(ctx)
+  local id = string.format("s%d%06d", os.time(), math.floor(os.clock() * 1e6))
+  local x = ctx.step.run(id, function() return 1 end)
+  return x
+end }""")
+        r = self.w.ml("replay", done, failed, clock, "01NOSUCHRUN000000000000000")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        lines = r.stdout.splitlines()
+        self.assertEqual(lines[0], "%s  ok        6 steps replayed; it ends completed as recorded" % done)
+        self.assertEqual(lines[1], "%s  ok        1 step replayed; it ends failed as recorded" % failed)
+        self.assertRegex(lines[2], r"^%s  diverged  clock.lua:4: the code no longer matches this run's "
+                                   r"journal: step 1 is 's\d+' \(run\) in the journal, but the code "
+                                   r"reached 's\d+' \(run\)$" % clock)
+        self.assertEqual(lines[3], "01NOSUCHRUN000000000000000  error     no run with id "
+                                   "'01NOSUCHRUN000000000000000'")
+        doc = json.loads(self.w.ml("replay", done, "--json", check=0).stdout)
+        self.assertEqual(doc, [{"run_id": done, "ok": True,
+                                "message": "6 steps replayed; it ends completed as recorded"}])
+        self.assertEqual(self.w.ml("replay").returncode, 2)
+
+    def test_a_run_in_flight_goes_on_live_where_its_journal_ends(self):
+        self.w.write("slow.lua", """
+return { id = "slow", run = function(ctx)
+  ctx.step.run("a", function() return 1 end)
+  ctx.step.sleep("nap", "1h")
+  return 1
+end }""")
+        p = self.w.start("run", "slow.lua")
+        from mltest import wait_until, kill9
+        wait_until(lambda: self.w.runs(status="sleeping"), what="the nap")
+        rid = self.w.runs()[0]["id"]
+        kill9(p)
+        r = self.w.ml("replay", rid, check=0)
+        self.assertEqual(r.stdout.strip(), "%s  ok        2 steps replayed; it goes on live at step 'nap'" % rid)

@@ -1,0 +1,257 @@
+"""Storage faults: a full disk (a small tmpfs filled up, then freed) and the
+database file deleted or replaced under a running engine. Every writer
+gets a clear error at once, nothing it was told is stored is lost, and the
+engine neither spins nor writes where no one will read."""
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from mltest import SkillsTestCase, wait_until  # noqa: E402
+
+
+def http(method, url, body=None, timeout=10):
+    """(status, parsed JSON body) of a request; HTTP errors are answers too.
+    A str body goes as it is (Lua source), anything else as JSON."""
+    if isinstance(body, str):
+        data, headers = body.encode(), {"Content-Type": "text/x-lua"}
+    else:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"}
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def metric(url, name):
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError("no metric %s" % name)
+
+
+SKILL = """
+return { id = "s", triggers = { { event = "go" } }, run = function(ctx)
+  local a = ctx.step.run("a", function() return http.get_json(env.STANDIN .. "/a/" .. ctx.run_id).n end)
+  ctx.step.sleep("nap", "1s")
+  local b = ctx.step.run("b", function() return http.get_json(env.STANDIN .. "/b/" .. ctx.run_id).n end)
+  return a + b
+end }"""
+
+
+class DiskCase(SkillsTestCase):
+    """A workdir whose database lives on a 4 MB tmpfs that a test can fill."""
+
+    def setUp(self):
+        super().setUp()
+        self.disk = os.path.join(self.w.path, "disk")
+        os.makedirs(self.disk)
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", self.disk],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            self.skipTest("cannot mount a small tmpfs to fill up (needs root): %s" % r.stderr.strip())
+        self.addCleanup(self.unmount)
+        self.w.db = os.path.join(self.disk, "moonloop.db")
+        self.w.env["MOONLOOP_DB"] = self.w.db
+        self.fill = os.path.join(self.disk, "fill")
+
+    def unmount(self):
+        for p in self.w.procs:  # nothing may hold the mount
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        subprocess.run(["umount", "-l", self.disk], capture_output=True)
+
+    def fill_disk(self):
+        with open(self.fill, "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+            except OSError:
+                pass
+
+    def runs_by_status(self):
+        out = {}
+        for r in self.w.runs(skill="s"):
+            out[r["status"]] = out.get(r["status"], 0) + 1
+        return out
+
+
+class FullDiskTest(DiskCase):
+    config = {"lease": '"3s"'}
+
+    def test_a_full_disk_refuses_writes_at_once_and_loses_nothing_when_space_returns(self):
+        self.si.route_prefix("/a/", lambda h, b, n: (200, {"n": 1}))
+        self.si.route_prefix("/b/", lambda h, b, n: (200, {"n": 2}))
+        self.skill("s", SKILL)
+        p = self.serve()
+        self.assertEqual(http("POST", p.url + "/v1/events", {"name": "go"})[0], 202)
+        wait_until(lambda: self.runs_by_status() == {"completed": 1}, what="the first run")
+        self.assertEqual(http("POST", p.url + "/v1/events", {"name": "go"})[0], 202)
+        wait_until(lambda: self.runs_by_status().get("sleeping") == 1, what="a run asleep")
+
+        self.fill_disk()
+        wait_until(lambda: metric(p.url, "moonloop_writes_refused") == 1, timeout=20,
+                   what="the engine to notice the full disk")
+        # Every writer hears at once that nothing was stored.
+        code, body = http("POST", p.url + "/v1/events", {"name": "go"})
+        self.assertEqual(code, 503, body)
+        self.assertIn("database or disk is full", body["error"]["message"])
+        self.assertIn("nothing was stored", body["error"]["message"])
+        code, body = http("POST", p.url + "/v1/skills/s/invoke", {"data": {}})
+        self.assertEqual(code, 503, body)
+        r = self.w.ml("send", "go")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("database or disk is full", r.stderr)
+        r = self.w.ml("invoke", "s")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("database or disk is full", r.stderr)
+        # Back-off, not a spin: a handful of tries in three seconds, one line.
+        before = metric(p.url, "moonloop_commit_failures_total")
+        time.sleep(3)
+        tries = metric(p.url, "moonloop_commit_failures_total") - before
+        self.assertLessEqual(tries, 10)
+        said = [l for l in p.stderr_lines if "cannot write to the database" in l]
+        self.assertEqual(len(said), 1, "".join(p.stderr_lines))
+        self.assertEqual(http("GET", p.url + "/v1/runs?skill=s")[0], 200)  # reads go on
+
+        os.remove(self.fill)
+        wait_until(lambda: metric(p.url, "moonloop_writes_refused") == 0, timeout=20,
+                   what="the engine to write again")
+        wait_until(lambda: any("the database is writable again" in l for l in p.stderr_lines),
+                   what="the engine to say so")
+        self.assertEqual(http("POST", p.url + "/v1/events", {"name": "go"})[0], 202)
+        wait_until(lambda: self.runs_by_status() == {"completed": 3}, timeout=30,
+                   what="every accepted event's run to complete")
+        for r in self.w.runs(skill="s"):
+            self.assertEqual(r["output"], 3)
+            # Each step body ran once: the failed commits were tried again, not the bodies.
+            self.assertEqual((self.si.count("/a/" + r["id"]), self.si.count("/b/" + r["id"])), (1, 1))
+        slept = [r for r in self.w.runs(skill="s") if any(
+            "writing this run's journal failed" in l["msg"] for l in self.w.trace(r["id"])["logs"])]
+        for r in slept:  # a line per failed group, not one per retry
+            lines = [l for l in self.w.trace(r["id"])["logs"] if "journal failed" in l["msg"]]
+            self.assertLessEqual(len(lines), 2)
+        p.terminate()
+        self.assertEqual(p.wait(timeout=20), 0)
+        db = sqlite3.connect(self.w.db)
+        self.assertEqual(db.execute("PRAGMA integrity_check").fetchone()[0], "ok")
+        db.close()
+
+
+class FullDiskRequestsTest(DiskCase):
+    """Each kind of HTTP write arriving just as the disk fills: its commit
+    fails, it is answered 503 at once, and nothing of it is stored, also
+    once space returns. (The default lease: no renewal comes first.)"""
+    config = None
+
+    def test_writers_told_nothing_was_stored_find_nothing_stored(self):
+        self.si.route_prefix("/a/", lambda h, b, n: (200, {"n": 1}))
+        self.si.route_prefix("/b/", lambda h, b, n: (200, {"n": 2}))
+        self.skill("s", SKILL)
+        p = self.serve()
+        self.assertEqual(http("POST", p.url + "/v1/events", {"name": "go"})[0], 202)
+        wait_until(lambda: self.runs_by_status() == {"completed": 1}, what="the first run")
+        done = self.w.runs(skill="s")[0]["id"]
+        version = http("GET", p.url + "/v1/skills/s")[1]["version"]
+        refused = 0
+        for method, path, body in [
+            ("POST", "/v1/events", {"name": "go", "id": "key-1"}),
+            ("POST", "/v1/skills/s/invoke", {"data": {}}),
+            ("POST", "/v1/skills/s/invoke", {"data": {}, "wait": 5}),
+            ("POST", "/v1/runs/%s/rerun" % done, None),
+            ("PUT", "/v1/skills/s?file=skills/other.lua", SKILL.replace("a + b", "a + b + 1")),
+        ]:
+            self.fill_disk()
+            code, answer = http(method, p.url + path, body)
+            self.assertEqual(code, 503, (path, answer))
+            self.assertIn("nothing was stored", answer["error"]["message"])
+            refused += 1
+            os.remove(self.fill)
+            wait_until(lambda: metric(p.url, "moonloop_writes_refused") == 0, timeout=30,
+                       what="the engine to write again")
+        # One line per episode (per fill), not one per try.
+        said = [l for l in p.stderr_lines if "cannot write to the database" in l]
+        self.assertEqual(len(said), refused, "".join(p.stderr_lines))
+        time.sleep(1)
+        # Not one of them landed after the space came back.
+        self.assertEqual(len(self.w.runs(skill="s")), 1)
+        self.assertEqual(http("GET", p.url + "/v1/skills/s")[1]["version"], version)
+        self.assertEqual(http("POST", p.url + "/v1/events", {"name": "go", "id": "key-1"})[0], 202)
+        wait_until(lambda: self.runs_by_status() == {"completed": 2}, timeout=20, what="the retried event's run")
+        self.assertGreaterEqual(metric(p.url, "moonloop_commit_failures_total"), refused)
+        p.terminate()
+        self.assertEqual(p.wait(timeout=20), 0)
+
+
+class DatabaseFileGoneTest(SkillsTestCase):
+    def test_a_deleted_database_refuses_writes_loudly_and_a_new_one_is_not_created_under_it(self):
+        self.si.route_prefix("/a/", lambda h, b, n: (200, {"n": 1}))
+        self.si.route_prefix("/b/", lambda h, b, n: (200, {"n": 2}))
+        self.skill("s", SKILL)
+        p = self.serve()
+        self.assertEqual(http("POST", p.url + "/v1/events", {"name": "go"})[0], 202)
+        wait_until(lambda: [r for r in self.w.runs(skill="s") if r["status"] == "completed"], what="a run")
+        os.remove(self.w.db)
+        code, body = http("POST", p.url + "/v1/events", {"name": "go"})
+        self.assertEqual(code, 503, body)
+        self.assertIn("was deleted while this process had it open", body["error"]["message"])
+        wait_until(lambda: any("DATABASE FILE GONE" in l for l in p.stderr_lines), what="the engine to say so")
+        self.assertEqual(http("POST", p.url + "/v1/skills/s/invoke", {"data": {}})[0], 503)
+        self.assertIn("/proc/%d/fd/" % p.pid, "".join(p.stderr_lines))  # where the data still is
+        # A writer on the same path is not given a fresh file that engine never reads.
+        r = self.w.ml("send", "go")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("but process %d (moonloop) still has a deleted file of that name open" % p.pid,
+                      r.stderr)
+        self.assertFalse(os.path.exists(self.w.db))
+        p.kill()
+        p.wait()
+        # With no process holding it, a new database is just that.
+        self.w.ml("send", "go", check=0)
+        self.assertTrue(os.path.exists(self.w.db))
+
+    def test_a_moved_database_refuses_writes_until_it_is_back_or_replaced(self):
+        self.si.route_prefix("/a/", lambda h, b, n: (200, {"n": 1}))
+        self.si.route_prefix("/b/", lambda h, b, n: (200, {"n": 2}))
+        self.skill("s", SKILL)
+        p = self.serve()
+        self.assertEqual(http("POST", p.url + "/v1/events", {"name": "go"})[0], 202)
+        wait_until(lambda: self.w.runs(skill="s") and self.w.runs(skill="s")[0]["status"] == "completed",
+                   what="a run")
+        moved = self.w.db + ".moved"
+        os.rename(self.w.db, moved)
+        wait_until(lambda: any("DATABASE FILE GONE" in l for l in p.stderr_lines), what="the engine to say so")
+        self.assertEqual(http("POST", p.url + "/v1/events", {"name": "go"})[0], 503)
+        os.rename(moved, self.w.db)  # back: the same file, writable again without a restart
+        wait_until(lambda: http("POST", p.url + "/v1/events", {"name": "go"})[0] == 202, timeout=20,
+                   what="writes to work again")
+        wait_until(lambda: any("writable again" in l for l in p.stderr_lines), what="the engine to say so")
+        wait_until(lambda: len([r for r in self.w.runs(skill="s") if r["status"] == "completed"]) == 2,
+                   timeout=20, what="the second run")
+        # Another file put in its place (a copy: another inode) is not this
+        # engine's, while a run sleeps: the write of its wake-up is refused.
+        self.assertEqual(http("POST", p.url + "/v1/events", {"name": "go"})[0], 202)
+        wait_until(lambda: [r for r in self.w.runs(skill="s") if r["status"] == "sleeping"], what="a nap")
+        shutil.copy(self.w.db, moved)
+        os.replace(moved, self.w.db)
+        code, body = http("POST", p.url + "/v1/events", {"name": "go"})
+        self.assertEqual(code, 503, body)
+        self.assertIn("was replaced by another file", body["error"]["message"])
+        time.sleep(1.5)  # the nap is over
+        # Stopping does not wait forever for a store that refuses: after the
+        # grace period it stops without those writes, and says so.
+        p.terminate()
+        self.assertEqual(p.wait(timeout=40), 0)
+        self.assertTrue(any("stopping without" in l and "the next engine" in l for l in p.stderr_lines),
+                        "".join(p.stderr_lines))
