@@ -16,6 +16,7 @@
 #include <lauxlib.h>
 #include <luajit.h>
 #include <lualib.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -248,6 +249,67 @@ static int c_reserve(lua_State *L) {
   return 0;
 }
 
+/* ---- the C stack guard (see lrt.h) ---- */
+
+#define CSTACK_RESERVE_MIN ((size_t)256 << 10)
+#define CSTACK_RESERVE_MAX ((size_t)2 << 20)
+
+/* The lowest address the running thread's C code may reach before a call
+** back into Lua is refused: the stack's low end plus its reserve. Found
+** once per thread (for the main thread, glibc reads it from the stack
+** limit and /proc/self/maps). */
+static _Thread_local uintptr_t cstack_floor;
+
+static uintptr_t cstack_floor_get(void) {
+  if (cstack_floor) return cstack_floor;
+  void *lo = NULL;
+  size_t size = 0;
+  pthread_attr_t a;
+  if (!pthread_getattr_np(pthread_self(), &a)) {
+    if (pthread_attr_getstack(&a, &lo, &size)) lo = NULL;
+    pthread_attr_destroy(&a);
+  }
+  uintptr_t here = (uintptr_t)__builtin_frame_address(0);
+  if (!lo || !size || here < (uintptr_t)lo || here - (uintptr_t)lo > size) {
+    /* Unknown: assume the common 8 MB below the current frame, less a margin. */
+    lo = (void *)(here - ((size_t)7 << 20));
+    size = (size_t)7 << 20;
+  }
+  size_t reserve = size / 4;
+  if (reserve < CSTACK_RESERVE_MIN) reserve = CSTACK_RESERVE_MIN;
+  if (reserve > CSTACK_RESERVE_MAX) reserve = CSTACK_RESERVE_MAX;
+  cstack_floor = (uintptr_t)lo + reserve;
+  return cstack_floor;
+}
+
+/* See lrt.h. */
+int lrt_cstack_low(void) {
+  return (uintptr_t)__builtin_frame_address(0) < cstack_floor_get();
+}
+
+/* Raise the guard's error in L; level as for luaL_where. */
+static int cstack_raise(lua_State *L, int level, const char *what) {
+  luaL_where(L, level);
+  lua_pushfstring(L, "stack overflow: %s calls back into Lua too deeply nested (a function "
+                  "that calls itself without end?)", what);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
+/* See lrt.h. */
+void lrt_cstack_check(lua_State *L, const char *what) {
+  if (lrt_cstack_low()) cstack_raise(L, 1, what);
+}
+
+/* core.cstack(what): the guard for the sandbox's Lua wrappers around the
+** library's C functions that call back (string.format, table.sort,
+** os.time); the error points at the skill's line, which called the
+** wrapper. */
+static int c_cstack(lua_State *L) {
+  if (lrt_cstack_low()) return cstack_raise(L, 2, luaL_optstring(L, 1, "a C function"));
+  return 0;
+}
+
 /* core.now(): wall-clock milliseconds. */
 static int c_now(lua_State *L) {
   lua_pushnumber(L, (lua_Number)units_now_ms());
@@ -351,6 +413,16 @@ static int c_can_yield(lua_State *L) {
   return 1;
 }
 
+/* An error outside every protected call: a bug in the engine (skill code
+** always runs protected). LuaJIT would exit(1) without a word; say what
+** it was and abort, so it shows as the crash it is. */
+static int l_panic(lua_State *L) {
+  const char *msg = lua_tostring(L, -1);
+  fprintf(stderr, "moonloop: internal error: unprotected Lua error: %s\n", msg ? msg : "?");
+  abort();
+  return 0;
+}
+
 /* See lrt.h: the state, core with its functions, and the count hook. */
 int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e) {
   lrt_t *r = calloc(1, sizeof *r);
@@ -364,6 +436,7 @@ int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e) {
     return err_set(e, ERR_NOMEM, "cannot create a Lua state");
   }
   lua_State *L = r->L;
+  lua_atpanic(L, l_panic);
   luaL_openlibs(L);
   lua_newtable(L);
   r->core_ref = luaL_ref(L, LUA_REGISTRYINDEX);
@@ -376,6 +449,7 @@ int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e) {
   lrt_register(r, "killed", c_killed, NULL);
   lrt_register(r, "kill_reason", c_kill_reason, NULL);
   lrt_register(r, "reserve", c_reserve, NULL);
+  lrt_register(r, "cstack", c_cstack, NULL);
   lrt_register(r, "now", c_now, NULL);
   lrt_register(r, "duration", c_duration, NULL);
   lrt_register(r, "parse_time", c_parse_time, NULL);
@@ -515,6 +589,12 @@ int lrt_pcall(lrt_t *r, int nargs, int nresults, err_t *e) {
   lua_pushcfunction(L, traceback_handler);
   lua_insert(L, base);
   int outer = r->in_slice;
+  if (outer && lrt_cstack_low()) {
+    /* A call nested in a slice (skills.check loading a skill that calls
+    ** skills.check...): refused near the end of the C stack (lrt.h). */
+    lua_settop(L, base - 1);
+    return err_set(e, ERR_INVALID, "stack overflow: skill loads nested too deeply");
+  }
   if (!outer) slice_begin(r, 0);
   int rc = lua_pcall(L, nargs, nresults, base);
   if (!outer) {

@@ -100,6 +100,23 @@ const char *lrt_killed(const lrt_t *r);
 ** should stop and fail. 0 for states that are not an lrt's. */
 int lrt_time_up(lua_State *L);
 
+/* The C stack guard. LuaJIT bounds each coroutine's Lua stack, but not
+** the C stack: C code that calls back into Lua (string.gsub's function or
+** table replacement, table.sort's comparator, string.format's __tostring,
+** os.time's table, skills.check loading a skill) nests one C frame per
+** level, and deep recursion through it would overflow the C stack and
+** crash the process. Each such call point checks first that the thread's
+** C stack still has its reserve left (a quarter of the stack, at least
+** 256 KB and at most 2 MB: room for the error's unwinding, the message
+** handlers and any one C call that does not call back). The check reads
+** the stack pointer only; no state is kept, so it cannot be unbalanced by
+** an error unwinding past it.
+**
+** lrt_cstack_check raises "stack overflow" in L (at the caller's line)
+** when the reserve is reached; lrt_cstack_low answers without raising. */
+void lrt_cstack_check(lua_State *L, const char *what);
+int lrt_cstack_low(void);
+
 /* Bytes the state holds now. */
 size_t lrt_memory(const lrt_t *r);
 

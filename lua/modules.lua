@@ -11,7 +11,7 @@ local M = {}
 
 local OP = core.OP
 local yield = coroutine.yield
-local type, tostring, select, error, pairs, ipairs = type, tostring, select, error, pairs, ipairs
+local type, tostring, select, error, pairs, ipairs, next = type, tostring, select, error, pairs, ipairs, next
 local concat = table.concat
 local current_task, user_error = run.current_task, run.user_error
 
@@ -49,11 +49,27 @@ local function io_allowed(name)
   end
 end
 
+-- The request as a fresh table of its fields, headers copied: the C side
+-- reads what a run yields after the yield, outside any protected call, so
+-- it must never meet a skill's metamethods there (an __index that raises
+-- would take the engine down). Reading the fields here runs them inside
+-- the run, where an error is the run's.
+local function plain_request(req)
+  local r = { method = req.method, url = req.url, body = req.body, timeout = req.timeout }
+  local h = req.headers
+  if type(h) == "table" then
+    local copy = {}
+    for k, v in next, h do copy[k] = v end
+    r.headers = copy
+  end
+  return r
+end
+
 local function http_request(req)
   if type(req) ~= "table" then user_error("http.request expects a table {method=, url=, headers=, body=, timeout=}") end
   if type(req.url) ~= "string" then user_error("http.request: 'url' must be a string") end
   io_allowed("http.request")
-  return yield(OP.HTTP, req)
+  return yield(OP.HTTP, plain_request(req))
 end
 
 local function excerpt(body)
@@ -65,7 +81,7 @@ end
 -- Perform a request and raise on a transport failure or a non-2xx status.
 local function checked(name, req)
   io_allowed(name)
-  local resp, err = yield(OP.HTTP, req)
+  local resp, err = yield(OP.HTTP, plain_request(req))
   if not resp then user_error(("%s: %s"):format(name, err)) end
   if resp.status < 200 or resp.status > 299 then
     user_error(("%s: %s %s returned %d: %s"):format(name, req.method or "GET", req.url, resp.status,

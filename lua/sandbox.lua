@@ -87,18 +87,40 @@ end
 -- and its quicksort has inputs that make it quadratic (32768 numbers take
 -- seconds, a million take hours). Past a few thousand elements it is
 -- given a comparator in Lua, with the JIT off so that the hook fires.
+--
+-- The library's C functions that call back into Lua (table.sort's
+-- comparator and __lt, string.format's __tostring, os.time's table with
+-- an __index) nest a C frame per level of recursion through them: each
+-- checks the C stack first (core.cstack, lrt.h's guard), so deep recursion
+-- is a "stack overflow" error, never a crash. The wrappers call the real
+-- function as a tail call, so its own errors read as before.
+local cstack = core.cstack
 local real_sort = table.sort
 local function lt(a, b) return a < b end
 jit.off(lt)
 local function sort(t, comp)
+  cstack("table.sort")
   if comp == nil and type(t) == "table" and #t > 2000 then comp = lt end
   return real_sort(t, comp)
 end
 local safe_table = copy(table)
 safe_table.sort = sort
 
+local real_format = string.format
+local function format(...)
+  cstack("string.format")
+  return real_format(...)
+end
+
+local real_time = os.time
+local function os_time(...)
+  cstack("os.time")
+  return real_time(...)
+end
+
 local safe_string = copy(string, { dump = true })
 safe_string.rep = rep
+safe_string.format = format
 -- Pattern functions that check the time budget as they go (a backtracking
 -- pattern can run for hours inside one C call, out of the hook's sight).
 safe_string.find, safe_string.match = core.str_find, core.str_match
@@ -191,7 +213,7 @@ function M.new(mods)
     unpack = unpack, setmetatable = sb_setmetatable, getmetatable = sb_getmetatable,
     _VERSION = _VERSION,
     string = copy(safe_string), table = copy(safe_table), math = copy(math, { randomseed = true }), bit = copy(bit),
-    os = { time = os.time, date = os.date, clock = os.clock },
+    os = { time = os_time, date = os.date, clock = os.clock },
   }
   for k, v in pairs(mods) do env[k] = v end
   env.print = function(...)
