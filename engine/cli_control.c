@@ -7,9 +7,11 @@
 #include "client.h"
 #include "engine.h"
 #include "ids.h"
+#include "proc.h"
 #include "units.h"
 
 #include <cJSON.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,12 +85,20 @@ int cli_cancel(struct cli *c) {
   struct engine en;
   int rc = open_store(c, &en);
   if (rc) return rc;
+  err_t e;
+  /* An engine that died (crashed, killed) still holds its runs until its
+  ** lease expires, and a cancellation of a held run only asks its owner.
+  ** Reap the leases of dead processes on this host first, as `serve` does
+  ** when it starts: their runs are then unowned, and cancelled now, before
+  ** any engine resumes them (a run that crashes the engine on every
+  ** restart can be cancelled with no engine running). */
+  if (store_reap(en.store, proc_hostname(), units_now_ms(), &e) < 0)
+    fprintf(stderr, "moonloop: cancel: %s (going on)\n", e.msg);
   journal_t *j = journal_new();
   struct cancel_row cr = {.run_id = c->args[0], .reason = "cancelled from the command line",
                           .at = units_now_ms()};
   journal_cancel(j, &cr);
   char *got = NULL;
-  err_t e;
   rc = commit_one(&en, j, &got, &e);
   engine_close(&en);
   if (rc) return cli_fail(EXIT_FAILED, "%s", e.msg);

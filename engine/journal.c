@@ -110,6 +110,7 @@ static void copy_run(journal_t *j, struct run_row *c, const struct run_row *r, i
   c->output = dup(j, r->output, fail);
   c->error = dup(j, r->error, fail);
   c->owner = dup(j, r->owner, fail);
+  c->cancel_reason = NULL; /* read from the store only, never journaled */
 }
 
 int journal_run_new(journal_t *j, const struct run_row *r) {

@@ -11,6 +11,7 @@
 ** resume with and count the completion (run__complete).
 */
 #include "run.h"
+#include "fault.h"
 #include "ids.h"
 #include "run_pause.h"
 #include "json.h"
@@ -102,8 +103,16 @@ static void on_durable(void *arg) {
   run_unref(r);
 }
 
-/* Count one completion for t once the open group is durable. */
+/* Count one completion for t once the open group is durable. The run
+** reached a checkpoint: a crash count it brought from the store goes back
+** to 0 in the same group. */
 void run__wait_durable(struct task *t) {
+  struct run *r = t->run;
+  if (r->crashes) {
+    struct run_set set = {.run_id = r->id, .clear_crashes = 1};
+    journal_run_set(sched__journal(r->sched), &set);
+    r->crashes = 0;
+  }
   t->run->refs++;
   sched__after_commit(t->run->sched, on_durable, t);
 }
@@ -773,6 +782,7 @@ static int c_log(lua_State *L) {
     fprintf(stderr, "[%s] %s\n", level, msg);
     return 0;
   }
+  fault_crash("crash_on_log", msg); /* tests: a real crash while a run executes */
   struct log_row row = {.run_id = t->run->id, .seq = seq, .ts = units_now_ms(), .level = level,
                         .msg = msg};
   journal_log(sched__journal(s), &row);

@@ -115,6 +115,8 @@ struct run {
   int64_t wake_at;   /* dormant: when to wake (0: when something is delivered) */
   struct stimer wake;
   struct stimer deadline;
+  int crashes;       /* processes that died while it executed, since its last checkpoint
+                     ** (from the store; cleared at its next durable write) */
   char *ckey;        /* its concurrency key's value (JSON), when the skill has a limit */
   int slot_held, slot_pending;
   struct run *prev, *next; /* the scheduler's list of live runs */
