@@ -311,11 +311,7 @@ local function make_skills()
 end
 
 local function make_env(values)
-  return setmetatable({}, {
-    __index = values,
-    __newindex = function(_, k) user_error(("env is read-only (tried to set '%s')"):format(tostring(k))) end,
-    __metatable = false,
-  })
+  return run.read_only(values, "env")
 end
 
 -- The module table for one sandbox. `extra` adds modules (llm, runs, skills).

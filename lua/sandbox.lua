@@ -31,9 +31,11 @@ local M = {}
 local pairs, next, type, error, select, tostring, tonumber = pairs, next, type, error, select, tostring, tonumber
 local real_pcall, real_xpcall = pcall, xpcall
 local setmetatable, getmetatable, rawset, rawget = setmetatable, getmetatable, rawset, rawget
-local raw_getmetatable = debug.getmetatable
+local raw_getmetatable, raw_setmetatable = debug.getmetatable, debug.setmetatable
 local concat = table.concat
-local user_error = require("run").user_error -- errors at the skill's line
+local run = require("run")
+local user_error = run.user_error -- errors at the skill's line
+local read_only, views, view_names = run.read_only, run.views, run.view_names
 
 local function copy(t, except)
   local c = {}
@@ -155,12 +157,32 @@ local function locked(t)
   return mt ~= nil and not mine[mt] and rawget(mt, "__metatable") ~= nil
 end
 
+-- How a read-only table is named in errors: its view's name ("ctx.step",
+-- "json"), else what it is.
+local function what_of(t)
+  return view_names[t] or "this table"
+end
+
 local function sb_rawset(t, k, v)
   if type(t) == "table" and locked(t) then
-    user_error(("rawset: this table is read-only (tried to set '%s')"):format(tostring(k)))
+    user_error(("rawset: %s is read-only (tried to set '%s')"):format(what_of(t), tostring(k)))
   end
   return rawset(t, k, v)
 end
+
+-- The table library's raw writers, refused on read-only tables as rawset
+-- is: a view has no raw storage, and table.insert would give it some that
+-- every run sharing the view would see. The real function is called as a
+-- tail call, so its own errors read as before.
+local function guard_writer(name, f)
+  return function(t, ...)
+    if type(t) == "table" and locked(t) then user_error(("%s: %s is read-only"):format(name, what_of(t))) end
+    return f(t, ...)
+  end
+end
+safe_table.insert = guard_writer("table.insert", table.insert)
+safe_table.remove = guard_writer("table.remove", table.remove)
+safe_table.sort = guard_writer("table.sort", sort)
 
 local data_key = { string = true, number = true, boolean = true }
 
@@ -179,8 +201,17 @@ local function runtime_owned(t)
   return mt ~= nil and not mine[mt]
 end
 
+-- next over a view walks its backing (the view itself is the iteration's
+-- state, so the backing never reaches skill code).
+local function view_next(v, k)
+  return next(views[v], k)
+end
+
 local function sb_next(t, k)
-  if type(t) == "table" and runtime_owned(t) then return filtered_next(t, k) end
+  if type(t) == "table" then
+    if views[t] then return view_next(t, k) end
+    if runtime_owned(t) then return filtered_next(t, k) end
+  end
   return next(t, k)
 end
 
@@ -188,6 +219,7 @@ local function sb_pairs(t)
   if type(t) ~= "table" then
     user_error(("bad argument #1 to 'pairs' (table expected, got %s)"):format(type(t)))
   end
+  if views[t] then return view_next, t, nil end
   if runtime_owned(t) then return filtered_next, t, nil end
   return next, t, nil
 end
@@ -202,20 +234,36 @@ end
 
 M.safe_string = safe_string
 
+-- Whether an environment's top level is still running (its modules may be
+-- added to until then); weak, by environment.
+local loading = setmetatable({}, { __mode = "k" })
+
 -- Build a fresh environment. `mods` holds the engine modules to expose
 -- (json, http, log, env, time, fatal, ...); `log` is used for print.
+-- Every library and module table is a read-only view of this sandbox's
+-- own copy (the runs of a skill share its sandbox): the skill's top level
+-- may add to them while it loads, nothing can change them after.
 function M.new(mods)
   local log = mods.log
-  local env = {
+  local env
+  local function writable() return loading[env] == true end
+  local function view(t, name) return read_only(t, name, writable) end
+  env = {
     assert = assert, error = error, ipairs = ipairs, next = sb_next, pairs = sb_pairs,
     pcall = pcall, xpcall = xpcall, rawequal = rawequal, rawget = rawget, rawset = sb_rawset,
     select = select, tonumber = tonumber, tostring = sb_tostring, type = type,
     unpack = unpack, setmetatable = sb_setmetatable, getmetatable = sb_getmetatable,
     _VERSION = _VERSION,
-    string = copy(safe_string), table = copy(safe_table), math = copy(math, { randomseed = true }), bit = copy(bit),
-    os = { time = os_time, date = os.date, clock = os.clock },
+    string = view(copy(safe_string), "string"), table = view(copy(safe_table), "table"),
+    math = view(copy(math, { randomseed = true }), "math"), bit = view(copy(bit), "bit"),
+    os = view({ time = os_time, date = os.date, clock = os.clock }, "os"),
   }
-  for k, v in pairs(mods) do env[k] = v end
+  loading[env] = true
+  for k, v in pairs(mods) do
+    -- env (the configuration's values) is a view already.
+    if type(v) == "table" and not views[v] then v = view(v, k) end
+    env[k] = v
+  end
   env.print = function(...)
     local n = select("#", ...)
     local parts = {}
@@ -226,19 +274,32 @@ function M.new(mods)
   return env
 end
 
--- After a skill file's top level has run, its globals are fixed: assigning
--- a new global or reading an undefined one is an error (it is nearly always
--- a typo, and globals that change between runs would break replay).
+-- After a skill file's top level has run, its globals are fixed: the
+-- environment becomes a view of what its top level left there (so no run
+-- can replace a global the others use: `json = nil` is an error, like a
+-- new global), reading an undefined global is an error (nearly always a
+-- typo), and its module tables are read-only from now on. Globals that
+-- changed between runs would break replay too.
 function M.freeze(env, chunkname)
-  setmetatable(env, {
-    __newindex = function(_, k)
-      user_error(("cannot set global '%s' in skill code after it loaded: use a local"):format(tostring(k)))
-    end,
+  loading[env] = nil
+  local globals = {}
+  for k, v in next, env do globals[k] = v end
+  for k in next, globals do rawset(env, k, nil) end
+  setmetatable(globals, {
     __index = function(_, k)
       user_error(("undefined global '%s'"):format(tostring(k)))
     end,
+  })
+  -- Raw: the top level may have set a metatable of its own on _G.
+  raw_setmetatable(env, {
+    __index = globals,
+    __newindex = function(_, k)
+      user_error(("cannot set global '%s' in skill code after it loaded: use a local"):format(tostring(k)))
+    end,
     __metatable = false,
   })
+  views[env] = globals
+  view_names[env] = "_G"
 end
 
 return M
