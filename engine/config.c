@@ -181,6 +181,7 @@ static const struct numrange
   R_EVENT = {NUM_SIZE, 16, 256 * MB, 0, "a size from 16 B to 256 MB"},
   R_SLICE = {NUM_DURATION, 10, 3600 * SEC, 0, "a duration from 10ms to 1h"},
   R_MEMORY = {NUM_SIZE, 1 * MB, 16 * GB, 0, "a size from 1 MB to 16 GB"},
+  R_TOTAL_MEMORY = {NUM_SIZE, 16 * MB, 1024 * GB, 0, "a size from 16 MB to 1024 GB"},
   R_PARKED = {NUM_COUNT, 1, 10000000, 0, "a whole number from 1 to 10000000"},
   R_RETRIES = {NUM_COUNT, 0, 100, 0, "a whole number from 0 to 100"},
   R_BACKOFF = {NUM_DURATION, 1, DAY, 0, "a duration from 1ms to 1d"},
@@ -308,7 +309,7 @@ static int read_table(struct config *c, lua_State *L, struct cfgsrc *s, err_t *e
                                     "shutdown_grace", "retention", "otlp", NULL};
   static const char *const llm[] = {"base_url", "model", "api_key_env", NULL};
   static const char *const limits[] = {"step_output", "event", "run_seconds_between_yields",
-                                       "run_memory", "parked_runs", NULL};
+                                       "run_memory", "total_memory", "parked_runs", NULL};
   static const char *const retry[] = {"retries", "backoff", "max_backoff", NULL};
   static const char *const otlp[] = {"endpoint", "service_name", NULL};
   char *durability = NULL;
@@ -351,9 +352,13 @@ static int read_table(struct config *c, lua_State *L, struct cfgsrc *s, err_t *e
          get_num(L, s, "event", &R_EVENT, &c->event_limit, e) ||
          get_num(L, s, "run_seconds_between_yields", &R_SLICE, &c->slice_ms, e) ||
          get_num(L, s, "run_memory", &R_MEMORY, &c->run_memory, e) ||
+         get_num(L, s, "total_memory", &R_TOTAL_MEMORY, &c->total_memory, e) ||
          get_num(L, s, "parked_runs", &R_PARKED, &c->parked_runs, e);
     close_table(L, s);
     if (rc) return ERR_INVALID;
+    if (c->total_memory && c->total_memory < c->run_memory)
+      return cfg_fail(s, "total_memory", e, "'limits.total_memory' must be at least "
+                      "'limits.run_memory' (one run's budget)");
   }
   if ((rc = open_table(L, s, "otlp", e)) < 0) return rc;
   if (rc) {

@@ -26,6 +26,8 @@ struct config {
   int64_t event_limit;   /* limits.event, bytes */
   int64_t slice_ms;      /* limits.run_seconds_between_yields, in ms */
   int64_t run_memory;    /* limits.run_memory, bytes */
+  int64_t total_memory;  /* limits.total_memory: cap on all runs' and skills' Lua memory, bytes
+                         ** (0: the default, half the machine's memory, at most 4 GB) */
   int64_t parked_runs;   /* limits.parked_runs: parked runs kept in memory (more are evicted) */
   int retries;           /* retry.retries: default retries of a step */
   int64_t backoff_ms;    /* retry.backoff: first retry delay */

@@ -10,7 +10,10 @@
 **     deadline_ns, mem_base and judge_at describe that slice only;
 **   - killed is 1 from the moment a budget (or an interrupt) stopped the
 **     slice, and kill_reason then holds the message raised in skill code;
-**   - mem_used counts every byte the allocator handed out and not freed.
+**   - mem_used counts every byte the allocator handed out and not freed,
+**     headers included; it is the sum of every account's bytes;
+**   - an open account is charged by blocks of the run whose coroutine it
+**     belongs to; a closed one is freed when its bytes reach 0.
 */
 #ifndef ML_LRT_INT_H
 #define ML_LRT_INT_H
@@ -21,10 +24,33 @@
 #include <stdint.h>
 #include <time.h>
 
+/* A memory account (lrt.c's memory budget): what blocks charged to it
+** hold. Account 0 is the engine's and never closes. */
+struct lrt_acct {
+  size_t bytes;    /* allocated (with headers) and not freed */
+  size_t judge_at; /* its slices judge the memory again past this */
+  uint32_t gen;    /* bumped when the slot is recycled */
+  int state;       /* ACCT_FREE, ACCT_OPEN, ACCT_CLOSED */
+  int group;       /* its group (a skill version), 0 for none */
+  int next_free;   /* free list, while free */
+};
+
+/* A group of accounts: what its closed accounts still hold. */
+struct lrt_group {
+  size_t held;     /* bytes still charged to its closed accounts */
+  size_t check_at; /* lrt_group_over collects only past this */
+  int over;        /* it was found over budget once: it stays so */
+};
+
 struct lrt {
   lua_State *L;
   int core_ref;
   size_t mem_used, mem_cap;
+  struct lrt_acct *accts;
+  int naccts, acct_cap, acct_free; /* acct_free: first free slot, or -1 */
+  int cur;                         /* the account charged now (0: the engine) */
+  struct lrt_group *groups;
+  int ngroups, group_cap;
   int killed_ref; /* weak set of coroutines that were killed once */
   /* the slice in progress */
   int in_slice;

@@ -32,7 +32,8 @@ skills_t *skills_new(lrt_t *r, const char *const *env_names) {
   return c;
 }
 
-static void skill_free(lua_State *L, struct skill *s) {
+static void skill_free(lrt_t *r, lua_State *L, struct skill *s) {
+  lrt_account_close(r, s->mem_acct);
   if (L) luaL_unref(L, LUA_REGISTRYINDEX, s->def_ref);
   if (L && s->cfg_ref) luaL_unref(L, LUA_REGISTRYINDEX, s->cfg_ref);
   free(s->id), free(s->file), free(s->description), free(s->source);
@@ -45,7 +46,7 @@ void skills_free(skills_t *c) {
   lua_State *L = lrt_L(c->r);
   for (struct skill *s = c->head, *next; s; s = next) {
     next = s->next;
-    skill_free(L, s);
+    skill_free(c->r, L, s);
   }
   luaL_unref(L, LUA_REGISTRYINDEX, c->env_ref);
   free(c);
@@ -195,13 +196,26 @@ int skills_load(skills_t *c, const char *source, size_t len, const char *file,
   }
   lua_State *L = lrt_L(c->r);
   int top = lua_gettop(L);
+  /* What the top level makes is charged to an account of the version's
+  ** own (not the engine's), so that a run growing it is charged for the
+  ** growth (lrt.c's memory budget). */
+  int group = lrt_group_new(c->r);
+  int acct = lrt_account_open(c->r, group);
+  int prev = lrt_account_use(c->r, acct);
   int rc = load_def(c, source, len, file, se);
-  if (rc) return rc;
+  lrt_account_use(c->r, prev);
+  if (rc) {
+    lrt_account_close(c->r, acct);
+    return rc;
+  }
   s = calloc(1, sizeof *s);
   if (!s) {
     lua_settop(L, top);
+    lrt_account_close(c->r, acct);
     return err_set(&se->err, ERR_NOMEM, "out of memory");
   }
+  s->mem_group = group;
+  s->mem_acct = acct;
   memcpy(s->version, version, sizeof version);
   int spec = lua_gettop(L);
   s->id = opt_string(L, spec, "id");

@@ -28,6 +28,8 @@ struct skill {
   int has_on_failure;
   int def_ref; /* registry ref of the definition table */
   int cfg_ref; /* registry ref of the table its runs share (0 until the first run) */
+  int mem_group; /* its runs' memory accounts (lrt.h), and the account its top level's */
+  int mem_acct;  /* objects were charged to while it loaded */
   struct skill *next;
 };
 

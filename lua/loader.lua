@@ -24,6 +24,7 @@ function M.load(chunk, file, src, default_id, env_values, extra)
   end
   sandbox.freeze(env)
   local spec = skill.validate(def, file, src, default_id)
+  sandbox.freeze_state(def, env, "@" .. file)
   return def, spec
 end
 

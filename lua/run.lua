@@ -475,6 +475,9 @@ local function main(R, def, err_arg)
   local ok, res = real_xpcall(fn, handler, ctx, err_arg)
   if not ok then
     local e = unwrap(res)
+    -- A budget stopped the run: say which (an allocation refused by the
+    -- allocator raises only Lua's "not enough memory").
+    if killed() and not e.step then e.message = core.kill_reason() or e.message end
     return false, encode({ message = e.message, step = e.step, traceback = e.traceback }, 0)
   end
   local out, err = encode(res, R.cfg.output_limit)

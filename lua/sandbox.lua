@@ -150,9 +150,15 @@ local function sb_getmetatable(v)
   return false
 end
 
+-- The tables a skill's top level left (frozen by M.freeze_state): shared
+-- by all its runs, read-only once it has loaded. Weak, by table.
+local frozen = setmetatable({}, { __mode = "k" })
+
 -- Whether the raw fields of t are not skill code's to set: its metatable
--- is the runtime's and protected (the frozen globals, env).
+-- is the runtime's and protected (the views, the frozen globals, a frozen
+-- table of the top level), or it is a frozen table.
 local function locked(t)
+  if frozen[t] then return true end
   local mt = raw_getmetatable(t)
   return mt ~= nil and not mine[mt] and rawget(mt, "__metatable") ~= nil
 end
@@ -160,6 +166,7 @@ end
 -- How a read-only table is named in errors: its view's name ("ctx.step",
 -- "json"), else what it is.
 local function what_of(t)
+  if frozen[t] then return "a table of the skill's top level (shared by all its runs)" end
   return view_names[t] or "this table"
 end
 
@@ -196,9 +203,19 @@ local function filtered_next(t, k)
   return k, v
 end
 
+-- The metatable of a frozen plain table (M.freeze_state).
+local frozen_mt = {
+  __newindex = function(t, k)
+    user_error(("cannot set '%s': a table made by the skill's top level is shared by all its "
+      .. "runs and read-only once the skill has loaded (keep what a run needs in locals "
+      .. "of the run, or return it from a step)"):format(tostring(k)))
+  end,
+  __metatable = false,
+}
+
 local function runtime_owned(t)
   local mt = raw_getmetatable(t)
-  return mt ~= nil and not mine[mt]
+  return mt ~= nil and not mine[mt] and mt ~= frozen_mt
 end
 
 -- next over a view walks its backing (the view itself is the iteration's
@@ -300,6 +317,56 @@ function M.freeze(env, chunkname)
   })
   views[env] = globals
   view_names[env] = "_G"
+end
+
+-- Freeze what a skill's top level left for its runs: every table reachable
+-- from its definition, its globals and the upvalues of its functions (its
+-- own functions only; the runtime's are not walked). Runs share these, so
+-- none may change them: a plain table gets a protected metatable whose
+-- __newindex raises (a new key, t[#t + 1] = v, is an error at the line
+-- that tried), and every one of them is refused to rawset and
+-- table.insert/remove/sort. What a run writes in its locals, its step
+-- results and its return value is its own. Limits: an existing key can
+-- still be assigned (Lua cannot intercept it), an upvalue can still be
+-- reassigned, and a table with a metatable of its own keeps it (only its
+-- raw writers are refused): the memory accounting (lrt.h's groups) stops
+-- a skill whose runs keep growing such state.
+function M.freeze_state(def, env, source)
+  local seen = {}
+  local function walk(v)
+    local tv = type(v)
+    if tv == "table" then
+      if seen[v] or views[v] then return end
+      seen[v] = true
+      local mt = raw_getmetatable(v)
+      -- A protected object of the runtime (a view): read-only already.
+      if mt ~= nil and not mine[mt] and rawget(mt, "__metatable") ~= nil then return end
+      for k, x in next, v do
+        walk(k)
+        walk(x)
+      end
+      if mt and mine[mt] then walk(mt) end
+      frozen[v] = true
+      if mt == nil then setmetatable(v, frozen_mt) end
+    elseif tv == "function" then
+      if seen[v] then return end
+      seen[v] = true
+      local info = debug.getinfo(v, "S")
+      if info.source ~= source then return end -- a C function, or the runtime's
+      local i = 1
+      while true do
+        local name, x = debug.getupvalue(v, i)
+        if name == nil then break end
+        walk(x)
+        i = i + 1
+      end
+    end
+  end
+  walk(def)
+  local globals = views[env]
+  if globals then
+    for _, v in next, globals do walk(v) end
+  end
 end
 
 return M
