@@ -13,22 +13,35 @@
 struct skills {
   lrt_t *r;
   struct skill *head;
-  int env_ref;
+  int env_ref;    /* {NAME = value} of the global env list */
+  int grants_ref; /* {[skill id] = {NAME = value}} of skill_env */
 };
 
-skills_t *skills_new(lrt_t *r, const char *const *env_names) {
-  skills_t *c = calloc(1, sizeof *c);
-  if (!c) return NULL;
-  c->r = r;
-  lua_State *L = lrt_L(r);
+/* Push a table of the variables names lists that are set (NAME = value). */
+static void push_values(lua_State *L, char *const *names) {
   lua_newtable(L);
-  for (const char *const *n = env_names; n && *n; n++) {
+  for (char *const *n = names; n && *n; n++) {
     const char *v = getenv(*n);
     if (!v) continue;
     lua_pushstring(L, v);
     lua_setfield(L, -2, *n);
   }
+}
+
+skills_t *skills_new(lrt_t *r, const char *const *env_names, const struct skill_env *grants,
+                     int ngrants) {
+  skills_t *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->r = r;
+  lua_State *L = lrt_L(r);
+  push_values(L, (char *const *)env_names);
   c->env_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_newtable(L);
+  for (int i = 0; i < ngrants; i++) {
+    push_values(L, grants[i].names);
+    lua_setfield(L, -2, grants[i].skill);
+  }
+  c->grants_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   return c;
 }
 
@@ -49,6 +62,7 @@ void skills_free(skills_t *c) {
     skill_free(c->r, L, s);
   }
   luaL_unref(L, LUA_REGISTRYINDEX, c->env_ref);
+  luaL_unref(L, LUA_REGISTRYINDEX, c->grants_ref);
   free(c);
 }
 
@@ -136,8 +150,11 @@ static char *opt_json(lua_State *L, int idx, const char *key) {
 }
 
 /* Compile, run and validate source; on success the definition table and
-** the spec are left on the stack (2 values). */
-static int load_def(skills_t *c, const char *src, size_t len, const char *file,
+** the spec are left on the stack (2 values). granted: give the skill its
+** skill_env grant (a load that becomes a live version); a check never
+** does, so that checking a source that claims an id (skills.check from
+** another skill) cannot read that id's secrets. */
+static int load_def(skills_t *c, const char *src, size_t len, const char *file, int granted,
                     struct skill_error *se) {
   lrt_t *r = c->r;
   lua_State *L = lrt_L(r);
@@ -160,7 +177,10 @@ static int load_def(skills_t *c, const char *src, size_t len, const char *file,
   lua_pushlstring(L, src, len);
   lua_pushstring(L, id);
   lua_rawgeti(L, LUA_REGISTRYINDEX, c->env_ref);
-  if (lrt_pcall(r, 5, 3, e)) {
+  lua_pushnil(L); /* no extra modules */
+  if (granted) lua_rawgeti(L, LUA_REGISTRYINDEX, c->grants_ref);
+  else lua_pushnil(L);
+  if (lrt_pcall(r, 7, 3, e)) {
     lua_settop(L, top);
     return err_prefix(e, "%s", file);
   }
@@ -178,7 +198,7 @@ int skills_check(skills_t *c, const char *source, size_t len, const char *file, 
                  struct skill_error *se) {
   lua_State *L = lrt_L(c->r);
   int top = lua_gettop(L);
-  int rc = load_def(c, source, len, file, se);
+  int rc = load_def(c, source, len, file, 0, se);
   if (rc) return rc;
   if (id) *id = opt_string(L, -1, "id");
   lua_settop(L, top);
@@ -202,7 +222,7 @@ int skills_load(skills_t *c, const char *source, size_t len, const char *file,
   int group = lrt_group_new(c->r);
   int acct = lrt_account_open(c->r, group);
   int prev = lrt_account_use(c->r, acct);
-  int rc = load_def(c, source, len, file, se);
+  int rc = load_def(c, source, len, file, 1, se);
   lrt_account_use(c->r, prev);
   if (rc) {
     lrt_account_close(c->r, acct);

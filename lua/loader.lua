@@ -12,7 +12,7 @@ local setfenv, pcall, type, tostring, error = setfenv, pcall, type, tostring, er
 -- Run a compiled skill chunk in a fresh sandbox, then validate the table it
 -- returns. Returns the definition and its normalized spec, or raises a
 -- table {message=, line=, key=}.
-function M.load(chunk, file, src, default_id, env_values, extra)
+local function load_once(chunk, file, src, default_id, env_values, extra)
   local env = sandbox.new(modules.build(env_values, extra))
   setfenv(chunk, env)
   local ok, def = pcall(chunk)
@@ -26,6 +26,33 @@ function M.load(chunk, file, src, default_id, env_values, extra)
   local spec = skill.validate(def, file, src, default_id)
   sandbox.freeze_state(def, env, "@" .. file)
   return def, spec
+end
+
+-- The same, and then, for a skill the configuration grants variables to
+-- (grants: {[skill id] = {NAME = value}}, skill_env), once more with its
+-- env holding the global values and its grant: the id is known only once
+-- the top level has run, and a skill sees its grant from its top level on.
+-- The top level is deterministic (it runs again at every restart anyway);
+-- an id that comes out different the second time is refused.
+function M.load(chunk, file, src, default_id, env_values, extra, grants)
+  local def, spec = load_once(chunk, file, src, default_id, env_values, extra)
+  local grant = grants and grants[spec.id]
+  if grant == nil then return def, spec end
+  local values = {}
+  for k, v in pairs(env_values or {}) do values[k] = v end
+  for k, v in pairs(grant) do values[k] = v end
+  local ok, def2, spec2 = pcall(load_once, chunk, file, src, default_id, values, extra)
+  if not ok then
+    -- Its message could hold a granted secret (error(env.TOKEN)), and load
+    -- errors are shown to whoever lists skills: it is not passed on.
+    error({ message = ("%s: the skill loads without its granted variables (skill_env) but fails with "
+      .. "them; the error is not shown, as it could hold one of them"):format(file) }, 0)
+  end
+  if spec2.id ~= spec.id then
+    error({ message = ("%s: the skill's id came out as '%s', then as '%s' once its granted variables "
+      .. "(skill_env) were set: a skill's id cannot depend on env"):format(file, spec.id, spec2.id) }, 0)
+  end
+  return def2, spec2
 end
 
 -- The same, returning true, def, spec or false, message, line: the C side
