@@ -20,6 +20,8 @@ local function load_once(chunk, file, src, default_id, env_values, extra)
     if type(def) == "table" and def.message then def = def.message end
     local msg = tostring(def)
     if type(msg) ~= "string" then msg = "the file raised an error that is not a string" end
+    -- An error with no position (LuaJIT's own "stack overflow") still names the file.
+    if msg:sub(1, #file + 1) ~= file .. ":" then msg = file .. ": " .. msg end
     error({ message = msg, line = tonumber(msg:match("^[^:\n]+:(%d+):")) }, 0)
   end
   sandbox.freeze(env)

@@ -251,6 +251,16 @@ end
 
 M.safe_string = safe_string
 
+-- The library functions that call back into Lua from C, with the C stack
+-- guard, for the REPL's globals (the whole standard library, not a
+-- sandbox): deep recursion through them must not crash the REPL either.
+M.guarded = {
+  string = { find = core.str_find, match = core.str_match, gmatch = core.str_gmatch,
+             gsub = core.str_gsub, format = format },
+  table = { sort = sort },
+  os = { time = os_time },
+}
+
 -- Whether an environment's top level is still running (its modules may be
 -- added to until then); weak, by environment.
 local loading = setmetatable({}, { __mode = "k" })
