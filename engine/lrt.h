@@ -3,9 +3,11 @@
 ** that stops runaway skill code.
 **
 ** Budget. Skill code runs in "slices": from a resume (or a protected call)
-** to the next yield. A slice may use at most slice_ms of time and grow the
-** state's memory by at most run_memory bytes; past either, the slice is
-** killed: an error naming the budget is raised in it, and the sandbox's
+** to the next yield. A slice may use at most slice_ms of time; a run may
+** hold at most run_memory bytes in its memory account (what it keeps
+** across its slices counts: see the accounts below), and a slice with no
+** account (a skill's top level) may grow the state by as much. Past
+** either, the slice is killed: an error naming the budget is raised in it, and the sandbox's
 ** pcall/xpcall raise it again so skill code cannot swallow it. A killed
 ** coroutine stays killed (core.killed() is true in its later slices too),
 ** so a step that failed by a kill cannot be caught in orchestration code.

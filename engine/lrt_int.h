@@ -7,7 +7,9 @@
 ** Invariants of struct lrt (kept by lrt.c):
 **   - in_slice is 1 exactly while lrt_pcall, lrt_resume or
 **     lrt_resume_unbounded runs skill code; killed, kill_reason, in_run,
-**     deadline_ns, mem_base and judge_at describe that slice only;
+**     deadline_ns, mem_base and judge_at describe that slice only (judge_at
+**     is in bytes held: the account's, or the slice's growth; an account
+**     keeps its own between slices);
 **   - killed is 1 from the moment a budget (or an interrupt) stopped the
 **     slice, and kill_reason then holds the message raised in skill code;
 **   - mem_used counts every byte the allocator handed out and not freed,
