@@ -56,10 +56,13 @@ static void l_hook(lua_State *L, lua_Debug *ar);
 **
 ** A closed account (its run ended or was evicted) stays while blocks
 ** charged to it are alive, counted in its group (a skill version: its
-** runs' group). After a full collection, what a group still holds is
-** what the runs of that skill left in state they share (a top-level
-** table, an upvalue): lrt_group_held lets the engine refuse new runs of a
-** skill whose shared state grew past a run's budget.
+** runs' group). Once two collection cycles have ended since it closed
+** (a userdata's finalizer counts them), whatever is still charged to it
+** is not garbage: it is what the run left in state the skill's runs
+** share (a top-level table, an upvalue). The account is then "settled";
+** lrt_group_over compares what a group's settled accounts hold with a
+** run's budget, without forcing a collection (a full one of a big heap
+** would stall the loop).
 **
 ** The whole state is capped at mem_cap: past it, an allocation in a slice
 ** fails and kills the slice (the engine's Lua memory is full); outside a
@@ -164,7 +167,9 @@ static void uncharge(lrt_t *r, const struct mhdr *h, size_t n) {
   if (a->gen != h->gen || a->state == ACCT_FREE) return;
   a->bytes -= n;
   if (a->state == ACCT_CLOSED) {
-    r->groups[a->group].held -= n;
+    struct lrt_group *g = &r->groups[a->group];
+    g->held -= n;
+    if (a->settled) g->settled -= n;
     if (a->bytes == 0) acct_recycle(r, h->acct);
   }
 }
@@ -174,9 +179,56 @@ static void charge(lrt_t *r, struct mhdr *h, uint32_t i, size_t n) {
   struct lrt_acct *a = &r->accts[i];
   r->mem_used += n;
   a->bytes += n;
-  if (a->state == ACCT_CLOSED) r->groups[a->group].held += n;
+  if (a->state == ACCT_CLOSED) {
+    r->groups[a->group].held += n;
+    if (a->settled) r->groups[a->group].settled += n;
+  }
   h->acct = i;
   h->gen = a->gen;
+}
+
+/* Incremental collection steps lrt_group_over may take per call. */
+#define GROUP_GC_STEPS 100
+
+/* A collection cycle ended: settle the closed accounts two cycles old. */
+static void settle(lrt_t *r) {
+  int k = 0;
+  for (int j = 0; j < r->npending; j++) {
+    struct lrt_pending p = r->pending[j];
+    struct lrt_acct *a = &r->accts[p.acct];
+    if (a->gen != p.gen || a->state != ACCT_CLOSED) continue; /* recycled: all freed */
+    if (r->gc_cycles - a->closed_at < 2) {
+      r->pending[k++] = p;
+      continue;
+    }
+    a->settled = 1;
+    r->groups[a->group].settled += a->bytes;
+  }
+  r->npending = k;
+}
+
+/* Arm the cycle counter: a userdata nothing refers to, whose finalizer
+** runs at the end of the next collection cycle. */
+static void arm_sentinel(lrt_t *r, lua_State *L) {
+  lua_newuserdata(L, 1);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, r->sentinel_ref);
+  lua_setmetatable(L, -2);
+  lua_pop(L, 1);
+}
+
+/* The sentinel's __gc: count a cycle, settle, arm the next one (charged
+** to the engine, whichever run's slice the collector ran in). */
+static int c_sentinel_gc(lua_State *L) {
+  lrt_t *r = lrt_from(L);
+  r->gc_cycles++;
+  settle(r);
+  if (!r->closing) {
+    int prev = r->cur;
+    r->cur = 0;
+    arm_sentinel(r, L);
+    r->cur = prev;
+  }
+  return 0;
 }
 
 /* The account a block is charged to when it is (re)allocated: a new
@@ -591,6 +643,11 @@ int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e) {
   lua_pushfstring(L, "%s%d", "moonloop", 1);
   lua_pop(L, 1);
   luaL_openlibs(L);
+  lua_createtable(L, 0, 1);
+  lua_pushcfunction(L, c_sentinel_gc);
+  lua_setfield(L, -2, "__gc");
+  r->sentinel_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  arm_sentinel(r, L);
   lua_newtable(L);
   r->core_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_newtable(L);
@@ -630,9 +687,11 @@ int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e) {
 /* See lrt.h. NULL is ignored. */
 void lrt_free(lrt_t *r) {
   if (!r) return;
+  r->closing = 1;
   lua_close(r->L);
   free(r->accts);
   free(r->groups);
+  free(r->pending);
   free(r);
 }
 
@@ -647,7 +706,6 @@ int lrt_group_new(lrt_t *r) {
     r->group_cap *= 2;
   }
   memset(&r->groups[r->ngroups], 0, sizeof *r->groups);
-  r->groups[r->ngroups].check_at = r->mem_limit;
   return r->ngroups++;
 }
 
@@ -683,7 +741,22 @@ void lrt_account_close(lrt_t *r, int i) {
     acct_recycle(r, (uint32_t)i);
     return;
   }
+  if (r->npending == r->pending_cap) {
+    int cap = r->pending_cap ? r->pending_cap * 2 : 64;
+    struct lrt_pending *p = realloc(r->pending, (size_t)cap * sizeof *p);
+    if (!p) {
+      /* Out of memory: count it as the engine's from now on. */
+      r->accts[0].bytes += a->bytes;
+      acct_recycle(r, (uint32_t)i);
+      return;
+    }
+    r->pending = p;
+    r->pending_cap = cap;
+  }
+  r->pending[r->npending++] = (struct lrt_pending){i, a->gen};
   a->state = ACCT_CLOSED;
+  a->settled = 0;
+  a->closed_at = r->gc_cycles;
   r->groups[a->group].held += a->bytes;
 }
 
@@ -703,22 +776,18 @@ size_t lrt_account_bytes(const lrt_t *r, int i) {
 int lrt_group_over(lrt_t *r, int group, size_t *held_out) {
   if (group <= 0 || group >= r->ngroups) return 0;
   struct lrt_group *g = &r->groups[group];
-  if (held_out) *held_out = g->held;
-  if (g->over) return 1;
-  if (g->held <= g->check_at) return 0;
-  /* Garbage counts until it is collected. */
-  lrt_gc(r);
-  if (held_out) *held_out = g->held;
-  if (g->held > r->mem_limit) {
-    /* For good: the state stays, and a skill that refuses runs only while
+  /* Over a budget not yet settled (garbage, or kept): LuaJIT starts a
+  ** cycle only once the heap doubled, so help the collector on with a
+  ** bounded number of incremental steps (never a whole collection). */
+  for (int i = 0; i < GROUP_GC_STEPS && !g->over && g->held - g->settled > r->mem_limit; i++)
+    lua_gc(r->L, LUA_GCSTEP, 0);
+  if (held_out) *held_out = g->settled;
+  if (!g->over && g->settled > r->mem_limit) {
+    /* For good: the state stays, and a skill that refused runs only while
     ** it is over would let every other run grow it again. */
     g->over = 1;
-    return 1;
   }
-  /* Not over: collect again only once half a budget more is held. */
-  g->check_at = g->held + r->mem_limit / 2;
-  if (g->check_at < r->mem_limit) g->check_at = r->mem_limit;
-  return 0;
+  return g->over;
 }
 
 /* See lrt.h. */

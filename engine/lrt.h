@@ -150,9 +150,10 @@ int lrt_account_use(lrt_t *r, int acct);
 /* Bytes charged to an account now (garbage included until collected). */
 size_t lrt_account_bytes(const lrt_t *r, int acct);
 
-/* Whether the closed accounts of group hold more than a run's budget after
-** a full collection (run only when the count without one says so); what
-** they hold goes to *held. Once a group was found over, it stays over. */
+/* Whether the closed accounts of group that are two collection cycles old
+** (what they hold is kept, not garbage) hold more than a run's budget; what
+** they hold goes to *held. Never forces a collection. Once a group was
+** found over, it stays over. */
 int lrt_group_over(lrt_t *r, int group, size_t *held);
 
 /* A run's memory budget (limits.run_memory), in bytes. */

@@ -35,13 +35,21 @@ struct lrt_acct {
   int state;       /* ACCT_FREE, ACCT_OPEN, ACCT_CLOSED */
   int group;       /* its group (a skill version), 0 for none */
   int next_free;   /* free list, while free */
+  int settled;     /* closed two collection cycles ago: what is left is kept by someone */
+  uint32_t closed_at; /* the collection cycle it was closed in */
 };
 
 /* A group of accounts: what its closed accounts still hold. */
 struct lrt_group {
-  size_t held;     /* bytes still charged to its closed accounts */
-  size_t check_at; /* lrt_group_over collects only past this */
+  size_t held;     /* bytes still charged to its closed accounts (garbage included) */
+  size_t settled;  /* of those, what its settled accounts hold: kept, not garbage */
   int over;        /* it was found over budget once: it stays so */
+};
+
+/* A closed account waiting for two collection cycles to end. */
+struct lrt_pending {
+  int acct;
+  uint32_t gen;
 };
 
 struct lrt {
@@ -53,6 +61,11 @@ struct lrt {
   int cur;                         /* the account charged now (0: the engine) */
   struct lrt_group *groups;
   int ngroups, group_cap;
+  struct lrt_pending *pending; /* closed accounts not yet settled */
+  int npending, pending_cap;
+  uint32_t gc_cycles;          /* collection cycles ended (a finalizer counts them) */
+  int sentinel_ref;            /* the metatable of the finalizer's userdata */
+  int closing;                 /* lrt_free: the finalizer stops re-arming */
   int killed_ref; /* weak set of coroutines that were killed once */
   /* the slice in progress */
   int in_slice;

@@ -132,7 +132,10 @@ end }''')
                 done += 1
             else:
                 refused.append(b["error"]["message"])
-        self.assertLessEqual(done, 4)
+        # Counted once two collection cycles passed since a run ended (what
+        # is left then is kept, not garbage): 3 runs fill the budget, and
+        # the cycles may take a run or three more.
+        self.assertLessEqual(done, 6)
         self.assertTrue(refused)
         self.assertIn("cannot keep state across runs", refused[0])
         self.assertIn(BUDGET, refused[0])
