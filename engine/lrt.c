@@ -117,6 +117,7 @@ static void kill_total(lrt_t *r) {
            "stopped: the engine's Lua memory is full (%s for all runs and skills together, "
            "limits.total_memory)", b);
 }
+
 /* See lrt_int.h. */
 void lrt__kill_time(lrt_t *r) {
   r->killed = 1;

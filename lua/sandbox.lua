@@ -286,6 +286,12 @@ function M.new(mods)
     os = view({ time = os_time, date = os.date, clock = os.clock }, "os"),
   }
   loading[env] = true
+  if type(mods.json) == "table" then
+    -- json.array and json.object set a table's metatable from C, past any
+    -- protection: they would take a view's (or a frozen table's) away.
+    mods.json.array = guard_writer("json.array", mods.json.array)
+    mods.json.object = guard_writer("json.object", mods.json.object)
+  end
   for k, v in pairs(mods) do
     -- env (the configuration's values) is a view already.
     if type(v) == "table" and not views[v] then v = view(v, k) end

@@ -4,9 +4,11 @@ ctx.step and ctx.log are shared by every run; the modules and library tables
 a skill sees (json, http, llm, runs, skills, log, env, time, string, table,
 math, bit, os) and its globals are shared by all runs of the skill. They
 were read-only only to `view.k = v`: `table.insert(ctx.step, x)` and
-`rawset(json, ...)` succeeded, and what one run wrote every other run saw.
-Each is now a view with no raw storage of its own, and every writer is
-refused: assignment, rawset, table.insert/remove/sort, setmetatable.
+`rawset(json, ...)` succeeded, `json.array(ctx.step)` replaced the view's
+metatable (from C, past its protection), and what one run wrote every
+other run saw. Each is now a view with no raw storage of its own, and every
+writer is refused: assignment, rawset, table.insert/remove/sort,
+setmetatable, json.array and json.object.
 """
 import json
 import os
@@ -28,6 +30,8 @@ WRITES = {
     "table_remove": "table.remove(v)",
     "table_sort": "table.sort(v)",
     "setmetatable": "setmetatable(v, {})",
+    "json_array": "json.array(v)",
+    "json_object": "json.object(v)",
 }
 
 PROBE = '''
