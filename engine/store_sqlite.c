@@ -607,12 +607,13 @@ int store__lease_dead(sqlite3_stmt *st, const char *host, int64_t now) {
 /* Count one crash against the runs a dead owner was executing: queued
 ** ones it had claimed (it may have started them before their start was
 ** durable) and running ones (a step body, or the code between steps, was
-** in progress). Sleeping and waiting runs were parked, not executing. The
-** count goes back to 0 at the run's next checkpoint (J_RUN_SET's
-** clear_crashes). */
+** in progress). Sleeping and waiting runs were parked, not executing, and
+** so were runs queued for a concurrency slot. The count goes back to 0 at
+** the run's next checkpoint (J_RUN_SET's clear_crashes). */
 static int count_crash(store_t *s, const char *owner, err_t *e) {
   static const char *const sql[] = {
-    "UPDATE runs SET crashes = crashes + 1 WHERE owner = ?1 AND status IN ('queued','running')",
+    "UPDATE runs SET crashes = crashes + 1 WHERE owner = ?1 AND status IN ('queued','running')"
+    " AND id NOT IN (SELECT run_id FROM slot_queue)",
   };
   return store__exec_bound(s, sql, 1, owner, "counting a crash", e);
 }
