@@ -40,8 +40,10 @@ def put_skill(port, skill_id, source):
 
 
 def invoke_wait(port, skill_id, data=None):
-    """POST /v1/skills/ID/invoke with wait: (status, body)."""
-    return api(port, "POST", "/v1/skills/%s/invoke" % skill_id, {"data": data, "wait": True})
+    """POST /v1/skills/ID/invoke, waiting up to 120 s for the run's end
+    (a slow sanitized build under load): (status, body)."""
+    return api(port, "POST", "/v1/skills/%s/invoke" % skill_id, {"data": data, "wait": 120},
+               timeout=150)
 
 
 def alive(p):

@@ -14,7 +14,6 @@ fails, the engine does not.
 """
 import os
 import sys
-import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))

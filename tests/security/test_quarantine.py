@@ -20,7 +20,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from lualib import TestCase, api, alive, invoke_wait, kill9, signal_of, wait_until  # noqa: E402
+from lualib import TestCase, alive, invoke_wait, kill9, signal_of, wait_until  # noqa: E402
 
 FAULT = {"MOONLOOP_FAULT": "crash_on_log=BOOM"}
 
