@@ -62,15 +62,16 @@ void run__free_kids(struct task *t) {
 ** to it is garbage, or what the run left in state its skill's runs share
 ** (lrt.h's groups). */
 void run__task_release(struct task *t) {
-  if (!t->co) return;
   lrt_t *lrt = sched__opts(t->run->sched)->lrt;
-  luaL_unref(lrt_L(lrt), LUA_REGISTRYINDEX, t->co_ref);
-  t->co = NULL;
-  t->state = T_DONE;
   if (t == &t->run->main && t->run->mem_acct) {
+    /* Also when the coroutine was never made (a boot that failed). */
     lrt_account_close(lrt, t->run->mem_acct);
     t->run->mem_acct = 0;
   }
+  if (!t->co) return;
+  luaL_unref(lrt_L(lrt), LUA_REGISTRYINDEX, t->co_ref);
+  t->co = NULL;
+  t->state = T_DONE;
 }
 
 /* Cancel whatever a task waits on that can be cancelled. */
