@@ -794,14 +794,30 @@ int lrt_group_over(lrt_t *r, int group, size_t *held_out) {
 /* See lrt.h. */
 size_t lrt_budget(const lrt_t *r) { return r->mem_limit; }
 
-/* See lrt.h: half the machine's memory, at most 4 GB, at least 256 MB. */
+/* The memory limit of the process's cgroup (v2, then v1), or 0 for none. */
+static size_t cgroup_memory(void) {
+  static const char *const files[] = {"/sys/fs/cgroup/memory.max",
+                                      "/sys/fs/cgroup/memory/memory.limit_in_bytes", NULL};
+  for (const char *const *f = files; *f; f++) {
+    FILE *fp = fopen(*f, "r");
+    if (!fp) continue;
+    unsigned long long v = 0;
+    int n = fscanf(fp, "%llu", &v); /* "max" (no limit) reads nothing */
+    fclose(fp);
+    if (n == 1 && v > 0 && v < ((unsigned long long)1 << 50)) return (size_t)v;
+  }
+  return 0;
+}
+
+/* See lrt.h: half the machine's memory (or of its cgroup's limit, in a
+** container), at most 4 GB, at least 256 MB. */
 size_t lrt_default_state_memory(void) {
   long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
-  size_t cap = (size_t)4 << 30;
-  if (pages > 0 && size > 0) {
-    size_t half = (size_t)pages * (size_t)size / 2;
-    if (half < cap) cap = half;
-  }
+  size_t cap = (size_t)4 << 30, mem = 0;
+  if (pages > 0 && size > 0) mem = (size_t)pages * (size_t)size;
+  size_t cg = cgroup_memory();
+  if (cg && (!mem || cg < mem)) mem = cg;
+  if (mem && mem / 2 < cap) cap = mem / 2;
   if (cap < ((size_t)256 << 20)) cap = (size_t)256 << 20;
   return cap;
 }

@@ -46,9 +46,10 @@ struct lrt_opts {
   int64_t state_memory; /* cap on the whole state (default lrt_default_state_memory()) */
 };
 
-/* The default cap on the whole state: half the machine's memory, at most
-** 4 GB, at least 256 MB (so a hostile skill meets the cap, and its runs
-** fail, before the kernel kills the engine for want of memory). */
+/* The default cap on the whole state: half the machine's memory (or of
+** the cgroup's limit, in a container), at most 4 GB, at least 256 MB (so a
+** hostile skill meets the cap, and its runs fail, before the kernel kills
+** the engine for want of memory). */
 size_t lrt_default_state_memory(void);
 
 int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e);
