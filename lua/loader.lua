@@ -58,7 +58,7 @@ end
 -- Run a compiled skill chunk in a fresh sandbox, then validate the table it
 -- returns. Returns the definition and its normalized spec, or raises a
 -- table {message=, line=, key=}. recorded: see the top.
-function M.load(chunk, file, src, default_id, env_values, extra, recorded)
+local function load_once(chunk, file, src, default_id, env_values, extra, recorded)
   local env = sandbox.new(modules.build(env_values, extra))
   setfenv(chunk, env)
   local ok, def = pcall(chunk)
@@ -66,6 +66,8 @@ function M.load(chunk, file, src, default_id, env_values, extra, recorded)
     if type(def) == "table" and def.message then def = def.message end
     local msg = tostring(def)
     if type(msg) ~= "string" then msg = "the file raised an error that is not a string" end
+    -- An error with no position (LuaJIT's own "stack overflow") still names the file.
+    if msg:sub(1, #file + 1) ~= file .. ":" then msg = file .. ": " .. msg end
     error({ message = msg, line = tonumber(msg:match("^[^:\n]+:(%d+):")) }, 0)
   end
   sandbox.freeze(env)
@@ -78,7 +80,35 @@ function M.load(chunk, file, src, default_id, env_values, extra, recorded)
     if e then error({ message = ("%s:%d: %s"):format(file, e.line, e.message), line = e.line }, 0) end
     if #warnings > 0 then spec.warnings = warnings end
   end
+  sandbox.freeze_state(def, env, "@" .. file)
   return def, spec
+end
+
+-- The same, and then, for a skill the configuration grants variables to
+-- (grants: {[skill id] = {NAME = value}}, skill_env), once more with its
+-- env holding the global values and its grant: the id is known only once
+-- the top level has run, and a skill sees its grant from its top level on.
+-- The top level is deterministic (it runs again at every restart anyway);
+-- an id that comes out different the second time is refused.
+function M.load(chunk, file, src, default_id, env_values, extra, grants, recorded)
+  local def, spec = load_once(chunk, file, src, default_id, env_values, extra, recorded)
+  local grant = grants and grants[spec.id]
+  if grant == nil then return def, spec end
+  local values = {}
+  for k, v in pairs(env_values or {}) do values[k] = v end
+  for k, v in pairs(grant) do values[k] = v end
+  local ok, def2, spec2 = pcall(load_once, chunk, file, src, default_id, values, extra, recorded)
+  if not ok then
+    -- Its message could hold a granted secret (error(env.TOKEN)), and load
+    -- errors are shown to whoever lists skills: it is not passed on.
+    error({ message = ("%s: the skill loads without its granted variables (skill_env) but fails with "
+      .. "them; the error is not shown, as it could hold one of them"):format(file) }, 0)
+  end
+  if spec2.id ~= spec.id then
+    error({ message = ("%s: the skill's id came out as '%s', then as '%s' once its granted variables "
+      .. "(skill_env) were set: a skill's id cannot depend on env"):format(file, spec.id, spec2.id) }, 0)
+  end
+  return def2, spec2
 end
 
 -- The same, returning true, def, spec or false, message, line: the C side

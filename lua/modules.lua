@@ -12,7 +12,7 @@ local M = {}
 
 local OP = core.OP
 local yield = coroutine.yield
-local type, tostring, select, error, pairs, ipairs = type, tostring, select, error, pairs, ipairs
+local type, tostring, select, error, pairs, ipairs, next = type, tostring, select, error, pairs, ipairs, next
 local concat = table.concat
 local current_task, user_error, user_fatal = run.current_task, run.user_error, run.user_fatal
 
@@ -59,6 +59,22 @@ local function io_allowed(name)
   end
 end
 
+-- The request as a fresh table of its fields, headers copied: the C side
+-- reads what a run yields after the yield, outside any protected call, so
+-- it must never meet a skill's metamethods there (an __index that raises
+-- would take the engine down). Reading the fields here runs them inside
+-- the run, where an error is the run's.
+local function plain_request(req)
+  local r = { method = req.method, url = req.url, body = req.body, timeout = req.timeout }
+  local h = req.headers
+  if type(h) == "table" then
+    local copy = {}
+    for k, v in next, h do copy[k] = v end
+    r.headers = copy
+  end
+  return r
+end
+
 -- http.request{method=, url=, headers=, body= or json=, timeout=}. json =
 -- value sends value as JSON (encoded as by json.encode, with Content-Type:
 -- application/json unless headers say otherwise); body is text as is.
@@ -87,7 +103,7 @@ local function http_request(req)
       :format(type(req.body)))
   end
   io_allowed("http.request")
-  return yield(OP.HTTP, req)
+  return yield(OP.HTTP, plain_request(req))
 end
 M.http_request = http_request
 
@@ -100,7 +116,7 @@ end
 -- Perform a request and raise on a transport failure or a non-2xx status.
 local function checked(name, req)
   io_allowed(name)
-  local resp, err = yield(OP.HTTP, req)
+  local resp, err = yield(OP.HTTP, plain_request(req))
   if not resp then user_error(("%s: %s"):format(name, err)) end
   if resp.status < 200 or resp.status > 299 then
     user_error(("%s: %s %s returned %d: %s"):format(name, req.method or "GET", req.url, resp.status,
@@ -381,11 +397,7 @@ local function make_skills()
 end
 
 local function make_env(values)
-  return setmetatable({}, {
-    __index = values,
-    __newindex = function(_, k) user_error(("env is read-only (tried to set '%s')"):format(tostring(k))) end,
-    __metatable = false,
-  })
+  return run.read_only(values, "env")
 end
 
 -- The module table for one sandbox. `extra` adds modules (llm, runs, skills).

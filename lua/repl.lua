@@ -177,6 +177,9 @@ local function message_of(v)
 end
 
 local function print_error(e)
+  -- The handler itself failed (no stack left after a stack overflow):
+  -- xpcall then gives the error as it was raised.
+  if type(e) ~= "table" or (e.value == nil and e.traceback == nil) then e = { value = e } end
   io.stderr:write(term(message_of(e.value)), "\n")
   local tb = short_traceback(e.traceback)
   -- A traceback that only names the chunk typed at the prompt says nothing new.
@@ -575,11 +578,53 @@ local function unswallowable()
   }
 end
 
+-- The standard library with the C stack guard (lrt.h) on every function
+-- that calls back into Lua from C: the sandbox's guarded string, table and
+-- os functions, and print, coroutine.resume and coroutine.wrap (a
+-- coroutine resumed from a coroutine nests C frames too, and LuaJIT bounds
+-- each coroutine's Lua stack, not their number).
+local function guarded(base)
+  local g = require("sandbox").guarded
+  local cstack = core.cstack
+  local out = {}
+  for lib, fns in pairs(g) do
+    local t = {}
+    for k, v in pairs(_G[lib]) do t[k] = v end
+    for k, v in pairs(fns) do t[k] = v end
+    out[lib] = t
+  end
+  local real_print = print
+  out.print = function(...)
+    cstack("print")
+    return real_print(...)
+  end
+  local co = base.coroutine
+  local resume, create = co.resume, co.create
+  co.resume = function(c, ...)
+    cstack("coroutine.resume")
+    return resume(c, ...)
+  end
+  co.wrap = function(f)
+    local c = create(f)
+    local function pass(ok, ...)
+      if not ok then error((...), 0) end
+      return ...
+    end
+    return function(...)
+      cstack("coroutine.wrap")
+      return pass(resume(c, ...))
+    end
+  end
+  return out
+end
+
 -- Build the REPL's globals. env_values: the configuration's env.* values.
 function M.init(env_values)
   env = {}
   for k, v in pairs(_G) do env[k] = v end
-  for k, v in pairs(unswallowable()) do env[k] = v end
+  local base = unswallowable()
+  for k, v in pairs(base) do env[k] = v end
+  for k, v in pairs(guarded(base)) do env[k] = v end
   for k, v in pairs(modules.build(env_values)) do env[k] = v end
   for k, v in pairs(make_functions()) do env[k] = v end
   -- print as Lua's, its text escaped as everything else the REPL prints.

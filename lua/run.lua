@@ -415,13 +415,39 @@ end
 -- are read-only views: no skill can replace them for the others.
 local ctx_mt = { __metatable = false }
 local ctx_runs = setmetatable({}, { __mode = "k" }) -- ctx -> R
-local function read_only(t, what)
-  return setmetatable({}, {
+
+-- Read-only views. A view is an empty table whose protected metatable
+-- reads through to a backing table: skill code reads the backing's fields
+-- through it, and nothing it does writes them: `view.k = v` raises
+-- (__newindex), and since the view has no raw storage, the raw writers
+-- (rawset, table.insert/remove/sort) are refused by the sandbox for any
+-- table with a protected runtime metatable; setmetatable refuses it too.
+-- pairs and next walk the backing (the sandbox's, through `views`), and
+-- never hand the backing itself to skill code. writable, when given, is
+-- asked on each write: the module tables a skill sees may be added to by
+-- its own top level while it loads (function string.trim ... end), and
+-- are read-only from then on.
+local views = setmetatable({}, { __mode = "k" }) -- view -> backing
+local view_names = setmetatable({}, { __mode = "k" }) -- view -> its name, for errors
+M.views, M.view_names = views, view_names
+
+local function read_only(t, what, writable)
+  local v = setmetatable({}, {
     __index = t,
-    __newindex = function(_, k) user_error(("%s is read-only (tried to set '%s')"):format(what, tostring(k))) end,
+    __newindex = function(_, k, val)
+      if writable and writable() then
+        t[k] = val
+        return
+      end
+      user_error(("%s is read-only (tried to set '%s')"):format(what, tostring(k)))
+    end,
     __metatable = false,
   })
+  views[v] = t
+  view_names[v] = what
+  return v
 end
+M.read_only = read_only
 local step_view, log_view
 local function in_step_of()
   local T = current_task()
@@ -436,11 +462,13 @@ local ctx_fields = {
   trigger = function(R) return M.trigger(R) end,
   step = function()
     if not step_view then
-      -- ctx.step.wait is an error that names the steps, not a nil to call.
-      step_view = read_only(setmetatable({}, { __index = function(_, k)
-        local f = M.step[k]
-        if f == nil then user_fatal(api.unknown("step", k)) end
-        return f
+      -- The steps as the view's backing (pairs and next walk it; every
+      -- step is installed before the first run asks); ctx.step.wait is
+      -- an error that names the steps, not a nil to call.
+      local steps = {}
+      for k, f in pairs(M.step) do steps[k] = f end
+      step_view = read_only(setmetatable(steps, { __index = function(_, k)
+        user_fatal(api.unknown("step", k))
       end }), "ctx.step")
     end
     return step_view
@@ -473,6 +501,9 @@ local function main(R, def, err_arg)
   local ok, res = real_xpcall(fn, handler, ctx, err_arg)
   if not ok then
     local e = unwrap(res)
+    -- A budget stopped the run: say which (an allocation refused by the
+    -- allocator raises only Lua's "not enough memory").
+    if killed() and not e.step then e.message = core.kill_reason() or e.message end
     return false, encode({ message = e.message, step = e.step, traceback = e.traceback }, 0)
   end
   local out, err = encode(res, R.cfg.output_limit)

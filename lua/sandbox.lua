@@ -32,9 +32,11 @@ local M = {}
 local pairs, next, type, error, select, tostring, tonumber = pairs, next, type, error, select, tostring, tonumber
 local real_pcall, real_xpcall = pcall, xpcall
 local setmetatable, getmetatable, rawset, rawget = setmetatable, getmetatable, rawset, rawget
-local raw_getmetatable = debug.getmetatable
+local raw_getmetatable, raw_setmetatable = debug.getmetatable, debug.setmetatable
 local concat = table.concat
-local user_error = require("run").user_error -- errors at the skill's line
+local run = require("run")
+local user_error = run.user_error -- errors at the skill's line
+local read_only, views, view_names = run.read_only, run.views, run.view_names
 
 local function copy(t, except)
   local c = {}
@@ -98,18 +100,40 @@ end
 -- and its quicksort has inputs that make it quadratic (32768 numbers take
 -- seconds, a million take hours). Past a few thousand elements it is
 -- given a comparator in Lua, with the JIT off so that the hook fires.
+--
+-- The library's C functions that call back into Lua (table.sort's
+-- comparator and __lt, string.format's __tostring, os.time's table with
+-- an __index) nest a C frame per level of recursion through them: each
+-- checks the C stack first (core.cstack, lrt.h's guard), so deep recursion
+-- is a "stack overflow" error, never a crash. The wrappers call the real
+-- function as a tail call, so its own errors read as before.
+local cstack = core.cstack
 local real_sort = table.sort
 local function lt(a, b) return a < b end
 jit.off(lt)
 local function sort(t, comp)
+  cstack("table.sort")
   if comp == nil and type(t) == "table" and #t > 2000 then comp = lt end
   return real_sort(t, comp)
 end
 local safe_table = copy(table)
 safe_table.sort = sort
 
+local real_format = string.format
+local function format(...)
+  cstack("string.format")
+  return real_format(...)
+end
+
+-- (os.time looked up at each call: moonloop test puts a virtual clock there.)
+local function os_time(...)
+  cstack("os.time")
+  return os.time(...)
+end
+
 local safe_string = copy(string, { dump = true })
 safe_string.rep = rep
+safe_string.format = format
 -- Pattern functions that check the time budget as they go (a backtracking
 -- pattern can run for hours inside one C call, out of the hook's sight).
 safe_string.find, safe_string.match = core.str_find, core.str_match
@@ -137,19 +161,46 @@ local function sb_getmetatable(v)
   return false
 end
 
+-- The tables a skill's top level left (frozen by M.freeze_state): shared
+-- by all its runs, read-only once it has loaded. Weak, by table.
+local frozen = setmetatable({}, { __mode = "k" })
+
 -- Whether the raw fields of t are not skill code's to set: its metatable
--- is the runtime's and protected (the frozen globals, env).
+-- is the runtime's and protected (the views, the frozen globals, a frozen
+-- table of the top level), or it is a frozen table.
 local function locked(t)
+  if frozen[t] then return true end
   local mt = raw_getmetatable(t)
   return mt ~= nil and not mine[mt] and rawget(mt, "__metatable") ~= nil
 end
 
+-- How a read-only table is named in errors: its view's name ("ctx.step",
+-- "json"), else what it is.
+local function what_of(t)
+  if frozen[t] then return "a table of the skill's top level (shared by all its runs)" end
+  return view_names[t] or "this table"
+end
+
 local function sb_rawset(t, k, v)
   if type(t) == "table" and locked(t) then
-    user_error(("rawset: this table is read-only (tried to set '%s')"):format(tostring(k)))
+    user_error(("rawset: %s is read-only (tried to set '%s')"):format(what_of(t), tostring(k)))
   end
   return rawset(t, k, v)
 end
+
+-- The table library's raw writers, refused on read-only tables as rawset
+-- is: a view has no raw storage, and table.insert would give it some that
+-- every run sharing the view would see. The real function is called as a
+-- tail call, so its own errors read as before.
+local function guard_writer(name, f)
+  return function(t, ...)
+    if type(t) == "table" and locked(t) then user_error(("%s: %s is read-only"):format(name, what_of(t))) end
+    return f(t, ...)
+  end
+end
+safe_table.insert = guard_writer("table.insert", table.insert)
+safe_table.remove = guard_writer("table.remove", table.remove)
+safe_table.sort = guard_writer("table.sort", sort)
 
 local data_key = { string = true, number = true, boolean = true }
 
@@ -163,13 +214,32 @@ local function filtered_next(t, k)
   return k, v
 end
 
+-- The metatable of a frozen plain table (M.freeze_state).
+local frozen_mt = {
+  __newindex = function(t, k)
+    user_error(("cannot set '%s': a table made by the skill's top level is shared by all its "
+      .. "runs and read-only once the skill has loaded (keep what a run needs in locals "
+      .. "of the run, or return it from a step)"):format(tostring(k)))
+  end,
+  __metatable = false,
+}
+
 local function runtime_owned(t)
   local mt = raw_getmetatable(t)
-  return mt ~= nil and not mine[mt]
+  return mt ~= nil and not mine[mt] and mt ~= frozen_mt
+end
+
+-- next over a view walks its backing (the view itself is the iteration's
+-- state, so the backing never reaches skill code).
+local function view_next(v, k)
+  return next(views[v], k)
 end
 
 local function sb_next(t, k)
-  if type(t) == "table" and runtime_owned(t) then return filtered_next(t, k) end
+  if type(t) == "table" then
+    if views[t] then return view_next(t, k) end
+    if runtime_owned(t) then return filtered_next(t, k) end
+  end
   return next(t, k)
 end
 
@@ -177,6 +247,7 @@ local function sb_pairs(t)
   if type(t) ~= "table" then
     user_error(("bad argument #1 to 'pairs' (table expected, got %s)"):format(type(t)))
   end
+  if views[t] then return view_next, t, nil end
   if runtime_owned(t) then return filtered_next, t, nil end
   return next, t, nil
 end
@@ -191,20 +262,52 @@ end
 
 M.safe_string = safe_string
 
+-- The library functions that call back into Lua from C, with the C stack
+-- guard, for the REPL's globals (the whole standard library, not a
+-- sandbox): deep recursion through them must not crash the REPL either.
+M.guarded = {
+  string = { find = core.str_find, match = core.str_match, gmatch = core.str_gmatch,
+             gsub = core.str_gsub, format = format },
+  table = { sort = sort },
+  os = { time = os_time },
+}
+
+-- Whether an environment's top level is still running (its modules may be
+-- added to until then); weak, by environment.
+local loading = setmetatable({}, { __mode = "k" })
+
 -- Build a fresh environment. `mods` holds the engine modules to expose
 -- (json, http, log, env, time, fatal, ...); `log` is used for print.
+-- Every library and module table is a read-only view of this sandbox's
+-- own copy (the runs of a skill share its sandbox): the skill's top level
+-- may add to them while it loads, nothing can change them after.
 function M.new(mods)
   local log = mods.log
-  local env = {
+  local env
+  local function writable() return loading[env] == true end
+  local function view(t, name) return read_only(t, name, writable) end
+  env = {
     assert = assert, error = error, ipairs = ipairs, next = sb_next, pairs = sb_pairs,
     pcall = pcall, xpcall = xpcall, rawequal = rawequal, rawget = rawget, rawset = sb_rawset,
     select = select, tonumber = tonumber, tostring = sb_tostring, type = type,
     unpack = unpack, setmetatable = sb_setmetatable, getmetatable = sb_getmetatable,
     _VERSION = _VERSION,
-    string = copy(safe_string), table = copy(safe_table), math = copy(math, { randomseed = true }), bit = copy(bit),
-    os = { time = os.time, date = os.date, clock = os.clock },
+    string = view(copy(safe_string), "string"), table = view(copy(safe_table), "table"),
+    math = view(copy(math, { randomseed = true }), "math"), bit = view(copy(bit), "bit"),
+    os = view({ time = os_time, date = os.date, clock = os.clock }, "os"),
   }
-  for k, v in pairs(mods) do env[k] = v end
+  loading[env] = true
+  if type(mods.json) == "table" then
+    -- json.array and json.object set a table's metatable from C, past any
+    -- protection: they would take a view's (or a frozen table's) away.
+    mods.json.array = guard_writer("json.array", mods.json.array)
+    mods.json.object = guard_writer("json.object", mods.json.object)
+  end
+  for k, v in pairs(mods) do
+    -- env (the configuration's values) is a view already.
+    if type(v) == "table" and not views[v] then v = view(v, k) end
+    env[k] = v
+  end
   env.print = function(...)
     local n = select("#", ...)
     local parts = {}
@@ -215,19 +318,82 @@ function M.new(mods)
   return env
 end
 
--- After a skill file's top level has run, its globals are fixed: assigning
--- a new global or reading an undefined one is an error (it is nearly always
--- a typo, and globals that change between runs would break replay).
+-- After a skill file's top level has run, its globals are fixed: the
+-- environment becomes a view of what its top level left there (so no run
+-- can replace a global the others use: `json = nil` is an error, like a
+-- new global), reading an undefined global is an error (nearly always a
+-- typo), and its module tables are read-only from now on. Globals that
+-- changed between runs would break replay too.
 function M.freeze(env, chunkname)
-  setmetatable(env, {
-    __newindex = function(_, k)
-      user_error(("cannot set global '%s' in skill code after it loaded: use a local"):format(tostring(k)))
-    end,
+  loading[env] = nil
+  local globals = {}
+  for k, v in next, env do globals[k] = v end
+  for k in next, globals do rawset(env, k, nil) end
+  setmetatable(globals, {
     __index = function(_, k)
       user_error(("undefined global '%s'"):format(tostring(k)))
     end,
+  })
+  -- Raw: the top level may have set a metatable of its own on _G.
+  raw_setmetatable(env, {
+    __index = globals,
+    __newindex = function(_, k)
+      user_error(("cannot set global '%s' in skill code after it loaded: use a local"):format(tostring(k)))
+    end,
     __metatable = false,
   })
+  views[env] = globals
+  view_names[env] = "_G"
+end
+
+-- Freeze what a skill's top level left for its runs: every table reachable
+-- from its definition, its globals and the upvalues of its functions (its
+-- own functions only; the runtime's are not walked). Runs share these, so
+-- none may change them: a plain table gets a protected metatable whose
+-- __newindex raises (a new key, t[#t + 1] = v, is an error at the line
+-- that tried), and every one of them is refused to rawset and
+-- table.insert/remove/sort. What a run writes in its locals, its step
+-- results and its return value is its own. Limits: an existing key can
+-- still be assigned (Lua cannot intercept it), an upvalue can still be
+-- reassigned, and a table with a metatable of its own keeps it (only its
+-- raw writers are refused): the memory accounting (lrt.h's groups) stops
+-- a skill whose runs keep growing such state.
+function M.freeze_state(def, env, source)
+  local seen = {}
+  local function walk(v)
+    local tv = type(v)
+    if tv == "table" then
+      if seen[v] or views[v] then return end
+      seen[v] = true
+      local mt = raw_getmetatable(v)
+      -- A protected object of the runtime (a view): read-only already.
+      if mt ~= nil and not mine[mt] and rawget(mt, "__metatable") ~= nil then return end
+      for k, x in next, v do
+        walk(k)
+        walk(x)
+      end
+      if mt and mine[mt] then walk(mt) end
+      frozen[v] = true
+      if mt == nil then setmetatable(v, frozen_mt) end
+    elseif tv == "function" then
+      if seen[v] then return end
+      seen[v] = true
+      local info = debug.getinfo(v, "S")
+      if info.source ~= source then return end -- a C function, or the runtime's
+      local i = 1
+      while true do
+        local name, x = debug.getupvalue(v, i)
+        if name == nil then break end
+        walk(x)
+        i = i + 1
+      end
+    end
+  end
+  walk(def)
+  local globals = views[env]
+  if globals then
+    for _, v in next, globals do walk(v) end
+  end
 end
 
 return M

@@ -4,6 +4,7 @@
 #include "base/fault.h"
 
 #ifdef MOONLOOP_FAULTS
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -18,6 +19,20 @@ void fault_point(const char *name) {
       struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
       nanosleep(&ts, NULL);
       return;
+    }
+  }
+}
+/* See fault.h. */
+void fault_crash(const char *name, const char *text) {
+  const char *spec = getenv("MOONLOOP_FAULT");
+  if (!spec || !text) return;
+  size_t n = strlen(name), t = strlen(text);
+  for (const char *p = spec; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
+    if (!strncmp(p, name, n) && p[n] == '=' && !strncmp(p + n + 1, text, t) &&
+        (p[n + 1 + t] == 0 || p[n + 1 + t] == ',')) {
+      /* A real crash, as a bad pointer would make: no handler, no cleanup. */
+      signal(SIGSEGV, SIG_DFL);
+      raise(SIGSEGV);
     }
   }
 }

@@ -6,14 +6,21 @@
 ** release build may leave it out with -DMOONLOOP_FAULTS=OFF).
 **
 ** Points: "commit" (inside the transaction, before COMMIT).
+**
+** Crash points: fault_crash(name, text) kills the process with SIGSEGV
+** when MOONLOOP_FAULT holds "name=TEXT" and text is TEXT, so a test can
+** make a real crash happen where a run is executing. Point:
+** "crash_on_log" (a run logs the line TEXT: log.info("TEXT")).
 */
 #ifndef ML_FAULT_H
 #define ML_FAULT_H
 
 #ifdef MOONLOOP_FAULTS
 void fault_point(const char *name);
+void fault_crash(const char *name, const char *text);
 #else
 #define fault_point(name) ((void)0)
+#define fault_crash(name, text) ((void)0)
 #endif
 
 #endif

@@ -16,6 +16,7 @@
 #include <cJSON.h>
 #include <dirent.h>
 #include <lua.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -149,6 +150,9 @@ int cli_check(struct cli *c) {
     return cli_fail(EXIT_USAGE, "check: no skill files (*.lua, not *_test.lua) in %s",
                     dirs == 1 ? c->args[0] : "the given folders");
   }
+  /* A secret in the global env list reaches every skill checked here. */
+  char warning[1200];
+  if (config_env_warning(&c->cfg, warning, sizeof warning)) fprintf(stderr, "moonloop: %s\n", warning);
   struct engine en;
   memset(&en, 0, sizeof en);
   err_t e;

@@ -4,12 +4,14 @@
 ** exit status 0 means the change is durable, whether an engine runs or not.
 */
 #include "base/ids.h"
+#include "base/proc.h"
 #include "base/units.h"
 #include "cli/cli.h"
 #include "cli/client.h"
 #include "core/engine.h"
 
 #include <cJSON.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,12 +85,22 @@ int cli_cancel(struct cli *c) {
   struct engine en;
   int rc = open_store(c, &en);
   if (rc) return rc;
+  err_t e;
+  /* An engine that died (crashed, killed) still holds its runs until its
+  ** lease expires, and a cancellation of a held run only asks its owner.
+  ** Reap the leases of dead processes on this host first, as `serve` does
+  ** when it starts: their runs are then unowned, and cancelled now, before
+  ** any engine resumes them (a run that crashes the engine on every
+  ** restart can be cancelled with no engine running). Only dead ones
+  ** (now 0: no lease counts as expired): a live engine, even a frozen one
+  ** past its lease, keeps its runs, and is fenced per run if it comes back. */
+  if (store_reap(en.store, proc_hostname(), 0, &e) < 0)
+    fprintf(stderr, "moonloop: cancel: %s (going on)\n", e.msg);
   journal_t *j = journal_new();
   struct cancel_row cr = {.run_id = c->args[0], .reason = "cancelled from the command line",
                           .at = units_now_ms()};
   journal_cancel(j, &cr);
   char *got = NULL;
-  err_t e;
   rc = commit_one(&en, j, &got, &e);
   engine_close(&en);
   if (rc) return cli_fail(EXIT_FAILED, "%s", e.msg);

@@ -72,6 +72,8 @@ int cli_serve(struct cli *c) {
   memset(&sv, 0, sizeof sv);
   sv.cfg = &c->cfg;
   err_t e;
+  char warning[1200];
+  if (config_env_warning(&c->cfg, warning, sizeof warning)) fprintf(stderr, "moonloop: %s\n", warning);
   if (engine_open(&sv.en, &c->cfg, SCHED_SERVE, c->verbose, &e)) {
     engine_close(&sv.en);
     return cli_fail(EXIT_FAILED, "%s", e.msg);

@@ -36,9 +36,11 @@ static void llm_settings(struct engine *en, const struct config *cfg) {
 int engine_open_runtime(struct engine *en, const struct config *cfg, err_t *e) {
   if (!en->cfg) memset(en, 0, sizeof *en);
   en->cfg = cfg;
-  struct lrt_opts lo = {.slice_ms = cfg->slice_ms, .run_memory = cfg->run_memory};
+  struct lrt_opts lo = {.slice_ms = cfg->slice_ms, .run_memory = cfg->run_memory,
+                        .state_memory = cfg->total_memory};
   if (lrt_new(&lo, &en->lrt, e)) return e->code;
-  en->skills = skills_new(en->lrt, (const char *const *)cfg->env);
+  en->skills = skills_new(en->lrt, (const char *const *)cfg->env, cfg->skill_env,
+                          cfg->nskill_env);
   if (!en->skills) return err_set(e, ERR_NOMEM, "out of memory");
   llm_settings(en, cfg);
   modules_register(en);

@@ -141,6 +141,8 @@ static int c_skills_get(lua_State *L) {
 ** nil, message, line. */
 static int c_skills_check(lua_State *L) {
   struct engine *en = up_engine(L);
+  /* The source's top level may call skills.check again (lrt.h's guard). */
+  lrt_cstack_check(L, "skills.check");
   size_t len;
   const char *src = luaL_checklstring(L, 1, &len);
   const char *name = luaL_optstring(L, 2, "skill.lua");

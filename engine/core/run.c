@@ -10,6 +10,7 @@
 ** queue, never from a completion handler: handlers push the values to
 ** resume with and count the completion (run__complete).
 */
+#include "base/fault.h"
 #include "base/ids.h"
 #include "base/term.h"
 #include "base/units.h"
@@ -58,10 +59,18 @@ void run__free_kids(struct task *t) {
   t->nkids = t->kids_left = 0;
 }
 
-/* Drop the coroutine: nothing will resume it again. */
+/* Drop the coroutine: nothing will resume it again. The main task's
+** coroutine takes the run's memory account with it: what is left charged
+** to it is garbage, or what the run left in state its skill's runs share
+** (lrt.h's groups). */
 void run__task_release(struct task *t) {
-  if (!t->co) return;
   lrt_t *lrt = sched__opts(t->run->sched)->lrt;
+  if (t == &t->run->main && t->run->mem_acct) {
+    /* Also when the coroutine was never made (a boot that failed). */
+    lrt_account_close(lrt, t->run->mem_acct);
+    t->run->mem_acct = 0;
+  }
+  if (!t->co) return;
   luaL_unref(lrt_L(lrt), LUA_REGISTRYINDEX, t->co_ref);
   t->co = NULL;
   t->state = T_DONE;
@@ -104,8 +113,16 @@ static void on_durable(void *arg) {
   run_unref(r);
 }
 
-/* Count one completion for t once the open group is durable. */
+/* Count one completion for t once the open group is durable. The run
+** reached a checkpoint: a crash count it brought from the store goes back
+** to 0 in the same group. */
 void run__wait_durable(struct task *t) {
+  struct run *r = t->run;
+  if (r->crashes) {
+    struct run_set set = {.run_id = r->id, .clear_crashes = 1};
+    journal_run_set(sched__journal(r->sched), &set);
+    r->crashes = 0;
+  }
   t->run->refs++;
   sched__after_commit(t->run->sched, on_durable, t);
 }
@@ -289,19 +306,40 @@ static void push_cfg(lua_State *L, struct skill *sk, const struct sched_opts *o)
   sk->cfg_ref = luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
-/* See run.h: run.lua's new(ctx, def, journal) makes the coroutine. */
+/* Refuse a run of a skill whose earlier runs left more than a run's
+** memory budget in state its runs share (a top-level table or upvalue):
+** a skill cannot keep growing what every run holds (lrt.h's groups). */
+static int check_shared_state(struct run *r, lrt_t *lrt, err_t *e) {
+  size_t held;
+  if (!lrt_group_over(lrt, r->skill->mem_group, &held)) return 0;
+  char h[48], b[48];
+  units_fmt_over((int64_t)held, (int64_t)lrt_budget(lrt), h, b, sizeof h);
+  return err_set(e, ERR_NOMEM, "skill '%s': its earlier runs left %s in state its runs share "
+                 "(a top-level table or variable), more than a run's memory budget of %s "
+                 "(limits.run_memory): a skill cannot keep state across runs; this version "
+                 "of it starts no more runs (change the skill, or restart the engine)",
+                 r->skill->id, h, b);
+}
+
+/* See run.h: run.lua's new(ctx, def, journal) makes the coroutine, in
+** the run's own memory account. */
 int run_boot(struct run *r, const cJSON *journal, err_t *e) {
   sched_t *s = r->sched;
   const struct sched_opts *o = sched__opts(s);
   lua_State *L = lrt_L(o->lrt);
   int top = lua_gettop(L);
+  int prev = -1;
+  if (check_shared_state(r, o->lrt, e)) goto fail;
   if (lrt_require(o->lrt, "run", e)) goto fail;
   lua_getfield(L, -1, "new");
-  lua_createtable(L, 0, 16);
-  lua_pushstring(L, r->id), lua_setfield(L, -2, "run_id");
-  lua_pushstring(L, r->entry), lua_setfield(L, -2, "entry");
-  lua_pushnumber(L, (lua_Number)r->started_at), lua_setfield(L, -2, "started_at");
   push_cfg(L, r->skill, o);
+  if (!r->mem_acct) r->mem_acct = lrt_account_open(o->lrt, r->skill->mem_group);
+  prev = lrt_account_use(o->lrt, r->mem_acct);
+  lua_createtable(L, 0, 16);
+  lua_insert(L, -2);
+  lua_pushstring(L, r->id), lua_setfield(L, -3, "run_id");
+  lua_pushstring(L, r->entry), lua_setfield(L, -3, "entry");
+  lua_pushnumber(L, (lua_Number)r->started_at), lua_setfield(L, -3, "started_at");
   lua_setfield(L, -2, "cfg");
   if (r->trigger) lua_pushstring(L, r->trigger), lua_setfield(L, -2, "trigger");
   if (r->input) lua_pushstring(L, r->input), lua_setfield(L, -2, "input");
@@ -312,6 +350,8 @@ int run_boot(struct run *r, const cJSON *journal, err_t *e) {
     lua_pushnil(L);
   }
   if (lrt_pcall(o->lrt, 3, 1, e)) goto fail;
+  lrt_account_use(o->lrt, prev);
+  prev = -1;
   lua_State *co = lua_tothread(L, -1);
   if (!co) {
     err_set(e, ERR_INTERNAL, "run.new did not return a coroutine");
@@ -328,6 +368,7 @@ int run_boot(struct run *r, const cJSON *journal, err_t *e) {
   sched__ready(s, &r->main);
   return 0;
 fail:
+  if (prev >= 0) lrt_account_use(o->lrt, prev);
   lua_settop(L, top);
   return err_prefix(e, "starting run %s", r->id);
 }
@@ -416,14 +457,14 @@ static void link_run(sched_t *s, struct run *r) {
   if (r->deadline_at) sched__timer_start(s, &r->deadline, r->deadline_at);
 }
 
-/* See run.h. */
+/* See run.h: a run that cannot start here fails, saying why (its row is
+** journaled already: it must not stay "running" with no one to run it). */
 int run_start(sched_t *s, struct run *r, const cJSON *journal, err_t *e) {
   link_run(s, r);
   if (run_boot(r, journal, e)) {
-    sched__timer_stop(s, &r->deadline);
-    sched__run_unlink(s, r);
-    run_unref(r);
-    return e->code;
+    char *js = jsontext_message(e->msg);
+    run_abort(r, "failed", js);
+    free(js);
   }
   return 0;
 }
@@ -652,8 +693,13 @@ int run__push_http_response(lua_State *co, const struct httpc_resp *resp) {
 ** nil and the message. */
 static void on_http(const struct httpc_resp *resp, void *ud) {
   struct task *t = ud;
+  lrt_t *lrt = sched__opts(t->run->sched)->lrt;
   t->xfer = NULL;
+  /* The body is the run's to keep: charge it to the run (its next slice
+  ** judges it against the budget). */
+  int prev = lrt_account_use(lrt, t->run->mem_acct);
   t->nres = run__push_http_response(t->co, resp);
+  lrt_account_use(lrt, prev);
   run__complete(t);
 }
 
@@ -735,7 +781,9 @@ void run_resume(struct task *t) {
   int nres = t->nres;
   t->nres = 0;
   sched__set_current(s, t);
+  int prev = lrt_account_use(lrt, r->mem_acct);
   int rc = lrt_resume(lrt, t->co, nres);
+  lrt_account_use(lrt, prev);
   sched__set_current(s, NULL);
   if (lrt_interrupted(lrt)) {
     /* Ctrl-C in the REPL (lrt_interrupt): drop the run without writing
@@ -791,6 +839,7 @@ static int c_log(lua_State *L) {
     term_printf(stderr, "[%s] %s\n", level, msg);
     return 0;
   }
+  fault_crash("crash_on_log", msg); /* tests: a real crash while a run executes */
   struct log_row row = {.run_id = t->run->id, .seq = seq, .ts = units_now_ms(), .level = level,
                         .msg = msg};
   journal_log(sched__journal(s), &row);

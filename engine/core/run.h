@@ -116,6 +116,9 @@ struct run {
   int64_t wake_at;   /* dormant: when to wake (0: when something is delivered) */
   struct stimer wake;
   struct stimer deadline;
+  int mem_acct;      /* the memory account of its coroutines (lrt.h), while it has them */
+  int crashes;       /* processes that died while it executed, since its last checkpoint
+                     ** (from the store; cleared at its next durable write) */
   char *ckey;        /* its concurrency key's value (JSON), when the skill has a limit */
   int slot_held, slot_pending;
   struct run *prev, *next; /* the scheduler's list of live runs */
@@ -123,7 +126,9 @@ struct run {
 
 /* Build a run from a stored row, push its coroutine (replaying journal,
 ** a cJSON array from store_get_steps or NULL) and make its main task ready.
-** On failure the run is not created. */
+** A run whose coroutine cannot be made (its skill's shared state is over
+** budget, out of memory) fails at once with the reason in its trace;
+** returns 0 either way (e then holds the reason). */
 int run_start(sched_t *s, struct run *r, const cJSON *journal, err_t *e);
 
 /* Build a run's coroutine and make its main task ready: replaying journal

@@ -318,9 +318,26 @@ int sched__live_skill(sched_t *s, const char *id, struct skill **out, err_t *e) 
 /* See run.h. */
 void sched__live_forget(sched_t *s) { s->nlive = 0; }
 
+/* End an adopted run r without running any of its code (nor loading its
+** skill): cancelled (reason) or failed (message). */
+static void adopt_end(sched_t *s, struct run *r, const char *status, const char *msg) {
+  char *ej = jsontext_message(msg);
+  r->skill = NULL;
+  r->main.run = r; /* finishing stops its (never started) main task */
+  sched__run_link(s, r);
+  r->refs = 1;
+  run_abort(r, status, ej);
+  free(ej);
+}
+
 /* See sched.h: a queued run starts; a parked one waits dormant; one that
 ** was running is replayed from its steps. A version that cannot be loaded
-** fails the run, saying why. */
+** fails the run, saying why. Before any of its code runs: a run whose
+** cancellation was asked for while its owner could not act on it (an
+** engine that died, `moonloop cancel` with no engine running) ends
+** cancelled, and a run that was executing each time its process died,
+** SCHED_MAX_CRASHES times since its last checkpoint, is failed
+** (quarantined): resuming it would only take this engine down too. */
 int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
   struct skill *skill = NULL;
   struct run *r = calloc(1, sizeof *r);
@@ -334,16 +351,26 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
   r->created_at = row->created_at;
   r->started_at = row->started_at ? row->started_at : units_now_ms();
   r->deadline_at = row->deadline_at;
+  r->crashes = row->crashes;
+  if (row->cancel_requested) {
+    char msg[600];
+    snprintf(msg, sizeof msg, "cancelled: %s", row->cancel_reason ? row->cancel_reason : "on request");
+    adopt_end(s, r, "cancelled", msg);
+    return 0;
+  }
+  if (row->crashes >= SCHED_MAX_CRASHES) {
+    char msg[400];
+    snprintf(msg, sizeof msg, "quarantined: the engine crashed (or was killed) %d times while "
+             "this run was executing, with no step completed in between; it is failed instead "
+             "of resumed again, so that it cannot crash the engine again", row->crashes);
+    fprintf(stderr, "moonloop: run %s %s\n", r->id, msg);
+    adopt_end(s, r, "failed", msg);
+    return 0;
+  }
   err_t le;
   if (sched__version_skill(s, row->version, &skill, &le)) {
     /* The version cannot run here any more: the run fails, saying why. */
-    char *ej = jsontext_message(le.msg);
-    r->skill = NULL;
-    r->main.run = r; /* run_abort stops the main task, which must know its run */
-    sched__run_link(s, r);
-    r->refs = 1;
-    run_abort(r, "failed", ej);
-    free(ej);
+    adopt_end(s, r, "failed", le.msg);
     return 0;
   }
   r->skill = skill;

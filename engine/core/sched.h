@@ -86,7 +86,10 @@ int sched_run_new(sched_t *s, struct skill *skill, const char *trigger, const ch
                   const char *parent_id, char *run_id, err_t *e);
 
 /* Go on with a run this process now owns (claimed or taken): replay its
-** journal, then run live. */
+** journal, then run live. A run that was executing each time its process
+** died, SCHED_MAX_CRASHES times since its last checkpoint, is failed
+** instead (quarantined); one whose cancellation is pending ends cancelled. */
+#define SCHED_MAX_CRASHES 3
 int sched_adopt(sched_t *s, const struct run_row *row, err_t *e);
 
 /* Call cb when run_id, executed by this process, reaches a terminal

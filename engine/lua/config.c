@@ -49,7 +49,18 @@ static void free_list(char **l) {
   free(l);
 }
 
+static void free_skill_env(struct config *c) {
+  for (int i = 0; i < c->nskill_env; i++) {
+    free(c->skill_env[i].skill);
+    free_list(c->skill_env[i].names);
+  }
+  free(c->skill_env);
+  c->skill_env = NULL;
+  c->nskill_env = 0;
+}
+
 void config_free(struct config *c) {
+  free_skill_env(c);
   free(c->file), free(c->db), free(c->workspace), free(c->listen), free(c->server);
   free(c->token_env), free(c->llm_base_url), free(c->llm_model), free(c->llm_api_key_env);
   free(c->otlp_endpoint), free(c->otlp_service);
@@ -184,6 +195,7 @@ static const struct numrange
   R_EVENT = {NUM_SIZE, 16, 256 * MB, 0, "a size from 16 B to 256 MB"},
   R_SLICE = {NUM_DURATION, 10, 3600 * SEC, 0, "a duration from 10ms to 1h"},
   R_MEMORY = {NUM_SIZE, 1 * MB, 16 * GB, 0, "a size from 1 MB to 16 GB"},
+  R_TOTAL_MEMORY = {NUM_SIZE, 16 * MB, 1024 * GB, 0, "a size from 16 MB to 1024 GB"},
   R_PARKED = {NUM_COUNT, 1, 10000000, 0, "a whole number from 1 to 10000000"},
   R_RETRIES = {NUM_COUNT, 0, 100, 0, "a whole number from 0 to 100"},
   R_BACKOFF = {NUM_DURATION, 1, DAY, 0, "a duration from 1ms to 1d"},
@@ -278,6 +290,105 @@ static int get_hosts(lua_State *L, const struct cfgsrc *s, char ***out, err_t *e
   return 0;
 }
 
+/* skill_env: a table of skill id -> list of variable names (replacing
+** c->skill_env); nothing when it is nil. */
+static int get_skill_env(lua_State *L, const struct cfgsrc *s, struct config *c, err_t *e) {
+  lua_getfield(L, -1, "skill_env");
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    return 0;
+  }
+  if (!lua_istable(L, -1)) {
+    const char *type = luaL_typename(L, -1);
+    lua_pop(L, 1);
+    return cfg_fail(s, "skill_env", e, "'skill_env' must be a table of skill ids and lists of "
+                    "variable names, got %s", type);
+  }
+  free_skill_env(c);
+  int rc = 0;
+  lua_pushnil(L);
+  while (!rc && lua_next(L, -2)) {
+    /* key at -2, value at -1 */
+    if (lua_type(L, -2) != LUA_TSTRING || !lua_tostring(L, -2)[0]) {
+      rc = cfg_fail(s, "skill_env", e, "'skill_env' keys must be skill ids, such as "
+                    "[\"update-skill\"] = { \"GITHUB_TOKEN\" }");
+      lua_pop(L, 2);
+      break;
+    }
+    const char *id = lua_tostring(L, -2);
+    struct skill_env *g = realloc(c->skill_env, (size_t)(c->nskill_env + 1) * sizeof *g);
+    if (!g) {
+      rc = err_set(e, ERR_NOMEM, "out of memory");
+      lua_pop(L, 2);
+      break;
+    }
+    c->skill_env = g;
+    g = &c->skill_env[c->nskill_env++];
+    g->skill = strdup(id);
+    g->names = NULL;
+    int n = lua_istable(L, -1) ? (int)lua_objlen(L, -1) : -1;
+    char **l = n >= 0 ? calloc((size_t)n + 1, sizeof *l) : NULL;
+    for (int i = 1; l && i <= n && !rc; i++) {
+      lua_rawgeti(L, -1, i);
+      if (lua_type(L, -1) != LUA_TSTRING) rc = ERR_INVALID;
+      else l[i - 1] = strdup(lua_tostring(L, -1));
+      lua_pop(L, 1);
+    }
+    g->names = l;
+    if (!l || rc)
+      rc = cfg_fail(s, id, e, "'skill_env[\"%s\"]' must be a list of variable names", id);
+    lua_pop(L, 1);
+    if (rc) lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  return rc;
+}
+
+/* See config.h: a word of the name (split at '_', '-' and '.') is one of
+** the short words that say "secret" (KEY, PASS, PWD, AUTH...), or the name
+** holds one of the long ones anywhere (GITHUBTOKEN, DB_PASSWORD_FILE). */
+int config_secret_name(const char *name) {
+  static const char *const words[] = {"KEY", "PASS", "PWD", "AUTH", "PRIVATE", "PAT", NULL};
+  static const char *const parts[] = {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL",
+                                      "APIKEY", "API_KEY", NULL};
+  char up[256];
+  size_t n = 0;
+  for (const char *p = name; *p && n < sizeof up - 1; p++)
+    up[n++] = (char)(*p >= 'a' && *p <= 'z' ? *p - 32 : *p);
+  up[n] = 0;
+  for (const char *const *k = parts; *k; k++)
+    if (strstr(up, *k)) return 1;
+  for (char *w = up, *end; *w; w = *end ? end + 1 : end) {
+    end = w + strcspn(w, "_-.");
+    char save = *end;
+    *end = 0;
+    for (const char *const *k = words; *k; k++)
+      if (!strcmp(w, *k)) return 1;
+    *end = save;
+  }
+  return 0;
+}
+
+/* See config.h. */
+int config_env_warning(const struct config *c, char *out, size_t n) {
+  int count = 0;
+  size_t k = 0;
+  out[0] = 0;
+  for (char **v = c->env; v && *v; v++) {
+    if (!config_secret_name(*v)) continue;
+    if (k < n) k += (size_t)snprintf(out + k, n - k, "%s%s", count ? ", " : "", *v);
+    count++;
+  }
+  if (!count) return 0;
+  char names[600];
+  snprintf(names, sizeof names, "%s", out);
+  snprintf(out, n, "warning: %s: the global `env` list hands %s to every skill; grant %s only "
+           "to the skills that need %s, with skill_env = { [\"SKILL-ID\"] = { \"NAME\" } }",
+           c->file ? c->file : "the configuration", names, count == 1 ? "it" : "them",
+           count == 1 ? "it" : "them");
+  return count;
+}
+
 /* Refuse keys of the table on top that are not in known (NULL-terminated),
 ** naming the line and the nearest known key. */
 static int only_keys(lua_State *L, const struct cfgsrc *s, const char *const *known, err_t *e) {
@@ -332,12 +443,12 @@ static void close_table(lua_State *L, struct cfgsrc *s) {
 ** unknown, of the wrong type or out of range. */
 static int read_table(struct config *c, lua_State *L, struct cfgsrc *s, err_t *e) {
   static const char *const top[] = {"db", "workspace", "listen", "token_env", "durability",
-                                    "llm", "env", "deployers", "cancellers", "limits", "retry",
-                                    "lease", "shutdown_grace", "retention", "otlp",
+                                    "llm", "env", "skill_env", "deployers", "cancellers", "limits",
+                                    "retry", "lease", "shutdown_grace", "retention", "otlp",
                                     "allowed_hosts", NULL};
   static const char *const llm[] = {"base_url", "model", "api_key_env", NULL};
   static const char *const limits[] = {"step_output", "event", "run_seconds_between_yields",
-                                       "run_memory", "parked_runs", NULL};
+                                       "run_memory", "total_memory", "parked_runs", NULL};
   static const char *const retry[] = {"retries", "backoff", "max_backoff", NULL};
   static const char *const otlp[] = {"endpoint", "service_name", NULL};
   char *durability = NULL;
@@ -346,7 +457,8 @@ static int read_table(struct config *c, lua_State *L, struct cfgsrc *s, err_t *e
       get_string(L, s, "listen", &c->listen, e) ||
       get_string(L, s, "token_env", &c->token_env, e) ||
       get_string(L, s, "durability", &durability, e) ||
-      get_list(L, s, "env", &c->env, e) || get_list(L, s, "deployers", &c->deployers, e) ||
+      get_list(L, s, "env", &c->env, e) || get_skill_env(L, s, c, e) ||
+      get_list(L, s, "deployers", &c->deployers, e) ||
       get_hosts(L, s, &c->allowed_hosts, e) ||
       get_list(L, s, "cancellers", &c->cancellers, e) ||
       get_num(L, s, "lease", &R_LEASE, &c->lease_ttl_ms, e) ||
@@ -382,9 +494,13 @@ static int read_table(struct config *c, lua_State *L, struct cfgsrc *s, err_t *e
          get_num(L, s, "event", &R_EVENT, &c->event_limit, e) ||
          get_num(L, s, "run_seconds_between_yields", &R_SLICE, &c->slice_ms, e) ||
          get_num(L, s, "run_memory", &R_MEMORY, &c->run_memory, e) ||
+         get_num(L, s, "total_memory", &R_TOTAL_MEMORY, &c->total_memory, e) ||
          get_num(L, s, "parked_runs", &R_PARKED, &c->parked_runs, e);
     close_table(L, s);
     if (rc) return ERR_INVALID;
+    if (c->total_memory && c->total_memory < c->run_memory)
+      return cfg_fail(s, "total_memory", e, "'limits.total_memory' must be at least "
+                      "'limits.run_memory' (one run's budget)");
   }
   if ((rc = open_table(L, s, "otlp", e)) < 0) return rc;
   if (rc) {

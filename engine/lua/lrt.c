@@ -16,28 +16,67 @@
 #include <lauxlib.h>
 #include <luajit.h>
 #include <lualib.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define HOOK_COUNT 10000
 
 static void l_hook(lua_State *L, lua_Debug *ar);
 
-/* Memory budget. A slice may grow the heap by mem_limit bytes. Garbage
-** counts too until the collector has run, so growth past the budget only
-** raises mem_over and makes the count hook run at the next instruction:
-** it runs a full collection and kills the slice if what is left is still
-** over budget, with an error that names the budget. If it is not, the next
-** judgement waits until the heap grew by half a budget more (judge_at), so
-** a slice that keeps close to its budget does not pay a full collection
-** per allocation. A slice that outruns the hook (one C call allocating a
-** lot) is refused more than four budgets past judge_at: that raises Lua's own
+/* Memory budget. Every block the allocator hands out carries a header
+** naming the account it is charged to (struct mhdr): the account in use
+** when it was allocated, or last grown (lrt_account_use). A run's
+** coroutine has its own account (run.c opens it with the coroutine and
+** closes it when the coroutine goes), so what a run holds is known at any
+** moment: what it allocated, in any of its slices, and not yet freed,
+** wherever the collector frees it later. A slice charged to an account
+** ("account mode", every run's) may hold mem_limit bytes in that account,
+** counting what it kept from its earlier slices: the budget is per run,
+** across its steps. A slice with no account (a skill's top level, the
+** runtime's own calls) may grow the heap by mem_limit bytes ("slice
+** mode", mem_base is where it started).
+**
+** Garbage counts too until the collector has run, so holding more than
+** the budget only raises mem_over and makes the count hook run at the
+** next instruction: it runs a full collection and kills the slice if what
+** is left is still over budget, with an error that names the budget. If it
+** is not, the next judgement waits until another half budget was
+** allocated (judge_at, kept in the account between slices), so code that
+** keeps close to its budget does not pay a full collection per
+** allocation. A slice that outruns the hook (one C call allocating a lot)
+** is refused more than four budgets past judge_at: that raises Lua's own
 ** "not enough memory" (LUA_ERRMEM) and marks the slice killed, so
 ** lrt_pcall, task_finished and the sandbox's pcall report the budget (a
 ** step body's error keeps Lua's message). A slice that yields or returns
-** while over budget is judged there. */
+** while over budget is judged there.
+**
+** A closed account (its run ended or was evicted) stays while blocks
+** charged to it are alive, counted in its group (a skill version: its
+** runs' group). Once two collection cycles have ended since it closed
+** (a userdata's finalizer counts them), whatever is still charged to it
+** is not garbage: it is what the run left in state the skill's runs
+** share (a top-level table, an upvalue). The account is then "settled";
+** lrt_group_over compares what a group's settled accounts hold with a
+** run's budget, without forcing a collection (a full one of a big heap
+** would stall the loop).
+**
+** The whole state is capped at mem_cap: past it, an allocation in a slice
+** fails and kills the slice (the engine's Lua memory is full); outside a
+** slice (the engine's own pushes) the cap is mem_cap plus a reserve of one
+** budget, so the engine's C code does not meet an error it cannot catch. */
+
+/* The header before every block (16 bytes keep malloc's alignment). */
+struct mhdr {
+  uint32_t acct, gen;
+  uint64_t unused;
+};
+#define MHDR sizeof(struct mhdr)
+
+enum { ACCT_FREE, ACCT_OPEN, ACCT_CLOSED };
 
 /* v as text for a kill message: "64 MB", "1.5 MB", "512 KB", "100 bytes". */
 static void fmt_bytes(char *buf, size_t n, size_t v) {
@@ -47,14 +86,36 @@ static void fmt_bytes(char *buf, size_t n, size_t v) {
   else snprintf(buf, n, "%zu bytes", v);
 }
 
+/* What the running slice holds against its budget: its account's bytes,
+** or (slice mode) how much it grew the heap. */
+static size_t held(const lrt_t *r) {
+  if (r->cur) return r->accts[r->cur].bytes;
+  return r->mem_used > r->mem_base ? r->mem_used - r->mem_base : 0;
+}
+
 /* Mark the slice killed for holding more than its memory budget. */
 static void kill_memory(lrt_t *r) {
   char b[32];
   fmt_bytes(b, sizeof b, r->mem_limit);
   r->killed = 1;
+  if (r->cur && r->in_run)
+    snprintf(r->kill_reason, sizeof r->kill_reason,
+             "stopped: the run holds more than its memory budget of %s, counting what it "
+             "keeps across its steps (limits.run_memory)", b);
+  else
+    snprintf(r->kill_reason, sizeof r->kill_reason,
+             "stopped: %s used more than its memory budget of %s without yielding "
+             "(limits.run_memory)", r->in_run ? "the run" : "skill code", b);
+}
+
+/* Mark the slice killed for finding the whole state's memory full. */
+static void kill_total(lrt_t *r) {
+  char b[32];
+  fmt_bytes(b, sizeof b, r->mem_cap);
+  r->killed = 1;
   snprintf(r->kill_reason, sizeof r->kill_reason,
-           "stopped: %s used more than its memory budget of %s without yielding "
-           "(limits.run_memory)", r->in_run ? "the run" : "skill code", b);
+           "stopped: the engine's Lua memory is full (%s for all runs and skills together, "
+           "limits.total_memory)", b);
 }
 
 /* See lrt_int.h. */
@@ -87,62 +148,184 @@ int lrt__raise_kill(lua_State *L, int level) {
   return lua_error(L);
 }
 
-/* The allocator keeps count of the state's memory, refuses growth past the
-** state's cap and more than four budgets past judge_at (see above). */
+/* ---- accounts (see the memory budget above) ---- */
+
+/* Recycle a closed account once nothing is charged to it: a new
+** generation, so a header that still names it (none should) is ignored. */
+static void acct_recycle(lrt_t *r, uint32_t i) {
+  struct lrt_acct *a = &r->accts[i];
+  a->state = ACCT_FREE;
+  a->gen++;
+  a->next_free = r->acct_free;
+  r->acct_free = (int)i;
+}
+
+/* Take n bytes off the account h names (a block freed or moved). */
+static void uncharge(lrt_t *r, const struct mhdr *h, size_t n) {
+  r->mem_used -= n;
+  if (h->acct >= (uint32_t)r->naccts) return;
+  struct lrt_acct *a = &r->accts[h->acct];
+  if (a->gen != h->gen || a->state == ACCT_FREE) return;
+  a->bytes -= n;
+  if (a->state == ACCT_CLOSED) {
+    struct lrt_group *g = &r->groups[a->group];
+    g->held -= n;
+    if (a->settled) g->settled -= n;
+    if (a->bytes == 0) acct_recycle(r, h->acct);
+  }
+}
+
+/* Charge n bytes to account i and name it in the block's header. */
+static void charge(lrt_t *r, struct mhdr *h, uint32_t i, size_t n) {
+  struct lrt_acct *a = &r->accts[i];
+  r->mem_used += n;
+  a->bytes += n;
+  if (a->state == ACCT_CLOSED) {
+    r->groups[a->group].held += n;
+    if (a->settled) r->groups[a->group].settled += n;
+  }
+  h->acct = i;
+  h->gen = a->gen;
+}
+
+/* Incremental collection steps lrt_group_over may take per call. */
+#define GROUP_GC_STEPS 100
+
+/* A collection cycle ended: settle the closed accounts two cycles old. */
+static void settle(lrt_t *r) {
+  int k = 0;
+  for (int j = 0; j < r->npending; j++) {
+    struct lrt_pending p = r->pending[j];
+    struct lrt_acct *a = &r->accts[p.acct];
+    if (a->gen != p.gen || a->state != ACCT_CLOSED) continue; /* recycled: all freed */
+    if (r->gc_cycles - a->closed_at < 2) {
+      r->pending[k++] = p;
+      continue;
+    }
+    a->settled = 1;
+    r->groups[a->group].settled += a->bytes;
+  }
+  r->npending = k;
+}
+
+/* Arm the cycle counter: a userdata nothing refers to, whose finalizer
+** runs at the end of the next collection cycle. */
+static void arm_sentinel(lrt_t *r, lua_State *L) {
+  lua_newuserdata(L, 1);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, r->sentinel_ref);
+  lua_setmetatable(L, -2);
+  lua_pop(L, 1);
+}
+
+/* The sentinel's __gc: count a cycle, settle, arm the next one (charged
+** to the engine, whichever run's slice the collector ran in). */
+static int c_sentinel_gc(lua_State *L) {
+  lrt_t *r = lrt_from(L);
+  r->gc_cycles++;
+  settle(r);
+  if (!r->closing) {
+    int prev = r->cur;
+    r->cur = 0;
+    arm_sentinel(r, L);
+    r->cur = prev;
+  }
+  return 0;
+}
+
+/* The account a block is charged to when it is (re)allocated: a new
+** block or one that grows goes to the account in use, except that a block
+** the engine made (account 0: the runtime's tables, the string table, the
+** JIT's buffers) stays the engine's when a run grows it; a block that
+** shrinks (the collector does that) keeps its account. */
+static uint32_t owner_of(const lrt_t *r, const struct mhdr *h, size_t osize, size_t nsize) {
+  if (!h) return (uint32_t)r->cur;
+  int valid = h->acct < (uint32_t)r->naccts && r->accts[h->acct].gen == h->gen &&
+              r->accts[h->acct].state != ACCT_FREE;
+  if (!valid) return (uint32_t)r->cur;
+  if (nsize <= osize || h->acct == 0) return h->acct;
+  return (uint32_t)r->cur;
+}
+
+/* Ask the hook to judge the memory at the very next instruction
+** (lua_sethook is safe anywhere, even in a signal handler: it only sets
+** the hook fields and the dispatch table). */
+static void judge_soon(lrt_t *r) {
+  if (r->mem_over) return;
+  r->mem_over = 1;
+  lua_sethook(r->L, l_hook, LUA_MASKCOUNT, 1);
+  r->hook_fast = 1;
+}
+
+/* The allocator: keeps the accounts, refuses growth past the state's cap
+** and more than four budgets past judge_at (see the memory budget). */
 static void *l_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   lrt_t *r = ud;
+  struct mhdr *h = ptr ? (struct mhdr *)ptr - 1 : NULL;
   if (!ptr) osize = 0;
   if (nsize == 0) {
-    free(ptr);
-    r->mem_used -= osize;
+    if (h) {
+      uncharge(r, h, osize + MHDR);
+      free(h);
+    }
     return NULL;
   }
+  uint32_t to = owner_of(r, h, osize, nsize);
   if (nsize > osize) {
-    size_t grow = nsize - osize, after = r->mem_used + grow;
-    if (after > r->mem_cap) return NULL;
-    if (r->in_slice && !r->killed && after > r->judge_at) {
-      if (after - r->judge_at > 4 * r->mem_limit) {
-        kill_memory(r);
+    size_t grow = nsize - osize + (h ? 0 : MHDR), after = r->mem_used + grow;
+    if (after > r->mem_cap) {
+      /* Full: a slice is stopped; the engine's own calls get a reserve. */
+      if (r->in_slice && !r->killed) {
+        kill_total(r);
         return NULL;
       }
-      if (!r->mem_over) {
-        r->mem_over = 1;
-        /* Have the hook judge at the very next instruction (lua_sethook
-        ** is safe anywhere, even in a signal handler: it only sets the
-        ** hook fields and the dispatch table). */
-        lua_sethook(r->L, l_hook, LUA_MASKCOUNT, 1);
-        r->hook_fast = 1;
+      if (after > r->mem_cap + r->mem_limit) return NULL;
+    }
+    if (r->in_slice && !r->killed) {
+      /* What the slice will hold. In account mode: the growth of a block
+      ** already its own, the whole of one that comes to it, nothing for
+      ** one that stays the engine's. */
+      size_t add = grow;
+      if (r->cur) add = to != (uint32_t)r->cur ? 0 : h && h->acct == to ? grow : nsize + MHDR;
+      size_t will = held(r) + add;
+      if (add && will > r->judge_at) {
+        if (will - r->judge_at > 4 * r->mem_limit) {
+          kill_memory(r);
+          return NULL;
+        }
+        judge_soon(r);
       }
     }
   }
-  void *p = realloc(ptr, nsize);
-  if (!p) return NULL;
-  r->mem_used = r->mem_used - osize + nsize;
-  return p;
+  struct mhdr old = h ? *h : (struct mhdr){0, 0, 0};
+  struct mhdr *nh = realloc(h, nsize + MHDR);
+  if (!nh) return NULL;
+  if (h) uncharge(r, &old, osize + MHDR);
+  charge(r, nh, to, nsize + MHDR);
+  return nh + 1;
 }
 
 /* Whether the slice is over its memory budget after a full collection. */
 static int mem_judge(lrt_t *r, lua_State *L) {
   r->mem_over = 0;
-  size_t budget = r->mem_base + r->mem_limit;
   lua_gc(L, LUA_GCCOLLECT, 0);
   /* LuaJIT's buffer for building strings shrinks by half per collection:
   ** after a big string was built, a second one gives it back. */
-  if (r->mem_used > budget) lua_gc(L, LUA_GCCOLLECT, 0);
-  if (r->mem_used > budget) {
+  if (held(r) > r->mem_limit) lua_gc(L, LUA_GCCOLLECT, 0);
+  if (held(r) > r->mem_limit) {
     kill_memory(r);
     return 1;
   }
-  /* The base was counted with the garbage of earlier slices: once that is
-  ** collected, count from what is left, so the garbage does not become
-  ** room for this slice (what the slice holds now is then forgiven: it
-  ** may hold at most twice its budget before it is stopped). */
-  if (r->mem_used < r->mem_base) {
+  if (!r->cur && r->mem_used < r->mem_base) {
+    /* Slice mode: the base was counted with the garbage of earlier
+    ** slices; once that is collected, count from what is left, so the
+    ** garbage does not become room for this slice (what the slice holds
+    ** now is then forgiven: it may hold at most twice its budget before
+    ** it is stopped). */
     r->mem_base = r->mem_used;
-    budget = r->mem_base + r->mem_limit;
   }
-  r->judge_at = r->mem_used + r->mem_limit / 2;
-  if (r->judge_at < budget) r->judge_at = budget;
+  r->judge_at = held(r) + r->mem_limit / 2;
+  if (r->judge_at < r->mem_limit) r->judge_at = r->mem_limit;
+  if (r->cur) r->accts[r->cur].judge_at = r->judge_at;
   return 0;
 }
 
@@ -198,7 +381,14 @@ static void slice_begin(lrt_t *r, int in_run) {
   r->kill_reason[0] = 0;
   r->deadline_ns = lrt__coarse_ns() + (uint64_t)r->slice_ms * 1000000u;
   r->mem_base = r->mem_used;
-  r->judge_at = r->mem_base + r->mem_limit;
+  r->judge_at = r->mem_limit;
+  if (r->cur) {
+    /* Account mode: what the run kept from its earlier slices counts, and
+    ** what was charged to it between slices (an HTTP response) too. */
+    struct lrt_acct *a = &r->accts[r->cur];
+    r->judge_at = a->judge_at;
+    if (a->bytes > a->judge_at) judge_soon(r);
+  }
 }
 
 /* Whether coroutine L was killed in an earlier slice. */
@@ -236,15 +426,76 @@ static int c_reserve(lua_State *L) {
   lrt_t *r = lrt_from(L);
   lua_Number n = luaL_checknumber(L, 1);
   if (!r->in_slice || r->killed) return 0;
-  if (n > (lua_Number)(r->mem_base + r->mem_limit) - (lua_Number)r->mem_used) {
-    if (r->mem_used > r->mem_base && n < (lua_Number)r->mem_limit) {
+  if (n > (lua_Number)r->mem_limit - (lua_Number)held(r)) {
+    if (held(r) > 0 && n < (lua_Number)r->mem_limit) {
       /* Maybe garbage: judge after a collection. */
       lua_gc(L, LUA_GCCOLLECT, 0);
-      if (n <= (lua_Number)(r->mem_base + r->mem_limit) - (lua_Number)r->mem_used) return 0;
+      if (n <= (lua_Number)r->mem_limit - (lua_Number)held(r)) return 0;
     }
     kill_memory(r);
     return lrt__raise_kill(L, 2); /* where the skill code called string.rep */
   }
+  return 0;
+}
+
+/* ---- the C stack guard (see lrt.h) ---- */
+
+#define CSTACK_RESERVE_MIN ((size_t)256 << 10)
+#define CSTACK_RESERVE_MAX ((size_t)2 << 20)
+
+/* The lowest address the running thread's C code may reach before a call
+** back into Lua is refused: the stack's low end plus its reserve. Found
+** once per thread (for the main thread, glibc reads it from the stack
+** limit and /proc/self/maps). */
+static _Thread_local uintptr_t cstack_floor;
+
+static uintptr_t cstack_floor_get(void) {
+  if (cstack_floor) return cstack_floor;
+  void *lo = NULL;
+  size_t size = 0;
+  pthread_attr_t a;
+  if (!pthread_getattr_np(pthread_self(), &a)) {
+    if (pthread_attr_getstack(&a, &lo, &size)) lo = NULL;
+    pthread_attr_destroy(&a);
+  }
+  uintptr_t here = (uintptr_t)__builtin_frame_address(0);
+  if (!lo || !size || here < (uintptr_t)lo || here - (uintptr_t)lo > size) {
+    /* Unknown: assume the common 8 MB below the current frame, less a margin. */
+    lo = (void *)(here - ((size_t)7 << 20));
+    size = (size_t)7 << 20;
+  }
+  size_t reserve = size / 4;
+  if (reserve < CSTACK_RESERVE_MIN) reserve = CSTACK_RESERVE_MIN;
+  if (reserve > CSTACK_RESERVE_MAX) reserve = CSTACK_RESERVE_MAX;
+  cstack_floor = (uintptr_t)lo + reserve;
+  return cstack_floor;
+}
+
+/* See lrt.h. */
+int lrt_cstack_low(void) {
+  return (uintptr_t)__builtin_frame_address(0) < cstack_floor_get();
+}
+
+/* Raise the guard's error in L; level as for luaL_where. */
+static int cstack_raise(lua_State *L, int level, const char *what) {
+  luaL_where(L, level);
+  lua_pushfstring(L, "stack overflow: %s calls back into Lua too deeply nested (a function "
+                  "that calls itself without end?)", what);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
+/* See lrt.h. */
+void lrt_cstack_check(lua_State *L, const char *what) {
+  if (lrt_cstack_low()) cstack_raise(L, 1, what);
+}
+
+/* core.cstack(what): the guard for the sandbox's Lua wrappers around the
+** library's C functions that call back (string.format, table.sort,
+** os.time); the error points at the skill's line, which called the
+** wrapper. */
+static int c_cstack(lua_State *L) {
+  if (lrt_cstack_low()) return cstack_raise(L, 2, luaL_optstring(L, 1, "a C function"));
   return 0;
 }
 
@@ -351,20 +602,53 @@ static int c_can_yield(lua_State *L) {
   return 1;
 }
 
+/* An error outside every protected call: a bug in the engine (skill code
+** always runs protected). LuaJIT would exit(1) without a word; say what
+** it was and abort, so it shows as the crash it is. */
+static int l_panic(lua_State *L) {
+  const char *msg = lua_tostring(L, -1);
+  fprintf(stderr, "moonloop: internal error: unprotected Lua error: %s\n", msg ? msg : "?");
+  abort();
+  return 0;
+}
+
 /* See lrt.h: the state, core with its functions, and the count hook. */
 int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e) {
   lrt_t *r = calloc(1, sizeof *r);
   if (!r) return err_set(e, ERR_NOMEM, "out of memory");
   r->slice_ms = o && o->slice_ms > 0 ? o->slice_ms : 1000;
   r->mem_limit = o && o->run_memory > 0 ? (size_t)o->run_memory : (size_t)64 << 20;
-  r->mem_cap = o && o->state_memory > 0 ? (size_t)o->state_memory : (size_t)4 << 30;
+  r->mem_cap = o && o->state_memory > 0 ? (size_t)o->state_memory : lrt_default_state_memory();
+  /* Account 0, the engine's, and group 0 (no group). */
+  r->accts = calloc(16, sizeof *r->accts);
+  r->groups = calloc(16, sizeof *r->groups);
+  if (!r->accts || !r->groups) {
+    free(r->accts), free(r->groups), free(r);
+    return err_set(e, ERR_NOMEM, "out of memory");
+  }
+  r->acct_cap = r->group_cap = 16;
+  r->naccts = r->ngroups = 1;
+  r->acct_free = -1;
+  r->accts[0].state = ACCT_OPEN;
+  r->accts[0].judge_at = r->mem_limit;
   r->L = lua_newstate(l_alloc, r);
   if (!r->L) {
-    free(r);
+    free(r->accts), free(r->groups), free(r);
     return err_set(e, ERR_NOMEM, "cannot create a Lua state");
   }
   lua_State *L = r->L;
+  lua_atpanic(L, l_panic);
+  /* LuaJIT's buffer for building strings is made on its first use and
+  ** only grows and shrinks after: make it now, so it is the engine's
+  ** (account 0) and a run that grows it is not charged for it forever. */
+  lua_pushfstring(L, "%s%d", "moonloop", 1);
+  lua_pop(L, 1);
   luaL_openlibs(L);
+  lua_createtable(L, 0, 1);
+  lua_pushcfunction(L, c_sentinel_gc);
+  lua_setfield(L, -2, "__gc");
+  r->sentinel_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  arm_sentinel(r, L);
   lua_newtable(L);
   r->core_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_newtable(L);
@@ -376,6 +660,7 @@ int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e) {
   lrt_register(r, "killed", c_killed, NULL);
   lrt_register(r, "kill_reason", c_kill_reason, NULL);
   lrt_register(r, "reserve", c_reserve, NULL);
+  lrt_register(r, "cstack", c_cstack, NULL);
   lrt_register(r, "now", c_now, NULL);
   lrt_register(r, "duration", c_duration, NULL);
   lrt_register(r, "parse_time", c_parse_time, NULL);
@@ -403,8 +688,138 @@ int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e) {
 /* See lrt.h. NULL is ignored. */
 void lrt_free(lrt_t *r) {
   if (!r) return;
+  r->closing = 1;
   lua_close(r->L);
+  free(r->accts);
+  free(r->groups);
+  free(r->pending);
   free(r);
+}
+
+/* ---- accounts and groups (see lrt.h) ---- */
+
+/* See lrt.h. */
+int lrt_group_new(lrt_t *r) {
+  if (r->ngroups == r->group_cap) {
+    struct lrt_group *g = realloc(r->groups, (size_t)r->group_cap * 2 * sizeof *g);
+    if (!g) return 0;
+    r->groups = g;
+    r->group_cap *= 2;
+  }
+  memset(&r->groups[r->ngroups], 0, sizeof *r->groups);
+  return r->ngroups++;
+}
+
+/* See lrt.h. */
+int lrt_account_open(lrt_t *r, int group) {
+  int i = r->acct_free;
+  if (i >= 0) {
+    r->acct_free = r->accts[i].next_free;
+  } else {
+    if (r->naccts == r->acct_cap) {
+      struct lrt_acct *a = realloc(r->accts, (size_t)r->acct_cap * 2 * sizeof *a);
+      if (!a) return 0;
+      r->accts = a;
+      r->acct_cap *= 2;
+    }
+    i = r->naccts++;
+    r->accts[i].gen = 0;
+  }
+  struct lrt_acct *a = &r->accts[i];
+  a->bytes = 0;
+  a->judge_at = r->mem_limit;
+  a->state = ACCT_OPEN;
+  a->group = group > 0 && group < r->ngroups ? group : 0;
+  return i;
+}
+
+/* See lrt.h. */
+void lrt_account_close(lrt_t *r, int i) {
+  if (i <= 0 || i >= r->naccts || r->accts[i].state != ACCT_OPEN) return;
+  if (r->cur == i) r->cur = 0;
+  struct lrt_acct *a = &r->accts[i];
+  if (a->bytes == 0) {
+    acct_recycle(r, (uint32_t)i);
+    return;
+  }
+  if (r->npending == r->pending_cap) {
+    int cap = r->pending_cap ? r->pending_cap * 2 : 64;
+    struct lrt_pending *p = realloc(r->pending, (size_t)cap * sizeof *p);
+    if (!p) {
+      /* Out of memory: count it as the engine's from now on. */
+      r->accts[0].bytes += a->bytes;
+      acct_recycle(r, (uint32_t)i);
+      return;
+    }
+    r->pending = p;
+    r->pending_cap = cap;
+  }
+  r->pending[r->npending++] = (struct lrt_pending){i, a->gen};
+  a->state = ACCT_CLOSED;
+  a->settled = 0;
+  a->closed_at = r->gc_cycles;
+  r->groups[a->group].held += a->bytes;
+}
+
+/* See lrt.h. */
+int lrt_account_use(lrt_t *r, int i) {
+  int prev = r->cur;
+  r->cur = i > 0 && i < r->naccts && r->accts[i].state == ACCT_OPEN ? i : 0;
+  return prev;
+}
+
+/* See lrt.h. */
+size_t lrt_account_bytes(const lrt_t *r, int i) {
+  return i >= 0 && i < r->naccts ? r->accts[i].bytes : 0;
+}
+
+/* See lrt.h. */
+int lrt_group_over(lrt_t *r, int group, size_t *held_out) {
+  if (group <= 0 || group >= r->ngroups) return 0;
+  struct lrt_group *g = &r->groups[group];
+  /* Over a budget not yet settled (garbage, or kept): LuaJIT starts a
+  ** cycle only once the heap doubled, so help the collector on with a
+  ** bounded number of incremental steps (never a whole collection). */
+  for (int i = 0; i < GROUP_GC_STEPS && !g->over && g->held - g->settled > r->mem_limit; i++)
+    lua_gc(r->L, LUA_GCSTEP, 0);
+  if (held_out) *held_out = g->settled;
+  if (!g->over && g->settled > r->mem_limit) {
+    /* For good: the state stays, and a skill that refused runs only while
+    ** it is over would let every other run grow it again. */
+    g->over = 1;
+  }
+  return g->over;
+}
+
+/* See lrt.h. */
+size_t lrt_budget(const lrt_t *r) { return r->mem_limit; }
+
+/* The memory limit of the process's cgroup (v2, then v1), or 0 for none. */
+static size_t cgroup_memory(void) {
+  static const char *const files[] = {"/sys/fs/cgroup/memory.max",
+                                      "/sys/fs/cgroup/memory/memory.limit_in_bytes", NULL};
+  for (const char *const *f = files; *f; f++) {
+    FILE *fp = fopen(*f, "r");
+    if (!fp) continue;
+    unsigned long long v = 0;
+    int n = fscanf(fp, "%llu", &v); /* "max" (no limit) reads nothing */
+    fclose(fp);
+    if (n == 1 && v > 0 && v < ((unsigned long long)1 << 50)) return (size_t)v;
+  }
+  return 0;
+}
+
+/* See lrt.h: half the machine's memory (or of its cgroup's limit, in a
+** container), at most 4 GB, at least 256 MB. */
+size_t lrt_default_state_memory(void) {
+  long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+  size_t cap = (size_t)4 << 30, mem = 0;
+  if (pages > 0 && size > 0) mem = (size_t)pages * (size_t)size;
+  size_t cg = cgroup_memory();
+  if (cg && (!mem || cg < mem)) mem = cg;
+  if (mem && mem / 2 < cap) cap = mem / 2;
+  if (cap < ((size_t)256 << 20)) cap = (size_t)256 << 20;
+  return cap;
 }
 
 /* See lrt.h. */
@@ -515,6 +930,12 @@ int lrt_pcall(lrt_t *r, int nargs, int nresults, err_t *e) {
   lua_pushcfunction(L, traceback_handler);
   lua_insert(L, base);
   int outer = r->in_slice;
+  if (outer && lrt_cstack_low()) {
+    /* A call nested in a slice (skills.check loading a skill that calls
+    ** skills.check...): refused near the end of the C stack (lrt.h). */
+    lua_settop(L, base - 1);
+    return err_set(e, ERR_INVALID, "stack overflow: skill loads nested too deeply");
+  }
   if (!outer) slice_begin(r, 0);
   int rc = lua_pcall(L, nargs, nresults, base);
   if (!outer) {

@@ -3,9 +3,11 @@
 ** that stops runaway skill code.
 **
 ** Budget. Skill code runs in "slices": from a resume (or a protected call)
-** to the next yield. A slice may use at most slice_ms of time and grow the
-** state's memory by at most run_memory bytes; past either, the slice is
-** killed: an error naming the budget is raised in it, and the sandbox's
+** to the next yield. A slice may use at most slice_ms of time; a run may
+** hold at most run_memory bytes in its memory account (what it keeps
+** across its slices counts: see the accounts below), and a slice with no
+** account (a skill's top level) may grow the state by as much. Past
+** either, the slice is killed: an error naming the budget is raised in it, and the sandbox's
 ** pcall/xpcall raise it again so skill code cannot swallow it. A killed
 ** coroutine stays killed (core.killed() is true in its later slices too),
 ** so a step that failed by a kill cannot be caught in orchestration code.
@@ -39,9 +41,16 @@ typedef struct lrt lrt_t;
 
 struct lrt_opts {
   int64_t slice_ms;     /* time a slice may run without yielding (default 1000) */
-  int64_t run_memory;   /* bytes a slice may grow the heap by (default 64 MB) */
-  int64_t state_memory; /* cap on the whole state (default 4 GB) */
+  int64_t run_memory;   /* bytes a run may hold, or a slice with no account grow the heap by
+                        ** (default 64 MB) */
+  int64_t state_memory; /* cap on the whole state (default lrt_default_state_memory()) */
 };
+
+/* The default cap on the whole state: half the machine's memory (or of
+** the cgroup's limit, in a container), at most 4 GB, at least 256 MB (so a
+** hostile skill meets the cap, and its runs fail, before the kernel kills
+** the engine for want of memory). */
+size_t lrt_default_state_memory(void);
 
 int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e);
 void lrt_free(lrt_t *r);
@@ -99,6 +108,57 @@ const char *lrt_killed(const lrt_t *r);
 ** slice has used up its time; if so the slice is now killed, and the caller
 ** should stop and fail. 0 for states that are not an lrt's. */
 int lrt_time_up(lua_State *L);
+
+/* The C stack guard. LuaJIT bounds each coroutine's Lua stack, but not
+** the C stack: C code that calls back into Lua (string.gsub's function or
+** table replacement, table.sort's comparator, string.format's __tostring,
+** os.time's table, skills.check loading a skill) nests one C frame per
+** level, and deep recursion through it would overflow the C stack and
+** crash the process. Each such call point checks first that the thread's
+** C stack still has its reserve left (a quarter of the stack, at least
+** 256 KB and at most 2 MB: room for the error's unwinding, the message
+** handlers and any one C call that does not call back). The check reads
+** the stack pointer only; no state is kept, so it cannot be unbalanced by
+** an error unwinding past it.
+**
+** lrt_cstack_check raises "stack overflow" in L (at the caller's line)
+** when the reserve is reached; lrt_cstack_low answers without raising. */
+void lrt_cstack_check(lua_State *L, const char *what);
+int lrt_cstack_low(void);
+
+/* ---- memory accounts (lrt.c's memory budget) ----
+** Every block is charged to an account; a run's coroutine has its own, so
+** a run's memory budget counts what it holds across its steps. Groups
+** (one per skill version) sum what closed accounts of their runs still
+** hold: what those runs left in state the skill's runs share. */
+
+/* A new group; 0 when out of memory (then none). */
+int lrt_group_new(lrt_t *r);
+
+/* Open an account in group (0: none); returns its id (> 0), or 0 when out
+** of memory (the engine's account is charged instead). */
+int lrt_account_open(lrt_t *r, int group);
+
+/* Close an account (its run's coroutine went): what is still charged to
+** it counts in its group until freed. 0 is ignored. */
+void lrt_account_close(lrt_t *r, int acct);
+
+/* Charge the allocations from now on (and the slices that start) to acct
+** (0: the engine's; a slice then has a per-slice budget); returns the
+** account charged before. */
+int lrt_account_use(lrt_t *r, int acct);
+
+/* Bytes charged to an account now (garbage included until collected). */
+size_t lrt_account_bytes(const lrt_t *r, int acct);
+
+/* Whether the closed accounts of group that are two collection cycles old
+** (what they hold is kept, not garbage) hold more than a run's budget; what
+** they hold goes to *held. Never forces a collection. Once a group was
+** found over, it stays over. */
+int lrt_group_over(lrt_t *r, int group, size_t *held);
+
+/* A run's memory budget (limits.run_memory), in bytes. */
+size_t lrt_budget(const lrt_t *r);
 
 /* Bytes the state holds now. */
 size_t lrt_memory(const lrt_t *r);

@@ -7,10 +7,15 @@
 ** Invariants of struct lrt (kept by lrt.c):
 **   - in_slice is 1 exactly while lrt_pcall, lrt_resume or
 **     lrt_resume_unbounded runs skill code; killed, kill_reason, in_run,
-**     deadline_ns, mem_base and judge_at describe that slice only;
+**     deadline_ns, mem_base and judge_at describe that slice only (judge_at
+**     is in bytes held: the account's, or the slice's growth; an account
+**     keeps its own between slices);
 **   - killed is 1 from the moment a budget (or an interrupt) stopped the
 **     slice, and kill_reason then holds the message raised in skill code;
-**   - mem_used counts every byte the allocator handed out and not freed.
+**   - mem_used counts every byte the allocator handed out and not freed,
+**     headers included; it is the sum of every account's bytes;
+**   - an open account is charged by blocks of the run whose coroutine it
+**     belongs to; a closed one is freed when its bytes reach 0.
 */
 #ifndef ML_LRT_INT_H
 #define ML_LRT_INT_H
@@ -21,10 +26,46 @@
 #include <stdint.h>
 #include <time.h>
 
+/* A memory account (lrt.c's memory budget): what blocks charged to it
+** hold. Account 0 is the engine's and never closes. */
+struct lrt_acct {
+  size_t bytes;    /* allocated (with headers) and not freed */
+  size_t judge_at; /* its slices judge the memory again past this */
+  uint32_t gen;    /* bumped when the slot is recycled */
+  int state;       /* ACCT_FREE, ACCT_OPEN, ACCT_CLOSED */
+  int group;       /* its group (a skill version), 0 for none */
+  int next_free;   /* free list, while free */
+  int settled;     /* closed two collection cycles ago: what is left is kept by someone */
+  uint32_t closed_at; /* the collection cycle it was closed in */
+};
+
+/* A group of accounts: what its closed accounts still hold. */
+struct lrt_group {
+  size_t held;     /* bytes still charged to its closed accounts (garbage included) */
+  size_t settled;  /* of those, what its settled accounts hold: kept, not garbage */
+  int over;        /* it was found over budget once: it stays so */
+};
+
+/* A closed account waiting for two collection cycles to end. */
+struct lrt_pending {
+  int acct;
+  uint32_t gen;
+};
+
 struct lrt {
   lua_State *L;
   int core_ref;
   size_t mem_used, mem_cap;
+  struct lrt_acct *accts;
+  int naccts, acct_cap, acct_free; /* acct_free: first free slot, or -1 */
+  int cur;                         /* the account charged now (0: the engine) */
+  struct lrt_group *groups;
+  int ngroups, group_cap;
+  struct lrt_pending *pending; /* closed accounts not yet settled */
+  int npending, pending_cap;
+  uint32_t gc_cycles;          /* collection cycles ended (a finalizer counts them) */
+  int sentinel_ref;            /* the metatable of the finalizer's userdata */
+  int closing;                 /* lrt_free: the finalizer stops re-arming */
   int killed_ref; /* weak set of coroutines that were killed once */
   /* the slice in progress */
   int in_slice;

@@ -461,12 +461,16 @@ static void pat_add_value(pat_state *ms, luaL_Buffer *b, const char *s, const ch
   case LUA_TNUMBER:
   case LUA_TSTRING: pat_add_s(ms, b, s, e); return;
   case LUA_TFUNCTION: {
+    /* The callback may call gsub again: bound the C stack (lrt.h). */
+    lrt_cstack_check(L, "string.gsub");
     lua_pushvalue(L, 3);
     int n = pat_push_captures(ms, s, e);
     lua_call(L, n, 1);
     break;
   }
   case LUA_TTABLE:
+    /* An __index metamethod may call gsub again. */
+    lrt_cstack_check(L, "string.gsub");
     pat_push_one(ms, 0, s, e);
     lua_gettable(L, 3);
     break;

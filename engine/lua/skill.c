@@ -13,26 +13,40 @@
 struct skills {
   lrt_t *r;
   struct skill *head;
-  int env_ref;
+  int env_ref;    /* {NAME = value} of the global env list */
+  int grants_ref; /* {[skill id] = {NAME = value}} of skill_env */
 };
 
-skills_t *skills_new(lrt_t *r, const char *const *env_names) {
-  skills_t *c = calloc(1, sizeof *c);
-  if (!c) return NULL;
-  c->r = r;
-  lua_State *L = lrt_L(r);
+/* Push a table of the variables names lists that are set (NAME = value). */
+static void push_values(lua_State *L, char *const *names) {
   lua_newtable(L);
-  for (const char *const *n = env_names; n && *n; n++) {
+  for (char *const *n = names; n && *n; n++) {
     const char *v = getenv(*n);
     if (!v) continue;
     lua_pushstring(L, v);
     lua_setfield(L, -2, *n);
   }
+}
+
+skills_t *skills_new(lrt_t *r, const char *const *env_names, const struct skill_env *grants,
+                     int ngrants) {
+  skills_t *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->r = r;
+  lua_State *L = lrt_L(r);
+  push_values(L, (char *const *)env_names);
   c->env_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_newtable(L);
+  for (int i = 0; i < ngrants; i++) {
+    push_values(L, grants[i].names);
+    lua_setfield(L, -2, grants[i].skill);
+  }
+  c->grants_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   return c;
 }
 
-static void skill_free(lua_State *L, struct skill *s) {
+static void skill_free(lrt_t *r, lua_State *L, struct skill *s) {
+  lrt_account_close(r, s->mem_acct);
   if (L) luaL_unref(L, LUA_REGISTRYINDEX, s->def_ref);
   if (L && s->cfg_ref) luaL_unref(L, LUA_REGISTRYINDEX, s->cfg_ref);
   free(s->id), free(s->file), free(s->description), free(s->source);
@@ -45,9 +59,10 @@ void skills_free(skills_t *c) {
   lua_State *L = lrt_L(c->r);
   for (struct skill *s = c->head, *next; s; s = next) {
     next = s->next;
-    skill_free(L, s);
+    skill_free(c->r, L, s);
   }
   luaL_unref(L, LUA_REGISTRYINDEX, c->env_ref);
+  luaL_unref(L, LUA_REGISTRYINDEX, c->grants_ref);
   free(c);
 }
 
@@ -135,9 +150,13 @@ static char *opt_json(lua_State *L, int idx, const char *key) {
 }
 
 /* Compile, run and validate source; on success the definition table and
-** the spec are left on the stack (2 values). recorded: the source is a
+** the spec are left on the stack (2 values). granted: give the skill its
+** skill_env grant (a load that becomes a live version); a check never
+** does, so that checking a source that claims an id (skills.check from
+** another skill) cannot read that id's secrets. recorded: the source is a
 ** version registered before (lua/loader.lua skips the static checks). */
-static int load_def(skills_t *c, const char *src, size_t len, const char *file, int recorded,
+static int load_def(skills_t *c, const char *src, size_t len, const char *file, int granted,
+                    int recorded,
                     struct skill_error *se) {
   lrt_t *r = c->r;
   lua_State *L = lrt_L(r);
@@ -161,8 +180,10 @@ static int load_def(skills_t *c, const char *src, size_t len, const char *file, 
   lua_pushstring(L, id);
   lua_rawgeti(L, LUA_REGISTRYINDEX, c->env_ref);
   lua_pushnil(L); /* extra modules: none */
+  if (granted) lua_rawgeti(L, LUA_REGISTRYINDEX, c->grants_ref);
+  else lua_pushnil(L);
   lua_pushboolean(L, recorded);
-  if (lrt_pcall(r, 7, 3, e)) {
+  if (lrt_pcall(r, 8, 3, e)) {
     lua_settop(L, top);
     return err_prefix(e, "%s", file);
   }
@@ -186,7 +207,7 @@ int skills_check_warnings(skills_t *c, const char *source, size_t len, const cha
   lua_State *L = lrt_L(c->r);
   int top = lua_gettop(L);
   if (warnings) *warnings = NULL;
-  int rc = load_def(c, source, len, file, 0, se);
+  int rc = load_def(c, source, len, file, 0, 0, se);
   if (rc) return rc;
   if (id) *id = opt_string(L, -1, "id");
   if (warnings) *warnings = opt_json(L, lua_gettop(L), "warnings");
@@ -206,13 +227,26 @@ static int load_version(skills_t *c, const char *source, size_t len, const char 
   }
   lua_State *L = lrt_L(c->r);
   int top = lua_gettop(L);
-  int rc = load_def(c, source, len, file, recorded, se);
-  if (rc) return rc;
+  /* What the top level makes is charged to an account of the version's
+  ** own (not the engine's), so that a run growing it is charged for the
+  ** growth (lrt.c's memory budget). */
+  int group = lrt_group_new(c->r);
+  int acct = lrt_account_open(c->r, group);
+  int prev = lrt_account_use(c->r, acct);
+  int rc = load_def(c, source, len, file, 1, recorded, se);
+  lrt_account_use(c->r, prev);
+  if (rc) {
+    lrt_account_close(c->r, acct);
+    return rc;
+  }
   s = calloc(1, sizeof *s);
   if (!s) {
     lua_settop(L, top);
+    lrt_account_close(c->r, acct);
     return err_set(&se->err, ERR_NOMEM, "out of memory");
   }
+  s->mem_group = group;
+  s->mem_acct = acct;
   memcpy(s->version, version, sizeof version);
   int spec = lua_gettop(L);
   s->id = opt_string(L, spec, "id");

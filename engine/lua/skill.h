@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "base/err.h"
+#include "lua/config.h"
 #include "lua/lrt.h"
 
 struct skill {
@@ -28,6 +29,8 @@ struct skill {
   int has_on_failure;
   int def_ref; /* registry ref of the definition table */
   int cfg_ref; /* registry ref of the table its runs share (0 until the first run) */
+  int mem_group; /* its runs' memory accounts (lrt.h), and the account its top level's */
+  int mem_acct;  /* objects were charged to while it loaded */
   struct skill *next;
 };
 
@@ -40,8 +43,13 @@ struct skill_error {
 typedef struct skills skills_t;
 
 /* A cache of loaded versions for one runtime. env_names lists the
-** variables skills see as env.* (NULL-terminated, may be NULL). */
-skills_t *skills_new(lrt_t *r, const char *const *env_names);
+** variables every skill sees as env.* (NULL-terminated, may be NULL);
+** grants (ngrants of them) add variables for one skill each: a skill sees
+** the global list plus its own grant, nothing else. A skill with a grant
+** has its top level run twice: once to learn its id, then again with the
+** grant (the id must come out the same). */
+skills_t *skills_new(lrt_t *r, const char *const *env_names, const struct skill_env *grants,
+                     int ngrants);
 void skills_free(skills_t *c);
 
 /* Load (or find in the cache) the version of source. file names it in
@@ -56,7 +64,9 @@ int skills_load(skills_t *c, const char *source, size_t len, const char *file,
 int skills_load_recorded(skills_t *c, const char *source, size_t len, const char *file,
                          struct skill **out, struct skill_error *se);
 
-/* Validate source without keeping it (moonloop check); *id gets the skill id (caller frees). */
+/* Validate source without keeping it (moonloop check, skills.check); *id
+** gets the skill id (caller frees). Its top level sees the global env list
+** only, never a skill_env grant: a source can claim any id. */
 int skills_check(skills_t *c, const char *source, size_t len, const char *file, char **id,
                  struct skill_error *se);
 

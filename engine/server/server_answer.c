@@ -401,6 +401,10 @@ static void metrics(server_t *srv, h2o_req_t *req) {
   fprintf(f, "# HELP moonloop_commits_total Journal groups committed.\n"
              "# TYPE moonloop_commits_total counter\n"
              "moonloop_commits_total %llu\n", (unsigned long long)st->commits);
+  fprintf(f, "# HELP moonloop_lua_memory_bytes The Lua state's memory: every run and skill "
+             "(capped by limits.total_memory).\n"
+             "# TYPE moonloop_lua_memory_bytes gauge\n"
+             "moonloop_lua_memory_bytes %zu\n", lrt_memory(srv->en->lrt));
   fprintf(f, "# HELP moonloop_committed_entries_total Journal entries committed.\n"
              "# TYPE moonloop_committed_entries_total counter\n"
              "moonloop_committed_entries_total %llu\n",

@@ -117,6 +117,7 @@ static void copy_run(journal_t *j, struct run_row *c, const struct run_row *r, i
   c->owner = dup(j, r->owner, fail);
   c->idem = dup(j, r->idem, fail);
   c->by_run = dup(j, r->by_run, fail);
+  c->cancel_reason = NULL; /* read from the store only, never journaled */
 }
 
 int journal_run_new(journal_t *j, const struct run_row *r) {

@@ -25,6 +25,11 @@ struct run_row {
   const char *input, *output, *error, *owner;
   int64_t created_at, started_at, ended_at, deadline_at, wake_at;
   const char *idem, *by_run;
+  /* Read when a run is claimed or taken over (never written from here):
+  ** processes that died while it was executing since its last checkpoint,
+  ** and a cancellation asked for while it was owned. */
+  int crashes, cancel_requested;
+  const char *cancel_reason;
 };
 
 /* A change of a run's status. NULL output/error and 0 times leave the
@@ -33,6 +38,8 @@ struct run_row {
 struct run_set {
   const char *run_id, *status, *output, *error;
   int64_t started_at, ended_at, wake_at;
+  int clear_crashes; /* the run reached a checkpoint: its crash count goes back to 0
+                     ** (with a NULL status, that is all the entry does) */
 };
 
 /* A step's latest state; written again (replaced) as the step moves on. */

@@ -32,6 +32,10 @@ enum {
   "id, skill, version, status, entry, trigger, parent_id, input, output, error," \
   " created_at, started_at, ended_at, deadline_at, wake_at, owner"
 
+/* The columns of a run row taken to be executed (claimed or taken over):
+** STORE_RUN_COLS, then crashes, cancel_requested, cancel_reason. */
+#define STORE_CLAIM_COLS STORE_RUN_COLS ", crashes, cancel_requested, cancel_reason"
+
 #define STORE_CACHED_STMTS 32
 #define STORE_RCACHED_STMTS 32
 #define STORE_FILTER_SHAPES 128 /* a run filter's seven optional conditions */

@@ -13,7 +13,10 @@
 **   runs     (id) -> skill, version, status, trigger, input, output, error,
 **            times, owner (the lease holding it while unfinished), idem
 **            (invoke's key: unique per skill); once ended, a summary of
-**            its steps (steps, failed_steps, retries, tokens)
+**            its steps (steps, failed_steps, retries, tokens); crashes
+**            (how many processes died while it was executing, since its
+**            last checkpoint: a run that keeps killing the engine is
+**            failed instead of resumed again, see sched_adopt)
 **   steps    (run_id, seq) -> id, kind, status, output, attempts, times
 **   attempts (run_id, seq, n) -> failed attempts with error and traceback
 **   logs     run_id, seq, ts, level, msg
@@ -156,6 +159,8 @@ static const char *const migrations[] = {
   "  WHERE trigger LIKE '{\"kind\":\"event\"%';",
   /* 5: the triggers each version's latest load produced */
   "ALTER TABLE versions ADD COLUMN triggers TEXT;",
+  /* 6: quarantine: processes that died while the run was executing */
+  "ALTER TABLE runs ADD COLUMN crashes INTEGER NOT NULL DEFAULT 0;",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -648,6 +653,11 @@ static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
     return store__put_run(s, &je->u.run, "creating a run", e);
   case J_RUN_SET: {
     const struct run_set *r = &je->u.set;
+    if (r->clear_crashes) {
+      static const char *const sql[] = {"UPDATE runs SET crashes = 0 WHERE id = ?1"};
+      if (store__exec_bound(s, sql, 1, r->run_id, "updating a run", e)) return e->code;
+      if (!r->status) return 0;
+    }
     st = s->ws[W_RUN_SET];
     store__bind_text(st, 1, r->run_id);
     store__bind_text(st, 2, r->status);
@@ -1000,6 +1010,20 @@ int store__lease_dead(sqlite3_stmt *st, const char *host, int64_t now) {
   return h && host && !strcmp(h, host) && !proc_alive(pid, start);
 }
 
+/* Count one crash against the runs a dead owner was executing: queued
+** ones it had claimed (it may have started them before their start was
+** durable) and running ones (a step body, or the code between steps, was
+** in progress). Sleeping and waiting runs were parked, not executing, and
+** so were runs queued for a concurrency slot. The count goes back to 0 at
+** the run's next checkpoint (J_RUN_SET's clear_crashes). */
+static int count_crash(store_t *s, const char *owner, err_t *e) {
+  static const char *const sql[] = {
+    "UPDATE runs SET crashes = crashes + 1 WHERE owner = ?1 AND status IN ('queued','running')"
+    " AND id NOT IN (SELECT run_id FROM slot_queue)",
+  };
+  return store__exec_bound(s, sql, 1, owner, "counting a crash", e);
+}
+
 /* Reap dead leases inside an open write transaction. */
 static int reap_locked(store_t *s, const char *host, int64_t now, err_t *e) {
   sqlite3_stmt *st = store__prep(s->w, "SELECT owner, host, pid, pid_start, expires_at FROM leases", e);
@@ -1011,7 +1035,7 @@ static int reap_locked(store_t *s, const char *host, int64_t now, err_t *e) {
   sqlite3_finalize(st);
   int rc = 0;
   for (int i = 0; i < n; i++) {
-    if (!rc && release_owner(s, dead[i], e)) rc = e->code;
+    if (!rc && (count_crash(s, dead[i], e) || release_owner(s, dead[i], e))) rc = e->code;
     free(dead[i]);
   }
   return rc ? rc : n;
@@ -1048,6 +1072,12 @@ static void row_from_stmt(sqlite3_stmt *st, struct run_row *r) {
   r->wake_at = sqlite3_column_int64(st, 14);
   r->owner = store__col_dup(st, 15);
   r->idem = NULL;
+  /* STORE_CLAIM_COLS: what adopting the run needs beyond its record. */
+  if (sqlite3_column_count(st) > 18) {
+    r->crashes = sqlite3_column_int(st, 16);
+    r->cancel_requested = sqlite3_column_int(st, 17);
+    r->cancel_reason = store__col_dup(st, 18);
+  }
 }
 
 /* See store.h. */
@@ -1058,7 +1088,7 @@ void store_rows_free(struct run_row *rows, size_t n) {
     free((char *)r->id), free((char *)r->skill), free((char *)r->version);
     free((char *)r->status), free((char *)r->entry), free((char *)r->trigger);
     free((char *)r->parent_id), free((char *)r->input), free((char *)r->output);
-    free((char *)r->error), free((char *)r->owner);
+    free((char *)r->error), free((char *)r->owner), free((char *)r->cancel_reason);
   }
   free(rows);
 }
@@ -1077,7 +1107,7 @@ int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows,
   sqlite3_stmt *st = store__prep(s->w,
     "UPDATE runs SET owner = ?1 WHERE id IN (SELECT id FROM runs WHERE owner IS NULL"
     " AND status IN ('queued','running','sleeping','waiting') ORDER BY id LIMIT ?2)"
-    " RETURNING " STORE_RUN_COLS, e);
+    " RETURNING " STORE_CLAIM_COLS, e);
   if (!st) {
     store__exec(s->w, "ROLLBACK", NULL);
     return e->code;
@@ -1118,7 +1148,7 @@ int store_take_run(store_t *s, const char *run_id, const char *owner, const char
   sqlite3_stmt *st = NULL;
   if (rc < 0) goto done;
   rc = 0;
-  st = store__prep(s->w, "SELECT " STORE_RUN_COLS " FROM runs WHERE id = ?1", e);
+  st = store__prep(s->w, "SELECT " STORE_CLAIM_COLS " FROM runs WHERE id = ?1", e);
   if (!st) {
     rc = e->code;
     goto done;

@@ -15,9 +15,10 @@ Known limits (time inside one C call is invisible to the count hook):
 - json.encode/json.decode (engine/lua/json.c) build a cJSON tree with malloc,
   outside the Lua allocator and the hook: see
   test_json_encode_of_shared_subtables_is_bounded;
-- the memory budget is per slice: a run may keep what it allocated in
-  budget across yields, and a slice may briefly hold four budgets inside
-  one C call before it is refused memory ("not enough memory").
+- the memory budget is per run: what a run keeps across its steps counts
+  (tests/security/test_memory.py holds it), and a slice may briefly hold
+  four budgets inside one C call before it is refused memory ("not enough
+  memory").
 """
 import json
 import os
@@ -191,7 +192,21 @@ class BudgetDetailsTest(TestCase):
         self.assertEqual(int(r.stdout), sum(2 ** 20 + len(str(i)) for i in range(1, 51)))
 
     def test_memory_held_across_yields_in_budget_is_fine(self):
-        # 3 MB more per slice, 12 MB in all: the budget is per slice.
+        # 0.75 MB more per slice, 3 MB in all: within the run's budget.
+        set_limits(self.w, MEMORY_SLICE)
+        self.w.write("m.lua", in_orch('''
+  local keep = {}
+  for i = 1, 4 do
+    ctx.step.run("s", function() return i end)
+    keep[i] = ("x"):rep(0.75 * 2^20)
+  end
+  return #keep'''))
+        r = self.w.ml("run", "m.lua", check=0)
+        self.assertEqual(r.stdout.strip(), "4")
+
+    def test_memory_held_across_yields_counts_against_the_run(self):
+        # 3 MB more per slice: each slice is within the budget, but the run
+        # holds 12 MB by the end, three budgets.
         set_limits(self.w, MEMORY_SLICE)
         self.w.write("m.lua", in_orch('''
   local keep = {}
@@ -200,8 +215,10 @@ class BudgetDetailsTest(TestCase):
     keep[i] = ("x"):rep(3 * 2^20)
   end
   return #keep'''))
-        r = self.w.ml("run", "m.lua", check=0)
-        self.assertEqual(r.stdout.strip(), "4")
+        r = self.w.ml("run", "m.lua", timeout=30)
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertIn(MEMORY, r.stderr)
+        self.assertIn("across its steps", r.stderr)
 
     def test_a_killed_step_is_not_retried(self):
         self.w.write("r.lua", 'return { retries = 3, run = function(ctx)\n'

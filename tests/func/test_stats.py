@@ -370,7 +370,8 @@ class StatsMigrationTest(TestCase):
         con.executescript("DROP INDEX runs_ended; DROP INDEX runs_event;"
                           "ALTER TABLE runs DROP COLUMN steps; ALTER TABLE runs DROP COLUMN failed_steps;"
                           "ALTER TABLE runs DROP COLUMN retries; ALTER TABLE runs DROP COLUMN tokens;"
-                          "ALTER TABLE versions DROP COLUMN triggers;"
+                          "ALTER TABLE versions DROP COLUMN triggers;"  # (migration 5)
+                          "ALTER TABLE runs DROP COLUMN crashes;"  # (migration 6)
                           "PRAGMA user_version = 3;")
         con.close()
         t = self.w.json("stats", "bad", "--since", "1h")["totals"]
