@@ -600,7 +600,7 @@ class Case:
         last_watch = 0
         stable = 0
         ballast_cancelled = False
-        bound = 60 * SLOW
+        bound = 30 * SLOW
         result = {"stuck": None}
         while True:
             now = self.clock()
@@ -727,8 +727,10 @@ class Case:
         con = sqlite3.connect(self.db)
         try:
             result["integrity"] = [r[0] for r in con.execute("PRAGMA integrity_check").fetchall()]
+            result["events"] = dict(con.execute("SELECT idem, id FROM events WHERE idem IS NOT NULL").fetchall())
         finally:
             con.close()
+        result["fenced"] = {p.name for p in self.procs if "lease lost" in p.text()}
         result["sanitizer"] = []
         for name in sorted(os.listdir(self.reports)):
             with open(os.path.join(self.reports, name), errors="replace") as f:

@@ -7,6 +7,8 @@ Checks (each violation names its class):
                  (c, n) and with run and event ids blanked
   missing-run, extra-run
                  the same runs exist as in (a); every root exists
+  event-lost     every event an engine or `moonloop send` accepted is in
+                 the database, under the id it was accepted with
   event-once     every accepted event started its runs once; no run twice
   body-rerun     a step body that got a successful answer ran again with no
                  kill or freeze of the process that ran it in between (a
@@ -43,6 +45,10 @@ Known classes (SIM_KNOWN, comma-separated) turn matching violations into
                    engines, one of which was frozen, and the outcomes of
                    the runs holding such keys; an engine that crashed (or
                    a sanitizer report) in lease_lost's abort of its runs
+  fenced-ack       an engine whose commit group was fenced ("lease lost")
+                   had already acknowledged the events in it: the events
+                   are lost (event-lost), and so is what they started or
+                   answered (violations in those trees)
   frozen-lock      mode e: an engine gave up with "database is locked"
                    while another was frozen holding the write lock
   phantom-run      a step body ran in a run that never became durable (a
@@ -58,7 +64,7 @@ from gen import TERMINAL
 ULID = re.compile(r"\b[0-9A-HJKMNP-TV-Z]{26}\b")
 CANCEL = re.compile(r"cancelled (from the command line|over HTTP)")
 MISMATCH = "the code no longer matches this run's journal"
-KNOWN_CLASSES = ("parallel-replay", "parallel-failed-replay", "fencing", "frozen-lock", "phantom-run")
+KNOWN_CLASSES = ("parallel-replay", "parallel-failed-replay", "fencing", "fenced-ack", "frozen-lock", "phantom-run")
 
 
 def norm(v):
@@ -81,6 +87,12 @@ def outcome(t):
     err = t.get("error")
     return {"status": t["status"], "output": norm(t.get("output")),
             "error": norm(err.get("message")) if isinstance(err, dict) else None}
+
+
+def tree_of_idem(idem):
+    """The root tag in a harness idempotency id (start:r3, r3:m1:sig4:1, cancel:r2/i1)."""
+    head, _, rest = idem.partition(":")
+    return tree_of(rest if head in ("start", "cancel") else head)
 
 
 def tree_of(tag):
@@ -139,6 +151,13 @@ def check(world, mode, result, ref):
                 V.append(Violation("outcome", "run %s ended differently:\n      (a):  %s\n      (%s):  %s" % (
                     key, json.dumps(ref[key][0], sort_keys=True), mode, json.dumps(mine[key][0], sort_keys=True)),
                     tree_of(key[0])))
+
+    # -- accepted events are in the database --
+    for idem, eid in sorted(result["accepted"].items()):
+        if result["events"].get(idem) != eid:
+            V.append(Violation("event-lost", "event %s was accepted as %s, the database %s" % (
+                idem, eid, "holds %s" % result["events"][idem] if idem in result["events"] else "does not have it"),
+                tree_of_idem(idem)))
 
     # -- accepted events started their runs once --
     by_event = {}
@@ -293,6 +312,11 @@ def classify(V, world, mode, result, known):
         for v in V:
             if not v.known and v.tree in trees and v.tree is not None:
                 v.known = "parallel-failed-replay"
+    if "fenced-ack" in known and result["fenced"]:
+        trees = {v.tree for v in V if v.cls == "event-lost"}
+        for v in V:
+            if not v.known and (v.cls == "event-lost" or (v.tree in trees and v.tree is not None)):
+                v.known = "fenced-ack"
     if "phantom-run" in known:
         for v in V:
             if v.cls == "phantom-run":
