@@ -728,6 +728,11 @@ class Case:
         try:
             result["integrity"] = [r[0] for r in con.execute("PRAGMA integrity_check").fetchall()]
             result["events"] = dict(con.execute("SELECT idem, id FROM events WHERE idem IS NOT NULL").fetchall())
+            # Every engine has stopped and released its runs: an unfinished
+            # run that still has an owner is owned by a lease that is gone.
+            result["orphans"] = dict(con.execute(
+                "SELECT id, owner FROM runs WHERE owner IS NOT NULL AND status NOT IN"
+                " ('completed','failed','cancelled') AND owner NOT IN (SELECT owner FROM leases)").fetchall())
         finally:
             con.close()
         result["fenced"] = {p.name for p in self.procs if "lease lost" in p.text()}

@@ -302,7 +302,8 @@ class Gen:
         s = self.new_site("send", loop=loop)
         s.features = {"step.send_event"}
         n = rng.randint(1, 3)
-        evs = ['{ name = "sim.fan", data = { tag = T .. "/s" .. k .. "/%d" } }' % (i + 1) for i in range(n)]
+        # Tags name the sending skill: one event can start two skills with the same tag.
+        evs = ['{ name = "sim.fan", data = { tag = T .. "/%s.s" .. k .. "/%d" } }' % (sk.id, i + 1) for i in range(n)]
         if rng.random() < 0.3:
             evs.append('{ name = "sim.unheard", data = { tag = T } }')
             s.features.add("send_event of an event nobody listens to")
@@ -343,8 +344,8 @@ class Gen:
         caught = mode != "ok" and not (uncaught_ok and rng.random() < 0.5)
         if mode == "orphan":
             caught = True  # the child must outlive a parent that goes on
-        args = '"inv%d", { skill = "%s", data = { tag = T .. "/i" .. k, mode = "%s" }%s }' % (
-            s.n, child, mode, timeout)
+        args = '"inv%d", { skill = "%s", data = { tag = T .. "/%s.i" .. k, mode = "%s" }%s }' % (
+            s.n, child, sk.id, mode, timeout)
         out.append(ind + "do")
         out.append(ind + "  k = k + 1")
         if caught:
