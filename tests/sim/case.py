@@ -482,12 +482,10 @@ class Case:
         for rid, sid in rows:
             self.durable.setdefault("%s:%s" % (rid, sid), seen)
         rows = self.query(
-            "SELECT r.id, r.skill, r.input, r.parent_id, s.id,"
-            " (SELECT p.status FROM runs p WHERE p.id = r.parent_id)"
-            " FROM runs r JOIN steps s ON s.run_id = r.id"
+            "SELECT r.id, r.skill, r.input, s.id FROM runs r JOIN steps s ON s.run_id = r.id"
             " WHERE r.status NOT IN ('completed','failed','cancelled') AND s.status = 'waiting'"
             " AND s.kind = 'wait'") or []
-        for rid, skill, inp, parent, sid, pstatus in rows:
+        for rid, skill, inp, sid in rows:
             try:
                 tag = json.loads(inp or "{}").get("tag")
             except ValueError:
@@ -733,6 +731,12 @@ class Case:
             result["orphans"] = dict(con.execute(
                 "SELECT id, owner FROM runs WHERE owner IS NOT NULL AND status NOT IN"
                 " ('completed','failed','cancelled') AND owner NOT IN (SELECT owner FROM leases)").fetchall())
+            # Events a wait took (a delivery) that its step never got.
+            result["lost_deliveries"] = con.execute(
+                "SELECT d.run_id, s.id, d.event_id, s.status FROM deliveries d JOIN steps s"
+                " ON s.run_id = d.run_id AND s.seq = d.seq WHERE s.kind = 'wait'"
+                " AND (s.status != 'completed' OR s.output IS NULL OR s.output = 'null')"
+                " AND NOT EXISTS (SELECT 1 FROM waits w WHERE w.run_id = d.run_id AND w.seq = d.seq)").fetchall()
         finally:
             con.close()
         result["fenced"] = {p.name for p in self.procs if "lease lost" in p.text()}

@@ -16,6 +16,7 @@ Checks (each violation names its class):
                  once more per kill); or ran again after the harness had
                  seen the step completed in the database
   phantom-run    a step body ran in a run the database never held
+  delivery-lost  no wait took an event (a delivery) that its step never got
   calls          more calls of a body than its failures, retries and the
                  kills and freezes during them explain (without kills or
                  freezes: exactly as many as expected)
@@ -35,9 +36,10 @@ Checks (each violation names its class):
 Known classes (SIM_KNOWN, comma-separated) turn matching violations into
 "known" ones, counted and shown but not failing:
   parallel-replay  a run failed on replay ("the code no longer matches this
-                   run's journal") after a completed step.parallel: every
-                   violation in that run's tree (its root, children,
-                   on_failure runs)
+                   run's journal", in its error, or in its output when a
+                   pcall in the skill caught it) after a completed
+                   step.parallel: every violation in that run's tree (its
+                   root, children, on_failure runs)
   parallel-failed-replay
                    a step.parallel that failed (caught with pcall): on
                    replay everything after it runs again, live (bodies,
@@ -53,6 +55,10 @@ Known classes (SIM_KNOWN, comma-separated) turn matching violations into
                    answered (violations in those trees)
   frozen-lock      mode e: an engine gave up with "database is locked"
                    while another was frozen holding the write lock
+  wait-end-lost    the engine died between ending a wait (its row, with the
+                   event it took, deleted) and completing the step: the
+                   replay waits again and the event is never found (it is
+                   marked taken): every violation in that tree
   phantom-run      a step body ran in a run that never became durable (a
                    child or on_failure run started before the group that
                    creates it committed, then a kill): its replacement runs
@@ -67,7 +73,8 @@ ULID = re.compile(r"\b[0-9A-HJKMNP-TV-Z]{26}\b")
 CANCEL = re.compile(r"cancelled (from the command line|over HTTP)")
 MISMATCH = "the code no longer matches this run's journal"
 SLACK = 1.0
-KNOWN_CLASSES = ("parallel-replay", "parallel-failed-replay", "fencing", "fenced-ack", "frozen-lock", "phantom-run")
+KNOWN_CLASSES = ("parallel-replay", "parallel-failed-replay", "fencing", "fenced-ack", "frozen-lock", "phantom-run",
+                 "wait-end-lost")
 
 
 def norm(v):
@@ -262,6 +269,12 @@ def check(world, mode, result, ref):
         if t["status"] == "completed":
             walk(t.get("output"), t)
 
+    # -- events a wait took that its step never got --
+    for rid, sid, eid, status in result.get("lost_deliveries", []):
+        t = traces.get(rid)
+        V.append(Violation("delivery-lost", "run %s %s: its wait %s took event %s, but the step is %s without it" % (
+            rid, run_key(t) if t else "", sid, eid, status), tree_of(run_key(t)[0]) if t else None))
+
     # -- runs left to a lease that no longer exists: nobody will ever run them --
     for rid, owner in sorted(result.get("orphans", {}).items()):
         t = traces.get(rid)
@@ -294,7 +307,10 @@ def classify(V, world, mode, result, known):
         trees = set()
         for t in traces.values():
             err = t.get("error")
-            if isinstance(err, dict) and MISMATCH in (err.get("message") or "") and \
+            # The mismatch fails the run, or is caught by a pcall in the skill
+            # and shows in its output.
+            said = (err.get("message") or "" if isinstance(err, dict) else "") + json.dumps(t.get("output"))
+            if MISMATCH in said and \
                     any(s["kind"] == "parallel" and s["status"] == "completed" for s in t.get("steps") or []):
                 trees.add(tree_of(run_key(t)[0]))
         for v in V:
@@ -336,6 +352,11 @@ def classify(V, world, mode, result, known):
         for v in V:
             if not v.known and (v.cls == "event-lost" or (v.tree in trees and v.tree is not None)):
                 v.known = "fenced-ack"
+    if "wait-end-lost" in known:
+        trees = {v.tree for v in V if v.cls == "delivery-lost"}
+        for v in V:
+            if not v.known and (v.cls == "delivery-lost" or (v.tree in trees and v.tree is not None)):
+                v.known = "wait-end-lost"
     if "phantom-run" in known:
         for v in V:
             if v.cls == "phantom-run":
