@@ -333,6 +333,14 @@ def classify(V, world, mode, result, known):
             if v.key in fenced or (v.cls in ("outcome", "consumed", "missing-run", "extra-run")
                                    and v.tree in fenced_trees):
                 v.known = "fencing"
+        # A stale engine's end of a run cancels "its children" with the run's
+        # own id, and the run itself with them: a root run then ends
+        # "cancelled: its parent run ended".
+        for v in V:
+            if not v.known and v.cls == "outcome" and "/" not in (v.tree or "/") and \
+                    '"error": "cancelled: its parent run ended"' in v.msg.split("(e):")[-1] and \
+                    result["fenced"] | result["frozen"]:
+                v.known = "fencing"
         # A fenced engine claims runs under its dead lease (store_claim does
         # not check the lease): they are orphaned, and stuck.
         orphan_trees = {v.tree for v in V if v.cls == "orphan"}
