@@ -337,7 +337,8 @@ def classify(V, world, mode, result, known):
         # own id, and the run itself with them: a root run then ends
         # "cancelled: its parent run ended".
         for v in V:
-            if not v.known and v.cls == "outcome" and "/" not in (v.tree or "/") and \
+            root = re.match(r"run \('([^'/]*)'", v.msg)
+            if not v.known and v.cls == "outcome" and root and \
                     '"error": "cancelled: its parent run ended"' in v.msg.split("(e):")[-1] and \
                     result["fenced"] | result["frozen"]:
                 v.known = "fencing"
