@@ -25,6 +25,7 @@ Checks (each violation names its class):
                  the stand-in gave that call, the last one it gave that key
   consumed       every answer a run's output shows it used is the one its
                  journal records for that step
+  replayed       mode a: no run body starts twice (no crash, no eviction)
   stuck          every run ended within the bound
   orphan         no unfinished run is owned by a lease that no longer exists
                  (looked at once every engine has stopped)
@@ -79,7 +80,7 @@ KNOWN_CLASSES = ("parallel-replay", "parallel-failed-replay", "fencing", "fenced
 
 def norm(v):
     if isinstance(v, dict):
-        return {k: norm(x) for k, x in v.items() if k not in ("c", "n")}
+        return {k: norm(x) for k, x in v.items() if k not in ("c", "n", "boots")}
     if isinstance(v, list):
         return [norm(x) for x in v]
     if isinstance(v, str):
@@ -164,6 +165,14 @@ def check(world, mode, result, ref):
                 V.append(Violation("outcome", "run %s ended differently:\n      (a):  %s\n      (%s):  %s" % (
                     key, json.dumps(ref[key][0], sort_keys=True), mode, json.dumps(mine[key][0], sort_keys=True)),
                     tree_of(key[0])))
+
+    # -- without a crash or an eviction, no run is replayed --
+    if mode == "a":
+        for t in traces.values():
+            out = t.get("output")
+            if isinstance(out, dict) and out.get("boots", 1) > 1:
+                V.append(Violation("replayed", "run %s %s started its body %d times with no crash and no"
+                                   " eviction" % (t["id"], run_key(t), out["boots"]), tree_of(run_key(t)[0])))
 
     # -- accepted events are in the database --
     for idem, eid in sorted(result["accepted"].items()):

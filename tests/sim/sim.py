@@ -16,6 +16,7 @@ frozen-lock, phantom-run.
 import argparse
 import os
 import random
+import signal
 import sys
 import time
 import traceback
@@ -48,7 +49,7 @@ BUDGET_ASAN = [(9, "abcde")]
 class Totals:
     def __init__(self):
         self.cases = self.skills = self.kills = self.freezes = self.steps = self.runs = 0
-        self.resumes = self.replays = 0
+        self.resumes = self.replays = self.evictions = 0
         self.violations = 0
         self.known = {}
         self.features = set()
@@ -69,6 +70,11 @@ def run_seed(seed, modes, opts, tot):
         except Exception:
             res = None
             err = traceback.format_exc()
+            c.abort()
+        except BaseException:
+            c.abort()  # interrupted: leave no engine behind
+            c.cleanup(keep=opts.keep)
+            raise
         if res is None:
             print("seed %d mode %s: the harness failed:\n%s" % (seed, mode, err), flush=True)
             tot.violations += 1
@@ -90,6 +96,8 @@ def run_seed(seed, modes, opts, tot):
         tot.freezes += res["stats"]["freezes"]
         tot.resumes += res["stats"]["resumes"]
         tot.replays += res.get("replays") or 0
+        if mode == "c":
+            tot.evictions += res.get("replays") or 0
         tot.steps += nsteps
         tot.runs += len(res["traces"])
         new = [v for v in V if not v.known]
@@ -100,7 +108,7 @@ def run_seed(seed, modes, opts, tot):
         tot.violations += len(new)
         line = "seed %d mode %s (%s): %d runs, %d steps, %d calls, %d kills, %d freezes%s, %.1fs: %s" % (
             seed, mode, MODE_NAMES[mode], len(res["traces"]), nsteps, len(res["calls"]), res["stats"]["kills"],
-            res["stats"]["freezes"], ", %d replays" % res["replays"] if res.get("replays") is not None else "",
+            res["stats"]["freezes"], ", %d replays" % res["replays"] if res.get("replays") else "",
             res["elapsed"], "%d VIOLATIONS" % len(new) if new else "ok")
         if known:
             kinds = sorted({v.known for v in known})
@@ -180,7 +188,8 @@ def summary(tot, elapsed):
     print()
     print("simulation: %d cases in %.0fs; %d skills generated; %d kills, %d freezes, %d run --resume; "
           "%d steps, %d runs%s" % (tot.cases, elapsed, tot.skills, tot.kills, tot.freezes, tot.resumes,
-                                   tot.steps, tot.runs, "; %d replays after eviction" % tot.replays if tot.replays else ""))
+                                   tot.steps, tot.runs, "; %d replays (%d after evictions)" % (tot.replays, tot.evictions)
+                                   if tot.replays else ""))
     print("violations: %d%s" % (tot.violations, " (%s)" % ", ".join("seed %d mode %s" % f for f in tot.failed)
                                 if tot.failed else ""))
     for k in sorted(tot.known):
@@ -191,7 +200,12 @@ def summary(tot, elapsed):
     print("covered: %s" % "; ".join(sorted(tot.features)))
 
 
+def interrupted(signum, frame):
+    raise KeyboardInterrupt("signal %d" % signum)
+
+
 def main():
+    signal.signal(signal.SIGTERM, interrupted)  # ctest's timeout, a kill: stop the case's engines
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, help="run this seed only")
     ap.add_argument("--mode", default="", help="modes to run (letters of abcde); (a) always runs first")
