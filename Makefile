@@ -3,7 +3,7 @@ BUILD   := build
 ASAN    := build/asan
 JOBS    := $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all deps build asan test unit demo bench fuzz deb install clean
+.PHONY: all deps build asan test unit demo bench fuzz sim deb install clean
 
 all: build
 
@@ -47,6 +47,15 @@ fuzz: deps
 deb:
 	@sh scripts/deps.sh --build
 	@sh scripts/deb.sh
+
+# The simulation (tests/sim, docs/simulation.md): generated skills run
+# uninterrupted, killed, evicted, resumed and taken over, compared case by
+# case. SEED=N replays one seed (MODE=b: that mode, after the reference
+# mode a); without SEED, random seeds for SIM_TIME seconds. SIM_KNOWN
+# lists failure classes to report without failing.
+SIM_TIME ?= 300
+sim: build
+	@SIM_KNOWN="$(SIM_KNOWN)" python3 tests/sim/sim.py $(if $(SEED),--seed $(SEED),--time $(SIM_TIME)) $(if $(MODE),--mode $(MODE))
 
 clean:
 	rm -rf $(BUILD)
