@@ -12,7 +12,8 @@
 ** transactions one at a time, so no event slips between the two.
 **
 ** Matching: a wait may name a path ("data.request_id"); the event's value
-** at that path, as compact JSON, must equal the wait's match_value.
+** at that path, as compact JSON, must equal the wait's match_value
+** (store__event_matches).
 */
 #include "base/ids.h"
 #include "base/jsontext.h"
@@ -83,34 +84,6 @@ void store__flow_close(store_t *s) {
     sqlite3_finalize(s->fs[i]);
     s->fs[i] = NULL;
   }
-}
-
-/* The JSON of an event as skills see it: {name, id, data, ts}. */
-static char *event_json(const char *id, const char *name, const char *data, int64_t ts) {
-  cJSON *o = cJSON_CreateObject();
-  char t[40];
-  units_rfc3339(ts, t, sizeof t);
-  cJSON_AddStringToObject(o, "name", name);
-  cJSON_AddStringToObject(o, "id", id);
-  cJSON *d = data ? cJSON_Parse(data) : NULL;
-  cJSON_AddItemToObject(o, "data", d ? d : cJSON_CreateNull());
-  cJSON_AddStringToObject(o, "ts", t);
-  char *s = cJSON_PrintUnformatted(o);
-  cJSON_Delete(o);
-  return s;
-}
-
-/* Whether the event matches a wait's path and value. A path is relative to
-** the event object {name, id, data, ts}: "data.request_id". */
-static int event_matches(const char *event_json_text, const char *path, const char *value) {
-  if (!path || !*path) return 1;
-  cJSON *ev = cJSON_Parse(event_json_text);
-  const cJSON *v = jsontext_path(ev, path);
-  char *got = v ? cJSON_PrintUnformatted(v) : strdup("null");
-  int ok = got && value && !strcmp(got, value);
-  free(got);
-  cJSON_Delete(ev);
-  return ok;
 }
 
 /* Outcome JSON of an ended run, for its parent, from a row of (id,
@@ -213,10 +186,10 @@ static int find_event(store_t *s, const struct wait_row *w, char **result, char 
   store__bind_text(st, 4, w->exclude);
   int rc;
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-    char *ej = event_json((const char *)sqlite3_column_text(st, 0),
+    char *ej = store__event_json((const char *)sqlite3_column_text(st, 0),
                           (const char *)sqlite3_column_text(st, 1),
                           (const char *)sqlite3_column_text(st, 2), sqlite3_column_int64(st, 3));
-    if (ej && event_matches(ej, w->match_path, w->match_value)) {
+    if (ej && store__event_matches(ej, w->match_path, w->match_value)) {
       *result = ej;
       *event_id = store__col_dup(st, 0);
       break;
@@ -574,7 +547,7 @@ static int deliver_event(store_t *s, const char *id, const char *name, const cha
   store__bind_text(st, 3, id);
   int err = 0;
   while (!err && sqlite3_step(st) == SQLITE_ROW) {
-    if (!event_matches(ej, (const char *)sqlite3_column_text(st, 3),
+    if (!store__event_matches(ej, (const char *)sqlite3_column_text(st, 3),
                        (const char *)sqlite3_column_text(st, 4)))
       continue;
     const char *run_id = (const char *)sqlite3_column_text(st, 0);
@@ -607,7 +580,7 @@ static int deliver_event(store_t *s, const char *id, const char *name, const cha
 }
 
 /* See store.h. */
-int store_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e) {
+int store__sqlite_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e) {
   *runs = 0;
   if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
   sqlite3_stmt *st = store__prep(s->w,
@@ -623,7 +596,7 @@ int store_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e) {
     const char *name = (const char *)sqlite3_column_text(st, 1);
     const char *data = (const char *)sqlite3_column_text(st, 2);
     int64_t ts = sqlite3_column_int64(st, 3);
-    char *ej = event_json(id, name, data, ts);
+    char *ej = store__event_json(id, name, data, ts);
     err = trigger_runs(s, ej, name, data, now, runs, e);
     if (!err) err = deliver_event(s, id, name, ej, ts, now, e);
     free(ej);
