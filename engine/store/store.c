@@ -18,6 +18,9 @@ static int is_pg_url(const char *path) {
   return !strncmp(path, "postgresql://", 13) || !strncmp(path, "postgres://", 11);
 }
 
+/* See store.h. */
+int store_is_server(const char *path) { return path && is_pg_url(path); }
+
 /* See store.h: a PostgreSQL URL opens the PostgreSQL store, anything else
 ** is a SQLite file. */
 int store_open(const char *path, enum store_durability d, store_t **out, err_t *e) {

@@ -34,8 +34,15 @@ enum store_durability {
   STORE_NORMAL, /* WAL's default: survives a process crash, not a power loss */
 };
 
-/* Open (creating and migrating as needed) the database at path. */
+/* Open (creating and migrating as needed) the database at path: a SQLite
+** file, or a PostgreSQL database when path is a "postgresql://" (or
+** "postgres://") URL (the database must exist; its tables are made). */
 int store_open(const char *path, enum store_durability d, store_t **out, err_t *e);
+
+/* Whether the database setting names a database on a server (a
+** PostgreSQL URL) rather than a file: such a database is never created
+** by opening it, so there is no file to look for first. */
+int store_is_server(const char *path);
 void store_close(store_t *s);
 const char *store_path(const store_t *s);
 

@@ -197,9 +197,10 @@ static void no_notices(void *arg, const char *msg) { (void)arg, (void)msg; }
 int store__pg_err(struct pg_store *s, struct pgconn *pc, const PGresult *res, const char *what,
                   err_t *e) {
   char msg[700];
+  /* A server that does not answer: waiting may cure it (the API says 503). */
   if (pc->c && PQstatus(pc->c) == CONNECTION_BAD) {
     one_line(PQerrorMessage(pc->c), msg, sizeof msg);
-    return err_set(e, ERR_IO, "store: %s: the connection to PostgreSQL (%s) was lost: %s", what,
+    return err_set(e, ERR_BUSY, "store: %s: the connection to PostgreSQL (%s) was lost: %s", what,
                    s->shown, *msg ? msg : "no answer");
   }
   const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
@@ -260,7 +261,8 @@ static int conn_open(struct pg_store *s, struct pgconn *pc, err_t *e) {
     one_line(pc->c ? PQerrorMessage(pc->c) : "out of memory", msg, sizeof msg);
     if (pc->c) PQfinish(pc->c);
     pc->c = NULL;
-    return err_set(e, ERR_IO, "cannot connect to PostgreSQL (%s): %s", s->shown, msg);
+    snprintf(pc->why, sizeof pc->why, "%s", msg);
+    return err_set(e, ERR_BUSY, "cannot connect to PostgreSQL (%s): %s", s->shown, msg);
   }
   PQsetNoticeProcessor(pc->c, no_notices, NULL);
   char setup[256];
@@ -292,8 +294,8 @@ int store__pg_ensure(struct pg_store *s, struct pgconn *pc, err_t *e) {
   if (pc->c && PQstatus(pc->c) == CONNECTION_OK) return 0;
   int64_t now = units_now_ms();
   if (pc->reader && now < pc->retry_at)
-    return err_set(e, ERR_IO, "store: PostgreSQL (%s) is unreachable (tried again %lld ms ago)",
-                   s->shown, (long long)(now - (pc->retry_at - 1000)));
+    return err_set(e, ERR_BUSY, "cannot connect to PostgreSQL (%s): %s (tried again less than a "
+                   "second ago)", s->shown, pc->why);
   if (conn_open(s, pc, e)) {
     pc->retry_at = now + 1000;
     return e->code;
@@ -533,6 +535,13 @@ static int xid_outcome(struct pg_store *s, int64_t xid, int patience, err_t *e) 
     snprintf(sql, sizeof sql, "SELECT txid_status(%lld)", (long long)xid);
     PGresult *r = PQexec(s->w.c, sql);
     if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+      /* "transaction ID ... is in the future": the server started again
+      ** from a WAL that never got that transaction's commit. */
+      const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+      if (state && !strcmp(state, "22023")) {
+        PQclear(r);
+        return 0;
+      }
       store__pg_err(s, &s->w, r, "looking up a commit's outcome", e);
       PQclear(r);
       return -1;
@@ -1042,15 +1051,15 @@ static void pg_close(store_t *st) {
   free(s);
 }
 
-/* The schema's version, read outside any transaction (0: none yet), or a
-** negative code. */
-static int schema_version(struct pg_store *s, err_t *e) {
+/* The schema's version, read on pc outside any transaction (0: none
+** yet), or a negative code. */
+static int schema_version(struct pg_store *s, struct pgconn *pc, err_t *e) {
   int v = 0;
   for (int k = 0; k < 2; k++) {
-    PGresult *r = PQexec(s->w.c, k ? "SELECT max(version) FROM moonloop_schema"
-                                   : "SELECT to_regclass('moonloop_schema') IS NOT NULL");
+    PGresult *r = PQexec(pc->c, k ? "SELECT max(version) FROM moonloop_schema"
+                                  : "SELECT to_regclass('moonloop_schema') IS NOT NULL");
     int ok = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
-    if (!ok) v = store__pg_err(s, &s->w, r, "reading the schema version", e);
+    if (!ok) v = store__pg_err(s, pc, r, "reading the schema version", e);
     else if (k) v = (int)store__pg_i64(r, 0, 0);
     int exists = ok && !k && !strcmp(PQgetvalue(r, 0, 0), "t");
     PQclear(r);
@@ -1061,9 +1070,10 @@ static int schema_version(struct pg_store *s, err_t *e) {
 
 /* Bring the schema up to date, one migration per transaction under the
 ** write lock (another process may be migrating too: the version is read
-** again inside the lock). A schema up to date is only read. */
+** again inside the lock). A schema up to date is only read, through the
+** reader. */
 static int migrate(struct pg_store *s, err_t *e) {
-  int now = schema_version(s, e);
+  int now = schema_version(s, &s->r, e);
   if (now < 0) return now;
   if (now == NMIGRATIONS) return 0;
   for (;;) {
@@ -1103,8 +1113,9 @@ fail:
 
 static const struct store_ops pg_ops;
 
-/* See store_backend.h: the writer first (its session, the migrations),
-** then the reader (LISTEN). */
+/* See store_backend.h: the reader (LISTEN), which also reads the schema's
+** version; the writer when there are migrations to make, else at the first
+** write (a command that only reads never opens it). */
 int store__pg_open(const char *url, enum store_durability d, store_t **out, err_t *e) {
   struct pg_store *s = calloc(1, sizeof *s);
   if (!s) return err_set(e, ERR_NOMEM, "out of memory");
@@ -1119,7 +1130,7 @@ int store__pg_open(const char *url, enum store_durability d, store_t **out, err_
     pg_close((store_t *)(void *)s);
     return err_set(e, ERR_NOMEM, "out of memory");
   }
-  if (conn_open(s, &s->w, e) || migrate(s, e) || conn_open(s, &s->r, e)) {
+  if (conn_open(s, &s->r, e) || migrate(s, e)) {
     pg_close((store_t *)(void *)s);
     return e->code;
   }

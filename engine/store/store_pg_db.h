@@ -27,6 +27,7 @@ struct pgconn {
   const char *role;   /* "writer", "reader": in messages */
   int reader;         /* LISTENs for other processes' writes */
   int64_t retry_at;   /* a reader that lost its connection tries again then (ms) */
+  char why[700];      /* why the last connection failed */
   int nstmts;
   struct { const void *key; char name[12]; } stmts[PG_STMTS];
 };
