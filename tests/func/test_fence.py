@@ -4,14 +4,13 @@ step body or send a request once it resumes (SIGCONT)."""
 import json
 import os
 import signal
-import sqlite3
 import sys
 import threading
 import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import SkillsTestCase, wait_until  # noqa: E402
+from mltest import SkillsTestCase, sqlite_only, wait_until  # noqa: E402
 
 
 def metric(url, name):
@@ -29,12 +28,10 @@ class FenceTest(SkillsTestCase):
         """SIGSTOP p while its commit thread waits for the database's write
         lock (held here for `hold` seconds), so that commit is in flight when
         p resumes, and what p wrote meanwhile waits in its open group."""
-        lock = sqlite3.connect(self.w.db, timeout=10, isolation_level=None)
-        lock.execute("BEGIN IMMEDIATE")
+        release = self.w.hold_writes()
         time.sleep(hold)  # p renews its lease every 2s/3: its commit now waits for the lock
         os.kill(p.pid, signal.SIGSTOP)
-        lock.execute("ROLLBACK")
-        lock.close()
+        release()
         time.sleep(3)  # past p's lease
 
     def status_history(self, rid, seconds):
@@ -164,6 +161,8 @@ end }""")
         pa.wait(timeout=20)
 
 
+@sqlite_only("SQLite's write lock, found in its -shm file; PostgreSQL ends the idle transaction "
+             "of a frozen holder itself (idle_in_transaction_session_timeout)")
 class FrozenLockHolderTest(SkillsTestCase):
     def test_an_engine_waits_for_a_write_lock_held_by_a_frozen_one_and_says_so(self):
         import fcntl

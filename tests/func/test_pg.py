@@ -1,0 +1,249 @@
+"""The PostgreSQL store's own faults, where the SQLite file's do not apply:
+a server that crashes (kill -9 of the postmaster and its backends) and is
+started again loses nothing it acknowledged and runs no completed step
+again; a server that is away for a while gets every writer a clear 503 (or
+exit 1), and the engine carries on once it is back; each reason a
+connection fails is said, and a URL's password never shows. Run only
+against PostgreSQL (MOONLOOP_TEST_BACKEND=pg: make test's func-pg/test_pg)."""
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+import pgcluster  # noqa: E402
+from mltest import PG, SkillsTestCase, TestCase, wait_until  # noqa: E402
+
+pg_only = unittest.skipUnless(PG, "PostgreSQL only: run with MOONLOOP_TEST_BACKEND=pg "
+                              "(make test runs it as func-pg/test_pg)")
+
+
+def post(url, body, timeout=30):
+    """(status, parsed JSON answer) of a POST; HTTP errors are answers too."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+    except OSError as e:  # no answer at all: the test says so
+        return 0, {"error": {"message": "no answer: %s" % e}}
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pg_only
+class ConnectionTest(TestCase):
+    def test_each_reason_a_connection_fails_is_said_without_the_password(self):
+        user, pw, port = PG["user"], PG["password"], PG["port"]
+        cases = [
+            ("postgresql://%s:%s@127.0.0.1:%d/no_such_db" % (user, pw, port),
+             'database "no_such_db" does not exist'),
+            ("postgresql://%s:not-the-password@127.0.0.1:%d/%s" % (user, port, self.w.pgdb),
+             'password authentication failed for user "%s"' % user),
+            ("postgres://%s:%s@127.0.0.1:%d/%s" % (user, pw, free_port(), self.w.pgdb),
+             "Connection refused"),
+        ]
+        for url, words in cases:
+            for args in (("runs",), ("send", "go"), ("serve", "--listen", "127.0.0.1:0")):
+                r = self.w.ml(*args, "--db", url, timeout=60)
+                self.assertEqual(r.returncode, 1, (args, url, r.stderr))
+                self.assertIn("cannot connect to PostgreSQL", r.stderr)
+                self.assertIn(words, r.stderr)
+                self.assertNotIn(pw, r.stderr)
+                self.assertNotIn("not-the-password", r.stderr)
+
+    def test_serve_names_its_database_without_the_password(self):
+        p = self.w.serve("--listen", "127.0.0.1:0")
+        said = "".join(p.stderr_lines)
+        self.assertIn("serving postgresql://%s@127.0.0.1:%d/%s" % (PG["user"], PG["port"], self.w.pgdb),
+                      said)
+        self.assertNotIn(PG["password"], said)
+
+
+SKILL = """
+return { id = "s", triggers = { { event = "go" } }, run = function(ctx)
+  local a = ctx.step.run("a", function() return http.get_json(env.STANDIN .. "/a/" .. ctx.run_id).n end)
+  ctx.step.sleep("nap", "200ms")
+  local b = ctx.step.run("b", function() return http.get_json(env.STANDIN .. "/b/" .. ctx.run_id).n end)
+  return { i = ctx.event.data.i, sum = a + b }
+end }"""
+
+
+@pg_only
+class ServerFaultTest(SkillsTestCase):
+    """Each test has a cluster of its own: it is killed and started again."""
+
+    def setUp(self):
+        super().setUp()
+        self.tmp = tempfile.mkdtemp(prefix="mlpg-own-")
+        os.chmod(self.tmp, 0o755)  # the server runs as postgres when the tests run as root
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.pg = pgcluster.start(os.path.join(self.tmp, "cluster"))
+        self.addCleanup(pgcluster.stop, self.pg["dir"])
+        pgcluster.psql(self.pg, "CREATE DATABASE t")
+        self.w.db = self.pg["url"] + "/t"
+        self.w.env["MOONLOOP_DB"] = self.w.db
+        self.si.route_prefix("/a/", lambda h, b, n: (200, {"n": 1}))
+        self.si.route_prefix("/b/", lambda h, b, n: (200, {"n": 2}))
+        self.skill("s", SKILL)
+
+    def postmaster(self):
+        with open(os.path.join(self.pg["data"], "postmaster.pid")) as f:
+            return int(f.readline())
+
+    def crash(self):
+        """kill -9 the postmaster and every process it started, as a crash of
+        the server (the backends would go on their own, a moment later)."""
+        pm = self.postmaster()
+        os.kill(pm, signal.SIGSTOP)  # no new backend from here on: they are all listed
+        kids = []
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open("/proc/%s/stat" % d) as f:
+                        if int(f.read().rsplit(")", 1)[1].split()[1]) == pm:
+                            kids.append(int(d))
+                except (OSError, ValueError, IndexError):
+                    pass
+        for pid in [pm] + kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+        def gone():
+            for pid in [pm] + kids:
+                try:
+                    with open("/proc/%d/stat" % pid) as f:
+                        if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                            return False
+                except OSError:
+                    pass
+            return True
+        wait_until(gone, what="the server's processes to be gone")
+
+    def restart(self):
+        for _ in range(20):  # a backend of the old server may still be on its way out
+            r = pgcluster.pg_ctl(self.pg, "start", "-w", "-t", "60", "-l",
+                                 os.path.join(self.pg["dir"], "server.log"), "-o", self.pg["opts"])
+            if r.returncode == 0:
+                return
+            time.sleep(0.5)
+        with open(os.path.join(self.pg["dir"], "server.log")) as f:
+            self.fail("the server did not start again: %s%s%s" % (r.stdout, r.stderr, f.read()[-2000:]))
+
+    def runs_by_i(self):
+        out = {}
+        for r in self.w.runs(skill="s"):
+            out.setdefault(r["input"]["i"], []).append(r)
+        return out
+
+    def check_every_acknowledged_event_ran_once(self, acked, refused):
+        def all_done():
+            runs = self.runs_by_i()
+            return all(len(runs.get(i, [])) == 1 and runs[i][0]["status"] == "completed"
+                       for i in acked)
+        wait_until(all_done, timeout=60, what=lambda: "every acknowledged event's run to complete: "
+                   "%d acknowledged, %s" % (len(acked), {i: [r["status"] for r in rs]
+                                                        for i, rs in self.runs_by_i().items()}))
+        runs = self.runs_by_i()
+        for i in acked:
+            r = runs[i][0]
+            self.assertEqual(r["output"], {"i": i, "sum": 3})
+            # The engine tried its failed commits again, never the bodies.
+            self.assertEqual((self.si.count("/a/" + r["id"]), self.si.count("/b/" + r["id"])), (1, 1),
+                             self.w.trace(r["id"]))
+        for i in refused:  # told nothing was stored: nothing was
+            self.assertNotIn(i, runs)
+
+    def test_a_crash_of_the_server_loses_nothing_acknowledged(self):
+        # Commits linger a little, so that the crash often lands inside one.
+        p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0",
+                         env={"MOONLOOP_FAULT": "commit=30"})
+        acked, refused, answers = [], [], []
+        stop = threading.Event()
+
+        def sender():
+            i = 0
+            while not stop.is_set():
+                code, body = post(p.url + "/v1/events", {"name": "go", "data": {"i": i}})
+                (acked if code == 202 else refused).append(i)
+                answers.append((code, body))
+                i += 1
+                time.sleep(0.02)
+        t = threading.Thread(target=sender, daemon=True)
+        t.start()
+        wait_until(lambda: len(acked) >= 20, what="events accepted before the crash")
+        self.crash()
+        wait_until(lambda: len(refused) >= 3, timeout=30, what="writes refused while the server is down")
+        time.sleep(1)
+        self.restart()
+        n = len(acked)
+        wait_until(lambda: len(acked) >= n + 20, timeout=30,
+                   what=lambda: "events accepted after the restart: %s %s" % (
+                       answers[-3:], "".join(p.stderr_lines)))
+        stop.set()
+        t.join(timeout=30)
+        refusals = [b for c, b in answers if c != 202]
+        self.assertTrue(all(c == 503 for c, _ in answers if c != 202), answers)
+        for b in refusals:
+            self.assertIn("nothing was stored", b["error"]["message"])
+            self.assertIn("PostgreSQL", b["error"]["message"])
+        self.check_every_acknowledged_event_ran_once(acked, refused)
+        said = "".join(p.stderr_lines)
+        self.assertIn("cannot write to the database", said)
+        self.assertIn("the database is writable again", said)
+
+    def test_a_server_away_for_a_while_refuses_writes_and_the_engine_carries_on(self):
+        p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0")
+        self.assertEqual(post(p.url + "/v1/events", {"name": "go", "data": {"i": 0}})[0], 202)
+        wait_until(lambda: [r["status"] for r in self.w.runs(skill="s")] == ["completed"],
+                   what="the first run")
+        r = pgcluster.pg_ctl(self.pg, "stop", "-m", "fast", "-w")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        # Every writer hears at once, with the reason: the API, the CLI.
+        code, body = post(p.url + "/v1/events", {"name": "go", "data": {"i": 1}})
+        self.assertEqual(code, 503, body)
+        self.assertIn("nothing was stored", body["error"]["message"])
+        self.assertIn("PostgreSQL", body["error"]["message"])
+        code, body = post(p.url + "/v1/skills/s/invoke", {"data": {"i": 2}})
+        self.assertEqual(code, 503, body)
+        r = self.w.ml("send", "go", "--data", '{"i": 3}')
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("cannot connect to PostgreSQL", r.stderr)
+        self.assertIn("Connection refused", r.stderr)
+        # The engine waits with a back-off, saying so once per reason (the
+        # connection lost, the server refusing new ones, the server starting
+        # up), not once per try.
+        time.sleep(3)
+        self.restart()
+        wait_until(lambda: any("the database is writable again" in l for l in p.stderr_lines),
+                   timeout=30, what="the engine to write again")
+        said = [l for l in p.stderr_lines if "cannot write to the database" in l]
+        self.assertEqual(len(said), len(set(said)), "".join(p.stderr_lines))
+        self.assertEqual(post(p.url + "/v1/events", {"name": "go", "data": {"i": 4}})[0], 202)
+        self.w.ml("send", "go", "--data", '{"i": 5}', check=0)
+        self.check_every_acknowledged_event_ran_once([0, 4, 5], [1, 2, 3])
+        # Reads and notifications came back too: a run started from the CLI
+        # was noticed by the engine (LISTEN after the reconnection).
+        self.assertEqual(p.poll(), None)
+
+
+if __name__ == "__main__":
+    unittest.main()
