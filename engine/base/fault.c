@@ -22,6 +22,8 @@ void fault_point(const char *name) {
     }
   }
 }
+volatile sig_atomic_t fault_crash_requested;
+
 /* See fault.h. */
 void fault_crash(const char *name, const char *text) {
   const char *spec = getenv("MOONLOOP_FAULT");
@@ -30,8 +32,9 @@ void fault_crash(const char *name, const char *text) {
   for (const char *p = spec; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
     if (!strncmp(p, name, n) && p[n] == '=' && !strncmp(p + n + 1, text, t) &&
         (p[n + 1 + t] == 0 || p[n + 1 + t] == ',')) {
-      /* A real crash, as a bad pointer would make: no handler, no cleanup. */
-      signal(SIGSEGV, SIG_DFL);
+      /* A real crash, as a bad pointer would make: no cleanup; the crash
+      ** handler (core/crash.c) records it, then the default kills. */
+      fault_crash_requested = 1;
       raise(SIGSEGV);
     }
   }

@@ -2,6 +2,7 @@
 ** engine.c: opening and closing an engine's parts in order (see engine.h).
 */
 #include "core/engine.h"
+#include "core/crash.h"
 #include "base/units.h"
 #include "core/modules.h"
 #include "core/otlp.h"
@@ -90,6 +91,26 @@ static void keep_freed_memory(void) {
 #endif
 }
 
+/* Record which run a crash of this process interrupts, beside the
+** database, and count the crashes earlier processes recorded there against
+** their runs before any is resumed (core/crash.h). */
+static int arm_crashes(struct engine *en, err_t *e) {
+  const char *db = store_path(en->store);
+  size_t n = strlen(db) + sizeof "-crashes";
+  char *path = malloc(n);
+  if (!path) return err_set(e, ERR_NOMEM, "out of memory");
+  snprintf(path, n, "%s-crashes", db);
+  int rc = crash_arm(path, e);
+  int counted = rc ? 0 : crash_collect(en->store, path, e);
+  free(path);
+  if (rc || counted < 0) return e->code;
+  if (counted)
+    fprintf(stderr, "moonloop: %d crash%s of the engine recorded while a run was executing: "
+            "counted against %s (a run that crashes it %d times is quarantined)\n", counted,
+            counted == 1 ? "" : "es", counted == 1 ? "its run" : "their runs", SCHED_MAX_CRASHES);
+  return 0;
+}
+
 /* See engine.h. */
 int engine_open(struct engine *en, const struct config *cfg, enum sched_mode mode, int verbose,
                 err_t *e) {
@@ -111,6 +132,7 @@ int engine_open(struct engine *en, const struct config *cfg, enum sched_mode mod
     .api_callers = (const char *const *)cfg->deployers,
   };
   if (sched_new(&so, &en->sched, e)) return e->code;
+  if (arm_crashes(en, e)) return e->code;
   otlp_start(en);
   return boot(en, e);
 }

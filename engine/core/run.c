@@ -14,6 +14,7 @@
 #include "base/ids.h"
 #include "base/term.h"
 #include "base/units.h"
+#include "core/crash.h"
 #include "core/modules.h"
 #include "core/run.h"
 #include "core/run_pause.h"
@@ -346,6 +347,7 @@ int run_boot(struct run *r, const cJSON *journal, err_t *e) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, r->skill->def_ref);
   if (journal) {
     if (json_push(L, journal, e)) goto fail;
+    if (cJSON_GetArraySize(journal) > 0) sched__count_replay(s);
   } else {
     lua_pushnil(L);
   }
@@ -781,9 +783,11 @@ void run_resume(struct task *t) {
   int nres = t->nres;
   t->nres = 0;
   sched__set_current(s, t);
+  crash_set_run(r->id); /* a crash from here on is this run's (core/crash.c) */
   int prev = lrt_account_use(lrt, r->mem_acct);
   int rc = lrt_resume(lrt, t->co, nres);
   lrt_account_use(lrt, prev);
+  crash_set_run(NULL);
   sched__set_current(s, NULL);
   if (lrt_interrupted(lrt)) {
     /* Ctrl-C in the REPL (lrt_interrupt): drop the run without writing

@@ -204,6 +204,8 @@ int run__push_http_response(lua_State *co, const struct httpc_resp *resp);
 void run_register_core(lrt_t *lrt, sched_t *s);
 
 /* ---- scheduler internals used by the run context ---- */
+/* A run boots from a journal that holds steps (moonloop_replays_total). */
+void sched__count_replay(sched_t *s);
 journal_t *sched__journal(sched_t *s);
 void sched__after_commit(sched_t *s, void (*fn)(void *arg), void *arg);
 /* Call fn with the entry appended last, once its group is durable. */

@@ -360,8 +360,8 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
   }
   if (row->crashes >= SCHED_MAX_CRASHES) {
     char msg[400];
-    snprintf(msg, sizeof msg, "quarantined: the engine crashed (or was killed) %d times while "
-             "this run was executing, with no step completed in between; it is failed instead "
+    snprintf(msg, sizeof msg, "quarantined: the engine crashed %d times while "
+             "this run's code was executing, with no step completed in between; it is failed instead "
              "of resumed again, so that it cannot crash the engine again", row->crashes);
     fprintf(stderr, "moonloop: run %s %s\n", r->id, msg);
     adopt_end(s, r, "failed", msg);
@@ -507,6 +507,9 @@ int sched_new(const struct sched_opts *o, sched_t **out, err_t *e) {
   *out = s;
   return 0;
 }
+
+/* See run.h. */
+void sched__count_replay(sched_t *s) { s->stats.replays++; }
 
 /* See sched.h. The lease is the first write: while another process holds
 ** the database's write lock (one frozen inside a commit holds it until it

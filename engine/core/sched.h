@@ -86,9 +86,10 @@ int sched_run_new(sched_t *s, struct skill *skill, const char *trigger, const ch
                   const char *parent_id, char *run_id, err_t *e);
 
 /* Go on with a run this process now owns (claimed or taken): replay its
-** journal, then run live. A run that was executing each time its process
-** died, SCHED_MAX_CRASHES times since its last checkpoint, is failed
-** instead (quarantined); one whose cancellation is pending ends cancelled. */
+** journal, then run live. A run whose code was executing each time its
+** process crashed (core/crash.h: a crash, never a kill), SCHED_MAX_CRASHES
+** times since its last checkpoint, is failed instead (quarantined); one
+** whose cancellation is pending ends cancelled. */
 #define SCHED_MAX_CRASHES 3
 int sched_adopt(sched_t *s, const struct run_row *row, err_t *e);
 
@@ -234,6 +235,7 @@ struct sched_stats {
   double step_sum_ms;
   uint64_t runs_completed, runs_failed, runs_cancelled;
   uint64_t takeovers;   /* runs resumed that another process had started */
+  uint64_t replays;     /* runs booted from a journal with steps in it (takeovers, wakes after an eviction) */
   uint64_t leases_lost; /* times this process found its lease gone (fenced) */
   uint64_t commit_failures; /* commits that failed (and were tried again) */
   int writes_refused;   /* 1 while the database cannot be written: writes get 503 */

@@ -442,6 +442,9 @@ static void metrics(server_t *srv, h2o_req_t *req) {
   fprintf(f, "# HELP moonloop_lease_takeovers_total Runs this process resumed after another stopped.\n"
              "# TYPE moonloop_lease_takeovers_total counter\n"
              "moonloop_lease_takeovers_total %llu\n", (unsigned long long)st->takeovers);
+  fprintf(f, "# HELP moonloop_replays_total Runs replayed from their journals (after a takeover, or woken after an eviction).\n"
+             "# TYPE moonloop_replays_total counter\n"
+             "moonloop_replays_total %llu\n", (unsigned long long)st->replays);
   fprintf(f, "# HELP moonloop_leases_lost_total Times this process found its lease gone "
              "(another took its runs while it was stopped).\n"
              "# TYPE moonloop_leases_lost_total counter\n"

@@ -84,6 +84,11 @@ int store_lease_release(store_t *s, const char *owner, err_t *e);
 ** this host); returns the number of leases reaped, or a negative code. */
 int store_reap(store_t *s, const char *host, int64_t now, err_t *e);
 
+/* Count one crash of the engine against run_id, whose code was executing
+** when the process crashed (core/crash.c recorded it); a run that has
+** ended is left alone. Its next checkpoint clears the count. */
+int store_count_crash(store_t *s, const char *run_id, err_t *e);
+
 /* Claim up to limit unowned, unfinished runs for owner, oldest first.
 ** *rows gets an array of n runs (free with store_rows_free). */
 int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows, size_t *n,

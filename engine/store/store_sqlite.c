@@ -932,18 +932,19 @@ static int lease_row_dead(sqlite3_stmt *st, const char *host, int64_t now) {
                            sqlite3_column_int64(st, 4), host, now);
 }
 
-/* Count one crash against the runs a dead owner was executing: queued
-** ones it had claimed (it may have started them before their start was
-** durable) and running ones (a step body, or the code between steps, was
-** in progress). Sleeping and waiting runs were parked, not executing, and
-** so were runs queued for a concurrency slot. The count goes back to 0 at
-** the run's next checkpoint (J_RUN_SET's clear_crashes). */
-static int count_crash(store_t *s, const char *owner, err_t *e) {
+/* See store.h. (The crash record, not the reaping of a dead lease, says a
+** run crashed the engine: a `kill -9` must never count against a run.) */
+int store_count_crash(store_t *s, const char *run_id, err_t *e) {
   static const char *const sql[] = {
-    "UPDATE runs SET crashes = crashes + 1 WHERE owner = ?1 AND status IN ('queued','running')"
-    " AND id NOT IN (SELECT run_id FROM slot_queue)",
+    "UPDATE runs SET crashes = crashes + 1 WHERE id = ?1"
+    " AND status NOT IN ('completed','failed','cancelled')",
   };
-  return store__exec_bound(s, sql, 1, owner, "counting a crash", e);
+  if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
+  if (store__exec_bound(s, sql, 1, run_id, "counting a crash", e)) {
+    store__exec(s->w, "ROLLBACK", NULL);
+    return e->code;
+  }
+  return store__exec(s->w, "COMMIT", e) ? e->code : 0;
 }
 
 /* Reap dead leases inside an open write transaction. */
@@ -957,7 +958,7 @@ static int reap_locked(store_t *s, const char *host, int64_t now, err_t *e) {
   sqlite3_finalize(st);
   int rc = 0;
   for (int i = 0; i < n; i++) {
-    if (!rc && (count_crash(s, dead[i], e) || release_owner(s, dead[i], e))) rc = e->code;
+    if (!rc && release_owner(s, dead[i], e)) rc = e->code;
     free(dead[i]);
   }
   return rc ? rc : n;

@@ -2,11 +2,12 @@
 
 A run whose code crashes the engine (here a real SIGSEGV from the test-only
 fault point crash_on_log, engine/fault.h) is resumed by the next engine,
-crashes it again, and so on: a crash loop. Whenever an engine takes over the
-runs of a process that died, each run that was executing there (queued or
-running, not parked) gets one crash counted (runs.crashes); the run's next
+crashes it again, and so on: a crash loop. The crashing process records
+which run's code it was executing (DB-crashes, by its crash-signal handler);
+the next engine counts it against the run (runs.crashes), and the run's next
 checkpoint clears it. A run taken over with 3 crashes is failed instead of
-resumed, with an error saying so, and the engine stays up.
+resumed, with an error saying so, and the engine stays up. A kill never
+counts: runs resume however often the engine is killed.
 
 `moonloop cancel RUN_ID` works with no engine running: it first reaps the
 leases of dead local processes, so the crashing run is cancelled at once and
@@ -117,7 +118,7 @@ class QuarantineTest(TestCase):
                    what="the run to be quarantined")
         t = self.w.trace(rid)
         self.assertIn("quarantined", t["error"]["message"])
-        self.assertIn("crashed (or was killed) 3 times", t["error"]["message"])
+        self.assertIn("crashed 3 times while this run's code was executing", t["error"]["message"])
         self.assertEqual([(s["id"], s["status"]) for s in t["steps"]][0], ("one", "completed"))
         self.assertEqual(self.si.count("/two"), 3, "step two ran once per crash, never again")
         st, b = invoke_wait(port, "good")
@@ -138,6 +139,33 @@ class QuarantineTest(TestCase):
                    what="the run to complete")
         self.assertEqual(self.w.trace(rid)["output"], "done")
         self.assertEqual((self.si.count("/two"), self.si.count("/three")), (3, 3))
+
+    def test_kills_never_count_as_crashes(self):
+        # The run's step waits on HTTP each time the engine is killed: five
+        # kills, no crash; the run is resumed every time and completes.
+        gate = []
+
+        def slow(handler, body, n):
+            while not gate:
+                time.sleep(0.05)
+            return 200, "late %d" % n
+        self.si.routes["/slow"] = slow
+        p = self.start_serve()
+        self.listening(p)
+        rid = self.w.ml("invoke", "slow", check=0).stdout.strip()
+        for n in range(1, 6):
+            wait_until(lambda: self.si.count("/slow") == n, what="step try %d" % n)
+            kill9(p)
+            p = self.start_serve()
+            self.listening(p)
+        gate.append(1)
+        wait_until(lambda: self.w.trace(rid)["status"] == "completed", timeout=30,
+                   what="the run to complete")
+        self.assertEqual(self.w.trace(rid)["output"], "done")
+        self.assertFalse(os.path.exists(self.w.db + "-crashes") and
+                         open(self.w.db + "-crashes").read(), "no crash was recorded")
+        p.terminate()
+        p.wait(timeout=20)
 
     def test_moonloop_cancel_with_no_engine_ends_the_loop(self):
         p = self.start_serve()

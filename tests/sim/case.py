@@ -696,10 +696,19 @@ class Case:
         except Exception as e:
             result["traces"] = {}
             self.harness_errors.append("collecting the runs: %r" % e)
-        # Replays the skills counted themselves (`boots` in their output):
-        # after an eviction in mode c, after a restart elsewhere.
-        result["replays"] = sum(max(0, (t.get("output") or {}).get("boots", 1) - 1)
-                                for t in result["traces"].values() if t and isinstance(t.get("output"), dict))
+        # Replays as the engines counted them (moonloop_replays_total), read
+        # from every engine still up before it stops: after an eviction in
+        # mode c; a killed engine's count is gone with it.
+        result["replays"] = 0
+        for p in self.live():
+            if p.frozen or not p.url:
+                continue
+            try:
+                with urllib.request.urlopen(p.url + "/metrics", timeout=10 * SLOW) as r:
+                    m = re.search(r"^moonloop_replays_total (\d+)", r.read().decode(), re.M)
+                result["replays"] += int(m.group(1)) if m else 0
+            except (OSError, ValueError) as e:
+                self.harness_errors.append("reading %s's metrics: %r" % (p.name, e))
         self.stopping = True
         for _ in self.workers:
             self.queue.put(None)

@@ -80,7 +80,7 @@ KNOWN_CLASSES = ("parallel-replay", "parallel-failed-replay", "fencing", "fenced
 
 def norm(v):
     if isinstance(v, dict):
-        return {k: norm(x) for k, x in v.items() if k not in ("c", "n", "boots")}
+        return {k: norm(x) for k, x in v.items() if k not in ("c", "n")}
     if isinstance(v, list):
         return [norm(x) for x in v]
     if isinstance(v, str):
@@ -167,12 +167,11 @@ def check(world, mode, result, ref):
                     tree_of(key[0])))
 
     # -- without a crash or an eviction, no run is replayed --
-    if mode == "a":
-        for t in traces.values():
-            out = t.get("output")
-            if isinstance(out, dict) and out.get("boots", 1) > 1:
-                V.append(Violation("replayed", "run %s %s started its body %d times with no crash and no"
-                                   " eviction" % (t["id"], run_key(t), out["boots"]), tree_of(run_key(t)[0])))
+    # (the engine counts the runs it replayed from their journals:
+    # moonloop_replays_total, read before it stopped)
+    if mode == "a" and result.get("replays"):
+        V.append(Violation("replayed", "the engine replayed %d runs from their journals with no crash and"
+                           " no eviction" % result["replays"], None))
 
     # -- accepted events are in the database --
     for idem, eid in sorted(result["accepted"].items()):

@@ -135,10 +135,6 @@ end
 
 local function add(out, t) out.trail[#out.trail + 1] = t end
 
--- How many times each run's body started in this process: more than once
--- means it was replayed (after an eviction here). Shown in the output as
--- `boots`, which the comparison between modes leaves out.
-local boots = {}
 '''
 
 
@@ -505,8 +501,6 @@ class Gen:
         L.append("    local d = ctx.input or {}")
         L.append("    local T = d.tag")
         L.append("    local out = { tag = T, acc = 0, trail = {} }")
-        L.append("    boots[ctx.run_id] = (boots[ctx.run_id] or 0) + 1")
-        L.append("    out.boots = boots[ctx.run_id]")
         L.append("    local k = 0")
         if sk.role == "ballast":
             L.append('    ctx.step.wait_for_event("hold_b", { event = "sim.never", match = "data.tag" })')
