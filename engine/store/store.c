@@ -10,6 +10,7 @@
 #include "base/units.h"
 #include "store/store_backend.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,6 +57,10 @@ int store_reap(store_t *s, const char *host, int64_t now, err_t *e) {
   return store__ops(s)->reap(s, host, now, e);
 }
 
+int store_count_crash(store_t *s, const char *run_id, err_t *e) {
+  return store__ops(s)->count_crash(s, run_id, e);
+}
+
 int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows, size_t *n,
                 err_t *e) {
   return store__ops(s)->claim(s, owner, limit, rows, n, e);
@@ -75,6 +80,30 @@ int store_prune(store_t *s, int64_t before, int64_t *runs, int64_t *events, err_
 }
 
 int64_t store_data_version(store_t *s) { return store__ops(s)->data_version(s); }
+
+/* See store.h: beside a SQLite file; for a database on a server, in the
+** working folder, named after its URL (shown without a password, so none
+** lands in a file name): every character but letters, digits, '.' and '-'
+** becomes '_'. */
+int store_side_path(const store_t *s, const char *suffix, char *out, size_t n) {
+  const char *db = store_path(s);
+  int len;
+  if (!store_is_server(db)) {
+    len = snprintf(out, n, "%s%s", db, suffix);
+  } else {
+    const char *p = strstr(db, "://") + 3;
+    static const char prefix[] = "moonloop-pg-";
+    len = snprintf(out, n, "%s%s%s", prefix, p, suffix);
+    size_t end = strlen(prefix) + strlen(p);
+    for (size_t i = strlen(prefix); i < end && i < n; i++) {
+      char c = out[i];
+      if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+            c == '.' || c == '-'))
+        out[i] = '_';
+    }
+  }
+  return len < 0 || (size_t)len >= n ? ERR_TOOBIG : 0;
+}
 
 /* See store.h. */
 void store_rows_free(struct run_row *rows, size_t n) {

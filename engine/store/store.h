@@ -46,6 +46,15 @@ int store_is_server(const char *path);
 void store_close(store_t *s);
 const char *store_path(const store_t *s);
 
+/* The path of a file of this host's own beside the database, for records
+** a process leaves for the next one (the crash record): the SQLite file's
+** path with suffix added; for a database on a server, a file in the
+** working folder named after its URL without the password
+** ("moonloop-pg-user_host_5432_db-crashes" for
+** postgresql://user:pw@host:5432/db).
+** ERR_TOOBIG when it does not fit in n bytes. */
+int store_side_path(const store_t *s, const char *suffix, char *out, size_t n);
+
 /* 0 while the path still names the file this store has open; ERR_IO with
 ** an explanation once it was deleted or replaced (every commit checks it
 ** too, and fails then: nothing is acknowledged into a file no one reads).

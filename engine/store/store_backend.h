@@ -159,6 +159,7 @@ struct store_ops {
   int (*lease_acquire)(store_t *s, const struct lease *l, err_t *e);
   int (*lease_release)(store_t *s, const char *owner, err_t *e);
   int (*reap)(store_t *s, const char *host, int64_t now, err_t *e);
+  int (*count_crash)(store_t *s, const char *run_id, err_t *e);
   int (*claim)(store_t *s, const char *owner, int limit, struct run_row **rows, size_t *n,
                err_t *e);
   int (*take_run)(store_t *s, const char *run_id, const char *owner, const char *host,

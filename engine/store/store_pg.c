@@ -850,11 +850,15 @@ static int pg_lease_release(store_t *st, const char *owner, err_t *e) {
   return tx_bound(pg_of(st), release_sql, 2, owner, 1, "releasing a lease", e);
 }
 
-/* Count one crash against the runs a dead owner was executing (see
-** store_sqlite.c's count_crash). */
-static const char COUNT_CRASH_SQL[] =
-  "UPDATE runs SET crashes = crashes + 1 WHERE owner = $1 AND status IN ('queued','running')"
-  " AND id NOT IN (SELECT run_id FROM slot_queue)";
+/* See store.h. (The crash record, not the reaping of a dead lease, says a
+** run crashed the engine: a `kill -9` must never count against a run.) */
+static int pg_count_crash(store_t *st, const char *run_id, err_t *e) {
+  static const char *const sql[] = {
+    "UPDATE runs SET crashes = crashes + 1 WHERE id = $1"
+    " AND status NOT IN ('completed','failed','cancelled')",
+  };
+  return tx_bound(pg_of(st), sql, 1, run_id, 0, "counting a crash", e);
+}
 
 /* Reap dead leases inside an open write transaction: how many, or a
 ** negative code. */
@@ -868,8 +872,7 @@ static int reap_locked(struct pg_store *s, const char *host, int64_t now, err_t 
                            store__pg_i64(r, i, 3), store__pg_i64(r, i, 4), host, now))
       continue;
     struct store_val v[1] = {SV_TEXT(PQgetvalue(r, i, 0))};
-    if (store__pg_do(s, &s->w, COUNT_CRASH_SQL, v, 1, NULL, "counting a crash", e) ||
-        store__pg_do(s, &s->w, release_sql[0], v, 1, NULL, "releasing a lease", e) ||
+    if (store__pg_do(s, &s->w, release_sql[0], v, 1, NULL, "releasing a lease", e) ||
         store__pg_do(s, &s->w, release_sql[1], v, 1, NULL, "releasing a lease", e))
       rc = e->code;
     n++;
@@ -1147,6 +1150,7 @@ static const struct store_ops pg_ops = {
   .lease_acquire = pg_lease_acquire,
   .lease_release = pg_lease_release,
   .reap = pg_reap,
+  .count_crash = pg_count_crash,
   .claim = pg_claim,
   .take_run = pg_take_run,
   .dispatch = store__pg_dispatch,

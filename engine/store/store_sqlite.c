@@ -934,7 +934,7 @@ static int lease_row_dead(sqlite3_stmt *st, const char *host, int64_t now) {
 
 /* See store.h. (The crash record, not the reaping of a dead lease, says a
 ** run crashed the engine: a `kill -9` must never count against a run.) */
-int store_count_crash(store_t *s, const char *run_id, err_t *e) {
+static int sqlite_count_crash(store_t *s, const char *run_id, err_t *e) {
   static const char *const sql[] = {
     "UPDATE runs SET crashes = crashes + 1 WHERE id = ?1"
     " AND status NOT IN ('completed','failed','cancelled')",
@@ -1102,6 +1102,7 @@ static const struct store_ops sqlite_ops = {
   .lease_acquire = sqlite_lease_acquire,
   .lease_release = sqlite_lease_release,
   .reap = sqlite_reap,
+  .count_crash = sqlite_count_crash,
   .claim = sqlite_claim,
   .take_run = sqlite_take_run,
   .dispatch = store__sqlite_dispatch,
