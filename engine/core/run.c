@@ -41,13 +41,27 @@ void run_unref(struct run *r) {
   if (--r->refs <= 0) run_free(r);
 }
 
-/* Cancel, release and free t's step.parallel children. */
-void run__free_kids(struct task *t) {
+/* Cancel and release t's step.parallel children: nothing resumes them
+** again. Their structs stay until run__free_kids: a commit one of them
+** waits on cannot be cancelled, and its waiter (on_durable) still finds
+** the task when it reports back, after the run was aborted. */
+void run__stop_kids(struct task *t) {
   for (int i = 0; i < t->nkids; i++) {
-    free(t->kid_value[i]);
     if (t->kids[i]) {
       run__task_cancel(t->kids[i]);
       run__task_release(t->kids[i]);
+    }
+  }
+}
+
+/* Cancel, release and free t's step.parallel children: when the run is
+** freed (every completion it waited on has come in), or when a new
+** step.parallel starts (the last one's children all ended). */
+void run__free_kids(struct task *t) {
+  run__stop_kids(t);
+  for (int i = 0; i < t->nkids; i++) {
+    free(t->kid_value[i]);
+    if (t->kids[i]) {
       free(t->kids[i]->step_id);
       free(t->kids[i]);
     }
@@ -139,7 +153,7 @@ static void on_timer(struct stimer *tm) {
 ** its main task waits on, its coroutine, its deadline and wake timers. */
 static void stop_run(struct run *r) {
   sched_t *s = r->sched;
-  run__free_kids(&r->main);
+  run__stop_kids(&r->main);
   run__task_cancel(&r->main);
   run__task_release(&r->main);
   sched__timer_stop(s, &r->deadline);

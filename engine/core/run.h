@@ -173,6 +173,7 @@ void run__complete(struct task *t);
 void run__wait_durable(struct task *t);
 void run__task_cancel(struct task *t);
 void run__task_release(struct task *t);
+void run__stop_kids(struct task *t);
 void run__free_kids(struct task *t);
 void run__finish(struct run *r, const char *status, const char *output, const char *error);
 void run__verbose(struct run *r, const char *mark, const char *id, int64_t ms, const char *extra);
