@@ -189,8 +189,12 @@ static void start_on_failure(struct run *r, const char *error, int64_t now) {
     .entry = "on_failure", .trigger = tj, .input = r->input, .owner = sched_owner(s),
     .created_at = now, .started_at = now, .by_run = r->id,
   };
-  journal_run_new(sched__journal(s), &row);
-  if (run_start(s, f, NULL, &e)) term_printf(stderr, "moonloop: on_failure of %s: %s\n", r->id, e.msg);
+  if (journal_run_new(sched__journal(s), &row)) {
+    term_printf(stderr, "moonloop: on_failure of %s: out of memory\n", r->id);
+    run_unref(f);
+    return;
+  }
+  if (run_start_created(s, f, &e)) term_printf(stderr, "moonloop: on_failure of %s: %s\n", r->id, e.msg);
 }
 
 struct done_ctx {
@@ -379,7 +383,9 @@ int run_boot(struct run *r, const cJSON *journal, err_t *e) {
   r->main.state = T_PARKED;
   r->dormant = 0;
   sched__timer_stop(s, &r->wake);
-  sched__ready(s, &r->main);
+  /* A run whose row is not durable yet waits for it (run_start_created). */
+  if (r->unborn) run__park(&r->main, 1);
+  else sched__ready(s, &r->main);
   return 0;
 fail:
   if (prev >= 0) lrt_account_use(o->lrt, prev);
@@ -476,6 +482,34 @@ static void link_run(sched_t *s, struct run *r) {
 int run_start(sched_t *s, struct run *r, const cJSON *journal, err_t *e) {
   link_run(s, r);
   if (run_boot(r, journal, e)) {
+    char *js = jsontext_message(e->msg);
+    run_abort(r, "failed", js);
+    free(js);
+  }
+  return 0;
+}
+
+/* The J_RUN_NEW that creates r came back from its group: durable, so r's
+** main task may go; or taken back before its commit (a lost lease, a
+** fenced parent, a refused request, a run started from outside handed to
+** whoever claims it), or found there already (its result): then this copy
+** of r is dropped without a write. */
+static void on_created(void *arg, const struct jentry *je) {
+  struct run *r = arg;
+  r->unborn = 0;
+  if (je->dropped || je->result || !je->u.run.owner) run_abort(r, NULL, NULL);
+  else run__complete(&r->main);
+  run_unref(r);
+}
+
+/* See run.h. The waiter is added before link_run, which may journal
+** entries of its own (cancel_on's waits): it names the J_RUN_NEW. */
+int run_start_created(sched_t *s, struct run *r, err_t *e) {
+  r->unborn = 1;
+  sched__after_entry(s, on_created, r);
+  link_run(s, r);
+  r->refs++; /* on_created's */
+  if (run_boot(r, NULL, e)) {
     char *js = jsontext_message(e->msg);
     run_abort(r, "failed", js);
     free(js);

@@ -323,8 +323,15 @@ void run_op_invoke(struct task *t, lua_State *co) {
     cJSON_AddStringToObject(trig, "step", t->wait_id);
     char *tj = cJSON_PrintUnformatted(trig);
     cJSON_Delete(trig);
-    char child[27];
-    if (sched_run_new(s, sk, tj, data, r->id, child, &e)) {
+    /* The child's id comes from this run's id and the step's, at the
+    ** step's start (a replay's is the same): a replay of this step that
+    ** creates the child again makes the same run, or finds it. */
+    char child[27], key[300];
+    int64_t now = units_now_ms();
+    int64_t at = t->wait_started > 0 && t->wait_started < now ? t->wait_started : now;
+    snprintf(key, sizeof key, "%s:%s", r->id, t->wait_id);
+    ids_ulid_derived(at, key, child);
+    if (!sched__find(s, child) && sched__run_new(s, sk, child, at, tj, data, r->id, &e)) {
       invoke_failed(t, e.msg);
       free(tj), free(skill_id), free(data);
       return;

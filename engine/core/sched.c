@@ -247,26 +247,35 @@ static struct run *run_new(sched_t *s, struct skill *skill, const char *id, cons
   return r;
 }
 
-/* A run of skill from here: journal it and start it. */
+/* A run of skill from here: journal it and start it once its row is
+** durable (sched__run_new). */
 int sched_run_new(sched_t *s, struct skill *skill, const char *trigger, const char *input,
                   const char *parent_id, char *run_id, err_t *e) {
   int64_t now = units_now_ms();
   char id[27];
   ids_ulid(now, id);
+  if (run_id) memcpy(run_id, id, sizeof id);
+  return sched__run_new(s, skill, id, now, trigger, input, parent_id, e);
+}
+
+/* See run.h. */
+int sched__run_new(sched_t *s, struct skill *skill, const char *id, int64_t created,
+                   const char *trigger, const char *input, const char *parent_id, err_t *e) {
+  int64_t now = units_now_ms();
   struct run *r = run_new(s, skill, id, trigger, input, parent_id, now);
   if (!r) return err_set(e, ERR_NOMEM, "out of memory");
+  if (created > 0 && created < now) r->created_at = created;
   struct run_row row = {
     .id = r->id, .skill = skill->id, .version = skill->version, .status = "running",
     .entry = "run", .trigger = r->trigger, .parent_id = parent_id, .input = input,
-    .owner = s->owner, .created_at = now, .started_at = now, .deadline_at = r->deadline_at,
-    .by_run = parent_id,
+    .owner = s->owner, .created_at = r->created_at, .started_at = now,
+    .deadline_at = r->deadline_at, .by_run = parent_id,
   };
   if (journal_run_new(s->open.j, &row)) {
     run_unref(r);
     return err_set(e, ERR_NOMEM, "out of memory");
   }
-  if (run_id) memcpy(run_id, r->id, sizeof r->id);
-  return run_start(s, r, NULL, e);
+  return run_start_created(s, r, e);
 }
 
 /* See run.h. */

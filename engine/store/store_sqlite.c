@@ -643,6 +643,29 @@ int store__put_run(store_t *s, const struct run_row *r, const char *what, err_t 
   return store__step(s, st, e, what);
 }
 
+static void fence_remove(struct fence_set *f, const char *id);
+
+/* J_RUN_NEW of a run that a run creates (a child, an on_failure run),
+** whose id the creator may derive from its own step: a replay of that
+** step creates the same id again. A run with that id there already is
+** not created twice: the entry's result is then its id, and it is not
+** the committer's (fencing) unless it owned it before. */
+static int put_run_of_run(store_t *s, const struct jentry *je, err_t *e) {
+  const struct run_row *r = &je->u.run;
+  sqlite3_stmt *q = store__cached(s, "SELECT owner FROM runs WHERE id = ?1", e);
+  if (!q) return e->code;
+  store__bind_text(q, 1, r->id);
+  int rc = sqlite3_step(q);
+  int mine = rc == SQLITE_ROW && r->owner && sqlite3_column_text(q, 0) &&
+             !strcmp((const char *)sqlite3_column_text(q, 0), r->owner);
+  sqlite3_reset(q);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return store__db_err(e, s->w, "looking up a run");
+  if (rc == SQLITE_DONE) return store__put_run(s, r, "creating a run", e);
+  if (!mine) fence_remove(&s->fence, r->id);
+  journal_set_result(je, strdup(r->id));
+  return 0;
+}
+
 /* Write one journal entry inside the open transaction: the core kinds
 ** here, the others through store_flow.c. */
 static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
@@ -650,6 +673,7 @@ static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
   switch (je->kind) {
   case J_RUN_NEW:
     if (je->u.run.idem) return store__put_keyed_run(s, je, e);
+    if (je->u.run.by_run) return put_run_of_run(s, je, e);
     return store__put_run(s, &je->u.run, "creating a run", e);
   case J_RUN_SET: {
     const struct run_set *r = &je->u.set;

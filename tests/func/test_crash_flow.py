@@ -293,6 +293,69 @@ end }""")
         for r in self.runs_of("nap"):
             self.assertEqual(r["output"], r["id"])
 
+    # A body that posts its ctx.step_key to the stand-in at /key.
+    KEYED = """
+return { id = "kid", retries = 0, run = function(ctx)
+  return ctx.step.run("call", function()
+    return http.post_json(env.STANDIN .. "/key", { key = ctx.step_key }).n
+  end)
+end }"""
+
+    def keys_posted(self):
+        return [json.loads(b)["key"] for b in self.si.bodies.get("/key", [])]
+
+    def check_no_phantom(self, skill):
+        """Every run a body ran in is in the database, and the body ran
+        under one step key only."""
+        keys = self.keys_posted()
+        ids = {r["id"] for r in self.runs_of(skill)}
+        self.assertEqual(len(ids), 1, ids)
+        self.assertEqual(set(keys), {"%s:call" % ids.pop()}, keys)
+
+    def test_a_child_runs_no_step_before_its_creation_is_durable(self):
+        # Each commit is held open 400 ms: the group that creates the child
+        # is in flight when the child's body would run. A kill as soon as the
+        # body calls out must find the child in the database, so that the
+        # parent's replay goes on with it instead of creating another.
+        self.skill("kid", self.KEYED)
+        self.skill("par", """
+return { id = "par", run = function(ctx)
+  ctx.step.sleep("nap", "300ms")
+  return ctx.step.invoke("kid", { skill = "kid" })
+end }""")
+        p = self.w.serve("--workspace", "skills", env={"MOONLOOP_FAULT": "commit=400"})
+        rid = self.w.ml("invoke", "par", check=0).stdout.strip()
+        wait_until(lambda: self.si.count("/key") >= 1, what="the child's call")
+        kill9(p)
+        self.serve()
+        wait_until(lambda: self.w.trace(rid)["status"] in ("completed", "failed"), timeout=30,
+                   what="the parent's end")
+        self.assertEqual(self.w.trace(rid)["status"], "completed")
+        self.check_no_phantom("kid")
+
+    def test_an_on_failure_run_runs_no_step_before_its_creation_is_durable(self):
+        self.skill("kid", """
+return { id = "kid", retries = 0, run = function(ctx)
+  ctx.step.sleep("nap", "300ms")
+  error("no")
+end, on_failure = function(ctx, err)
+  return ctx.step.run("call", function()
+    return http.post_json(env.STANDIN .. "/key", { key = ctx.step_key }).n
+  end)
+end }""")
+        p = self.w.serve("--workspace", "skills", env={"MOONLOOP_FAULT": "commit=400"})
+        rid = self.w.ml("invoke", "kid", check=0).stdout.strip()
+        wait_until(lambda: self.si.count("/key") >= 1, what="on_failure's call")
+        kill9(p)
+        self.serve()
+        wait_until(lambda: [r for r in self.runs_of("kid") if r["id"] != rid and r["status"] == "completed"],
+                   timeout=30, what="the on_failure run's end")
+        self.assertEqual(self.w.trace(rid)["status"], "failed")
+        keys = self.keys_posted()
+        ids = {r["id"] for r in self.runs_of("kid")} - {rid}
+        self.assertEqual(len(ids), 1, ids)
+        self.assertEqual(set(keys), {"%s:call" % ids.pop()}, keys)
+
 
 class ConcurrencyAcrossProcessesTest(SkillsTestCase):
     def test_the_limit_holds_across_two_engines_and_a_kill(self):

@@ -358,6 +358,45 @@ TEST(ulids_sort_by_time_and_are_unique) {
   CHECK_STR_EQ(h, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
 }
 
+TEST(a_run_made_again_by_a_replay_is_the_same_run) {
+  /* A child's id comes from its parent's step: the same key and time give
+  ** the same id, sorting at that time. */
+  char a[27], b[27], c[27], t[27];
+  ids_ulid_derived(5000, "01PARENT:kid", a);
+  ids_ulid_derived(5000, "01PARENT:kid", b);
+  ids_ulid_derived(5000, "01PARENT:kid#2", c);
+  ids_ulid(5000, t);
+  CHECK_STR_EQ(a, b);
+  CHECK(strcmp(a, c) != 0);
+  CHECK(strncmp(a, t, 10) == 0);
+  /* Created again (a replay of the step), it is not created twice: the
+  ** entry's result names the run that is there. */
+  store_t *s = open_db();
+  int64_t far = units_now_ms() + 60000;
+  CHECK(take_lease(s, "P", (long)getpid(), proc_start_time(getpid()), far) == 0);
+  err_t e;
+  for (int i = 0; i < 3; i++) {
+    journal_t *j = journal_new();
+    journal_set_owner(j, "P", far);
+    if (i == 0) new_run(j, "01PARENT", "running", "P");
+    struct run_row kid = {.id = a, .skill = "demo", .version = "v1", .status = "running",
+                          .trigger = "{}", .parent_id = "01PARENT", .owner = "P",
+                          .created_at = 5000, .by_run = "01PARENT"};
+    journal_run_new(j, &kid);
+    CHECK(store_commit(s, j, &e) == 0);
+    const struct jentry *je = journal_last(j);
+    if (i == 0) CHECK(je->result == NULL);
+    else CHECK_STR_EQ(je->result ? je->result : "(none)", a);
+    journal_free(j);
+  }
+  struct run_filter f = {.parent_id = "01PARENT"};
+  cJSON *l;
+  CHECK(store_list_runs(s, &f, &l, &e) == 0);
+  CHECK_INT_EQ(cJSON_GetArraySize(l), 1);
+  cJSON_Delete(l);
+  store_close(s);
+}
+
 int main(void) {
   if (!mkdtemp(dir)) return 1;
   snprintf(path, sizeof path, "%s/t.db", dir);
@@ -371,6 +410,7 @@ int main(void) {
   RUN(list_runs_filters_and_pages);
   RUN(reopening_keeps_the_schema);
   RUN(ulids_sort_by_time_and_are_unique);
+  RUN(a_run_made_again_by_a_replay_is_the_same_run);
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd)) return 1;
