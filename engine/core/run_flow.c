@@ -8,8 +8,10 @@
 ** answers at once when what it waits for is already there. Otherwise the
 ** run parks until the store reports a delivery (run_delivered, from the
 ** scheduler's poll) or its timeout passes; either way the wait is ended
-** in the store (J_WAIT_END, which returns a result delivered meanwhile),
-** and the step completes with that result, or with null.
+** in the store (J_WAIT_END, which returns a result delivered meanwhile and
+** closes a wait that got nothing), and the step completes with that
+** result, or with null, in a group that also removes the wait: until then
+** the wait's row keeps what it took, for a replay after a crash.
 **
 ** Eviction: when more main tasks are parked on long waits than the
 ** scheduler keeps in memory (sched_opts.max_parked), a run that parks is
@@ -190,13 +192,15 @@ static void on_wait_ended(void *arg, const struct jentry *je) {
 }
 
 /* End the wait in the store (its timeout passed, or a delivery was seen),
-** then finish the step with whatever the store holds. */
+** then finish the step with whatever the store holds. The wait's row
+** stays (closed, if nothing came) until the group that completes the step
+** removes it: a crash in between finds what it took there again. */
 static void wait_end(struct task *t) {
   struct run *r = t->run;
   if (!t->waiting) return;
   t->waiting = 0;
   sched__timer_stop(r->sched, &t->timer);
-  struct wait_end we = {.run_id = r->id, .seq = t->wait_seq};
+  struct wait_end we = {.run_id = r->id, .seq = t->wait_seq, .keep = 1};
   journal_wait_end(sched__journal(r->sched), &we);
   r->refs++;
   sched__after_entry(r->sched, on_wait_ended, t);

@@ -110,10 +110,15 @@ struct wait_row {
 };
 
 /* End a wait: its result (if it was delivered meanwhile) is the entry's
-** result, and the wait is removed. */
+** result, and the wait is removed. With keep, the row stays until the
+** step's end is recorded (a J_WAIT_END without keep, in the group that
+** completes the step): a crash between the two finds the event it took
+** there again. A wait kept with nothing delivered is closed: nothing is
+** delivered to it any more (its timeout passed). */
 struct wait_end {
   const char *run_id;
   int seq;
+  int keep;
 };
 
 /* A child run ended: deliver its outcome to the parent's wait. */

@@ -25,7 +25,7 @@
 
 enum {
   F_EVENT_INSERT, F_EVENT_BY_IDEM, F_WAIT_GET, F_WAIT_UPDATE, F_WAIT_INSERT, F_EVENTS_SINCE,
-  F_DELIVERY_INSERT, F_WAIT_DELETE, F_CHILD_DONE, F_RUN_OUTCOME, F_CANCEL_FLAG,
+  F_DELIVERY_INSERT, F_WAIT_DELETE, F_WAIT_CLOSE, F_CHILD_DONE, F_RUN_OUTCOME, F_CANCEL_FLAG,
   F_SLOT_HELD, F_SLOT_COUNT, F_SLOT_AHEAD, F_SLOT_QUEUE_SINCE, F_SLOT_INSERT, F_SLOT_QUEUE_DEL,
   F_SLOT_QUEUE_INSERT, F_SLOT_RELEASE, F_CRON_GET, F_CRON_SET, F_RUN_BY_IDEM, F_RUN_SET_IDEM,
   F_COUNT
@@ -45,8 +45,12 @@ static const char *const fsql[F_COUNT] = {
                      " d.run_id = ?3 AND d.event_id = events.id) ORDER BY ts, id LIMIT 1000",
   [F_DELIVERY_INSERT] = "INSERT OR IGNORE INTO deliveries(run_id, event_id, seq) VALUES(?1,?2,?3)",
   [F_WAIT_DELETE] = "DELETE FROM waits WHERE run_id = ?1 AND seq = ?2",
+  /* A closed wait (ended with nothing: delivered_at set, result NULL)
+  ** takes nothing more. */
+  [F_WAIT_CLOSE] = "UPDATE waits SET delivered_at = ?3 WHERE run_id = ?1 AND seq = ?2"
+                   " AND result IS NULL",
   [F_CHILD_DONE] = "UPDATE waits SET result = ?2, delivered_at = ?3"
-                   " WHERE kind = 'child' AND name = ?1 AND result IS NULL",
+                   " WHERE kind = 'child' AND name = ?1 AND result IS NULL AND delivered_at IS NULL",
   [F_RUN_OUTCOME] = "SELECT id, status, output, error FROM runs WHERE id = ?1",
   [F_CANCEL_FLAG] = "UPDATE runs SET cancel_requested = 1, cancel_reason = ?2 WHERE id = ?1"
                     " AND status NOT IN ('completed','failed','cancelled')",
@@ -288,7 +292,10 @@ static int write_wait(store_t *s, const struct jentry *je, err_t *e) {
   return 0;
 }
 
-/* J_WAIT_END: end a wait; the result is what it got meanwhile, if anything. */
+/* J_WAIT_END: end a wait; the result is what it got meanwhile, if
+** anything. Kept (keep), the row stays for the step's end to remove, and
+** one with nothing delivered is closed in this transaction: an event
+** dispatched after this commit is not taken by it. */
 static int write_wait_end(store_t *s, const struct jentry *je, err_t *e) {
   const struct wait_end *w = &je->u.wait_end;
   sqlite3_stmt *st = fst(s, F_WAIT_GET, e);
@@ -298,10 +305,12 @@ static int write_wait_end(store_t *s, const struct jentry *je, err_t *e) {
   if (sqlite3_step(st) == SQLITE_ROW) journal_set_result(je, store__col_dup(st, 0));
   sqlite3_reset(st);
   sqlite3_clear_bindings(st);
-  st = fst(s, F_WAIT_DELETE, e);
+  if (w->keep && je->result) return 0;
+  st = fst(s, w->keep ? F_WAIT_CLOSE : F_WAIT_DELETE, e);
   if (!st) return e->code;
   store__bind_text(st, 1, w->run_id);
   sqlite3_bind_int(st, 2, w->seq);
+  if (w->keep) sqlite3_bind_int64(st, 3, units_now_ms());
   return store__step(s, st, e, "ending a wait");
 }
 
@@ -565,7 +574,8 @@ static int deliver_event(store_t *s, const char *id, const char *name, const cha
                          int64_t ts, int64_t now, err_t *e) {
   sqlite3_stmt *st = store__cached(s,
     "SELECT run_id, seq, kind, match_path, match_value FROM waits"
-    " WHERE kind IN ('event', 'cancel') AND name = ?1 AND result IS NULL AND since <= ?2"
+    " WHERE kind IN ('event', 'cancel') AND name = ?1 AND result IS NULL"
+    " AND delivered_at IS NULL AND since <= ?2"
     " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.run_id = waits.run_id"
     " AND d.event_id = ?3)", e);
   if (!st) return e->code;

@@ -22,7 +22,9 @@
 **   logs     run_id, seq, ts, level, msg
 **   events   (id) -> name, data, idempotency key, dispatched
 **   waits    (run_id, seq) -> what a parked run waits for (an event, a
-**            child run, a cancelling event) and, once delivered, the result
+**            child run, a cancelling event) and, once delivered, the result;
+**            kept until its step's end is recorded (delivered_at without a
+**            result: closed, ended with nothing)
 **   deliveries (run_id, event_id): events a run's waits already took
 **   slots, slot_queue: concurrency slots held, and runs queued for them
 **   cron_state (skill, spec) -> the last tick fired

@@ -2,6 +2,7 @@
 children, while events queue, during cron ticks; and eviction of parked runs."""
 import json
 import os
+import sqlite3
 import sys
 import threading
 import time
@@ -355,6 +356,44 @@ end }""")
         ids = {r["id"] for r in self.runs_of("kid")} - {rid}
         self.assertEqual(len(ids), 1, ids)
         self.assertEqual(set(keys), {"%s:call" % ids.pop()}, keys)
+
+    def test_an_event_a_wait_took_reaches_its_step_across_a_kill(self):
+        # Ending a wait and completing its step are one durable fact: a kill
+        # between the two (each commit is held open 300 ms) must not leave
+        # the event taken by the wait and the step without it.
+        self.skill("w", """
+return { id = "w", run = function(ctx)
+  local ev = ctx.step.wait_for_event("go", { event = "go", timeout = "20s" })
+  return ev and ev.data or "no event"
+end }""")
+        p = self.w.serve("--workspace", "skills", env={"MOONLOOP_FAULT": "commit=300"})
+        rid = self.w.ml("invoke", "w", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["status"] == "waiting", what="the wait")
+        db = sqlite3.connect(self.w.db, timeout=10)
+        self.addCleanup(db.close)
+
+        def ended_not_completed():
+            # The step still waits, and the wait's end is durable: its row is
+            # gone, or (when the row stays until the step completes) a commit
+            # the engine handed over after the delivery landed: each commit
+            # renews the lease (15 s) from the moment it is handed over, and
+            # nothing else commits here meanwhile.
+            s = db.execute("SELECT status FROM steps WHERE run_id = ? AND seq = 1", (rid,)).fetchone()
+            if s is None or s[0] != "waiting":
+                return False
+            w = db.execute("SELECT delivered_at FROM waits WHERE run_id = ? AND seq = 1", (rid,)).fetchone()
+            if w is None:
+                return True
+            lease = db.execute("SELECT max(expires_at) FROM leases").fetchone()[0] or 0
+            return w[0] is not None and lease - 15000 > w[0]
+        self.w.ml("send", "go", "--data", '{"v": 7}', check=0)
+        wait_until(ended_not_completed, interval=0.005, what="the wait ended, its step not completed")
+        kill9(p)
+        self.serve()
+        wait_until(lambda: self.w.trace(rid)["status"] == "completed", timeout=40, what="the run's end")
+        t = self.w.trace(rid)
+        self.assertEqual(t["output"], {"v": 7})
+        self.assertEqual(t["steps"][0]["output"]["data"], {"v": 7})
 
 
 class ConcurrencyAcrossProcessesTest(SkillsTestCase):

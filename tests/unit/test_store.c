@@ -397,6 +397,59 @@ TEST(a_run_made_again_by_a_replay_is_the_same_run) {
   store_close(s);
 }
 
+/* Commit a J_WAIT (for event "go", since 1) or a J_WAIT_END (keep) of run
+** id at seq, alone; returns the entry's result (malloc'd, or NULL). */
+static char *commit_wait_entry(store_t *s, int kind, const char *id, int seq, int keep) {
+  journal_t *j = journal_new();
+  if (kind == J_WAIT)
+    journal_wait(j, &(struct wait_row){.run_id = id, .seq = seq, .kind = "event", .name = "go",
+                                       .since = 1});
+  else
+    journal_wait_end(j, &(struct wait_end){.run_id = id, .seq = seq, .keep = keep});
+  err_t e;
+  if (store_commit(s, j, &e)) FAILF("commit: %s", e.msg);
+  const struct jentry *je = journal_last(j);
+  char *r = je->result ? strdup(je->result) : NULL;
+  journal_free(j);
+  return r;
+}
+
+TEST(a_wait_ended_keeps_what_it_took_until_its_step_completes) {
+  store_t *s = open_db();
+  journal_t *j = journal_new();
+  new_run(j, "01W1", "waiting", NULL);
+  new_run(j, "01W2", "waiting", NULL);
+  err_t e;
+  CHECK(store_commit(s, j, &e) == 0);
+  journal_free(j);
+  CHECK(commit_wait_entry(s, J_WAIT, "01W1", 1, 0) == NULL);
+  CHECK(commit_wait_entry(s, J_WAIT, "01W2", 1, 0) == NULL);
+  /* 01W2's wait ends with nothing (its timeout): closed, it takes nothing more. */
+  CHECK(commit_wait_entry(s, J_WAIT_END, "01W2", 1, 1) == NULL);
+  j = journal_new();
+  journal_event(j, &(struct event_row){.id = "01EV", .name = "go", .data = "{\"v\":7}",
+                                       .idem = "go-1", .ts = units_now_ms()});
+  CHECK(store_commit(s, j, &e) == 0);
+  journal_free(j);
+  int runs;
+  CHECK_INT_EQ(store_dispatch(s, units_now_ms(), 10, &runs, &e), 1);
+  /* 01W1's wait took the event, and ends; a crash before its step completes
+  ** finds the event again when the replay registers the wait again. */
+  char *r = commit_wait_entry(s, J_WAIT_END, "01W1", 1, 1);
+  CHECK_CONTAINS(r ? r : "", "\"v\":7");
+  free(r);
+  r = commit_wait_entry(s, J_WAIT, "01W1", 1, 0);
+  CHECK_CONTAINS(r ? r : "", "\"v\":7");
+  free(r);
+  CHECK(commit_wait_entry(s, J_WAIT, "01W2", 1, 0) == NULL);
+  /* The step's end removes it. */
+  free(commit_wait_entry(s, J_WAIT_END, "01W1", 1, 0));
+  r = commit_wait_entry(s, J_WAIT_END, "01W1", 1, 1);
+  CHECK(r == NULL);
+  free(r);
+  store_close(s);
+}
+
 int main(void) {
   if (!mkdtemp(dir)) return 1;
   snprintf(path, sizeof path, "%s/t.db", dir);
@@ -411,6 +464,7 @@ int main(void) {
   RUN(reopening_keeps_the_schema);
   RUN(ulids_sort_by_time_and_are_unique);
   RUN(a_run_made_again_by_a_replay_is_the_same_run);
+  RUN(a_wait_ended_keeps_what_it_took_until_its_step_completes);
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd)) return 1;
