@@ -137,8 +137,15 @@ local function add(out, t) out.trail[#out.trail + 1] = t end
 
 -- How many times each run's body started in this process: more than once
 -- means it was replayed (after an eviction here). Shown in the output as
--- `boots`, which the comparison between modes leaves out.
-local boots = {}
+-- `boots`, which the comparison between modes leaves out. Kept in a string
+-- (the run ids, one per start), not a table: the tables a skill's top level
+-- makes are read-only once it has loaded, shared by all its runs.
+local booted = " "
+local function boot(id)
+  booted = booted .. id .. " "
+  local _, n = booted:gsub(id, "")
+  return n
+end
 '''
 
 
@@ -505,8 +512,7 @@ class Gen:
         L.append("    local d = ctx.input or {}")
         L.append("    local T = d.tag")
         L.append("    local out = { tag = T, acc = 0, trail = {} }")
-        L.append("    boots[ctx.run_id] = (boots[ctx.run_id] or 0) + 1")
-        L.append("    out.boots = boots[ctx.run_id]")
+        L.append("    out.boots = boot(ctx.run_id)")
         L.append("    local k = 0")
         if sk.role == "ballast":
             L.append('    ctx.step.wait_for_event("hold_b", { event = "sim.never", match = "data.tag" })')
