@@ -375,7 +375,11 @@ static void after_work_cb(uv_work_t *w, int status) {
     break;
   case JOB_CLAIM:
     s->last_claim_ms = units_now_ms();
-    if (j->rc) {
+    if (j->rc == ERR_CONFLICT) {
+      /* The store found this process's lease gone: it took nothing, and
+      ** this process's runs are another's now. */
+      lease_lost(s, j->err.msg);
+    } else if (j->rc) {
       fprintf(stderr, "moonloop: claiming runs failed: %s\n", j->err.msg);
     } else {
       for (size_t i = 0; i < j->nrows && !s->stopping; i++) {

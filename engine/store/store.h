@@ -78,13 +78,17 @@ int store_lease_release(store_t *s, const char *owner, err_t *e);
 int store_reap(store_t *s, const char *host, int64_t now, err_t *e);
 
 /* Claim up to limit unowned, unfinished runs for owner, oldest first.
-** *rows gets an array of n runs (free with store_rows_free). */
+** *rows gets an array of n runs (free with store_rows_free). Only for an
+** owner whose lease is live, checked in the same transaction: ERR_CONFLICT
+** ("lease lost") when its lease row is gone, ERR_BUSY when it expired and
+** was not renewed yet. */
 int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows, size_t *n,
                 err_t *e);
 
 /* Take one run for owner (moonloop run --resume): allowed when it is
-** unfinished and unowned, or its owner's lease is gone. ERR_CONFLICT says
-** who holds it; ERR_NOTFOUND / ERR_CONFLICT for unknown or finished runs. */
+** unfinished and unowned, or its owner's lease is gone, and owner's own
+** lease is live (as for store_claim). ERR_CONFLICT says who holds it;
+** ERR_NOTFOUND / ERR_CONFLICT for unknown or finished runs. */
 int store_take_run(store_t *s, const char *run_id, const char *owner, const char *host,
                    int64_t now, struct run_row **row, err_t *e);
 

@@ -1124,12 +1124,39 @@ static int cmp_rows(const void *a, const void *b) {
   return strcmp(((const struct run_row *)a)->id, ((const struct run_row *)b)->id);
 }
 
-/* See store.h. */
+/* 0 when owner holds a live lease (its row exists and has not expired at
+** now), inside the open write transaction: what every write that takes
+** runs for owner requires, so a process whose lease is gone cannot take
+** runs under its dead name (nobody would ever run them: reaping releases
+** only the runs of leases that exist). ERR_CONFLICT ("lease lost") when
+** the row is gone, ERR_BUSY when it expired and was not renewed yet. */
+static int lease_live(store_t *s, const char *owner, int64_t now, err_t *e) {
+  sqlite3_stmt *q = store__cached(s, "SELECT expires_at FROM leases WHERE owner = ?1", e);
+  if (!q) return e->code;
+  store__bind_text(q, 1, owner);
+  int rc = sqlite3_step(q);
+  int64_t expires = rc == SQLITE_ROW ? sqlite3_column_int64(q, 0) : 0;
+  sqlite3_reset(q);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return store__db_err(e, s->w, "reading a lease");
+  if (rc == SQLITE_DONE)
+    return err_set(e, ERR_CONFLICT, "lease lost: another process took over the runs of %s",
+                   owner);
+  if (expires <= now)
+    return err_set(e, ERR_BUSY, "the lease of %s expired %lld ms ago and was not renewed yet: "
+                   "it takes no runs until it is", owner, (long long)(now - expires));
+  return 0;
+}
+
+/* See store.h: only for a live lease of owner (lease_live). */
 int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows, size_t *n,
                 err_t *e) {
   *rows = NULL;
   *n = 0;
   if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
+  if (lease_live(s, owner, units_now_ms(), e)) {
+    store__exec(s->w, "ROLLBACK", NULL);
+    return e->code;
+  }
   sqlite3_stmt *st = store__prep(s->w,
     "UPDATE runs SET owner = ?1 WHERE id IN (SELECT id FROM runs WHERE owner IS NULL"
     " AND status IN ('queued','running','sleeping','waiting') ORDER BY id LIMIT ?2)"
@@ -1165,7 +1192,7 @@ int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows,
 }
 
 /* See store.h: reap dead leases first, so a run whose owner died can be
-** taken at once. */
+** taken at once; the taker needs a live lease (lease_live). */
 int store_take_run(store_t *s, const char *run_id, const char *owner, const char *host,
                    int64_t now, struct run_row **row, err_t *e) {
   *row = NULL;
@@ -1173,7 +1200,8 @@ int store_take_run(store_t *s, const char *run_id, const char *owner, const char
   int rc = reap_locked(s, host, now, e);
   sqlite3_stmt *st = NULL;
   if (rc < 0) goto done;
-  rc = 0;
+  rc = lease_live(s, owner, now, e);
+  if (rc) goto done;
   st = store__prep(s->w, "SELECT " STORE_CLAIM_COLS " FROM runs WHERE id = ?1", e);
   if (!st) {
     rc = e->code;

@@ -210,6 +210,44 @@ end }""")
             self.assertEqual(p.wait(timeout=20), 0)
 
 
+class ClaimTest(SkillsTestCase):
+    config = {"lease": '"3s"'}
+
+    def test_an_engine_whose_lease_is_gone_claims_nothing_under_its_dead_name(self):
+        # Another process reaps this engine's lease behind its back (here:
+        # by hand, as a reaper that found it expired would) and releases its
+        # runs. The engine's next claim, due at once (the database changed),
+        # comes before its next renewal: it must not take the run back under
+        # the dead name, where no engine would ever run it.
+        self.skill("w", """
+return { id = "w", run = function(ctx)
+  local ev = ctx.step.wait_for_event("go", { event = "go", timeout = "60s" })
+  return ev and ev.data.v or "no event"
+end }""")
+        p = self.serve()
+        rid = self.w.ml("invoke", "w", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["status"] == "waiting", what="the wait")
+        db = sqlite3.connect(self.w.db, timeout=10, isolation_level=None)
+        self.addCleanup(db.close)
+        owner = db.execute("SELECT owner FROM runs WHERE id = ?", (rid,)).fetchone()[0]
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("DELETE FROM leases WHERE owner = ?", (owner,))
+        db.execute("UPDATE runs SET owner = NULL WHERE owner = ?", (owner,))
+        db.execute("COMMIT")
+        wait_until(lambda: any("lease lost" in l.lower() for l in p.stderr_lines), timeout=20,
+                   what="the engine to find its lease gone")
+        wait_until(lambda: (db.execute("SELECT owner FROM runs WHERE id = ?", (rid,)).fetchone()[0] or "")
+                   not in ("", owner), timeout=20,
+                   what=lambda: "the run claimed under the new lease: %s" % "".join(p.stderr_lines))
+        new = db.execute("SELECT owner FROM runs WHERE id = ?", (rid,)).fetchone()[0]
+        self.assertEqual(db.execute("SELECT count(*) FROM leases WHERE owner = ?", (new,)).fetchone()[0], 1)
+        self.w.ml("send", "go", "--data", '{"v": 5}', check=0)
+        wait_until(lambda: self.w.trace(rid)["status"] == "completed", timeout=20, what="the run's end")
+        self.assertEqual(self.w.trace(rid)["output"], 5)
+        p.terminate()
+        self.assertEqual(p.wait(timeout=20), 0)
+
+
 class FrozenLockHolderTest(SkillsTestCase):
     def test_an_engine_waits_for_a_write_lock_held_by_a_frozen_one_and_says_so(self):
         import fcntl

@@ -105,6 +105,16 @@ TEST(claim_takes_unowned_unfinished_runs_oldest_first) {
   journal_free(j);
   struct run_row *rows;
   size_t n;
+  /* Only a live lease claims: a dead name would keep the runs for good. */
+  CHECK(store_claim(s, "me", 10, &rows, &n, &e) == ERR_CONFLICT);
+  CHECK_CONTAINS(e.msg, "lease lost");
+  CHECK_INT_EQ(n, 0);
+  long pid = (long)getpid();
+  CHECK(take_lease(s, "me", pid, proc_start_time(pid), units_now_ms() - 1) == 0);
+  CHECK(store_claim(s, "me", 10, &rows, &n, &e) == ERR_BUSY);
+  CHECK_CONTAINS(e.msg, "expired");
+  CHECK(take_lease(s, "me", pid, proc_start_time(pid), units_now_ms() + 60000) == 0);
+  CHECK(take_lease(s, "other", pid, proc_start_time(pid), units_now_ms() + 60000) == 0);
   CHECK(store_claim(s, "me", 10, &rows, &n, &e) == 0);
   CHECK_INT_EQ(n, 2);
   if (n == 2) {
@@ -135,6 +145,7 @@ TEST(reap_releases_runs_of_dead_and_expired_leases_only) {
   CHECK(store_commit(s, j, &e) == 0);
   journal_free(j);
   CHECK_INT_EQ(store_reap(s, proc_hostname(), units_now_ms(), &e), 2);
+  CHECK(take_lease(s, "me", me, start, far) == 0);
   struct run_row *rows;
   size_t n;
   CHECK(store_claim(s, "me", 10, &rows, &n, &e) == 0);
@@ -292,6 +303,11 @@ TEST(take_run_explains_who_holds_it) {
   CHECK(store_commit(s, j, &e) == 0);
   journal_free(j);
   struct run_row *row;
+  CHECK(store_take_run(s, "01T2", "no-lease", proc_hostname(), units_now_ms(), &row, &e) ==
+        ERR_CONFLICT);
+  CHECK_CONTAINS(e.msg, "lease lost"); /* the taker needs a live lease */
+  CHECK(take_lease(s, "me", (long)getpid(), proc_start_time(getpid()), units_now_ms() + 60000) == 0);
+  CHECK(take_lease(s, "other", (long)getpid(), proc_start_time(getpid()), units_now_ms() + 60000) == 0);
   CHECK(store_take_run(s, "01T1", "me", proc_hostname(), units_now_ms(), &row, &e) == ERR_CONFLICT);
   CHECK_CONTAINS(e.msg, "held by a live process");
   CHECK(store_take_run(s, "01T2", "me", proc_hostname(), units_now_ms(), &row, &e) == ERR_CONFLICT);
