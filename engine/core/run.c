@@ -220,7 +220,8 @@ void run__finish(struct run *r, const char *status, const char *output, const ch
   journal_t *j = sched__journal(s);
   int64_t now = units_now_ms();
   if (strcmp(status, "completed")) {
-    /* A run that did not complete takes its live children with it. */
+    /* A run that did not complete takes its live children with it (a
+    ** cancel by the run itself: its descendants, not the run). */
     struct cancel_row c = {.run_id = r->id, .reason = "its parent run ended", .at = now,
                            .by_run = r->id};
     journal_cancel(j, &c);
@@ -282,13 +283,7 @@ void run_cancelled(struct run *r, const char *reason) {
   if (r->aborted || r->finished) return;
   char msg[600];
   /* The reason is a message, or the JSON of the event that cancelled it. */
-  cJSON *ev = reason && reason[0] == '{' ? cJSON_Parse(reason) : NULL;
-  cJSON *name = cJSON_GetObjectItem(ev, "name"), *id = cJSON_GetObjectItem(ev, "id");
-  if (cJSON_IsString(name))
-    snprintf(msg, sizeof msg, "cancelled by event %s (%s)", name->valuestring,
-             cJSON_IsString(id) ? id->valuestring : "?");
-  else snprintf(msg, sizeof msg, "cancelled: %s", reason ? reason : "on request");
-  cJSON_Delete(ev);
+  jsontext_cancel_message(reason, msg, sizeof msg);
   char *ej = jsontext_message(msg);
   run_abort(r, "cancelled", ej);
   free(ej);

@@ -239,6 +239,10 @@ struct run *sched__find(sched_t *s, const char *id);
 void sched__parked(sched_t *s, int delta);
 int sched__parked_count(const sched_t *s);
 void sched__want_poll(sched_t *s);
+/* Hand this process's runs now what the store holds for them (cancellations
+** with the reason asked first, deliveries): after a cancel this process
+** wrote, so a run it holds stops at once, as the store says. */
+void sched__poll_now(sched_t *s);
 void sched__want_dispatch(sched_t *s);
 /* A step ended after ms (for the duration histogram). */
 void sched__step_ended(sched_t *s, int64_t ms);

@@ -363,7 +363,7 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
   r->crashes = row->crashes;
   if (row->cancel_requested) {
     char msg[600];
-    snprintf(msg, sizeof msg, "cancelled: %s", row->cancel_reason ? row->cancel_reason : "on request");
+    jsontext_cancel_message(row->cancel_reason, msg, sizeof msg);
     adopt_end(s, r, "cancelled", msg);
     return 0;
   }
@@ -453,6 +453,11 @@ static void poll_runs(sched_t *s) {
     if (r) run_delivered(r, cJSON_GetObjectItem(x, "seq")->valueint);
   }
   cJSON_Delete(out);
+}
+
+/* See run.h. */
+void sched__poll_now(sched_t *s) {
+  if (!s->stopping) poll_runs(s);
 }
 
 /* Every 50 ms: notice other processes' writes, and stop a solo scheduler

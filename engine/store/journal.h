@@ -127,9 +127,11 @@ struct child_done {
 };
 
 /* Cancel a run and its children. Unowned runs end at once; owned ones are
-** flagged for their owner. The entry's result is the run's status after
-** it ("cancelled", "cancelling"), or "ended:<status>" if it had ended.
-** by_run: the run that asks (its end, a timed-out invoke), NULL: from outside. */
+** flagged for their owner (a run flagged before keeps the first reason).
+** The entry's result is the run's status after it ("cancelled",
+** "cancelling"), or "ended:<status>" if it had ended. by_run: the run that
+** asks (its end, a timed-out invoke), NULL: from outside; a run that names
+** itself (its end) cancels its descendants only. */
 struct cancel_row {
   const char *run_id, *reason;
   int64_t at;

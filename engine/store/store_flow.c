@@ -53,7 +53,7 @@ static const char *const fsql[F_COUNT] = {
                    " WHERE kind = 'child' AND name = ?1 AND result IS NULL AND delivered_at IS NULL",
   [F_RUN_OUTCOME] = "SELECT id, status, output, error FROM runs WHERE id = ?1",
   [F_CANCEL_FLAG] = "UPDATE runs SET cancel_requested = 1, cancel_reason = ?2 WHERE id = ?1"
-                    " AND status NOT IN ('completed','failed','cancelled')",
+                    " AND status NOT IN ('completed','failed','cancelled') AND cancel_requested = 0",
   [F_SLOT_HELD] = "SELECT 1 FROM slots WHERE skill = ?1 AND key = ?2 AND run_id = ?3",
   [F_SLOT_COUNT] = "SELECT count(*) FROM slots WHERE skill = ?1 AND key = ?2",
   [F_SLOT_AHEAD] = "SELECT count(*) FROM slot_queue WHERE skill = ?1 AND key = ?2"
@@ -325,10 +325,14 @@ static int write_child_done(store_t *s, const struct jentry *je, err_t *e) {
 }
 
 /* Cancel run_id and its descendants: ones held by a live engine are flagged
-** for it; the others (queued, or left by an engine that stopped or died)
-** end now, and their parents' waits get the outcome. */
+** for it (a run asked before keeps the first reason); the others (queued,
+** or left by an engine that stopped or died) end now, with the message
+** their owner would give them, and their parents' waits get the outcome.
+** A run that asks for its own (by_run: it ends) means its descendants: its
+** own end is in the same group. */
 static int write_cancel(store_t *s, const struct jentry *je, err_t *e) {
   const struct cancel_row *c = &je->u.cancel;
+  int self = c->by_run && !strcmp(c->by_run, c->run_id);
   sqlite3_stmt *st = store__prep(s->w,
     "WITH RECURSIVE tree(id) AS (SELECT ?1 UNION SELECT r.id FROM runs r JOIN tree"
     " ON r.parent_id = tree.id) SELECT runs.id, status, EXISTS (SELECT 1 FROM leases l"
@@ -346,6 +350,7 @@ static int write_cancel(store_t *s, const struct jentry *je, err_t *e) {
     if (!strcmp(id, c->run_id)) {
       found = 1;
       top_status = strdup(status);
+      if (self) continue;
     }
     if (store__is_terminal(status) || n == 256) continue;
     owned[n] = sqlite3_column_int(st, 2);
@@ -361,7 +366,9 @@ static int write_cancel(store_t *s, const struct jentry *je, err_t *e) {
     snprintf(buf, sizeof buf, "ended:%s", top_status);
     journal_set_result(je, strdup(buf));
   } else if (!err) {
-    char *errjson = jsontext_message(c->reason ? c->reason : "cancelled");
+    char msg[600];
+    jsontext_cancel_message(c->reason, msg, sizeof msg);
+    char *errjson = jsontext_message(msg);
     const char *top = "cancelling";
     for (int i = 0; i < n && !err; i++) {
       if (owned[i]) {

@@ -466,6 +466,36 @@ TEST(a_wait_ended_keeps_what_it_took_until_its_step_completes) {
   store_close(s);
 }
 
+TEST(a_run_that_ends_cancels_its_children_not_itself_and_first_reasons_stay) {
+  store_t *s = open_db();
+  int64_t far = units_now_ms() + 60000;
+  CHECK(take_lease(s, "L", (long)getpid(), proc_start_time(getpid()), far) == 0);
+  journal_t *j = journal_new();
+  journal_set_owner(j, "L", far);
+  new_run(j, "01ROOT", "running", "L");
+  struct run_row kid = {.id = "01KID", .skill = "demo", .version = "v1", .status = "running",
+                        .trigger = "{}", .parent_id = "01ROOT", .owner = "L", .created_at = 1,
+                        .by_run = "01ROOT"};
+  journal_run_new(j, &kid);
+  /* Asked first by a timed-out invoke, then by the parent's end. */
+  journal_cancel(j, &(struct cancel_row){.run_id = "01KID", .reason = "its parent stopped waiting",
+                                         .at = units_now_ms(), .by_run = "01ROOT"});
+  journal_cancel(j, &(struct cancel_row){.run_id = "01ROOT", .reason = "its parent run ended",
+                                         .at = units_now_ms(), .by_run = "01ROOT"});
+  err_t e;
+  CHECK(store_commit(s, j, &e) == 0);
+  journal_free(j);
+  cJSON *out;
+  CHECK(store_poll(s, "L", &out, &e) == 0);
+  cJSON *cancels = cJSON_GetObjectItem(out, "cancels");
+  CHECK_INT_EQ(cJSON_GetArraySize(cancels), 1);
+  cJSON *c = cJSON_GetArrayItem(cancels, 0);
+  CHECK_STR_EQ(c ? cJSON_GetObjectItem(c, "run_id")->valuestring : "", "01KID");
+  CHECK_STR_EQ(c ? cJSON_GetObjectItem(c, "reason")->valuestring : "", "its parent stopped waiting");
+  cJSON_Delete(out);
+  store_close(s);
+}
+
 int main(void) {
   if (!mkdtemp(dir)) return 1;
   snprintf(path, sizeof path, "%s/t.db", dir);
@@ -481,6 +511,7 @@ int main(void) {
   RUN(ulids_sort_by_time_and_are_unique);
   RUN(a_run_made_again_by_a_replay_is_the_same_run);
   RUN(a_wait_ended_keeps_what_it_took_until_its_step_completes);
+  RUN(a_run_that_ends_cancels_its_children_not_itself_and_first_reasons_stay);
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd)) return 1;
