@@ -416,6 +416,7 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
 void sched_triggers_live(sched_t *s) {
   if (s->triggers_live) return;
   s->triggers_live = 1;
+  s->dispatch_wanted = 1; /* events that waited for the live triggers */
   sched__skills_changed(s);
 }
 int sched__triggers_live(const sched_t *s) { return s->triggers_live; }
@@ -516,6 +517,7 @@ int sched_new(const struct sched_opts *o, sched_t **out, err_t *e) {
     return err_set(e, ERR_NOMEM, "out of memory");
   }
   s->data_version = -1;
+  s->deliver_cursor = -1;
   if (s->o.http) httpc_set_gate(s->o.http, http_gate_closed, s);
   run_register_core(o->lrt, s);
   *out = s;

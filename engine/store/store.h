@@ -101,6 +101,17 @@ void store_rows_free(struct run_row *rows, size_t n);
 ** dispatched, or a negative code. */
 int store_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e);
 
+/* Deliver accepted events to the waits registered for them (as
+** store_dispatch does), without starting any run or marking an event
+** dispatched: for an engine that does not hold the live triggers (moonloop
+** run, the REPL, serve before its workspace is registered), whose runs
+** must still get the events they wait for; starting the runs an event
+** triggers is left to an engine that does (store_dispatch). Looks at up to
+** limit events accepted after *cursor, a position in the order events
+** were committed that it advances (-1 at first: from the oldest event not
+** dispatched yet). Returns how many it looked at, or a negative code. */
+int store_deliver(store_t *s, int64_t *cursor, int limit, err_t *e);
+
 /* Retention: delete the history of runs that ended before `before` (ms),
 ** and dispatched events accepted before it; runs not ended are kept.
 ** Counts go to *runs and *events. Works in batches of one transaction. */

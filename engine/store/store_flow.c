@@ -664,6 +664,50 @@ int store_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e) {
   return n;
 }
 
+/* See store.h: events after *cursor (rowids: the order their transactions
+** committed in), one transaction. */
+int store_deliver(store_t *s, int64_t *cursor, int limit, err_t *e) {
+  if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
+  int err = 0, n = 0;
+  if (*cursor < 0) {
+    /* Start at the oldest event no engine has dispatched yet. */
+    sqlite3_stmt *q = store__cached(s,
+      "SELECT coalesce((SELECT min(rowid) FROM events WHERE dispatched = 0) - 1,"
+      " (SELECT max(rowid) FROM events), 0)", e);
+    if (!q) err = e->code;
+    else if (sqlite3_step(q) == SQLITE_ROW) *cursor = sqlite3_column_int64(q, 0);
+    else err = store__db_err(e, s->w, "finding events to deliver");
+    if (q) sqlite3_reset(q);
+  }
+  sqlite3_stmt *st = err ? NULL : store__cached(s,
+    "SELECT rowid, id, name, data, ts, dispatched FROM events WHERE rowid > ?1"
+    " ORDER BY rowid LIMIT ?2", e);
+  if (!err && !st) err = e->code;
+  if (st) {
+    sqlite3_bind_int64(st, 1, *cursor);
+    sqlite3_bind_int(st, 2, limit);
+  }
+  int64_t at = *cursor, now = units_now_ms();
+  while (!err && sqlite3_step(st) == SQLITE_ROW) {
+    at = sqlite3_column_int64(st, 0);
+    n++;
+    if (sqlite3_column_int(st, 5)) continue; /* dispatched: delivered then */
+    const char *id = (const char *)sqlite3_column_text(st, 1);
+    const char *name = (const char *)sqlite3_column_text(st, 2);
+    int64_t ts = sqlite3_column_int64(st, 4);
+    char *ej = event_json(id, name, (const char *)sqlite3_column_text(st, 3), ts);
+    err = deliver_event(s, id, name, ej, ts, now, e);
+    free(ej);
+  }
+  if (st) sqlite3_reset(st);
+  if (err || store__exec(s->w, "COMMIT", e)) {
+    store__exec(s->w, "ROLLBACK", NULL);
+    return e->code ? e->code : ERR_IO;
+  }
+  *cursor = at;
+  return n;
+}
+
 /* See store_db.h: SKILL_ERROR records a load error; SKILL_REMOVE clears
 ** the live version. */
 int store__skill_change(store_t *s, const struct skill_row *r, err_t *e) {
