@@ -650,20 +650,25 @@ static void fence_remove(struct fence_set *f, const char *id);
 /* J_RUN_NEW of a run that a run creates (a child, an on_failure run),
 ** whose id the creator may derive from its own step: a replay of that
 ** step creates the same id again. A run with that id there already is
-** not created twice: the entry's result is then its id, and it is not
-** the committer's (fencing) unless it owned it before. */
+** not created twice: the entry's result is then its id (the creator drops
+** its new copy), it is not the committer's for fencing, and if the
+** committer held it, it is released: a claim takes it over with its
+** journal. */
 static int put_run_of_run(store_t *s, const struct jentry *je, err_t *e) {
   const struct run_row *r = &je->u.run;
-  sqlite3_stmt *q = store__cached(s, "SELECT owner FROM runs WHERE id = ?1", e);
+  sqlite3_stmt *q = store__cached(s, "SELECT 1 FROM runs WHERE id = ?1", e);
   if (!q) return e->code;
   store__bind_text(q, 1, r->id);
   int rc = sqlite3_step(q);
-  int mine = rc == SQLITE_ROW && r->owner && sqlite3_column_text(q, 0) &&
-             !strcmp((const char *)sqlite3_column_text(q, 0), r->owner);
   sqlite3_reset(q);
   if (rc != SQLITE_ROW && rc != SQLITE_DONE) return store__db_err(e, s->w, "looking up a run");
   if (rc == SQLITE_DONE) return store__put_run(s, r, "creating a run", e);
-  if (!mine) fence_remove(&s->fence, r->id);
+  sqlite3_stmt *u = store__cached(s, "UPDATE runs SET owner = NULL WHERE id = ?1 AND owner = ?2", e);
+  if (!u) return e->code;
+  store__bind_text(u, 1, r->id);
+  store__bind_text(u, 2, r->owner);
+  if (store__step(s, u, e, "releasing a run")) return e->code;
+  fence_remove(&s->fence, r->id);
   journal_set_result(je, strdup(r->id));
   return 0;
 }

@@ -410,6 +410,13 @@ TEST(a_run_made_again_by_a_replay_is_the_same_run) {
   CHECK(store_list_runs(s, &f, &l, &e) == 0);
   CHECK_INT_EQ(cJSON_GetArraySize(l), 1);
   cJSON_Delete(l);
+  /* The creator held it and made a copy: released, a claim resumes it. */
+  struct run_row *rows;
+  size_t n;
+  CHECK(store_claim(s, "P", 10, &rows, &n, &e) == 0);
+  CHECK_INT_EQ(n, 1);
+  if (n == 1) CHECK_STR_EQ(rows[0].id, a);
+  store_rows_free(rows, n);
   store_close(s);
 }
 
