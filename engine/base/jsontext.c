@@ -263,6 +263,17 @@ char *jsontext_message(const char *msg) {
 }
 
 /* See jsontext.h. */
+void jsontext_cancel_message(const char *reason, char *out, size_t n) {
+  cJSON *ev = reason && reason[0] == '{' ? cJSON_Parse(reason) : NULL;
+  const cJSON *name = cJSON_GetObjectItem(ev, "name"), *id = cJSON_GetObjectItem(ev, "id");
+  if (cJSON_IsString(name))
+    snprintf(out, n, "cancelled by event %s (%s)", name->valuestring,
+             cJSON_IsString(id) ? id->valuestring : "?");
+  else snprintf(out, n, "cancelled: %s", reason ? reason : "on request");
+  cJSON_Delete(ev);
+}
+
+/* See jsontext.h. */
 int jsontext_invoke_trigger(const char *by, const char *key, char *out, size_t n) {
   cJSON *t = cJSON_CreateObject();
   cJSON_AddStringToObject(t, "kind", "invoke");

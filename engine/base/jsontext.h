@@ -66,6 +66,12 @@ const cJSON *jsontext_path(const cJSON *v, const char *path);
 ** (malloc'd; NULL only when out of memory). */
 char *jsontext_message(const char *msg);
 
+/* The message (in out, n bytes) of a run cancelled for reason: a message
+** ("cancelled: its parent run ended") or the JSON of the event that
+** cancelled it ("cancelled by event NAME (ID)"). One wording, whichever
+** process ends the run: its owner, or the store for a run nobody holds. */
+void jsontext_cancel_message(const char *reason, char *out, size_t n);
+
 /* The trigger of a run started by invoke, as JSON text in out (n bytes):
 ** {"kind":"invoke","by":by} with "key" when the start has an idempotency
 ** key (the run's record shows it there). 0, or -1 when it does not fit. */

@@ -284,9 +284,10 @@ static void on_cancel(void *arg, const struct jentry *je) {
     snprintf(msg, sizeof msg, "run %s is already %s: nothing to cancel", r->run_id, st + 6);
     answer(r, ERR_CONFLICT, msg, NULL);
   } else {
-    /* Ours: stop it now rather than at the next poll. */
+    /* Ours: stop it now rather than at the next poll, with the reason the
+    ** store kept (a cancel asked before this one keeps its own). */
     struct run *run = sched__find(r->s, r->run_id);
-    if (run) run_cancelled(run, "cancelled over HTTP");
+    if (run) sched__poll_now(r->s);
     char js[96];
     snprintf(js, sizeof js, "{\"run_id\":\"%s\",\"status\":\"%s\"}", r->run_id,
              run ? "cancelled" : st);

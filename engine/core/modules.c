@@ -334,6 +334,7 @@ static void on_cancel_applied(void *arg, const struct jentry *je) {
   struct task *t = cc->t;
   struct run *r = t->run;
   const char *st = je->result;
+  int poll = 0;
   if (!r->aborted && !r->finished) {
     lua_State *co = t->co;
     char buf[160];
@@ -348,17 +349,19 @@ static void on_cancel_applied(void *arg, const struct jentry *je) {
       lua_pushstring(co, buf);
       t->nres = 2;
     } else {
-      struct run *target = sched__find(r->sched, cc->run_id);
-      if (target) run_cancelled(target, cc->reason);
+      /* Held here: stopped now (below), with the reason the store kept. */
+      poll = sched__find(r->sched, cc->run_id) != NULL;
       snprintf(buf, sizeof buf, "{\"run_id\":\"%s\",\"status\":\"%s\"}", cc->run_id,
-               target ? "cancelled" : st);
+               poll ? "cancelled" : st);
       lua_pushstring(co, buf);
       t->nres = 1;
     }
     run__complete(t);
   }
+  sched_t *s = r->sched;
   run_unref(r);
   free(cc);
+  if (poll) sched__poll_now(s);
 }
 
 /* See modules.h: OP_CANCEL (run_id, reason): the same durable cancel as

@@ -42,13 +42,27 @@ void run_unref(struct run *r) {
   if (--r->refs <= 0) run_free(r);
 }
 
-/* Cancel, release and free t's step.parallel children. */
-void run__free_kids(struct task *t) {
+/* Cancel and release t's step.parallel children: nothing resumes them
+** again. Their structs stay until run__free_kids: a commit one of them
+** waits on cannot be cancelled, and its waiter (on_durable) still finds
+** the task when it reports back, after the run was aborted. */
+void run__stop_kids(struct task *t) {
   for (int i = 0; i < t->nkids; i++) {
-    free(t->kid_value[i]);
     if (t->kids[i]) {
       run__task_cancel(t->kids[i]);
       run__task_release(t->kids[i]);
+    }
+  }
+}
+
+/* Cancel, release and free t's step.parallel children: when the run is
+** freed (every completion it waited on has come in), or when a new
+** step.parallel starts (the last one's children all ended). */
+void run__free_kids(struct task *t) {
+  run__stop_kids(t);
+  for (int i = 0; i < t->nkids; i++) {
+    free(t->kid_value[i]);
+    if (t->kids[i]) {
       free(t->kids[i]->step_id);
       free(t->kids[i]);
     }
@@ -140,7 +154,7 @@ static void on_timer(struct stimer *tm) {
 ** its main task waits on, its coroutine, its deadline and wake timers. */
 static void stop_run(struct run *r) {
   sched_t *s = r->sched;
-  run__free_kids(&r->main);
+  run__stop_kids(&r->main);
   run__task_cancel(&r->main);
   run__task_release(&r->main);
   sched__timer_stop(s, &r->deadline);
@@ -176,8 +190,12 @@ static void start_on_failure(struct run *r, const char *error, int64_t now) {
     .entry = "on_failure", .trigger = tj, .input = r->input, .owner = sched_owner(s),
     .created_at = now, .started_at = now, .by_run = r->id,
   };
-  journal_run_new(sched__journal(s), &row);
-  if (run_start(s, f, NULL, &e)) term_printf(stderr, "moonloop: on_failure of %s: %s\n", r->id, e.msg);
+  if (journal_run_new(sched__journal(s), &row)) {
+    term_printf(stderr, "moonloop: on_failure of %s: out of memory\n", r->id);
+    run_unref(f);
+    return;
+  }
+  if (run_start_created(s, f, &e)) term_printf(stderr, "moonloop: on_failure of %s: %s\n", r->id, e.msg);
 }
 
 struct done_ctx {
@@ -203,7 +221,8 @@ void run__finish(struct run *r, const char *status, const char *output, const ch
   journal_t *j = sched__journal(s);
   int64_t now = units_now_ms();
   if (strcmp(status, "completed")) {
-    /* A run that did not complete takes its live children with it. */
+    /* A run that did not complete takes its live children with it (a
+    ** cancel by the run itself: its descendants, not the run). */
     struct cancel_row c = {.run_id = r->id, .reason = "its parent run ended", .at = now,
                            .by_run = r->id};
     journal_cancel(j, &c);
@@ -265,13 +284,7 @@ void run_cancelled(struct run *r, const char *reason) {
   if (r->aborted || r->finished) return;
   char msg[600];
   /* The reason is a message, or the JSON of the event that cancelled it. */
-  cJSON *ev = reason && reason[0] == '{' ? cJSON_Parse(reason) : NULL;
-  cJSON *name = cJSON_GetObjectItem(ev, "name"), *id = cJSON_GetObjectItem(ev, "id");
-  if (cJSON_IsString(name))
-    snprintf(msg, sizeof msg, "cancelled by event %s (%s)", name->valuestring,
-             cJSON_IsString(id) ? id->valuestring : "?");
-  else snprintf(msg, sizeof msg, "cancelled: %s", reason ? reason : "on request");
-  cJSON_Delete(ev);
+  jsontext_cancel_message(reason, msg, sizeof msg);
   char *ej = jsontext_message(msg);
   run_abort(r, "cancelled", ej);
   free(ej);
@@ -367,7 +380,9 @@ int run_boot(struct run *r, const cJSON *journal, err_t *e) {
   r->main.state = T_PARKED;
   r->dormant = 0;
   sched__timer_stop(s, &r->wake);
-  sched__ready(s, &r->main);
+  /* A run whose row is not durable yet waits for it (run_start_created). */
+  if (r->unborn) run__park(&r->main, 1);
+  else sched__ready(s, &r->main);
   return 0;
 fail:
   if (prev >= 0) lrt_account_use(o->lrt, prev);
@@ -464,6 +479,34 @@ static void link_run(sched_t *s, struct run *r) {
 int run_start(sched_t *s, struct run *r, const cJSON *journal, err_t *e) {
   link_run(s, r);
   if (run_boot(r, journal, e)) {
+    char *js = jsontext_message(e->msg);
+    run_abort(r, "failed", js);
+    free(js);
+  }
+  return 0;
+}
+
+/* The J_RUN_NEW that creates r came back from its group: durable, so r's
+** main task may go; or taken back before its commit (a lost lease, a
+** fenced parent, a refused request, a run started from outside handed to
+** whoever claims it), or found there already (its result): then this copy
+** of r is dropped without a write. */
+static void on_created(void *arg, const struct jentry *je) {
+  struct run *r = arg;
+  r->unborn = 0;
+  if (je->dropped || je->result || !je->u.run.owner) run_abort(r, NULL, NULL);
+  else run__complete(&r->main);
+  run_unref(r);
+}
+
+/* See run.h. The waiter is added before link_run, which may journal
+** entries of its own (cancel_on's waits): it names the J_RUN_NEW. */
+int run_start_created(sched_t *s, struct run *r, err_t *e) {
+  r->unborn = 1;
+  sched__after_entry(s, on_created, r);
+  link_run(s, r);
+  r->refs++; /* on_created's */
+  if (run_boot(r, NULL, e)) {
     char *js = jsontext_message(e->msg);
     run_abort(r, "failed", js);
     free(js);

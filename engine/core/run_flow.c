@@ -8,8 +8,10 @@
 ** answers at once when what it waits for is already there. Otherwise the
 ** run parks until the store reports a delivery (run_delivered, from the
 ** scheduler's poll) or its timeout passes; either way the wait is ended
-** in the store (J_WAIT_END, which returns a result delivered meanwhile),
-** and the step completes with that result, or with null.
+** in the store (J_WAIT_END, which returns a result delivered meanwhile and
+** closes a wait that got nothing), and the step completes with that
+** result, or with null, in a group that also removes the wait: until then
+** the wait's row keeps what it took, for a replay after a crash.
 **
 ** Eviction: when more main tasks are parked on long waits than the
 ** scheduler keeps in memory (sched_opts.max_parked), a run that parks is
@@ -190,13 +192,15 @@ static void on_wait_ended(void *arg, const struct jentry *je) {
 }
 
 /* End the wait in the store (its timeout passed, or a delivery was seen),
-** then finish the step with whatever the store holds. */
+** then finish the step with whatever the store holds. The wait's row
+** stays (closed, if nothing came) until the group that completes the step
+** removes it: a crash in between finds what it took there again. */
 static void wait_end(struct task *t) {
   struct run *r = t->run;
   if (!t->waiting) return;
   t->waiting = 0;
   sched__timer_stop(r->sched, &t->timer);
-  struct wait_end we = {.run_id = r->id, .seq = t->wait_seq};
+  struct wait_end we = {.run_id = r->id, .seq = t->wait_seq, .keep = 1};
   journal_wait_end(sched__journal(r->sched), &we);
   r->refs++;
   sched__after_entry(r->sched, on_wait_ended, t);
@@ -323,8 +327,15 @@ void run_op_invoke(struct task *t, lua_State *co) {
     cJSON_AddStringToObject(trig, "step", t->wait_id);
     char *tj = cJSON_PrintUnformatted(trig);
     cJSON_Delete(trig);
-    char child[27];
-    if (sched_run_new(s, sk, tj, data, r->id, child, &e)) {
+    /* The child's id comes from this run's id and the step's, at the
+    ** step's start (a replay's is the same): a replay of this step that
+    ** creates the child again makes the same run, or finds it. */
+    char child[27], key[300];
+    int64_t now = units_now_ms();
+    int64_t at = t->wait_started > 0 && t->wait_started < now ? t->wait_started : now;
+    snprintf(key, sizeof key, "%s:%s", r->id, t->wait_id);
+    ids_ulid_derived(at, key, child);
+    if (!sched__find(s, child) && sched__run_new(s, sk, child, at, tj, data, r->id, &e)) {
       invoke_failed(t, e.msg);
       free(tj), free(skill_id), free(data);
       return;

@@ -247,26 +247,35 @@ static struct run *run_new(sched_t *s, struct skill *skill, const char *id, cons
   return r;
 }
 
-/* A run of skill from here: journal it and start it. */
+/* A run of skill from here: journal it and start it once its row is
+** durable (sched__run_new). */
 int sched_run_new(sched_t *s, struct skill *skill, const char *trigger, const char *input,
                   const char *parent_id, char *run_id, err_t *e) {
   int64_t now = units_now_ms();
   char id[27];
   ids_ulid(now, id);
+  if (run_id) memcpy(run_id, id, sizeof id);
+  return sched__run_new(s, skill, id, now, trigger, input, parent_id, e);
+}
+
+/* See run.h. */
+int sched__run_new(sched_t *s, struct skill *skill, const char *id, int64_t created,
+                   const char *trigger, const char *input, const char *parent_id, err_t *e) {
+  int64_t now = units_now_ms();
   struct run *r = run_new(s, skill, id, trigger, input, parent_id, now);
   if (!r) return err_set(e, ERR_NOMEM, "out of memory");
+  if (created > 0 && created < now) r->created_at = created;
   struct run_row row = {
     .id = r->id, .skill = skill->id, .version = skill->version, .status = "running",
     .entry = "run", .trigger = r->trigger, .parent_id = parent_id, .input = input,
-    .owner = s->owner, .created_at = now, .started_at = now, .deadline_at = r->deadline_at,
-    .by_run = parent_id,
+    .owner = s->owner, .created_at = r->created_at, .started_at = now,
+    .deadline_at = r->deadline_at, .by_run = parent_id,
   };
   if (journal_run_new(s->open.j, &row)) {
     run_unref(r);
     return err_set(e, ERR_NOMEM, "out of memory");
   }
-  if (run_id) memcpy(run_id, r->id, sizeof r->id);
-  return run_start(s, r, NULL, e);
+  return run_start_created(s, r, e);
 }
 
 /* See run.h. */
@@ -354,7 +363,7 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
   r->crashes = row->crashes;
   if (row->cancel_requested) {
     char msg[600];
-    snprintf(msg, sizeof msg, "cancelled: %s", row->cancel_reason ? row->cancel_reason : "on request");
+    jsontext_cancel_message(row->cancel_reason, msg, sizeof msg);
     adopt_end(s, r, "cancelled", msg);
     return 0;
   }
@@ -407,6 +416,7 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
 void sched_triggers_live(sched_t *s) {
   if (s->triggers_live) return;
   s->triggers_live = 1;
+  s->dispatch_wanted = 1; /* events that waited for the live triggers */
   sched__skills_changed(s);
 }
 int sched__triggers_live(const sched_t *s) { return s->triggers_live; }
@@ -444,6 +454,11 @@ static void poll_runs(sched_t *s) {
     if (r) run_delivered(r, cJSON_GetObjectItem(x, "seq")->valueint);
   }
   cJSON_Delete(out);
+}
+
+/* See run.h. */
+void sched__poll_now(sched_t *s) {
+  if (!s->stopping) poll_runs(s);
 }
 
 /* Every 50 ms: notice other processes' writes, and stop a solo scheduler
@@ -502,6 +517,7 @@ int sched_new(const struct sched_opts *o, sched_t **out, err_t *e) {
     return err_set(e, ERR_NOMEM, "out of memory");
   }
   s->data_version = -1;
+  s->deliver_cursor = -1;
   if (s->o.http) httpc_set_gate(s->o.http, http_gate_closed, s);
   run_register_core(o->lrt, s);
   *out = s;

@@ -10,6 +10,7 @@
 **   commit    a journal group, in one transaction that also renews the
 **             lease (an empty group renews it when nothing else has lately)
 **   dispatch  accepted events: start triggered runs, deliver to waits
+**             (an engine without the live triggers: deliver only)
 **   prune     history past the retention (serve, hourly)
 **   reap      leases of dead processes (serve)
 **   claim     unowned unfinished runs (serve), adopted here
@@ -59,7 +60,7 @@
 
 #define CLAIM_BATCH 500
 
-enum job_kind { JOB_COMMIT, JOB_CLAIM, JOB_REAP, JOB_DISPATCH, JOB_PRUNE };
+enum job_kind { JOB_COMMIT, JOB_CLAIM, JOB_REAP, JOB_DISPATCH, JOB_DELIVER, JOB_PRUNE };
 
 /* One job of the pipeline: filled by work_cb on the commit thread, read by
 ** after_work_cb on the loop thread. */
@@ -72,6 +73,7 @@ struct job {
   err_t err;
   struct run_row *rows;
   size_t nrows;
+  int64_t cursor; /* JOB_DELIVER: the events looked at so far (store_deliver) */
 };
 
 /* ---- journal groups ---- */
@@ -214,6 +216,9 @@ static void work_cb(uv_work_t *w) {
     j->nrows = (size_t)runs;
     break;
   }
+  case JOB_DELIVER:
+    j->rc = store_deliver(s->o.store, &j->cursor, 200, &j->err);
+    break;
   }
 }
 
@@ -375,7 +380,11 @@ static void after_work_cb(uv_work_t *w, int status) {
     break;
   case JOB_CLAIM:
     s->last_claim_ms = units_now_ms();
-    if (j->rc) {
+    if (j->rc == ERR_CONFLICT) {
+      /* The store found this process's lease gone: it took nothing, and
+      ** this process's runs are another's now. */
+      lease_lost(s, j->err.msg);
+    } else if (j->rc) {
       fprintf(stderr, "moonloop: claiming runs failed: %s\n", j->err.msg);
     } else {
       for (size_t i = 0; i < j->nrows && !s->stopping; i++) {
@@ -395,6 +404,15 @@ static void after_work_cb(uv_work_t *w, int status) {
     s->last_prune_ms = units_now_ms();
     if (j->rc) fprintf(stderr, "moonloop: pruning history failed: %s\n", j->err.msg);
     else if (j->nrows) fprintf(stderr, "moonloop: pruned %zu runs past the retention\n", j->nrows);
+    break;
+  case JOB_DELIVER:
+    if (j->rc < 0) {
+      fprintf(stderr, "moonloop: delivering events failed: %s\n", j->err.msg);
+    } else {
+      s->deliver_cursor = j->cursor;
+      if (j->rc == 200) s->dispatch_wanted = 1; /* more are waiting */
+      if (j->rc > 0) s->poll_wanted = 1;
+    }
     break;
   case JOB_DISPATCH:
     if (j->rc < 0) {
@@ -475,8 +493,18 @@ void sched__maybe_submit(sched_t *s) {
   }
   if (s->fail.since) return; /* the failed group's next try comes first */
   if (s->dispatch_wanted && !s->stopping) {
+    /* Only an engine whose registry holds the live triggers (serve, once
+    ** its workspace is registered) starts the runs events trigger and
+    ** marks events dispatched; any other only hands events to the waits
+    ** registered for them, and leaves them to such an engine. */
     s->dispatch_wanted = 0;
-    submit_new(s, JOB_DISPATCH);
+    if (s->triggers_live) {
+      submit_new(s, JOB_DISPATCH);
+    } else if ((j = calloc(1, sizeof *j))) {
+      j->kind = JOB_DELIVER;
+      j->cursor = s->deliver_cursor;
+      submit(s, j);
+    }
     return;
   }
   if (s->o.mode != SCHED_SERVE || s->stopping) return;

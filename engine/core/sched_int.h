@@ -97,6 +97,8 @@ struct sched {
   struct stimer grace;       /* the end of the shutdown's grace period */
   int64_t stop_deadline;     /* stopping: past it, writes the store refuses are given up */
   int triggers_live;         /* serve: the registry holds the live set (sched_triggers_live) */
+  int64_t deliver_cursor;    /* without the live triggers: events delivered so far
+                             ** (store_deliver; -1 before the first look) */
   struct { sched_done_cb cb; void *arg; } finish[4];
   int nfinish;
   struct run **slot_waiters; /* runs refused a slot, to try again at the next poll */

@@ -110,10 +110,15 @@ struct wait_row {
 };
 
 /* End a wait: its result (if it was delivered meanwhile) is the entry's
-** result, and the wait is removed. */
+** result, and the wait is removed. With keep, the row stays until the
+** step's end is recorded (a J_WAIT_END without keep, in the group that
+** completes the step): a crash between the two finds the event it took
+** there again. A wait kept with nothing delivered is closed: nothing is
+** delivered to it any more (its timeout passed). */
 struct wait_end {
   const char *run_id;
   int seq;
+  int keep;
 };
 
 /* A child run ended: deliver its outcome to the parent's wait. */
@@ -122,9 +127,11 @@ struct child_done {
 };
 
 /* Cancel a run and its children. Unowned runs end at once; owned ones are
-** flagged for their owner. The entry's result is the run's status after
-** it ("cancelled", "cancelling"), or "ended:<status>" if it had ended.
-** by_run: the run that asks (its end, a timed-out invoke), NULL: from outside. */
+** flagged for their owner (a run flagged before keeps the first reason).
+** The entry's result is the run's status after it ("cancelled",
+** "cancelling"), or "ended:<status>" if it had ended. by_run: the run that
+** asks (its end, a timed-out invoke), NULL: from outside; a run that names
+** itself (its end) cancels its descendants only. */
 struct cancel_row {
   const char *run_id, *reason;
   int64_t at;

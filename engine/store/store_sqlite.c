@@ -22,7 +22,9 @@
 **   logs     run_id, seq, ts, level, msg
 **   events   (id) -> name, data, idempotency key, dispatched
 **   waits    (run_id, seq) -> what a parked run waits for (an event, a
-**            child run, a cancelling event) and, once delivered, the result
+**            child run, a cancelling event) and, once delivered, the result;
+**            kept until its step's end is recorded (delivered_at without a
+**            result: closed, ended with nothing)
 **   deliveries (run_id, event_id): events a run's waits already took
 **   slots, slot_queue: concurrency slots held, and runs queued for them
 **   cron_state (skill, spec) -> the last tick fired
@@ -643,6 +645,34 @@ int store__put_run(store_t *s, const struct run_row *r, const char *what, err_t 
   return store__step(s, st, e, what);
 }
 
+static void fence_remove(struct fence_set *f, const char *id);
+
+/* J_RUN_NEW of a run that a run creates (a child, an on_failure run),
+** whose id the creator may derive from its own step: a replay of that
+** step creates the same id again. A run with that id there already is
+** not created twice: the entry's result is then its id (the creator drops
+** its new copy), it is not the committer's for fencing, and if the
+** committer held it, it is released: a claim takes it over with its
+** journal. */
+static int put_run_of_run(store_t *s, const struct jentry *je, err_t *e) {
+  const struct run_row *r = &je->u.run;
+  sqlite3_stmt *q = store__cached(s, "SELECT 1 FROM runs WHERE id = ?1", e);
+  if (!q) return e->code;
+  store__bind_text(q, 1, r->id);
+  int rc = sqlite3_step(q);
+  sqlite3_reset(q);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return store__db_err(e, s->w, "looking up a run");
+  if (rc == SQLITE_DONE) return store__put_run(s, r, "creating a run", e);
+  sqlite3_stmt *u = store__cached(s, "UPDATE runs SET owner = NULL WHERE id = ?1 AND owner = ?2", e);
+  if (!u) return e->code;
+  store__bind_text(u, 1, r->id);
+  store__bind_text(u, 2, r->owner);
+  if (store__step(s, u, e, "releasing a run")) return e->code;
+  fence_remove(&s->fence, r->id);
+  journal_set_result(je, strdup(r->id));
+  return 0;
+}
+
 /* Write one journal entry inside the open transaction: the core kinds
 ** here, the others through store_flow.c. */
 static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
@@ -650,6 +680,7 @@ static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
   switch (je->kind) {
   case J_RUN_NEW:
     if (je->u.run.idem) return store__put_keyed_run(s, je, e);
+    if (je->u.run.by_run) return put_run_of_run(s, je, e);
     return store__put_run(s, &je->u.run, "creating a run", e);
   case J_RUN_SET: {
     const struct run_set *r = &je->u.set;
@@ -1099,12 +1130,39 @@ static int cmp_rows(const void *a, const void *b) {
   return strcmp(((const struct run_row *)a)->id, ((const struct run_row *)b)->id);
 }
 
-/* See store.h. */
+/* 0 when owner holds a live lease (its row exists and has not expired at
+** now), inside the open write transaction: what every write that takes
+** runs for owner requires, so a process whose lease is gone cannot take
+** runs under its dead name (nobody would ever run them: reaping releases
+** only the runs of leases that exist). ERR_CONFLICT ("lease lost") when
+** the row is gone, ERR_BUSY when it expired and was not renewed yet. */
+static int lease_live(store_t *s, const char *owner, int64_t now, err_t *e) {
+  sqlite3_stmt *q = store__cached(s, "SELECT expires_at FROM leases WHERE owner = ?1", e);
+  if (!q) return e->code;
+  store__bind_text(q, 1, owner);
+  int rc = sqlite3_step(q);
+  int64_t expires = rc == SQLITE_ROW ? sqlite3_column_int64(q, 0) : 0;
+  sqlite3_reset(q);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return store__db_err(e, s->w, "reading a lease");
+  if (rc == SQLITE_DONE)
+    return err_set(e, ERR_CONFLICT, "lease lost: another process took over the runs of %s",
+                   owner);
+  if (expires <= now)
+    return err_set(e, ERR_BUSY, "the lease of %s expired %lld ms ago and was not renewed yet: "
+                   "it takes no runs until it is", owner, (long long)(now - expires));
+  return 0;
+}
+
+/* See store.h: only for a live lease of owner (lease_live). */
 int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows, size_t *n,
                 err_t *e) {
   *rows = NULL;
   *n = 0;
   if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
+  if (lease_live(s, owner, units_now_ms(), e)) {
+    store__exec(s->w, "ROLLBACK", NULL);
+    return e->code;
+  }
   sqlite3_stmt *st = store__prep(s->w,
     "UPDATE runs SET owner = ?1 WHERE id IN (SELECT id FROM runs WHERE owner IS NULL"
     " AND status IN ('queued','running','sleeping','waiting') ORDER BY id LIMIT ?2)"
@@ -1140,7 +1198,7 @@ int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows,
 }
 
 /* See store.h: reap dead leases first, so a run whose owner died can be
-** taken at once. */
+** taken at once; the taker needs a live lease (lease_live). */
 int store_take_run(store_t *s, const char *run_id, const char *owner, const char *host,
                    int64_t now, struct run_row **row, err_t *e) {
   *row = NULL;
@@ -1148,7 +1206,8 @@ int store_take_run(store_t *s, const char *run_id, const char *owner, const char
   int rc = reap_locked(s, host, now, e);
   sqlite3_stmt *st = NULL;
   if (rc < 0) goto done;
-  rc = 0;
+  rc = lease_live(s, owner, now, e);
+  if (rc) goto done;
   st = store__prep(s->w, "SELECT " STORE_CLAIM_COLS " FROM runs WHERE id = ?1", e);
   if (!st) {
     rc = e->code;
