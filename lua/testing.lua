@@ -201,8 +201,10 @@ local function load_skill(s)
   local env = {}
   for k, v in pairs(suite.env) do env[k] = v end
   for k, v in pairs(s.env) do env[k] = v end
+  -- The test's env is what the configuration grants: a name it does not
+  -- give raises when the skill reads it (false: granted, not set).
   local ok, def, spec = pcall(loader.load, suite.chunk, suite.file, suite.src,
-    core.test_default_id(suite.file), env)
+    core.test_default_id(suite.file), env, nil, nil, nil, "test")
   if not ok then failf("cannot load %s: %s", suite.file, message_of(def)) end
   return def, spec
 end

@@ -179,6 +179,28 @@ class SkillTestsTest(TestCase):
         r = self.w.ml("test", "m", check=0)
         self.assertIn("2 passed, 0 failed", r.stdout)
 
+    def test_the_env_a_test_gives_is_what_is_granted(self):
+        # A name the test does not give raises, saying how a test gives it;
+        # false is granted but not set (nil, so the skill's default).
+        self.w.write("e/sync.lua", 'return { retries = 0, run = function(ctx)\n'
+                     '  local base = env.CRM_URL .. (env.CRM_PATH or "/sync")\n'
+                     '  return ctx.step.run("sync", function() return http.get_json(base) end)\n'
+                     'end }\n')
+        self.w.write("e/sync_test.lua", 'local t = test.skill("sync.lua")\n'
+                     't:case("not given", function(c)\n'
+                     '  c:run()\n'
+                     '  c:err(%s)\n'
+                     'end)\n'
+                     't:case("given", function(c)\n'
+                     '  c:env{ CRM_URL = "http://crm.test", CRM_PATH = false }\n'
+                     '  c:http("GET http://crm.test/sync", { json = { n = 2 } })\n'
+                     '  c:eq(c:run(), { n = 2 })\n'
+                     'end)\nreturn t\n' % json.dumps(
+                         'e/sync.lua:2: env.CRM_URL is not granted to this skill in this test: give it with '
+                         'test.skill(path, { env = { CRM_URL = "..." } }) or c:env{ CRM_URL = "..." }'))
+        r = self.w.ml("test", "e", check=0)
+        self.assertIn("2 passed, 0 failed", r.stdout)
+
     def test_every_run_is_replayed_and_a_replay_that_goes_its_own_way_fails(self):
         # Outside steps: an extra step when the clock says so, an output read
         # from the clock, a random step id; and a deterministic skill that passes.
