@@ -124,8 +124,8 @@ end
 -- env_values and grants hold false for a variable that is granted but not
 -- set (for a check, every grant is so: a check never reads a grant's
 -- values). In the first pass, the names of every grant read as nil and
--- are noted: a skill that turns out to have no grant of such a name read
--- one it is not granted, an error at the line that read it. how:
+-- are noted: a skill that turns out to have no grant yet read such a name
+-- is loaded once more, where that read raises. how:
 -- "engine" when the configuration is known (moonloop check, a load, a
 -- deploy): a literal env.NAME it does not grant is a static error too;
 -- "check" when it is not (skills.check from a skill); "test" in `moonloop
@@ -146,12 +146,10 @@ function M.load(chunk, file, src, default_id, env_values, extra, grants, recorde
   if grant == nil then
     -- This is the skill's env from now on: its runs read it exactly.
     first.maybe = nil
-    local p = first.pending[1]
-    if p then
-      local msg = p.where .. api.env_not_granted(p.name, spec.id, how)
-      error({ message = msg, line = tonumber(p.where:match(":(%d+): $")) }, 0)
-    end
-    return def, spec
+    if #first.pending == 0 then return def, spec end
+    -- Its top level read a name of another skill's grant: once more, where
+    -- that read raises as it will in its runs (the skill may catch it).
+    return load_once(chunk, file, src, default_id, env_values, extra, recorded, { how = how }, grants, how)
   end
   local values = {}
   for k, v in pairs(env_values or {}) do values[k] = v end

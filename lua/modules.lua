@@ -403,7 +403,7 @@ end
 --   how      "test" in `moonloop test` (messages say how a test grants)
 --   maybe    names that may be granted once the skill's id is known (the
 --            loader's first pass: any skill_env grant): read as nil and
---            noted in `pending`, {name=, where=}, for the loader to check
+--            noted in the list `pending`, for the loader to decide
 -- Reading a name that is not granted raises (fatal: a retry cannot grant
 -- it), naming the configuration key to add; a granted name that is not set
 -- reads as nil (so `env.X or default` and `if env.X then` work), and the
@@ -425,13 +425,21 @@ local function make_env(values, grant)
       return nil
     end
     if grant.maybe and grant.maybe[k] then
-      grant.pending[#grant.pending + 1] = { name = k, where = run.skill_position() }
+      grant.pending[#grant.pending + 1] = k
       return nil
     end
     local R = run.current()
     user_fatal(api.env_not_granted(k, R and R.cfg and R.cfg.skill or grant.skill, grant.how))
   end })
   return run.read_only(set, "env")
+end
+
+-- A module's table: reading a name it does not have raises, naming the
+-- nearest function ("http.post is not a function of the http module: did
+-- you mean http.post_json?"), at the skill's line, rather than giving a nil
+-- that fails further on. Fatal: a retry would make the same mistake.
+local function strict(t, name)
+  return setmetatable(t, { __index = function(_, k) user_fatal(api.unknown(name, k)) end })
 end
 
 -- The module table for one sandbox. `extra` adds modules (llm, runs,
@@ -449,10 +457,13 @@ function M.build(env_values, extra, grant)
     env = make_env(env_values or {}, grant), fatal = run.fatal, llm = make_llm(),
     runs = make_runs(), skills = make_skills(),
   }
+  for name, t in pairs(mods) do
+    if type(t) == "table" and name ~= "env" then strict(t, name) end
+  end
   if extra then for k, v in pairs(extra) do mods[k] = v end end
   return mods
 end
 
 M.make_log = make_log
-run.shared_log = make_log()
+run.shared_log = strict(make_log(), "log") -- ctx.log
 return M

@@ -182,6 +182,64 @@ end }""")
         ])
 
 
+    def test_a_function_a_module_does_not_have_raises_with_did_you_mean(self):
+        # Names built at run time (the static checks name literal ones):
+        # reading the key raises at the skill's line, not a nil to call.
+        self.w.write("m.lua", """
+return { id = "m", retries = 3, run = function(ctx)
+  local out = {}
+  for i, c in ipairs({ { http, "post" }, { json, "parse" }, { runs, "find" }, { skills, "put" },
+                       { log, "warning" }, { time, "time" }, { llm, "complete" }, { ctx.log, "debug" },
+                       { env, "get" } }) do
+    local ok, e = pcall(function() return c[1][c[2]] end)
+    out[i] = ok and "no error" or tostring(e)
+  end
+  ctx.step.run("call", function() local f = "post" return http[f]("http://x", {}) end)
+  return out
+end }""")
+        r = self.w.ml("run", "m.lua", check=1)
+        self.assertIn("step 'call' failed: m.lua:10: http.post is not a function of the http module: did you "
+                      "mean http.post_json? (its functions are request, get, get_json and post_json)", r.stderr)
+        trace = self.w.trace(self.run_id_of(r))
+        self.assertEqual(len(trace["steps"][0]["attempts"]), 1)  # not retried
+        self.w.write("m2.lua", """
+return { id = "m2", run = function(ctx)
+  local out = {}
+  for i, c in ipairs({ { http, "post" }, { json, "parse" }, { runs, "find" }, { skills, "put" },
+                       { log, "warning" }, { time, "time" }, { llm, "complete" }, { ctx.log, "debug" },
+                       { env, "get" } }) do
+    local ok, e = pcall(function() return c[1][c[2]] end)
+    out[i] = ok and "no error" or tostring(e)
+  end
+  -- Values and functions that exist read as before; so do the standard library's missing names.
+  out[#out + 1] = tostring(json.null == json.decode("null")) .. " " .. type(http.get) .. " "
+    .. tostring(table.nope) .. " " .. tostring(string.nope)
+  return out
+end }""")
+        out = json.loads(self.w.ml("run", "m2.lua", check=0).stdout)
+        at = "m2.lua:7: "
+        self.assertEqual(out, [
+            at + "http.post is not a function of the http module: did you mean http.post_json? (its functions "
+                 "are request, get, get_json and post_json)",
+            at + "json.parse is not a function of the json module: did you mean json.decode? (its functions are "
+                 "encode, decode, array and object)",
+            at + "runs.find is not a function of the runs module: did you mean runs.list? (its functions are "
+                 "list, get, cancel and stats)",
+            at + "skills.put is not a function of the skills module: did you mean skills.deploy? (its functions "
+                 "are list, get, check and deploy)",
+            at + "log.warning is not a function of the log module: did you mean log.warn? (its functions are "
+                 "info, warn and error)",
+            at + "time.time is not a function of the time module: did you mean time.now? (its functions are now, "
+                 "parse and parse_duration)",
+            at + "llm.complete is not a function of the llm module: did you mean llm.chat? (its functions are chat)",
+            at + "log.debug is not a function of the log module: did you mean log.info? (its functions are info, "
+                 "warn and error)",
+            at + "env.get(...): env holds strings, not functions: it is the variables the configuration grants "
+                 "(env = { \"NAME\" } in moonloop.conf.lua), read as env.NAME",
+            "true function nil nil",
+        ])
+
+
 class RunsCancelTest(TestCase):
     def test_runs_cancel_for_the_skills_the_configuration_lets(self):
         os.makedirs(os.path.join(self.w.path, "skills"))
