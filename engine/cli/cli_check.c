@@ -169,7 +169,7 @@ int cli_check(struct cli *c) {
     size_t len;
     struct skill_error se = {0};
     int rc = skills_read_file(path, &src, &len, &se.err);
-    if (!rc) rc = skills_check_warnings(en.skills, src, len, path, &id, &warnings, &se);
+    if (!rc) rc = skills_check_warnings(en.skills, src, len, path, 1, &id, &warnings, &se);
     cJSON *r = cJSON_CreateObject();
     cJSON_AddStringToObject(r, "file", path);
     if (rc) {

@@ -482,7 +482,8 @@ int skilltest_replay(skilltest_t *t, store_t *src, const char *run_id, int *ok, 
     goto done;
   struct skill *sk;
   struct skill_error se;
-  if ((rc = skills_load(t->en.skills, source, strlen(source), file ? file : "skill.lua", &sk, &se))) {
+  if ((rc = skills_load_recorded(t->en.skills, source, strlen(source), file ? file : "skill.lua", &sk,
+                                  &se))) {
     rc = err_set(e, rc, "cannot load version %.12s of the run's skill: %s", version, se.err.msg);
     goto done;
   }

@@ -148,7 +148,7 @@ static int c_skills_check(lua_State *L) {
   const char *name = luaL_optstring(L, 2, "skill.lua");
   char *id = NULL, *warnings = NULL;
   struct skill_error se;
-  if (skills_check_warnings(en->skills, src, len, name, &id, &warnings, &se)) {
+  if (skills_check_warnings(en->skills, src, len, name, 0, &id, &warnings, &se)) {
     lua_pushnil(L);
     lua_pushstring(L, se.err.msg);
     if (se.line) lua_pushinteger(L, se.line);
