@@ -478,13 +478,22 @@ int run_start_dormant(sched_t *s, struct run *r, int64_t wake_at) {
   return 0;
 }
 
-/* See run.h: a run that cannot be replayed here fails, saying why. */
+/* See run.h: a run that cannot be replayed here fails, saying why; one
+** whose journal cannot be read just now (the database busy, an I/O error)
+** stays parked and wakes again in a second. */
 void run_wake(struct run *r) {
   if (!r->dormant || r->aborted || r->finished) return;
   sched_t *s = r->sched;
   cJSON *steps = NULL;
   err_t e;
-  if (store_get_steps(sched__opts(s)->store, r->id, &steps, &e) || run_boot(r, steps, &e)) {
+  int rc = store_get_steps(sched__opts(s)->store, r->id, &steps, &e);
+  if (rc == ERR_BUSY || rc == ERR_IO) {
+    fprintf(stderr, "moonloop: run %s: reading its journal failed, trying again in 1s: %s\n",
+                r->id, e.msg);
+    sched__timer_start(s, &r->wake, units_now_ms() + 1000);
+    return;
+  }
+  if (rc || run_boot(r, steps, &e)) {
     /* The run cannot go on here: fail it with the reason in its trace. */
     char *js = jsontext_message(e.msg);
     run_abort(r, "failed", js);

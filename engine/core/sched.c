@@ -395,8 +395,16 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
     return run_start_dormant(s, r, row->wake_at);
   cJSON *steps = NULL;
   if (store_get_steps(s->o.store, r->id, &steps, e)) {
-    run_unref(r);
-    return e->code;
+    if (e->code != ERR_BUSY && e->code != ERR_IO) {
+      run_unref(r);
+      return e->code;
+    }
+    /* The journal could not be read just now: the run is this process's
+    ** all the same. It waits as a parked run does, and its wake reads the
+    ** journal again (run_wake). */
+    fprintf(stderr, "moonloop: run %s: reading its journal failed, trying again in 1s: %s\n",
+                r->id, e->msg);
+    return run_start_dormant(s, r, units_now_ms() + 1000);
   }
   int rc = run_start(s, r, steps, e);
   cJSON_Delete(steps);
@@ -431,9 +439,14 @@ static void poll_runs(sched_t *s) {
   cJSON *out;
   err_t e;
   if (store_poll(s->o.store, s->owner, &out, &e)) {
-    fprintf(stderr, "moonloop: polling: %s\n", e.msg);
+    /* What was delivered stays in the store: ask again at the next tick
+    ** (the store may be busy a while: one line for the whole while). */
+    if (!s->poll_failing) fprintf(stderr, "moonloop: polling: %s; trying again\n", e.msg);
+    s->poll_failing = 1;
+    s->poll_wanted = 1;
     return;
   }
+  s->poll_failing = 0;
   const cJSON *x;
   cJSON_ArrayForEach(x, cJSON_GetObjectItem(out, "cancels")) {
     struct run *r = sched__find(s, cJSON_GetObjectItem(x, "run_id")->valuestring);
@@ -459,6 +472,8 @@ static void tick_cb(uv_timer_t *h) {
       s->poll_wanted = 1;
       sched__watch_poll(s); /* attached clients of runs executed elsewhere */
       sched__live_forget(s); /* the registry may have changed */
+    } else if (s->watches.failing) {
+      sched__watch_poll(s); /* the last check could not read the store */
     }
   }
   if (s->poll_wanted && !s->stopping) {

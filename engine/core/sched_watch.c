@@ -265,8 +265,13 @@ void sched__watch_poll(sched_t *s) {
       }
   rc |= buf_add(&ids, "]", 1);
   err_t e;
-  if (!rc && store_runs_ended(s->o.store, buf_str(&ids), on_remote_end, s, &e) < 0)
-    fprintf(stderr, "moonloop: checking runs waited for: %s\n", e.msg);
+  if (!rc && store_runs_ended(s->o.store, buf_str(&ids), on_remote_end, s, &e) < 0) {
+    /* The tick asks again until it can read (one line while it cannot). */
+    if (!m->failing) fprintf(stderr, "moonloop: checking runs waited for: %s; trying again\n", e.msg);
+    m->failing = 1;
+  } else {
+    m->failing = 0;
+  }
   buf_free(&ids);
 }
 
