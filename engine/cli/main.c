@@ -2,6 +2,7 @@
 ** main.c: the moonloop command: parse arguments, load the configuration,
 ** dispatch to a command (cli_*.c).
 */
+#include "base/fault.h"
 #include "base/term.h"
 #include "cli/cli.h"
 #include "cli/help.h"
@@ -173,7 +174,8 @@ int cli_fail(int status, const char *fmt, ...) {
 /* moonloop version: the version this binary was built as. It needs no
 ** configuration, so it answers even where moonloop.conf.lua is broken. */
 static int print_version(const struct cli *c) {
-  if (c->json) printf("{\"version\":\"%s\"}\n", MOONLOOP_VERSION);
+  /* A test build says so: its tests of injected faults need the points. */
+  if (c->json) printf("{\"version\":\"%s\"%s}\n", MOONLOOP_VERSION, FAULT_COMPILED ? ",\"faults\":true" : "");
   else printf("moonloop %s\n", MOONLOOP_VERSION);
   return EXIT_OK;
 }
@@ -210,6 +212,8 @@ static int help(int argc, char **argv) {
 int main(int argc, char **argv) {
   struct cli c;
   memset(&c, 0, sizeof c);
+  err_t fe;
+  if (fault_init(&fe)) return cli_fail(EXIT_USAGE, "%s", fe.msg);
   const char *db = NULL, *config = NULL, *server = NULL, *workspace = NULL, *listen = NULL;
   const char **pos = calloc((size_t)argc + 1, sizeof *pos);
   int npos = 0;

@@ -64,6 +64,7 @@
 #include <strings.h>
 
 #include "base/buf.h"
+#include "base/fault.h"
 
 enum xstate { X_RUNNING, X_DONE, X_DELIVERING, X_CANCELLED, X_HELD };
 
@@ -585,6 +586,11 @@ static void dispatch(httpc_t *h) {
       x->state = X_HELD;
       h->nheld++;
       continue;
+    }
+    if (rc == CURLE_OK && fault_hit(FAULT_HTTP_FAIL)) {
+      /* The request went out and was answered; the step sees it fail. */
+      rc = CURLE_RECV_ERROR;
+      snprintf(x->errbuf, sizeof x->errbuf, "connection reset by peer (fault injected: http_fail)");
     }
     finish_running(h, x, rc, &tail);
   }

@@ -125,6 +125,10 @@ int store__run_ended(store_t *s, const char *run_id, const char *status, err_t *
 extern int store__stats_steps_mode;
 /* Free the fencing set (store_close). */
 void store__fence_free(store_t *s);
+/* The VFS the store opens its files with: NULL (SQLite's default), or in
+** a test build with MOONLOOP_FAULT set, store_faults.c's, whose writes and
+** fsyncs obey the fault points disk_full and fsync_fail. */
+const char *store__fault_vfs(void);
 /* Finalize store_flow.c's statements. */
 void store__flow_close(store_t *s);
 

@@ -20,6 +20,7 @@
 ** cached statement is reset as soon as it is read (done()), so the reader
 ** never holds a read transaction between calls.
 */
+#include "base/fault.h"
 #include "base/jsontext.h"
 #include "base/proc.h"
 #include "base/units.h"
@@ -37,6 +38,10 @@
 ** the writer. Bindings are cleared (text is bound without a copy, so a
 ** stale pointer must never be read again). */
 sqlite3_stmt *store__rcached(store_t *s, const char *sql, err_t *e) {
+  if (fault_hit(FAULT_READER_BUSY)) {
+    err_set(e, ERR_BUSY, "store: reading: database is locked (fault injected: reader_busy)");
+    return NULL;
+  }
   int i = 0;
   for (; i < STORE_RCACHED_STMTS && s->rcache[i].sql; i++)
     if (s->rcache[i].sql == sql) {

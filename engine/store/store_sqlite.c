@@ -396,8 +396,10 @@ static int open_error(const char *path, const char *sqlite_msg, err_t *e) {
 /* Open one connection to the file at path (created if missing), with a
 ** busy timeout of 10 s; *db is NULL on failure. */
 static int open_conn(const char *path, sqlite3 **db, err_t *e) {
+  /* store__fault_vfs: in a test build with faults armed, the files go
+  ** through the VFS that can fail their writes and fsyncs. */
   int rc = sqlite3_open_v2(path, db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
-                                       SQLITE_OPEN_NOMUTEX, NULL);
+                                       SQLITE_OPEN_NOMUTEX, store__fault_vfs());
   if (rc != SQLITE_OK) {
     open_error(path, *db ? sqlite3_errmsg(*db) : sqlite3_errstr(rc), e);
     sqlite3_close(*db);
@@ -904,6 +906,9 @@ static int renew_lease(store_t *s, const char *owner, int64_t expires, err_t *e)
   if (rc == SQLITE_DONE)
     return err_set(e, ERR_CONFLICT, "lease lost: another process took over the runs of %s",
                    owner);
+  if (fault_hit(FAULT_LEASE_REFUSED))
+    return err_set(e, ERR_CONFLICT, "lease lost: another process took over the runs of %s "
+                   "(fault injected: lease_refused)", owner);
   if (was < units_now_ms()) {
     fence_clear(&s->fence);
     snprintf(s->fence.owner, sizeof s->fence.owner, "%s", owner);
@@ -941,7 +946,11 @@ int store_commit(store_t *s, const journal_t *j, err_t *e) {
   }
   /* Last, just before it counts: is the file still the one at the path? */
   if (check_moved(s, s->w, e)) goto fail;
-  fault_point("commit");
+  fault_delay(FAULT_COMMIT);
+  if (fault_hit(FAULT_COMMIT_FAIL)) {
+    err_set(e, ERR_IO, "store: committing: the transaction failed (fault injected: commit_fail)");
+    goto fail;
+  }
   if (store__step(s, s->ws[W_COMMIT], e, "committing")) goto fail;
   /* Runs that ended are no one's now. */
   for (size_t i = 0, n = ended ? journal_count(j) : 0; i < n; i++) {
