@@ -46,6 +46,8 @@
     "a read through the reader connection's statements: the database is busy (ERR_BUSY)") \
   _(HTTP_FAIL, "http_fail", FAULT_COUNT, \
     "httpc, as a transfer ends: it fails as a reset connection would") \
+  _(ALLOC_FAIL, "alloc_fail", FAULT_COUNT, \
+    "base/mem.h's allocation functions: the system refuses the memory") \
   _(CRASH_ON_LOG, "crash_on_log", FAULT_TEXT, \
     "a run logs the line TEXT: the process dies of SIGSEGV there, as on a bad pointer")
 

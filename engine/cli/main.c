@@ -6,6 +6,7 @@
 #include "base/term.h"
 #include "cli/cli.h"
 #include "cli/help.h"
+#include "core/engine.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -210,6 +211,8 @@ static int help(int argc, char **argv) {
 /* Parse the arguments, load the configuration, run the command; its
 ** return value is the exit status. */
 int main(int argc, char **argv) {
+  /* Before anything allocates: the libraries follow base/mem.h's policy. */
+  engine_process_init();
   struct cli c;
   memset(&c, 0, sizeof c);
   err_t fe;

@@ -2,6 +2,7 @@
 ** engine.c: opening and closing an engine's parts in order (see engine.h).
 */
 #include "core/engine.h"
+#include "base/mem.h"
 #include "base/units.h"
 #include "core/modules.h"
 #include "core/otlp.h"
@@ -19,6 +20,13 @@ int engine_open_store(struct engine *en, const struct config *cfg, err_t *e) {
   memset(en, 0, sizeof *en);
   en->cfg = cfg;
   return store_open(cfg->db, cfg->durability_full ? STORE_FULL : STORE_NORMAL, &en->store, e);
+}
+
+/* See engine.h. */
+void engine_process_init(void) {
+  mem_init();
+  uv_replace_allocator(mem_alloc, mem_realloc, mem_calloc, free);
+  httpc_global_init(NULL);
 }
 
 /* core.llm_settings: the LLM endpoint from the configuration, the key read

@@ -65,6 +65,7 @@
 
 #include "base/buf.h"
 #include "base/fault.h"
+#include "base/mem.h"
 
 enum xstate { X_RUNNING, X_DONE, X_DELIVERING, X_CANCELLED, X_HELD };
 
@@ -124,7 +125,19 @@ struct httpc {
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static CURLcode g_init_rc;
 
-static void global_init(void) { g_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT); }
+/* libcurl allocates through base/mem.h (its policy: engine_process_init). */
+static void global_init(void) {
+  g_init_rc = curl_global_init_mem(CURL_GLOBAL_DEFAULT, mem_alloc, free, mem_realloc, mem_strdup,
+                                   mem_calloc);
+}
+
+/* See httpc.h. */
+int httpc_global_init(err_t *e) {
+  pthread_once(&g_once, global_init);
+  if (g_init_rc != CURLE_OK)
+    return err_set(e, ERR_INTERNAL, "could not initialise libcurl: %s", curl_easy_strerror(g_init_rc));
+  return 0;
+}
 
 /* ---- small helpers ---- */
 
@@ -942,9 +955,8 @@ void httpc_gate_open(httpc_t *h) {
 
 int httpc_new(uv_loop_t *loop, httpc_t **out, err_t *e) {
   *out = NULL;
-  pthread_once(&g_once, global_init);
-  if (g_init_rc != CURLE_OK)
-    return err_set(e, ERR_INTERNAL, "could not initialise libcurl: %s", curl_easy_strerror(g_init_rc));
+  int rc = httpc_global_init(e);
+  if (rc) return rc;
   httpc_t *h = calloc(1, sizeof *h);
   if (!h) return err_set(e, ERR_NOMEM, "out of memory creating the HTTP client");
   h->loop = loop;
@@ -964,7 +976,7 @@ int httpc_new(uv_loop_t *loop, httpc_t **out, err_t *e) {
   MSET(CURLMOPT_TIMERDATA, (void *)h);
   MSET(CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)HTTPC_MAX_CONNECTIONS);
 #undef MSET
-  int rc = mc == CURLM_OK ? uv_timer_init(loop, &h->timer) : 0;
+  rc = mc == CURLM_OK ? uv_timer_init(loop, &h->timer) : 0;
   if (mc != CURLM_OK || rc) {
     curl_multi_cleanup(h->multi);
     free(h);

@@ -7,6 +7,7 @@ it acknowledged. A run arms a point with a log line "fault: point=value"
 Skipped on a binary built without the points (a packager's build)."""
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -246,6 +247,29 @@ class HttpFaultTest(FaultCase):
         self.assertIn("connection reset by peer (fault injected: http_fail)", json.dumps(atts[0]))
         p.terminate()
         self.assertEqual(p.wait(timeout=20), 0)
+
+
+class AllocFaultTest(FaultCase):
+    def test_an_allocation_the_system_refuses_stops_the_engine_and_a_restart_loses_nothing(self):
+        # The out-of-memory policy (base/mem.h): abort with a message; every
+        # acknowledged write is durable, and the next engine resumes the run.
+        p = self.serve_with("alloc_fail=1")
+        self.assertEqual(http("POST", p.url + "/v1/events", {"name": "go"})[0], 202)
+        self.assertEqual(p.wait(timeout=30), -signal.SIGABRT)
+        wait_until(lambda: self.said(p, "moonloop: out of memory (the system refused"),
+                   what="the message")
+        [run] = self.w.runs(skill="s")
+        done = {s["id"]: s["output"] for s in self.w.trace(run["id"])["steps"] if s["status"] == "completed"}
+        self.assertEqual(done, {"a": 1})  # a was acknowledged (b went on past it)
+        q = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0")
+        wait_until(lambda: self.w.trace(run["id"])["status"] == "completed", timeout=30,
+                   what="the run resumed by the next engine")
+        self.assertEqual(self.w.trace(run["id"])["output"], 12)
+        # a's result came from the journal; b, never acknowledged, ran again.
+        self.assertEqual(self.counts(run["id"]), (1, 2, 1))
+        q.terminate()
+        self.assertEqual(q.wait(timeout=20), 0)
+        self.check_integrity()
 
 
 if __name__ == "__main__":
