@@ -3,6 +3,7 @@
 ** dispatch to a command (cli_*.c).
 */
 #include "base/fault.h"
+#include "base/mem.h"
 #include "base/term.h"
 #include "cli/cli.h"
 #include "cli/help.h"
@@ -158,11 +159,10 @@ static int is_option(const char *a) {
 int cli_fail(int status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  char *msg = NULL;
-  if (vasprintf(&msg, fmt, ap) < 0) msg = NULL;
+  char *msg = mem_vprintf(fmt, ap);
   va_end(ap);
   fputs("moonloop: ", stderr);
-  term_fputs(msg ? msg : "out of memory", stderr, 0);
+  term_fputs(msg, stderr, 0);
   fputc('\n', stderr);
   free(msg);
   return status;
@@ -218,7 +218,7 @@ int main(int argc, char **argv) {
   err_t fe;
   if (fault_init(&fe)) return cli_fail(EXIT_USAGE, "%s", fe.msg);
   const char *db = NULL, *config = NULL, *server = NULL, *workspace = NULL, *listen = NULL;
-  const char **pos = calloc((size_t)argc + 1, sizeof *pos);
+  const char **pos = mem_calloc((size_t)argc + 1, sizeof *pos);
   int npos = 0;
   const struct command *cmd = NULL;
   /* `moonloop --version` is `moonloop version`. */

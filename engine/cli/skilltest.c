@@ -5,6 +5,7 @@
 */
 #include "cli/skilltest.h"
 #include "base/ids.h"
+#include "base/mem.h"
 #include "base/units.h"
 #include "core/engine.h"
 #include "lua/json.h"
@@ -211,9 +212,8 @@ static int c_journal(lua_State *L) {
     default: break; /* a skill's op (SKILL_PUT is 0), a cron's run: no test writes them */
     }
   }
-  int rc = journal_add(t->j, (enum jkind)k, &row);
+  journal_add(t->j, (enum jkind)k, &row);
   lua_settop(L, top);
-  if (rc) return luaL_error(L, "test_journal: out of memory");
   return 0;
 }
 
@@ -224,7 +224,6 @@ static int c_commit(lua_State *L) {
   int rc = journal_count(t->j) ? store_commit(t->en.store, t->j, &e) : 0;
   journal_free(t->j);
   t->j = journal_new();
-  if (!t->j) return luaL_error(L, "out of memory");
   if (rc) {
     return push_fail(L, e.msg);
   }
@@ -284,11 +283,8 @@ static void register_core(skilltest_t *t) {
 
 /* See skilltest.h. */
 int skilltest_open(const struct config *cfg, const char *db_path, skilltest_t **out, err_t *e) {
-  skilltest_t *t = calloc(1, sizeof *t);
-  if (!t || !(t->j = journal_new())) {
-    free(t);
-    return err_set(e, ERR_NOMEM, "out of memory");
-  }
+  skilltest_t *t = mem_calloc(1, sizeof *t);
+  t->j = journal_new();
   t->cfg = cfg;
   struct engine *en = &t->en;
   en->cfg = cfg;
@@ -386,7 +382,7 @@ static int run_case(skilltest_t *t, const char *path, int i, skilltest_cb cb, vo
   if (rc) {
     const char *kill = lrt_killed(lrt);
     const char *msg = *kill ? kill : lua_isstring(co, -1) ? lua_tostring(co, -1) : "error";
-    escaped = strdup(msg);
+    escaped = mem_strdup(msg);
   }
   luaL_unref(L, LUA_REGISTRYINDEX, ref);
   if (push_fn(t, "finish", e)) {
@@ -486,10 +482,10 @@ int skilltest_replay(skilltest_t *t, store_t *src, const char *run_id, int *ok, 
   while ((r = lrt_resume(lrt, co, 0)) == LUA_YIELD) lua_settop(co, 0);
   if (r) {
     const char *kill = lrt_killed(lrt);
-    *message = strdup(*kill ? kill : lua_isstring(co, -1) ? lua_tostring(co, -1) : "error");
+    *message = mem_strdup(*kill ? kill : lua_isstring(co, -1) ? lua_tostring(co, -1) : "error");
   } else {
     *ok = lua_toboolean(co, 1);
-    *message = strdup(lua_isstring(co, 2) ? lua_tostring(co, 2) : "");
+    *message = mem_strdup(lua_isstring(co, 2) ? lua_tostring(co, 2) : "");
   }
   luaL_unref(L, LUA_REGISTRYINDEX, ref);
 done:

@@ -49,7 +49,6 @@ int engine_open_runtime(struct engine *en, const struct config *cfg, err_t *e) {
   if (lrt_new(&lo, &en->lrt, e)) return e->code;
   en->skills = skills_new(en->lrt, (const char *const *)cfg->env, cfg->skill_env,
                           cfg->nskill_env);
-  if (!en->skills) return err_set(e, ERR_NOMEM, "out of memory");
   llm_settings(en, cfg);
   modules_register(en);
   return 0;
@@ -135,7 +134,6 @@ int engine_load_file(struct engine *en, const char *path, int register_it, struc
   struct skill *s = *out;
   int64_t now = units_now_ms();
   journal_t *j = journal_new();
-  if (!j) return err_set(&se->err, ERR_NOMEM, "out of memory");
   struct version_row v = {.version = s->version, .skill = s->id, .source = s->source,
                           .file = path, .loaded_at = now, .triggers = s->triggers};
   journal_version(j, &v);

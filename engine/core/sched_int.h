@@ -116,8 +116,8 @@ struct sched {
 
 /* ---- sched_commit.c ---- */
 
-/* Make g an empty group with a new journal; ERR_NOMEM if none. */
-int sched__group_init(struct group *g);
+/* Make g an empty group with a new journal. */
+void sched__group_init(struct group *g);
 /* Whether g holds no entry and no waiter (or no journal at all). */
 int sched__group_empty(const struct group *g);
 /* Start the next job of the commit pipeline if none is in flight. */

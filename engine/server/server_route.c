@@ -30,6 +30,7 @@
 ** first.
 */
 #include "base/jsontext.h"
+#include "base/mem.h"
 #include "base/units.h"
 #include "base/vocab.h"
 #include "server/server_route.h"
@@ -391,8 +392,7 @@ static int check_name(const cJSON *v, int optional, size_t max) {
 /* The bytes of v as compact JSON, and over-the-limit check. */
 static int check_size(const cJSON *v, int64_t limit, const char *where, const char *what,
                       char **text, int *status, err_t *e) {
-  char *s = v ? cJSON_PrintUnformatted(v) : strdup("null");
-  if (!s) return fail(status, 500, e, ERR_NOMEM, "out of memory");
+  char *s = v ? cJSON_PrintUnformatted(v) : mem_strdup("null");
   int64_t n = (int64_t)strlen(s);
   if (limit > 0 && n > limit) {
     char a[32], b[32];
@@ -478,8 +478,8 @@ static int route_invoke(const char *body, size_t blen, const struct server_limit
                         struct server_plan *p, int *status, err_t *e) {
   static const char *const keys[] = {"data", "key", "wait", NULL};
   if (only_space(body, blen)) {
-    p->data = strdup("null");
-    return p->data ? 0 : fail(status, 500, e, ERR_NOMEM, "out of memory");
+    p->data = mem_strdup("null");
+    return 0;
   }
   cJSON *v;
   if (parse_json(body, blen, &v, status, e)) return e->code;

@@ -6,7 +6,7 @@
 ** journal.h's lists; the code per kind is generated from them here.
 */
 #include "store/journal.h"
-#include "base/err.h"
+#include "base/mem.h"
 
 #include <stddef.h>
 #include <stdlib.h>
@@ -31,8 +31,8 @@ struct journal {
 };
 
 journal_t *journal_new(void) {
-  journal_t *j = calloc(1, sizeof(journal_t));
-  if (j) j->fenced = -1;
+  journal_t *j = mem_calloc(1, sizeof(journal_t));
+  j->fenced = -1;
   return j;
 }
 
@@ -52,11 +52,10 @@ size_t journal_count(const journal_t *j) { return j->n; }
 const struct jentry *journal_entry(const journal_t *j, size_t i) { return &j->e[i]; }
 size_t journal_bytes(const journal_t *j) { return j->bytes; }
 
-int journal_set_owner(journal_t *j, const char *owner, int64_t lease_expires_at) {
+void journal_set_owner(journal_t *j, const char *owner, int64_t lease_expires_at) {
   free(j->owner);
-  j->owner = owner ? strdup(owner) : NULL;
+  j->owner = owner ? mem_strdup(owner) : NULL;
   j->lease_expires_at = lease_expires_at;
-  return owner && !j->owner ? ERR_NOMEM : 0;
 }
 
 const char *journal_owner(const journal_t *j, int64_t *lease_expires_at) {
@@ -64,18 +63,14 @@ const char *journal_owner(const journal_t *j, int64_t *lease_expires_at) {
   return j->owner;
 }
 
-/* Copy s into the arena; NULL stays NULL. Sets *fail on allocation failure. */
-static const char *dup(journal_t *j, const char *s, int *fail) {
+/* Copy s into the arena; NULL stays NULL. */
+static const char *dup(journal_t *j, const char *s) {
   if (!s) return NULL;
   size_t n = strlen(s) + 1;
   struct block *b = j->blocks;
   if (!b || b->cap - b->used < n) {
     size_t cap = n > ARENA_BLOCK ? n : ARENA_BLOCK;
-    b = malloc(sizeof *b + cap);
-    if (!b) {
-      *fail = 1;
-      return NULL;
-    }
+    b = mem_alloc(sizeof *b + cap);
     b->used = 0;
     b->cap = cap;
     b->next = j->blocks;
@@ -88,14 +83,11 @@ static const char *dup(journal_t *j, const char *s, int *fail) {
   return p;
 }
 
-/* Reserve a new entry of the given kind; NULL when out of memory. */
+/* Reserve a new entry of the given kind. */
 static struct jentry *add(journal_t *j, enum jkind kind) {
   if (j->n == j->cap) {
-    size_t cap = j->cap ? j->cap * 2 : 256;
-    struct jentry *e = realloc(j->e, cap * sizeof *e);
-    if (!e) return NULL;
-    j->e = e;
-    j->cap = cap;
+    j->cap = j->cap ? j->cap * 2 : 256;
+    j->e = mem_realloc(j->e, j->cap * sizeof *j->e);
   }
   struct jentry *e = &j->e[j->n++];
   memset(e, 0, sizeof *e);
@@ -114,44 +106,40 @@ JOURNAL_KINDS(KIND_FIELDS)
   [J_##KIND] = {#fn, fields_##fn, sizeof fields_##fn / sizeof fields_##fn[0]},
 const struct journal_kind journal_kinds[J_COUNT] = {JOURNAL_KINDS(KIND)};
 
-/* copy_<fn>(j, c, fail): make the entry c (a bitwise copy of the caller's
+/* copy_<fn>(j, c): make the entry c (a bitwise copy of the caller's
 ** struct) the group's own: its strings copied into the arena, a run's too;
 ** READ fields zeroed. Straight-line code, one statement per string. */
 #define COPY(S, use, type, name) COPY_##use(type, name)
 #define COPY_COL(type, name) COPY_##type(name)
 #define COPY_ARG(type, name) COPY_##type(name)
 #define COPY_READ(type, name) memset(&c->name, 0, sizeof c->name);
-#define COPY_TEXT(name) c->name = dup(j, c->name, fail);
+#define COPY_TEXT(name) c->name = dup(j, c->name);
 #define COPY_INT(name)
 #define COPY_I64(name)
 #define COPY_TIME(name)
 #define COPY_OP(name)
-#define COPY_RUN(name) copy_run_new(j, &c->name, fail);
+#define COPY_RUN(name) copy_run_new(j, &c->name);
 #define COPIER(KIND, fn, S, m, F) \
-  static void copy_##fn(journal_t *j, struct S *c, int *fail) { F(COPY, S) }
+  static void copy_##fn(journal_t *j, struct S *c) { F(COPY, S) }
 JOURNAL_KINDS(COPIER)
 
 /* journal_<fn>(j, row): append a copy of row (journal.h). */
 #define APPEND(KIND, fn, S, m, F) \
-  int journal_##fn(journal_t *j, const struct S *row) { \
+  void journal_##fn(journal_t *j, const struct S *row) { \
     struct jentry *e = add(j, J_##KIND); \
-    if (!e) return ERR_NOMEM; \
-    int fail = 0; \
     e->u.m = *row; \
-    copy_##fn(j, &e->u.m, &fail); \
-    return fail ? ERR_NOMEM : 0; \
+    copy_##fn(j, &e->u.m); \
   }
 JOURNAL_KINDS(APPEND)
 
 /* See journal.h. */
-int journal_add(journal_t *j, enum jkind kind, const void *row) {
+void journal_add(journal_t *j, enum jkind kind, const void *row) {
   switch (kind) {
-#define ADD(KIND, fn, S, m, F) case J_##KIND: return journal_##fn(j, row);
+#define ADD(KIND, fn, S, m, F) case J_##KIND: journal_##fn(j, row); break;
   JOURNAL_KINDS(ADD)
 #undef ADD
   case J_COUNT: break;
   }
-  return ERR_INVALID;
 }
 
 struct jentry *journal_last(journal_t *j) { return j->n ? &j->e[j->n - 1] : NULL; }

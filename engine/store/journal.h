@@ -227,7 +227,7 @@ size_t journal_bytes(const journal_t *j);
 
 /* The owner whose lease this group renews and is fenced by (NULL: none).
 ** The store refuses the whole group when that lease is gone. */
-int journal_set_owner(journal_t *j, const char *owner, int64_t lease_expires_at);
+void journal_set_owner(journal_t *j, const char *owner, int64_t lease_expires_at);
 const char *journal_owner(const journal_t *j, int64_t *lease_expires_at);
 
 /* The run an entry writes for, whose owner alone may commit it (fencing):
@@ -252,13 +252,12 @@ void journal_set_fenced(const journal_t *j, long i);
 long journal_fenced(const journal_t *j);
 
 /* Append a copy of an entry: journal_run_new(j, &run_row), journal_step(j,
-** &step_row), ... (one per kind, named by JOURNAL_KINDS). Each returns 0,
-** or ERR_NOMEM. */
-#define JOURNAL_APPEND(KIND, fn, S, m, F) int journal_##fn(journal_t *j, const struct S *row);
+** &step_row), ... (one per kind, named by JOURNAL_KINDS). */
+#define JOURNAL_APPEND(KIND, fn, S, m, F) void journal_##fn(journal_t *j, const struct S *row);
 JOURNAL_KINDS(JOURNAL_APPEND)
 #undef JOURNAL_APPEND
 /* The same for a kind known at run time: row points to its struct. */
-int journal_add(journal_t *j, enum jkind kind, const void *row);
+void journal_add(journal_t *j, enum jkind kind, const void *row);
 
 /* The entry appended last (to tag it), or NULL. */
 struct jentry *journal_last(journal_t *j);

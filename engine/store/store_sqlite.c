@@ -44,6 +44,7 @@
 */
 #include "base/buf.h"
 #include "base/fault.h"
+#include "base/mem.h"
 #include "base/proc.h"
 #include "base/units.h"
 #include "store/store_db.h"
@@ -209,26 +210,21 @@ static const struct wrow {
 };
 #define NWROWS (sizeof wrows / sizeof wrows[0])
 
-/* The SQL of a wrow, malloc'd; NULL when out of memory. */
+/* The SQL of a wrow, malloc'd. */
 static char *wrow_sql(const struct wrow *r) {
-  if (r->sql) return strdup(r->sql);
+  if (r->sql) return mem_strdup(r->sql);
   const struct journal_kind *k = &journal_kinds[r->kind];
   buf_t cols = BUF_INIT, vals = BUF_INIT;
-  int rc = 0;
   for (size_t i = 0; i < k->nfields; i++) {
     if (k->fields[i].use != JOURNAL_COL) continue;
     const char *sep = cols.len ? ", " : "";
-    rc |= buf_printf(&cols, "%s%s", sep, k->fields[i].name);
-    rc |= buf_printf(&vals, "%s:%s", sep, k->fields[i].name);
+    buf_printf(&cols, "%s%s", sep, k->fields[i].name);
+    buf_printf(&vals, "%s:%s", sep, k->fields[i].name);
   }
   buf_t sql = BUF_INIT;
-  rc |= buf_printf(&sql, "%s(%s) VALUES(%s)%s", r->head, buf_str(&cols), buf_str(&vals), r->tail);
+  buf_printf(&sql, "%s(%s) VALUES(%s)%s", r->head, buf_str(&cols), buf_str(&vals), r->tail);
   buf_free(&cols);
   buf_free(&vals);
-  if (rc) {
-    buf_free(&sql);
-    return NULL;
-  }
   return buf_take(&sql);
 }
 
@@ -246,7 +242,6 @@ static int prepare_writes(store_t *s, err_t *e) {
     const struct wrow *r = &wrows[n];
     const struct journal_kind *k = &journal_kinds[r->kind];
     char *sql = wrow_sql(r);
-    if (!sql) return err_set(e, ERR_NOMEM, "out of memory");
     int rc = sqlite3_prepare_v3(s->w, sql, -1, SQLITE_PREPARE_PERSISTENT, &s->ws[r->w], NULL);
     free(sql);
     if (rc) return store__db_err(e, s->w, "preparing statements");
@@ -588,9 +583,8 @@ int store_open(const char *path, enum store_durability d, store_t **out, err_t *
     configured = 1;
     sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
   }
-  store_t *s = calloc(1, sizeof *s);
-  if (!s) return err_set(e, ERR_NOMEM, "out of memory");
-  s->path = strdup(path);
+  store_t *s = mem_calloc(1, sizeof *s);
+  s->path = mem_strdup(path);
   if (open_conn(path, &s->w, e)) goto fail;
   if (stat(path, &st) == 0) {
     s->dev = st.st_dev;
@@ -660,7 +654,7 @@ int store__step(store_t *s, sqlite3_stmt *st, err_t *e, const char *what) {
 /* Column i as a malloc'd string, or NULL for NULL. */
 char *store__col_dup(sqlite3_stmt *st, int i) {
   const unsigned char *t = sqlite3_column_text(st, i);
-  return t ? strdup((const char *)t) : NULL;
+  return t ? mem_strdup((const char *)t) : NULL;
 }
 
 /* Whether a run status is final (completed, failed, cancelled); NULL is not. */
@@ -802,19 +796,14 @@ static void fence_clear(struct fence_set *f) {
   f->owner[0] = 0;
 }
 
-/* Remember id (a ULID) as the owner's; best effort: a set that cannot grow
-** only means another lookup later. */
+/* Remember id (a ULID) as the owner's. */
 static void fence_add(struct fence_set *f, const char *id) {
   if (strlen(id) >= sizeof f->ids[0] || fence_find(f, id) >= 0) return;
   if ((f->n + f->gone + 1) * 4 > f->cap * 3) {
     /* Grow (or just sweep the tombstones), rehashing what is kept. */
     size_t cap = f->n * 2 + 2 > f->cap / 2 ? (f->cap ? f->cap * 2 : 1024) : f->cap;
-    char (*ids)[27] = malloc(cap * sizeof *ids);
-    unsigned char *state = calloc(cap, 1);
-    if (!ids || !state) {
-      free(ids), free(state);
-      return;
-    }
+    char (*ids)[27] = mem_alloc(cap * sizeof *ids);
+    unsigned char *state = mem_calloc(cap, 1);
     for (size_t i = 0; i < f->cap; i++) {
       if (f->state[i] != FS_USED) continue;
       size_t k = (size_t)fence_hash(f->ids[i]) & (cap - 1);
@@ -1048,7 +1037,7 @@ static int reap_locked(store_t *s, const char *host, int64_t now, err_t *e) {
   char *dead[64];
   int n = 0;
   while (n < 64 && sqlite3_step(st) == SQLITE_ROW)
-    if (store__lease_dead(st, host, now)) dead[n++] = strdup((const char *)sqlite3_column_text(st, 0));
+    if (store__lease_dead(st, host, now)) dead[n++] = mem_strdup((const char *)sqlite3_column_text(st, 0));
   sqlite3_finalize(st);
   int rc = 0;
   for (int i = 0; i < n; i++) {
@@ -1136,9 +1125,7 @@ int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows,
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
     if (*n == cap) {
       cap = cap ? cap * 2 : 16;
-      struct run_row *p = realloc(*rows, cap * sizeof *p);
-      if (!p) break;
-      *rows = p;
+      *rows = mem_realloc(*rows, cap * sizeof **rows);
     }
     row_from_stmt(st, &(*rows)[(*n)++]);
   }
@@ -1175,7 +1162,7 @@ int store_take_run(store_t *s, const char *run_id, const char *owner, const char
     rc = err_set(e, ERR_NOTFOUND, "no run with id '%s'", run_id);
     goto done;
   }
-  struct run_row *r = calloc(1, sizeof *r);
+  struct run_row *r = mem_calloc(1, sizeof *r);
   row_from_stmt(st, r);
   sqlite3_finalize(st);
   st = NULL;
