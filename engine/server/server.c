@@ -193,7 +193,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
   if (server_route(req->method.base, req->method.len, req->path.base, req->path.len,
                    req->entity.base, req->entity.base ? req->entity.len : 0, &srv->lim,
                    units_now_ms(), &pl, &status, &e)) {
-    if (status == 405 && pl.allow)
+    if (status == 405 && pl.allow[0])
       h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ALLOW, NULL, pl.allow,
                      strlen(pl.allow));
     server__respond_error(srv, req, status, server_error_code(status, e.code), e.msg);
