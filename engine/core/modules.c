@@ -14,6 +14,7 @@
 ** (a third value "fatal" tells lua/modules.lua so): retrying cannot help.
 */
 #include "base/ids.h"
+#include "base/mem.h"
 #include "base/units.h"
 #include "base/workspace.h"
 #include "core/engine.h"
@@ -38,7 +39,6 @@ static struct engine *up_engine(lua_State *L) {
 static int push_json(lua_State *L, cJSON *v) {
   char *s = cJSON_PrintUnformatted(v);
   cJSON_Delete(v);
-  if (!s) return luaL_error(L, "out of memory");
   lua_pushstring(L, s);
   free(s);
   return 1;
@@ -368,17 +368,8 @@ static void on_cancel_applied(void *arg, const struct jentry *je) {
 ** `moonloop cancel`, with a reason that names the cancelling run. */
 void modules_op_cancel(struct task *t, lua_State *co) {
   struct run *r = t->run;
-  struct cancel_ctx *cc = calloc(1, sizeof *cc);
+  struct cancel_ctx *cc = mem_calloc(1, sizeof *cc);
   const char *why = lua_tostring(co, 3);
-  if (!cc) {
-    lua_settop(co, 0);
-    lua_pushnil(co);
-    lua_pushliteral(co, "out of memory");
-    t->nres = 2;
-    run__park(t, 1);
-    run__complete(t);
-    return;
-  }
   cc->t = t;
   snprintf(cc->run_id, sizeof cc->run_id, "%s", lua_tostring(co, 2));
   snprintf(cc->reason, sizeof cc->reason, "cancelled by run %s of skill %s%s%s", r->id,

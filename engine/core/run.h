@@ -283,7 +283,7 @@ void sched__run_done(sched_t *s, struct run *r, const char *status, const char *
                      const char *error);
 void sched__run_unlink(sched_t *s, struct run *r);
 /* sched_watch without looking at the store first (the caller knows the run
-** has not ended: it just started it); NULL when out of memory. */
+** has not ended: it just started it). */
 struct sched_watch *sched__watch_add(sched_t *s, const char *run_id, int64_t wait_ms,
                                      sched_watch_cb cb, void *arg);
 void sched__run_link(sched_t *s, struct run *r);

@@ -48,6 +48,7 @@
 ** the runs instead.
 */
 #include "base/ids.h"
+#include "base/mem.h"
 #include "base/proc.h"
 #include "base/term.h"
 #include "base/units.h"
@@ -79,10 +80,9 @@ struct job {
 /* ---- journal groups ---- */
 
 /* See sched_int.h. */
-int sched__group_init(struct group *g) {
+void sched__group_init(struct group *g) {
   memset(g, 0, sizeof *g);
   g->j = journal_new();
-  return g->j ? 0 : ERR_NOMEM;
 }
 
 /* See sched_int.h. */
@@ -95,15 +95,12 @@ static int group_live(const struct group *g) {
   return 0;
 }
 
-/* A new, zeroed waiter of the open group. Aborts when out of memory: a
-** task that wrote could then never be resumed. */
+/* A new, zeroed waiter of the open group. */
 static struct gwait *add_wait(sched_t *s) {
   struct group *g = &s->open;
   if (g->nw == g->cap) {
     size_t cap = g->cap ? g->cap * 2 : 256;
-    struct gwait *w = realloc(g->w, cap * sizeof *w);
-    if (!w) abort(); /* cannot keep the promise to resume: nothing sane is left */
-    g->w = w;
+    g->w = mem_realloc(g->w, cap * sizeof *g->w);
     g->cap = cap;
   }
   struct gwait *w = &g->w[g->nw++];
@@ -439,10 +436,9 @@ static void submit(sched_t *s, struct job *j) {
   }
 }
 
-/* Submit a new job of kind (not a commit); nothing when out of memory. */
+/* Submit a new job of kind (not a commit). */
 static void submit_new(sched_t *s, enum job_kind kind) {
-  struct job *j = calloc(1, sizeof *j);
-  if (!j) return;
+  struct job *j = mem_calloc(1, sizeof *j);
   j->kind = kind;
   submit(s, j);
 }
@@ -463,14 +459,14 @@ void sched__maybe_submit(sched_t *s) {
     err_t e;
     if (sched__take_lease(s, &e)) {
       s->retry_at = now + 1000;
-      if (!s->retry.j && sched__group_init(&s->retry)) abort(); /* holds the back-off */
+      if (!s->retry.j) sched__group_init(&s->retry); /* holds the back-off */
       return;
     }
     s->lease_wanted = 0;
     fprintf(stderr, "moonloop: took a new lease (%s)\n", s->owner);
   }
   if (s->retry.j) {
-    if (!(j = calloc(1, sizeof *j))) return;
+    j = mem_calloc(1, sizeof *j);
     j->kind = JOB_COMMIT;
     j->g = s->retry;
     memset(&s->retry, 0, sizeof s->retry);
@@ -483,10 +479,10 @@ void sched__maybe_submit(sched_t *s) {
   int renew = s->handles_open && (now - s->last_commit_ms > ttl / 3 ||
                                   s->lease_until - now < ttl / 2 || s->lease_doubt);
   if (!sched__group_empty(&s->open) || renew) {
-    if (!(j = calloc(1, sizeof *j))) return;
+    j = mem_calloc(1, sizeof *j);
     j->kind = JOB_COMMIT;
     j->g = s->open;
-    if (sched__group_init(&s->open)) abort();
+    sched__group_init(&s->open);
     journal_set_owner(j->g.j, s->owner, now + ttl);
     submit(s, j);
     return;
@@ -500,7 +496,8 @@ void sched__maybe_submit(sched_t *s) {
     s->dispatch_wanted = 0;
     if (s->triggers_live) {
       submit_new(s, JOB_DISPATCH);
-    } else if ((j = calloc(1, sizeof *j))) {
+    } else {
+      j = mem_calloc(1, sizeof *j);
       j->kind = JOB_DELIVER;
       j->cursor = s->deliver_cursor;
       submit(s, j);
@@ -557,7 +554,7 @@ void sched__give_up(sched_t *s) {
             s->fail.msg);
   group_done(&s->retry);
   group_done(&s->open);
-  if (sched__group_init(&s->open)) abort();
+  sched__group_init(&s->open);
   s->fail.since = 0;
 }
 
@@ -642,7 +639,7 @@ static void lease_lost(sched_t *s, const char *why) {
     for (size_t i = 0, c = s->retry.j ? journal_count(s->retry.j) : 0; i < c; i++)
       journal_drop(s->retry.j, i);
     group_done(&s->open);
-    if (sched__group_init(&s->open)) abort();
+    sched__group_init(&s->open);
   }
   /* A group left with nothing to write is done: its waiters are the
   ** dropped runs' (and cron ticks'), which find nothing to do. */

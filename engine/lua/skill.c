@@ -3,6 +3,7 @@
 */
 #include "lua/skill.h"
 #include "base/ids.h"
+#include "base/mem.h"
 #include "lua/json.h"
 
 #include <lauxlib.h>
@@ -33,8 +34,7 @@ static void push_values(lua_State *L, char *const *names, int values) {
 
 skills_t *skills_new(lrt_t *r, const char *const *env_names, const struct skill_env *grants,
                      int ngrants) {
-  skills_t *c = calloc(1, sizeof *c);
-  if (!c) return NULL;
+  skills_t *c = mem_calloc(1, sizeof *c);
   c->r = r;
   lua_State *L = lrt_L(r);
   push_values(L, (char *const *)env_names, 1);
@@ -105,13 +105,7 @@ int skills_read_file(const char *path, char **out, size_t *len, err_t *e) {
         free(buf);
         return err_set(e, ERR_TOOBIG, "'%s' is larger than 16 MB: not a skill file", path);
       }
-      char *p = realloc(buf, cap);
-      if (!p) {
-        fclose(f);
-        free(buf);
-        return err_set(e, ERR_NOMEM, "out of memory reading '%s'", path);
-      }
-      buf = p;
+      buf = mem_realloc(buf, cap);
     }
     size_t got = fread(buf + n, 1, cap - n - 1, f);
     n += got;
@@ -131,7 +125,7 @@ int skills_read_file(const char *path, char **out, size_t *len, err_t *e) {
 
 static char *opt_string(lua_State *L, int idx, const char *key) {
   lua_getfield(L, idx, key);
-  char *v = lua_isstring(L, -1) ? strdup(lua_tostring(L, -1)) : NULL;
+  char *v = lua_isstring(L, -1) ? mem_strdup(lua_tostring(L, -1)) : NULL;
   lua_pop(L, 1);
   return v;
 }
@@ -248,20 +242,15 @@ static int load_version(skills_t *c, const char *source, size_t len, const char 
     lrt_account_close(c->r, acct);
     return rc;
   }
-  s = calloc(1, sizeof *s);
-  if (!s) {
-    lua_settop(L, top);
-    lrt_account_close(c->r, acct);
-    return err_set(&se->err, ERR_NOMEM, "out of memory");
-  }
+  s = mem_calloc(1, sizeof *s);
   s->mem_group = group;
   s->mem_acct = acct;
   memcpy(s->version, version, sizeof version);
   int spec = lua_gettop(L);
   s->id = opt_string(L, spec, "id");
   s->description = opt_string(L, spec, "description");
-  s->file = strdup(file);
-  s->source = malloc(len + 1);
+  s->file = mem_strdup(file);
+  s->source = mem_alloc(len + 1);
   if (s->source) {
     memcpy(s->source, source, len);
     s->source[len] = 0;

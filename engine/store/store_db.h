@@ -25,6 +25,7 @@ enum {
 };
 
 #define STORE_FLOW_STMTS 40
+#define STORE_MAX_FIELDS 32 /* fields of a journal entry's kind (journal.h) */
 
 /* The columns of a run row, in struct run_row's order (store_sqlite.c's
 ** row_from_stmt and store_read.c's record_from_stmt read them by index). */
@@ -64,6 +65,9 @@ struct fence_set {
 struct store {
   sqlite3 *w, *r;
   sqlite3_stmt *ws[W_COUNT];
+  /* per statement of ws and field of the kind it writes: the field's
+  ** parameter, 0 for a field it does not write (store_sqlite.c) */
+  unsigned char wparam[W_COUNT][STORE_MAX_FIELDS];
   sqlite3_stmt *fs[STORE_FLOW_STMTS]; /* store_flow.c's, prepared on first use */
   /* the writer's statements from static SQL texts, by the text's address */
   struct { const char *sql; sqlite3_stmt *st; } cache[STORE_CACHED_STMTS];
@@ -121,6 +125,10 @@ int store__run_ended(store_t *s, const char *run_id, const char *status, err_t *
 extern int store__stats_steps_mode;
 /* Free the fencing set (store_close). */
 void store__fence_free(store_t *s);
+/* The VFS the store opens its files with: NULL (SQLite's default), or in
+** a test build with MOONLOOP_FAULT set, store_faults.c's, whose writes and
+** fsyncs obey the fault points disk_full and fsync_fail. */
+const char *store__fault_vfs(void);
 /* Finalize store_flow.c's statements. */
 void store__flow_close(store_t *s);
 

@@ -16,6 +16,7 @@
 */
 #include "base/ids.h"
 #include "base/jsontext.h"
+#include "base/mem.h"
 #include "base/units.h"
 #include "store/store_db.h"
 
@@ -110,7 +111,7 @@ static int event_matches(const char *event_json_text, const char *path, const ch
   if (!path || !*path) return 1;
   cJSON *ev = cJSON_Parse(event_json_text);
   const cJSON *v = jsontext_path(ev, path);
-  char *got = v ? cJSON_PrintUnformatted(v) : strdup("null");
+  char *got = v ? cJSON_PrintUnformatted(v) : mem_strdup("null");
   int ok = got && value && !strcmp(got, value);
   free(got);
   cJSON_Delete(ev);
@@ -147,7 +148,7 @@ static int write_event(store_t *s, const struct jentry *je, err_t *e) {
     sqlite3_reset(q);
     sqlite3_clear_bindings(q);
   } else {
-    journal_set_result(je, strdup(ev->id));
+    journal_set_result(je, mem_strdup(ev->id));
   }
   return 0;
 }
@@ -349,22 +350,22 @@ static int write_cancel(store_t *s, const struct jentry *je, err_t *e) {
     const char *status = (const char *)sqlite3_column_text(st, 1);
     if (!strcmp(id, c->run_id)) {
       found = 1;
-      top_status = strdup(status);
+      top_status = mem_strdup(status);
       if (self) continue;
     }
     if (store__is_terminal(status) || n == 256) continue;
     owned[n] = sqlite3_column_int(st, 2);
-    ids[n++] = strdup(id);
+    ids[n++] = mem_strdup(id);
   }
   sqlite3_finalize(st);
   int err = 0;
   if (rc != SQLITE_DONE) err = store__db_err(e, s->w, "finding runs to cancel");
   if (!err && !found) {
-    journal_set_result(je, strdup("notfound"));
+    journal_set_result(je, mem_strdup("notfound"));
   } else if (!err && store__is_terminal(top_status)) {
     char buf[64];
     snprintf(buf, sizeof buf, "ended:%s", top_status);
-    journal_set_result(je, strdup(buf));
+    journal_set_result(je, mem_strdup(buf));
   } else if (!err) {
     char msg[600];
     jsontext_cancel_message(c->reason, msg, sizeof msg);
@@ -398,7 +399,7 @@ static int write_cancel(store_t *s, const struct jentry *je, err_t *e) {
       free(outcome);
     }
     free(errjson);
-    if (!err) journal_set_result(je, strdup(top));
+    if (!err) journal_set_result(je, mem_strdup(top));
   }
   for (int i = 0; i < n; i++) free(ids[i]);
   free(top_status);
@@ -467,7 +468,7 @@ static int write_slot(store_t *s, const struct jentry *je, err_t *e) {
   sqlite3_reset(st);
   sqlite3_clear_bindings(st);
   if (held) {
-    journal_set_result(je, strdup("1"));
+    journal_set_result(je, mem_strdup("1"));
     return 0;
   }
   int64_t inuse = count_query(s, F_SLOT_COUNT, sl->skill, sl->key, 0, NULL, e);
@@ -477,7 +478,7 @@ static int write_slot(store_t *s, const struct jentry *je, err_t *e) {
     if (slot_put(s, F_SLOT_INSERT, sl, "taking a slot", e) ||
         bind_step(s, F_SLOT_QUEUE_DEL, e, "leaving a slot queue", sl->run_id, NULL, NULL, 0))
       return e->code;
-    journal_set_result(je, strdup("1"));
+    journal_set_result(je, mem_strdup("1"));
     return 0;
   }
   return slot_put(s, F_SLOT_QUEUE_INSERT, sl, "queueing for a slot", e);
@@ -504,7 +505,7 @@ static int write_cron(store_t *s, const struct jentry *je, err_t *e) {
   if (store__step(s, set, e, "recording a cron tick")) return e->code;
   if (!c->run.id) return 0; /* only the state (first registration) */
   if (store__put_run(s, &c->run, "creating a cron run", e)) return e->code;
-  journal_set_result(je, strdup("1"));
+  journal_set_result(je, mem_strdup("1"));
   return 0;
 }
 

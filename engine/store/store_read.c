@@ -20,7 +20,9 @@
 ** cached statement is reset as soon as it is read (done()), so the reader
 ** never holds a read transaction between calls.
 */
+#include "base/fault.h"
 #include "base/jsontext.h"
+#include "base/mem.h"
 #include "base/proc.h"
 #include "base/units.h"
 #include "base/vocab.h"
@@ -37,6 +39,10 @@
 ** the writer. Bindings are cleared (text is bound without a copy, so a
 ** stale pointer must never be read again). */
 sqlite3_stmt *store__rcached(store_t *s, const char *sql, err_t *e) {
+  if (fault_hit(FAULT_READER_BUSY)) {
+    err_set(e, ERR_BUSY, "store: reading: database is locked (fault injected: reader_busy)");
+    return NULL;
+  }
   int i = 0;
   for (; i < STORE_RCACHED_STMTS && s->rcache[i].sql; i++)
     if (s->rcache[i].sql == sql) {
@@ -84,92 +90,98 @@ void store__read_close(store_t *s) {
 #define KEY1(b, k) BUF_LIT(b, "\"" k "\":")
 
 /* Column i as a JSON string, or null. */
-static int put_text(buf_t *b, sqlite3_stmt *st, int i) {
+static void put_text(buf_t *b, sqlite3_stmt *st, int i) {
   const char *t = (const char *)sqlite3_column_text(st, i);
-  if (!t) return BUF_LIT(b, "null");
-  return jsontext_put_string(b, t, (size_t)sqlite3_column_bytes(st, i));
+  if (!t) BUF_LIT(b, "null");
+  else jsontext_put_string(b, t, (size_t)sqlite3_column_bytes(st, i));
 }
 
 /* Column i (JSON text) as a value, or null. */
-static int put_json(buf_t *b, sqlite3_stmt *st, int i) {
+static void put_json(buf_t *b, sqlite3_stmt *st, int i) {
   const char *t = (const char *)sqlite3_column_text(st, i);
-  return jsontext_put_value(b, t, t ? (size_t)sqlite3_column_bytes(st, i) : 0);
+  jsontext_put_value(b, t, t ? (size_t)sqlite3_column_bytes(st, i) : 0);
 }
 
 /* A time in ms as an RFC 3339 string (0 or less: null, as the store's
 ** NULL times are). */
-static int put_ms(buf_t *b, int64_t ms) {
+static void put_ms(buf_t *b, int64_t ms) {
   char ts[40];
   units_rfc3339(ms, ts, sizeof ts);
-  return buf_add(b, "\"", 1) | buf_puts(b, ts) | buf_add(b, "\"", 1);
+  buf_add(b, "\"", 1);
+  buf_puts(b, ts);
+  buf_add(b, "\"", 1);
 }
 
 /* Column i as an RFC 3339 time, or null. */
-static int put_time(buf_t *b, sqlite3_stmt *st, int i) {
-  if (sqlite3_column_type(st, i) == SQLITE_NULL) return BUF_LIT(b, "null");
-  return put_ms(b, sqlite3_column_int64(st, i));
+static void put_time(buf_t *b, sqlite3_stmt *st, int i) {
+  if (sqlite3_column_type(st, i) == SQLITE_NULL) BUF_LIT(b, "null");
+  else put_ms(b, sqlite3_column_int64(st, i));
 }
+
+/* ,"key": followed by one of the put functions' values. */
+#define PUT(b, k, fn, ...) (KEY(b, k), fn(b, __VA_ARGS__))
+#define PUT1(b, k, fn, ...) (KEY1(b, k), fn(b, __VA_ARGS__))
 
 /* The fields of a run record without steps, from a row of STORE_RUN_COLS,
 ** after its opening brace (the caller closes it). */
-static int put_record_fields(buf_t *b, sqlite3_stmt *st) {
-  int rc = KEY1(b, "id") | put_text(b, st, 0);
-  rc |= KEY(b, "skill") | put_text(b, st, 1);
-  rc |= KEY(b, "version") | put_text(b, st, 2);
-  rc |= KEY(b, "status") | put_text(b, st, 3);
-  rc |= KEY(b, "trigger") | put_json(b, st, 5);
-  rc |= KEY(b, "parent_id") | put_text(b, st, 6);
-  rc |= KEY(b, "input") | put_json(b, st, 7);
-  rc |= KEY(b, "output") | put_json(b, st, 8);
-  rc |= KEY(b, "error") | put_json(b, st, 9);
-  rc |= KEY(b, "created_at") | put_time(b, st, 10);
-  rc |= KEY(b, "started_at") | put_time(b, st, 11);
-  rc |= KEY(b, "ended_at") | put_time(b, st, 12);
-  if (sqlite3_column_type(st, 13) != SQLITE_NULL) rc |= KEY(b, "deadline_at") | put_time(b, st, 13);
-  if (sqlite3_column_type(st, 14) != SQLITE_NULL) rc |= KEY(b, "wake_at") | put_time(b, st, 14);
-  return rc;
+static void put_record_fields(buf_t *b, sqlite3_stmt *st) {
+  PUT1(b, "id", put_text, st, 0);
+  PUT(b, "skill", put_text, st, 1);
+  PUT(b, "version", put_text, st, 2);
+  PUT(b, "status", put_text, st, 3);
+  PUT(b, "trigger", put_json, st, 5);
+  PUT(b, "parent_id", put_text, st, 6);
+  PUT(b, "input", put_json, st, 7);
+  PUT(b, "output", put_json, st, 8);
+  PUT(b, "error", put_json, st, 9);
+  PUT(b, "created_at", put_time, st, 10);
+  PUT(b, "started_at", put_time, st, 11);
+  PUT(b, "ended_at", put_time, st, 12);
+  if (sqlite3_column_type(st, 13) != SQLITE_NULL) PUT(b, "deadline_at", put_time, st, 13);
+  if (sqlite3_column_type(st, 14) != SQLITE_NULL) PUT(b, "wake_at", put_time, st, 14);
 }
 
 /* Append the rows of the log cursor lg (seq, ts, level, msg) that belong
 ** to seq, from where it stands, as [{ts, level, msg}]; *lrc is the
 ** cursor's last step code. */
-static int put_logs(buf_t *b, sqlite3_stmt *lg, int *lrc, int seq) {
-  int rc = buf_add(b, "[", 1);
+static void put_logs(buf_t *b, sqlite3_stmt *lg, int *lrc, int seq) {
+  buf_add(b, "[", 1);
   for (int first = 1; *lrc == SQLITE_ROW && sqlite3_column_int(lg, 0) == seq; first = 0) {
-    rc |= buf_add(b, first ? "{" : ",{", first ? 1 : 2);
-    rc |= KEY1(b, "ts") | put_time(b, lg, 1);
-    rc |= KEY(b, "level") | put_text(b, lg, 2);
-    rc |= KEY(b, "msg") | put_text(b, lg, 3) | buf_add(b, "}", 1);
+    buf_add(b, first ? "{" : ",{", first ? 1 : 2);
+    PUT1(b, "ts", put_time, lg, 1);
+    PUT(b, "level", put_text, lg, 2);
+    PUT(b, "msg", put_text, lg, 3);
+    buf_add(b, "}", 1);
     *lrc = sqlite3_step(lg);
   }
-  return rc | buf_add(b, "]", 1);
+  buf_add(b, "]", 1);
 }
 
 /* The attempts of the step row st: the failed ones from the attempt
 ** cursor at (seq, n, status, error, traceback, started_at, ended_at,
 ** retry_at; *arc its last step code), then the one the step row implies. */
-static int put_attempts(buf_t *b, sqlite3_stmt *st, sqlite3_stmt *at, int *arc) {
+static void put_attempts(buf_t *b, sqlite3_stmt *st, sqlite3_stmt *at, int *arc) {
   int seq = sqlite3_column_int(st, 0);
   int nattempts = sqlite3_column_int(st, 7);
   const char *status = (const char *)sqlite3_column_text(st, 3);
   int last_n = 0, first = 1;
   int64_t next_start = sqlite3_column_int64(st, 8);
-  int rc = buf_add(b, "[", 1);
+  buf_add(b, "[", 1);
   while (*arc == SQLITE_ROW && sqlite3_column_int(at, 0) < seq) *arc = sqlite3_step(at);
   for (; *arc == SQLITE_ROW && sqlite3_column_int(at, 0) == seq; first = 0) {
     last_n = sqlite3_column_int(at, 1);
-    rc |= buf_add(b, first ? "{" : ",{", first ? 1 : 2);
-    rc |= KEY1(b, "n") | jsontext_put_int(b, last_n);
-    rc |= KEY(b, "status") | put_text(b, at, 2);
-    rc |= KEY(b, "error") | put_text(b, at, 3);
-    if (sqlite3_column_type(at, 4) != SQLITE_NULL) rc |= KEY(b, "traceback") | put_text(b, at, 4);
-    rc |= KEY(b, "started_at") | put_time(b, at, 5);
-    rc |= KEY(b, "ended_at") | put_time(b, at, 6);
+    buf_add(b, first ? "{" : ",{", first ? 1 : 2);
+    PUT1(b, "n", jsontext_put_int, last_n);
+    PUT(b, "status", put_text, at, 2);
+    PUT(b, "error", put_text, at, 3);
+    if (sqlite3_column_type(at, 4) != SQLITE_NULL) PUT(b, "traceback", put_text, at, 4);
+    PUT(b, "started_at", put_time, at, 5);
+    PUT(b, "ended_at", put_time, at, 6);
     if (sqlite3_column_type(at, 7) != SQLITE_NULL) {
-      rc |= KEY(b, "retry_at") | put_time(b, at, 7);
+      PUT(b, "retry_at", put_time, at, 7);
       next_start = sqlite3_column_int64(at, 7);
     }
-    rc |= buf_add(b, "}", 1);
+    buf_add(b, "}", 1);
     *arc = sqlite3_step(at);
   }
   /* The attempt that succeeded, or the one in flight, is implied by the
@@ -177,14 +189,18 @@ static int put_attempts(buf_t *b, sqlite3_stmt *st, sqlite3_stmt *at, int *arc) 
   const char *kind = (const char *)sqlite3_column_text(st, 2);
   if (kind && !strcmp(kind, "run") && last_n < nattempts && status &&
       (!strcmp(status, "completed") || !strcmp(status, "running"))) {
-    rc |= buf_add(b, first ? "{" : ",{", first ? 1 : 2);
-    rc |= KEY1(b, "n") | jsontext_put_int(b, nattempts);
-    rc |= KEY(b, "status") | jsontext_put_string(b, status, strlen(status));
-    rc |= KEY(b, "error") | BUF_LIT(b, "null");
-    rc |= KEY(b, "started_at") | (next_start ? put_ms(b, next_start) : BUF_LIT(b, "null"));
-    rc |= KEY(b, "ended_at") | put_time(b, st, 9) | buf_add(b, "}", 1);
+    buf_add(b, first ? "{" : ",{", first ? 1 : 2);
+    PUT1(b, "n", jsontext_put_int, nattempts);
+    PUT(b, "status", jsontext_put_string, status, strlen(status));
+    KEY(b, "error");
+    BUF_LIT(b, "null");
+    KEY(b, "started_at");
+    if (next_start) put_ms(b, next_start);
+    else BUF_LIT(b, "null");
+    PUT(b, "ended_at", put_time, st, 9);
+    buf_add(b, "}", 1);
   }
-  return rc | buf_add(b, "]", 1);
+  buf_add(b, "]", 1);
 }
 
 static const char STEPS_SQL[] =
@@ -212,42 +228,47 @@ static int put_steps(store_t *s, buf_t *b, const char *id, err_t *e) {
   store__bind_text(lg, 1, id);
   store__bind_text(ch, 1, id);
   int arc = sqlite3_step(at), lrc = sqlite3_step(lg), src, crc, first = 1;
-  int rc = KEY(b, "steps") | buf_add(b, "[", 1);
+  KEY(b, "steps");
+  buf_add(b, "[", 1);
   /* Run-level logs come before any step (seq 0); they are written after
   ** the steps, so they wait in the store's scratch buffer. */
   buf_t *runlogs = &s->scratch;
   runlogs->len = 0;
-  rc |= put_logs(runlogs, lg, &lrc, 0);
+  put_logs(runlogs, lg, &lrc, 0);
   for (; (src = sqlite3_step(st)) == SQLITE_ROW; first = 0) {
     int seq = sqlite3_column_int(st, 0);
-    rc |= buf_add(b, first ? "{" : ",{", first ? 1 : 2);
-    rc |= KEY1(b, "seq") | jsontext_put_int(b, seq);
-    rc |= KEY(b, "id") | put_text(b, st, 1);
-    rc |= KEY(b, "kind") | put_text(b, st, 2);
-    rc |= KEY(b, "status") | put_text(b, st, 3);
-    rc |= KEY(b, "output") | put_json(b, st, 4);
-    rc |= KEY(b, "error") | put_text(b, st, 5);
-    if (sqlite3_column_type(st, 6) != SQLITE_NULL) rc |= KEY(b, "usage") | put_json(b, st, 6);
-    rc |= KEY(b, "started_at") | put_time(b, st, 8);
-    rc |= KEY(b, "ended_at") | put_time(b, st, 9);
-    if (sqlite3_column_type(st, 10) != SQLITE_NULL) rc |= KEY(b, "wake_at") | put_time(b, st, 10);
-    rc |= KEY(b, "attempts") | put_attempts(b, st, at, &arc);
+    buf_add(b, first ? "{" : ",{", first ? 1 : 2);
+    PUT1(b, "seq", jsontext_put_int, seq);
+    PUT(b, "id", put_text, st, 1);
+    PUT(b, "kind", put_text, st, 2);
+    PUT(b, "status", put_text, st, 3);
+    PUT(b, "output", put_json, st, 4);
+    PUT(b, "error", put_text, st, 5);
+    if (sqlite3_column_type(st, 6) != SQLITE_NULL) PUT(b, "usage", put_json, st, 6);
+    PUT(b, "started_at", put_time, st, 8);
+    PUT(b, "ended_at", put_time, st, 9);
+    if (sqlite3_column_type(st, 10) != SQLITE_NULL) PUT(b, "wake_at", put_time, st, 10);
+    PUT(b, "attempts", put_attempts, st, at, &arc);
     while (lrc == SQLITE_ROW && sqlite3_column_int(lg, 0) < seq) lrc = sqlite3_step(lg);
-    rc |= KEY(b, "logs") | put_logs(b, lg, &lrc, seq) | buf_add(b, "}", 1);
+    PUT(b, "logs", put_logs, lg, &lrc, seq);
+    buf_add(b, "}", 1);
   }
-  rc |= buf_add(b, "]", 1) | KEY(b, "logs") | buf_add(b, buf_str(runlogs), runlogs->len);
-  rc |= KEY(b, "children") | buf_add(b, "[", 1);
+  buf_add(b, "]", 1);
+  PUT(b, "logs", buf_add, buf_str(runlogs), runlogs->len);
+  KEY(b, "children");
+  buf_add(b, "[", 1);
   for (first = 1; (crc = sqlite3_step(ch)) == SQLITE_ROW; first = 0) {
-    rc |= buf_add(b, first ? "{" : ",{", first ? 1 : 2);
-    rc |= KEY1(b, "id") | put_text(b, ch, 0);
-    rc |= KEY(b, "skill") | put_text(b, ch, 1);
-    rc |= KEY(b, "status") | put_text(b, ch, 2) | buf_add(b, "}", 1);
+    buf_add(b, first ? "{" : ",{", first ? 1 : 2);
+    PUT1(b, "id", put_text, ch, 0);
+    PUT(b, "skill", put_text, ch, 1);
+    PUT(b, "status", put_text, ch, 2);
+    buf_add(b, "}", 1);
   }
-  rc |= buf_add(b, "]", 1);
+  buf_add(b, "]", 1);
   int bad = (src != SQLITE_DONE) || (crc != SQLITE_DONE);
   done(st), done(at), done(lg), done(ch);
   if (bad) return store__db_err(e, s->r, "reading a run's steps");
-  return rc ? err_set(e, ERR_NOMEM, "out of memory") : 0;
+  return 0;
 }
 
 /* See store.h. */
@@ -262,13 +283,13 @@ int store_run_json(store_t *s, const char *id, int with_steps, buf_t *out, err_t
     return err_set(e, ERR_NOTFOUND, "no run with id '%s'", id);
   }
   size_t at = out->len;
-  rc = buf_add(out, "{", 1) | put_record_fields(out, st);
+  buf_add(out, "{", 1);
+  put_record_fields(out, st);
   /* The run statement stays open while the steps are read: one read
   ** transaction, so the steps are those of the same snapshot as the run. */
-  if (!rc && with_steps) rc = put_steps(s, out, id, e);
-  else if (rc) rc = err_set(e, ERR_NOMEM, "out of memory");
+  rc = with_steps ? put_steps(s, out, id, e) : 0;
   done(st);
-  if (!rc) rc = buf_add(out, "}", 1) ? err_set(e, ERR_NOMEM, "out of memory") : 0;
+  buf_add(out, "}", 1);
   if (rc) {
     out->len = at;
     if (out->p) out->p[at] = 0;
@@ -276,13 +297,13 @@ int store_run_json(store_t *s, const char *id, int with_steps, buf_t *out, err_t
   return rc;
 }
 
-/* See store.h: the JSON text, parsed. */
+/* See store.h: the JSON text, parsed (the engine wrote it: it parses). */
 int store_get_run(store_t *s, const char *id, int with_steps, cJSON **out, err_t *e) {
   *out = NULL;
   buf_t b = BUF_INIT;
   int rc = store_run_json(s, id, with_steps, &b, e);
   if (!rc && !(*out = cJSON_ParseWithLength(buf_str(&b), b.len)))
-    rc = err_set(e, ERR_NOMEM, "out of memory");
+    rc = err_set(e, ERR_INTERNAL, "store: a run record that is not JSON: %.200s", buf_str(&b));
   buf_free(&b);
   return rc;
 }
@@ -443,7 +464,8 @@ int store_list_runs_json(store_t *s, const struct run_filter *f, buf_t *out, cha
   sqlite3_bind_int(st, 8, next ? limit + 1 : limit);
   if (next) next[0] = 0;
   size_t at = out->len;
-  int rc = buf_add(out, "[", 1), src, n = 0;
+  int rc = 0, src, n = 0;
+  buf_add(out, "[", 1);
   char last_id[64] = "";
   while ((src = sqlite3_step(st)) == SQLITE_ROW) {
     if (n == limit) {
@@ -451,17 +473,18 @@ int store_list_runs_json(store_t *s, const struct run_filter *f, buf_t *out, cha
       if (next) snprintf(next, nnext, "%s", last_id);
       break;
     }
-    rc |= buf_add(out, n ? ",{" : "{", n ? 2 : 1) | put_record_fields(out, st) | buf_add(out, "}", 1);
+    buf_add(out, n ? ",{" : "{", n ? 2 : 1);
+    put_record_fields(out, st);
+    buf_add(out, "}", 1);
     size_t idl = (size_t)sqlite3_column_bytes(st, 0);
     if (idl >= sizeof last_id) idl = sizeof last_id - 1;
     memcpy(last_id, sqlite3_column_text(st, 0), idl);
     last_id[idl] = 0;
     n++;
   }
-  rc |= buf_add(out, "]", 1);
+  buf_add(out, "]", 1);
   done(st);
   if (src != SQLITE_DONE && src != SQLITE_ROW) rc = store__db_err(e, s->r, "listing runs");
-  else if (rc) rc = err_set(e, ERR_NOMEM, "out of memory");
   if (rc) {
     out->len = at;
     if (out->p) out->p[at] = 0;
@@ -475,7 +498,7 @@ int store_list_runs(store_t *s, const struct run_filter *f, cJSON **out, err_t *
   buf_t b = BUF_INIT;
   int rc = store_list_runs_json(s, f, &b, NULL, 0, e);
   if (!rc && !(*out = cJSON_ParseWithLength(buf_str(&b), b.len)))
-    rc = err_set(e, ERR_NOMEM, "out of memory");
+    rc = err_set(e, ERR_INTERNAL, "store: a run list that is not JSON: %.200s", buf_str(&b));
   buf_free(&b);
   return rc;
 }
@@ -624,10 +647,11 @@ int store_rerun_version(store_t *s, const char *skill, const char *run_version, 
   cJSON *rec;
   if (store_get_skill(s, skill, &rec, e)) {
     if (e->code != ERR_NOTFOUND) return e->code;
-    return (*out = strdup(run_version)) ? 0 : err_set(e, ERR_NOMEM, "out of memory");
+    *out = mem_strdup(run_version);
+    return 0;
   }
   const cJSON *v = cJSON_GetObjectItem(rec, "version");
-  int rc = cJSON_IsString(v) ? ((*out = strdup(v->valuestring)) ? 0 : err_set(e, ERR_NOMEM, "out of memory"))
+  int rc = cJSON_IsString(v) ? (*out = mem_strdup(v->valuestring), 0)
          : err_set(e, ERR_CONFLICT, "skill '%s' has no live version (its file was deleted or "
                    "failed to load): restore it to rerun its runs", skill);
   cJSON_Delete(rec);

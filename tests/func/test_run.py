@@ -143,7 +143,7 @@ end }""")
         for args in (["--version"], ["version"]):
             r = self.w.ml(*args, check=0)
             self.assertRegex(r.stdout, r"^moonloop \d+\.\d+\.\d+\n$")
-        self.assertRegex(self.w.ml("version", "--json", check=0).stdout, r'^\{"version":"\d+\.\d+\.\d+"\}\n$')
+        self.assertRegex(self.w.ml("version", "--json", check=0).stdout, r'^\{"version":"\d+\.\d+\.\d+"(,"faults":true)?\}\n$')
         self.w.write("moonloop.conf.lua", "return {")  # a broken configuration does not stop it
         self.w.ml("--version", check=0)
         self.assertIn("moonloop version", self.w.ml("--help", check=0).stdout)

@@ -361,6 +361,47 @@ TEST(reopening_keeps_the_schema) {
   store_close(s);
 }
 
+/* Every kind of entry owns its strings once appended (journal.h's lists
+** generate the copying): the caller's buffer can change at once, a cron
+** tick's run included, and a READ field is not journaled. */
+TEST(every_entry_kind_copies_its_strings) {
+  journal_t *j = journal_new();
+  char text[16];
+  for (int k = 0; k < J_COUNT; k++) {
+    const struct journal_kind *jk = &journal_kinds[k];
+    union jrow row;
+    memset(&row, 0, sizeof row);
+    snprintf(text, sizeof text, "v%d", k);
+    for (size_t i = 0; i < jk->nfields; i++) {
+      char *at = (char *)&row + jk->fields[i].offset;
+      if (jk->fields[i].type == JOURNAL_TEXT) *(const char **)at = text;
+      if (jk->fields[i].type == JOURNAL_RUN) {
+        const struct journal_kind *rk = &journal_kinds[J_RUN_NEW];
+        for (size_t r = 0; r < rk->nfields; r++)
+          if (rk->fields[r].type == JOURNAL_TEXT) *(const char **)(at + rk->fields[r].offset) = text;
+      }
+    }
+    journal_add(j, (enum jkind)k, &row);
+    strcpy(text, "changed");
+    const struct jentry *e = journal_last(j);
+    CHECK_INT_EQ(e->kind, k);
+    for (size_t i = 0; i < jk->nfields; i++) {
+      const char *at = (const char *)&e->u + jk->fields[i].offset;
+      if (jk->fields[i].type != JOURNAL_TEXT) continue;
+      const char *got = *(const char *const *)at;
+      char want[16];
+      snprintf(want, sizeof want, "v%d", k);
+      if (jk->fields[i].use == JOURNAL_READ) CHECK(got == NULL);
+      else if (!got || strcmp(got, want)) FAILF("%s.%s == %s", jk->name, jk->fields[i].name, got ? got : "NULL");
+    }
+  }
+  const struct jentry *cron = journal_entry(j, J_CRON);
+  snprintf(text, sizeof text, "v%d", J_CRON);
+  CHECK_STR_EQ(cron->u.cron.run.id, text);
+  CHECK(cron->u.cron.run.cancel_reason == NULL);
+  journal_free(j);
+}
+
 TEST(ulids_sort_by_time_and_are_unique) {
   char a[27], b[27], c[27];
   ids_ulid(1000, a);
@@ -515,6 +556,7 @@ int main(void) {
   RUN(take_run_explains_who_holds_it);
   RUN(list_runs_filters_and_pages);
   RUN(reopening_keeps_the_schema);
+  RUN(every_entry_kind_copies_its_strings);
   RUN(ulids_sort_by_time_and_are_unique);
   RUN(a_run_made_again_by_a_replay_is_the_same_run);
   RUN(a_wait_ended_keeps_what_it_took_until_its_step_completes);
