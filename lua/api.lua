@@ -370,6 +370,27 @@ function M.unknown(module, key)
     near and (": did you mean " .. module .. "." .. near .. "?") or "", and_list(names(m.functions)))
 end
 
+-- What agents write when they take env for a module of functions
+-- (env.get("X")): such a name, when it is not granted, is answered with
+-- M.unknown's "env holds strings" rather than "add 'get' to env".
+local ENV_GUESSES = set_of({ "get", "getenv", "has", "lookup", "read", "fetch", "keys", "list", "all", "value" })
+
+-- The message for env.NAME when the configuration does not grant NAME to
+-- the skill (skill: its id, or nil when not known yet), the same at run
+-- time and in `moonloop check`. how "test": the skill runs in `moonloop
+-- test`, where the test's env is what is granted.
+function M.env_not_granted(name, skill, how)
+  name = tostring(name)
+  if ENV_GUESSES[name] then return M.unknown("env", name) end
+  if how == "test" then
+    return ("env.%s is not granted to this skill in this test: give it with test.skill(path, { env = { %s = \"...\" } }) "
+      .. "or c:env{ %s = \"...\" } (the engine grants it with env or skill_env in moonloop.conf.lua)"):format(name,
+      name, name)
+  end
+  return ("env.%s is not granted to this skill: add \"%s\" to env = {...} in moonloop.conf.lua (every skill), "
+    .. "or to skill_env = { [\"%s\"] = { \"%s\" } } (this skill only)"):format(name, name, skill or "SKILL-ID", name)
+end
+
 -- Export -------------------------------------------------------------------------------
 
 -- The tables as plain data (`moonloop check --api --json`): lists only,

@@ -21,7 +21,9 @@
 --     given to step.run or step.parallel);
 --   - I/O (http, llm, runs, skills) called in the run function itself,
 --     outside any step body;
---   - a module function called with ':' (http:get(u)).
+--   - a module function called with ':' (http:get(u));
+--   - (in the loader, which knows the configuration) env.NAME of a name
+--     the configuration does not grant to the skill.
 -- Warnings (the file loads): code in the run function, outside step bodies,
 -- that is not deterministic: os.time(), os.clock(), os.date() of now,
 -- math.random(), and time.now() (the time of the last step there).
@@ -58,7 +60,7 @@ local CLOCK = { time = true, date = true, clock = true }
 --   runs     set of the Function nodes that are run or on_failure
 --   globals  names assigned as globals somewhere (then not the modules)
 local function new_checker()
-  return { scopes = { {} }, errors = {}, warnings = {}, runs = {}, globals = {} }
+  return { scopes = { {} }, errors = {}, warnings = {}, runs = {}, globals = {}, env_reads = {} }
 end
 
 local function report(list, node, msg)
@@ -271,6 +273,8 @@ function expr(C, node)
     else
       local mod = k and module_of(C, node[1])
       if mod and api.func[mod] and mod ~= "env" and not api.func[mod][k] then err(C, node, api.unknown(mod, k)) end
+      -- env.NAME: checked against the configuration by the loader, which knows it.
+      if mod == "env" then C.env_reads[#C.env_reads + 1] = { line = node.line or 0, name = k } end
     end
     expr(C, node[1])
     expr(C, node[2])
@@ -453,18 +457,20 @@ end
 local function by_line(a, b) return a.line < b.line end
 
 -- Check src: returns the errors and the warnings, each a list of
--- {line=, message=} sorted by line; both empty when the parser cannot
--- read src.
+-- {line=, message=} sorted by line, and the literal env.NAME reads,
+-- {line=, name=} by line (the loader checks them against the
+-- configuration); all empty when the parser cannot read src.
 function M.check(src)
   local ok, ast = pcall(parser.parse, setmetatable({ s = src }, Chars))
-  if not ok or type(ast) ~= "table" then return {}, {} end
+  if not ok or type(ast) ~= "table" then return {}, {}, {} end
   local C = new_checker()
   find_globals(C, ast)
   find_runs(C, ast)
   block(C, ast)
   sort(C.errors, by_line)
   sort(C.warnings, by_line)
-  return C.errors, C.warnings
+  sort(C.env_reads, function(a, b) return a.line < b.line or (a.line == b.line and a.name < b.name) end)
+  return C.errors, C.warnings, C.env_reads
 end
 
 return M

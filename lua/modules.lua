@@ -396,12 +396,55 @@ local function make_skills()
   return skills
 end
 
-local function make_env(values)
-  return run.read_only(values, "env")
+-- env: the variables the configuration grants to the skill, as a
+-- read-only view. values: {NAME = value}, false for a variable that is
+-- granted but not set in the engine's environment. grant (optional):
+--   skill    the skill's id, for messages (the loader sets it once known)
+--   how      "test" in `moonloop test` (messages say how a test grants)
+--   maybe    names that may be granted once the skill's id is known (the
+--            loader's first pass: any skill_env grant): read as nil and
+--            noted in the list `pending`, for the loader to decide
+-- Reading a name that is not granted raises (fatal: a retry cannot grant
+-- it), naming the configuration key to add; a granted name that is not set
+-- reads as nil (so `env.X or default` and `if env.X then` work), and the
+-- run notes it, so that a "nil value" error it then raises says why
+-- (run.lua's normalize). pairs(env) walks the variables that are set.
+local function make_env(values, grant)
+  grant = grant or {}
+  local set = {}
+  for k, v in pairs(values) do
+    if v ~= false then set[k] = v end
+  end
+  setmetatable(set, { __index = function(_, k)
+    if values[k] == false then
+      local R = run.current()
+      if R then
+        R.unset_env = R.unset_env or {}
+        R.unset_env[k] = true
+      end
+      return nil
+    end
+    if grant.maybe and grant.maybe[k] then
+      grant.pending[#grant.pending + 1] = k
+      return nil
+    end
+    local R = run.current()
+    user_fatal(api.env_not_granted(k, R and R.cfg and R.cfg.skill or grant.skill, grant.how))
+  end })
+  return run.read_only(set, "env")
 end
 
--- The module table for one sandbox. `extra` adds modules (llm, runs, skills).
-function M.build(env_values, extra)
+-- A module's table: reading a name it does not have raises, naming the
+-- nearest function ("http.post is not a function of the http module: did
+-- you mean http.post_json?"), at the skill's line, rather than giving a nil
+-- that fails further on. Fatal: a retry would make the same mistake.
+local function strict(t, name)
+  return setmetatable(t, { __index = function(_, k) user_fatal(api.unknown(name, k)) end })
+end
+
+-- The module table for one sandbox. `extra` adds modules (llm, runs,
+-- skills); grant is make_env's.
+function M.build(env_values, extra, grant)
   local json = {}
   for k, v in pairs(core.json) do json[k] = v end
   local encode = core.json.encode
@@ -411,13 +454,16 @@ function M.build(env_values, extra)
   end
   local mods = {
     json = json, http = make_http(), log = make_log(), time = make_time(),
-    env = make_env(env_values or {}), fatal = run.fatal, llm = make_llm(),
+    env = make_env(env_values or {}, grant), fatal = run.fatal, llm = make_llm(),
     runs = make_runs(), skills = make_skills(),
   }
+  for name, t in pairs(mods) do
+    if type(t) == "table" and name ~= "env" then strict(t, name) end
+  end
   if extra then for k, v in pairs(extra) do mods[k] = v end end
   return mods
 end
 
 M.make_log = make_log
-run.shared_log = make_log()
+run.shared_log = strict(make_log(), "log") -- ctx.log
 return M

@@ -132,6 +132,37 @@ end
 local step_error_mt = M.error_mt()
 M.step_error_mt = step_error_mt
 
+-- A "nil value" error of a run that read a variable the configuration
+-- grants but the engine's environment does not set (env.X read as nil,
+-- modules.lua's make_env) says so: otherwise it reads as a typo. The
+-- variable the message names, if it names one read so, else all of them.
+local function unset_env_hint(m)
+  local R = current()
+  local names = R and R.unset_env
+  if not names or not m:find("a nil value", 1, true) or m:find("granted to this skill but not set", 1, true) then
+    return m
+  end
+  local list = {}
+  local named = m:match("'([%w_]+)' %(a nil value%)")
+  if named and names[named] then
+    list[1] = named
+  else
+    for k in pairs(names) do
+      if type(k) == "string" then list[#list + 1] = k end
+    end
+    table.sort(list)
+  end
+  if #list == 0 then return m end
+  local vars = "env." .. table.concat(list, ", env.")
+  if R.test then
+    return ("%s (%s %s granted to this skill but not set: false in the test's env)"):format(m, vars,
+      #list == 1 and "is" or "are")
+  end
+  return ("%s (%s %s granted to this skill but not set where the engine runs: set %s in the engine's "
+    .. "environment and restart it, or test it with `if env.%s then`)"):format(m, vars,
+    #list == 1 and "is" or "are", table.concat(list, ", "), list[1])
+end
+
 -- Turn any error value into {message=, traceback=, fatal=, step=}.
 local function normalize(e, tb)
   local mt = type(e) == "table" and getmetatable(e)
@@ -143,7 +174,7 @@ local function normalize(e, tb)
   end
   local m = tostring(e)
   if type(m) ~= "string" then m = "an error value that is not a string" end
-  return { message = m, traceback = tb }
+  return { message = unset_env_hint(m), traceback = tb }
 end
 
 -- Keep the skill's frames in a traceback and drop the runtime's.

@@ -166,14 +166,20 @@ function api:llm(answer)
 end
 
 -- c:event(name, data [, {after=, id=}]): an event that arrives `after` the
--- run's start, for waits and cancel_on.
+-- run's start, for waits and cancel_on. name and data may each be a
+-- function of the run ({id, input, event}), called when the run first
+-- looks for events (the driver's event_parts): an event named after the
+-- run's id ("approve." .. run.id), which the test cannot know ahead.
 function api:event(name, data, opts)
   local s = state(self)
-  if type(name) ~= "string" or name == "" then fail("c:event(name, data [, {after=, id=}]): name must be a string") end
+  if type(name) ~= "function" and (type(name) ~= "string" or name == "") then
+    fail("c:event(name, data [, {after=, id=}]): name must be an event name, or a function(run) returning one")
+  end
   if opts ~= nil and type(opts) ~= "table" then fail("c:event(name, data, opts): opts must be a table {after=, id=}") end
-  if data ~= nil and not encode(data, 0) then fail("c:event: data is not a JSON value") end
+  if data ~= nil and type(data) ~= "function" and not encode(data, 0) then fail("c:event: data is not a JSON value") end
   s.events[#s.events + 1] = { name = name, data = data, id = opts and opts.id or core.test_ulid(s.clock),
-                              after = duration_ms(opts and opts.after, "c:event: after"), taken = {} }
+                              after = duration_ms(opts and opts.after, "c:event: after"), taken = {},
+                              resolved = {} }
 end
 
 -- c:child(skill_id, output [, {after=}]): step.invoke of that skill ends
@@ -201,8 +207,10 @@ local function load_skill(s)
   local env = {}
   for k, v in pairs(suite.env) do env[k] = v end
   for k, v in pairs(s.env) do env[k] = v end
+  -- The test's env is what the configuration grants: a name it does not
+  -- give raises when the skill reads it (false: granted, not set).
   local ok, def, spec = pcall(loader.load, suite.chunk, suite.file, suite.src,
-    core.test_default_id(suite.file), env)
+    core.test_default_id(suite.file), env, nil, nil, nil, "test")
   if not ok then failf("cannot load %s: %s", suite.file, message_of(def)) end
   return def, spec
 end

@@ -147,8 +147,31 @@ do
     local st = current_st()
     if st and type(id) == "string" and type(fns) == "table" then
       local sid, copy = numbered(run.current(), id), nil
+      -- A mock of the parallel step itself gives each function's result:
+      -- a list (one per function), a function(attempt, child_id) called
+      -- for each, or c:mock_error failing each. Mocks of a child
+      -- ("fan/2") come first.
+      local whole = st.C.mocks[sid] or st.C.mocks[id]
+      if whole then
+        whole.used = true
+        if whole.kind == "value" and type(whole.value) ~= "table" then
+          failf("c:mock(%s): step '%s' is a parallel step: mock it with the list of its functions' results, "
+            .. "or mock each function as %s, %s, ...; got %s", encode(id, 0), sid, encode(sid .. "/1", 0),
+            encode(sid .. "/2", 0), report.show(whole.value))
+        end
+      end
       for i = 1, #fns do
         local m = mock_body(st, sid .. "/" .. i, id .. "/" .. i)
+        if not m and whole then
+          local part = whole
+          if whole.kind == "value" then part = { kind = "value", value = whole.value[i] } end
+          m = function()
+            local T = run.current_task()
+            if part.kind == "value" then return part.value end
+            if part.kind == "error" then error(part.fatal and run.fatal(part.message) or part.message, 0) end
+            return part.fn(T.attempt, T.in_step)
+          end
+        end
         if m then
           copy = copy or { unpack(fns) }
           copy[i] = m
@@ -243,19 +266,99 @@ local function step_rec(st, seq, id, kind)
   return s
 end
 
--- A supplied event as a wait step sees it: {name, id, data, ts}.
-local function event_object(ev)
-  return { name = ev.name, id = ev.id, data = ev.data == nil and null or ev.data, ts = rfc3339(ev.ts) }
+-- The case's mock of step sid (a numbered id: "approval#2" is mocked by
+-- "approval#2", else by "approval") when the step is not a step.run (whose
+-- mocks replace its body, above), marked used; or nil.
+local function step_mock(st, sid)
+  local m = st.C.mocks[sid] or st.C.mocks[(sid:gsub("#%d+$", ""))]
+  if m then m.used = true end
+  return m
+end
+
+-- Call f, a function of the test, from the driver: a failure (an
+-- assertion in it) goes on as the case's failure; any other error fails
+-- the case naming what called it.
+local function call_test_fn(what, f, ...)
+  local r = pack(pcall(f, ...))
+  if not r[1] then
+    if getmetatable(r[2]) == failure_mt then error(r[2], 0) end
+    failf("%s raised: %s", what, message_of(r[2]))
+  end
+  return unpack(r, 2, r.n)
+end
+
+-- The name and data of a supplied event for run st: c:event's name and
+-- data may be functions of the run ({id, input, event}), called once per
+-- run (an event named after the run's id: "approve." .. run.id).
+local function event_parts(st, ev)
+  if type(ev.name) ~= "function" and type(ev.data) ~= "function" then return ev.name, ev.data end
+  local r = ev.resolved[st.run_id]
+  if r then return r.name, r.data end
+  local input = st.input and decode(st.input)
+  local run = { id = st.run_id, input = input ~= null and input or nil, event = st.event }
+  local name, data = ev.name, ev.data
+  if type(name) == "function" then
+    name = call_test_fn("c:event: the function giving the event's name", name, run)
+    if type(name) ~= "string" or name == "" then
+      failf("c:event: the function giving the event's name returned %s, not an event name", report.show(name))
+    end
+  end
+  if type(data) == "function" then
+    data = call_test_fn("c:event: the function giving the event's data", data, run)
+    if data ~= nil and not encode(data, 0) then failf("c:event: the function giving the event's data returned a value that is not JSON") end
+  end
+  ev.resolved[st.run_id] = { name = name, data = data }
+  return name, data
+end
+
+-- A supplied event as a wait step of run st sees it: {name, id, data, ts}.
+local function event_object(st, ev)
+  local name, data = event_parts(st, ev)
+  return { name = name, id = ev.id, data = data == nil and null or data, ts = rfc3339(ev.ts) }
+end
+
+-- A wait step mocked with c:mock (m): it ends at once with the mocked
+-- event (name, id and ts filled in when the mock leaves them out), or with
+-- nil at its timeout (at once when it has none), as if it timed out.
+local function mock_wait(st, co, s, m, id, name, timeout_at)
+  if m.kind == "error" then
+    failf("c:mock_error(%s): step '%s' waits for an event, which does not fail: mock it with the event it gets, "
+      .. "c:mock(%s, { data = {...} }), or with nil for its timeout", encode(id, 0), id, encode(id, 0))
+  end
+  local v = m.value
+  if m.kind == "fn" then v = call_test_fn(("the mock of step '%s'"):format(id), m.fn, 1, id) end
+  if v ~= nil and v ~= null and type(v) ~= "table" then
+    failf("c:mock(%s): step '%s' waits for an event: mock it with the event, a table such as { data = {...} }, "
+      .. "or with nil for its timeout; got %s", encode(id, 0), id, report.show(v))
+  end
+  if v == nil or v == null then
+    push(st, co, timeout_at > 0 and max(clock, timeout_at) or clock, nil, function()
+      s.status, s.output, s.ended_at, s.wake_at = "completed", "null", clock, nil
+      return nil, clock
+    end)
+    return
+  end
+  local ev = {}
+  for k, x in pairs(v) do ev[k] = x end
+  ev.name = ev.name == nil and name or ev.name
+  ev.id = ev.id == nil and core.test_ulid(clock) or ev.id
+  ev.ts = ev.ts == nil and rfc3339(clock) or ev.ts
+  ev.data = ev.data == nil and null or ev.data
+  local js = encode(ev, 0)
+  if not js then failf("c:mock(%s): the event is not a JSON value", encode(id, 0)) end
+  push(st, co, clock, nil, function()
+    s.status, s.output, s.ended_at, s.wake_at = "completed", js, clock, nil
+    return js, clock
+  end)
 end
 
 -- The first supplied event for a wait of this run: name, time, match.
 local function find_event(st, name, path, value, upto)
   local best
   for _, ev in ipairs(st.C.events) do
-    if ev.name == name and not ev.taken[st.run_id] and ev.ts >= st.started
-      and (upto == 0 or ev.ts <= upto)
-      and (not path or json_at(event_object(ev), path) == value)
-      and (not best or ev.ts < best.ts) then
+    if not ev.taken[st.run_id] and ev.ts >= st.started and (upto == 0 or ev.ts <= upto)
+      and (not best or ev.ts < best.ts) and event_parts(st, ev) == name
+      and (not path or json_at(event_object(st, ev), path) == value) then
       best = ev
     end
   end
@@ -270,11 +373,11 @@ local function find_cancel(st, upto)
   for _, ev in ipairs(st.C.events) do
     if ev.ts >= st.started and ev.ts <= upto and (not best or ev.ts < best.ts) then
       for _, c in ipairs(list) do
-        if c.event == ev.name then
+        if c.event == event_parts(st, ev) then
           local ok = true
           if c.match then
             local path = c.match:gsub("^event%.", "")
-            ok = json_at(event_object(ev), path) == json_at(st.event, path)
+            ok = json_at(event_object(st, ev), path) == json_at(st.event, path)
           end
           if ok then best = ev break end
         end
@@ -368,6 +471,14 @@ local function handle_invoke(st, co, seq, id, skill, data, timeout_at, started)
   if input == null then input = nil end
   st.invoked[#st.invoked + 1] = { skill = skill, data = input, step = id }
   local m = st.C.children[skill]
+  -- c:mock of the step itself: its value is the child's output (a
+  -- function: called with 1, the step id), c:mock_error a failed child.
+  local sm = step_mock(st, id)
+  if sm then
+    if sm.kind == "value" then m = { n = 0, value = sm.value }
+    elseif sm.kind == "error" then m = { n = 0, error = sm.message }
+    else m = { n = 0, fn = function() return sm.fn(1, id) end } end
+  end
   if not m then
     local msg = ("child skill '%s' is not mocked in this test: add c:child(%s, output)"):format(skill, encode(skill, 0))
     s.status, s.error, s.ended_at = "failed", msg, clock
@@ -432,6 +543,10 @@ local function handle_op(st, co, r)
   elseif op == OP.HTTP then
     handle_http(st, co, T, r[3])
   elseif op == OP.SLEEP then
+    if step_mock(st, r[4]) then
+      failf("c:mock(%s): step '%s' is a sleep: sleeps pass at once on the virtual clock, so there is nothing "
+        .. "to mock (remove the mock; c:step(%s).duration is how long it slept)", encode(r[4], 0), r[4], encode(r[4], 0))
+    end
     local s = step_rec(st, r[3], r[4], "sleep")
     s.status, s.started_at, s.wake_at, s.attempts = "sleeping", r[6], r[5], 1
     push(st, co, max(clock, r[5]), nil, function()
@@ -443,11 +558,13 @@ local function handle_op(st, co, r)
     local s = step_rec(st, seq, id, "wait")
     s.status, s.started_at, s.attempts = "waiting", started, 1
     s.wake_at = timeout_at > 0 and timeout_at or nil
+    local m = step_mock(st, id)
+    if m then return mock_wait(st, co, s, m, id, name, timeout_at) end
     local ev = find_event(st, name, path, value, timeout_at)
     if ev then
       ev.taken[st.run_id] = true
       push(st, co, max(clock, ev.ts), nil, function()
-        local js = encode(event_object(ev), 0)
+        local js = encode(event_object(st, ev), 0)
         s.status, s.output, s.ended_at, s.wake_at = "completed", js, clock, nil
         return js, clock
       end)
@@ -463,6 +580,10 @@ local function handle_op(st, co, r)
   elseif op == OP.INVOKE then
     handle_invoke(st, co, r[3], r[4], r[5], r[6], r[7], r[8])
   elseif op == OP.SEND then
+    if step_mock(st, r[4]) then
+      failf("c:mock(%s): step '%s' sends events: in a test they are recorded, not sent, so there is nothing "
+        .. "to mock (remove the mock; c:sent() lists them, and a wait of the run can take them)", encode(r[4], 0), r[4])
+    end
     local s = step_rec(st, r[3], r[4], "send")
     local list, ids = decode(r[5]), {}
     for i, ev in ipairs(list) do

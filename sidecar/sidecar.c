@@ -7,6 +7,7 @@
 ** version still comes from the file that let go of it.
 */
 #include "sidecar/sidecar.h"
+#include "base/mem.h"
 #include "sidecar/watcher.h"
 
 #include <cJSON.h>
@@ -41,8 +42,7 @@ static int submit(void *ud, const struct watcher_op *op, void *token, err_t *e) 
 int sidecar_start(struct engine *en, const char *workspace,
                   void (*on_ready)(void *arg, int loaded, int rejected), void *arg,
                   sidecar_t **out, err_t *e) {
-  struct sidecar *sc = calloc(1, sizeof *sc);
-  if (!sc) return err_set(e, ERR_NOMEM, "out of memory");
+  struct sidecar *sc = mem_calloc(1, sizeof *sc);
   sc->en = en;
   /* The registry's skills that came from this workspace: files deleted
   ** while no engine ran are unregistered by the first batch. */
@@ -50,7 +50,7 @@ int sidecar_start(struct engine *en, const char *workspace,
   err_t le;
   if (store_list_skills(en->store, &all, &le)) all = NULL;
   int n = cJSON_GetArraySize(all);
-  struct watcher_known *known = calloc((size_t)n + 1, sizeof *known);
+  struct watcher_known *known = mem_calloc((size_t)n + 1, sizeof *known);
   size_t nk = 0;
   const cJSON *k;
   cJSON_ArrayForEach(k, all) {

@@ -11,6 +11,7 @@
 ** ends.
 */
 #include "sidecar/standalone.h"
+#include "base/mem.h"
 #include "core/engine.h"
 #include "core/httpc.h"
 #include "core/remote.h"
@@ -49,8 +50,7 @@ struct standalone {
 static char *pct(const char *s, int keep_slash) {
   static const char hex[] = "0123456789ABCDEF";
   size_t n = strlen(s);
-  char *o = malloc(n * 3 + 1), *p = o;
-  if (!o) return NULL;
+  char *o = mem_alloc(n * 3 + 1), *p = o;
   for (; *s; s++) {
     unsigned char c = (unsigned char)*s;
     if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
@@ -125,25 +125,20 @@ static void pump(struct standalone *sa) {
     const struct watcher_op *op = sa->head->op;
     const char *id = op->id ? op->id : op->fallback_id;
     char *eid = pct(id ? id : "", 0), *efile = pct(op->path, 1);
-    size_t ul = strlen(sa->base) + (eid ? strlen(eid) : 0) + (efile ? strlen(efile) : 0) + 32;
-    char *url = malloc(ul);
+    size_t ul = strlen(sa->base) + strlen(eid) + strlen(efile) + 32;
+    char *url = mem_alloc(ul);
     err_t e = {0};
-    int rc = ERR_NOMEM;
-    if (eid && efile && url) {
-      snprintf(url, ul, "%s/v1/skills/%s?file=%s", sa->base, eid, efile);
-      const char *hdrs[4] = {"Accept: application/json", NULL, NULL, NULL};
-      int nh = 1;
-      if (op->kind == WATCHER_LOAD) hdrs[nh++] = "Content-Type: text/x-lua; charset=utf-8";
-      if (sa->auth) hdrs[nh++] = sa->auth;
-      struct httpc_req req = {
-        .method = op->kind == WATCHER_LOAD ? "PUT" : "DELETE", .url = url, .headers = hdrs,
-        .body = op->kind == WATCHER_LOAD ? op->source : NULL,
-        .body_len = op->kind == WATCHER_LOAD ? op->len : 0, .timeout_ms = REQUEST_TIMEOUT_MS,
-      };
-      rc = httpc_start(sa->http, &req, on_answer, sa, NULL, &e);
-    } else {
-      err_set(&e, ERR_NOMEM, "out of memory");
-    }
+    snprintf(url, ul, "%s/v1/skills/%s?file=%s", sa->base, eid, efile);
+    const char *hdrs[4] = {"Accept: application/json", NULL, NULL, NULL};
+    int nh = 1;
+    if (op->kind == WATCHER_LOAD) hdrs[nh++] = "Content-Type: text/x-lua; charset=utf-8";
+    if (sa->auth) hdrs[nh++] = sa->auth;
+    struct httpc_req req = {
+      .method = op->kind == WATCHER_LOAD ? "PUT" : "DELETE", .url = url, .headers = hdrs,
+      .body = op->kind == WATCHER_LOAD ? op->source : NULL,
+      .body_len = op->kind == WATCHER_LOAD ? op->len : 0, .timeout_ms = REQUEST_TIMEOUT_MS,
+    };
+    int rc = httpc_start(sa->http, &req, on_answer, sa, NULL, &e);
     free(eid), free(efile), free(url);
     if (rc == 0) {
       sa->busy = 1;
@@ -163,8 +158,8 @@ static void pump(struct standalone *sa) {
 /* The watcher's sink: queue the op. */
 static int submit(void *ud, const struct watcher_op *op, void *token, err_t *e) {
   struct standalone *sa = ud;
-  struct queued *q = calloc(1, sizeof *q);
-  if (!q) return err_set(e, ERR_NOMEM, "out of memory");
+  (void)e; /* queueing cannot fail */
+  struct queued *q = mem_calloc(1, sizeof *q);
   q->op = op;
   q->token = token;
   if (sa->tail) sa->tail->next = q;
@@ -208,8 +203,7 @@ static char *file_prefix(const char *root) {
   while (root[0] == '.' && root[1] == '/') root += 2;
   if (root[0] != '/' && !getcwd(cwd, sizeof cwd)) cwd[0] = 0;
   size_t n = strlen(host) + strlen(cwd) + strlen(root) + 8;
-  char *p = malloc(n);
-  if (!p) return NULL;
+  char *p = mem_alloc(n);
   if (root[0] == '/') snprintf(p, n, "//%s%s", host, root);
   else if (!strcmp(root, ".")) snprintf(p, n, "//%s%s", host, cwd);
   else snprintf(p, n, "//%s%s/%s", host, cwd, root);
@@ -231,11 +225,11 @@ int standalone_run(const struct config *cfg, err_t *e) {
                    "http://127.0.0.1:8288, got '%s'", server ? server : "");
   if (!cfg->workspace || !*cfg->workspace)
     return err_set(e, ERR_INVALID, "--workspace must name the folder to watch");
-  sa.base = strdup(server);
+  sa.base = mem_strdup(server);
   size_t bl = strlen(sa.base);
   while (bl && sa.base[bl - 1] == '/') sa.base[--bl] = 0;
   const char *tok = cfg->token_env ? getenv(cfg->token_env) : NULL;
-  if (tok && *tok && asprintf(&sa.auth, "Authorization: Bearer %s", tok) < 0) sa.auth = NULL;
+  if (tok && *tok) sa.auth = mem_printf("Authorization: Bearer %s", tok);
   char *prefix = file_prefix(cfg->workspace);
 
   /* What the engine holds from this workspace already (files deleted
@@ -248,7 +242,7 @@ int standalone_run(const struct config *cfg, err_t *e) {
     return e->code;
   }
   const cJSON *skills = cJSON_GetObjectItemCaseSensitive(ans, "skills"), *k;
-  struct watcher_known *known = calloc((size_t)cJSON_GetArraySize(skills) + 1, sizeof *known);
+  struct watcher_known *known = mem_calloc((size_t)cJSON_GetArraySize(skills) + 1, sizeof *known);
   size_t nk = 0;
   cJSON_ArrayForEach(k, skills) {
     const cJSON *id = cJSON_GetObjectItem(k, "id"), *f = cJSON_GetObjectItem(k, "file"),

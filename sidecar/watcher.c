@@ -10,6 +10,7 @@
 ** end arms it); a stale id is listed once per (id, path).
 */
 #include "sidecar/watcher_int.h"
+#include "base/mem.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -17,8 +18,7 @@
 /* See watcher_int.h. */
 char *watcher__join(const char *a, const char *b) {
   size_t la = strlen(a), lb = strlen(b);
-  char *p = malloc(la + lb + 2);
-  if (!p) return NULL;
+  char *p = mem_alloc(la + lb + 2);
   if (la) {
     memcpy(p, a, la);
     p[la] = '/';
@@ -31,7 +31,7 @@ char *watcher__join(const char *a, const char *b) {
 
 /* See watcher_int.h. */
 char *watcher__local_path(const watcher_t *w, const char *rel) {
-  return *rel ? watcher__join(w->root, rel) : strdup(w->root);
+  return *rel ? watcher__join(w->root, rel) : mem_strdup(w->root);
 }
 
 /* See watcher.h. */
@@ -62,21 +62,13 @@ struct wfile *watcher__add_file(watcher_t *w, const char *rel) {
   struct wfile *f = watcher__find_file(w, rel);
   if (f) return f;
   if (w->nfiles == w->capfiles) {
-    size_t cap = w->capfiles ? w->capfiles * 2 : 64;
-    struct wfile **p = realloc(w->files, cap * sizeof *p);
-    if (!p) return NULL;
-    w->files = p;
-    w->capfiles = cap;
+    w->capfiles = w->capfiles ? w->capfiles * 2 : 64;
+    w->files = mem_realloc(w->files, w->capfiles * sizeof *w->files);
   }
-  f = calloc(1, sizeof *f);
-  if (!f) return NULL;
-  f->rel = strdup(rel);
+  f = mem_calloc(1, sizeof *f);
+  f->rel = mem_strdup(rel);
   size_t lp = strlen(w->prefix), lr = strlen(rel);
-  f->path = malloc(lp + lr + 1);
-  if (!f->rel || !f->path) {
-    free(f->rel), free(f->path), free(f);
-    return NULL;
-  }
+  f->path = mem_alloc(lp + lr + 1);
   memcpy(f->path, w->prefix, lp);
   memcpy(f->path + lp, rel, lr + 1);
   f->gen = w->gen;
@@ -113,11 +105,9 @@ void watcher__touch(watcher_t *w, struct wfile *f, int64_t delay, int extend) {
 void watcher__push_stale(watcher_t *w, const char *id, const char *path) {
   for (struct stale *s = w->stale; s; s = s->next)
     if (!strcmp(s->id, id) && !strcmp(s->path, path)) return;
-  struct stale *s = calloc(1, sizeof *s);
-  if (!s || !(s->id = strdup(id)) || !(s->path = strdup(path))) {
-    if (s) free(s->id), free(s);
-    return;
-  }
+  struct stale *s = mem_calloc(1, sizeof *s);
+  s->id = mem_strdup(id);
+  s->path = mem_strdup(path);
   s->next = w->stale;
   w->stale = s;
   watcher__arm_due(w);
@@ -129,25 +119,18 @@ void watcher__push_stale(watcher_t *w, const char *id, const char *path) {
 int watcher_start(const struct watcher_opts *o, watcher_t **out, err_t *e) {
   if (!o->loop || !o->root || !*o->root || !o->sink.submit)
     return err_set(e, ERR_INVALID, "watcher: a loop, a folder and a registry are needed");
-  watcher_t *w = calloc(1, sizeof *w);
-  if (!w) return err_set(e, ERR_NOMEM, "out of memory");
+  watcher_t *w = mem_calloc(1, sizeof *w);
   w->o = *o;
-  w->root = strdup(o->root);
-  if (w->root) {
-    size_t n = strlen(w->root);
-    while (n > 1 && w->root[n - 1] == '/') w->root[--n] = 0;
-  }
+  w->root = mem_strdup(o->root);
+  size_t n = strlen(w->root);
+  while (n > 1 && w->root[n - 1] == '/') w->root[--n] = 0;
   /* watcher__join(root, "") is "root/": registered names as `serve` always made them. */
-  w->prefix = o->prefix ? strdup(o->prefix) : w->root ? watcher__join(w->root, "") : NULL;
-  w->log_prefix = strdup(o->log_prefix ? o->log_prefix : "");
+  w->prefix = o->prefix ? mem_strdup(o->prefix) : watcher__join(w->root, "");
+  w->log_prefix = mem_strdup(o->log_prefix ? o->log_prefix : "");
   if (!o->status_log) w->o.status_log = o->log;
-  w->status_prefix = strdup(o->status_log && o->status_prefix ? o->status_prefix
-                            : o->status_log ? "" : w->log_prefix ? w->log_prefix : "");
+  w->status_prefix = mem_strdup(o->status_log && o->status_prefix ? o->status_prefix
+                            : o->status_log ? "" : w->log_prefix);
   w->root_state = -1;
-  if (!w->root || !w->prefix || !w->log_prefix || !w->status_prefix) {
-    watcher_free(w);
-    return err_set(e, ERR_NOMEM, "out of memory");
-  }
   uv_timer_init(o->loop, &w->due_timer);
   uv_timer_init(o->loop, &w->scan_timer);
   w->due_timer.data = w->scan_timer.data = w;
@@ -159,8 +142,8 @@ int watcher_start(const struct watcher_opts *o, watcher_t **out, err_t *e) {
     const struct watcher_known *k = &o->known[i];
     if (!k->id || !k->path || strncmp(k->path, w->prefix, lp) || !k->path[lp]) continue;
     struct wfile *f = watcher__add_file(w, k->path + lp);
-    if (f && !f->id) f->id = strdup(k->id);
-    else if (f) watcher__push_stale(w, k->id, k->path);
+    if (!f->id) f->id = mem_strdup(k->id);
+    else watcher__push_stale(w, k->id, k->path);
   }
   w->o.known = NULL;
   w->o.nknown = 0;

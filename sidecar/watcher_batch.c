@@ -11,6 +11,7 @@
 ** flight; a failed submit is answered at once through handle().
 */
 #include "base/ids.h"
+#include "base/mem.h"
 #include "base/term.h"
 #include "sidecar/watcher_int.h"
 
@@ -30,7 +31,7 @@
 #define BATCH_SLACK_MS 20
 
 /* strdup that passes NULL through. */
-static char *dupstr(const char *s) { return s ? strdup(s) : NULL; }
+static char *dupstr(const char *s) { return s ? mem_strdup(s) : NULL; }
 
 /* ---- the log ------------------------------------------------------------ */
 
@@ -43,11 +44,10 @@ static void log_line(watcher_t *w, const char *word, const char *rel, const char
   if (!w->o.log) return;
   va_list ap;
   va_start(ap, fmt);
-  char *text = NULL;
-  if (vasprintf(&text, fmt, ap) < 0) text = NULL;
+  char *text = mem_vprintf(fmt, ap);
   va_end(ap);
   term_printf(w->o.log, "%s%-8s  %s: %s\n", w->log_prefix, word, w->o.log_rel ? rel : path,
-              text ? text : "out of memory");
+              text);
   free(text);
   fflush(w->o.log);
 }
@@ -105,17 +105,11 @@ static int read_whole(const char *path, char **src, size_t *len, struct wstat *w
     return -2;
   }
   size_t cap = (size_t)a.st_size + 1, n = 0;
-  char *buf = malloc(cap);
-  if (!buf) {
-    close(fd);
-    return 1;
-  }
+  char *buf = mem_alloc(cap);
   for (;;) {
     if (n + 1 >= cap) {
       if (cap > MAX_SOURCE) break;
-      char *p = realloc(buf, cap * 2);
-      if (!p) break;
-      buf = p;
+      buf = mem_realloc(buf, cap * 2);
       cap *= 2;
     }
     ssize_t got = read(fd, buf + n, cap - n - 1);
@@ -165,7 +159,7 @@ static int look(watcher_t *w, struct wfile *f, struct wop *loads, size_t *nloads
     f->have_st = 0;
     if (!f->id) return -1;
     op->op.kind = WATCHER_UNLOAD;
-    op->id = strdup(f->id);
+    op->id = mem_strdup(f->id);
     op->f = f;
     return 1;
   }
@@ -217,7 +211,7 @@ static int look(watcher_t *w, struct wfile *f, struct wop *loads, size_t *nloads
   skills_default_id(f->rel, dflt, sizeof dflt);
   op->op.kind = WATCHER_LOAD;
   op->id = dupstr(id);
-  op->fallback = strdup(f->id ? f->id : dflt);
+  op->fallback = mem_strdup(f->id ? f->id : dflt);
   op->source = src;
   op->op.len = len;
   memcpy(op->version, version, sizeof op->version);
@@ -246,12 +240,7 @@ static void build_batch(watcher_t *w) {
   size_t nstale = 0;
   for (struct stale *s = w->stale; s; s = s->next) nstale++;
   size_t cap = nstale + w->nfiles;
-  struct wop *unloads = calloc(cap + 1, sizeof *unloads), *loads = calloc(cap + 1, sizeof *loads);
-  if (!unloads || !loads) {
-    free(unloads), free(loads);
-    uv_timer_start(&w->due_timer, watcher__on_due, RETRY_MIN_MS, 0);
-    return;
-  }
+  struct wop *unloads = mem_calloc(cap + 1, sizeof *unloads), *loads = mem_calloc(cap + 1, sizeof *loads);
   size_t nu = 0, nl = 0;
   while (w->stale) {
     struct stale *s = w->stale;
@@ -262,7 +251,7 @@ static void build_batch(watcher_t *w) {
     op->path = s->path;
     const char *rel = s->path;
     if (!strncmp(rel, w->prefix, strlen(w->prefix))) rel += strlen(w->prefix);
-    op->rel = strdup(rel);
+    op->rel = mem_strdup(rel);
     free(s);
   }
   for (size_t i = 0; i < w->nfiles;) {
@@ -280,8 +269,8 @@ static void build_batch(watcher_t *w) {
     }
     i++;
     if (rc == 0) continue;
-    tmp.path = strdup(f->path);
-    tmp.rel = strdup(f->rel);
+    tmp.path = mem_strdup(f->path);
+    tmp.rel = mem_strdup(f->rel);
     f->busy = 1;
     if (tmp.op.kind == WATCHER_UNLOAD) unloads[nu++] = tmp;
     else loads[nl++] = tmp;
@@ -332,7 +321,7 @@ static void handle(struct wop *op, const struct watcher_result *r) {
       const char *id = r->id ? r->id : op->id ? op->id : op->fallback;
       if (f->id && strcmp(f->id, id)) watcher__push_stale(w, f->id, f->path);
       free(f->id);
-      f->id = strdup(id);
+      f->id = mem_strdup(id);
       memcpy(f->version, op->version, sizeof f->version);
       f->conflict = 0;
       f->retries = 0;

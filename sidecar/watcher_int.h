@@ -138,7 +138,7 @@ char *watcher__local_path(const watcher_t *w, const char *rel);
 /* The record of rel, or NULL. */
 struct wfile *watcher__find_file(watcher_t *w, const char *rel);
 
-/* The record of rel, made when missing; NULL when out of memory. */
+/* The record of rel, made when missing. */
 struct wfile *watcher__add_file(watcher_t *w, const char *rel);
 
 /* Drop a record (not busy): the last record takes its place in the table. */

@@ -9,6 +9,7 @@
 ** watch remembers its folder's inode, so a folder removed and recreated
 ** gets a new watch; a file is only marked due here (the batch reads it).
 */
+#include "base/mem.h"
 #include "base/term.h"
 #include "sidecar/watcher_int.h"
 
@@ -29,11 +30,10 @@ __attribute__((format(printf, 2, 3))) static void status_line(watcher_t *w, cons
   if (!w->o.status_log) return;
   va_list ap;
   va_start(ap, fmt);
-  char *text = NULL;
-  if (vasprintf(&text, fmt, ap) < 0) text = NULL;
+  char *text = mem_vprintf(fmt, ap);
   va_end(ap);
   /* The folder's name is the operator's, but escaped like every line. */
-  term_printf(w->o.status_log, "%s%s\n", w->status_prefix, text ? text : "out of memory");
+  term_printf(w->o.status_log, "%s%s\n", w->status_prefix, text);
   free(text);
   fflush(w->o.status_log);
 }
@@ -81,13 +81,9 @@ static int watch_dir(watcher_t *w, const char *rel, const struct stat *st) {
     w->dirs_full_logged = 1;
     return -1;
   }
-  d = calloc(1, sizeof *d);
+  d = mem_calloc(1, sizeof *d);
   char *path = watcher__local_path(w, rel);
-  if (!d || !path || !(d->rel = strdup(rel))) {
-    if (d) free(d->rel);
-    free(d), free(path);
-    return -1;
-  }
+  d->rel = mem_strdup(rel);
   d->w = w;
   d->dev = st->st_dev;
   d->ino = st->st_ino;
@@ -111,7 +107,7 @@ static int watch_dir(watcher_t *w, const char *rel, const struct stat *st) {
 static void file_seen(watcher_t *w, const char *rel, const struct stat *st, int64_t delay) {
   struct wfile *f = watcher__find_file(w, rel);
   int fresh = !f;
-  if (!f && !(f = watcher__add_file(w, rel))) return;
+  if (!f) f = watcher__add_file(w, rel);
   f->gen = w->gen;
   struct wstat ws;
   watcher__wstat_of(st, &ws);
@@ -122,7 +118,7 @@ static void file_seen(watcher_t *w, const char *rel, const struct stat *st, int6
 /* Scan the folder rel: watch its subfolders, note its skill files. */
 static void scan_dir(watcher_t *w, const char *rel, int depth, int64_t delay) {
   char *path = watcher__local_path(w, rel);
-  DIR *dir = path ? opendir(path) : NULL;
+  DIR *dir = opendir(path);
   free(path);
   if (!dir) return;
   struct dirent *de;
@@ -130,9 +126,9 @@ static void scan_dir(watcher_t *w, const char *rel, int depth, int64_t delay) {
     const char *name = de->d_name;
     if (name[0] == '.') continue; /* ., .., dotfiles and dot-folders */
     char *child = watcher__join(rel, name);
-    char *cpath = child ? watcher__local_path(w, child) : NULL;
+    char *cpath = watcher__local_path(w, child);
     struct stat st;
-    if (cpath && lstat(cpath, &st) == 0) {
+    if (lstat(cpath, &st) == 0) {
       if (S_ISDIR(st.st_mode)) {
         /* Symbolic links to folders are not followed: no cycles. A folder
         ** that cannot be watched (too many) is still scanned. */
@@ -216,16 +212,10 @@ static void on_event(uv_fs_event_t *h, const char *filename, int events, int sta
     return;
   }
   char *rel = watcher__join(d->rel, filename);
-  char *path = rel ? watcher__local_path(w, rel) : NULL;
-  if (!path) {
-    free(rel);
-    watcher__want_scan(w, 10);
-    return;
-  }
+  char *path = watcher__local_path(w, rel);
   struct stat st;
   if (watcher_counts(filename)) {
-    struct wfile *f = watcher__add_file(w, rel);
-    if (f) watcher__touch(w, f, WATCHER_DEBOUNCE_MS, 1);
+    watcher__touch(w, watcher__add_file(w, rel), WATCHER_DEBOUNCE_MS, 1);
   } else if (filename[0] != '.' && strchr(filename, '/') == NULL) {
     if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
       int depth = 1;

@@ -6,7 +6,8 @@
 --
 -- Configuration (env): METRICS_URL; HEALTH_CRON (default every 30 minutes);
 -- TRIAGE_COOLDOWN: how long after a triage a service is not triaged again
--- (default "2h"). The thresholds below are what the review loop tunes.
+-- (default "2h"). The configuration grants all of them (an optional one
+-- may be left unset: it reads as nil). The thresholds below are what the review loop tunes.
 
 local THRESHOLDS = {
   error_rate = 0.05,  -- share of requests that fail

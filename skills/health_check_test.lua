@@ -1,6 +1,9 @@
 -- health_check_test.lua: tests of health_check.lua (run: moonloop test skills/).
 -- Metrics shapes follow tests/lib/standins.py; see docs/testing.md for the test API.
-local t = test.skill("health_check.lua", { env = { METRICS_URL = "http://metrics.test" } })
+-- HEALTH_CRON and TRIAGE_COOLDOWN are granted but not set (false): the skill's defaults.
+local t = test.skill("health_check.lua", { env = {
+  METRICS_URL = "http://metrics.test", HEALTH_CRON = false, TRIAGE_COOLDOWN = false,
+} })
 
 local function svc(name, over)
   local s = { name = name, error_rate = 0.004, latency_ms = 120, memory = 0.61, cpu = 0.42 }

@@ -6,7 +6,8 @@
 -- tells the ops channel.
 --
 -- Configuration (env): METRICS_URL, DEPLOYS_URL, CHAT_WEBHOOK, OPS_WEBHOOK;
--- TRIAGE_BACKOFF: the first retry's delay (default "2s").
+-- TRIAGE_BACKOFF: the first retry's delay (default "2s"), granted like the
+-- others (left unset, it reads as nil).
 
 local SEVERITIES = { low = true, medium = true, high = true, critical = true }
 

@@ -3,6 +3,7 @@
 local t = test.skill("incident_triage.lua", { env = {
   METRICS_URL = "http://metrics.test", DEPLOYS_URL = "http://deploys.test",
   CHAT_WEBHOOK = "http://chat.test/hook", OPS_WEBHOOK = "http://ops.test/hook",
+  TRIAGE_BACKOFF = false, -- granted, not set: the default backoff
 } })
 
 local INPUT = { service = "checkout", health = "degraded", reasons = { "checkout: latency_ms 1850 over 500" } }

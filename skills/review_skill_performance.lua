@@ -5,7 +5,8 @@
 -- health check's thresholds or classification should change. If so, it
 -- invokes update-skill, which rewrites the skill and deploys it.
 --
--- Configuration (env): OUTCOMES_URL; REVIEW_CRON (default Mondays at 09:00).
+-- Configuration (env): OUTCOMES_URL; REVIEW_CRON (default Mondays at 09:00),
+-- granted like the other (left unset, it reads as nil).
 
 -- The skills this review may have rewritten: whatever the LLM names, no other.
 local TUNABLE = { ["health-check"] = true }

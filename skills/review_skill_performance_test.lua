@@ -1,7 +1,9 @@
 -- review_skill_performance_test.lua: tests of review_skill_performance.lua
 -- (run: moonloop test skills/). runs.list cannot be mocked in skill tests,
 -- so "triage-stats" is mocked; the rest runs against mocked HTTP and LLM.
-local t = test.skill("review_skill_performance.lua", { env = { OUTCOMES_URL = "http://outcomes.test" } })
+local t = test.skill("review_skill_performance.lua", {
+  env = { OUTCOMES_URL = "http://outcomes.test", REVIEW_CRON = false }, -- REVIEW_CRON granted, not set
+})
 
 local STATS = { total = 9, completed = 8, failed = 1, success_rate = 8 / 9, avg_duration_s = 42.5 }
 local OUTCOMES = { incidents = 9, confirmed = 3, false_positives = 5, acted_on = 2,

@@ -1,6 +1,7 @@
 /*
 ** buf.h: a growable byte buffer, always NUL-terminated. Used to build text
 ** (JSON, tables for the terminal, SQL lists) without fixed-size arrays.
+** Growing it cannot fail: it allocates through base/mem.h.
 */
 #ifndef ML_BUF_H
 #define ML_BUF_H
@@ -16,27 +17,29 @@ typedef struct buf {
 #define BUF_INIT {NULL, 0, 0}
 
 /* Make room for n more bytes at once (a caller that knows about how much
-** it writes saves the doublings); returns 0 or ERR_NOMEM. */
-int buf_reserve(buf_t *b, size_t n);
-/* Append n bytes; returns 0 or ERR_NOMEM. Inline while there is room:
-** JSON answers are written a few bytes at a time. */
-int buf__add_grow(buf_t *b, const void *s, size_t n);
-static inline int buf_add(buf_t *b, const void *s, size_t n) {
-  if (b->len + n + 1 > b->cap) return buf__add_grow(b, s, n);
+** it writes saves the doublings). */
+void buf_reserve(buf_t *b, size_t n);
+/* Append n bytes. Inline while there is room: JSON answers are written a
+** few bytes at a time. */
+void buf__add_grow(buf_t *b, const void *s, size_t n);
+static inline void buf_add(buf_t *b, const void *s, size_t n) {
+  if (b->len + n + 1 > b->cap) {
+    buf__add_grow(b, s, n);
+    return;
+  }
   memcpy(b->p + b->len, s, n);
   b->len += n;
   b->p[b->len] = 0;
-  return 0;
 }
 /* Append a string literal (its length known at compile time). */
 #define BUF_LIT(b, lit) buf_add((b), (lit), sizeof(lit) - 1)
 /* Append a NUL-terminated string. */
-int buf_puts(buf_t *b, const char *s);
+void buf_puts(buf_t *b, const char *s);
 /* Append printf-style formatted text. */
-int buf_printf(buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void buf_printf(buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Contents as a C string ("" while empty); stays owned by b. */
 const char *buf_str(const buf_t *b);
-/* Take the contents (caller frees) and reset b. Never NULL unless out of memory. */
+/* Take the contents (caller frees) and reset b. Never NULL. */
 char *buf_take(buf_t *b);
 void buf_reset(buf_t *b);
 void buf_free(buf_t *b);

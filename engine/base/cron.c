@@ -51,6 +51,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "base/mem.h"
 #include "base/tz.h"
 
 #define CRON_MAX_EXPR 1024
@@ -294,8 +295,7 @@ int cron_parse(const char *expr, const char *tz, cron_t **out, err_t *e) {
   tz_t *z;
   if ((rc = tz_load(tz, &z, e))) return rc;
   tmp.tz = z;
-  cron_t *c = malloc(sizeof *c);
-  if (!c) return err_set(e, ERR_NOMEM, "out of memory parsing cron expression");
+  cron_t *c = mem_alloc(sizeof *c);
   *c = tmp;
   *out = c;
   return 0;

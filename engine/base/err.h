@@ -15,7 +15,8 @@ enum {
   ERR_TOOBIG = -4,    /* over a configured size limit */
   ERR_IO = -5,        /* the store or the file system failed */
   ERR_BUSY = -6,      /* try again later */
-  ERR_NOMEM = -7,
+  ERR_NOMEM = -7,     /* a Lua state over its memory budget (the engine's own allocations
+                      ** never fail: base/mem.h) */
   ERR_AUTH = -8,
   ERR_INTERNAL = -9,
 };

@@ -1,31 +1,104 @@
 /*
-** fault.h: fault injection points for crash tests. MOONLOOP_FAULT holds
-** "point=ms,point=ms"; at a named point the process sleeps that long, so
-** a test can SIGKILL it there (for instance halfway through a commit).
-** Compiled in when MOONLOOP_FAULTS is defined (the default build; a
-** release build may leave it out with -DMOONLOOP_FAULTS=OFF).
+** fault.h: fault injection points, for tests (modelled on Tarantool's
+** errinj.h). Each point is a place in the engine where a failure of the
+** outside world can happen (a commit, an fsync, a lease renewal, an HTTP
+** transfer, an allocation); armed, the point makes that failure happen
+** there, so a test can check the engine's answer to it: it tries again,
+** or gives a clear error, and loses nothing it acknowledged.
 **
-** Points: "commit" (inside the transaction, before COMMIT).
+** Compiled only when MOONLOOP_FAULTS is defined (the Makefile's development
+** and CI builds); otherwise every point is a constant 0 and MOONLOOP_FAULT
+** is ignored. `moonloop version --json` says whether they are compiled in.
 **
-** Crash points: fault_crash(name, text) kills the process with SIGSEGV
-** when MOONLOOP_FAULT holds "name=TEXT" and text is TEXT, so a test can
-** make a real crash happen where a run is executing (recorded as a crash
-** by core/crash.c's handler, as a bad pointer's would be). Point:
-** "crash_on_log" (a run logs the line TEXT: log.info("TEXT")).
+** Arming. MOONLOOP_FAULT holds "point=value,point=value", read at start
+** (fault_init). The value is, by the point's kind:
+**   DELAY  milliseconds to sleep there, every time ("commit=400": a test
+**          can SIGKILL the process inside each commit)
+**   COUNT  how many times it fails, from the next time it is reached on
+**          ("commit_fail=3": the next three commits fail)
+**   SPAN   milliseconds during which it fails, from when it is armed
+**          ("disk_full=2000": the disk is full for two seconds)
+**   TEXT   the text that makes it fire ("crash_on_log=BOOM")
+** While MOONLOOP_FAULT is set (to anything, even ""), a run's log line
+** "fault: SPEC" arms SPEC too, when the run logs it (fault_log): a skill
+** can put a fault exactly between two of its steps.
+**
+** The points (docs/testing.md says which test reaches each):
 */
 #ifndef ML_FAULT_H
 #define ML_FAULT_H
 
+#include "base/err.h"
+
+/* _(ID, "name", kind, "where it is: what happens there") */
+#define FAULT_POINTS(_) \
+  _(COMMIT, "commit", FAULT_DELAY, \
+    "store_commit, inside the transaction before COMMIT: it holds the write lock that long") \
+  _(COMMIT_FAIL, "commit_fail", FAULT_COUNT, \
+    "store_commit, before COMMIT: the transaction fails and is rolled back") \
+  _(FSYNC_FAIL, "fsync_fail", FAULT_COUNT, \
+    "the database's files (a SQLite VFS over the default one): an fsync fails (EIO)") \
+  _(DISK_FULL, "disk_full", FAULT_SPAN, \
+    "the database's files: every write fails as on a full disk (SQLITE_FULL)") \
+  _(LEASE_REFUSED, "lease_refused", FAULT_COUNT, \
+    "store_commit's lease renewal: refused as if another process had reaped the lease") \
+  _(READER_BUSY, "reader_busy", FAULT_SPAN, \
+    "a read through the reader connection's statements: the database is busy (ERR_BUSY)") \
+  _(HTTP_FAIL, "http_fail", FAULT_COUNT, \
+    "httpc, as a transfer ends: it fails as a reset connection would") \
+  _(ALLOC_FAIL, "alloc_fail", FAULT_COUNT, \
+    "base/mem.h's allocation functions: the system refuses the memory") \
+  _(CRASH_ON_LOG, "crash_on_log", FAULT_TEXT, \
+    "a run logs the line TEXT: the process dies of SIGSEGV there, as on a bad pointer")
+
+enum fault_kind { FAULT_DELAY, FAULT_COUNT, FAULT_SPAN, FAULT_TEXT };
+
+#define FAULT_ENUM(id, name, kind, where) FAULT_##id,
+enum fault_id { FAULT_POINTS(FAULT_ENUM) FAULT_NPOINTS };
+#undef FAULT_ENUM
+
 #ifdef MOONLOOP_FAULTS
+#include <stdatomic.h>
+
+/* Nonzero once any point was armed: the one load a point costs otherwise. */
+extern atomic_int fault__armed;
+int fault__hit(enum fault_id id);
+
+/* Whether the COUNT or SPAN point id fails this time (a COUNT is counted
+** down). Safe on any thread. */
+static inline int fault_hit(enum fault_id id) {
+  return atomic_load_explicit(&fault__armed, memory_order_relaxed) && fault__hit(id);
+}
+
+/* Read MOONLOOP_FAULT and arm what it names. ERR_INVALID, naming the
+** points there are, for a point that does not exist or a bad value. */
+int fault_init(err_t *e);
+/* Arm the points of spec ("point=value,..."), as MOONLOOP_FAULT would. */
+int fault_arm(const char *spec, err_t *e);
+/* Whether MOONLOOP_FAULT was set at start (fault_log arms, the store's
+** files go through the fault VFS). */
+int fault_enabled(void);
+/* Sleep the milliseconds the DELAY point id is armed with, if any. */
+void fault_delay(enum fault_id id);
+/* A run logs msg: the TEXT point crash_on_log, and "fault: SPEC" lines. */
+void fault_log(const char *msg);
+/* Set by crash_on_log before it raises: core/crash.c's handler records the
+** crash, then dies with the plain default (no sanitizer report). */
 #include <signal.h>
-void fault_point(const char *name);
-void fault_crash(const char *name, const char *text);
-/* Set by fault_crash before it raises: crash.c's handler then dies with the
-** plain default (no sanitizer report) after recording the crash. */
 extern volatile sig_atomic_t fault_crash_requested;
 #else
-#define fault_point(name) ((void)0)
-#define fault_crash(name, text) ((void)0)
+static inline int fault_hit(enum fault_id id) { (void)id; return 0; }
+static inline int fault_init(err_t *e) { (void)e; return 0; }
+static inline int fault_enabled(void) { return 0; }
+static inline void fault_delay(enum fault_id id) { (void)id; }
+static inline void fault_log(const char *msg) { (void)msg; }
+#endif
+
+/* Whether the fault points are compiled into this binary. */
+#ifdef MOONLOOP_FAULTS
+#define FAULT_COMPILED 1
+#else
+#define FAULT_COMPILED 0
 #endif
 
 #endif

@@ -40,6 +40,8 @@ double ids_random_unit(void) {
   return (double)(r >> 11) / 9007199254740992.0;
 }
 
+static void ulid_encode(const unsigned char b[16], char *out);
+
 void ids_ulid(int64_t ms, char *out) {
   unsigned char b[16];
   pthread_mutex_lock(&ulid_lock);
@@ -56,7 +58,23 @@ void ids_ulid(int64_t ms, char *out) {
   for (int i = 0; i < 6; i++) b[i] = (unsigned char)((uint64_t)ms >> (40 - 8 * i));
   memcpy(b + 6, ulid_last_rand, 10);
   pthread_mutex_unlock(&ulid_lock);
-  /* 128 bits into 26 base32 digits: the first digit carries the top 3 bits. */
+  ulid_encode(b, out);
+}
+
+/* See ids.h: the time part as ids_ulid's, the 80 other bits the start of
+** the SHA-256 of key. */
+void ids_ulid_derived(int64_t ms, const char *key, char *out) {
+  unsigned char b[16], md[32];
+  unsigned int mdlen = 0;
+  EVP_Digest(key, strlen(key), md, &mdlen, EVP_sha256(), NULL);
+  for (int i = 0; i < 6; i++) b[i] = (unsigned char)((uint64_t)ms >> (40 - 8 * i));
+  memcpy(b + 6, md, 10);
+  ulid_encode(b, out);
+}
+
+/* 128 bits into 26 base32 digits (out: 27 bytes with the NUL). */
+static void ulid_encode(const unsigned char b[16], char *out) {
+  /* The first digit carries the top 3 bits. */
   for (int i = 0; i < 26; i++) {
     int bit = 128 - 5 * (26 - i); /* bit offset from the top, negative for the first digit */
     unsigned v = 0;

@@ -15,6 +15,11 @@
 ** millisecond by one process increase monotonically. */
 void ids_ulid(int64_t ms, char *out);
 
+/* Write into out (>= 27 bytes) the ULID for time ms whose other 80 bits
+** come from key (its SHA-256): the same key and time always give the same
+** id (a child run made again by a replay of the step that creates it). */
+void ids_ulid_derived(int64_t ms, const char *key, char *out);
+
 /* Write the lowercase hex SHA-256 of data into out (>= 65 bytes). */
 void ids_sha256_hex(const void *data, size_t len, char *out);
 

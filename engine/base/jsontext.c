@@ -4,6 +4,7 @@
 ** The Lua bridge (json.c) and the HTTP routes (server_route.c) share it.
 */
 #include "base/jsontext.h"
+#include "base/mem.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -36,8 +37,7 @@ static size_t skip_ws(const char *s, size_t len, size_t i) {
 ** copy with a NUL appended tells them apart, as running out then moves past
 ** the original end. Only called on the error path. */
 static int ends_early(const char *s, size_t len) {
-  char *copy = malloc(len + 1);
-  if (!copy) return 0;
+  char *copy = mem_alloc(len + 1);
   memcpy(copy, s, len);
   copy[len] = 0;
   const char *end = NULL;
@@ -199,11 +199,10 @@ size_t jsontext_utf8_prefix(const char *str, size_t len) {
 }
 
 /* A copy of s (NUL-terminated) with each byte that does not start valid
-** UTF-8 replaced by U+FFFD; NULL when out of memory. */
+** UTF-8 replaced by U+FFFD. */
 static char *utf8_repaired(const char *s) {
   size_t len = strlen(s), o = 0;
-  char *out = malloc(len * 3 + 1);
-  if (!out) return NULL;
+  char *out = mem_alloc(len * 3 + 1);
   for (size_t i = 0; i < len;) {
     size_t ok = jsontext_utf8_prefix(s + i, len - i);
     memcpy(out + o, s + i, ok);
@@ -222,13 +221,15 @@ void jsontext_fix_utf8(cJSON *v) {
   for (; v; v = v->next) {
     if (v->string && !jsontext_utf8_valid(v->string, strlen(v->string))) {
       char *fixed = utf8_repaired(v->string);
-      if (fixed && !(v->type & cJSON_StringIsConst)) free(v->string);
-      if (fixed) v->string = fixed, v->type &= ~cJSON_StringIsConst;
+      if (!(v->type & cJSON_StringIsConst)) free(v->string);
+      v->string = fixed;
+      v->type &= ~cJSON_StringIsConst;
     }
     if ((cJSON_IsString(v) || cJSON_IsRaw(v)) && v->valuestring &&
         !jsontext_utf8_valid(v->valuestring, strlen(v->valuestring))) {
       char *fixed = utf8_repaired(v->valuestring);
-      if (fixed) free(v->valuestring), v->valuestring = fixed;
+      free(v->valuestring);
+      v->valuestring = fixed;
     }
     if (v->child) jsontext_fix_utf8(v->child);
   }
@@ -260,6 +261,17 @@ char *jsontext_message(const char *msg) {
   char *s = cJSON_PrintUnformatted(o);
   cJSON_Delete(o);
   return s;
+}
+
+/* See jsontext.h. */
+void jsontext_cancel_message(const char *reason, char *out, size_t n) {
+  cJSON *ev = reason && reason[0] == '{' ? cJSON_Parse(reason) : NULL;
+  const cJSON *name = cJSON_GetObjectItem(ev, "name"), *id = cJSON_GetObjectItem(ev, "id");
+  if (cJSON_IsString(name))
+    snprintf(out, n, "cancelled by event %s (%s)", name->valuestring,
+             cJSON_IsString(id) ? id->valuestring : "?");
+  else snprintf(out, n, "cancelled: %s", reason ? reason : "on request");
+  cJSON_Delete(ev);
 }
 
 /* See jsontext.h. */
@@ -295,10 +307,10 @@ char *jsontext_run_outcome(const char *run_id, const char *status, const char *o
 /* ---- writing JSON text ------------------------------------------------ */
 
 /* See jsontext.h: runs of bytes that need nothing are copied whole. */
-int jsontext_put_string(buf_t *b, const char *str, size_t n) {
+void jsontext_put_string(buf_t *b, const char *str, size_t n) {
   static const char hex[] = "0123456789abcdef";
   const unsigned char *s = (const unsigned char *)str;
-  int rc = buf_add(b, "\"", 1);
+  buf_add(b, "\"", 1);
   size_t i = 0;
   /* 1 for the bytes that go as they are: printable ASCII but '"' and '\\'. */
   static const unsigned char plain[256] = {
@@ -311,17 +323,17 @@ int jsontext_put_string(buf_t *b, const char *str, size_t n) {
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
   };
-  while (i < n && !rc) {
+  while (i < n) {
     size_t j = i;
     while (j < n && plain[s[j]]) j++;
-    if (j > i) rc |= buf_add(b, s + i, j - i);
+    if (j > i) buf_add(b, s + i, j - i);
     i = j;
     if (i >= n) break;
     unsigned char c = s[i];
     if (c >= 0x80) {
       size_t ok = jsontext_utf8_prefix(str + i, n - i);
-      if (ok) rc |= buf_add(b, s + i, ok), i += ok;
-      else rc |= buf_add(b, "\xEF\xBF\xBD", 3), i++;
+      if (ok) buf_add(b, s + i, ok), i += ok;
+      else buf_add(b, "\xEF\xBF\xBD", 3), i++;
       continue;
     }
     char esc[6] = {'\\', 0};
@@ -340,10 +352,10 @@ int jsontext_put_string(buf_t *b, const char *str, size_t n) {
       esc[5] = hex[c & 15];
       el = 6;
     }
-    rc |= buf_add(b, esc, el);
+    buf_add(b, esc, el);
     i++;
   }
-  return rc | buf_add(b, "\"", 1);
+  buf_add(b, "\"", 1);
 }
 
 /* Whether s[0..n) (trimmed) has the shape of one JSON value: its first and
@@ -365,37 +377,50 @@ static int json_shaped(const char *s, size_t n) {
 }
 
 /* See jsontext.h. */
-int jsontext_put_value(buf_t *b, const char *s, size_t n) {
-  if (!s) return buf_add(b, "null", 4);
+void jsontext_put_value(buf_t *b, const char *s, size_t n) {
+  if (!s) {
+    buf_add(b, "null", 4);
+    return;
+  }
   size_t i = skip_ws(s, n, 0);
   while (n > i && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' || s[n - 1] == '\r'))
     n--;
-  if (json_shaped(s + i, n - i) && jsontext_utf8_valid(s + i, n - i)) return buf_add(b, s + i, n - i);
+  if (json_shaped(s + i, n - i) && jsontext_utf8_valid(s + i, n - i)) {
+    buf_add(b, s + i, n - i);
+    return;
+  }
   /* Not as expected: parse it (repairing its strings), or show it as text. */
   cJSON *v = cJSON_ParseWithLength(s, n);
-  if (!v) return jsontext_put_string(b, s, n);
+  if (!v) {
+    jsontext_put_string(b, s, n);
+    return;
+  }
   jsontext_fix_utf8(v);
   char *t = cJSON_PrintUnformatted(v);
   cJSON_Delete(v);
-  int rc = t ? buf_puts(b, t) : ERR_NOMEM;
+  buf_puts(b, t);
   free(t);
-  return rc;
 }
 
 /* See jsontext.h. */
-int jsontext_put_key(buf_t *b, const char *key) {
+void jsontext_put_key(buf_t *b, const char *key) {
   size_t n = strlen(key);
   char tmp[64];
-  if (n + 3 > sizeof tmp) return buf_add(b, "\"", 1) | buf_add(b, key, n) | buf_add(b, "\":", 2);
+  if (n + 3 > sizeof tmp) {
+    buf_add(b, "\"", 1);
+    buf_add(b, key, n);
+    buf_add(b, "\":", 2);
+    return;
+  }
   tmp[0] = '"';
   memcpy(tmp + 1, key, n);
   tmp[n + 1] = '"';
   tmp[n + 2] = ':';
-  return buf_add(b, tmp, n + 3);
+  buf_add(b, tmp, n + 3);
 }
 
 /* See jsontext.h. */
-int jsontext_put_int(buf_t *b, int64_t v) {
+void jsontext_put_int(buf_t *b, int64_t v) {
   char tmp[24];
   int i = (int)sizeof tmp;
   uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
@@ -404,5 +429,5 @@ int jsontext_put_int(buf_t *b, int64_t v) {
     u /= 10;
   } while (u);
   if (v < 0) tmp[--i] = '-';
-  return buf_add(b, tmp + i, sizeof tmp - (size_t)i);
+  buf_add(b, tmp + i, sizeof tmp - (size_t)i);
 }

@@ -33,13 +33,12 @@ void jsontext_fix_utf8(cJSON *v);
 int jsontext_is_ident(const char *s, size_t n);
 
 /* ---- writing JSON text straight into a buffer (no cJSON tree) ----------
-** For answers read often (run records, run lists): no allocation per value.
-** Each returns 0, or ERR_NOMEM (the buffer then holds a part). */
+** For answers read often (run records, run lists): no allocation per value. */
 
 /* Append n bytes of s as a JSON string: quoted, escaped as cJSON escapes
 ** ('"', '\\', control characters), each byte that does not start valid
 ** UTF-8 replaced by U+FFFD (as jsontext_fix_utf8 does). */
-int jsontext_put_string(buf_t *b, const char *s, size_t n);
+void jsontext_put_string(buf_t *b, const char *s, size_t n);
 
 /* Append the JSON text s (n bytes) as a value. Text the engine wrote is
 ** JSON already: it goes as it is when it is valid UTF-8 and has the shape
@@ -47,13 +46,13 @@ int jsontext_put_string(buf_t *b, const char *s, size_t n);
 ** Otherwise it is parsed (and printed again with its strings repaired to
 ** UTF-8), or, when it is no JSON at all, written as a string. NULL s
 ** appends null. */
-int jsontext_put_value(buf_t *b, const char *s, size_t n);
+void jsontext_put_value(buf_t *b, const char *s, size_t n);
 
 /* Append "key": (the key is the caller's literal: no escaping). */
-int jsontext_put_key(buf_t *b, const char *key);
+void jsontext_put_key(buf_t *b, const char *key);
 
 /* Append a whole number. */
-int jsontext_put_int(buf_t *b, int64_t v);
+void jsontext_put_int(buf_t *b, int64_t v);
 
 /* ---- the engine's own JSON values (the run context and the store share them) ---- */
 
@@ -65,6 +64,12 @@ const cJSON *jsontext_path(const cJSON *v, const char *path);
 /* {"message": msg} as compact JSON text, the shape of a run's error record
 ** (malloc'd; NULL only when out of memory). */
 char *jsontext_message(const char *msg);
+
+/* The message (in out, n bytes) of a run cancelled for reason: a message
+** ("cancelled: its parent run ended") or the JSON of the event that
+** cancelled it ("cancelled by event NAME (ID)"). One wording, whichever
+** process ends the run: its owner, or the store for a run nobody holds. */
+void jsontext_cancel_message(const char *reason, char *out, size_t n);
 
 /* The trigger of a run started by invoke, as JSON text in out (n bytes):
 ** {"kind":"invoke","by":by} with "key" when the start has an idempotency

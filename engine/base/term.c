@@ -3,6 +3,7 @@
 */
 #include "base/term.h"
 #include "base/err.h"
+#include "base/mem.h"
 
 #include <stdarg.h>
 #include <stdint.h>
@@ -53,7 +54,7 @@ int term_is_clean(const char *s, size_t len) {
 }
 
 /* See term.h. */
-int term_escape(buf_t *b, const char *s, size_t len, int json) {
+void term_escape(buf_t *b, const char *s, size_t len, int json) {
   const unsigned char *p = (const unsigned char *)s;
   size_t run = 0; /* start of the clean stretch not yet appended */
   for (size_t i = 0; i < len;) {
@@ -63,7 +64,7 @@ int term_escape(buf_t *b, const char *s, size_t len, int json) {
       i += n;
       continue;
     }
-    if (i > run && buf_add(b, s + run, i - run)) return ERR_NOMEM;
+    if (i > run) buf_add(b, s + run, i - run);
     char esc[16];
     /* A byte that is not UTF-8 cannot be in JSON text: there it is
     ** U+FFFD, as the API's answers show it. */
@@ -71,22 +72,18 @@ int term_escape(buf_t *b, const char *s, size_t len, int json) {
     else if (!n) snprintf(esc, sizeof esc, "\\x%02x", p[i]), n = 1;
     else if (cp < 0x80 && !json) snprintf(esc, sizeof esc, "\\x%02x", (unsigned)cp);
     else snprintf(esc, sizeof esc, "\\u%04x", (unsigned)cp);
-    if (buf_puts(b, esc)) return ERR_NOMEM;
+    buf_puts(b, esc);
     i += n;
     run = i;
   }
-  if (len > run && buf_add(b, s + run, len - run)) return ERR_NOMEM;
-  return 0;
+  if (len > run) buf_add(b, s + run, len - run);
 }
 
 /* See term.h. */
 char *term_dup(const char *s, int json) {
   if (!s) return NULL;
   buf_t b = BUF_INIT;
-  if (term_escape(&b, s, strlen(s), json) || buf_puts(&b, "")) {
-    buf_free(&b);
-    return NULL;
-  }
+  term_escape(&b, s, strlen(s), json);
   return buf_take(&b);
 }
 
@@ -99,7 +96,8 @@ void term_fputs(const char *s, FILE *f, int json) {
     return;
   }
   buf_t b = BUF_INIT;
-  if (!term_escape(&b, s, len, json)) fwrite(buf_str(&b), 1, b.len, f);
+  term_escape(&b, s, len, json);
+  fwrite(buf_str(&b), 1, b.len, f);
   buf_free(&b);
 }
 
@@ -107,11 +105,10 @@ void term_fputs(const char *s, FILE *f, int json) {
 int term_printf(FILE *f, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  char *s = NULL;
-  int n = vasprintf(&s, fmt, ap);
+  char *s = mem_vprintf(fmt, ap);
   va_end(ap);
-  if (n < 0) return n;
   term_fputs(s, f, 0);
+  int n = (int)strlen(s);
   free(s);
   return n;
 }
@@ -121,12 +118,10 @@ const char *term_str(struct term_strs *a, const char *s) {
   if (!s || term_is_clean(s, strlen(s))) return s;
   if (a->n == a->cap) {
     size_t cap = a->cap ? a->cap * 2 : 8;
-    char **v = realloc(a->v, cap * sizeof *v);
-    if (!v) return "?";
-    a->v = v, a->cap = cap;
+    a->v = mem_realloc(a->v, cap * sizeof *a->v);
+    a->cap = cap;
   }
   char *e = term_dup(s, 0);
-  if (!e) return "?";
   a->v[a->n++] = e;
   return e;
 }

@@ -25,13 +25,13 @@
 
 /* Append len bytes of s to b, escaped. json: s is JSON text, and the
 ** escapes of C0 and DEL are JSON's own (\u001b), so the result is still
-** JSON and decodes to the same value. Returns 0 or ERR_NOMEM. */
-int term_escape(buf_t *b, const char *s, size_t len, int json);
+** JSON and decodes to the same value. */
+void term_escape(buf_t *b, const char *s, size_t len, int json);
 
 /* Whether len bytes of s need no escaping. */
 int term_is_clean(const char *s, size_t len);
 
-/* s escaped (malloc'd; NULL for NULL or out of memory); json as for
+/* s escaped (malloc'd; NULL for NULL); json as for
 ** term_escape. */
 char *term_dup(const char *s, int json);
 

@@ -61,6 +61,7 @@
 ** or "") is a built-in zone that needs no file and is never freed.
 */
 #include "base/tz.h"
+#include "base/mem.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -482,11 +483,10 @@ static int parse_tzif(tz_t *z, const uint8_t *buf, size_t len, const char **why)
   const uint8_t *end = buf + off + block_size(&h, tsize);
   z->ntimes = h.timecnt;
   z->ntypes = h.typecnt;
-  z->times = malloc(sizeof(int64_t) * (h.timecnt ? h.timecnt : 1));
-  z->idx = malloc(h.timecnt ? h.timecnt : 1);
-  z->utoff = malloc(sizeof(int32_t) * h.typecnt);
-  z->isdst = malloc(h.typecnt);
-  if (!z->times || !z->idx || !z->utoff || !z->isdst) return *why = "out of memory", -1;
+  z->times = mem_alloc(sizeof(int64_t) * (h.timecnt ? h.timecnt : 1));
+  z->idx = mem_alloc(h.timecnt ? h.timecnt : 1);
+  z->utoff = mem_alloc(sizeof(int32_t) * h.typecnt);
+  z->isdst = mem_alloc(h.typecnt);
   for (uint32_t i = 0; i < h.timecnt; i++) {
     z->times[i] =
         tsize == 8 ? be64(tp + 8 * (size_t)i) : (int64_t)(int32_t)be32(tp + 4 * (size_t)i);
@@ -580,11 +580,7 @@ static int zone_read(const char *name, tz_t **out, err_t *e) {
     return err_set(e, ERR_INVALID, "time zone '%s': file %s is too large", name, path);
   }
   size_t len = (size_t)st.st_size, got = 0;
-  uint8_t *buf = malloc(len ? len : 1);
-  if (!buf) {
-    close(fd);
-    return err_set(e, ERR_NOMEM, "out of memory loading time zone '%s'", name);
-  }
+  uint8_t *buf = mem_alloc(len);
   while (got < len) {
     ssize_t r = read(fd, buf + got, len - got);
     if (r < 0 && errno == EINTR) continue;
@@ -595,15 +591,12 @@ static int zone_read(const char *name, tz_t **out, err_t *e) {
 
   int rc = 0;
   const char *why = NULL;
-  tz_t *z = calloc(1, sizeof *z);
-  if (!z || !(z->name = strdup(name))) {
-    rc = err_set(e, ERR_NOMEM, "out of memory loading time zone '%s'", name);
-  } else if (got < 4 || memcmp(buf, "TZif", 4)) {
+  tz_t *z = mem_calloc(1, sizeof *z);
+  z->name = mem_strdup(name);
+  if (got < 4 || memcmp(buf, "TZif", 4)) {
     rc = err_set(e, ERR_NOTFOUND, "unknown time zone '%s' (%s is not a TZif file)", name, path);
   } else if (parse_tzif(z, buf, got, &why)) {
-    if (!strcmp(why, "out of memory"))
-      rc = err_set(e, ERR_NOMEM, "out of memory loading time zone '%s'", name);
-    else if (!strcmp(why, "leap seconds"))
+    if (!strcmp(why, "leap seconds"))
       rc = err_set(e, ERR_INVALID,
                    "time zone '%s' counts leap seconds, which is not supported "
                    "(use a zone outside right/)", name);

@@ -35,7 +35,7 @@ typedef struct tz_period {
 ** Zones are cached: *out is shared, immutable, and valid until tz_free_all().
 ** Errors: ERR_INVALID for a malformed name (".." components, a leading "/",
 ** odd characters) or a corrupt or unsupported file; ERR_NOTFOUND "unknown
-** time zone 'X'" when there is no such zone; ERR_IO, ERR_NOMEM. */
+** time zone 'X'" when there is no such zone; ERR_IO. */
 int tz_load(const char *name, tz_t **out, err_t *e);
 
 /* The name the zone was loaded under ("UTC" for the default). */

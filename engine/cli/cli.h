@@ -65,13 +65,13 @@ struct cli_paths {
   int n, cap;
 };
 
-/* Append a copy of p; -1 when out of memory. */
-int cli_paths_add(struct cli_paths *l, const char *p);
+/* Append a copy of p. */
+void cli_paths_add(struct cli_paths *l, const char *p);
 
 /* Append the entries of folder dir (not those whose names start with a
-** dot), joined to it ("x" for ".", "dir/x" otherwise), in name order.
-** 0, or -1 when out of memory; a folder that cannot be read adds none. */
-int cli_paths_of_dir(struct cli_paths *out, const char *dir);
+** dot), joined to it ("x" for ".", "dir/x" otherwise), in name order; a
+** folder that cannot be read adds none. */
+void cli_paths_of_dir(struct cli_paths *out, const char *dir);
 
 /* Sort the paths by their bytes. */
 void cli_paths_sort(struct cli_paths *l);

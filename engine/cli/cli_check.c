@@ -8,6 +8,7 @@
 ** names starting with '.' or '#'; folders starting with '.' and symbolic
 ** links to folders are not entered; names in order.
 */
+#include "base/mem.h"
 #include "base/term.h"
 #include "cli/cli.h"
 #include "core/engine.h"
@@ -22,17 +23,12 @@
 #include <sys/stat.h>
 
 /* See cli.h. */
-int cli_paths_add(struct cli_paths *l, const char *p) {
+void cli_paths_add(struct cli_paths *l, const char *p) {
   if (l->n == l->cap) {
-    int cap = l->cap ? l->cap * 2 : 16;
-    char **v = realloc(l->v, (size_t)cap * sizeof *v);
-    if (!v) return -1;
-    l->v = v;
-    l->cap = cap;
+    l->cap = l->cap ? l->cap * 2 : 16;
+    l->v = mem_realloc(l->v, (size_t)l->cap * sizeof *l->v);
   }
-  if (!(l->v[l->n] = strdup(p))) return -1;
-  l->n++;
-  return 0;
+  l->v[l->n++] = mem_strdup(p);
 }
 
 /* See cli.h. */
@@ -52,51 +48,44 @@ void cli_paths_sort(struct cli_paths *l) {
 }
 
 /* See cli.h. */
-int cli_paths_of_dir(struct cli_paths *out, const char *dir) {
+void cli_paths_of_dir(struct cli_paths *out, const char *dir) {
   DIR *d = opendir(dir);
-  if (!d) return 0;
+  if (!d) return;
   struct cli_paths names = {0};
   struct dirent *de;
-  int rc = 0;
-  while (!rc && (de = readdir(d)))
-    if (de->d_name[0] != '.') rc = cli_paths_add(&names, de->d_name);
+  while ((de = readdir(d)))
+    if (de->d_name[0] != '.') cli_paths_add(&names, de->d_name);
   closedir(d);
   cli_paths_sort(&names);
   size_t dl = strlen(dir);
-  for (int i = 0; i < names.n && !rc; i++) {
+  for (int i = 0; i < names.n; i++) {
     size_t len = dl + strlen(names.v[i]) + 2;
-    char *p = malloc(len);
-    if (!p) {
-      rc = -1;
-      break;
-    }
+    char *p = mem_alloc(len);
     if (!strcmp(dir, ".")) snprintf(p, len, "%s", names.v[i]); /* "x.lua", not "./x.lua" */
     else snprintf(p, len, "%s%s%s", dir, dl && dir[dl - 1] == '/' ? "" : "/", names.v[i]);
-    rc = cli_paths_add(out, p);
+    cli_paths_add(out, p);
     free(p);
   }
   cli_paths_free(&names);
-  return rc;
 }
 
 /* Add the skill files under dir (the watcher's rule, see the top), in name
-** order; -1 when out of memory. */
-static int find_skills(const char *dir, int depth, struct cli_paths *out) {
+** order. */
+static void find_skills(const char *dir, int depth, struct cli_paths *out) {
   struct cli_paths kids = {0};
-  int rc = cli_paths_of_dir(&kids, dir);
-  for (int i = 0; i < kids.n && !rc; i++) {
+  cli_paths_of_dir(&kids, dir);
+  for (int i = 0; i < kids.n; i++) {
     const char *p = kids.v[i], *slash = strrchr(p, '/');
     struct stat st;
     if (lstat(p, &st) == 0) {
       if (S_ISDIR(st.st_mode)) {
-        if (depth < WATCHER_MAX_DEPTH) rc = find_skills(p, depth + 1, out);
+        if (depth < WATCHER_MAX_DEPTH) find_skills(p, depth + 1, out);
       } else if (watcher_counts(slash ? slash + 1 : p) && stat(p, &st) == 0 && S_ISREG(st.st_mode)) {
-        rc = cli_paths_add(out, p);
+        cli_paths_add(out, p);
       }
     }
   }
   cli_paths_free(&kids);
-  return rc;
 }
 
 /* moonloop check --api: the API's tables (lua/api.lua) that skills are
@@ -133,16 +122,11 @@ int cli_check(struct cli *c) {
   int dirs = 0;
   for (int i = 0; i < c->nargs; i++) {
     struct stat st;
-    int rc;
     if (stat(c->args[i], &st) == 0 && S_ISDIR(st.st_mode)) {
       dirs++;
-      rc = find_skills(c->args[i], 0, &files);
+      find_skills(c->args[i], 0, &files);
     } else {
-      rc = cli_paths_add(&files, c->args[i]); /* a missing file fails below, naming it */
-    }
-    if (rc) {
-      cli_paths_free(&files);
-      return cli_fail(EXIT_FAILED, "out of memory");
+      cli_paths_add(&files, c->args[i]); /* a missing file fails below, naming it */
     }
   }
   if (!files.n) {
@@ -169,7 +153,7 @@ int cli_check(struct cli *c) {
     size_t len;
     struct skill_error se = {0};
     int rc = skills_read_file(path, &src, &len, &se.err);
-    if (!rc) rc = skills_check_warnings(en.skills, src, len, path, &id, &warnings, &se);
+    if (!rc) rc = skills_check_warnings(en.skills, src, len, path, 1, &id, &warnings, &se);
     cJSON *r = cJSON_CreateObject();
     cJSON_AddStringToObject(r, "file", path);
     if (rc) {

@@ -4,6 +4,7 @@
 ** exit status 0 means the change is durable, whether an engine runs or not.
 */
 #include "base/ids.h"
+#include "base/mem.h"
 #include "base/proc.h"
 #include "base/units.h"
 #include "cli/cli.h"
@@ -29,7 +30,7 @@ static int commit_one(struct engine *en, journal_t *j, char **result, err_t *e) 
   int rc = store_commit(en->store, j, e);
   if (!rc && result) {
     const struct jentry *je = journal_entry(j, 0);
-    *result = je->result ? strdup(je->result) : NULL;
+    *result = je->result ? mem_strdup(je->result) : NULL;
   }
   journal_free(j);
   return rc;

@@ -10,6 +10,7 @@
 ** message `check` would give. Existing files are never overwritten.
 */
 #include "cli/cli.h"
+#include "base/mem.h"
 #include "core/engine.h"
 
 #include <cJSON.h>
@@ -23,22 +24,14 @@
 struct text {
   char *p;
   size_t len, cap;
-  int oom;
 };
 
 /* Append the NUL-terminated s to t. */
 static void put(struct text *t, const char *s) {
   size_t n = strlen(s);
-  if (t->oom) return;
   if (t->len + n + 1 > t->cap) {
-    size_t cap = (t->len + n + 1) * 2;
-    char *p = realloc(t->p, cap);
-    if (!p) {
-      t->oom = 1;
-      return;
-    }
-    t->p = p;
-    t->cap = cap;
+    t->cap = (t->len + n + 1) * 2;
+    t->p = mem_realloc(t->p, t->cap);
   }
   memcpy(t->p + t->len, s, n + 1);
   t->len += n;
@@ -112,8 +105,7 @@ static void test_source(struct text *t, const char *name, const char *test_name,
 /* dir/name, malloc'd ("name" when dir is NULL or "."). */
 static char *join(const char *dir, const char *name) {
   size_t len = (dir ? strlen(dir) : 0) + strlen(name) + 2;
-  char *p = malloc(len);
-  if (!p) return NULL;
+  char *p = mem_alloc(len);
   if (!dir || !strcmp(dir, ".")) snprintf(p, len, "%s", name);
   else snprintf(p, len, "%s%s%s", dir, dir[strlen(dir) - 1] == '/' ? "" : "/", name);
   return p;
@@ -176,14 +168,10 @@ int cli_new(struct cli *c) {
     return cli_fail(EXIT_USAGE, "new: %s is not a folder", dir);
   /* The file names: the id with '-' and '.' as '_'. */
   size_t n = strlen(id);
-  char *stem = malloc(n + 1), *name = malloc(n + 5), *test_name = malloc(n + 10);
+  char *stem = mem_alloc(n + 1), *name = mem_alloc(n + 5), *test_name = mem_alloc(n + 10);
   struct text skill = {0}, test = {0};
   char *path = NULL, *test_path = NULL;
   int rc = EXIT_FAILED;
-  if (!stem || !name || !test_name) {
-    cli_fail(EXIT_FAILED, "out of memory");
-    goto out;
-  }
   for (size_t i = 0; i <= n; i++) stem[i] = (id[i] == '-' || id[i] == '.') ? '_' : id[i];
   snprintf(name, n + 5, "%s.lua", stem);
   snprintf(test_name, n + 10, "%s_test.lua", stem);
@@ -191,10 +179,6 @@ int cli_new(struct cli *c) {
   test_source(&test, name, test_name, c->event);
   path = join(dir, name);
   test_path = join(dir, test_name);
-  if (skill.oom || test.oom || !path || !test_path) {
-    cli_fail(EXIT_FAILED, "out of memory");
-    goto out;
-  }
   if ((rc = check_skeleton(c, &skill, name))) goto out;
   rc = EXIT_FAILED;
   if (write_new(path, &skill)) goto out;

@@ -15,6 +15,7 @@
 ** error (0 if none), so scripts and agents can drive it. step_through's
 ** questions then read the next lines of the input.
 */
+#include "base/mem.h"
 #include "base/units.h"
 #include "cli/cli.h"
 #include "cli/repl.h"
@@ -56,11 +57,8 @@ struct chunk {
 static void chunk_add(struct chunk *c, const char *line) {
   size_t n = strlen(line);
   if (c->len + n + 2 > c->cap) {
-    size_t cap = (c->len + n + 2) * 2;
-    char *p = realloc(c->s, cap);
-    if (!p) return;
-    c->s = p;
-    c->cap = cap;
+    c->cap = (c->len + n + 2) * 2;
+    c->s = mem_realloc(c->s, c->cap);
   }
   memcpy(c->s + c->len, line, n);
   c->len += n;
@@ -116,9 +114,7 @@ static char *pipe_line(repl_t *rp) {
     char *nl = memchr(in.buf + in.start, '\n', in.end - in.start);
     size_t take = nl ? (size_t)(nl - (in.buf + in.start)) : in.end - in.start;
     if (take || nl) {
-      char *p = realloc(line, len + take + 1);
-      if (!p) break;
-      line = p;
+      line = mem_realloc(line, len + take + 1);
       memcpy(line + len, in.buf + in.start, take);
       len += take;
       line[len] = 0;
@@ -243,7 +239,7 @@ static char *match_next(const char *text, int state) {
   char *m = term.matches[term.next_match];
   if (!m) return NULL;
   term.next_match++;
-  return strdup(m);
+  return mem_strdup(m);
 }
 
 /* Free the completions handed to libedit last. */

@@ -21,6 +21,7 @@
 ** for a usage error.
 */
 #include "cli/cli.h"
+#include "base/mem.h"
 #include "cli/skilltest.h"
 
 #include <cJSON.h>
@@ -70,7 +71,7 @@ int cli_replay(struct cli *c) {
     if (skilltest_replay(t, src, c->args[i], &ok, &msg, &e)) {
       ok = 0, failed = 1;
       free(msg);
-      msg = strdup(e.msg);
+      msg = mem_strdup(e.msg);
     }
     bad += !ok;
     if (all) {

@@ -9,6 +9,7 @@
 */
 #include "base/ids.h"
 #include "base/jsontext.h"
+#include "base/mem.h"
 #include "base/proc.h"
 #include "base/term.h"
 #include "base/units.h"
@@ -24,7 +25,7 @@
 
 /* See cli.h. */
 char *cli_data_json(const struct cli *c) {
-  if (!c->data) return strdup("null");
+  if (!c->data) return mem_strdup("null");
   const char *end = NULL;
   cJSON *v = cJSON_ParseWithOpts(c->data, &end, 1);
   if (!v) {
@@ -59,9 +60,9 @@ struct outcome {
 static void on_done(const struct sched_result *r, void *arg) {
   struct outcome *o = arg;
   o->done = 1;
-  o->status = strdup(r->status);
-  o->output = r->output ? strdup(r->output) : NULL;
-  o->error = r->error ? strdup(r->error) : NULL;
+  o->status = mem_strdup(r->status);
+  o->output = r->output ? mem_strdup(r->output) : NULL;
+  o->error = r->error ? mem_strdup(r->error) : NULL;
 }
 
 /* See cli.h: a run taken over by another process ("abandoned") fails too. */

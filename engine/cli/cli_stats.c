@@ -12,6 +12,7 @@
 ** is a space. Colour only on a terminal (and never with NO_COLOR).
 */
 #include "base/jsontext.h"
+#include "base/mem.h"
 #include "base/units.h"
 #include "cli/cli.h"
 #include "cli/client.h"
@@ -137,8 +138,7 @@ static void spark(FILE *f, const cJSON *series, const char *key, const char *col
 static void deploy_row(FILE *f, const cJSON *series, const cJSON *versions, int64_t since,
                        int64_t iv) {
   int n = cJSON_GetArraySize(series);
-  char *mark = calloc((size_t)n + 1, 1);
-  if (!mark) return;
+  char *mark = mem_calloc((size_t)n + 1, 1);
   const cJSON *v;
   cJSON_ArrayForEach(v, versions) {
     int64_t at = time_at(v, "loaded_at");

@@ -5,6 +5,7 @@
 ** trees, the same JSON) and exit with the same statuses.
 */
 #include "cli/client.h"
+#include "base/mem.h"
 #include "base/units.h"
 #include "cli/trace.h"
 
@@ -43,6 +44,7 @@ static char *url_escape(const char *s) {
   CURL *h = curl_easy_init();
   char *esc = h ? curl_easy_escape(h, s, 0) : NULL;
   if (h) curl_easy_cleanup(h);
+  if (!esc) mem_oom(strlen(s) * 3 + 1); /* libcurl fails these only for want of memory */
   return esc;
 }
 
@@ -241,10 +243,6 @@ int client_invoke(struct cli *c) {
   char *body = cJSON_PrintUnformatted(req);
   cJSON_Delete(req);
   char *esc = url_escape(c->args[0]);
-  if (!body || !esc) {
-    free(body), curl_free(esc);
-    return cli_fail(EXIT_FAILED, "out of memory");
-  }
   char path[512];
   snprintf(path, sizeof path, "/v1/skills/%s/invoke", esc);
   curl_free(esc);

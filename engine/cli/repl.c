@@ -36,6 +36,7 @@
 ** child runs that run starts): repl_watch.c, with step_through's question.
 ** The C functions lua/repl.lua calls are in repl_core.c (see repl_int.h).
 */
+#include "base/mem.h"
 #include "base/proc.h"
 #include "base/term.h"
 #include "base/units.h"
@@ -197,7 +198,6 @@ static int load_file(struct repl *rp, const char *path, struct skill **out, err_
     return rc;
   }
   journal_t *j = journal_new();
-  if (!j) return err_set(e, ERR_NOMEM, "out of memory");
   struct version_row v = {.version = (*out)->version, .skill = (*out)->id,
                           .source = (*out)->source, .file = path, .loaded_at = units_now_ms(),
                           .triggers = (*out)->triggers};
@@ -481,7 +481,7 @@ static void load_workspace(struct repl *rp, const char *dir) {
   while ((de = readdir(d)) && n < 4096) {
     size_t len = strlen(de->d_name);
     if (de->d_name[0] == '.' || len < 5 || strcmp(de->d_name + len - 4, ".lua")) continue;
-    names[n++] = strdup(de->d_name);
+    names[n++] = mem_strdup(de->d_name);
   }
   closedir(d);
   qsort(names, (size_t)n, sizeof *names, cmp_str);
@@ -522,8 +522,7 @@ static int init_lua(struct repl *rp, err_t *e) {
 ** workspace's skills, core, lua/repl.lua, then the scheduler starts. */
 int repl_open(const struct repl_opts *o, repl_t **out, err_t *e) {
   *out = NULL;
-  struct repl *rp = calloc(1, sizeof *rp);
-  if (!rp) return err_set(e, ERR_NOMEM, "out of memory");
+  struct repl *rp = mem_calloc(1, sizeof *rp);
   rp->cfg = o->cfg;
   rp->color = o->color;
   rp->ask = o->ask;
@@ -591,10 +590,10 @@ char **repl_completions(repl_t *rp, const char *word) {
   char **out = NULL;
   if (!repl__call_module(rp, "complete", word, 1, &e) && lua_istable(L, -1)) {
     size_t n = lua_objlen(L, -1);
-    out = calloc(n + 1, sizeof *out);
+    out = mem_calloc(n + 1, sizeof *out);
     for (size_t i = 0; out && i < n; i++) {
       lua_rawgeti(L, -1, (int)i + 1);
-      out[i] = strdup(lua_tostring(L, -1) ? lua_tostring(L, -1) : "");
+      out[i] = mem_strdup(lua_tostring(L, -1) ? lua_tostring(L, -1) : "");
       lua_pop(L, 1);
     }
   }

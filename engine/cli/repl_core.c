@@ -10,6 +10,7 @@
 ** aux connection (one transaction each), never the scheduler's writer.
 */
 #include "base/ids.h"
+#include "base/mem.h"
 #include "base/term.h"
 #include "base/units.h"
 #include "base/vocab.h"
@@ -36,7 +37,7 @@ static int commit_aux(struct repl *rp, journal_t *j, char **result, err_t *e) {
   int rc = store_commit(rp->aux, j, e);
   if (!rc && result) {
     const struct jentry *je = journal_entry(j, 0);
-    *result = je->result ? strdup(je->result) : NULL;
+    *result = je->result ? mem_strdup(je->result) : NULL;
   }
   journal_free(j);
   return rc;
@@ -58,7 +59,6 @@ static int c_send(lua_State *L) {
   char id[27];
   ids_ulid(units_now_ms(), id);
   journal_t *j = journal_new();
-  if (!j) return push_fail(L, "out of memory");
   struct event_row ev = {.id = id, .name = name, .data = data, .idem = idem, .ts = units_now_ms()};
   journal_event(j, &ev);
   char *got = NULL;
@@ -174,10 +174,7 @@ static int c_term(lua_State *L) {
     return 1;
   }
   buf_t b = BUF_INIT;
-  if (term_escape(&b, s, len, 0)) {
-    buf_free(&b);
-    return luaL_error(L, "out of memory");
-  }
+  term_escape(&b, s, len, 0);
   lua_pushlstring(L, buf_str(&b), b.len);
   buf_free(&b);
   return 1;

@@ -14,6 +14,7 @@
 ** asks the question through repl_ask_cb, between loop turns, and answers.
 ** At most one question is pending at a time.
 */
+#include "base/mem.h"
 #include "base/term.h"
 #include "base/units.h"
 #include "cli/repl_int.h"
@@ -132,7 +133,7 @@ void repl__observe(const struct jentry *je, void *arg) {
   case J_ATTEMPT:
     if (watch_index(rp, je->u.attempt.run_id) < 0) break;
     free(rp->last_attempt_error);
-    rp->last_attempt_error = je->u.attempt.error ? strdup(je->u.attempt.error) : NULL;
+    rp->last_attempt_error = je->u.attempt.error ? mem_strdup(je->u.attempt.error) : NULL;
     break;
   case J_STEP:
     if ((w = watch_index(rp, je->u.step.run_id)) >= 0) print_step(rp, w, &je->u.step);
@@ -162,7 +163,7 @@ static char *value_json(struct repl *rp, const char *expr, char *msg, size_t n) 
     lua_settop(L, top);
     return NULL;
   }
-  char *js = lua_isstring(L, -2) ? strdup(lua_tostring(L, -2)) : NULL;
+  char *js = lua_isstring(L, -2) ? mem_strdup(lua_tostring(L, -2)) : NULL;
   if (!js) snprintf(msg, n, "%s", lua_isstring(L, -1) ? lua_tostring(L, -1) : "no value");
   lua_settop(L, top);
   return js;

@@ -7,6 +7,7 @@
 */
 #include "base/ids.h"
 #include "base/jsontext.h"
+#include "base/mem.h"
 #include "base/units.h"
 #include "core/run.h"
 
@@ -26,12 +27,10 @@ struct reply {
 };
 
 static struct reply *reply_new(sched_t *s, sched_reply_cb cb, void *arg) {
-  struct reply *r = calloc(1, sizeof *r);
-  if (r) {
-    r->s = s;
-    r->cb = cb;
-    r->arg = arg;
-  }
+  struct reply *r = mem_calloc(1, sizeof *r);
+  r->s = s;
+  r->cb = cb;
+  r->arg = arg;
   return r;
 }
 
@@ -98,7 +97,6 @@ int sched_send_events(sched_t *s, const cJSON *events, sched_reply_cb cb, void *
     }
   }
   struct reply *r = reply_new(s, cb, arg);
-  if (!r) return err_set(e, ERR_NOMEM, "out of memory");
   journal_t *j = sched__journal(s);
   size_t first = journal_count(j);
   cJSON_ArrayForEach(ev, events) {
@@ -166,8 +164,7 @@ static void answer_started(struct invoke *iv, int started_here) {
   if (r->wait_ms > 0) {
     err_t e;
     struct sched_watch *w = NULL;
-    int rc = started_here ? (sched__watch_add(r->s, r->run_id, r->wait_ms, on_invoke_end, iv)
-                                 ? 0 : err_set(&e, ERR_NOMEM, "out of memory"))
+    int rc = started_here ? (sched__watch_add(r->s, r->run_id, r->wait_ms, on_invoke_end, iv), 0)
                           : sched_watch(r->s, r->run_id, r->wait_ms, on_invoke_end, iv, &w, &e);
     if (rc == 0) return;
     if (rc == 1) reply_outcome(r, 1);
@@ -229,8 +226,7 @@ static int start_and_answer(sched_t *s, struct skill *sk, const char *trigger, c
                             const char *key, int64_t wait_ms, sched_reply_cb cb, void *arg,
                             err_t *e) {
   if (sched__refuse_write(s, e)) return e->code;
-  struct invoke *iv = calloc(1, sizeof *iv);
-  if (!iv) return err_set(e, ERR_NOMEM, "out of memory");
+  struct invoke *iv = mem_calloc(1, sizeof *iv);
   iv->r.s = s, iv->r.cb = cb, iv->r.arg = arg, iv->r.wait_ms = wait_ms;
   size_t first = journal_count(sched__journal(s));
   if (!key) {
@@ -242,8 +238,8 @@ static int start_and_answer(sched_t *s, struct skill *sk, const char *trigger, c
     return 0;
   }
   iv->sk = sk;
-  iv->trigger = strdup(trigger);
-  iv->input = input ? strdup(input) : NULL;
+  iv->trigger = mem_strdup(trigger);
+  iv->input = input ? mem_strdup(input) : NULL;
   iv->at = units_now_ms();
   iv->deadline_at = sk->timeout_ms ? iv->at + sk->timeout_ms : 0;
   ids_ulid(iv->at, iv->r.run_id);
@@ -252,10 +248,7 @@ static int start_and_answer(sched_t *s, struct skill *sk, const char *trigger, c
     .entry = "run", .trigger = trigger, .input = input, .owner = sched_owner(s),
     .created_at = iv->at, .started_at = iv->at, .deadline_at = iv->deadline_at, .idem = key,
   };
-  if (!iv->trigger || journal_run_new(sched__journal(s), &row)) {
-    free(iv->trigger), free(iv->input), free(iv);
-    return err_set(e, ERR_NOMEM, "out of memory");
-  }
+  journal_run_new(sched__journal(s), &row);
   sched__after_request(s, first, on_keyed_row, on_invoke_failed, iv);
   return 0;
 }
@@ -284,9 +277,10 @@ static void on_cancel(void *arg, const struct jentry *je) {
     snprintf(msg, sizeof msg, "run %s is already %s: nothing to cancel", r->run_id, st + 6);
     answer(r, ERR_CONFLICT, msg, NULL);
   } else {
-    /* Ours: stop it now rather than at the next poll. */
+    /* Ours: stop it now rather than at the next poll, with the reason the
+    ** store kept (a cancel asked before this one keeps its own). */
     struct run *run = sched__find(r->s, r->run_id);
-    if (run) run_cancelled(run, "cancelled over HTTP");
+    if (run) sched__poll_now(r->s);
     char js[96];
     snprintf(js, sizeof js, "{\"run_id\":\"%s\",\"status\":\"%s\"}", r->run_id,
              run ? "cancelled" : st);
@@ -299,7 +293,6 @@ int sched_cancel(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, e
   if (!run_id || strlen(run_id) != 26) return err_set(e, ERR_NOTFOUND, "no run with id '%.40s'", run_id ? run_id : "");
   if (sched__refuse_write(s, e)) return e->code;
   struct reply *r = reply_new(s, cb, arg);
-  if (!r) return err_set(e, ERR_NOMEM, "out of memory");
   snprintf(r->run_id, sizeof r->run_id, "%s", run_id);
   struct cancel_row c = {.run_id = run_id, .reason = "cancelled over HTTP", .at = units_now_ms()};
   size_t first = journal_count(sched__journal(s));
@@ -401,7 +394,7 @@ static char *skill_of_file(sched_t *s, const char *file) {
   cJSON_ArrayForEach(k, all) {
     const cJSON *f = cJSON_GetObjectItem(k, "file");
     if (cJSON_IsString(f) && !strcmp(f->valuestring, file)) {
-      id = strdup(cJSON_GetObjectItem(k, "id")->valuestring);
+      id = mem_strdup(cJSON_GetObjectItem(k, "id")->valuestring);
       break;
     }
   }
@@ -443,7 +436,7 @@ static char *file_taken(sched_t *s, const char *id, const char *file) {
     const cJSON *kid = cJSON_GetObjectItem(k, "id");
     if (cJSON_IsString(f) && !strcmp(f->valuestring, file) && cJSON_IsString(v) &&
         cJSON_IsString(kid) && strcmp(kid->valuestring, id)) {
-      other = strdup(kid->valuestring);
+      other = mem_strdup(kid->valuestring);
       break;
     }
   }
@@ -472,11 +465,8 @@ static int id_line(const char *src, size_t len) {
 static int put_source(sched_t *s, const char *file, const char *want_id, const char *source,
                       size_t len, sched_reply_cb cb, void *arg, err_t *e) {
   if (sched__refuse_write(s, e)) return e->code;
-  struct put_ctx *p = calloc(1, sizeof *p);
-  if (!p || !(p->r = reply_new(s, cb, arg))) {
-    free(p);
-    return err_set(e, ERR_NOMEM, "out of memory");
-  }
+  struct put_ctx *p = mem_calloc(1, sizeof *p);
+  p->r = reply_new(s, cb, arg);
   int64_t now = units_now_ms();
   journal_t *j = sched__journal(s);
   size_t first = journal_count(j);
@@ -503,15 +493,15 @@ static int put_source(sched_t *s, const char *file, const char *want_id, const c
   }
   if (rc) {
     /* Keep the error on the skill's record; its live version stays. */
-    char *id = want_id ? strdup(want_id) : skill_of_file(s, file);
+    char *id = want_id ? mem_strdup(want_id) : skill_of_file(s, file);
     if (!id) {
       char dflt[160];
       skills_default_id(file, dflt, sizeof dflt);
-      id = strdup(dflt);
+      id = mem_strdup(dflt);
     }
     if (sk && rc == ERR_CONFLICT) {
       free(id);
-      id = strdup(sk->id);
+      id = mem_strdup(sk->id);
     }
     char at[40];
     units_rfc3339(now, at, sizeof at);
@@ -529,7 +519,7 @@ static int put_source(sched_t *s, const char *file, const char *want_id, const c
     free(ejs);
     p->id = id;
     p->rc = rc;
-    p->message = strdup(se.err.msg);
+    p->message = mem_strdup(se.err.msg);
   } else {
     struct version_row v = {.version = sk->version, .skill = sk->id, .source = sk->source,
                             .file = file, .loaded_at = now, .triggers = sk->triggers};
@@ -538,7 +528,7 @@ static int put_source(sched_t *s, const char *file, const char *want_id, const c
                           .updated_at = now};
     journal_version(j, &v);
     journal_skill(j, &k);
-    p->id = strdup(sk->id);
+    p->id = mem_strdup(sk->id);
   }
   sched__after_request(s, first, on_put, on_put_failed, p);
   return 0;
@@ -566,12 +556,8 @@ static int unload_id(sched_t *s, char *id, const char *path, sched_reply_cb cb, 
     free(id);
     return e->code;
   }
-  struct put_ctx *p = calloc(1, sizeof *p);
-  if (!p || !(p->r = reply_new(s, cb, arg))) {
-    free(p);
-    free(id);
-    return err_set(e, ERR_NOMEM, "out of memory");
-  }
+  struct put_ctx *p = mem_calloc(1, sizeof *p);
+  p->r = reply_new(s, cb, arg);
   struct skill_row k = {.op = SKILL_REMOVE, .id = id, .file = path, .updated_at = units_now_ms()};
   size_t first = journal_count(sched__journal(s));
   journal_skill(sched__journal(s), &k);
@@ -598,15 +584,10 @@ int sched_unload_skill(sched_t *s, const char *id, const char *file, sched_reply
                  file, cJSON_IsString(f) ? f->valuestring : "unknown");
   else if (!cJSON_IsString(v) && cJSON_IsNull(cJSON_GetObjectItem(rec, "error")))
     rc = err_set(e, ERR_NOTFOUND, "skill '%s' has no live version: nothing to unregister", id);
-  char *path = rc ? NULL : strdup(cJSON_IsString(f) ? f->valuestring : "");
+  char *path = rc ? NULL : mem_strdup(cJSON_IsString(f) ? f->valuestring : "");
   cJSON_Delete(rec);
   if (rc) return rc;
-  char *dup = strdup(id);
-  if (!dup || !path) {
-    free(dup), free(path);
-    return err_set(e, ERR_NOMEM, "out of memory");
-  }
-  rc = unload_id(s, dup, path, cb, arg, e);
+  rc = unload_id(s, mem_strdup(id), path, cb, arg, e);
   free(path);
   return rc;
 }

@@ -3,6 +3,7 @@
 */
 #include "core/engine.h"
 #include "core/crash.h"
+#include "base/mem.h"
 #include "base/units.h"
 #include "core/modules.h"
 #include "core/otlp.h"
@@ -20,6 +21,13 @@ int engine_open_store(struct engine *en, const struct config *cfg, err_t *e) {
   memset(en, 0, sizeof *en);
   en->cfg = cfg;
   return store_open(cfg->db, cfg->durability_full ? STORE_FULL : STORE_NORMAL, &en->store, e);
+}
+
+/* See engine.h. */
+void engine_process_init(void) {
+  mem_init();
+  uv_replace_allocator(mem_alloc, mem_realloc, mem_calloc, free);
+  httpc_global_init(NULL);
 }
 
 /* core.llm_settings: the LLM endpoint from the configuration, the key read
@@ -42,7 +50,6 @@ int engine_open_runtime(struct engine *en, const struct config *cfg, err_t *e) {
   if (lrt_new(&lo, &en->lrt, e)) return e->code;
   en->skills = skills_new(en->lrt, (const char *const *)cfg->env, cfg->skill_env,
                           cfg->nskill_env);
-  if (!en->skills) return err_set(e, ERR_NOMEM, "out of memory");
   llm_settings(en, cfg);
   modules_register(en);
   return 0;
@@ -148,7 +155,6 @@ int engine_load_file(struct engine *en, const char *path, int register_it, struc
   struct skill *s = *out;
   int64_t now = units_now_ms();
   journal_t *j = journal_new();
-  if (!j) return err_set(&se->err, ERR_NOMEM, "out of memory");
   struct version_row v = {.version = s->version, .skill = s->id, .source = s->source,
                           .file = path, .loaded_at = now, .triggers = s->triggers};
   journal_version(j, &v);

@@ -27,6 +27,11 @@ struct engine {
   sched_t *sched;
 };
 
+/* Once per process, before anything else: cJSON, libcurl and libuv
+** allocate through base/mem.h, so an allocation the system refuses ends the
+** process with a message wherever it happens (mem.h's policy). */
+void engine_process_init(void);
+
 /* Open only the store (commands that read or write state without running skills). */
 int engine_open_store(struct engine *en, const struct config *cfg, err_t *e);
 

@@ -64,6 +64,8 @@
 #include <strings.h>
 
 #include "base/buf.h"
+#include "base/fault.h"
+#include "base/mem.h"
 
 enum xstate { X_RUNNING, X_DONE, X_DELIVERING, X_CANCELLED, X_HELD };
 
@@ -76,7 +78,7 @@ struct httpc_xfer {
   enum xstate state;
   CURLcode result;           /* set when it leaves X_RUNNING */
   int watch_err;             /* a uv error watching one of its sockets (fails it) */
-  int too_big, hdr_too_big, nomem;
+  int too_big, hdr_too_big;
   int for_skill, to_self;    /* sent for a skill; refused: it would have connected to the API */
   char self_addr[64];        /* where to_self would have gone, for the message */
   int gated, stopped;        /* checked at the gate; stopped there this time */
@@ -123,7 +125,19 @@ struct httpc {
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static CURLcode g_init_rc;
 
-static void global_init(void) { g_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT); }
+/* libcurl allocates through base/mem.h (its policy: engine_process_init). */
+static void global_init(void) {
+  g_init_rc = curl_global_init_mem(CURL_GLOBAL_DEFAULT, mem_alloc, free, mem_realloc, mem_strdup,
+                                   mem_calloc);
+}
+
+/* See httpc.h. */
+int httpc_global_init(err_t *e) {
+  pthread_once(&g_once, global_init);
+  if (g_init_rc != CURLE_OK)
+    return err_set(e, ERR_INTERNAL, "could not initialise libcurl: %s", curl_easy_strerror(g_init_rc));
+  return 0;
+}
 
 /* ---- small helpers ---- */
 
@@ -139,7 +153,7 @@ static int is_tchar(unsigned char c) {
 }
 
 /* "METHOD url" for messages: without user:password@, cut at 300 bytes.
-** Returns a malloc'd string or NULL. */
+** Returns a malloc'd string. */
 static char *describe_request(const char *method, const char *url) {
   const char *auth = strstr(url, "://");
   size_t skip_from = 0, skip_to = 0;
@@ -155,19 +169,15 @@ static char *describe_request(const char *method, const char *url) {
     }
   }
   buf_t b = BUF_INIT;
-  int rc = buf_printf(&b, "%s ", method);
+  buf_printf(&b, "%s ", method);
   size_t ulen = strlen(url), kept = 0;
-  for (size_t i = 0; i < ulen && !rc; i++) {
+  for (size_t i = 0; i < ulen; i++) {
     if (i >= skip_from && i < skip_to) continue;
     if (kept++ == 300) {
-      rc = buf_puts(&b, "...");
+      buf_puts(&b, "...");
       break;
     }
-    rc = buf_add(&b, url + i, 1);
-  }
-  if (rc) {
-    buf_free(&b);
-    return NULL;
+    buf_add(&b, url + i, 1);
   }
   return buf_take(&b);
 }
@@ -175,7 +185,7 @@ static char *describe_request(const char *method, const char *url) {
 /* Check that url parses and is http or https. */
 static int check_url(const char *url, const char *what, err_t *e) {
   CURLU *u = curl_url();
-  if (!u) return err_set(e, ERR_NOMEM, "out of memory (%s)", what);
+  if (!u) mem_oom(sizeof(void *)); /* libcurl allocates through base/mem.h: it cannot be NULL */
   int rc = 0;
   char *scheme = NULL;
   CURLUcode uc = curl_url_set(u, CURLUPART_URL, url, 0);
@@ -262,11 +272,7 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, vo
     return 0;
   }
   if (!k) {
-    k = calloc(1, sizeof *k);
-    if (!k) {
-      fail_watch(h, easy, UV_ENOMEM);
-      return 0;
-    }
+    k = mem_calloc(1, sizeof *k);
     int rc = uv_poll_init_socket(h->loop, &k->poll, s);
     if (rc == UV_EEXIST) {
       /* A poll we still hold for this fd number means curl closed the old
@@ -345,10 +351,7 @@ static size_t on_body(char *p, size_t size, size_t n, void *ud) {
     x->too_big = 1;
     return 0; /* CURLE_WRITE_ERROR */
   }
-  if (buf_add(&x->body, p, len)) {
-    x->nomem = 1;
-    return 0;
-  }
+  buf_add(&x->body, p, len);
   return len;
 }
 
@@ -378,10 +381,9 @@ static size_t on_header(char *p, size_t size, size_t n, void *ud) {
     while (i < l && is_ows(p[i])) i++;
     if (!x->nhdr || i == l) return len;
     x->hdr.len--; /* drop the value's NUL, the buffer stays NUL-terminated */
-    if (buf_add(&x->hdr, " ", 1) || buf_add(&x->hdr, p + i, l - i) || buf_add(&x->hdr, "", 1)) {
-      x->nomem = 1;
-      return 0;
-    }
+    buf_add(&x->hdr, " ", 1);
+    buf_add(&x->hdr, p + i, l - i);
+    buf_add(&x->hdr, "", 1);
     return len;
   }
   const char *colon = memchr(p, ':', l);
@@ -389,11 +391,10 @@ static size_t on_header(char *p, size_t size, size_t n, void *ud) {
   size_t nlen = (size_t)(colon - p), v = nlen + 1;
   while (v < l && is_ows(p[v])) v++;
   size_t at = x->hdr.len;
-  if (buf_add(&x->hdr, p, nlen) || buf_add(&x->hdr, "", 1) || buf_add(&x->hdr, p + v, l - v) ||
-      buf_add(&x->hdr, "", 1)) {
-    x->nomem = 1;
-    return 0;
-  }
+  buf_add(&x->hdr, p, nlen);
+  buf_add(&x->hdr, "", 1);
+  buf_add(&x->hdr, p + v, l - v);
+  buf_add(&x->hdr, "", 1);
   lower_ascii(x->hdr.p + at, nlen);
   x->nhdr++;
   return len;
@@ -424,9 +425,6 @@ static void describe_error(httpc_xfer *x, struct httpc_resp *r) {
     code = ERR_TOOBIG, reason = "too_big";
     snprintf(cause, sizeof cause, "response too large: headers over the limit of %zu bytes",
              HTTPC_MAX_HEADER_BYTES);
-  } else if (x->nomem || rc == CURLE_OUT_OF_MEMORY) {
-    code = ERR_NOMEM, reason = "nomem";
-    snprintf(cause, sizeof cause, "out of memory");
   } else {
     switch (rc) {
     case CURLE_OPERATION_TIMEDOUT:
@@ -520,12 +518,10 @@ static void deliver(httpc_t *h, httpc_xfer *x) {
   const char **arr = NULL;
   r.total_ms = (double)(uv_hrtime() - x->t0) / 1e6;
   r.body = "";
-  if (x->result != CURLE_OK || x->watch_err || x->nomem) {
-    describe_error(x, &r);
-  } else if (x->nhdr && !(arr = malloc(2 * x->nhdr * sizeof *arr))) {
-    x->nomem = 1;
+  if (x->result != CURLE_OK || x->watch_err) {
     describe_error(x, &r);
   } else {
+    if (x->nhdr) arr = mem_alloc(2 * x->nhdr * sizeof *arr);
     curl_easy_getinfo(x->easy, CURLINFO_RESPONSE_CODE, &r.status);
     r.body = buf_str(&x->body);
     r.body_len = x->body.len;
@@ -585,6 +581,11 @@ static void dispatch(httpc_t *h) {
       x->state = X_HELD;
       h->nheld++;
       continue;
+    }
+    if (rc == CURLE_OK && fault_hit(FAULT_HTTP_FAIL)) {
+      /* The request went out and was answered; the step sees it fail. */
+      rc = CURLE_RECV_ERROR;
+      snprintf(x->errbuf, sizeof x->errbuf, "connection reset by peer (fault injected: http_fail)");
     }
     finish_running(h, x, rc, &tail);
   }
@@ -722,7 +723,6 @@ int httpc_start(httpc_t *h, const struct httpc_req *req, httpc_cb cb, void *ud,
     if (!is_tchar((unsigned char)method[i]) || mlen > 32)
       return err_set(e, ERR_INVALID, "invalid HTTP method '%.40s' (%.300s)", method, url);
   char *what = describe_request(method, url);
-  if (!what) return err_set(e, ERR_NOMEM, "out of memory starting an HTTP request");
   int rc = 0;
   if (h->closing) rc = err_set(e, ERR_CONFLICT, "the HTTP client is closing (%s)", what);
   else if (!*url) rc = err_set(e, ERR_INVALID, "no URL (%s)", what);
@@ -746,12 +746,7 @@ int httpc_start(httpc_t *h, const struct httpc_req *req, httpc_cb cb, void *ud,
     return rc;
   }
 
-  httpc_xfer *x = calloc(1, sizeof *x);
-  if (!x) {
-    rc = err_set(e, ERR_NOMEM, "out of memory (%s)", what);
-    free(what);
-    return rc;
-  }
+  httpc_xfer *x = mem_calloc(1, sizeof *x);
   x->h = h;
   x->what = what;
   x->cb = cb;
@@ -759,29 +754,18 @@ int httpc_start(httpc_t *h, const struct httpc_req *req, httpc_cb cb, void *ud,
   x->timeout_ms = req->timeout_ms ? req->timeout_ms : HTTPC_DEFAULT_TIMEOUT_MS;
   x->max_response = req->max_response ? req->max_response : HTTPC_DEFAULT_MAX_RESPONSE;
   x->easy = curl_easy_init();
-  if (!x->easy) {
-    rc = err_set(e, ERR_NOMEM, "could not create a curl handle (%s)", what);
-    goto fail;
-  }
+  if (!x->easy) mem_oom(sizeof *x); /* only on a failed allocation (libcurl is initialised) */
 
   /* Request headers: the caller's, plus an empty Expect (no 100-continue
   ** round trip for large bodies) unless the caller set one. */
   int has_expect = 0;
   for (const char *const *hp = req->headers; hp && *hp; hp++) {
     if (!strncasecmp(*hp, "expect:", 7) || !strncasecmp(*hp, "expect;", 7)) has_expect = 1;
-    struct curl_slist *l = curl_slist_append(x->hdrs, *hp);
-    if (!l) goto nomem;
-    x->hdrs = l;
+    x->hdrs = curl_slist_append(x->hdrs, *hp);
   }
-  if (!has_expect) {
-    struct curl_slist *l = curl_slist_append(x->hdrs, "Expect:");
-    if (!l) goto nomem;
-    x->hdrs = l;
-  }
+  if (!has_expect) x->hdrs = curl_slist_append(x->hdrs, "Expect:");
   if (req->for_skill) {
-    struct curl_slist *l = curl_slist_append(x->hdrs, HTTPC_SKILL_HEADER ": 1");
-    if (!l) goto nomem;
-    x->hdrs = l;
+    x->hdrs = curl_slist_append(x->hdrs, HTTPC_SKILL_HEADER ": 1");
     x->for_skill = 1;
   }
 
@@ -833,7 +817,6 @@ int httpc_start(httpc_t *h, const struct httpc_req *req, httpc_cb cb, void *ud,
     SET(CURLOPT_COPYPOSTFIELDS, req->body ? req->body : "");
   }
 #undef SET
-  if (cc == CURLE_OUT_OF_MEMORY) goto nomem;
   if (cc != CURLE_OK) {
     rc = err_set(e, ERR_INTERNAL, "could not set up the request: %s (%s)", curl_easy_strerror(cc), what);
     goto fail;
@@ -846,8 +829,8 @@ int httpc_start(httpc_t *h, const struct httpc_req *req, httpc_cb cb, void *ud,
   h->xfers = x;
   CURLMcode mc = curl_multi_add_handle(h->multi, x->easy);
   if (mc != CURLM_OK) {
-    rc = err_set(e, mc == CURLM_OUT_OF_MEMORY ? ERR_NOMEM : ERR_INTERNAL,
-                 "could not start the request: %s (%s)", curl_multi_strerror(mc), what);
+    rc = err_set(e, ERR_INTERNAL, "could not start the request: %s (%s)",
+                 curl_multi_strerror(mc), what);
     xfer_free(h, x);
     return rc;
   }
@@ -855,8 +838,6 @@ int httpc_start(httpc_t *h, const struct httpc_req *req, httpc_cb cb, void *ud,
   if (out) *out = x;
   return 0;
 
-nomem:
-  rc = err_set(e, ERR_NOMEM, "out of memory (%s)", what);
 fail:
   if (x->easy) curl_easy_cleanup(x->easy);
   curl_slist_free_all(x->hdrs);
@@ -936,17 +917,12 @@ void httpc_gate_open(httpc_t *h) {
 
 int httpc_new(uv_loop_t *loop, httpc_t **out, err_t *e) {
   *out = NULL;
-  pthread_once(&g_once, global_init);
-  if (g_init_rc != CURLE_OK)
-    return err_set(e, ERR_INTERNAL, "could not initialise libcurl: %s", curl_easy_strerror(g_init_rc));
-  httpc_t *h = calloc(1, sizeof *h);
-  if (!h) return err_set(e, ERR_NOMEM, "out of memory creating the HTTP client");
+  int rc = httpc_global_init(e);
+  if (rc) return rc;
+  httpc_t *h = mem_calloc(1, sizeof *h);
   h->loop = loop;
   h->multi = curl_multi_init();
-  if (!h->multi) {
-    free(h);
-    return err_set(e, ERR_NOMEM, "could not create a curl multi handle");
-  }
+  if (!h->multi) mem_oom(sizeof *h); /* only on a failed allocation (libcurl is initialised) */
   CURLMcode mc = CURLM_OK;
 #define MSET(opt, val) \
   do { \
@@ -958,7 +934,7 @@ int httpc_new(uv_loop_t *loop, httpc_t **out, err_t *e) {
   MSET(CURLMOPT_TIMERDATA, (void *)h);
   MSET(CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)HTTPC_MAX_CONNECTIONS);
 #undef MSET
-  int rc = mc == CURLM_OK ? uv_timer_init(loop, &h->timer) : 0;
+  rc = mc == CURLM_OK ? uv_timer_init(loop, &h->timer) : 0;
   if (mc != CURLM_OK || rc) {
     curl_multi_cleanup(h->multi);
     free(h);

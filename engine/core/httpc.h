@@ -65,6 +65,10 @@ struct httpc_resp {
 
 typedef void (*httpc_cb)(const struct httpc_resp *resp, void *ud);
 
+/* libcurl's global initialisation, once per process (any thread); its
+** allocation goes through base/mem.h. httpc_new calls it; 0 or ERR_INTERNAL. */
+int httpc_global_init(err_t *e);
+
 /* Create a client on loop. Returns 0 and sets *out, or a negative code. */
 int httpc_new(uv_loop_t *loop, httpc_t **out, err_t *e);
 

@@ -14,6 +14,7 @@
 ** (a third value "fatal" tells lua/modules.lua so): retrying cannot help.
 */
 #include "base/ids.h"
+#include "base/mem.h"
 #include "base/units.h"
 #include "base/workspace.h"
 #include "core/engine.h"
@@ -38,7 +39,6 @@ static struct engine *up_engine(lua_State *L) {
 static int push_json(lua_State *L, cJSON *v) {
   char *s = cJSON_PrintUnformatted(v);
   cJSON_Delete(v);
-  if (!s) return luaL_error(L, "out of memory");
   lua_pushstring(L, s);
   free(s);
   return 1;
@@ -148,7 +148,7 @@ static int c_skills_check(lua_State *L) {
   const char *name = luaL_optstring(L, 2, "skill.lua");
   char *id = NULL, *warnings = NULL;
   struct skill_error se;
-  if (skills_check_warnings(en->skills, src, len, name, &id, &warnings, &se)) {
+  if (skills_check_warnings(en->skills, src, len, name, 0, &id, &warnings, &se)) {
     lua_pushnil(L);
     lua_pushstring(L, se.err.msg);
     if (se.line) lua_pushinteger(L, se.line);
@@ -334,6 +334,7 @@ static void on_cancel_applied(void *arg, const struct jentry *je) {
   struct task *t = cc->t;
   struct run *r = t->run;
   const char *st = je->result;
+  int poll = 0;
   if (!r->aborted && !r->finished) {
     lua_State *co = t->co;
     char buf[160];
@@ -348,34 +349,27 @@ static void on_cancel_applied(void *arg, const struct jentry *je) {
       lua_pushstring(co, buf);
       t->nres = 2;
     } else {
-      struct run *target = sched__find(r->sched, cc->run_id);
-      if (target) run_cancelled(target, cc->reason);
+      /* Held here: stopped now (below), with the reason the store kept. */
+      poll = sched__find(r->sched, cc->run_id) != NULL;
       snprintf(buf, sizeof buf, "{\"run_id\":\"%s\",\"status\":\"%s\"}", cc->run_id,
-               target ? "cancelled" : st);
+               poll ? "cancelled" : st);
       lua_pushstring(co, buf);
       t->nres = 1;
     }
     run__complete(t);
   }
+  sched_t *s = r->sched;
   run_unref(r);
   free(cc);
+  if (poll) sched__poll_now(s);
 }
 
 /* See modules.h: OP_CANCEL (run_id, reason): the same durable cancel as
 ** `moonloop cancel`, with a reason that names the cancelling run. */
 void modules_op_cancel(struct task *t, lua_State *co) {
   struct run *r = t->run;
-  struct cancel_ctx *cc = calloc(1, sizeof *cc);
+  struct cancel_ctx *cc = mem_calloc(1, sizeof *cc);
   const char *why = lua_tostring(co, 3);
-  if (!cc) {
-    lua_settop(co, 0);
-    lua_pushnil(co);
-    lua_pushliteral(co, "out of memory");
-    t->nres = 2;
-    run__park(t, 1);
-    run__complete(t);
-    return;
-  }
   cc->t = t;
   snprintf(cc->run_id, sizeof cc->run_id, "%s", lua_tostring(co, 2));
   snprintf(cc->reason, sizeof cc->reason, "cancelled by run %s of skill %s%s%s", r->id,

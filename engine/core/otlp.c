@@ -10,6 +10,7 @@
 #include "core/otlp.h"
 #include "base/ids.h"
 #include "base/jsontext.h"
+#include "base/mem.h"
 #include "base/units.h"
 #include "core/engine.h"
 
@@ -224,12 +225,8 @@ static void on_finish(const struct sched_result *r, void *arg) {
   jsontext_fix_utf8(run);
   cJSON *req = otlp_trace_of(run, en->cfg->otlp_service);
   cJSON_Delete(run);
-  struct export *x = calloc(1, sizeof *x);
-  if (!x || !req) {
-    free(x);
-    cJSON_Delete(req);
-    return;
-  }
+  if (!req) return;
+  struct export *x = mem_calloc(1, sizeof *x);
   x->en = en;
   x->body = cJSON_PrintUnformatted(req);
   cJSON_Delete(req);

@@ -3,6 +3,7 @@
 ** remote.h), with libcurl's easy interface.
 */
 #include "core/remote.h"
+#include "base/mem.h"
 
 #include <curl/curl.h>
 #include <stdio.h>
@@ -21,8 +22,7 @@ struct answer_buf {
 static size_t on_data(char *ptr, size_t size, size_t n, void *arg) {
   struct answer_buf *b = arg;
   size_t add = size * n;
-  char *np = realloc(b->p, b->len + add + 1);
-  if (!np) return 0;
+  char *np = mem_realloc(b->p, b->len + add + 1);
   memcpy(np + b->len, ptr, add);
   b->len += add;
   np[b->len] = 0;
@@ -58,15 +58,11 @@ int remote_call(const struct config *cfg, const char *method, const char *path,
   size_t bl = strlen(base);
   while (bl && base[bl - 1] == '/') bl--;
   size_t ul = bl + strlen(path) + 1;
-  char *url = malloc(ul);
-  if (!url) return err_set(e, ERR_NOMEM, "out of memory");
+  char *url = mem_alloc(ul);
   snprintf(url, ul, "%.*s%s", (int)bl, base, path);
 
   CURL *h = curl_easy_init();
-  if (!h) {
-    free(url);
-    return err_set(e, ERR_NOMEM, "cannot start an HTTP request (libcurl)");
-  }
+  if (!h) mem_oom(ul); /* only on a failed allocation (libcurl allocates through base/mem.h) */
   struct curl_slist *hdrs = NULL;
   char auth[1024];
   const char *tok = cfg->token_env ? getenv(cfg->token_env) : NULL;

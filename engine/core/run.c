@@ -12,6 +12,7 @@
 */
 #include "base/fault.h"
 #include "base/ids.h"
+#include "base/mem.h"
 #include "base/term.h"
 #include "base/units.h"
 #include "core/crash.h"
@@ -42,13 +43,27 @@ void run_unref(struct run *r) {
   if (--r->refs <= 0) run_free(r);
 }
 
-/* Cancel, release and free t's step.parallel children. */
-void run__free_kids(struct task *t) {
+/* Cancel and release t's step.parallel children: nothing resumes them
+** again. Their structs stay until run__free_kids: a commit one of them
+** waits on cannot be cancelled, and its waiter (on_durable) still finds
+** the task when it reports back, after the run was aborted. */
+void run__stop_kids(struct task *t) {
   for (int i = 0; i < t->nkids; i++) {
-    free(t->kid_value[i]);
     if (t->kids[i]) {
       run__task_cancel(t->kids[i]);
       run__task_release(t->kids[i]);
+    }
+  }
+}
+
+/* Cancel, release and free t's step.parallel children: when the run is
+** freed (every completion it waited on has come in), or when a new
+** step.parallel starts (the last one's children all ended). */
+void run__free_kids(struct task *t) {
+  run__stop_kids(t);
+  for (int i = 0; i < t->nkids; i++) {
+    free(t->kid_value[i]);
+    if (t->kids[i]) {
       free(t->kids[i]->step_id);
       free(t->kids[i]);
     }
@@ -140,7 +155,7 @@ static void on_timer(struct stimer *tm) {
 ** its main task waits on, its coroutine, its deadline and wake timers. */
 static void stop_run(struct run *r) {
   sched_t *s = r->sched;
-  run__free_kids(&r->main);
+  run__stop_kids(&r->main);
   run__task_cancel(&r->main);
   run__task_release(&r->main);
   sched__timer_stop(s, &r->deadline);
@@ -157,19 +172,14 @@ static void start_on_failure(struct run *r, const char *error, int64_t now) {
   cJSON_AddItemToObject(trig, "error", ej ? ej : cJSON_CreateNull());
   char *tj = cJSON_PrintUnformatted(trig);
   cJSON_Delete(trig);
-  struct run *f = calloc(1, sizeof *f);
-  if (!f || !tj) {
-    free(tj);
-    free(f);
-    return;
-  }
+  struct run *f = mem_calloc(1, sizeof *f);
   err_t e;
   ids_ulid(now, f->id);
   f->sched = s;
   f->skill = r->skill;
   f->entry = "on_failure";
   f->trigger = tj;
-  f->input = r->input ? strdup(r->input) : NULL;
+  f->input = r->input ? mem_strdup(r->input) : NULL;
   f->created_at = f->started_at = now;
   struct run_row row = {
     .id = f->id, .skill = r->skill->id, .version = r->skill->version, .status = "running",
@@ -177,7 +187,7 @@ static void start_on_failure(struct run *r, const char *error, int64_t now) {
     .created_at = now, .started_at = now, .by_run = r->id,
   };
   journal_run_new(sched__journal(s), &row);
-  if (run_start(s, f, NULL, &e)) term_printf(stderr, "moonloop: on_failure of %s: %s\n", r->id, e.msg);
+  if (run_start_created(s, f, &e)) term_printf(stderr, "moonloop: on_failure of %s: %s\n", r->id, e.msg);
 }
 
 struct done_ctx {
@@ -203,7 +213,8 @@ void run__finish(struct run *r, const char *status, const char *output, const ch
   journal_t *j = sched__journal(s);
   int64_t now = units_now_ms();
   if (strcmp(status, "completed")) {
-    /* A run that did not complete takes its live children with it. */
+    /* A run that did not complete takes its live children with it (a
+    ** cancel by the run itself: its descendants, not the run). */
     struct cancel_row c = {.run_id = r->id, .reason = "its parent run ended", .at = now,
                            .by_run = r->id};
     journal_cancel(j, &c);
@@ -229,12 +240,12 @@ void run__finish(struct run *r, const char *status, const char *output, const ch
   if (!strcmp(status, "failed") && r->skill && r->skill->has_on_failure &&
       !strcmp(r->entry, "run"))
     start_on_failure(r, error, now);
-  struct done_ctx *d = calloc(1, sizeof *d);
+  struct done_ctx *d = mem_calloc(1, sizeof *d);
   if (d) {
     d->r = r;
-    d->status = strdup(status);
-    d->output = output ? strdup(output) : NULL;
-    d->error = error ? strdup(error) : NULL;
+    d->status = mem_strdup(status);
+    d->output = output ? mem_strdup(output) : NULL;
+    d->error = error ? mem_strdup(error) : NULL;
     r->refs++;
     sched__after_commit(s, on_finished_durable, d);
   }
@@ -265,13 +276,7 @@ void run_cancelled(struct run *r, const char *reason) {
   if (r->aborted || r->finished) return;
   char msg[600];
   /* The reason is a message, or the JSON of the event that cancelled it. */
-  cJSON *ev = reason && reason[0] == '{' ? cJSON_Parse(reason) : NULL;
-  cJSON *name = cJSON_GetObjectItem(ev, "name"), *id = cJSON_GetObjectItem(ev, "id");
-  if (cJSON_IsString(name))
-    snprintf(msg, sizeof msg, "cancelled by event %s (%s)", name->valuestring,
-             cJSON_IsString(id) ? id->valuestring : "?");
-  else snprintf(msg, sizeof msg, "cancelled: %s", reason ? reason : "on request");
-  cJSON_Delete(ev);
+  jsontext_cancel_message(reason, msg, sizeof msg);
   char *ej = jsontext_message(msg);
   run_abort(r, "cancelled", ej);
   free(ej);
@@ -367,7 +372,9 @@ int run_boot(struct run *r, const cJSON *journal, err_t *e) {
   r->main.state = T_PARKED;
   r->dormant = 0;
   sched__timer_stop(s, &r->wake);
-  sched__ready(s, &r->main);
+  /* A run whose row is not durable yet waits for it (run_start_created). */
+  if (r->unborn) run__park(&r->main, 1);
+  else sched__ready(s, &r->main);
   return 0;
 fail:
   if (prev >= 0) lrt_account_use(o->lrt, prev);
@@ -394,7 +401,7 @@ static char *event_value(struct run *r, const char *path) {
   }
   if (!strncmp(path, "event.", 6)) path += 6;
   const cJSON *v = jsontext_path(ev, path);
-  char *val = v ? cJSON_PrintUnformatted(v) : strdup("null");
+  char *val = v ? cJSON_PrintUnformatted(v) : mem_strdup("null");
   cJSON_Delete(trig);
   cJSON_Delete(made);
   return val;
@@ -438,7 +445,7 @@ static int64_t events_since(struct run *r) {
   const cJSON *ts = cJSON_GetObjectItem(ev, "ts"), *id = cJSON_GetObjectItem(ev, "id");
   int64_t ms;
   if (cJSON_IsString(ts) && !units_parse_rfc3339(ts->valuestring, &ms, NULL) && ms < since) since = ms;
-  if (cJSON_IsString(id) && !r->trigger_event) r->trigger_event = strdup(id->valuestring);
+  if (cJSON_IsString(id) && !r->trigger_event) r->trigger_event = mem_strdup(id->valuestring);
   cJSON_Delete(trig);
   return since;
 }
@@ -447,7 +454,7 @@ static int64_t events_since(struct run *r) {
 static void link_run(sched_t *s, struct run *r) {
   r->since = events_since(r);
   if (r->skill && r->skill->concurrency_limit > 0 && !r->ckey)
-    r->ckey = r->skill->concurrency_key ? event_value(r, r->skill->concurrency_key) : strdup("");
+    r->ckey = r->skill->concurrency_key ? event_value(r, r->skill->concurrency_key) : mem_strdup("");
   if (r->skill && r->skill->cancel_on) register_cancel_on(r);
   r->sched = s;
   r->main.run = r;
@@ -471,6 +478,34 @@ int run_start(sched_t *s, struct run *r, const cJSON *journal, err_t *e) {
   return 0;
 }
 
+/* The J_RUN_NEW that creates r came back from its group: durable, so r's
+** main task may go; or taken back before its commit (a lost lease, a
+** fenced parent, a refused request, a run started from outside handed to
+** whoever claims it), or found there already (its result): then this copy
+** of r is dropped without a write. */
+static void on_created(void *arg, const struct jentry *je) {
+  struct run *r = arg;
+  r->unborn = 0;
+  if (je->dropped || je->result || !je->u.run.owner) run_abort(r, NULL, NULL);
+  else run__complete(&r->main);
+  run_unref(r);
+}
+
+/* See run.h. The waiter is added before link_run, which may journal
+** entries of its own (cancel_on's waits): it names the J_RUN_NEW. */
+int run_start_created(sched_t *s, struct run *r, err_t *e) {
+  r->unborn = 1;
+  sched__after_entry(s, on_created, r);
+  link_run(s, r);
+  r->refs++; /* on_created's */
+  if (run_boot(r, NULL, e)) {
+    char *js = jsontext_message(e->msg);
+    run_abort(r, "failed", js);
+    free(js);
+  }
+  return 0;
+}
+
 /* See run.h. */
 int run_start_dormant(sched_t *s, struct run *r, int64_t wake_at) {
   link_run(s, r);
@@ -480,13 +515,22 @@ int run_start_dormant(sched_t *s, struct run *r, int64_t wake_at) {
   return 0;
 }
 
-/* See run.h: a run that cannot be replayed here fails, saying why. */
+/* See run.h: a run that cannot be replayed here fails, saying why; one
+** whose journal cannot be read just now (the database busy, an I/O error)
+** stays parked and wakes again in a second. */
 void run_wake(struct run *r) {
   if (!r->dormant || r->aborted || r->finished) return;
   sched_t *s = r->sched;
   cJSON *steps = NULL;
   err_t e;
-  if (store_get_steps(sched__opts(s)->store, r->id, &steps, &e) || run_boot(r, steps, &e)) {
+  int rc = store_get_steps(sched__opts(s)->store, r->id, &steps, &e);
+  if (rc == ERR_BUSY || rc == ERR_IO) {
+    fprintf(stderr, "moonloop: run %s: reading its journal failed, trying again in 1s: %s\n",
+                r->id, e.msg);
+    sched__timer_start(s, &r->wake, units_now_ms() + 1000);
+    return;
+  }
+  if (rc || run_boot(r, steps, &e)) {
     /* The run cannot go on here: fail it with the reason in its trace. */
     char *js = jsontext_message(e.msg);
     run_abort(r, "failed", js);
@@ -654,8 +698,7 @@ int run__http_request_from_lua(lua_State *co, int idx, struct httpc_req *req,
     while (nh < RUN_HTTP_MAX_HEADERS && lua_next(co, -2)) {
       if (lua_type(co, -2) == LUA_TSTRING && lua_isstring(co, -1)) {
         const char *k = lua_tostring(co, -2), *v = lua_tostring(co, -1);
-        size_t n = strlen(k) + strlen(v) + 3;
-        if ((hdrs[nh] = malloc(n))) snprintf(hdrs[nh++], n, "%s: %s", k, v);
+        hdrs[nh++] = mem_printf("%s: %s", k, v);
       }
       lua_pop(co, 1);
     }
@@ -756,7 +799,7 @@ static void task_finished(struct task *t, int rc) {
   char *payload = NULL;
   if (rc == 0) {
     ok = lua_toboolean(co, 1);
-    payload = lua_isstring(co, 2) ? strdup(lua_tostring(co, 2)) : NULL;
+    payload = lua_isstring(co, 2) ? mem_strdup(lua_tostring(co, 2)) : NULL;
   } else {
     const char *msg = *kill ? kill : lua_isstring(co, -1) ? lua_tostring(co, -1) : "error";
     payload = jsontext_message(msg);
@@ -843,7 +886,7 @@ static int c_log(lua_State *L) {
     term_printf(stderr, "[%s] %s\n", level, msg);
     return 0;
   }
-  fault_crash("crash_on_log", msg); /* tests: a real crash while a run executes */
+  fault_log(msg); /* tests: a real crash here, or faults armed by the run (base/fault.h) */
   struct log_row row = {.run_id = t->run->id, .seq = seq, .ts = units_now_ms(), .level = level,
                         .msg = msg};
   journal_log(sched__journal(s), &row);
@@ -876,7 +919,7 @@ static int c_step_begin(lua_State *L) {
   if (!t) return 0;
   t->step_seq = (int)luaL_checkinteger(L, 1);
   free(t->step_id);
-  t->step_id = strdup(luaL_checkstring(L, 2));
+  t->step_id = mem_strdup(luaL_checkstring(L, 2));
   t->step_attempt = (int)luaL_checkinteger(L, 3);
   t->step_timeout_ms = (int64_t)luaL_optnumber(L, 4, 0);
   t->step_started = (int64_t)luaL_optnumber(L, 5, (lua_Number)units_now_ms());

@@ -113,6 +113,8 @@ struct run {
   int finished;      /* its terminal status is journaled */
   int aborted;
   int dormant;       /* parked without a coroutine: woken by replay */
+  int unborn;        /* its row is not durable yet: its main task waits for it
+                     ** (run_start_created), so no step body runs before */
   int64_t wake_at;   /* dormant: when to wake (0: when something is delivered) */
   struct stimer wake;
   struct stimer deadline;
@@ -130,6 +132,15 @@ struct run {
 ** budget, out of memory) fails at once with the reason in its trace;
 ** returns 0 either way (e then holds the reason). */
 int run_start(sched_t *s, struct run *r, const cJSON *journal, err_t *e);
+
+/* Start a new run r whose row (its J_RUN_NEW) is the open group's last
+** entry: its coroutine is made now, but its main task is first resumed
+** once that row is durable, so no step body of it runs for a run the
+** database may never hold (a crash before the commit, a fenced parent, a
+** refused request). When the row is taken back instead, or the store
+** found the run there already (a child id made again by a replay), r is
+** dropped here without a write. Returns 0, as run_start. */
+int run_start_created(sched_t *s, struct run *r, err_t *e);
 
 /* Build a run's coroutine and make its main task ready: replaying journal
 ** (a cJSON array from store_get_steps, or NULL for a new run). The run
@@ -173,6 +184,7 @@ void run__complete(struct task *t);
 void run__wait_durable(struct task *t);
 void run__task_cancel(struct task *t);
 void run__task_release(struct task *t);
+void run__stop_kids(struct task *t);
 void run__free_kids(struct task *t);
 void run__finish(struct run *r, const char *status, const char *output, const char *error);
 void run__verbose(struct run *r, const char *mark, const char *id, int64_t ms, const char *extra);
@@ -229,6 +241,10 @@ struct run *sched__find(sched_t *s, const char *id);
 void sched__parked(sched_t *s, int delta);
 int sched__parked_count(const sched_t *s);
 void sched__want_poll(sched_t *s);
+/* Hand this process's runs now what the store holds for them (cancellations
+** with the reason asked first, deliveries): after a cancel this process
+** wrote, so a run it holds stops at once, as the store says. */
+void sched__poll_now(sched_t *s);
 void sched__want_dispatch(sched_t *s);
 /* A step ended after ms (for the duration histogram). */
 void sched__step_ended(sched_t *s, int64_t ms);
@@ -247,6 +263,12 @@ void sched__skills_changed(sched_t *s);
 void sched__crons_free(sched_t *s);
 struct cron_entry *sched__crons(sched_t *s);
 void sched__set_crons(sched_t *s, struct cron_entry *list);
+/* A new run of skill with the given id, created at `created` (at most now):
+** journal its row and start it once the row is durable (run_start_created).
+** sched_run_new's, with the id chosen by the caller (a child's id derived
+** from its parent's step). */
+int sched__run_new(sched_t *s, struct skill *skill, const char *id, int64_t created,
+                   const char *trigger, const char *input, const char *parent_id, err_t *e);
 /* Start a run whose row is already journaled (owned by this process). */
 int sched__start_existing(sched_t *s, struct skill *skill, const char *id, const char *trigger,
                           const char *input, int64_t at, err_t *e);
@@ -261,7 +283,7 @@ void sched__run_done(sched_t *s, struct run *r, const char *status, const char *
                      const char *error);
 void sched__run_unlink(sched_t *s, struct run *r);
 /* sched_watch without looking at the store first (the caller knows the run
-** has not ended: it just started it); NULL when out of memory. */
+** has not ended: it just started it). */
 struct sched_watch *sched__watch_add(sched_t *s, const char *run_id, int64_t wait_ms,
                                      sched_watch_cb cb, void *arg);
 void sched__run_link(sched_t *s, struct run *r);

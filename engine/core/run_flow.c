@@ -8,8 +8,10 @@
 ** answers at once when what it waits for is already there. Otherwise the
 ** run parks until the store reports a delivery (run_delivered, from the
 ** scheduler's poll) or its timeout passes; either way the wait is ended
-** in the store (J_WAIT_END, which returns a result delivered meanwhile),
-** and the step completes with that result, or with null.
+** in the store (J_WAIT_END, which returns a result delivered meanwhile and
+** closes a wait that got nothing), and the step completes with that
+** result, or with null, in a group that also removes the wait: until then
+** the wait's row keeps what it took, for a replay after a crash.
 **
 ** Eviction: when more main tasks are parked on long waits than the
 ** scheduler keeps in memory (sched_opts.max_parked), a run that parks is
@@ -17,6 +19,7 @@
 ** when it wakes. Its journal already holds everything it needs.
 */
 #include "base/ids.h"
+#include "base/mem.h"
 #include "base/units.h"
 #include "core/run.h"
 
@@ -72,7 +75,7 @@ static void set_wait(struct task *t, lua_State *co, const char *kind, int64_t un
                      int64_t started) {
   t->wait_seq = (int)lua_tointeger(co, 2);
   free(t->wait_id);
-  t->wait_id = strdup(lua_tostring(co, 3));
+  t->wait_id = mem_strdup(lua_tostring(co, 3));
   t->wait_kind = kind;
   t->wait_until = until;
   t->wait_started = started;
@@ -190,13 +193,15 @@ static void on_wait_ended(void *arg, const struct jentry *je) {
 }
 
 /* End the wait in the store (its timeout passed, or a delivery was seen),
-** then finish the step with whatever the store holds. */
+** then finish the step with whatever the store holds. The wait's row
+** stays (closed, if nothing came) until the group that completes the step
+** removes it: a crash in between finds what it took there again. */
 static void wait_end(struct task *t) {
   struct run *r = t->run;
   if (!t->waiting) return;
   t->waiting = 0;
   sched__timer_stop(r->sched, &t->timer);
-  struct wait_end we = {.run_id = r->id, .seq = t->wait_seq};
+  struct wait_end we = {.run_id = r->id, .seq = t->wait_seq, .keep = 1};
   journal_wait_end(sched__journal(r->sched), &we);
   r->refs++;
   sched__after_entry(r->sched, on_wait_ended, t);
@@ -258,9 +263,9 @@ void run_op_wait(struct task *t, lua_State *co) {
   set_wait(t, co, "wait", num(co, 7), num(co, 8));
   free(t->wait_child);
   t->wait_child = NULL;
-  char *name = strdup(lua_tostring(co, 4));
-  char *path = lua_isstring(co, 5) ? strdup(lua_tostring(co, 5)) : NULL;
-  char *value = lua_isstring(co, 6) ? strdup(lua_tostring(co, 6)) : NULL;
+  char *name = mem_strdup(lua_tostring(co, 4));
+  char *path = lua_isstring(co, 5) ? mem_strdup(lua_tostring(co, 5)) : NULL;
+  char *value = lua_isstring(co, 6) ? mem_strdup(lua_tostring(co, 6)) : NULL;
   lua_settop(co, 0);
   register_wait(t, "event", name, path, value, NULL);
   free(name), free(path), free(value);
@@ -302,10 +307,10 @@ void run_op_invoke(struct task *t, lua_State *co) {
   struct run *r = t->run;
   sched_t *s = r->sched;
   set_wait(t, co, "invoke", num(co, 6), num(co, 7));
-  char *skill_id = strdup(lua_tostring(co, 4));
-  char *data = strdup(lua_tostring(co, 5));
+  char *skill_id = mem_strdup(lua_tostring(co, 4));
+  char *data = mem_strdup(lua_tostring(co, 5));
   free(t->wait_child);
-  t->wait_child = lua_isstring(co, 8) ? strdup(lua_tostring(co, 8)) : NULL;
+  t->wait_child = lua_isstring(co, 8) ? mem_strdup(lua_tostring(co, 8)) : NULL;
   lua_settop(co, 0);
   if (!t->wait_child) {
     struct skill *sk;
@@ -323,14 +328,21 @@ void run_op_invoke(struct task *t, lua_State *co) {
     cJSON_AddStringToObject(trig, "step", t->wait_id);
     char *tj = cJSON_PrintUnformatted(trig);
     cJSON_Delete(trig);
-    char child[27];
-    if (sched_run_new(s, sk, tj, data, r->id, child, &e)) {
+    /* The child's id comes from this run's id and the step's, at the
+    ** step's start (a replay's is the same): a replay of this step that
+    ** creates the child again makes the same run, or finds it. */
+    char child[27], key[300];
+    int64_t now = units_now_ms();
+    int64_t at = t->wait_started > 0 && t->wait_started < now ? t->wait_started : now;
+    snprintf(key, sizeof key, "%s:%s", r->id, t->wait_id);
+    ids_ulid_derived(at, key, child);
+    if (!sched__find(s, child) && sched__run_new(s, sk, child, at, tj, data, r->id, &e)) {
       invoke_failed(t, e.msg);
       free(tj), free(skill_id), free(data);
       return;
     }
     free(tj);
-    t->wait_child = strdup(child);
+    t->wait_child = mem_strdup(child);
   }
   char out[64];
   snprintf(out, sizeof out, "{\"run_id\":\"%s\"}", t->wait_child);
@@ -416,7 +428,7 @@ void run_op_send(struct task *t, lua_State *co) {
     n++;
   }
   cJSON_Delete(list);
-  struct send_ctx *sc = calloc(1, sizeof *sc);
+  struct send_ctx *sc = mem_calloc(1, sizeof *sc);
   sc->t = t;
   sc->n = n;
   r->refs++;
@@ -440,13 +452,13 @@ void run_op_parallel(struct task *t, lua_State *co) {
   };
   journal_step(sched__journal(s), &row);
   run__free_kids(t);
-  t->kids = calloc((size_t)n, sizeof *t->kids);
-  t->kid_value = calloc((size_t)n, sizeof *t->kid_value);
-  t->kid_ok = calloc((size_t)n, sizeof *t->kid_ok);
+  t->kids = mem_calloc((size_t)n, sizeof *t->kids);
+  t->kid_value = mem_calloc((size_t)n, sizeof *t->kid_value);
+  t->kid_ok = mem_calloc((size_t)n, sizeof *t->kid_ok);
   t->nkids = t->kids_left = n;
   lua_State *L = lrt_L(lrt);
   for (int i = 0; i < n; i++) {
-    struct task *k = calloc(1, sizeof *k);
+    struct task *k = mem_calloc(1, sizeof *k);
     k->run = r;
     k->parent = t;
     k->child_index = i;
@@ -467,7 +479,7 @@ void run_child_ended(struct task *k, int ok, const char *value) {
   struct task *t = k->parent;
   int i = k->child_index;
   t->kid_ok[i] = ok;
-  t->kid_value[i] = strdup(value ? value : "null");
+  t->kid_value[i] = mem_strdup(value ? value : "null");
   run__task_release(k);
   if (--t->kids_left > 0) {
     run__complete(t);

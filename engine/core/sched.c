@@ -22,6 +22,7 @@
 */
 #include "base/ids.h"
 #include "base/jsontext.h"
+#include "base/mem.h"
 #include "base/proc.h"
 #include "base/units.h"
 #include "core/sched_int.h"
@@ -166,9 +167,8 @@ static void gate(sched_t *s, struct run *r) {
 
 /* See run.h: keep r (referenced) to ask again at the next poll. */
 void sched__slot_wait(sched_t *s, struct run *r) {
-  struct run **w = realloc(s->slot_waiters, (size_t)(s->nslot_waiters + 1) * sizeof *w);
-  if (!w) return;
-  s->slot_waiters = w;
+  s->slot_waiters = mem_realloc(s->slot_waiters,
+                                (size_t)(s->nslot_waiters + 1) * sizeof *s->slot_waiters);
   r->refs++;
   s->slot_waiters[s->nslot_waiters++] = r;
 }
@@ -233,47 +233,50 @@ void sched__run_done(sched_t *s, struct run *r, const char *status, const char *
 /* A run struct for a run that starts now. */
 static struct run *run_new(sched_t *s, struct skill *skill, const char *id, const char *trigger,
                            const char *input, const char *parent_id, int64_t now) {
-  struct run *r = calloc(1, sizeof *r);
-  if (!r) return NULL;
+  struct run *r = mem_calloc(1, sizeof *r);
   snprintf(r->id, sizeof r->id, "%s", id);
   r->sched = s;
   r->skill = skill;
   r->entry = "run";
-  r->trigger = strdup(trigger ? trigger : "{\"kind\":\"invoke\"}");
-  r->input = input ? strdup(input) : NULL;
-  r->parent_id = parent_id ? strdup(parent_id) : NULL;
+  r->trigger = mem_strdup(trigger ? trigger : "{\"kind\":\"invoke\"}");
+  r->input = input ? mem_strdup(input) : NULL;
+  r->parent_id = parent_id ? mem_strdup(parent_id) : NULL;
   r->created_at = r->started_at = now;
   r->deadline_at = skill->timeout_ms ? now + skill->timeout_ms : 0;
   return r;
 }
 
-/* A run of skill from here: journal it and start it. */
+/* A run of skill from here: journal it and start it once its row is
+** durable (sched__run_new). */
 int sched_run_new(sched_t *s, struct skill *skill, const char *trigger, const char *input,
                   const char *parent_id, char *run_id, err_t *e) {
   int64_t now = units_now_ms();
   char id[27];
   ids_ulid(now, id);
+  if (run_id) memcpy(run_id, id, sizeof id);
+  return sched__run_new(s, skill, id, now, trigger, input, parent_id, e);
+}
+
+/* See run.h. */
+int sched__run_new(sched_t *s, struct skill *skill, const char *id, int64_t created,
+                   const char *trigger, const char *input, const char *parent_id, err_t *e) {
+  int64_t now = units_now_ms();
   struct run *r = run_new(s, skill, id, trigger, input, parent_id, now);
-  if (!r) return err_set(e, ERR_NOMEM, "out of memory");
+  if (created > 0 && created < now) r->created_at = created;
   struct run_row row = {
     .id = r->id, .skill = skill->id, .version = skill->version, .status = "running",
     .entry = "run", .trigger = r->trigger, .parent_id = parent_id, .input = input,
-    .owner = s->owner, .created_at = now, .started_at = now, .deadline_at = r->deadline_at,
-    .by_run = parent_id,
+    .owner = s->owner, .created_at = r->created_at, .started_at = now,
+    .deadline_at = r->deadline_at, .by_run = parent_id,
   };
-  if (journal_run_new(s->open.j, &row)) {
-    run_unref(r);
-    return err_set(e, ERR_NOMEM, "out of memory");
-  }
-  if (run_id) memcpy(run_id, r->id, sizeof r->id);
-  return run_start(s, r, NULL, e);
+  journal_run_new(s->open.j, &row);
+  return run_start_created(s, r, e);
 }
 
 /* See run.h. */
 int sched__start_existing(sched_t *s, struct skill *skill, const char *id, const char *trigger,
                           const char *input, int64_t at, err_t *e) {
   struct run *r = run_new(s, skill, id, trigger, input, NULL, at);
-  if (!r) return err_set(e, ERR_NOMEM, "out of memory");
   return run_start(s, r, NULL, e);
 }
 
@@ -340,21 +343,20 @@ static void adopt_end(sched_t *s, struct run *r, const char *status, const char 
 ** (quarantined): resuming it would only take this engine down too. */
 int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
   struct skill *skill = NULL;
-  struct run *r = calloc(1, sizeof *r);
-  if (!r) return err_set(e, ERR_NOMEM, "out of memory");
+  struct run *r = mem_calloc(1, sizeof *r);
   snprintf(r->id, sizeof r->id, "%s", row->id);
   r->sched = s;
   r->entry = row->entry && !strcmp(row->entry, "on_failure") ? "on_failure" : "run";
-  r->trigger = strdup(row->trigger ? row->trigger : "{}");
-  r->input = row->input ? strdup(row->input) : NULL;
-  r->parent_id = row->parent_id ? strdup(row->parent_id) : NULL;
+  r->trigger = mem_strdup(row->trigger ? row->trigger : "{}");
+  r->input = row->input ? mem_strdup(row->input) : NULL;
+  r->parent_id = row->parent_id ? mem_strdup(row->parent_id) : NULL;
   r->created_at = row->created_at;
   r->started_at = row->started_at ? row->started_at : units_now_ms();
   r->deadline_at = row->deadline_at;
   r->crashes = row->crashes;
   if (row->cancel_requested) {
     char msg[600];
-    snprintf(msg, sizeof msg, "cancelled: %s", row->cancel_reason ? row->cancel_reason : "on request");
+    jsontext_cancel_message(row->cancel_reason, msg, sizeof msg);
     adopt_end(s, r, "cancelled", msg);
     return 0;
   }
@@ -395,8 +397,16 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
     return run_start_dormant(s, r, row->wake_at);
   cJSON *steps = NULL;
   if (store_get_steps(s->o.store, r->id, &steps, e)) {
-    run_unref(r);
-    return e->code;
+    if (e->code != ERR_BUSY && e->code != ERR_IO) {
+      run_unref(r);
+      return e->code;
+    }
+    /* The journal could not be read just now: the run is this process's
+    ** all the same. It waits as a parked run does, and its wake reads the
+    ** journal again (run_wake). */
+    fprintf(stderr, "moonloop: run %s: reading its journal failed, trying again in 1s: %s\n",
+                r->id, e->msg);
+    return run_start_dormant(s, r, units_now_ms() + 1000);
   }
   int rc = run_start(s, r, steps, e);
   cJSON_Delete(steps);
@@ -407,6 +417,7 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
 void sched_triggers_live(sched_t *s) {
   if (s->triggers_live) return;
   s->triggers_live = 1;
+  s->dispatch_wanted = 1; /* events that waited for the live triggers */
   sched__skills_changed(s);
 }
 int sched__triggers_live(const sched_t *s) { return s->triggers_live; }
@@ -431,9 +442,14 @@ static void poll_runs(sched_t *s) {
   cJSON *out;
   err_t e;
   if (store_poll(s->o.store, s->owner, &out, &e)) {
-    fprintf(stderr, "moonloop: polling: %s\n", e.msg);
+    /* What was delivered stays in the store: ask again at the next tick
+    ** (the store may be busy a while: one line for the whole while). */
+    if (!s->poll_failing) fprintf(stderr, "moonloop: polling: %s; trying again\n", e.msg);
+    s->poll_failing = 1;
+    s->poll_wanted = 1;
     return;
   }
+  s->poll_failing = 0;
   const cJSON *x;
   cJSON_ArrayForEach(x, cJSON_GetObjectItem(out, "cancels")) {
     struct run *r = sched__find(s, cJSON_GetObjectItem(x, "run_id")->valuestring);
@@ -444,6 +460,11 @@ static void poll_runs(sched_t *s) {
     if (r) run_delivered(r, cJSON_GetObjectItem(x, "seq")->valueint);
   }
   cJSON_Delete(out);
+}
+
+/* See run.h. */
+void sched__poll_now(sched_t *s) {
+  if (!s->stopping) poll_runs(s);
 }
 
 /* Every 50 ms: notice other processes' writes, and stop a solo scheduler
@@ -459,6 +480,8 @@ static void tick_cb(uv_timer_t *h) {
       s->poll_wanted = 1;
       sched__watch_poll(s); /* attached clients of runs executed elsewhere */
       sched__live_forget(s); /* the registry may have changed */
+    } else if (s->watches.failing) {
+      sched__watch_poll(s); /* the last check could not read the store */
     }
   }
   if (s->poll_wanted && !s->stopping) {
@@ -485,8 +508,8 @@ static int http_gate_closed(void *arg) { return !sched__lease_fresh(arg); }
 
 /* See sched.h: options get their defaults here. */
 int sched_new(const struct sched_opts *o, sched_t **out, err_t *e) {
-  sched_t *s = calloc(1, sizeof *s);
-  if (!s) return err_set(e, ERR_NOMEM, "out of memory");
+  (void)e; /* nothing here fails: allocation cannot (base/mem.h) */
+  sched_t *s = mem_calloc(1, sizeof *s);
   s->o = *o;
   if (!s->o.lease_kind)
     s->o.lease_kind = o->mode == SCHED_SERVE ? "serve" : o->mode == SCHED_REPL ? "repl" : "run";
@@ -497,11 +520,9 @@ int sched_new(const struct sched_opts *o, sched_t **out, err_t *e) {
   if (s->o.step_output_limit <= 0) s->o.step_output_limit = 1 << 20;
   if (s->o.event_limit <= 0) s->o.event_limit = 1 << 20;
   if (s->o.max_parked == 0) s->o.max_parked = 10000;
-  if (sched__group_init(&s->open)) {
-    free(s);
-    return err_set(e, ERR_NOMEM, "out of memory");
-  }
+  sched__group_init(&s->open);
   s->data_version = -1;
+  s->deliver_cursor = -1;
   if (s->o.http) httpc_set_gate(s->o.http, http_gate_closed, s);
   run_register_core(o->lrt, s);
   *out = s;
@@ -615,7 +636,7 @@ void sched_abandon_all(sched_t *s) {
 /* See sched.h. */
 void sched_stats_enable(sched_t *s, size_t cap) {
   free(s->stats.samples);
-  s->stats.samples = calloc(cap, sizeof *s->stats.samples);
+  s->stats.samples = mem_calloc(cap, sizeof *s->stats.samples);
   s->stats.cap = s->stats.samples ? cap : 0;
   s->stats.nsamples = 0;
 }

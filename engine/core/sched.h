@@ -81,7 +81,8 @@ int sched_start(sched_t *s, err_t *e);
 
 /* Start a new run of skill. trigger and input are JSON text (input may be
 ** NULL). run_id (>= 27 bytes) gets the new id. The run is journaled in
-** the next group and starts at once. */
+** the next group; it is live here at once (its coroutine made), and runs
+** its first step once that group is durable. */
 int sched_run_new(sched_t *s, struct skill *skill, const char *trigger, const char *input,
                   const char *parent_id, char *run_id, err_t *e);
 

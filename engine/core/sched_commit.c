@@ -10,6 +10,7 @@
 **   commit    a journal group, in one transaction that also renews the
 **             lease (an empty group renews it when nothing else has lately)
 **   dispatch  accepted events: start triggered runs, deliver to waits
+**             (an engine without the live triggers: deliver only)
 **   prune     history past the retention (serve, hourly)
 **   reap      leases of dead processes (serve)
 **   claim     unowned unfinished runs (serve), adopted here
@@ -47,6 +48,7 @@
 ** the runs instead.
 */
 #include "base/ids.h"
+#include "base/mem.h"
 #include "base/proc.h"
 #include "base/term.h"
 #include "base/units.h"
@@ -59,7 +61,7 @@
 
 #define CLAIM_BATCH 500
 
-enum job_kind { JOB_COMMIT, JOB_CLAIM, JOB_REAP, JOB_DISPATCH, JOB_PRUNE };
+enum job_kind { JOB_COMMIT, JOB_CLAIM, JOB_REAP, JOB_DISPATCH, JOB_DELIVER, JOB_PRUNE };
 
 /* One job of the pipeline: filled by work_cb on the commit thread, read by
 ** after_work_cb on the loop thread. */
@@ -72,15 +74,15 @@ struct job {
   err_t err;
   struct run_row *rows;
   size_t nrows;
+  int64_t cursor; /* JOB_DELIVER: the events looked at so far (store_deliver) */
 };
 
 /* ---- journal groups ---- */
 
 /* See sched_int.h. */
-int sched__group_init(struct group *g) {
+void sched__group_init(struct group *g) {
   memset(g, 0, sizeof *g);
   g->j = journal_new();
-  return g->j ? 0 : ERR_NOMEM;
 }
 
 /* See sched_int.h. */
@@ -93,15 +95,12 @@ static int group_live(const struct group *g) {
   return 0;
 }
 
-/* A new, zeroed waiter of the open group. Aborts when out of memory: a
-** task that wrote could then never be resumed. */
+/* A new, zeroed waiter of the open group. */
 static struct gwait *add_wait(sched_t *s) {
   struct group *g = &s->open;
   if (g->nw == g->cap) {
     size_t cap = g->cap ? g->cap * 2 : 256;
-    struct gwait *w = realloc(g->w, cap * sizeof *w);
-    if (!w) abort(); /* cannot keep the promise to resume: nothing sane is left */
-    g->w = w;
+    g->w = mem_realloc(g->w, cap * sizeof *g->w);
     g->cap = cap;
   }
   struct gwait *w = &g->w[g->nw++];
@@ -214,6 +213,9 @@ static void work_cb(uv_work_t *w) {
     j->nrows = (size_t)runs;
     break;
   }
+  case JOB_DELIVER:
+    j->rc = store_deliver(s->o.store, &j->cursor, 200, &j->err);
+    break;
   }
 }
 
@@ -375,7 +377,11 @@ static void after_work_cb(uv_work_t *w, int status) {
     break;
   case JOB_CLAIM:
     s->last_claim_ms = units_now_ms();
-    if (j->rc) {
+    if (j->rc == ERR_CONFLICT) {
+      /* The store found this process's lease gone: it took nothing, and
+      ** this process's runs are another's now. */
+      lease_lost(s, j->err.msg);
+    } else if (j->rc) {
       fprintf(stderr, "moonloop: claiming runs failed: %s\n", j->err.msg);
     } else {
       for (size_t i = 0; i < j->nrows && !s->stopping; i++) {
@@ -395,6 +401,15 @@ static void after_work_cb(uv_work_t *w, int status) {
     s->last_prune_ms = units_now_ms();
     if (j->rc) fprintf(stderr, "moonloop: pruning history failed: %s\n", j->err.msg);
     else if (j->nrows) fprintf(stderr, "moonloop: pruned %zu runs past the retention\n", j->nrows);
+    break;
+  case JOB_DELIVER:
+    if (j->rc < 0) {
+      fprintf(stderr, "moonloop: delivering events failed: %s\n", j->err.msg);
+    } else {
+      s->deliver_cursor = j->cursor;
+      if (j->rc == 200) s->dispatch_wanted = 1; /* more are waiting */
+      if (j->rc > 0) s->poll_wanted = 1;
+    }
     break;
   case JOB_DISPATCH:
     if (j->rc < 0) {
@@ -421,10 +436,9 @@ static void submit(sched_t *s, struct job *j) {
   }
 }
 
-/* Submit a new job of kind (not a commit); nothing when out of memory. */
+/* Submit a new job of kind (not a commit). */
 static void submit_new(sched_t *s, enum job_kind kind) {
-  struct job *j = calloc(1, sizeof *j);
-  if (!j) return;
+  struct job *j = mem_calloc(1, sizeof *j);
   j->kind = kind;
   submit(s, j);
 }
@@ -445,14 +459,14 @@ void sched__maybe_submit(sched_t *s) {
     err_t e;
     if (sched__take_lease(s, &e)) {
       s->retry_at = now + 1000;
-      if (!s->retry.j && sched__group_init(&s->retry)) abort(); /* holds the back-off */
+      if (!s->retry.j) sched__group_init(&s->retry); /* holds the back-off */
       return;
     }
     s->lease_wanted = 0;
     fprintf(stderr, "moonloop: took a new lease (%s)\n", s->owner);
   }
   if (s->retry.j) {
-    if (!(j = calloc(1, sizeof *j))) return;
+    j = mem_calloc(1, sizeof *j);
     j->kind = JOB_COMMIT;
     j->g = s->retry;
     memset(&s->retry, 0, sizeof s->retry);
@@ -465,18 +479,29 @@ void sched__maybe_submit(sched_t *s) {
   int renew = s->handles_open && (now - s->last_commit_ms > ttl / 3 ||
                                   s->lease_until - now < ttl / 2 || s->lease_doubt);
   if (!sched__group_empty(&s->open) || renew) {
-    if (!(j = calloc(1, sizeof *j))) return;
+    j = mem_calloc(1, sizeof *j);
     j->kind = JOB_COMMIT;
     j->g = s->open;
-    if (sched__group_init(&s->open)) abort();
+    sched__group_init(&s->open);
     journal_set_owner(j->g.j, s->owner, now + ttl);
     submit(s, j);
     return;
   }
   if (s->fail.since) return; /* the failed group's next try comes first */
   if (s->dispatch_wanted && !s->stopping) {
+    /* Only an engine whose registry holds the live triggers (serve, once
+    ** its workspace is registered) starts the runs events trigger and
+    ** marks events dispatched; any other only hands events to the waits
+    ** registered for them, and leaves them to such an engine. */
     s->dispatch_wanted = 0;
-    submit_new(s, JOB_DISPATCH);
+    if (s->triggers_live) {
+      submit_new(s, JOB_DISPATCH);
+    } else {
+      j = mem_calloc(1, sizeof *j);
+      j->kind = JOB_DELIVER;
+      j->cursor = s->deliver_cursor;
+      submit(s, j);
+    }
     return;
   }
   if (s->o.mode != SCHED_SERVE || s->stopping) return;
@@ -529,7 +554,7 @@ void sched__give_up(sched_t *s) {
             s->fail.msg);
   group_done(&s->retry);
   group_done(&s->open);
-  if (sched__group_init(&s->open)) abort();
+  sched__group_init(&s->open);
   s->fail.since = 0;
 }
 
@@ -614,7 +639,7 @@ static void lease_lost(sched_t *s, const char *why) {
     for (size_t i = 0, c = s->retry.j ? journal_count(s->retry.j) : 0; i < c; i++)
       journal_drop(s->retry.j, i);
     group_done(&s->open);
-    if (sched__group_init(&s->open)) abort();
+    sched__group_init(&s->open);
   }
   /* A group left with nothing to write is done: its waiters are the
   ** dropped runs' (and cron ticks'), which find nothing to do. */

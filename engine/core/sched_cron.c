@@ -13,6 +13,7 @@
 */
 #include "base/cron.h"
 #include "base/ids.h"
+#include "base/mem.h"
 #include "base/term.h"
 #include "base/units.h"
 #include "core/run.h"
@@ -62,8 +63,7 @@ static void on_fired(void *arg, const struct jentry *je) {
 ** A catch-up run says so in its trigger, for whoever reads it at 9 a.m. */
 static void fire(struct cron_entry *c, int64_t tick, int catch_up) {
   sched_t *s = c->s;
-  struct fire_ctx *f = calloc(1, sizeof *f);
-  if (!f) return;
+  struct fire_ctx *f = mem_calloc(1, sizeof *f);
   int64_t now = units_now_ms();
   char ts[40];
   units_rfc3339(tick, ts, sizeof ts);
@@ -76,8 +76,8 @@ static void fire(struct cron_entry *c, int64_t tick, int catch_up) {
   f->trigger = cJSON_PrintUnformatted(t);
   cJSON_Delete(t);
   f->s = s;
-  f->skill = strdup(c->skill);
-  f->version = strdup(c->version);
+  f->skill = mem_strdup(c->skill);
+  f->version = mem_strdup(c->version);
   f->at = now;
   ids_ulid(now, f->id);
   struct cron_row cr = {
@@ -150,8 +150,7 @@ void sched__skills_changed(sched_t *s) {
     cJSON_ArrayForEach(t, cJSON_GetObjectItem(sk, "triggers")) {
       const cJSON *expr = cJSON_GetObjectItem(t, "cron"), *tz = cJSON_GetObjectItem(t, "tz");
       if (!cJSON_IsString(expr)) continue;
-      struct cron_entry *c = calloc(1, sizeof *c);
-      if (!c) break;
+      struct cron_entry *c = mem_calloc(1, sizeof *c);
       if (cron_parse(expr->valuestring, cJSON_IsString(tz) ? tz->valuestring : NULL, &c->cron, &e)) {
         term_printf(stderr, "moonloop: skill %s: %s\n", cJSON_GetObjectItem(sk, "id")->valuestring,
                     e.msg);
@@ -161,11 +160,11 @@ void sched__skills_changed(sched_t *s) {
       char key[400];
       snprintf(key, sizeof key, "%s|%s", expr->valuestring, cJSON_IsString(tz) ? tz->valuestring : "");
       c->s = s;
-      c->skill = strdup(cJSON_GetObjectItem(sk, "id")->valuestring);
-      c->version = strdup(ver->valuestring);
-      c->expr = strdup(expr->valuestring);
-      c->tz = cJSON_IsString(tz) ? strdup(tz->valuestring) : NULL;
-      c->key = strdup(key);
+      c->skill = mem_strdup(cJSON_GetObjectItem(sk, "id")->valuestring);
+      c->version = mem_strdup(ver->valuestring);
+      c->expr = mem_strdup(expr->valuestring);
+      c->tz = cJSON_IsString(tz) ? mem_strdup(tz->valuestring) : NULL;
+      c->key = mem_strdup(key);
       c->timer.fn = on_tick;
       c->next = list;
       list = c;

@@ -13,6 +13,7 @@
 ** probing in a power-of-two table kept at most half full (counting live
 ** entries); a deleted entry leaves a tombstone so probes go on past it.
 */
+#include "base/mem.h"
 #include "base/units.h"
 #include "core/sched_int.h"
 
@@ -35,8 +36,7 @@ static void map_grow(sched_t *s) {
   struct run **old = s->map;
   size_t oldcap = s->map_cap;
   s->map_cap = oldcap ? oldcap * 2 : 1024;
-  s->map = calloc(s->map_cap, sizeof *s->map);
-  if (!s->map) abort();
+  s->map = mem_calloc(s->map_cap, sizeof *s->map);
   s->map_n = 0;
   for (size_t i = 0; i < oldcap; i++)
     if (old[i] && old[i] != TOMBSTONE) sched__map_put(s, old[i]);
@@ -130,9 +130,7 @@ void sched__timer_start(sched_t *s, struct stimer *t, int64_t at_ms) {
   if (t->idx) sched__timer_stop(s, t);
   if (s->heap_n == s->heap_cap) {
     size_t cap = s->heap_cap ? s->heap_cap * 2 : 256;
-    struct stimer **h = realloc(s->heap, cap * sizeof *h);
-    if (!h) abort();
-    s->heap = h;
+    s->heap = mem_realloc(s->heap, cap * sizeof *s->heap);
     s->heap_cap = cap;
   }
   t->at = at_ms;

@@ -56,6 +56,7 @@ struct sched_watches {
   size_t nb, n;
   size_t nremote;       /* entries whose run may end in another process */
   size_t nremote_watch; /* watches on those: the tick asks the store only then */
+  int failing;          /* the last check could not read the store: the tick asks again */
 };
 
 struct sched {
@@ -90,6 +91,7 @@ struct sched {
   int claim_wanted;
   int dispatch_wanted;
   int poll_wanted;
+  int poll_failing; /* the last poll could not read the store: the next tick polls again */
   struct run **map; /* live runs by id: open addressing, NULL or TOMBSTONE */
   size_t map_cap, map_n;
   int parked;       /* main tasks parked on a sleep, wait or invoke, in memory */
@@ -97,6 +99,8 @@ struct sched {
   struct stimer grace;       /* the end of the shutdown's grace period */
   int64_t stop_deadline;     /* stopping: past it, writes the store refuses are given up */
   int triggers_live;         /* serve: the registry holds the live set (sched_triggers_live) */
+  int64_t deliver_cursor;    /* without the live triggers: events delivered so far
+                             ** (store_deliver; -1 before the first look) */
   struct { sched_done_cb cb; void *arg; } finish[4];
   int nfinish;
   struct run **slot_waiters; /* runs refused a slot, to try again at the next poll */
@@ -114,8 +118,8 @@ struct sched {
 
 /* ---- sched_commit.c ---- */
 
-/* Make g an empty group with a new journal; ERR_NOMEM if none. */
-int sched__group_init(struct group *g);
+/* Make g an empty group with a new journal. */
+void sched__group_init(struct group *g);
 /* Whether g holds no entry and no waiter (or no journal at all). */
 int sched__group_empty(const struct group *g);
 /* Start the next job of the commit pipeline if none is in flight. */

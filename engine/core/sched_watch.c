@@ -27,6 +27,7 @@
 ** (nwatch), so entries with only done waiters never go to the store.
 */
 #include "base/buf.h"
+#include "base/mem.h"
 #include "base/units.h"
 #include "core/sched_int.h"
 
@@ -68,12 +69,10 @@ static struct wrun **bucket(struct sched_watches *m, const char *id) {
   return &m->b[hash_id(id) & (m->nb - 1)];
 }
 
-/* Double the buckets (64 at first). Aborts when out of memory, as the
-** run map does: a waiter that cannot be found again would never answer. */
+/* Double the buckets (64 at first). */
 static void grow(struct sched_watches *m) {
   size_t nb = m->nb ? m->nb * 2 : 64;
-  struct wrun **b = calloc(nb, sizeof *b);
-  if (!b) abort();
+  struct wrun **b = mem_calloc(nb, sizeof *b);
   for (size_t i = 0; i < m->nb; i++)
     for (struct wrun *w = m->b[i], *next; w; w = next) {
       next = w->chain;
@@ -93,8 +92,7 @@ static struct wrun *entry(struct sched_watches *m, const char *id, int create) {
       if (!strcmp(w->id, id)) return w;
   if (!create) return NULL;
   if (m->n >= m->nb) grow(m);
-  struct wrun *w = calloc(1, sizeof *w);
-  if (!w) abort();
+  struct wrun *w = mem_calloc(1, sizeof *w);
   snprintf(w->id, sizeof w->id, "%s", id);
   struct wrun **slot = bucket(m, id);
   w->chain = *slot;
@@ -131,8 +129,7 @@ static void unlink_waiter(sched_t *s, struct sched_watch *x) {
 
 /* A new waiter of id (at the list's head). */
 static struct sched_watch *add(sched_t *s, const char *id) {
-  struct sched_watch *x = calloc(1, sizeof *x);
-  if (!x) return NULL;
+  struct sched_watch *x = mem_calloc(1, sizeof *x);
   struct wrun *w = entry(&s->watches, id, 1);
   x->s = s;
   x->run = w;
@@ -164,7 +161,6 @@ static void fire_watches(sched_t *s, struct wrun *w, int ended) {
 /* See sched.h. */
 void sched_on_done(sched_t *s, const char *run_id, sched_done_cb cb, void *arg) {
   struct sched_watch *x = add(s, run_id);
-  if (!x) return;
   x->done = cb;
   x->arg = arg;
 }
@@ -184,7 +180,6 @@ static void on_wait_over(struct stimer *t) {
 struct sched_watch *sched__watch_add(sched_t *s, const char *run_id, int64_t wait_ms,
                                      sched_watch_cb cb, void *arg) {
   struct sched_watch *x = add(s, run_id);
-  if (!x) return NULL;
   struct wrun *w = x->run;
   x->end = cb;
   x->arg = arg;
@@ -209,8 +204,7 @@ int sched_watch(sched_t *s, const char *run_id, int64_t wait_ms, sched_watch_cb 
         !strcmp(status, "cancelled"))
       return 1;
   }
-  if (!(*out = sched__watch_add(s, run_id, wait_ms, cb, arg)))
-    return err_set(e, ERR_NOMEM, "out of memory");
+  *out = sched__watch_add(s, run_id, wait_ms, cb, arg);
   return 0;
 }
 
@@ -255,18 +249,25 @@ void sched__watch_poll(sched_t *s) {
   struct sched_watches *m = &s->watches;
   if (!m->nremote_watch) return;
   buf_t ids = BUF_INIT;
-  int rc = buf_add(&ids, "[", 1);
+  buf_add(&ids, "[", 1);
   size_t n = 0;
   for (size_t i = 0; i < m->nb; i++)
     for (struct wrun *w = m->b[i]; w; w = w->chain)
       if (w->remote && w->nwatch) {
-        rc |= n++ ? buf_add(&ids, ",\"", 2) : buf_add(&ids, "\"", 1);
-        rc |= buf_add(&ids, w->id, strlen(w->id)) | buf_add(&ids, "\"", 1);
+        if (n++) buf_add(&ids, ",", 1);
+        buf_add(&ids, "\"", 1);
+        buf_add(&ids, w->id, strlen(w->id));
+        buf_add(&ids, "\"", 1);
       }
-  rc |= buf_add(&ids, "]", 1);
+  buf_add(&ids, "]", 1);
   err_t e;
-  if (!rc && store_runs_ended(s->o.store, buf_str(&ids), on_remote_end, s, &e) < 0)
-    fprintf(stderr, "moonloop: checking runs waited for: %s\n", e.msg);
+  if (store_runs_ended(s->o.store, buf_str(&ids), on_remote_end, s, &e) < 0) {
+    /* The tick asks again until it can read (one line while it cannot). */
+    if (!m->failing) fprintf(stderr, "moonloop: checking runs waited for: %s; trying again\n", e.msg);
+    m->failing = 1;
+  } else {
+    m->failing = 0;
+  }
   buf_free(&ids);
 }
 

@@ -2,6 +2,7 @@
 ** config.c: reading moonloop.conf.lua and MOONLOOP_* variables (see config.h).
 */
 #include "lua/config.h"
+#include "base/mem.h"
 #include "base/units.h"
 #include "lua/embed.h"
 #include "lua/skill.h"
@@ -19,7 +20,7 @@
 
 void config_set(char **field, const char *value) {
   free(*field);
-  *field = value ? strdup(value) : NULL;
+  *field = value ? mem_strdup(value) : NULL;
 }
 
 static void defaults(struct config *c) {
@@ -248,12 +249,12 @@ static int get_list(lua_State *L, const struct cfgsrc *s, const char *key, char 
   int rc = 0;
   if (lua_istable(L, -1)) {
     int n = (int)lua_objlen(L, -1);
-    char **l = calloc((size_t)n + 1, sizeof *l);
+    char **l = mem_calloc((size_t)n + 1, sizeof *l);
     for (int i = 1; l && i <= n && !rc; i++) {
       lua_rawgeti(L, -1, i);
       if (lua_type(L, -1) != LUA_TSTRING)
         rc = cfg_fail(s, key, e, "'%s' must be a list of strings", key);
-      else l[i - 1] = strdup(lua_tostring(L, -1));
+      else l[i - 1] = mem_strdup(lua_tostring(L, -1));
       lua_pop(L, 1);
     }
     free_list(*out);
@@ -316,22 +317,16 @@ static int get_skill_env(lua_State *L, const struct cfgsrc *s, struct config *c,
       break;
     }
     const char *id = lua_tostring(L, -2);
-    struct skill_env *g = realloc(c->skill_env, (size_t)(c->nskill_env + 1) * sizeof *g);
-    if (!g) {
-      rc = err_set(e, ERR_NOMEM, "out of memory");
-      lua_pop(L, 2);
-      break;
-    }
-    c->skill_env = g;
-    g = &c->skill_env[c->nskill_env++];
-    g->skill = strdup(id);
+    c->skill_env = mem_realloc(c->skill_env, (size_t)(c->nskill_env + 1) * sizeof *c->skill_env);
+    struct skill_env *g = &c->skill_env[c->nskill_env++];
+    g->skill = mem_strdup(id);
     g->names = NULL;
     int n = lua_istable(L, -1) ? (int)lua_objlen(L, -1) : -1;
-    char **l = n >= 0 ? calloc((size_t)n + 1, sizeof *l) : NULL;
+    char **l = n >= 0 ? mem_calloc((size_t)n + 1, sizeof *l) : NULL;
     for (int i = 1; l && i <= n && !rc; i++) {
       lua_rawgeti(L, -1, i);
       if (lua_type(L, -1) != LUA_TSTRING) rc = ERR_INVALID;
-      else l[i - 1] = strdup(lua_tostring(L, -1));
+      else l[i - 1] = mem_strdup(lua_tostring(L, -1));
       lua_pop(L, 1);
     }
     g->names = l;
@@ -530,10 +525,7 @@ static int load_file(struct config *c, const char *path, err_t *e) {
   if (skills_read_file(path, &text, &len, &sub))
     return err_set(e, sub.code, "configuration: %s", sub.msg);
   lua_State *L = luaL_newstate();
-  if (!L) {
-    free(text);
-    return err_set(e, ERR_NOMEM, "out of memory");
-  }
+  if (!L) mem_oom(0); /* LuaJIT's own allocator could not map its first arena */
   /* Only pure libraries: a configuration computes values, it does no I/O. */
   lua_pushcfunction(L, luaopen_base), lua_call(L, 0, 0);
   lua_pushcfunction(L, luaopen_string), lua_call(L, 0, 0);

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "base/jsontext.h"
+#include "base/mem.h"
 #include "base/units.h"
 #include "lua/lrt.h"
 
@@ -273,10 +274,6 @@ static cJSON *enc_fail(enc_t *x, int code, const char *why, const char *fmt, ...
   return NULL;
 }
 
-static cJSON *enc_nomem(enc_t *x) {
-  return enc_fail(x, ERR_NOMEM, NULL, "out of memory while encoding JSON");
-}
-
 /* "a function", "a boolean", "json.null": the value at idx, for messages. */
 static const char *type_phrase(lua_State *L, int idx) {
   switch (lua_type(L, idx)) {
@@ -309,7 +306,6 @@ static cJSON *enc_number(enc_t *x, double d) {
   if (isnan(d)) return enc_fail(x, ERR_INVALID, NULL, "NaN is not a JSON number");
   if (isinf(d)) return enc_fail(x, ERR_INVALID, NULL, "%s is not a JSON number", d > 0 ? "infinity" : "-infinity");
   cJSON *num = cJSON_CreateNumber(d);
-  if (!num) return enc_nomem(x);
   /* Integers of up to 15 digits come out of cJSON exactly; for the rest,
   ** compare its text with the exact one and swap in a raw item if needed. */
   if (d == floor(d) && fabs(d) < 1e15) return num;
@@ -318,7 +314,6 @@ static cJSON *enc_number(enc_t *x, double d) {
   if (cJSON_PrintPreallocated(num, got, (int)sizeof got, 0) && !strcmp(got, want)) return num;
   cJSON_Delete(num);
   cJSON *raw = cJSON_CreateRaw(want);
-  if (!raw) return enc_nomem(x);
   raw->valuedouble = d;
   raw->valueint = d >= INT_MAX ? INT_MAX : d <= INT_MIN ? INT_MIN : (int)d;
   return raw;
@@ -330,7 +325,6 @@ static cJSON *enc_value(enc_t *x, int idx);
 static cJSON *enc_array(enc_t *x, int idx, size_t n) {
   lua_State *L = x->L;
   cJSON *arr = cJSON_CreateArray();
-  if (!arr) return enc_nomem(x);
   for (size_t i = 1; i <= n; i++) {
     lua_rawgeti(L, idx, (int)i);
     x->path[x->nframes++] = (frame_t){.kind = FR_INDEX, .num = (double)i};
@@ -370,9 +364,8 @@ static int key_cmp(const void *pa, const void *pb) {
 ** for equal tables, whatever their history, which the round trip needs. */
 static cJSON *enc_object(enc_t *x, int idx, size_t count) {
   lua_State *L = x->L;
-  objkey_t *keys = malloc(count * sizeof *keys);
-  cJSON *obj = keys ? cJSON_CreateObject() : NULL;
-  if (!obj) return free(keys), enc_nomem(x);
+  objkey_t *keys = mem_alloc(count * sizeof *keys);
+  cJSON *obj = cJSON_CreateObject();
   size_t n = 0;
   int top = lua_gettop(L);
   lua_pushnil(L);
@@ -419,11 +412,7 @@ static cJSON *enc_object(enc_t *x, int idx, size_t count) {
     if (!v) goto fail;
     x->nframes--;
     lua_pop(L, 1);
-    if (!cJSON_AddItemToObject(obj, key_bytes(k), v)) {
-      cJSON_Delete(v);
-      enc_nomem(x);
-      goto fail;
-    }
+    cJSON_AddItemToObject(obj, key_bytes(k), v);
   }
   free(keys);
   return obj;
@@ -471,10 +460,7 @@ static cJSON *enc_table(enc_t *x, int idx) {
     count++;
   }
   cJSON *r;
-  if (count == 0) {
-    r = cJSON_CreateObject();
-    return r ? r : enc_nomem(x);
-  }
+  if (count == 0) return cJSON_CreateObject();
   x->open[x->nopen++] = p;
   /* A sequence (max == count) is an array; so is a table with holes, as long
   ** as the nulls filling them stay few. json.object's mark says object. */
@@ -527,15 +513,14 @@ static cJSON *enc_value(enc_t *x, int idx) {
     return enc_fail(x, ERR_INVALID, "only JSON values (nil, booleans, numbers, strings, tables) can be encoded",
                     "cannot encode %s", type_phrase(L, idx));
   }
-  return v ? v : enc_nomem(x);
+  return v;
 }
 
 /* json_from_lua with a bound on the text's size (bytes, 0: JSON_MAX_TEXT). */
 static cJSON *from_lua_bounded(lua_State *L, int idx, size_t budget, err_t *e) {
   idx = abs_index(L, idx);
   int top = lua_gettop(L);
-  enc_t *x = malloc(sizeof *x);
-  if (!x) return err_set(e, ERR_NOMEM, "out of memory while encoding JSON"), NULL;
+  enc_t *x = mem_alloc(sizeof *x);
   x->L = L;
   x->e = e;
   x->used = x->values = 0;
@@ -557,7 +542,6 @@ static char *encode_text(lua_State *L, int idx, size_t limit, int pretty, size_t
   if (!root) return NULL;
   char *text = pretty ? cJSON_Print(root) : cJSON_PrintUnformatted(root);
   cJSON_Delete(root);
-  if (!text) return err_set(e, ERR_NOMEM, "out of memory while printing JSON"), NULL;
   size_t n = strlen(text);
   if (limit && n > limit) {
     char have[32], max[32];

@@ -8,6 +8,7 @@
 */
 #include "base/cron.h"
 #include "base/ids.h"
+#include "base/mem.h"
 #include "base/units.h"
 #include "lua/embed.h"
 #include "lua/json.h"
@@ -297,7 +298,8 @@ static void *l_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
     }
   }
   struct mhdr old = h ? *h : (struct mhdr){0, 0, 0};
-  struct mhdr *nh = realloc(h, nsize + MHDR);
+  /* A block the system refuses is a Lua memory error (mem.h's exception). */
+  struct mhdr *nh = realloc(h, nsize + MHDR); /* not mem.h: the Lua state's own */
   if (!nh) return NULL;
   if (h) uncharge(r, &old, osize + MHDR);
   charge(r, nh, to, nsize + MHDR);
@@ -614,18 +616,13 @@ static int l_panic(lua_State *L) {
 
 /* See lrt.h: the state, core with its functions, and the count hook. */
 int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e) {
-  lrt_t *r = calloc(1, sizeof *r);
-  if (!r) return err_set(e, ERR_NOMEM, "out of memory");
+  lrt_t *r = mem_calloc(1, sizeof *r);
   r->slice_ms = o && o->slice_ms > 0 ? o->slice_ms : 1000;
   r->mem_limit = o && o->run_memory > 0 ? (size_t)o->run_memory : (size_t)64 << 20;
   r->mem_cap = o && o->state_memory > 0 ? (size_t)o->state_memory : lrt_default_state_memory();
   /* Account 0, the engine's, and group 0 (no group). */
-  r->accts = calloc(16, sizeof *r->accts);
-  r->groups = calloc(16, sizeof *r->groups);
-  if (!r->accts || !r->groups) {
-    free(r->accts), free(r->groups), free(r);
-    return err_set(e, ERR_NOMEM, "out of memory");
-  }
+  r->accts = mem_calloc(16, sizeof *r->accts);
+  r->groups = mem_calloc(16, sizeof *r->groups);
   r->acct_cap = r->group_cap = 16;
   r->naccts = r->ngroups = 1;
   r->acct_free = -1;
@@ -633,6 +630,8 @@ int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e) {
   r->accts[0].judge_at = r->mem_limit;
   r->L = lua_newstate(l_alloc, r);
   if (!r->L) {
+    /* LuaJIT could not map its first arena (no memory, or no address space
+    ** where it wants it): a state of its own, not the engine's allocation. */
     free(r->accts), free(r->groups), free(r);
     return err_set(e, ERR_NOMEM, "cannot create a Lua state");
   }
@@ -701,9 +700,7 @@ void lrt_free(lrt_t *r) {
 /* See lrt.h. */
 int lrt_group_new(lrt_t *r) {
   if (r->ngroups == r->group_cap) {
-    struct lrt_group *g = realloc(r->groups, (size_t)r->group_cap * 2 * sizeof *g);
-    if (!g) return 0;
-    r->groups = g;
+    r->groups = mem_realloc(r->groups, (size_t)r->group_cap * 2 * sizeof *r->groups);
     r->group_cap *= 2;
   }
   memset(&r->groups[r->ngroups], 0, sizeof *r->groups);
@@ -717,9 +714,7 @@ int lrt_account_open(lrt_t *r, int group) {
     r->acct_free = r->accts[i].next_free;
   } else {
     if (r->naccts == r->acct_cap) {
-      struct lrt_acct *a = realloc(r->accts, (size_t)r->acct_cap * 2 * sizeof *a);
-      if (!a) return 0;
-      r->accts = a;
+      r->accts = mem_realloc(r->accts, (size_t)r->acct_cap * 2 * sizeof *r->accts);
       r->acct_cap *= 2;
     }
     i = r->naccts++;
@@ -744,14 +739,7 @@ void lrt_account_close(lrt_t *r, int i) {
   }
   if (r->npending == r->pending_cap) {
     int cap = r->pending_cap ? r->pending_cap * 2 : 64;
-    struct lrt_pending *p = realloc(r->pending, (size_t)cap * sizeof *p);
-    if (!p) {
-      /* Out of memory: count it as the engine's from now on. */
-      r->accts[0].bytes += a->bytes;
-      acct_recycle(r, (uint32_t)i);
-      return;
-    }
-    r->pending = p;
+    r->pending = mem_realloc(r->pending, (size_t)cap * sizeof *r->pending);
     r->pending_cap = cap;
   }
   r->pending[r->npending++] = (struct lrt_pending){i, a->gen};

@@ -132,11 +132,10 @@ int lrt_cstack_low(void);
 ** (one per skill version) sum what closed accounts of their runs still
 ** hold: what those runs left in state the skill's runs share. */
 
-/* A new group; 0 when out of memory (then none). */
+/* A new group (> 0). */
 int lrt_group_new(lrt_t *r);
 
-/* Open an account in group (0: none); returns its id (> 0), or 0 when out
-** of memory (the engine's account is charged instead). */
+/* Open an account in group (0: none); returns its id (> 0). */
 int lrt_account_open(lrt_t *r, int group);
 
 /* Close an account (its run's coroutine went): what is still charged to

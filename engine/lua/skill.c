@@ -3,6 +3,7 @@
 */
 #include "lua/skill.h"
 #include "base/ids.h"
+#include "base/mem.h"
 #include "lua/json.h"
 
 #include <lauxlib.h>
@@ -15,33 +16,38 @@ struct skills {
   struct skill *head;
   int env_ref;    /* {NAME = value} of the global env list */
   int grants_ref; /* {[skill id] = {NAME = value}} of skill_env */
+  int names_ref;  /* the same with every value false: the grants' names only */
 };
 
-/* Push a table of the variables names lists that are set (NAME = value). */
-static void push_values(lua_State *L, char *const *names) {
+/* Push a table of the variables names lists (NAME = value): false for one
+** that is not set (granted, so env.NAME reads nil rather than raising), or
+** for every one when values is 0 (the names of a grant, not its values). */
+static void push_values(lua_State *L, char *const *names, int values) {
   lua_newtable(L);
   for (char *const *n = names; n && *n; n++) {
-    const char *v = getenv(*n);
-    if (!v) continue;
-    lua_pushstring(L, v);
+    const char *v = values ? getenv(*n) : NULL;
+    if (v) lua_pushstring(L, v);
+    else lua_pushboolean(L, 0);
     lua_setfield(L, -2, *n);
   }
 }
 
 skills_t *skills_new(lrt_t *r, const char *const *env_names, const struct skill_env *grants,
                      int ngrants) {
-  skills_t *c = calloc(1, sizeof *c);
-  if (!c) return NULL;
+  skills_t *c = mem_calloc(1, sizeof *c);
   c->r = r;
   lua_State *L = lrt_L(r);
-  push_values(L, (char *const *)env_names);
+  push_values(L, (char *const *)env_names, 1);
   c->env_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  lua_newtable(L);
-  for (int i = 0; i < ngrants; i++) {
-    push_values(L, grants[i].names);
-    lua_setfield(L, -2, grants[i].skill);
+  for (int values = 1; values >= 0; values--) {
+    lua_newtable(L);
+    for (int i = 0; i < ngrants; i++) {
+      push_values(L, grants[i].names, values);
+      lua_setfield(L, -2, grants[i].skill);
+    }
+    if (values) c->grants_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    else c->names_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   }
-  c->grants_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   return c;
 }
 
@@ -63,6 +69,7 @@ void skills_free(skills_t *c) {
   }
   luaL_unref(L, LUA_REGISTRYINDEX, c->env_ref);
   luaL_unref(L, LUA_REGISTRYINDEX, c->grants_ref);
+  luaL_unref(L, LUA_REGISTRYINDEX, c->names_ref);
   free(c);
 }
 
@@ -98,13 +105,7 @@ int skills_read_file(const char *path, char **out, size_t *len, err_t *e) {
         free(buf);
         return err_set(e, ERR_TOOBIG, "'%s' is larger than 16 MB: not a skill file", path);
       }
-      char *p = realloc(buf, cap);
-      if (!p) {
-        fclose(f);
-        free(buf);
-        return err_set(e, ERR_NOMEM, "out of memory reading '%s'", path);
-      }
-      buf = p;
+      buf = mem_realloc(buf, cap);
     }
     size_t got = fread(buf + n, 1, cap - n - 1, f);
     n += got;
@@ -124,7 +125,7 @@ int skills_read_file(const char *path, char **out, size_t *len, err_t *e) {
 
 static char *opt_string(lua_State *L, int idx, const char *key) {
   lua_getfield(L, idx, key);
-  char *v = lua_isstring(L, -1) ? strdup(lua_tostring(L, -1)) : NULL;
+  char *v = lua_isstring(L, -1) ? mem_strdup(lua_tostring(L, -1)) : NULL;
   lua_pop(L, 1);
   return v;
 }
@@ -153,11 +154,13 @@ static char *opt_json(lua_State *L, int idx, const char *key) {
 ** the spec are left on the stack (2 values). granted: give the skill its
 ** skill_env grant (a load that becomes a live version); a check never
 ** does, so that checking a source that claims an id (skills.check from
-** another skill) cannot read that id's secrets. recorded: the source is a
-** version registered before (lua/loader.lua skips the static checks). */
+** another skill) cannot read that id's secrets: it gets the grant's names,
+** granted and unset. recorded: the source is a version registered before
+** (lua/loader.lua skips the static checks). env_known: the configuration
+** is the one the skill will run with (not so for skills.check from a
+** skill), so a literal env.NAME it does not grant is a static error. */
 static int load_def(skills_t *c, const char *src, size_t len, const char *file, int granted,
-                    int recorded,
-                    struct skill_error *se) {
+                    int recorded, int env_known, struct skill_error *se) {
   lrt_t *r = c->r;
   lua_State *L = lrt_L(r);
   err_t *e = &se->err;
@@ -180,10 +183,10 @@ static int load_def(skills_t *c, const char *src, size_t len, const char *file, 
   lua_pushstring(L, id);
   lua_rawgeti(L, LUA_REGISTRYINDEX, c->env_ref);
   lua_pushnil(L); /* extra modules: none */
-  if (granted) lua_rawgeti(L, LUA_REGISTRYINDEX, c->grants_ref);
-  else lua_pushnil(L);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, granted ? c->grants_ref : c->names_ref);
   lua_pushboolean(L, recorded);
-  if (lrt_pcall(r, 8, 3, e)) {
+  lua_pushstring(L, env_known ? "engine" : "check");
+  if (lrt_pcall(r, 9, 3, e)) {
     lua_settop(L, top);
     return err_prefix(e, "%s", file);
   }
@@ -199,15 +202,15 @@ static int load_def(skills_t *c, const char *src, size_t len, const char *file, 
 
 int skills_check(skills_t *c, const char *source, size_t len, const char *file, char **id,
                  struct skill_error *se) {
-  return skills_check_warnings(c, source, len, file, id, NULL, se);
+  return skills_check_warnings(c, source, len, file, 1, id, NULL, se);
 }
 
 int skills_check_warnings(skills_t *c, const char *source, size_t len, const char *file,
-                          char **id, char **warnings, struct skill_error *se) {
+                          int env_known, char **id, char **warnings, struct skill_error *se) {
   lua_State *L = lrt_L(c->r);
   int top = lua_gettop(L);
   if (warnings) *warnings = NULL;
-  int rc = load_def(c, source, len, file, 0, 0, se);
+  int rc = load_def(c, source, len, file, 0, 0, env_known, se);
   if (rc) return rc;
   if (id) *id = opt_string(L, -1, "id");
   if (warnings) *warnings = opt_json(L, lua_gettop(L), "warnings");
@@ -233,26 +236,21 @@ static int load_version(skills_t *c, const char *source, size_t len, const char 
   int group = lrt_group_new(c->r);
   int acct = lrt_account_open(c->r, group);
   int prev = lrt_account_use(c->r, acct);
-  int rc = load_def(c, source, len, file, 1, recorded, se);
+  int rc = load_def(c, source, len, file, 1, recorded, 1, se);
   lrt_account_use(c->r, prev);
   if (rc) {
     lrt_account_close(c->r, acct);
     return rc;
   }
-  s = calloc(1, sizeof *s);
-  if (!s) {
-    lua_settop(L, top);
-    lrt_account_close(c->r, acct);
-    return err_set(&se->err, ERR_NOMEM, "out of memory");
-  }
+  s = mem_calloc(1, sizeof *s);
   s->mem_group = group;
   s->mem_acct = acct;
   memcpy(s->version, version, sizeof version);
   int spec = lua_gettop(L);
   s->id = opt_string(L, spec, "id");
   s->description = opt_string(L, spec, "description");
-  s->file = strdup(file);
-  s->source = malloc(len + 1);
+  s->file = mem_strdup(file);
+  s->source = mem_alloc(len + 1);
   if (s->source) {
     memcpy(s->source, source, len);
     s->source[len] = 0;

@@ -64,16 +64,20 @@ int skills_load(skills_t *c, const char *source, size_t len, const char *file,
 int skills_load_recorded(skills_t *c, const char *source, size_t len, const char *file,
                          struct skill **out, struct skill_error *se);
 
-/* Validate source without keeping it (moonloop check, skills.check); *id
+/* Validate source without keeping it (moonloop check, skills.deploy); *id
 ** gets the skill id (caller frees). Its top level sees the global env list
-** only, never a skill_env grant: a source can claim any id. */
+** only, never a skill_env grant's values (a source can claim any id): the
+** grant's names read as unset. */
 int skills_check(skills_t *c, const char *source, size_t len, const char *file, char **id,
                  struct skill_error *se);
 
 /* The same; *warnings gets the static checks' warnings as a JSON list of
-** {"line", "message"}, or NULL when there are none (caller frees). */
+** {"line", "message"}, or NULL when there are none (caller frees).
+** env_known: the skill will run with this configuration (moonloop check),
+** so a literal env.NAME it does not grant the skill is an error; 0 when
+** that is not known (skills.check from a skill), then nothing is said. */
 int skills_check_warnings(skills_t *c, const char *source, size_t len, const char *file,
-                          char **id, char **warnings, struct skill_error *se);
+                          int env_known, char **id, char **warnings, struct skill_error *se);
 
 /* The cached version with this hash, or NULL. */
 struct skill *skills_find(skills_t *c, const char *version);

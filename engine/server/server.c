@@ -17,6 +17,7 @@
 ** next read or write fails.
 */
 #include "server/server.h"
+#include "base/mem.h"
 #include "base/units.h"
 #include "server/server_int.h"
 
@@ -192,7 +193,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
   if (server_route(req->method.base, req->method.len, req->path.base, req->path.len,
                    req->entity.base, req->entity.base ? req->entity.len : 0, &srv->lim,
                    units_now_ms(), &pl, &status, &e)) {
-    if (status == 405 && pl.allow)
+    if (status == 405 && pl.allow[0])
       h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ALLOW, NULL, pl.allow,
                      strlen(pl.allow));
     server__respond_error(srv, req, status, server_error_code(status, e.code), e.msg);
@@ -284,8 +285,7 @@ static void on_accept(uv_stream_t *listener, int status) {
     srv->accept_waiting = 1;
     return;
   }
-  struct conn *c = calloc(1, sizeof *c);
-  if (!c) return;
+  struct conn *c = mem_calloc(1, sizeof *c);
   uv_tcp_init(listener->loop, &c->tcp);
   if (uv_accept(listener, (uv_stream_t *)&c->tcp)) {
     uv_close((uv_handle_t *)&c->tcp, free_handle);
@@ -454,9 +454,8 @@ static void collect_handle(uv_handle_t *h, void *arg) {
   struct handle_set *s = arg;
   if (s->n == s->cap) {
     size_t cap = s->cap ? s->cap * 2 : 64;
-    uv_handle_t **nh = realloc(s->h, cap * sizeof *nh);
-    if (!nh) return;
-    s->h = nh, s->cap = cap;
+    s->h = mem_realloc(s->h, cap * sizeof *s->h);
+    s->cap = cap;
   }
   s->h[s->n++] = h;
 }
@@ -481,17 +480,13 @@ int server_start(struct engine *en, const char *listen, server_t **out, err_t *e
                    "(the variable named by token_env) so clients must send "
                    "'Authorization: Bearer TOKEN', or listen on a loopback address such as "
                    "127.0.0.1:8288", listen, tok_env);
-  server_t *srv = calloc(1, sizeof *srv);
-  uv_tcp_t *l = calloc(1, sizeof *l);
-  if (!srv || !l) {
-    free(srv), free(l);
-    return err_set(e, ERR_NOMEM, "out of memory");
-  }
+  server_t *srv = mem_calloc(1, sizeof *srv);
+  uv_tcp_t *l = mem_calloc(1, sizeof *l);
   srv->en = en;
   snprintf(srv->listen_host, sizeof srv->listen_host, "%s", listen_host);
   srv->allowed_hosts = en->cfg ? (const char *const *)en->cfg->allowed_hosts : NULL;
   if (tok && *tok) {
-    srv->token = strdup(tok);
+    srv->token = mem_strdup(tok);
     srv->toklen = strlen(tok);
   }
   srv->lim.event_limit = en->cfg ? en->cfg->event_limit : 1 << 20;

@@ -19,6 +19,7 @@
 ** freed by server_free.
 */
 #include "base/jsontext.h"
+#include "base/mem.h"
 #include "base/units.h"
 #include "base/workspace.h"
 #include "server/server_int.h"
@@ -87,13 +88,6 @@ static void free_slot(void *x) { free(*(char **)x); }
 ** request's pool, which frees it once the response is sent). */
 void server__respond(server_t *srv, h2o_req_t *req, int status, const char *ctype, char *body,
                      size_t len) {
-  if (!body) {
-    status = 500;
-    ctype = "application/json";
-    static const char oom[] = "{\"error\":{\"code\":\"no_memory\",\"message\":\"out of memory\"}}";
-    body = strdup(oom);
-    len = body ? strlen(body) : 0;
-  }
   char **slot = h2o_mem_alloc_shared(&req->pool, sizeof *slot, free_slot);
   *slot = body;
   req->res.status = status;
@@ -116,9 +110,9 @@ void server__respond(server_t *srv, h2o_req_t *req, int status, const char *ctyp
   h2o_send(req, &buf, len && !is_head(req) ? 1 : 0, H2O_SEND_STATE_FINAL);
 }
 
-/* Answer a JSON body (malloc'd text; NULL answers a 500). */
+/* Answer a JSON body (malloc'd text). */
 static void respond_json(server_t *srv, h2o_req_t *req, int status, char *json) {
-  server__respond(srv, req, status, "application/json", json, json ? strlen(json) : 0);
+  server__respond(srv, req, status, "application/json", json, strlen(json));
 }
 
 /* Answer a cJSON tree (consumed). */
@@ -161,10 +155,9 @@ static void guard_dispose(void *x) {
   }
 }
 
-/* A pending record for req, guarded from its pool; NULL when out of memory. */
+/* A pending record for req, guarded from its pool. */
 static struct pending *pending_new(server_t *srv, h2o_req_t *req, enum server_op op) {
-  struct pending *p = calloc(1, sizeof *p);
-  if (!p) return NULL;
+  struct pending *p = mem_calloc(1, sizeof *p);
   struct guard *g = h2o_mem_alloc_shared(&req->pool, sizeof *g, guard_dispose);
   g->p = p;
   p->guard = g;
@@ -224,17 +217,13 @@ static void on_reply(const struct sched_reply *r, void *arg) {
   int status = 200;
   if (op == SERVER_OP_EVENTS || op == SERVER_OP_RERUN) status = 202;
   else if (op == SERVER_OP_INVOKE) status = terminal_status(r->json) ? 200 : 202;
-  respond_json(srv, req, status, strdup(r->json ? r->json : "{}"));
+  respond_json(srv, req, status, mem_strdup(r->json ? r->json : "{}"));
 }
 
 /* Hand a plan to the scheduler. On a synchronous failure the callback
 ** never fires: answer the error here. */
 static void control(server_t *srv, h2o_req_t *req, const struct server_plan *pl) {
   struct pending *p = pending_new(srv, req, pl->op);
-  if (!p) {
-    server__respond_error(srv, req, 500, "no_memory", "out of memory");
-    return;
-  }
   sched_t *s = srv->en->sched;
   err_t e = {0};
   int rc;
@@ -280,18 +269,19 @@ static void list_runs(server_t *srv, h2o_req_t *req, const struct server_plan *p
   struct run_filter f = pl->filter;
   f.limit = pl->limit;
   char next[SERVER_ID_MAX + 1] = "";
-  int rc = buf_reserve(&b, 16384) | buf_puts(&b, "{\"runs\":");
-  if (!rc && store_list_runs_json(srv->en->store, &f, &b, next, sizeof next, &e)) {
+  buf_reserve(&b, 16384);
+  buf_puts(&b, "{\"runs\":");
+  if (store_list_runs_json(srv->en->store, &f, &b, next, sizeof next, &e)) {
     buf_free(&b);
     respond_err(srv, req, &e);
     return;
   }
-  rc |= buf_puts(&b, ",\"next\":");
-  rc |= next[0] ? jsontext_put_string(&b, next, strlen(next)) : buf_puts(&b, "null");
-  rc |= buf_puts(&b, "}");
-  if (rc) buf_free(&b);
+  buf_puts(&b, ",\"next\":");
+  if (next[0]) jsontext_put_string(&b, next, strlen(next));
+  else buf_puts(&b, "null");
+  buf_puts(&b, "}");
   size_t len = b.len;
-  server__respond(srv, req, 200, "application/json", rc ? NULL : buf_take(&b), len);
+  server__respond(srv, req, 200, "application/json", buf_take(&b), len);
 }
 
 /* GET /v1/runs/{id}: the run record with steps, as text from the store. */
@@ -327,10 +317,6 @@ static void on_attach(void *arg, int ended) {
 ** for the wait to run out, whichever comes first (sched_watch). */
 static void attach(server_t *srv, h2o_req_t *req, const struct server_plan *pl) {
   struct pending *p = pending_new(srv, req, pl->op);
-  if (!p) {
-    server__respond_error(srv, req, 500, "no_memory", "out of memory");
-    return;
-  }
   snprintf(p->run_id, sizeof p->run_id, "%s", pl->id);
   err_t e = {0};
   int rc = sched_watch(srv->en->sched, pl->id, pl->wait_ms, on_attach, p, &p->watch, &e);
@@ -387,10 +373,7 @@ static void metrics(server_t *srv, h2o_req_t *req) {
   char *text = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&text, &len);
-  if (!f) {
-    server__respond_error(srv, req, 500, "no_memory", "out of memory");
-    return;
-  }
+  if (!f) mem_oom(BUFSIZ); /* open_memstream fails only for want of memory */
   const struct sched_stats *st = sched_stats(srv->en->sched);
   fprintf(f, "# HELP moonloop_active_runs Runs executing in this process.\n"
              "# TYPE moonloop_active_runs gauge\n"
@@ -472,11 +455,7 @@ static void metrics(server_t *srv, h2o_req_t *req) {
              "in seconds.\n"
              "# TYPE process_start_time_seconds gauge\n"
              "process_start_time_seconds %.3f\n", srv->start_time);
-  if (fclose(f) || !text) {
-    free(text);
-    server__respond_error(srv, req, 500, "no_memory", "out of memory");
-    return;
-  }
+  if (fclose(f) || !text) mem_oom(len); /* likewise its writes */
   server__respond(srv, req, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
 }
 
@@ -588,8 +567,8 @@ static void index_page(server_t *srv, h2o_req_t *req) {
     "<body><p>This moonloop was built without its dashboard (web/). The API: "
     "<a href=\"/v1/runs\">/v1/runs</a>, <a href=\"/v1/skills\">/v1/skills</a>, "
     "<a href=\"/metrics\">/metrics</a>.</p>\n</body></html>\n";
-  char *body = strdup(page);
-  server__respond(srv, req, 200, "text/html; charset=utf-8", body, body ? sizeof page - 1 : 0);
+  char *body = mem_strdup(page);
+  server__respond(srv, req, 200, "text/html; charset=utf-8", body, sizeof page - 1);
 }
 
 

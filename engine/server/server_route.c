@@ -3,23 +3,12 @@
 ** server_route.h). Everything here is a pure function of its arguments, so
 ** the fuzz target exercises exactly the code the server runs.
 **
-** The route table (DESIGN.md's HTTP API):
-**
-**   /                              GET              INDEX
-**   /metrics                       GET              METRICS
-**   /v1/runs                       GET              LIST_RUNS
-**   /v1/runs/{id}[?wait=SECONDS]   GET              GET_RUN (wait: attach)
-**   /v1/runs/{id}/cancel           POST             CANCEL
-**   /v1/runs/{id}/rerun            POST             RERUN
-**   /v1/events                     POST             EVENTS
-**   /v1/skills                     GET              LIST_SKILLS
-**   /v1/skills/{id}                GET, PUT, DELETE GET_SKILL, PUT_SKILL, DELETE_SKILL
-**                                  (PUT and DELETE take ?file=NAME: the sidecar's file)
-**   /v1/skills/{id}/invoke         POST             INVOKE
-**   /v1/versions/{hash}            GET              GET_VERSION
-**   /v1/stats                      GET              STATS
-**   /v1/skills/{id}/stats          GET              SKILL_STATS
-**   /v1/events                     GET              LIST_EVENTS (POST: EVENTS)
+** The routes are one table, routes[] below (DESIGN.md's HTTP API): each
+** route's method, path pattern, the operation it plans, the kind of its
+** body and the handler that reads its query and body. Dispatch and the
+** Allow header of a 405 come from it. PUT and DELETE /v1/skills/{id} take
+** ?file=NAME (the sidecar's file); GET /v1/runs/{id} takes ?wait=SECONDS
+** (attach).
 **
 ** The dashboard's files (GET and HEAD of /, /app.js, /style.css: web.h) are
 ** answered by server.c before authentication and routing; INDEX answers /
@@ -30,6 +19,7 @@
 ** first.
 */
 #include "base/jsontext.h"
+#include "base/mem.h"
 #include "base/units.h"
 #include "base/vocab.h"
 #include "server/server_route.h"
@@ -306,18 +296,15 @@ int server_check_type(const struct server_plan *p, const char *ctype, size_t ctl
                       int *status, err_t *e) {
   char shown[80];
   printable(shown, sizeof shown, ctype ? ctype : "", ctype ? ctlen : 0);
-  switch (p->op) {
-  case SERVER_OP_EVENTS:
-  case SERVER_OP_INVOKE:
-  case SERVER_OP_CANCEL:
-  case SERVER_OP_RERUN:
+  switch (p->body) {
+  case SERVER_BODY_JSON:
     if ((blen || ctype) && !(ctype && media_type_is(ctype, ctlen, "application/json")))
       return fail(status, 415, e, ERR_INVALID, "a JSON body needs 'Content-Type: "
                   "application/json'%s%s%s (a browser can send other types to another site's "
                   "server without asking first, so the engine refuses them)",
                   ctype ? ", not '" : "", ctype ? shown : "", ctype ? "'" : "");
     return 0;
-  case SERVER_OP_PUT_SKILL:
+  case SERVER_BODY_LUA:
     if (!ctype || !media_type_is(ctype, ctlen, "text/x-lua"))
       return fail(status, 415, e, ERR_INVALID, "PUT /v1/skills/{id} takes Lua source with "
                   "'Content-Type: text/x-lua'%s%s%s", ctype ? ", not '" : "",
@@ -326,6 +313,17 @@ int server_check_type(const struct server_plan *p, const char *ctype, size_t ctl
   default: return 0;
   }
 }
+
+/* What a route's handler reads of a request besides its path: the query,
+** the body, the limits and the time. */
+struct req {
+  const char *q;
+  size_t qlen;
+  const char *body;
+  size_t blen;
+  const struct server_limits *lim;
+  int64_t now_ms;
+};
 
 /* ---- bodies ------------------------------------------------------------ */
 
@@ -391,8 +389,7 @@ static int check_name(const cJSON *v, int optional, size_t max) {
 /* The bytes of v as compact JSON, and over-the-limit check. */
 static int check_size(const cJSON *v, int64_t limit, const char *where, const char *what,
                       char **text, int *status, err_t *e) {
-  char *s = v ? cJSON_PrintUnformatted(v) : strdup("null");
-  if (!s) return fail(status, 500, e, ERR_NOMEM, "out of memory");
+  char *s = v ? cJSON_PrintUnformatted(v) : mem_strdup("null");
   int64_t n = (int64_t)strlen(s);
   if (limit > 0 && n > limit) {
     char a[32], b[32];
@@ -436,8 +433,10 @@ static int check_event(cJSON *ev, const char *where, int64_t limit, cJSON *out, 
 }
 
 /* POST /v1/events: one event or a list, into p->events (always a list). */
-static int route_events(const char *body, size_t blen, const struct server_limits *lim,
-                        struct server_plan *p, int *status, err_t *e) {
+static int route_events(const struct req *r, struct server_plan *p, int *status, err_t *e) {
+  const char *body = r->body;
+  size_t blen = r->blen;
+  const struct server_limits *lim = r->lim;
   if (only_space(body, blen))
     return fail(status, 400, e, ERR_INVALID,
                 "the body is empty: POST /v1/events takes {name, data, id?} or a list of them");
@@ -474,12 +473,14 @@ static int route_events(const char *body, size_t blen, const struct server_limit
 }
 
 /* POST /v1/skills/{id}/invoke: {data, key?, wait?}; an empty body is {}. */
-static int route_invoke(const char *body, size_t blen, const struct server_limits *lim,
-                        struct server_plan *p, int *status, err_t *e) {
+static int route_invoke(const struct req *r, struct server_plan *p, int *status, err_t *e) {
+  const char *body = r->body;
+  size_t blen = r->blen;
+  const struct server_limits *lim = r->lim;
   static const char *const keys[] = {"data", "key", "wait", NULL};
   if (only_space(body, blen)) {
-    p->data = strdup("null");
-    return p->data ? 0 : fail(status, 500, e, ERR_NOMEM, "out of memory");
+    p->data = mem_strdup("null");
+    return 0;
   }
   cJSON *v;
   if (parse_json(body, blen, &v, status, e)) return e->code;
@@ -527,8 +528,10 @@ static void split_param(const char *q, size_t qlen, size_t i, size_t *j, size_t 
 }
 
 /* GET /v1/runs's query: skill, status, since, limit, before, trigger, parent. */
-static int route_list(const char *q, size_t qlen, int64_t now_ms, struct server_plan *p,
-                      int *status, err_t *e) {
+static int route_list(const struct req *r, struct server_plan *p, int *status, err_t *e) {
+  const char *q = r->q;
+  size_t qlen = r->qlen;
+  int64_t now_ms = r->now_ms;
   p->limit = SERVER_LIST_DEFAULT;
   size_t i = 0;
   while (i < qlen) {
@@ -618,8 +621,9 @@ static int route_list(const char *q, size_t qlen, int64_t now_ms, struct server_
 
 /* The only parameter: wait, seconds from 0 to 300 (attach: answer once
 ** the run has ended, or when the wait runs out). */
-static int route_run_wait(const char *q, size_t qlen, struct server_plan *p, int *status,
-                          err_t *e) {
+static int route_run_wait(const struct req *r, struct server_plan *p, int *status, err_t *e) {
+  const char *q = r->q;
+  size_t qlen = r->qlen;
   size_t i = 0;
   while (i < qlen) {
     size_t j, eq;
@@ -689,8 +693,10 @@ static int param_time(const char *key, const char *val, int64_t now_ms, int64_t 
 
 /* GET /v1/stats's and /v1/skills/{id}/stats's query: since (default 7d),
 ** until (default now), interval (a duration; default: picked by the store). */
-static int route_stats(const char *q, size_t qlen, int64_t now_ms, struct server_plan *p,
-                       int *status, err_t *e) {
+static int route_stats(const struct req *r, struct server_plan *p, int *status, err_t *e) {
+  const char *q = r->q;
+  size_t qlen = r->qlen;
+  int64_t now_ms = r->now_ms;
   p->stats.since = now_ms - 7 * 86400000LL;
   p->stats.until = now_ms;
   size_t i = 0, j;
@@ -723,8 +729,10 @@ static int route_stats(const char *q, size_t qlen, int64_t now_ms, struct server
 }
 
 /* GET /v1/events's query: limit, before (an event id: the next page). */
-static int route_events_list(const char *q, size_t qlen, struct server_plan *p, int *status,
+static int route_events_list(const struct req *r, struct server_plan *p, int *status,
                              err_t *e) {
+  const char *q = r->q;
+  size_t qlen = r->qlen;
   p->evf.limit = SERVER_EVENTS_DEFAULT;
   size_t i = 0, j;
   while (i < qlen) {
@@ -795,7 +803,9 @@ static int file_name_bad(const char *f, int *status, err_t *e) {
 
 /* The only parameter: file, the name of the skill's file (the standalone
 ** sidecar's "//HOST/PATH"): printable UTF-8, at most SERVER_FILE_MAX bytes. */
-static int route_file(const char *q, size_t qlen, struct server_plan *p, int *status, err_t *e) {
+static int route_file(const struct req *r, struct server_plan *p, int *status, err_t *e) {
+  const char *q = r->q;
+  size_t qlen = r->qlen;
   size_t i = 0;
   while (i < qlen) {
     size_t j, eq;
@@ -840,14 +850,100 @@ void server_plan_free(struct server_plan *p) {
   p->data = NULL;
 }
 
-/* A 405, remembering the methods the path takes for the Allow header. */
-static int not_allowed(struct server_plan *p, const char *allow, int *status, err_t *e,
-                       const char *m, size_t mlen, const char *path) {
-  char shown[80];
-  printable(shown, sizeof shown, m, mlen);
-  p->allow = allow;
-  return fail(status, 405, e, ERR_INVALID, "%s is not allowed on %s (allowed: %s)", shown, path,
-              allow);
+/* PUT /v1/skills/{id}: the body is the skill's source, and ?file= names
+** its file. */
+static int route_put_skill(const struct req *r, struct server_plan *p, int *status, err_t *e) {
+  if (r->blen == 0)
+    return fail(status, 400, e, ERR_INVALID, "the body is empty: PUT /v1/skills/{id} takes "
+                "the skill's Lua source");
+  p->source = r->body;
+  p->source_len = r->blen;
+  return route_file(r, p, status, e);
+}
+
+/* GET /v1/skills/{id}/stats: the figures of the skill of the path. */
+static int route_skill_stats(const struct req *r, struct server_plan *p, int *status, err_t *e) {
+  int rc = route_stats(r, p, status, e);
+  p->stats.skill = p->id;
+  return rc;
+}
+
+/* What names a path's {id}: a run (a ULID), a skill, a version (a hash). */
+enum id_kind { ID_NONE, ID_RUN, ID_SKILL, ID_VERSION };
+
+/* The API, one route per method and path (DESIGN.md's HTTP API; the table
+** at the top of this file). A pattern's "{id}" or "{hash}" segment is the
+** id of the route's kind; GET takes HEAD too. Dispatch and the Allow
+** header of a 405 (the methods of every route of the path, in this order)
+** come from here; the handler reads the query and the body into the plan,
+** whose body kind server_check_type holds the Content-Type to. */
+static const struct route {
+  const char *method, *pattern;
+  enum id_kind id;
+  enum server_op op;
+  enum server_body body;
+  int (*handler)(const struct req *r, struct server_plan *p, int *status, err_t *e);
+} routes[] = {
+  {"GET", "/", ID_NONE, SERVER_OP_INDEX, SERVER_BODY_NONE, NULL},
+  {"GET", "/metrics", ID_NONE, SERVER_OP_METRICS, SERVER_BODY_NONE, NULL},
+  {"GET", "/v1/runs", ID_NONE, SERVER_OP_LIST_RUNS, SERVER_BODY_NONE, route_list},
+  {"GET", "/v1/runs/{id}", ID_RUN, SERVER_OP_GET_RUN, SERVER_BODY_NONE, route_run_wait},
+  {"POST", "/v1/runs/{id}/cancel", ID_RUN, SERVER_OP_CANCEL, SERVER_BODY_JSON, NULL},
+  {"POST", "/v1/runs/{id}/rerun", ID_RUN, SERVER_OP_RERUN, SERVER_BODY_JSON, NULL},
+  {"GET", "/v1/events", ID_NONE, SERVER_OP_LIST_EVENTS, SERVER_BODY_NONE, route_events_list},
+  {"POST", "/v1/events", ID_NONE, SERVER_OP_EVENTS, SERVER_BODY_JSON, route_events},
+  {"GET", "/v1/stats", ID_NONE, SERVER_OP_STATS, SERVER_BODY_NONE, route_stats},
+  {"GET", "/v1/skills", ID_NONE, SERVER_OP_LIST_SKILLS, SERVER_BODY_NONE, NULL},
+  {"GET", "/v1/skills/{id}", ID_SKILL, SERVER_OP_GET_SKILL, SERVER_BODY_NONE, NULL},
+  {"PUT", "/v1/skills/{id}", ID_SKILL, SERVER_OP_PUT_SKILL, SERVER_BODY_LUA, route_put_skill},
+  {"DELETE", "/v1/skills/{id}", ID_SKILL, SERVER_OP_DELETE_SKILL, SERVER_BODY_NONE, route_file},
+  {"GET", "/v1/skills/{id}/stats", ID_SKILL, SERVER_OP_SKILL_STATS, SERVER_BODY_NONE,
+   route_skill_stats},
+  {"POST", "/v1/skills/{id}/invoke", ID_SKILL, SERVER_OP_INVOKE, SERVER_BODY_JSON, route_invoke},
+  {"GET", "/v1/versions/{hash}", ID_VERSION, SERVER_OP_GET_VERSION, SERVER_BODY_NONE, NULL},
+};
+#define NROUTES (sizeof routes / sizeof routes[0])
+
+/* Whether the decoded segments match pattern ("{...}" matches any one). */
+static int path_matches(const char *pattern, const struct seg *segs, int nseg) {
+  const char *at = pattern + 1; /* past the leading '/' */
+  for (int k = 0; k < nseg; k++) {
+    size_t n = strcspn(at, "/");
+    if (n == 0) return 0; /* the pattern ends first */
+    if (at[0] != '{' && (segs[k].len != n || memcmp(segs[k].s, at, n))) return 0;
+    at += n;
+    if (*at == '/') at++;
+  }
+  return *at == 0;
+}
+
+/* Whether a route of method m takes a request's method (GET takes HEAD). */
+static int takes_method(const char *m, const char *method, size_t mlen) {
+  return is_method(method, mlen, m) || (!strcmp(m, "GET") && is_method(method, mlen, "HEAD"));
+}
+
+/* Whether the path's id of kind k is well formed; else the answer: 404
+** (no such thing), 400 for the id of a skill being put. */
+static int check_id(enum id_kind k, const struct seg *s, enum server_op op, int *status,
+                    err_t *e) {
+  char id[80];
+  printable(id, sizeof id, s->s, s->len);
+  if (k == ID_VERSION) {
+    if (s->too_long || !is_version(s->s, s->len))
+      return fail(status, 404, e, ERR_NOTFOUND, "no skill version '%s': a version is the 64 "
+                  "lowercase hex digits of its source's SHA-256", id);
+    return 0;
+  }
+  int skill = k == ID_SKILL;
+  if (!s->too_long && (skill ? is_skill_id(s->s, s->len) : is_run_id(s->s, s->len))) return 0;
+  if (op == SERVER_OP_PUT_SKILL)
+    return fail(status, 400, e, ERR_INVALID, "bad skill id '%s': it must match "
+                "[a-z0-9][a-z0-9._-]* and have at most %d characters", id, SERVER_ID_MAX);
+  if (s->too_long)
+    return fail(status, 404, e, ERR_NOTFOUND, "no %s has an id that long (over %d bytes)",
+                skill ? "skill" : "run", SERVER_ID_MAX * 3);
+  if (skill) return fail(status, 404, e, ERR_NOTFOUND, "no skill '%s' is registered", id);
+  return fail(status, 404, e, ERR_NOTFOUND, "no run with id '%s'", id);
 }
 
 /* See server_route.h. */
@@ -892,91 +988,40 @@ int server_route(const char *method, size_t mlen, const char *target, size_t tle
     nseg++;
     i = j + 1;
   }
-#define SEG(k, lit) (nseg > (k) && segs[k].len == sizeof(lit) - 1 && !memcmp(segs[k].s, lit, sizeof(lit) - 1))
-  int get = is_method(method, mlen, "GET"), head = is_method(method, mlen, "HEAD");
-  int post = is_method(method, mlen, "POST"), put = is_method(method, mlen, "PUT");
-  int del = is_method(method, mlen, "DELETE");
-  p->head = head;
-  get |= head;
-  enum server_op op = SERVER_OP_NONE;
-  const char *allow = NULL;
-  int id_seg = -1, skill_path = 0;
-  if (nseg == 0) {
-    op = SERVER_OP_INDEX, allow = "GET, HEAD";
-    if (!get) return not_allowed(p, allow, status, e, method, mlen, "/");
-  } else if (nseg == 1 && SEG(0, "metrics")) {
-    op = SERVER_OP_METRICS, allow = "GET, HEAD";
-    if (!get) return not_allowed(p, allow, status, e, method, mlen, "/metrics");
-  } else if (SEG(0, "v1") && SEG(1, "runs") && nseg == 2) {
-    op = SERVER_OP_LIST_RUNS, allow = "GET, HEAD";
-    if (!get) return not_allowed(p, allow, status, e, method, mlen, "/v1/runs");
-  } else if (SEG(0, "v1") && SEG(1, "runs") && nseg == 3) {
-    op = SERVER_OP_GET_RUN, allow = "GET, HEAD", id_seg = 2;
-    if (!get) return not_allowed(p, allow, status, e, method, mlen, "/v1/runs/{id}");
-  } else if (SEG(0, "v1") && SEG(1, "runs") && nseg == 4 && (SEG(3, "cancel") || SEG(3, "rerun"))) {
-    op = SEG(3, "cancel") ? SERVER_OP_CANCEL : SERVER_OP_RERUN, allow = "POST", id_seg = 2;
-    if (!post)
-      return not_allowed(p, allow, status, e, method, mlen,
-                         op == SERVER_OP_CANCEL ? "/v1/runs/{id}/cancel" : "/v1/runs/{id}/rerun");
-  } else if (SEG(0, "v1") && SEG(1, "events") && nseg == 2) {
-    op = get ? SERVER_OP_LIST_EVENTS : SERVER_OP_EVENTS, allow = "GET, HEAD, POST";
-    if (!post && !get) return not_allowed(p, allow, status, e, method, mlen, "/v1/events");
-  } else if (SEG(0, "v1") && SEG(1, "stats") && nseg == 2) {
-    op = SERVER_OP_STATS, allow = "GET, HEAD";
-    if (!get) return not_allowed(p, allow, status, e, method, mlen, "/v1/stats");
-  } else if (SEG(0, "v1") && SEG(1, "skills") && nseg == 2) {
-    op = SERVER_OP_LIST_SKILLS, allow = "GET, HEAD";
-    if (!get) return not_allowed(p, allow, status, e, method, mlen, "/v1/skills");
-  } else if (SEG(0, "v1") && SEG(1, "skills") && nseg == 3) {
-    allow = "GET, HEAD, PUT, DELETE", id_seg = 2, skill_path = 1;
-    if (get) op = SERVER_OP_GET_SKILL;
-    else if (put) op = SERVER_OP_PUT_SKILL;
-    else if (del) op = SERVER_OP_DELETE_SKILL;
-    else return not_allowed(p, allow, status, e, method, mlen, "/v1/skills/{id}");
-  } else if (SEG(0, "v1") && SEG(1, "skills") && nseg == 4 && SEG(3, "stats")) {
-    op = SERVER_OP_SKILL_STATS, allow = "GET, HEAD", id_seg = 2, skill_path = 1;
-    if (!get) return not_allowed(p, allow, status, e, method, mlen, "/v1/skills/{id}/stats");
-  } else if (SEG(0, "v1") && SEG(1, "skills") && nseg == 4 && SEG(3, "invoke")) {
-    op = SERVER_OP_INVOKE, allow = "POST", id_seg = 2, skill_path = 1;
-    if (!post) return not_allowed(p, allow, status, e, method, mlen, "/v1/skills/{id}/invoke");
-  } else if (SEG(0, "v1") && SEG(1, "versions") && nseg == 3) {
-    op = SERVER_OP_GET_VERSION, allow = "GET, HEAD";
-    if (!get) return not_allowed(p, allow, status, e, method, mlen, "/v1/versions/{hash}");
-    char v[80];
-    printable(v, sizeof v, segs[2].s, segs[2].len);
-    if (segs[2].too_long || !is_version(segs[2].s, segs[2].len))
-      return fail(status, 404, e, ERR_NOTFOUND, "no skill version '%s': a version is the 64 "
-                  "lowercase hex digits of its source's SHA-256", v);
-    memcpy(p->id, segs[2].s, segs[2].len);
-    p->id[segs[2].len] = 0;
-  } else {
+  p->head = is_method(method, mlen, "HEAD");
+
+  /* The route of the path and method; the path's other methods make the
+  ** Allow header of a 405. */
+  const struct route *rt = NULL, *path = NULL;
+  for (size_t k = 0; k < NROUTES; k++) {
+    if (!path_matches(routes[k].pattern, segs, nseg)) continue;
+    if (path && strcmp(path->pattern, routes[k].pattern)) continue; /* only one path matches */
+    if (!path) path = &routes[k];
+    size_t at = strlen(p->allow);
+    snprintf(p->allow + at, sizeof p->allow - at, "%s%s%s", at ? ", " : "", routes[k].method,
+             strcmp(routes[k].method, "GET") ? "" : ", HEAD");
+    if (!rt && takes_method(routes[k].method, method, mlen)) rt = &routes[k];
+  }
+  if (!path)
     return fail(status, 404, e, ERR_NOTFOUND, "no such path: '%s' (the API is under /v1: "
                 "runs, events, skills, versions, stats)", shown);
+  if (!rt) {
+    char m[80];
+    printable(m, sizeof m, method, mlen);
+    return fail(status, 405, e, ERR_INVALID, "%s is not allowed on %s (allowed: %s)", m,
+                path->pattern, p->allow);
   }
-#undef SEG
-  p->op = op;
-  p->allow = allow;
 
-  if (id_seg >= 0) {
-    struct seg *s = &segs[id_seg];
-    char id[80];
-    printable(id, sizeof id, s->s, s->len);
-    int ok = !s->too_long && (skill_path ? is_skill_id(s->s, s->len) : is_run_id(s->s, s->len));
-    if (!ok) {
-      p->op = SERVER_OP_NONE;
-      if (op == SERVER_OP_PUT_SKILL)
-        return fail(status, 400, e, ERR_INVALID, "bad skill id '%s': it must match "
-                    "[a-z0-9][a-z0-9._-]* and have at most %d characters", id, SERVER_ID_MAX);
-      if (s->too_long)
-        return fail(status, 404, e, ERR_NOTFOUND, "no %s has an id that long (over %d bytes)",
-                    skill_path ? "skill" : "run", SERVER_ID_MAX * 3);
-      if (skill_path)
-        return fail(status, 404, e, ERR_NOTFOUND, "no skill '%s' is registered", id);
-      return fail(status, 404, e, ERR_NOTFOUND, "no run with id '%s'", id);
-    }
-    memcpy(p->id, s->s, s->len);
-    p->id[s->len] = 0;
+  if (rt->id) {
+    /* The id is the path's one placeholder: the segment where the pattern has it. */
+    int at = 0;
+    for (const char *c = rt->pattern + 1; *c != '{'; c++) at += *c == '/';
+    if (check_id(rt->id, &segs[at], rt->op, status, e)) return e->code;
+    memcpy(p->id, segs[at].s, segs[at].len);
+    p->id[segs[at].len] = 0;
   }
+  p->op = rt->op;
+  p->body = rt->body;
 
   if (blen > body_max) {
     char a[32], b[32];
@@ -984,31 +1029,8 @@ int server_route(const char *method, size_t mlen, const char *target, size_t tle
     p->op = SERVER_OP_NONE;
     return fail(status, 413, e, ERR_TOOBIG, "the body is %s, over the limit of %s", a, b);
   }
-  int rc = 0;
-  switch (op) {
-  case SERVER_OP_LIST_RUNS: rc = route_list(q, qlen, now_ms, p, status, e); break;
-  case SERVER_OP_GET_RUN: rc = route_run_wait(q, qlen, p, status, e); break;
-  case SERVER_OP_EVENTS: rc = route_events(body, blen, lim, p, status, e); break;
-  case SERVER_OP_INVOKE: rc = route_invoke(body, blen, lim, p, status, e); break;
-  case SERVER_OP_PUT_SKILL:
-    if (blen == 0) {
-      rc = fail(status, 400, e, ERR_INVALID, "the body is empty: PUT /v1/skills/{id} takes "
-                "the skill's Lua source");
-      break;
-    }
-    p->source = body;
-    p->source_len = blen;
-    rc = route_file(q, qlen, p, status, e);
-    break;
-  case SERVER_OP_DELETE_SKILL: rc = route_file(q, qlen, p, status, e); break;
-  case SERVER_OP_STATS: rc = route_stats(q, qlen, now_ms, p, status, e); break;
-  case SERVER_OP_SKILL_STATS:
-    rc = route_stats(q, qlen, now_ms, p, status, e);
-    p->stats.skill = p->id;
-    break;
-  case SERVER_OP_LIST_EVENTS: rc = route_events_list(q, qlen, p, status, e); break;
-  default: break;
-  }
+  struct req r = {.q = q, .qlen = qlen, .body = body, .blen = blen, .lim = lim, .now_ms = now_ms};
+  int rc = rt->handler ? rt->handler(&r, p, status, e) : 0;
   if (rc) {
     server_plan_free(p);
     p->op = SERVER_OP_NONE;

@@ -56,6 +56,11 @@ enum server_op {
   SERVER_OP_LIST_EVENTS, /* GET /v1/events: recent events and the runs they started */
 };
 
+/* What a route's body is (server_check_type holds the Content-Type to it):
+** none, JSON (application/json, when there is a body or a Content-Type at
+** all), or a skill's Lua source (text/x-lua). */
+enum server_body { SERVER_BODY_NONE, SERVER_BODY_JSON, SERVER_BODY_LUA };
+
 /* What the route needs from the configuration. */
 struct server_limits {
   int64_t event_limit; /* limits.event: bytes of one event's data (and invoke's data) */
@@ -83,7 +88,8 @@ struct server_plan {
   const char *source;              /* PUT_SKILL: the Lua source (the body) */
   size_t source_len;
   char file[SERVER_FILE_MAX + 1];  /* PUT_SKILL, DELETE_SKILL: ?file=, "" when absent */
-  const char *allow;               /* after a 405: the methods the path takes */
+  enum server_body body;           /* the route's body kind */
+  char allow[48];                  /* the methods the path takes (the Allow header of a 405) */
   struct stats_query stats;        /* STATS, SKILL_STATS: since (default 7d), until, interval */
   struct event_filter evf;         /* LIST_EVENTS: before points into before[] */
 };

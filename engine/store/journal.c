@@ -2,11 +2,13 @@
 ** journal.c: a group of journal entries with an arena for their strings
 ** (see journal.h). Entries are stored in one growing array; strings are
 ** copied into fixed-size arena blocks that live as long as the group, so
-** appending costs a memcpy and, rarely, a malloc.
+** appending costs a memcpy and, rarely, a malloc. What each kind holds is
+** journal.h's lists; the code per kind is generated from them here.
 */
 #include "store/journal.h"
-#include "base/err.h"
+#include "base/mem.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,8 +31,8 @@ struct journal {
 };
 
 journal_t *journal_new(void) {
-  journal_t *j = calloc(1, sizeof(journal_t));
-  if (j) j->fenced = -1;
+  journal_t *j = mem_calloc(1, sizeof(journal_t));
+  j->fenced = -1;
   return j;
 }
 
@@ -50,11 +52,10 @@ size_t journal_count(const journal_t *j) { return j->n; }
 const struct jentry *journal_entry(const journal_t *j, size_t i) { return &j->e[i]; }
 size_t journal_bytes(const journal_t *j) { return j->bytes; }
 
-int journal_set_owner(journal_t *j, const char *owner, int64_t lease_expires_at) {
+void journal_set_owner(journal_t *j, const char *owner, int64_t lease_expires_at) {
   free(j->owner);
-  j->owner = owner ? strdup(owner) : NULL;
+  j->owner = owner ? mem_strdup(owner) : NULL;
   j->lease_expires_at = lease_expires_at;
-  return owner && !j->owner ? ERR_NOMEM : 0;
 }
 
 const char *journal_owner(const journal_t *j, int64_t *lease_expires_at) {
@@ -62,18 +63,14 @@ const char *journal_owner(const journal_t *j, int64_t *lease_expires_at) {
   return j->owner;
 }
 
-/* Copy s into the arena; NULL stays NULL. Sets *fail on allocation failure. */
-static const char *dup(journal_t *j, const char *s, int *fail) {
+/* Copy s into the arena; NULL stays NULL. */
+static const char *dup(journal_t *j, const char *s) {
   if (!s) return NULL;
   size_t n = strlen(s) + 1;
   struct block *b = j->blocks;
   if (!b || b->cap - b->used < n) {
     size_t cap = n > ARENA_BLOCK ? n : ARENA_BLOCK;
-    b = malloc(sizeof *b + cap);
-    if (!b) {
-      *fail = 1;
-      return NULL;
-    }
+    b = mem_alloc(sizeof *b + cap);
     b->used = 0;
     b->cap = cap;
     b->next = j->blocks;
@@ -86,14 +83,11 @@ static const char *dup(journal_t *j, const char *s, int *fail) {
   return p;
 }
 
-/* Reserve a new entry of the given kind; NULL when out of memory. */
+/* Reserve a new entry of the given kind. */
 static struct jentry *add(journal_t *j, enum jkind kind) {
   if (j->n == j->cap) {
-    size_t cap = j->cap ? j->cap * 2 : 256;
-    struct jentry *e = realloc(j->e, cap * sizeof *e);
-    if (!e) return NULL;
-    j->e = e;
-    j->cap = cap;
+    j->cap = j->cap ? j->cap * 2 : 256;
+    j->e = mem_realloc(j->e, j->cap * sizeof *j->e);
   }
   struct jentry *e = &j->e[j->n++];
   memset(e, 0, sizeof *e);
@@ -101,114 +95,51 @@ static struct jentry *add(journal_t *j, enum jkind kind) {
   return e;
 }
 
-/* Copy a run row's strings into the arena. */
-static void copy_run(journal_t *j, struct run_row *c, const struct run_row *r, int *fail) {
-  *c = *r;
-  c->id = dup(j, r->id, fail);
-  c->skill = dup(j, r->skill, fail);
-  c->version = dup(j, r->version, fail);
-  c->status = dup(j, r->status, fail);
-  c->entry = dup(j, r->entry, fail);
-  c->trigger = dup(j, r->trigger, fail);
-  c->parent_id = dup(j, r->parent_id, fail);
-  c->input = dup(j, r->input, fail);
-  c->output = dup(j, r->output, fail);
-  c->error = dup(j, r->error, fail);
-  c->owner = dup(j, r->owner, fail);
-  c->idem = dup(j, r->idem, fail);
-  c->by_run = dup(j, r->by_run, fail);
-  c->cancel_reason = NULL; /* read from the store only, never journaled */
-}
+/* ---- the kinds (journal.h's lists) ---- */
 
-int journal_run_new(journal_t *j, const struct run_row *r) {
-  struct jentry *e = add(j, J_RUN_NEW);
-  if (!e) return ERR_NOMEM;
-  int fail = 0;
-  copy_run(j, &e->u.run, r, &fail);
-  return fail ? ERR_NOMEM : 0;
-}
+/* journal_kinds: each kind's fields, with their offsets. */
+#define FIELD(S, use, type, name) \
+  {#name, JOURNAL_##use, JOURNAL_##type, (unsigned short)offsetof(struct S, name)},
+#define KIND_FIELDS(KIND, fn, S, m, F) static const struct journal_field fields_##fn[] = {F(FIELD, S)};
+JOURNAL_KINDS(KIND_FIELDS)
+#define KIND(KIND, fn, S, m, F) \
+  [J_##KIND] = {#fn, fields_##fn, sizeof fields_##fn / sizeof fields_##fn[0]},
+const struct journal_kind journal_kinds[J_COUNT] = {JOURNAL_KINDS(KIND)};
 
-int journal_run_set(journal_t *j, const struct run_set *s) {
-  struct jentry *e = add(j, J_RUN_SET);
-  if (!e) return ERR_NOMEM;
-  int fail = 0;
-  struct run_set *c = &e->u.set;
-  *c = *s;
-  c->run_id = dup(j, s->run_id, &fail);
-  c->status = dup(j, s->status, &fail);
-  c->output = dup(j, s->output, &fail);
-  c->error = dup(j, s->error, &fail);
-  return fail ? ERR_NOMEM : 0;
-}
+/* copy_<fn>(j, c): make the entry c (a bitwise copy of the caller's
+** struct) the group's own: its strings copied into the arena, a run's too;
+** READ fields zeroed. Straight-line code, one statement per string. */
+#define COPY(S, use, type, name) COPY_##use(type, name)
+#define COPY_COL(type, name) COPY_##type(name)
+#define COPY_ARG(type, name) COPY_##type(name)
+#define COPY_READ(type, name) memset(&c->name, 0, sizeof c->name);
+#define COPY_TEXT(name) c->name = dup(j, c->name);
+#define COPY_INT(name)
+#define COPY_I64(name)
+#define COPY_TIME(name)
+#define COPY_OP(name)
+#define COPY_RUN(name) copy_run_new(j, &c->name);
+#define COPIER(KIND, fn, S, m, F) \
+  static void copy_##fn(journal_t *j, struct S *c) { F(COPY, S) }
+JOURNAL_KINDS(COPIER)
 
-int journal_step(journal_t *j, const struct step_row *s) {
-  struct jentry *e = add(j, J_STEP);
-  if (!e) return ERR_NOMEM;
-  int fail = 0;
-  struct step_row *c = &e->u.step;
-  *c = *s;
-  c->run_id = dup(j, s->run_id, &fail);
-  c->id = dup(j, s->id, &fail);
-  c->kind = dup(j, s->kind, &fail);
-  c->status = dup(j, s->status, &fail);
-  c->output = dup(j, s->output, &fail);
-  c->error = dup(j, s->error, &fail);
-  c->usage = dup(j, s->usage, &fail);
-  return fail ? ERR_NOMEM : 0;
-}
+/* journal_<fn>(j, row): append a copy of row (journal.h). */
+#define APPEND(KIND, fn, S, m, F) \
+  void journal_##fn(journal_t *j, const struct S *row) { \
+    struct jentry *e = add(j, J_##KIND); \
+    e->u.m = *row; \
+    copy_##fn(j, &e->u.m); \
+  }
+JOURNAL_KINDS(APPEND)
 
-int journal_attempt(journal_t *j, const struct attempt_row *a) {
-  struct jentry *e = add(j, J_ATTEMPT);
-  if (!e) return ERR_NOMEM;
-  int fail = 0;
-  struct attempt_row *c = &e->u.attempt;
-  *c = *a;
-  c->run_id = dup(j, a->run_id, &fail);
-  c->status = dup(j, a->status, &fail);
-  c->error = dup(j, a->error, &fail);
-  c->traceback = dup(j, a->traceback, &fail);
-  return fail ? ERR_NOMEM : 0;
-}
-
-int journal_log(journal_t *j, const struct log_row *l) {
-  struct jentry *e = add(j, J_LOG);
-  if (!e) return ERR_NOMEM;
-  int fail = 0;
-  struct log_row *c = &e->u.log;
-  *c = *l;
-  c->run_id = dup(j, l->run_id, &fail);
-  c->level = dup(j, l->level, &fail);
-  c->msg = dup(j, l->msg, &fail);
-  return fail ? ERR_NOMEM : 0;
-}
-
-int journal_version(journal_t *j, const struct version_row *v) {
-  struct jentry *e = add(j, J_VERSION);
-  if (!e) return ERR_NOMEM;
-  int fail = 0;
-  struct version_row *c = &e->u.version;
-  *c = *v;
-  c->version = dup(j, v->version, &fail);
-  c->skill = dup(j, v->skill, &fail);
-  c->source = dup(j, v->source, &fail);
-  c->file = dup(j, v->file, &fail);
-  c->triggers = dup(j, v->triggers, &fail);
-  return fail ? ERR_NOMEM : 0;
-}
-
-int journal_skill(journal_t *j, const struct skill_row *s) {
-  struct jentry *e = add(j, J_SKILL);
-  if (!e) return ERR_NOMEM;
-  int fail = 0;
-  struct skill_row *c = &e->u.skill;
-  *c = *s;
-  c->id = dup(j, s->id, &fail);
-  c->version = dup(j, s->version, &fail);
-  c->file = dup(j, s->file, &fail);
-  c->description = dup(j, s->description, &fail);
-  c->triggers = dup(j, s->triggers, &fail);
-  c->error = dup(j, s->error, &fail);
-  return fail ? ERR_NOMEM : 0;
+/* See journal.h. */
+void journal_add(journal_t *j, enum jkind kind, const void *row) {
+  switch (kind) {
+#define ADD(KIND, fn, S, m, F) case J_##KIND: journal_##fn(j, row); break;
+  JOURNAL_KINDS(ADD)
+#undef ADD
+  case J_COUNT: break;
+  }
 }
 
 struct jentry *journal_last(journal_t *j) { return j->n ? &j->e[j->n - 1] : NULL; }
@@ -226,7 +157,7 @@ const char *journal_run_of(const struct jentry *e) {
   case J_CHILD_DONE: return e->u.child.child_id;
   case J_CANCEL: return e->u.cancel.by_run;
   case J_SLOT: return e->u.slot.run_id;
-  case J_VERSION: case J_SKILL: case J_CRON: return NULL;
+  case J_VERSION: case J_SKILL: case J_CRON: case J_COUNT: return NULL;
   }
   return NULL;
 }
@@ -253,86 +184,4 @@ void journal_set_result(const struct jentry *e, char *result) {
   struct jentry *m = (struct jentry *)e;
   free(m->result);
   m->result = result;
-}
-
-int journal_event(journal_t *j, const struct event_row *ev) {
-  struct jentry *e = add(j, J_EVENT);
-  if (!e) return ERR_NOMEM;
-  int fail = 0;
-  struct event_row *c = &e->u.event;
-  *c = *ev;
-  c->id = dup(j, ev->id, &fail);
-  c->name = dup(j, ev->name, &fail);
-  c->data = dup(j, ev->data, &fail);
-  c->idem = dup(j, ev->idem, &fail);
-  c->by_run = dup(j, ev->by_run, &fail);
-  return fail ? ERR_NOMEM : 0;
-}
-
-int journal_wait(journal_t *j, const struct wait_row *w) {
-  struct jentry *e = add(j, J_WAIT);
-  if (!e) return ERR_NOMEM;
-  int fail = 0;
-  struct wait_row *c = &e->u.wait;
-  *c = *w;
-  c->run_id = dup(j, w->run_id, &fail);
-  c->kind = dup(j, w->kind, &fail);
-  c->name = dup(j, w->name, &fail);
-  c->match_path = dup(j, w->match_path, &fail);
-  c->match_value = dup(j, w->match_value, &fail);
-  c->owner = dup(j, w->owner, &fail);
-  c->exclude = dup(j, w->exclude, &fail);
-  return fail ? ERR_NOMEM : 0;
-}
-
-int journal_wait_end(journal_t *j, const struct wait_end *w) {
-  struct jentry *e = add(j, J_WAIT_END);
-  if (!e) return ERR_NOMEM;
-  int fail = 0;
-  e->u.wait_end = *w;
-  e->u.wait_end.run_id = dup(j, w->run_id, &fail);
-  return fail ? ERR_NOMEM : 0;
-}
-
-int journal_child_done(journal_t *j, const struct child_done *cd) {
-  struct jentry *e = add(j, J_CHILD_DONE);
-  if (!e) return ERR_NOMEM;
-  int fail = 0;
-  e->u.child.child_id = dup(j, cd->child_id, &fail);
-  e->u.child.outcome = dup(j, cd->outcome, &fail);
-  return fail ? ERR_NOMEM : 0;
-}
-
-int journal_cancel(journal_t *j, const struct cancel_row *cr) {
-  struct jentry *e = add(j, J_CANCEL);
-  if (!e) return ERR_NOMEM;
-  int fail = 0;
-  e->u.cancel = *cr;
-  e->u.cancel.run_id = dup(j, cr->run_id, &fail);
-  e->u.cancel.reason = dup(j, cr->reason, &fail);
-  e->u.cancel.by_run = dup(j, cr->by_run, &fail);
-  return fail ? ERR_NOMEM : 0;
-}
-
-int journal_slot(journal_t *j, const struct slot_row *sr) {
-  struct jentry *e = add(j, J_SLOT);
-  if (!e) return ERR_NOMEM;
-  int fail = 0;
-  e->u.slot = *sr;
-  e->u.slot.run_id = dup(j, sr->run_id, &fail);
-  e->u.slot.skill = dup(j, sr->skill, &fail);
-  e->u.slot.key = dup(j, sr->key, &fail);
-  return fail ? ERR_NOMEM : 0;
-}
-
-int journal_cron(journal_t *j, const struct cron_row *cr) {
-  struct jentry *e = add(j, J_CRON);
-  if (!e) return ERR_NOMEM;
-  int fail = 0;
-  struct cron_row *c = &e->u.cron;
-  *c = *cr;
-  c->skill = dup(j, cr->skill, &fail);
-  c->spec = dup(j, cr->spec, &fail);
-  copy_run(j, &c->run, &cr->run, &fail);
-  return fail ? ERR_NOMEM : 0;
 }

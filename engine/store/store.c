@@ -6,6 +6,7 @@
 ** see them.
 */
 #include "base/jsontext.h"
+#include "base/mem.h"
 #include "base/proc.h"
 #include "base/units.h"
 #include "store/store_backend.h"
@@ -75,6 +76,10 @@ int store_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e) {
   return store__ops(s)->dispatch(s, now, limit, runs, e);
 }
 
+int store_deliver(store_t *s, int64_t *cursor, int limit, err_t *e) {
+  return store__ops(s)->deliver(s, cursor, limit, e);
+}
+
 int store_prune(store_t *s, int64_t before, int64_t *runs, int64_t *events, err_t *e) {
   return store__ops(s)->prune(s, before, runs, events, e);
 }
@@ -123,7 +128,7 @@ void store_rows_free(struct run_row *rows, size_t n) {
 /* Column i as a malloc'd string, or NULL. */
 static char *col_dup(const struct store_cur *c, int i) {
   const char *t = cur_text(c, i);
-  return t ? strdup(t) : NULL;
+  return t ? mem_strdup(t) : NULL;
 }
 
 /* See store_backend.h. */
@@ -188,7 +193,7 @@ int store__event_matches(const char *event_json_text, const char *path, const ch
   if (!path || !*path) return 1;
   cJSON *ev = cJSON_Parse(event_json_text);
   const cJSON *v = jsontext_path(ev, path);
-  char *got = v ? cJSON_PrintUnformatted(v) : strdup("null");
+  char *got = v ? cJSON_PrintUnformatted(v) : mem_strdup("null");
   int ok = got && value && !strcmp(got, value);
   free(got);
   cJSON_Delete(ev);

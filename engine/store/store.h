@@ -99,13 +99,17 @@ int store_reap(store_t *s, const char *host, int64_t now, err_t *e);
 int store_count_crash(store_t *s, const char *run_id, err_t *e);
 
 /* Claim up to limit unowned, unfinished runs for owner, oldest first.
-** *rows gets an array of n runs (free with store_rows_free). */
+** *rows gets an array of n runs (free with store_rows_free). Only for an
+** owner whose lease is live, checked in the same transaction: ERR_CONFLICT
+** ("lease lost") when its lease row is gone, ERR_BUSY when it expired and
+** was not renewed yet. */
 int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows, size_t *n,
                 err_t *e);
 
 /* Take one run for owner (moonloop run --resume): allowed when it is
-** unfinished and unowned, or its owner's lease is gone. ERR_CONFLICT says
-** who holds it; ERR_NOTFOUND / ERR_CONFLICT for unknown or finished runs. */
+** unfinished and unowned, or its owner's lease is gone, and owner's own
+** lease is live (as for store_claim). ERR_CONFLICT says who holds it;
+** ERR_NOTFOUND / ERR_CONFLICT for unknown or finished runs. */
 int store_take_run(store_t *s, const char *run_id, const char *owner, const char *host,
                    int64_t now, struct run_row **row, err_t *e);
 
@@ -117,6 +121,17 @@ void store_rows_free(struct run_row *rows, size_t n);
 ** it. *runs gets the number of runs started. Returns the number of events
 ** dispatched, or a negative code. */
 int store_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e);
+
+/* Deliver accepted events to the waits registered for them (as
+** store_dispatch does), without starting any run or marking an event
+** dispatched: for an engine that does not hold the live triggers (moonloop
+** run, the REPL, serve before its workspace is registered), whose runs
+** must still get the events they wait for; starting the runs an event
+** triggers is left to an engine that does (store_dispatch). Looks at up to
+** limit events accepted after *cursor, a position in the order events
+** were committed that it advances (-1 at first: from the oldest event not
+** dispatched yet). Returns how many it looked at, or a negative code. */
+int store_deliver(store_t *s, int64_t *cursor, int limit, err_t *e);
 
 /* Retention: delete the history of runs that ended before `before` (ms),
 ** and dispatched events accepted before it; runs not ended are kept.

@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "base/buf.h"
+#include "base/fault.h"
 #include "store/store.h"
 
 /* The columns of a run row, in struct run_row's order (store__run_row and
@@ -165,6 +166,7 @@ struct store_ops {
   int (*take_run)(store_t *s, const char *run_id, const char *owner, const char *host,
                   int64_t now, struct run_row **row, err_t *e);
   int (*dispatch)(store_t *s, int64_t now, int limit, int *runs, err_t *e);
+  int (*deliver)(store_t *s, int64_t *cursor, int limit, err_t *e);
   int (*prune)(store_t *s, int64_t before, int64_t *runs, int64_t *events, err_t *e);
   int64_t (*data_version)(store_t *s);
   /* reads: run query q with v[0..nv) on the reader (conn NULL) or on a
@@ -203,9 +205,17 @@ static inline struct store_base *store__base(store_t *s) {
 int store__sqlite_open(const char *path, enum store_durability d, store_t **out, err_t *e);
 int store__pg_open(const char *url, enum store_durability d, store_t **out, err_t *e);
 
+/* The fault point reader_busy (base/fault.h), which every read passes:
+** armed, the read is refused as a busy database would refuse it. */
+static inline int store__read_fault(err_t *e) {
+  if (!fault_hit(FAULT_READER_BUSY)) return 0;
+  return err_set(e, ERR_BUSY, "store: reading: database is locked (fault injected: reader_busy)");
+}
+
 /* Run read query q on the reader (conn NULL) or conn: shorthand. */
 static inline int store__rq(store_t *s, void *conn, enum store_rq q, const struct store_val *v,
                             int nv, struct store_cur *c, err_t *e) {
+  if (store__read_fault(e)) return e->code;
   return store__ops(s)->rq(s, conn, q, v, nv, c, e);
 }
 

@@ -26,6 +26,7 @@ enum {
 };
 
 #define STORE_FLOW_STMTS 40
+#define STORE_MAX_FIELDS 32 /* fields of a journal entry's kind (journal.h) */
 
 #define STORE_CACHED_STMTS 32
 #define STORE_FILTER_SHAPES 128 /* a run filter's seven optional conditions */
@@ -46,6 +47,9 @@ struct store {
   struct store_base base; /* first: store.c finds the backend table there */
   sqlite3 *w, *r;
   sqlite3_stmt *ws[W_COUNT];
+  /* per statement of ws and field of the kind it writes: the field's
+  ** parameter, 0 for a field it does not write (store_sqlite.c) */
+  unsigned char wparam[W_COUNT][STORE_MAX_FIELDS];
   sqlite3_stmt *fs[STORE_FLOW_STMTS]; /* store_flow.c's, prepared on first use */
   /* the writer's statements from static SQL texts, by the text's address */
   struct { const char *sql; sqlite3_stmt *st; } cache[STORE_CACHED_STMTS];
@@ -93,10 +97,15 @@ int store__skill_change(store_t *s, const struct skill_row *r, err_t *e);
 /* A run ended with status: drop its waits, slots and queue places; unless
 ** it completed, end its steps still open; keep the summary of its steps. */
 int store__run_ended(store_t *s, const char *run_id, const char *status, err_t *e);
+/* The VFS the store opens its files with: NULL (SQLite's default), or in
+** a test build with MOONLOOP_FAULT set, store_faults.c's, whose writes and
+** fsyncs obey the fault points disk_full and fsync_fail. */
+const char *store__fault_vfs(void);
 /* Finalize store_flow.c's statements. */
 void store__flow_close(store_t *s);
 /* The SQLite backend's table entries found in its other files. */
 int store__sqlite_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e);
+int store__sqlite_deliver(store_t *s, int64_t *cursor, int limit, err_t *e);
 int store__sqlite_prune(store_t *s, int64_t before, int64_t *runs, int64_t *events, err_t *e);
 int store__sqlite_rq(store_t *s, void *conn, enum store_rq q, const struct store_val *v, int nv,
                      struct store_cur *c, err_t *e);

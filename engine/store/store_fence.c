@@ -6,6 +6,7 @@
 ** (ULIDs), linear probing, tombstones swept when it grows; used on the
 ** commit thread only.
 */
+#include "base/mem.h"
 #include "store/store_backend.h"
 
 #include <stdio.h>
@@ -39,19 +40,14 @@ void store__fence_clear(struct fence_set *f) {
   f->owner[0] = 0;
 }
 
-/* Remember id (a ULID) as the owner's; best effort: a set that cannot grow
-** only means another lookup later. */
+/* Remember id (a ULID) as the owner's. */
 void store__fence_add(struct fence_set *f, const char *id) {
   if (strlen(id) >= sizeof f->ids[0] || store__fence_find(f, id) >= 0) return;
   if ((f->n + f->gone + 1) * 4 > f->cap * 3) {
     /* Grow (or just sweep the tombstones), rehashing what is kept. */
     size_t cap = f->n * 2 + 2 > f->cap / 2 ? (f->cap ? f->cap * 2 : 1024) : f->cap;
-    char (*ids)[27] = malloc(cap * sizeof *ids);
-    unsigned char *state = calloc(cap, 1);
-    if (!ids || !state) {
-      free(ids), free(state);
-      return;
-    }
+    char (*ids)[27] = mem_alloc(cap * sizeof *ids);
+    unsigned char *state = mem_calloc(cap, 1);
     for (size_t i = 0; i < f->cap; i++) {
       if (f->state[i] != FS_USED) continue;
       size_t k = (size_t)fence_hash(f->ids[i]) & (cap - 1);

@@ -17,6 +17,7 @@
 */
 #include "base/ids.h"
 #include "base/jsontext.h"
+#include "base/mem.h"
 #include "base/units.h"
 #include "store/store_db.h"
 
@@ -26,7 +27,7 @@
 
 enum {
   F_EVENT_INSERT, F_EVENT_BY_IDEM, F_WAIT_GET, F_WAIT_UPDATE, F_WAIT_INSERT, F_EVENTS_SINCE,
-  F_DELIVERY_INSERT, F_WAIT_DELETE, F_CHILD_DONE, F_RUN_OUTCOME, F_CANCEL_FLAG,
+  F_DELIVERY_INSERT, F_WAIT_DELETE, F_WAIT_CLOSE, F_CHILD_DONE, F_RUN_OUTCOME, F_CANCEL_FLAG,
   F_SLOT_HELD, F_SLOT_COUNT, F_SLOT_AHEAD, F_SLOT_QUEUE_SINCE, F_SLOT_INSERT, F_SLOT_QUEUE_DEL,
   F_SLOT_QUEUE_INSERT, F_SLOT_RELEASE, F_CRON_GET, F_CRON_SET, F_RUN_BY_IDEM, F_RUN_SET_IDEM,
   F_COUNT
@@ -46,11 +47,15 @@ static const char *const fsql[F_COUNT] = {
                      " d.run_id = ?3 AND d.event_id = events.id) ORDER BY ts, id LIMIT 1000",
   [F_DELIVERY_INSERT] = "INSERT OR IGNORE INTO deliveries(run_id, event_id, seq) VALUES(?1,?2,?3)",
   [F_WAIT_DELETE] = "DELETE FROM waits WHERE run_id = ?1 AND seq = ?2",
+  /* A closed wait (ended with nothing: delivered_at set, result NULL)
+  ** takes nothing more. */
+  [F_WAIT_CLOSE] = "UPDATE waits SET delivered_at = ?3 WHERE run_id = ?1 AND seq = ?2"
+                   " AND result IS NULL",
   [F_CHILD_DONE] = "UPDATE waits SET result = ?2, delivered_at = ?3"
-                   " WHERE kind = 'child' AND name = ?1 AND result IS NULL",
+                   " WHERE kind = 'child' AND name = ?1 AND result IS NULL AND delivered_at IS NULL",
   [F_RUN_OUTCOME] = "SELECT id, status, output, error FROM runs WHERE id = ?1",
   [F_CANCEL_FLAG] = "UPDATE runs SET cancel_requested = 1, cancel_reason = ?2 WHERE id = ?1"
-                    " AND status NOT IN ('completed','failed','cancelled')",
+                    " AND status NOT IN ('completed','failed','cancelled') AND cancel_requested = 0",
   [F_SLOT_HELD] = "SELECT 1 FROM slots WHERE skill = ?1 AND key = ?2 AND run_id = ?3",
   [F_SLOT_COUNT] = "SELECT count(*) FROM slots WHERE skill = ?1 AND key = ?2",
   [F_SLOT_AHEAD] = "SELECT count(*) FROM slot_queue WHERE skill = ?1 AND key = ?2"
@@ -116,7 +121,7 @@ static int write_event(store_t *s, const struct jentry *je, err_t *e) {
     sqlite3_reset(q);
     sqlite3_clear_bindings(q);
   } else {
-    journal_set_result(je, strdup(ev->id));
+    journal_set_result(je, mem_strdup(ev->id));
   }
   return 0;
 }
@@ -261,7 +266,10 @@ static int write_wait(store_t *s, const struct jentry *je, err_t *e) {
   return 0;
 }
 
-/* J_WAIT_END: end a wait; the result is what it got meanwhile, if anything. */
+/* J_WAIT_END: end a wait; the result is what it got meanwhile, if
+** anything. Kept (keep), the row stays for the step's end to remove, and
+** one with nothing delivered is closed in this transaction: an event
+** dispatched after this commit is not taken by it. */
 static int write_wait_end(store_t *s, const struct jentry *je, err_t *e) {
   const struct wait_end *w = &je->u.wait_end;
   sqlite3_stmt *st = fst(s, F_WAIT_GET, e);
@@ -271,10 +279,12 @@ static int write_wait_end(store_t *s, const struct jentry *je, err_t *e) {
   if (sqlite3_step(st) == SQLITE_ROW) journal_set_result(je, store__col_dup(st, 0));
   sqlite3_reset(st);
   sqlite3_clear_bindings(st);
-  st = fst(s, F_WAIT_DELETE, e);
+  if (w->keep && je->result) return 0;
+  st = fst(s, w->keep ? F_WAIT_CLOSE : F_WAIT_DELETE, e);
   if (!st) return e->code;
   store__bind_text(st, 1, w->run_id);
   sqlite3_bind_int(st, 2, w->seq);
+  if (w->keep) sqlite3_bind_int64(st, 3, units_now_ms());
   return store__step(s, st, e, "ending a wait");
 }
 
@@ -289,10 +299,14 @@ static int write_child_done(store_t *s, const struct jentry *je, err_t *e) {
 }
 
 /* Cancel run_id and its descendants: ones held by a live engine are flagged
-** for it; the others (queued, or left by an engine that stopped or died)
-** end now, and their parents' waits get the outcome. */
+** for it (a run asked before keeps the first reason); the others (queued,
+** or left by an engine that stopped or died) end now, with the message
+** their owner would give them, and their parents' waits get the outcome.
+** A run that asks for its own (by_run: it ends) means its descendants: its
+** own end is in the same group. */
 static int write_cancel(store_t *s, const struct jentry *je, err_t *e) {
   const struct cancel_row *c = &je->u.cancel;
+  int self = c->by_run && !strcmp(c->by_run, c->run_id);
   sqlite3_stmt *st = store__prep(s->w,
     "WITH RECURSIVE tree(id) AS (SELECT ?1 UNION SELECT r.id FROM runs r JOIN tree"
     " ON r.parent_id = tree.id) SELECT runs.id, status, EXISTS (SELECT 1 FROM leases l"
@@ -309,23 +323,26 @@ static int write_cancel(store_t *s, const struct jentry *je, err_t *e) {
     const char *status = (const char *)sqlite3_column_text(st, 1);
     if (!strcmp(id, c->run_id)) {
       found = 1;
-      top_status = strdup(status);
+      top_status = mem_strdup(status);
+      if (self) continue;
     }
     if (store__is_terminal(status) || n == 256) continue;
     owned[n] = sqlite3_column_int(st, 2);
-    ids[n++] = strdup(id);
+    ids[n++] = mem_strdup(id);
   }
   sqlite3_finalize(st);
   int err = 0;
   if (rc != SQLITE_DONE) err = store__db_err(e, s->w, "finding runs to cancel");
   if (!err && !found) {
-    journal_set_result(je, strdup("notfound"));
+    journal_set_result(je, mem_strdup("notfound"));
   } else if (!err && store__is_terminal(top_status)) {
     char buf[64];
     snprintf(buf, sizeof buf, "ended:%s", top_status);
-    journal_set_result(je, strdup(buf));
+    journal_set_result(je, mem_strdup(buf));
   } else if (!err) {
-    char *errjson = jsontext_message(c->reason ? c->reason : "cancelled");
+    char msg[600];
+    jsontext_cancel_message(c->reason, msg, sizeof msg);
+    char *errjson = jsontext_message(msg);
     const char *top = "cancelling";
     for (int i = 0; i < n && !err; i++) {
       if (owned[i]) {
@@ -355,7 +372,7 @@ static int write_cancel(store_t *s, const struct jentry *je, err_t *e) {
       free(outcome);
     }
     free(errjson);
-    if (!err) journal_set_result(je, strdup(top));
+    if (!err) journal_set_result(je, mem_strdup(top));
   }
   for (int i = 0; i < n; i++) free(ids[i]);
   free(top_status);
@@ -424,7 +441,7 @@ static int write_slot(store_t *s, const struct jentry *je, err_t *e) {
   sqlite3_reset(st);
   sqlite3_clear_bindings(st);
   if (held) {
-    journal_set_result(je, strdup("1"));
+    journal_set_result(je, mem_strdup("1"));
     return 0;
   }
   int64_t inuse = count_query(s, F_SLOT_COUNT, sl->skill, sl->key, 0, NULL, e);
@@ -434,7 +451,7 @@ static int write_slot(store_t *s, const struct jentry *je, err_t *e) {
     if (slot_put(s, F_SLOT_INSERT, sl, "taking a slot", e) ||
         bind_step(s, F_SLOT_QUEUE_DEL, e, "leaving a slot queue", sl->run_id, NULL, NULL, 0))
       return e->code;
-    journal_set_result(je, strdup("1"));
+    journal_set_result(je, mem_strdup("1"));
     return 0;
   }
   return slot_put(s, F_SLOT_QUEUE_INSERT, sl, "queueing for a slot", e);
@@ -461,7 +478,7 @@ static int write_cron(store_t *s, const struct jentry *je, err_t *e) {
   if (store__step(s, set, e, "recording a cron tick")) return e->code;
   if (!c->run.id) return 0; /* only the state (first registration) */
   if (store__put_run(s, &c->run, "creating a cron run", e)) return e->code;
-  journal_set_result(je, strdup("1"));
+  journal_set_result(je, mem_strdup("1"));
   return 0;
 }
 
@@ -538,7 +555,8 @@ static int deliver_event(store_t *s, const char *id, const char *name, const cha
                          int64_t ts, int64_t now, err_t *e) {
   sqlite3_stmt *st = store__cached(s,
     "SELECT run_id, seq, kind, match_path, match_value FROM waits"
-    " WHERE kind IN ('event', 'cancel') AND name = ?1 AND result IS NULL AND since <= ?2"
+    " WHERE kind IN ('event', 'cancel') AND name = ?1 AND result IS NULL"
+    " AND delivered_at IS NULL AND since <= ?2"
     " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.run_id = waits.run_id"
     " AND d.event_id = ?3)", e);
   if (!st) return e->code;
@@ -617,6 +635,50 @@ int store__sqlite_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t 
     *runs = 0;
     return e->code ? e->code : ERR_IO;
   }
+  return n;
+}
+
+/* See store.h: events after *cursor (rowids: the order their transactions
+** committed in), one transaction. */
+int store__sqlite_deliver(store_t *s, int64_t *cursor, int limit, err_t *e) {
+  if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
+  int err = 0, n = 0;
+  if (*cursor < 0) {
+    /* Start at the oldest event no engine has dispatched yet. */
+    sqlite3_stmt *q = store__cached(s,
+      "SELECT coalesce((SELECT min(rowid) FROM events WHERE dispatched = 0) - 1,"
+      " (SELECT max(rowid) FROM events), 0)", e);
+    if (!q) err = e->code;
+    else if (sqlite3_step(q) == SQLITE_ROW) *cursor = sqlite3_column_int64(q, 0);
+    else err = store__db_err(e, s->w, "finding events to deliver");
+    if (q) sqlite3_reset(q);
+  }
+  sqlite3_stmt *st = err ? NULL : store__cached(s,
+    "SELECT rowid, id, name, data, ts, dispatched FROM events WHERE rowid > ?1"
+    " ORDER BY rowid LIMIT ?2", e);
+  if (!err && !st) err = e->code;
+  if (st) {
+    sqlite3_bind_int64(st, 1, *cursor);
+    sqlite3_bind_int(st, 2, limit);
+  }
+  int64_t at = *cursor, now = units_now_ms();
+  while (!err && sqlite3_step(st) == SQLITE_ROW) {
+    at = sqlite3_column_int64(st, 0);
+    n++;
+    if (sqlite3_column_int(st, 5)) continue; /* dispatched: delivered then */
+    const char *id = (const char *)sqlite3_column_text(st, 1);
+    const char *name = (const char *)sqlite3_column_text(st, 2);
+    int64_t ts = sqlite3_column_int64(st, 4);
+    char *ej = store__event_json(id, name, (const char *)sqlite3_column_text(st, 3), ts);
+    err = deliver_event(s, id, name, ej, ts, now, e);
+    free(ej);
+  }
+  if (st) sqlite3_reset(st);
+  if (err || store__exec(s->w, "COMMIT", e)) {
+    store__exec(s->w, "ROLLBACK", NULL);
+    return e->code ? e->code : ERR_IO;
+  }
+  *cursor = at;
   return n;
 }
 

@@ -46,6 +46,7 @@
 */
 #include "base/fault.h"
 #include "base/jsontext.h"
+#include "base/mem.h"
 #include "base/proc.h"
 #include "base/units.h"
 #include "store/store_pg_db.h"
@@ -155,6 +156,11 @@ static const char *const migrations[] = {
   "ALTER TABLE versions ADD COLUMN triggers TEXT;",
   /* 6: quarantine: processes that died while the run was executing */
   "ALTER TABLE runs ADD COLUMN crashes INTEGER NOT NULL DEFAULT 0;",
+  /* 7: the order events were committed in (SQLite's rowid, which
+  ** store_deliver follows): numbered under the write lock, so in the
+  ** order their transactions commit */
+  "ALTER TABLE events ADD COLUMN n BIGINT GENERATED ALWAYS AS IDENTITY;"
+  "CREATE UNIQUE INDEX events_n ON events(n);",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -218,8 +224,7 @@ int store__pg_err(struct pg_store *s, struct pgconn *pc, const PGresult *res, co
 
 /* The URL without its password (user:secret@ -> user@, password=... dropped). */
 static char *url_shown(const char *url) {
-  char *out = strdup(url);
-  if (!out) return NULL;
+  char *out = mem_strdup(url);
   char *p = strstr(out, "://");
   if (p) {
     p += 3;
@@ -422,7 +427,7 @@ int store__pg_exec(struct pg_store *s, struct pgconn *pc, const char *sql, const
 
 /* See store_pg_db.h. */
 char *store__pg_dup(const PGresult *res, int r, int i) {
-  return PQgetisnull(res, r, i) ? NULL : strdup(PQgetvalue(res, r, i));
+  return PQgetisnull(res, r, i) ? NULL : mem_strdup(PQgetvalue(res, r, i));
 }
 
 int64_t store__pg_i64(const PGresult *res, int r, int i) {
@@ -608,12 +613,35 @@ static const char SKILL_SQL[] =
   " file = COALESCE($3, skills.file), description = $4, triggers = $5, error = $6,"
   " updated_at = $7";
 
+/* J_RUN_NEW of a run that a run creates (a child, an on_failure run),
+** whose id the creator may derive from its own step (store_sqlite.c's
+** put_run_of_run): a run with that id there already is not created twice;
+** the entry's result is then its id, it is not the committer's for
+** fencing, and if the committer held it, it is released for a claim. */
+static int put_run_of_run(struct pg_store *s, const struct jentry *je, err_t *e) {
+  const struct run_row *r = &je->u.run;
+  struct store_val v[2] = {SV_TEXT(r->id), SV_TEXT(r->owner)};
+  PGresult *q = store__pg_run(s, &s->w, NULL, "SELECT 1 FROM runs WHERE id = $1", v, 1,
+                              "looking up a run", e);
+  if (!q) return e->code;
+  int there = PQntuples(q) > 0;
+  PQclear(q);
+  if (!there) return store__pg_put_run(s, r, "creating a run", e);
+  if (store__pg_do(s, &s->w, "UPDATE runs SET owner = NULL WHERE id = $1 AND owner = $2", v, 2,
+                   NULL, "releasing a run", e))
+    return e->code;
+  store__fence_remove(&s->fence, r->id);
+  journal_set_result(je, mem_strdup(r->id));
+  return 0;
+}
+
 /* Write one journal entry inside the open transaction: the core kinds
 ** here, the others through store_pg_flow.c. */
 static int write_entry(struct pg_store *s, const struct jentry *je, err_t *e) {
   switch (je->kind) {
   case J_RUN_NEW:
     if (je->u.run.idem) return store__pg_put_keyed_run(s, je, e);
+    if (je->u.run.by_run) return put_run_of_run(s, je, e);
     return store__pg_put_run(s, &je->u.run, "creating a run", e);
   case J_RUN_SET: {
     const struct run_set *r = &je->u.set;
@@ -728,6 +756,9 @@ static int renew_lease(struct pg_store *s, const char *owner, int64_t expires, e
   if (!found)
     return err_set(e, ERR_CONFLICT, "lease lost: another process took over the runs of %s",
                    owner);
+  if (fault_hit(FAULT_LEASE_REFUSED))
+    return err_set(e, ERR_CONFLICT, "lease lost: another process took over the runs of %s "
+                   "(fault injected: lease_refused)", owner);
   if (was < units_now_ms()) {
     store__fence_clear(&s->fence);
     snprintf(s->fence.owner, sizeof s->fence.owner, "%s", owner);
@@ -774,7 +805,11 @@ static int pg_commit(store_t *st, const journal_t *j, err_t *e) {
     wrote = 1;
     ended |= je->kind == J_RUN_SET && store__is_terminal(je->u.set.status);
   }
-  fault_point("commit");
+  fault_delay(FAULT_COMMIT);
+  if (fault_hit(FAULT_COMMIT_FAIL)) {
+    err_set(e, ERR_IO, "store: committing: the transaction failed (fault injected: commit_fail)");
+    goto fail;
+  }
   if (store__pg_commit_tx(s, wrote, e)) {
     if (PQstatus(s->w.c) != CONNECTION_BAD) goto fail_done;
     /* The COMMIT went out and no answer came back: ask what became of it. */
@@ -894,32 +929,58 @@ static int pg_reap(store_t *st, const char *host, int64_t now, err_t *e) {
   return n;
 }
 
+/* 0 when owner holds a live lease (its row exists and has not expired at
+** now), inside the open write transaction (store_sqlite.c's lease_live):
+** ERR_CONFLICT ("lease lost") when the row is gone, ERR_BUSY when it
+** expired and was not renewed yet. The row is kept (FOR SHARE) until the
+** transaction ends: a reaper deleting it meanwhile waits, then releases
+** what this transaction took. */
+static int lease_live(struct pg_store *s, const char *owner, int64_t now, err_t *e) {
+  struct store_val v[1] = {SV_TEXT(owner)};
+  PGresult *r = store__pg_run(s, &s->w, NULL,
+    "SELECT expires_at FROM leases WHERE owner = $1 FOR SHARE", v, 1, "reading a lease", e);
+  if (!r) return e->code;
+  int found = PQntuples(r) == 1;
+  int64_t expires = found ? store__pg_i64(r, 0, 0) : 0;
+  PQclear(r);
+  if (!found)
+    return err_set(e, ERR_CONFLICT, "lease lost: another process took over the runs of %s",
+                   owner);
+  if (expires <= now)
+    return err_set(e, ERR_BUSY, "the lease of %s expired %lld ms ago and was not renewed yet: "
+                   "it takes no runs until it is", owner, (long long)(now - expires));
+  return 0;
+}
+
 /* qsort's order of run rows: by id (ULIDs: by creation). */
 static int cmp_rows(const void *a, const void *b) {
   return strcmp(((const struct run_row *)a)->id, ((const struct run_row *)b)->id);
 }
 
 /* Rows of STORE_CLAIM_COLS from res into a malloc'd array. */
-static int rows_of(PGresult *res, struct run_row **rows, size_t *n) {
+static void rows_of(PGresult *res, struct run_row **rows, size_t *n) {
   int k = PQntuples(res);
-  *rows = k ? calloc((size_t)k, sizeof **rows) : NULL;
+  *rows = k ? mem_calloc((size_t)k, sizeof **rows) : NULL;
   *n = 0;
-  if (k && !*rows) return ERR_NOMEM;
   struct store_cur c;
   store__pg_cur(&c, res);
   while (cur_next(&c) == 1) store__run_row(&c, &(*rows)[(*n)++], 1);
-  return 0; /* c is not closed: res stays the caller's */
+  /* c is not closed: res stays the caller's */
 }
 
 /* See store.h: unowned unfinished runs, oldest first, locked with SKIP
 ** LOCKED so engines claiming at once take disjoint runs, without the
-** write lock. */
+** write lock; only for a live lease of owner (lease_live). */
 static int pg_claim(store_t *st, const char *owner, int limit, struct run_row **rows, size_t *n,
                     err_t *e) {
   struct pg_store *s = pg_of(st);
   *rows = NULL;
   *n = 0;
   if (store__pg_begin(s, 0, e)) return e->code;
+  if (lease_live(s, owner, units_now_ms(), e)) {
+    store__pg_rollback(s);
+    return e->code;
+  }
   struct store_val v[2] = {SV_TEXT(owner), SV_INT(limit)};
   PGresult *r = store__pg_run(s, &s->w, NULL,
     "UPDATE runs SET owner = $1 WHERE id IN (SELECT id FROM runs WHERE owner IS NULL"
@@ -929,10 +990,9 @@ static int pg_claim(store_t *st, const char *owner, int limit, struct run_row **
     store__pg_rollback(s);
     return e->code;
   }
-  int rc = rows_of(r, rows, n) ? err_set(e, ERR_NOMEM, "out of memory") : 0;
+  rows_of(r, rows, n);
   PQclear(r);
-  if (rc || store__pg_commit_tx(s, 0, e)) {
-    if (rc) store__pg_rollback(s);
+  if (store__pg_commit_tx(s, 0, e)) {
     store_rows_free(*rows, *n);
     *rows = NULL;
     *n = 0;
@@ -943,7 +1003,7 @@ static int pg_claim(store_t *st, const char *owner, int limit, struct run_row **
 }
 
 /* See store.h: reap dead leases first, so a run whose owner died can be
-** taken at once. */
+** taken at once; the taker needs a live lease (lease_live). */
 static int pg_take_run(store_t *st, const char *run_id, const char *owner, const char *host,
                        int64_t now, struct run_row **row, err_t *e) {
   struct pg_store *s = pg_of(st);
@@ -953,7 +1013,8 @@ static int pg_take_run(store_t *st, const char *run_id, const char *owner, const
   PGresult *res = NULL;
   struct run_row *r = NULL;
   if (rc < 0) goto done;
-  rc = 0;
+  rc = lease_live(s, owner, now, e);
+  if (rc) goto done;
   struct store_val v[1] = {SV_TEXT(run_id)};
   res = store__pg_run(s, &s->w, NULL, "SELECT " STORE_CLAIM_COLS " FROM runs WHERE id = $1", v, 1,
                       "reading a run", e);
@@ -962,10 +1023,7 @@ static int pg_take_run(store_t *st, const char *run_id, const char *owner, const
     goto done;
   }
   size_t n;
-  if (rows_of(res, &r, &n)) {
-    rc = err_set(e, ERR_NOMEM, "out of memory");
-    goto done;
-  }
+  rows_of(res, &r, &n);
   if (!n) {
     rc = err_set(e, ERR_NOTFOUND, "no run with id '%s'", run_id);
     goto done;
@@ -1120,19 +1178,14 @@ static const struct store_ops pg_ops;
 ** version; the writer when there are migrations to make, else at the first
 ** write (a command that only reads never opens it). */
 int store__pg_open(const char *url, enum store_durability d, store_t **out, err_t *e) {
-  struct pg_store *s = calloc(1, sizeof *s);
-  if (!s) return err_set(e, ERR_NOMEM, "out of memory");
+  struct pg_store *s = mem_calloc(1, sizeof *s);
   s->base.ops = &pg_ops;
   s->durability = d;
-  s->url = strdup(url);
+  s->url = mem_strdup(url);
   s->shown = url_shown(url);
   s->w.role = "writer";
   s->r.role = "reader";
   s->r.reader = 1;
-  if (!s->url || !s->shown) {
-    pg_close((store_t *)(void *)s);
-    return err_set(e, ERR_NOMEM, "out of memory");
-  }
   if (conn_open(s, &s->r, e) || migrate(s, e)) {
     pg_close((store_t *)(void *)s);
     return e->code;
@@ -1154,6 +1207,7 @@ static const struct store_ops pg_ops = {
   .claim = pg_claim,
   .take_run = pg_take_run,
   .dispatch = store__pg_dispatch,
+  .deliver = store__pg_deliver,
   .prune = store__pg_prune,
   .data_version = pg_data_version,
   .rq = store__pg_rq,

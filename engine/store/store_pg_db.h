@@ -103,6 +103,7 @@ int store__pg_run_ended(struct pg_store *s, const char *run_id, const char *stat
 
 /* The backend table's entries in the other files. */
 int store__pg_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e);
+int store__pg_deliver(store_t *s, int64_t *cursor, int limit, err_t *e);
 int store__pg_prune(store_t *s, int64_t before, int64_t *runs, int64_t *events, err_t *e);
 int store__pg_rq(store_t *s, void *conn, enum store_rq q, const struct store_val *v, int nv,
                  struct store_cur *c, err_t *e);

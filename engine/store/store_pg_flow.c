@@ -13,6 +13,7 @@
 */
 #include "base/ids.h"
 #include "base/jsontext.h"
+#include "base/mem.h"
 #include "base/units.h"
 #include "store/store_pg_db.h"
 
@@ -57,7 +58,7 @@ static int write_event(struct pg_store *s, const struct jentry *je, err_t *e) {
     if (PQntuples(r) == 1) journal_set_result(je, store__pg_dup(r, 0, 0));
     PQclear(r);
   } else {
-    journal_set_result(je, strdup(ev->id));
+    journal_set_result(je, mem_strdup(ev->id));
   }
   return 0;
 }
@@ -92,11 +93,13 @@ static int insert_wait(struct pg_store *s, const struct wait_row *w, const char 
              v, 11, NULL, "registering a wait", e);
 }
 
-/* Ask the owner of run_id (if unfinished) to cancel it, for reason. */
+/* Ask the owner of run_id (if unfinished) to cancel it, for reason; a
+** run asked before keeps the first reason. */
 static int flag_cancel(struct pg_store *s, const char *run_id, const char *reason, err_t *e) {
   struct store_val v[2] = {SV_TEXT(run_id), SV_TEXT(reason)};
   return wdo(s, "UPDATE runs SET cancel_requested = 1, cancel_reason = $2 WHERE id = $1"
-             " AND status NOT IN ('completed','failed','cancelled')", v, 2, NULL,
+             " AND status NOT IN ('completed','failed','cancelled') AND cancel_requested = 0",
+             v, 2, NULL,
              "flagging a cancellation", e);
 }
 
@@ -181,12 +184,19 @@ static int write_wait(struct pg_store *s, const struct jentry *je, err_t *e) {
   return 0;
 }
 
-/* J_WAIT_END: end a wait; the result is what it got meanwhile, if anything. */
+/* J_WAIT_END: end a wait; the result is what it got meanwhile, if
+** anything. Kept (keep), the row stays for the step's end to remove, and
+** one with nothing delivered is closed in this transaction (delivered_at
+** set, result NULL): an event dispatched after this commit is not taken
+** by it. */
 static int write_wait_end(struct pg_store *s, const struct jentry *je, err_t *e) {
   const struct wait_end *w = &je->u.wait_end;
-  struct store_val k[2] = {SV_TEXT(w->run_id), SV_INT(w->seq)};
-  PGresult *r = wrun(s, "DELETE FROM waits WHERE run_id = $1 AND seq = $2 RETURNING result", k, 2,
-                     "ending a wait", e);
+  struct store_val k[3] = {SV_TEXT(w->run_id), SV_INT(w->seq), SV_INT(units_now_ms())};
+  PGresult *r = wrun(s, w->keep
+    ? "UPDATE waits SET delivered_at = CASE WHEN result IS NULL THEN $3 ELSE delivered_at END"
+      " WHERE run_id = $1 AND seq = $2 RETURNING result"
+    : "DELETE FROM waits WHERE run_id = $1 AND seq = $2 RETURNING result",
+    k, w->keep ? 3 : 2, "ending a wait", e);
   if (!r) return e->code;
   if (PQntuples(r) == 1) journal_set_result(je, store__pg_dup(r, 0, 0));
   PQclear(r);
@@ -197,15 +207,20 @@ static int write_wait_end(struct pg_store *s, const struct jentry *je, err_t *e)
 static int child_done(struct pg_store *s, const char *child_id, const char *outcome, err_t *e) {
   struct store_val v[3] = {SV_TEXT(child_id), SV_TEXT(outcome), SV_INT(units_now_ms())};
   return wdo(s, "UPDATE waits SET result = $2, delivered_at = $3"
-             " WHERE kind = 'child' AND name = $1 AND result IS NULL", v, 3, NULL,
+             " WHERE kind = 'child' AND name = $1 AND result IS NULL AND delivered_at IS NULL",
+             v, 3, NULL,
              "delivering a child's outcome", e);
 }
 
 /* Cancel run_id and its descendants: ones held by a live engine are flagged
-** for it; the others (queued, or left by an engine that stopped or died)
-** end now, and their parents' waits get the outcome. */
+** for it (a run asked before keeps the first reason); the others (queued,
+** or left by an engine that stopped or died) end now, with the message
+** their owner would give them, and their parents' waits get the outcome.
+** A run that asks for its own (by_run: it ends) means its descendants: its
+** own end is in the same group. */
 static int write_cancel(struct pg_store *s, const struct jentry *je, err_t *e) {
   const struct cancel_row *c = &je->u.cancel;
+  int self = c->by_run && !strcmp(c->by_run, c->run_id);
   struct store_val v[2] = {SV_TEXT(c->run_id), SV_INT(c->at)};
   PGresult *tree = wrun(s,
     "WITH RECURSIVE tree(id) AS (SELECT $1::text COLLATE \"C\" UNION SELECT r.id FROM runs r JOIN tree"
@@ -221,16 +236,19 @@ static int write_cancel(struct pg_store *s, const struct jentry *je, err_t *e) {
       top_status = PQgetvalue(tree, i, 1);
     }
   if (!found) {
-    journal_set_result(je, strdup("notfound"));
+    journal_set_result(je, mem_strdup("notfound"));
   } else if (store__is_terminal(top_status)) {
     char buf[64];
     snprintf(buf, sizeof buf, "ended:%s", top_status);
-    journal_set_result(je, strdup(buf));
+    journal_set_result(je, mem_strdup(buf));
   } else {
-    char *errjson = jsontext_message(c->reason ? c->reason : "cancelled");
+    char msg[600];
+    jsontext_cancel_message(c->reason, msg, sizeof msg);
+    char *errjson = jsontext_message(msg);
     const char *top = "cancelling";
     for (int i = 0, n = 0; i < PQntuples(tree) && !err && n < 256; i++) {
       const char *id = PQgetvalue(tree, i, 0);
+      if (self && !strcmp(id, c->run_id)) continue;
       if (store__is_terminal(PQgetvalue(tree, i, 1))) continue;
       n++;
       if (atoi(PQgetvalue(tree, i, 2))) {
@@ -254,7 +272,7 @@ static int write_cancel(struct pg_store *s, const struct jentry *je, err_t *e) {
       free(outcome);
     }
     free(errjson);
-    if (!err) journal_set_result(je, strdup(top));
+    if (!err) journal_set_result(je, mem_strdup(top));
   }
   PQclear(tree);
   return err;
@@ -292,7 +310,7 @@ static int write_slot(struct pg_store *s, const struct jentry *je, err_t *e) {
   int held = PQntuples(r) > 0;
   PQclear(r);
   if (held) {
-    journal_set_result(je, strdup("1"));
+    journal_set_result(je, mem_strdup("1"));
     return 0;
   }
   struct store_val a[4] = {SV_TEXT(sl->skill), SV_TEXT(sl->key), SV_INT(sl->at),
@@ -309,7 +327,7 @@ static int write_slot(struct pg_store *s, const struct jentry *je, err_t *e) {
             " ON CONFLICT DO NOTHING", in, 4, NULL, "taking a slot", e) ||
         wdo(s, QUEUE_DEL, id, 1, NULL, "leaving a slot queue", e))
       return e->code;
-    journal_set_result(je, strdup("1"));
+    journal_set_result(je, mem_strdup("1"));
     return 0;
   }
   return wdo(s, "INSERT INTO slot_queue(skill, key, run_id, since) VALUES($1,$2,$3,$4)"
@@ -331,7 +349,7 @@ static int write_cron(struct pg_store *s, const struct jentry *je, err_t *e) {
   if (!changed) return 0;   /* another engine fired it */
   if (!c->run.id) return 0; /* only the state (first registration) */
   if (store__pg_put_run(s, &c->run, "creating a cron run", e)) return e->code;
-  journal_set_result(je, strdup("1"));
+  journal_set_result(je, mem_strdup("1"));
   return 0;
 }
 
@@ -413,7 +431,8 @@ static int deliver_event(struct pg_store *s, const char *id, const char *name, c
   struct store_val v[3] = {SV_TEXT(name), SV_INT(ts), SV_TEXT(id)};
   PGresult *r = wrun(s,
     "SELECT run_id, seq, kind, match_path, match_value FROM waits"
-    " WHERE kind IN ('event', 'cancel') AND name = $1 AND result IS NULL AND since <= $2"
+    " WHERE kind IN ('event', 'cancel') AND name = $1 AND result IS NULL"
+    " AND delivered_at IS NULL AND since <= $2"
     " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.run_id = waits.run_id"
     " AND d.event_id = $3)", v, 3, "finding waits", e);
   if (!r) return e->code;
@@ -470,6 +489,49 @@ int store__pg_dispatch(store_t *st, int64_t now, int limit, int *runs, err_t *e)
     *runs = 0;
     return e->code;
   }
+  return n;
+}
+
+/* See store.h: events after *cursor in the order their transactions
+** committed (events.n: numbered under the write lock, as SQLite's rowids
+** are), one transaction. */
+int store__pg_deliver(store_t *st, int64_t *cursor, int limit, err_t *e) {
+  struct pg_store *s = pg_of(st);
+  if (store__pg_begin(s, 1, e)) return e->code;
+  int err = 0, n = 0, wrote = 0;
+  int64_t at = *cursor;
+  if (at < 0) {
+    /* Start at the oldest event no engine has dispatched yet. */
+    PGresult *q = wrun(s, "SELECT coalesce((SELECT min(n) FROM events WHERE dispatched = 0) - 1,"
+                       " (SELECT max(n) FROM events), 0)", NULL, 0, "finding events to deliver",
+                       e);
+    if (!q) err = e->code;
+    else at = store__pg_i64(q, 0, 0);
+    PQclear(q);
+  }
+  struct store_val v[2] = {SV_INT(at), SV_INT(limit)};
+  PGresult *r = err ? NULL : wrun(s, "SELECT n, id, name, data, ts, dispatched FROM events"
+                                  " WHERE n > $1 ORDER BY n LIMIT $2", v, 2, "reading events", e);
+  if (!err && !r) err = e->code;
+  int64_t now = units_now_ms();
+  for (int i = 0; r && i < PQntuples(r) && !err; i++) {
+    at = store__pg_i64(r, i, 0);
+    n++;
+    if (store__pg_i64(r, i, 5)) continue; /* dispatched: delivered then */
+    const char *id = PQgetvalue(r, i, 1), *name = PQgetvalue(r, i, 2);
+    int64_t ts = store__pg_i64(r, i, 4);
+    char *ej = store__event_json(id, name, PQgetisnull(r, i, 3) ? NULL : PQgetvalue(r, i, 3), ts);
+    err = deliver_event(s, id, name, ej, ts, now, e);
+    free(ej);
+    wrote = 1;
+  }
+  PQclear(r);
+  if (err) {
+    store__pg_rollback(s);
+    return err;
+  }
+  if (store__pg_commit_tx(s, wrote, e)) return e->code;
+  *cursor = at;
   return n;
 }
 

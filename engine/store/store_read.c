@@ -21,7 +21,9 @@
 ** text, so the record's shape is written in one place. A cursor is closed
 ** as soon as it is read, so the reader holds nothing between calls.
 */
+#include "base/fault.h"
 #include "base/jsontext.h"
+#include "base/mem.h"
 #include "base/proc.h"
 #include "base/units.h"
 #include "base/vocab.h"
@@ -42,91 +44,97 @@
 #define KEY1(b, k) BUF_LIT(b, "\"" k "\":")
 
 /* Column i as a JSON string, or null. */
-static int put_text(buf_t *b, const struct store_cur *st, int i) {
+static void put_text(buf_t *b, const struct store_cur *st, int i) {
   const char *t = cur_text(st, i);
-  if (!t) return BUF_LIT(b, "null");
-  return jsontext_put_string(b, t, cur_bytes(st, i));
+  if (!t) BUF_LIT(b, "null");
+  else jsontext_put_string(b, t, cur_bytes(st, i));
 }
 
 /* Column i (JSON text) as a value, or null. */
-static int put_json(buf_t *b, const struct store_cur *st, int i) {
+static void put_json(buf_t *b, const struct store_cur *st, int i) {
   const char *t = cur_text(st, i);
-  return jsontext_put_value(b, t, t ? cur_bytes(st, i) : 0);
+  jsontext_put_value(b, t, t ? cur_bytes(st, i) : 0);
 }
 
 /* A time in ms as an RFC 3339 string (0 or less: null, as the store's
 ** NULL times are). */
-static int put_ms(buf_t *b, int64_t ms) {
+static void put_ms(buf_t *b, int64_t ms) {
   char ts[40];
   units_rfc3339(ms, ts, sizeof ts);
-  return buf_add(b, "\"", 1) | buf_puts(b, ts) | buf_add(b, "\"", 1);
+  buf_add(b, "\"", 1);
+  buf_puts(b, ts);
+  buf_add(b, "\"", 1);
 }
 
 /* Column i as an RFC 3339 time, or null. */
-static int put_time(buf_t *b, const struct store_cur *st, int i) {
-  if (cur_null(st, i)) return BUF_LIT(b, "null");
-  return put_ms(b, cur_i64(st, i));
+static void put_time(buf_t *b, const struct store_cur *st, int i) {
+  if (cur_null(st, i)) BUF_LIT(b, "null");
+  else put_ms(b, cur_i64(st, i));
 }
+
+/* ,"key": followed by one of the put functions' values. */
+#define PUT(b, k, fn, ...) (KEY(b, k), fn(b, __VA_ARGS__))
+#define PUT1(b, k, fn, ...) (KEY1(b, k), fn(b, __VA_ARGS__))
 
 /* The fields of a run record without steps, from a row of STORE_RUN_COLS,
 ** after its opening brace (the caller closes it). */
-static int put_record_fields(buf_t *b, const struct store_cur *st) {
-  int rc = KEY1(b, "id") | put_text(b, st, 0);
-  rc |= KEY(b, "skill") | put_text(b, st, 1);
-  rc |= KEY(b, "version") | put_text(b, st, 2);
-  rc |= KEY(b, "status") | put_text(b, st, 3);
-  rc |= KEY(b, "trigger") | put_json(b, st, 5);
-  rc |= KEY(b, "parent_id") | put_text(b, st, 6);
-  rc |= KEY(b, "input") | put_json(b, st, 7);
-  rc |= KEY(b, "output") | put_json(b, st, 8);
-  rc |= KEY(b, "error") | put_json(b, st, 9);
-  rc |= KEY(b, "created_at") | put_time(b, st, 10);
-  rc |= KEY(b, "started_at") | put_time(b, st, 11);
-  rc |= KEY(b, "ended_at") | put_time(b, st, 12);
-  if (!cur_null(st, 13)) rc |= KEY(b, "deadline_at") | put_time(b, st, 13);
-  if (!cur_null(st, 14)) rc |= KEY(b, "wake_at") | put_time(b, st, 14);
-  return rc;
+static void put_record_fields(buf_t *b, const struct store_cur *st) {
+  PUT1(b, "id", put_text, st, 0);
+  PUT(b, "skill", put_text, st, 1);
+  PUT(b, "version", put_text, st, 2);
+  PUT(b, "status", put_text, st, 3);
+  PUT(b, "trigger", put_json, st, 5);
+  PUT(b, "parent_id", put_text, st, 6);
+  PUT(b, "input", put_json, st, 7);
+  PUT(b, "output", put_json, st, 8);
+  PUT(b, "error", put_json, st, 9);
+  PUT(b, "created_at", put_time, st, 10);
+  PUT(b, "started_at", put_time, st, 11);
+  PUT(b, "ended_at", put_time, st, 12);
+  if (!cur_null(st, 13)) PUT(b, "deadline_at", put_time, st, 13);
+  if (!cur_null(st, 14)) PUT(b, "wake_at", put_time, st, 14);
 }
 
 /* Append the rows of the log cursor lg (seq, ts, level, msg) that belong
 ** to seq, from where it stands, as [{ts, level, msg}]. */
-static int put_logs(buf_t *b, struct store_cur *lg, int seq) {
-  int rc = buf_add(b, "[", 1);
+static void put_logs(buf_t *b, struct store_cur *lg, int seq) {
+  buf_add(b, "[", 1);
   for (int first = 1; lg->rc == 1 && cur_int(lg, 0) == seq; first = 0) {
-    rc |= buf_add(b, first ? "{" : ",{", first ? 1 : 2);
-    rc |= KEY1(b, "ts") | put_time(b, lg, 1);
-    rc |= KEY(b, "level") | put_text(b, lg, 2);
-    rc |= KEY(b, "msg") | put_text(b, lg, 3) | buf_add(b, "}", 1);
+    buf_add(b, first ? "{" : ",{", first ? 1 : 2);
+    PUT1(b, "ts", put_time, lg, 1);
+    PUT(b, "level", put_text, lg, 2);
+    PUT(b, "msg", put_text, lg, 3);
+    buf_add(b, "}", 1);
     cur_next(lg);
   }
-  return rc | buf_add(b, "]", 1);
+  buf_add(b, "]", 1);
 }
 
 /* The attempts of the step row st: the failed ones from the attempt
 ** cursor at (seq, n, status, error, traceback, started_at, ended_at,
 ** retry_at), then the one the step row implies. */
-static int put_attempts(buf_t *b, const struct store_cur *st, struct store_cur *at) {
+static void put_attempts(buf_t *b, const struct store_cur *st, struct store_cur *at) {
   int seq = cur_int(st, 0);
   int nattempts = cur_int(st, 7);
   const char *status = cur_text(st, 3);
   int last_n = 0, first = 1;
   int64_t next_start = cur_i64(st, 8);
-  int rc = buf_add(b, "[", 1);
+  buf_add(b, "[", 1);
   while (at->rc == 1 && cur_int(at, 0) < seq) cur_next(at);
   for (; at->rc == 1 && cur_int(at, 0) == seq; first = 0) {
     last_n = cur_int(at, 1);
-    rc |= buf_add(b, first ? "{" : ",{", first ? 1 : 2);
-    rc |= KEY1(b, "n") | jsontext_put_int(b, last_n);
-    rc |= KEY(b, "status") | put_text(b, at, 2);
-    rc |= KEY(b, "error") | put_text(b, at, 3);
-    if (!cur_null(at, 4)) rc |= KEY(b, "traceback") | put_text(b, at, 4);
-    rc |= KEY(b, "started_at") | put_time(b, at, 5);
-    rc |= KEY(b, "ended_at") | put_time(b, at, 6);
+    buf_add(b, first ? "{" : ",{", first ? 1 : 2);
+    PUT1(b, "n", jsontext_put_int, last_n);
+    PUT(b, "status", put_text, at, 2);
+    PUT(b, "error", put_text, at, 3);
+    if (!cur_null(at, 4)) PUT(b, "traceback", put_text, at, 4);
+    PUT(b, "started_at", put_time, at, 5);
+    PUT(b, "ended_at", put_time, at, 6);
     if (!cur_null(at, 7)) {
-      rc |= KEY(b, "retry_at") | put_time(b, at, 7);
+      PUT(b, "retry_at", put_time, at, 7);
       next_start = cur_i64(at, 7);
     }
-    rc |= buf_add(b, "}", 1);
+    buf_add(b, "}", 1);
     cur_next(at);
   }
   /* The attempt that succeeded, or the one in flight, is implied by the
@@ -134,14 +142,18 @@ static int put_attempts(buf_t *b, const struct store_cur *st, struct store_cur *
   const char *kind = cur_text(st, 2);
   if (kind && !strcmp(kind, "run") && last_n < nattempts && status &&
       (!strcmp(status, "completed") || !strcmp(status, "running"))) {
-    rc |= buf_add(b, first ? "{" : ",{", first ? 1 : 2);
-    rc |= KEY1(b, "n") | jsontext_put_int(b, nattempts);
-    rc |= KEY(b, "status") | jsontext_put_string(b, status, strlen(status));
-    rc |= KEY(b, "error") | BUF_LIT(b, "null");
-    rc |= KEY(b, "started_at") | (next_start ? put_ms(b, next_start) : BUF_LIT(b, "null"));
-    rc |= KEY(b, "ended_at") | put_time(b, st, 9) | buf_add(b, "}", 1);
+    buf_add(b, first ? "{" : ",{", first ? 1 : 2);
+    PUT1(b, "n", jsontext_put_int, nattempts);
+    PUT(b, "status", jsontext_put_string, status, strlen(status));
+    KEY(b, "error");
+    BUF_LIT(b, "null");
+    KEY(b, "started_at");
+    if (next_start) put_ms(b, next_start);
+    else BUF_LIT(b, "null");
+    PUT(b, "ended_at", put_time, st, 9);
+    buf_add(b, "}", 1);
   }
-  return rc | buf_add(b, "]", 1);
+  buf_add(b, "]", 1);
 }
 
 /* Append ,"steps":[...],"logs":[...],"children":[...] for run id: the
@@ -157,43 +169,47 @@ static int put_steps(store_t *s, buf_t *b, const char *id, err_t *e) {
   cur_next(&at);
   cur_next(&lg);
   int first = 1;
-  int rc = KEY(b, "steps") | buf_add(b, "[", 1);
+  KEY(b, "steps");
+  buf_add(b, "[", 1);
   /* Run-level logs come before any step (seq 0); they are written after
   ** the steps, so they wait in the store's scratch buffer. */
   buf_t *runlogs = &store__base(s)->scratch;
   runlogs->len = 0;
-  rc |= put_logs(runlogs, &lg, 0);
+  put_logs(runlogs, &lg, 0);
   for (; cur_next(&st) == 1; first = 0) {
     int seq = cur_int(&st, 0);
-    rc |= buf_add(b, first ? "{" : ",{", first ? 1 : 2);
-    rc |= KEY1(b, "seq") | jsontext_put_int(b, seq);
-    rc |= KEY(b, "id") | put_text(b, &st, 1);
-    rc |= KEY(b, "kind") | put_text(b, &st, 2);
-    rc |= KEY(b, "status") | put_text(b, &st, 3);
-    rc |= KEY(b, "output") | put_json(b, &st, 4);
-    rc |= KEY(b, "error") | put_text(b, &st, 5);
-    if (!cur_null(&st, 6)) rc |= KEY(b, "usage") | put_json(b, &st, 6);
-    rc |= KEY(b, "started_at") | put_time(b, &st, 8);
-    rc |= KEY(b, "ended_at") | put_time(b, &st, 9);
-    if (!cur_null(&st, 10)) rc |= KEY(b, "wake_at") | put_time(b, &st, 10);
-    rc |= KEY(b, "attempts") | put_attempts(b, &st, &at);
+    buf_add(b, first ? "{" : ",{", first ? 1 : 2);
+    PUT1(b, "seq", jsontext_put_int, seq);
+    PUT(b, "id", put_text, &st, 1);
+    PUT(b, "kind", put_text, &st, 2);
+    PUT(b, "status", put_text, &st, 3);
+    PUT(b, "output", put_json, &st, 4);
+    PUT(b, "error", put_text, &st, 5);
+    if (!cur_null(&st, 6)) PUT(b, "usage", put_json, &st, 6);
+    PUT(b, "started_at", put_time, &st, 8);
+    PUT(b, "ended_at", put_time, &st, 9);
+    if (!cur_null(&st, 10)) PUT(b, "wake_at", put_time, &st, 10);
+    PUT(b, "attempts", put_attempts, &st, &at);
     while (lg.rc == 1 && cur_int(&lg, 0) < seq) cur_next(&lg);
-    rc |= KEY(b, "logs") | put_logs(b, &lg, seq) | buf_add(b, "}", 1);
+    PUT(b, "logs", put_logs, &lg, seq);
+    buf_add(b, "}", 1);
   }
-  rc |= buf_add(b, "]", 1) | KEY(b, "logs") | buf_add(b, buf_str(runlogs), runlogs->len);
-  rc |= KEY(b, "children") | buf_add(b, "[", 1);
+  buf_add(b, "]", 1);
+  PUT(b, "logs", buf_add, buf_str(runlogs), runlogs->len);
+  KEY(b, "children");
+  buf_add(b, "[", 1);
   for (first = 1; cur_next(&ch) == 1; first = 0) {
-    rc |= buf_add(b, first ? "{" : ",{", first ? 1 : 2);
-    rc |= KEY1(b, "id") | put_text(b, &ch, 0);
-    rc |= KEY(b, "skill") | put_text(b, &ch, 1);
-    rc |= KEY(b, "status") | put_text(b, &ch, 2) | buf_add(b, "}", 1);
+    buf_add(b, first ? "{" : ",{", first ? 1 : 2);
+    PUT1(b, "id", put_text, &ch, 0);
+    PUT(b, "skill", put_text, &ch, 1);
+    PUT(b, "status", put_text, &ch, 2);
+    buf_add(b, "}", 1);
   }
-  rc |= buf_add(b, "]", 1);
+  buf_add(b, "]", 1);
   struct store_cur *bad = st.rc < 0 ? &st : ch.rc < 0 ? &ch : at.rc < 0 ? &at : lg.rc < 0 ? &lg : NULL;
   int err = bad ? bad->ops->err(bad, e, "reading a run's steps") : 0;
   cur_close(&st), cur_close(&at), cur_close(&lg), cur_close(&ch);
-  if (err) return err;
-  return rc ? err_set(e, ERR_NOMEM, "out of memory") : 0;
+  return err;
 }
 
 /* The text of column 0 of query q's first row for v (a malloc'd copy, or
@@ -208,8 +224,8 @@ static int first_text(store_t *s, enum store_rq q, const struct store_val *v, in
   if (rc == 1) {
     *found = 1;
     const char *t = cur_text(&c, 0);
-    if (t && !(*out = strdup(t))) rc = err_set(e, ERR_NOMEM, "out of memory");
-    else rc = 0;
+    if (t) *out = mem_strdup(t);
+    rc = 0;
   } else if (rc < 0) {
     rc = c.ops->err(&c, e, "reading");
   }
@@ -237,12 +253,14 @@ int store_run_json(store_t *s, const char *id, int with_steps, buf_t *out, err_t
     return e->code;
   }
   size_t at = out->len;
-  rc = buf_add(out, "{", 1) | put_record_fields(out, &st);
-  if (!rc && with_steps) rc = put_steps(s, out, id, e);
-  else if (rc) rc = err_set(e, ERR_NOMEM, "out of memory");
+  buf_add(out, "{", 1);
+  put_record_fields(out, &st);
+  /* The run's cursor stays open while the steps are read: one snapshot,
+  ** so the steps are those of the same commit as the run. */
+  rc = with_steps ? put_steps(s, out, id, e) : 0;
   cur_close(&st);
   ops->rend(s, NULL, began);
-  if (!rc) rc = buf_add(out, "}", 1) ? err_set(e, ERR_NOMEM, "out of memory") : 0;
+  buf_add(out, "}", 1);
   if (rc) {
     out->len = at;
     if (out->p) out->p[at] = 0;
@@ -250,13 +268,13 @@ int store_run_json(store_t *s, const char *id, int with_steps, buf_t *out, err_t
   return rc;
 }
 
-/* See store.h: the JSON text, parsed. */
+/* See store.h: the JSON text, parsed (the engine wrote it: it parses). */
 int store_get_run(store_t *s, const char *id, int with_steps, cJSON **out, err_t *e) {
   *out = NULL;
   buf_t b = BUF_INIT;
   int rc = store_run_json(s, id, with_steps, &b, e);
   if (!rc && !(*out = cJSON_ParseWithLength(buf_str(&b), b.len)))
-    rc = err_set(e, ERR_NOMEM, "out of memory");
+    rc = err_set(e, ERR_INTERNAL, "store: a run record that is not JSON: %.200s", buf_str(&b));
   buf_free(&b);
   return rc;
 }
@@ -339,10 +357,12 @@ int store_list_runs_json(store_t *s, const struct run_filter *f, buf_t *out, cha
   struct store_cur c;
   /* One more than asked when the caller pages: its presence says there is
   ** a next page, which starts below the last run shown. */
-  if (store__ops(s)->rfilter(s, f, 0, next ? limit + 1 : limit, &c, e)) return e->code;
+  if (store__read_fault(e) || store__ops(s)->rfilter(s, f, 0, next ? limit + 1 : limit, &c, e))
+    return e->code;
   if (next) next[0] = 0;
   size_t at = out->len;
-  int rc = buf_add(out, "[", 1), src, n = 0;
+  int rc = 0, src, n = 0;
+  buf_add(out, "[", 1);
   char last_id[64] = "";
   while ((src = cur_next(&c)) == 1) {
     if (n == limit) {
@@ -350,7 +370,9 @@ int store_list_runs_json(store_t *s, const struct run_filter *f, buf_t *out, cha
       if (next) snprintf(next, nnext, "%s", last_id);
       break;
     }
-    rc |= buf_add(out, n ? ",{" : "{", n ? 2 : 1) | put_record_fields(out, &c) | buf_add(out, "}", 1);
+    buf_add(out, n ? ",{" : "{", n ? 2 : 1);
+    put_record_fields(out, &c);
+    buf_add(out, "}", 1);
     const char *id = cur_text(&c, 0);
     size_t idl = cur_bytes(&c, 0);
     if (idl >= sizeof last_id) idl = sizeof last_id - 1;
@@ -358,9 +380,8 @@ int store_list_runs_json(store_t *s, const struct run_filter *f, buf_t *out, cha
     last_id[id ? idl : 0] = 0;
     n++;
   }
-  rc |= buf_add(out, "]", 1);
+  buf_add(out, "]", 1);
   if (src < 0) rc = c.ops->err(&c, e, "listing runs");
-  else if (rc) rc = err_set(e, ERR_NOMEM, "out of memory");
   cur_close(&c);
   if (rc) {
     out->len = at;
@@ -375,7 +396,7 @@ int store_list_runs(store_t *s, const struct run_filter *f, cJSON **out, err_t *
   buf_t b = BUF_INIT;
   int rc = store_list_runs_json(s, f, &b, NULL, 0, e);
   if (!rc && !(*out = cJSON_ParseWithLength(buf_str(&b), b.len)))
-    rc = err_set(e, ERR_NOMEM, "out of memory");
+    rc = err_set(e, ERR_INTERNAL, "store: a run list that is not JSON: %.200s", buf_str(&b));
   buf_free(&b);
   return rc;
 }
@@ -384,7 +405,7 @@ int store_list_runs(store_t *s, const struct run_filter *f, cJSON **out, err_t *
 int store_count_runs(store_t *s, const struct run_filter *f, int64_t *n, err_t *e) {
   struct store_cur c;
   *n = 0;
-  if (store__ops(s)->rfilter(s, f, 1, 0, &c, e)) return e->code;
+  if (store__read_fault(e) || store__ops(s)->rfilter(s, f, 1, 0, &c, e)) return e->code;
   int rc = cur_next(&c);
   if (rc == 1) *n = cur_i64(&c, 0);
   rc = rc == 1 ? 0 : rc < 0 ? c.ops->err(&c, e, "counting runs")
@@ -415,9 +436,9 @@ int store_get_version(store_t *s, const char *version, char **source, char **ski
   int rc = 0;
   if (cur_next(&c) == 1) {
     const char *t;
-    if (source) *source = (t = cur_text(&c, 0)) ? strdup(t) : NULL;
-    if (skill) *skill = (t = cur_text(&c, 1)) ? strdup(t) : NULL;
-    if (file) *file = (t = cur_text(&c, 2)) ? strdup(t) : NULL;
+    if (source) *source = (t = cur_text(&c, 0)) ? mem_strdup(t) : NULL;
+    if (skill) *skill = (t = cur_text(&c, 1)) ? mem_strdup(t) : NULL;
+    if (file) *file = (t = cur_text(&c, 2)) ? mem_strdup(t) : NULL;
   } else {
     rc = err_set(e, ERR_NOTFOUND, "no skill version '%.12s' in the database", version);
   }
@@ -522,10 +543,11 @@ int store_rerun_version(store_t *s, const char *skill, const char *run_version, 
   cJSON *rec;
   if (store_get_skill(s, skill, &rec, e)) {
     if (e->code != ERR_NOTFOUND) return e->code;
-    return (*out = strdup(run_version)) ? 0 : err_set(e, ERR_NOMEM, "out of memory");
+    *out = mem_strdup(run_version);
+    return 0;
   }
   const cJSON *v = cJSON_GetObjectItem(rec, "version");
-  int rc = cJSON_IsString(v) ? ((*out = strdup(v->valuestring)) ? 0 : err_set(e, ERR_NOMEM, "out of memory"))
+  int rc = cJSON_IsString(v) ? (*out = mem_strdup(v->valuestring), 0)
          : err_set(e, ERR_CONFLICT, "skill '%s' has no live version (its file was deleted or "
                    "failed to load): restore it to rerun its runs", skill);
   cJSON_Delete(rec);

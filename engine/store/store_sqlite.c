@@ -22,7 +22,9 @@
 **   logs     run_id, seq, ts, level, msg
 **   events   (id) -> name, data, idempotency key, dispatched
 **   waits    (run_id, seq) -> what a parked run waits for (an event, a
-**            child run, a cancelling event) and, once delivered, the result
+**            child run, a cancelling event) and, once delivered, the result;
+**            kept until its step's end is recorded (delivered_at without a
+**            result: closed, ended with nothing)
 **   deliveries (run_id, event_id): events a run's waits already took
 **   slots, slot_queue: concurrency slots held, and runs queued for them
 **   cron_state (skill, spec) -> the last tick fired
@@ -42,7 +44,9 @@
 ** (retention) and store_read.c (every read: run records, lists, skills);
 ** what they share is in store_db.h.
 */
+#include "base/buf.h"
 #include "base/fault.h"
+#include "base/mem.h"
 #include "base/proc.h"
 #include "base/units.h"
 #include "store/store_db.h"
@@ -170,36 +174,117 @@ static const char *const wsql[W_COUNT] = {
   [W_COMMIT] = "COMMIT",
   [W_ROLLBACK] = "ROLLBACK",
   [W_LEASE_RENEW] = "UPDATE leases SET expires_at = ?2 WHERE owner = ?1",
-  [W_RUN_NEW] =
-    "INSERT INTO runs(id, skill, version, status, entry, trigger, parent_id, input, output,"
-    " error, created_at, started_at, ended_at, deadline_at, wake_at, owner)"
-    " VALUES(?1,?2,?3,?4,COALESCE(?5,'run'),?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)",
+};
+
+/* The writer's statements for journal entries of the core kinds. Their
+** parameters are the COL fields of the entry's kind (journal.h), named
+** after them (":run_id") and bound from journal_kinds by name (bind_row).
+** An INSERT is written from the kind's fields: head "(columns)
+** VALUES(:columns)" tail; sql, when set, is the whole statement. Opening
+** the store checks that every COL field has its parameter and that no
+** parameter is left without a field. */
+static const struct wrow {
+  int w;
+  enum jkind kind;
+  const char *head, *tail, *sql;
+} wrows[] = {
+  {W_RUN_NEW, J_RUN_NEW, "INSERT INTO runs", "", NULL},
   /* A run that completes gets the summary of its steps (store_stats.c
   ** reads it) in the same write; a failed or cancelled one gets it from
   ** store__run_ended, once its open steps are ended too. */
-  [W_RUN_SET] =
-    "UPDATE runs SET status = ?2, output = COALESCE(?3, output), error = COALESCE(?4, error),"
-    " started_at = COALESCE(?5, started_at), ended_at = COALESCE(?6, ended_at), wake_at = ?7,"
-    " owner = CASE WHEN ?2 IN ('completed','failed','cancelled') THEN NULL ELSE owner END,"
-    " (steps, failed_steps, retries, tokens) = (SELECT " STORE_STEP_SUMS("?2 = 'completed'")
-    " FROM steps WHERE run_id = ?1 AND ?2 = 'completed')"
-    " WHERE id = ?1",
-  [W_STEP] =
-    "INSERT OR REPLACE INTO steps(run_id, seq, id, kind, status, output, error, usage, attempts,"
-    " started_at, ended_at, wake_at, retry_at) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)",
-  [W_ATTEMPT] =
-    "INSERT OR REPLACE INTO attempts(run_id, seq, n, status, error, traceback, started_at,"
-    " ended_at, retry_at) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
-  [W_LOG] = "INSERT INTO logs(run_id, seq, ts, level, msg) VALUES(?1,?2,?3,?4,?5)",
-  [W_VERSION] =
-    "INSERT INTO versions(version, skill, source, file, loaded_at, triggers)"
-    " VALUES(?1,?2,?3,?4,?5,?6) ON CONFLICT(version) DO UPDATE SET"
-    " triggers = COALESCE(excluded.triggers, triggers)",
-  [W_SKILL] =
-    "INSERT INTO skills(id, version, file, description, triggers, error, updated_at)"
-    " VALUES(?1,?2,?3,?4,?5,?6,?7) ON CONFLICT(id) DO UPDATE SET version = ?2,"
-    " file = COALESCE(?3, file), description = ?4, triggers = ?5, error = ?6, updated_at = ?7",
+  {W_RUN_SET, J_RUN_SET, NULL, NULL,
+   "UPDATE runs SET status = :status, output = COALESCE(:output, output),"
+   " error = COALESCE(:error, error), started_at = COALESCE(:started_at, started_at),"
+   " ended_at = COALESCE(:ended_at, ended_at), wake_at = :wake_at,"
+   " owner = CASE WHEN :status IN ('completed','failed','cancelled') THEN NULL ELSE owner END,"
+   " (steps, failed_steps, retries, tokens) = (SELECT " STORE_STEP_SUMS(":status = 'completed'")
+   " FROM steps WHERE run_id = :run_id AND :status = 'completed')"
+   " WHERE id = :run_id"},
+  {W_STEP, J_STEP, "INSERT OR REPLACE INTO steps", "", NULL},
+  {W_ATTEMPT, J_ATTEMPT, "INSERT OR REPLACE INTO attempts", "", NULL},
+  {W_LOG, J_LOG, "INSERT INTO logs", "", NULL},
+  {W_VERSION, J_VERSION, "INSERT INTO versions",
+   " ON CONFLICT(version) DO UPDATE SET triggers = COALESCE(excluded.triggers, triggers)", NULL},
+  {W_SKILL, J_SKILL, "INSERT INTO skills",
+   " ON CONFLICT(id) DO UPDATE SET version = :version, file = COALESCE(:file, file),"
+   " description = :description, triggers = :triggers, error = :error, updated_at = :updated_at",
+   NULL},
 };
+#define NWROWS (sizeof wrows / sizeof wrows[0])
+
+/* The SQL of a wrow, malloc'd. */
+static char *wrow_sql(const struct wrow *r) {
+  if (r->sql) return mem_strdup(r->sql);
+  const struct journal_kind *k = &journal_kinds[r->kind];
+  buf_t cols = BUF_INIT, vals = BUF_INIT;
+  for (size_t i = 0; i < k->nfields; i++) {
+    if (k->fields[i].use != JOURNAL_COL) continue;
+    const char *sep = cols.len ? ", " : "";
+    buf_printf(&cols, "%s%s", sep, k->fields[i].name);
+    buf_printf(&vals, "%s:%s", sep, k->fields[i].name);
+  }
+  buf_t sql = BUF_INIT;
+  buf_printf(&sql, "%s(%s) VALUES(%s)%s", r->head, buf_str(&cols), buf_str(&vals), r->tail);
+  buf_free(&cols);
+  buf_free(&vals);
+  return buf_take(&sql);
+}
+
+/* Prepare the writer's statements, and find each journal field's
+** parameter in the statement that writes its kind (s->wparam). A field
+** without its parameter, or a parameter without its field, is a mistake
+** in this file: say which. */
+static int prepare_writes(store_t *s, err_t *e) {
+  for (int i = 0; i < W_COUNT; i++) {
+    if (!wsql[i]) continue;
+    if (sqlite3_prepare_v3(s->w, wsql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->ws[i], NULL))
+      return store__db_err(e, s->w, "preparing statements");
+  }
+  for (size_t n = 0; n < NWROWS; n++) {
+    const struct wrow *r = &wrows[n];
+    const struct journal_kind *k = &journal_kinds[r->kind];
+    char *sql = wrow_sql(r);
+    int rc = sqlite3_prepare_v3(s->w, sql, -1, SQLITE_PREPARE_PERSISTENT, &s->ws[r->w], NULL);
+    free(sql);
+    if (rc) return store__db_err(e, s->w, "preparing statements");
+    int used = 0;
+    for (size_t i = 0; i < k->nfields && i < STORE_MAX_FIELDS; i++) {
+      const struct journal_field *f = &k->fields[i];
+      if (f->use != JOURNAL_COL) continue;
+      char name[64];
+      snprintf(name, sizeof name, ":%s", f->name);
+      int p = sqlite3_bind_parameter_index(s->ws[r->w], name);
+      if (!p || f->type == JOURNAL_OP || f->type == JOURNAL_RUN)
+        return err_set(e, ERR_INTERNAL, "store: the statement that writes '%s' entries has no "
+                       "parameter for its column %s", k->name, name);
+      s->wparam[r->w][i] = (unsigned char)p;
+      used++;
+    }
+    if (k->nfields > STORE_MAX_FIELDS || used != sqlite3_bind_parameter_count(s->ws[r->w]))
+      return err_set(e, ERR_INTERNAL, "store: the statement that writes '%s' entries has "
+                     "parameters that are no column of journal.h's list", k->name);
+  }
+  return 0;
+}
+
+/* Bind row (a struct of the kind statement w writes) to w's parameters. */
+static sqlite3_stmt *bind_row(store_t *s, int w, enum jkind kind, const void *row) {
+  const struct journal_kind *k = &journal_kinds[kind];
+  sqlite3_stmt *st = s->ws[w];
+  for (size_t i = 0; i < k->nfields; i++) {
+    int p = s->wparam[w][i];
+    if (!p) continue;
+    const char *at = (const char *)row + k->fields[i].offset;
+    switch (k->fields[i].type) {
+    case JOURNAL_TEXT: store__bind_text(st, p, *(const char *const *)at); break;
+    case JOURNAL_INT: sqlite3_bind_int(st, p, *(const int *)at); break;
+    case JOURNAL_I64: sqlite3_bind_int64(st, p, *(const int64_t *)at); break;
+    case JOURNAL_TIME: store__bind_time(st, p, *(const int64_t *)at); break;
+    default: break; /* never a column (prepare_writes) */
+    }
+  }
+  return st;
+}
 
 
 /* See store.h: the file's path. */
@@ -308,8 +393,10 @@ static int open_error(const char *path, const char *sqlite_msg, err_t *e) {
 /* Open one connection to the file at path (created if missing), with a
 ** busy timeout of 10 s; *db is NULL on failure. */
 static int open_conn(const char *path, sqlite3 **db, err_t *e) {
+  /* store__fault_vfs: in a test build with faults armed, the files go
+  ** through the VFS that can fail their writes and fsyncs. */
   int rc = sqlite3_open_v2(path, db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
-                                       SQLITE_OPEN_NOMUTEX, NULL);
+                                       SQLITE_OPEN_NOMUTEX, store__fault_vfs());
   if (rc != SQLITE_OK) {
     open_error(path, *db ? sqlite3_errmsg(*db) : sqlite3_errstr(rc), e);
     sqlite3_close(*db);
@@ -501,10 +588,9 @@ int store__sqlite_open(const char *path, enum store_durability d, store_t **out,
     configured = 1;
     sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
   }
-  store_t *s = calloc(1, sizeof *s);
-  if (!s) return err_set(e, ERR_NOMEM, "out of memory");
+  store_t *s = mem_calloc(1, sizeof *s);
   s->base.ops = &sqlite_ops;
-  s->path = strdup(path);
+  s->path = mem_strdup(path);
   if (open_conn(path, &s->w, e)) goto fail;
   if (stat(path, &st) == 0) {
     s->dev = st.st_dev;
@@ -522,11 +608,7 @@ int store__sqlite_open(const char *path, enum store_durability d, store_t **out,
   if (store__exec(s->w, d == STORE_FULL ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL", e))
     goto fail;
   if (migrate(s->w, e)) goto fail;
-  for (int i = 0; i < W_COUNT; i++)
-    if (sqlite3_prepare_v3(s->w, wsql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->ws[i], NULL)) {
-      store__db_err(e, s->w, "preparing statements");
-      goto fail;
-    }
+  if (prepare_writes(s, e)) goto fail;
   if (open_conn(path, &s->r, e)) goto fail;
   /* The reader maps the file instead of copying pages into its cache:
   ** history reads (stats over a million runs) touch many pages once. */
@@ -578,7 +660,7 @@ int store__step(store_t *s, sqlite3_stmt *st, err_t *e, const char *what) {
 /* Column i as a malloc'd string, or NULL for NULL. */
 char *store__col_dup(sqlite3_stmt *st, int i) {
   const unsigned char *t = sqlite3_column_text(st, i);
-  return t ? strdup((const char *)t) : NULL;
+  return t ? mem_strdup((const char *)t) : NULL;
 }
 
 /* Run each of the n statements of sql on the writer, in order, with ?1
@@ -618,36 +700,50 @@ int store__exec_bound(store_t *s, const char *const *sql, size_t n, const char *
   return 0;
 }
 
-/* Insert a run row (every column of struct run_row) inside the open
-** transaction; what names the write in an error. */
+/* Insert a run row (every COL field of struct run_row) inside the open
+** transaction; what names the write in an error. A run without an entry
+** point runs "run"; without a trigger, its trigger is "{}". */
 int store__put_run(store_t *s, const struct run_row *r, const char *what, err_t *e) {
-  sqlite3_stmt *st = s->ws[W_RUN_NEW];
-  store__bind_text(st, 1, r->id);
-  store__bind_text(st, 2, r->skill);
-  store__bind_text(st, 3, r->version);
-  store__bind_text(st, 4, r->status);
-  store__bind_text(st, 5, r->entry);
-  store__bind_text(st, 6, r->trigger ? r->trigger : "{}");
-  store__bind_text(st, 7, r->parent_id);
-  store__bind_text(st, 8, r->input);
-  store__bind_text(st, 9, r->output);
-  store__bind_text(st, 10, r->error);
-  sqlite3_bind_int64(st, 11, r->created_at);
-  store__bind_time(st, 12, r->started_at);
-  store__bind_time(st, 13, r->ended_at);
-  store__bind_time(st, 14, r->deadline_at);
-  store__bind_time(st, 15, r->wake_at);
-  store__bind_text(st, 16, r->owner);
-  return store__step(s, st, e, what);
+  struct run_row row = *r;
+  if (!row.entry) row.entry = "run";
+  if (!row.trigger) row.trigger = "{}";
+  return store__step(s, bind_row(s, W_RUN_NEW, J_RUN_NEW, &row), e, what);
+}
+
+
+/* J_RUN_NEW of a run that a run creates (a child, an on_failure run),
+** whose id the creator may derive from its own step: a replay of that
+** step creates the same id again. A run with that id there already is
+** not created twice: the entry's result is then its id (the creator drops
+** its new copy), it is not the committer's for fencing, and if the
+** committer held it, it is released: a claim takes it over with its
+** journal. */
+static int put_run_of_run(store_t *s, const struct jentry *je, err_t *e) {
+  const struct run_row *r = &je->u.run;
+  sqlite3_stmt *q = store__cached(s, "SELECT 1 FROM runs WHERE id = ?1", e);
+  if (!q) return e->code;
+  store__bind_text(q, 1, r->id);
+  int rc = sqlite3_step(q);
+  sqlite3_reset(q);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return store__db_err(e, s->w, "looking up a run");
+  if (rc == SQLITE_DONE) return store__put_run(s, r, "creating a run", e);
+  sqlite3_stmt *u = store__cached(s, "UPDATE runs SET owner = NULL WHERE id = ?1 AND owner = ?2", e);
+  if (!u) return e->code;
+  store__bind_text(u, 1, r->id);
+  store__bind_text(u, 2, r->owner);
+  if (store__step(s, u, e, "releasing a run")) return e->code;
+  store__fence_remove(&s->fence, r->id);
+  journal_set_result(je, mem_strdup(r->id));
+  return 0;
 }
 
 /* Write one journal entry inside the open transaction: the core kinds
 ** here, the others through store_flow.c. */
 static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
-  sqlite3_stmt *st;
   switch (je->kind) {
   case J_RUN_NEW:
     if (je->u.run.idem) return store__put_keyed_run(s, je, e);
+    if (je->u.run.by_run) return put_run_of_run(s, je, e);
     return store__put_run(s, &je->u.run, "creating a run", e);
   case J_RUN_SET: {
     const struct run_set *r = &je->u.set;
@@ -656,88 +752,26 @@ static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
       if (store__exec_bound(s, sql, 1, r->run_id, "updating a run", e)) return e->code;
       if (!r->status) return 0;
     }
-    st = s->ws[W_RUN_SET];
-    store__bind_text(st, 1, r->run_id);
-    store__bind_text(st, 2, r->status);
-    store__bind_text(st, 3, r->output);
-    store__bind_text(st, 4, r->error);
-    store__bind_time(st, 5, r->started_at);
-    store__bind_time(st, 6, r->ended_at);
-    store__bind_time(st, 7, r->wake_at);
-    if (store__step(s, st, e, "updating a run")) return e->code;
+    if (store__step(s, bind_row(s, W_RUN_SET, J_RUN_SET, r), e, "updating a run")) return e->code;
     if (store__is_terminal(r->status)) return store__run_ended(s, r->run_id, r->status, e);
     return 0;
   }
-  case J_STEP: {
-    const struct step_row *r = &je->u.step;
-    st = s->ws[W_STEP];
-    store__bind_text(st, 1, r->run_id);
-    sqlite3_bind_int(st, 2, r->seq);
-    store__bind_text(st, 3, r->id);
-    store__bind_text(st, 4, r->kind);
-    store__bind_text(st, 5, r->status);
-    store__bind_text(st, 6, r->output);
-    store__bind_text(st, 7, r->error);
-    store__bind_text(st, 8, r->usage);
-    sqlite3_bind_int(st, 9, r->attempts);
-    store__bind_time(st, 10, r->started_at);
-    store__bind_time(st, 11, r->ended_at);
-    store__bind_time(st, 12, r->wake_at);
-    store__bind_time(st, 13, r->retry_at);
-    return store__step(s, st, e, "recording a step");
-  }
-  case J_ATTEMPT: {
-    const struct attempt_row *r = &je->u.attempt;
-    st = s->ws[W_ATTEMPT];
-    store__bind_text(st, 1, r->run_id);
-    sqlite3_bind_int(st, 2, r->seq);
-    sqlite3_bind_int(st, 3, r->n);
-    store__bind_text(st, 4, r->status);
-    store__bind_text(st, 5, r->error);
-    store__bind_text(st, 6, r->traceback);
-    store__bind_time(st, 7, r->started_at);
-    store__bind_time(st, 8, r->ended_at);
-    store__bind_time(st, 9, r->retry_at);
-    return store__step(s, st, e, "recording an attempt");
-  }
-  case J_LOG: {
-    const struct log_row *r = &je->u.log;
-    st = s->ws[W_LOG];
-    store__bind_text(st, 1, r->run_id);
-    sqlite3_bind_int(st, 2, r->seq);
-    sqlite3_bind_int64(st, 3, r->ts);
-    store__bind_text(st, 4, r->level);
-    store__bind_text(st, 5, r->msg);
-    return store__step(s, st, e, "recording a log line");
-  }
-  case J_VERSION: {
-    const struct version_row *r = &je->u.version;
-    st = s->ws[W_VERSION];
-    store__bind_text(st, 1, r->version);
-    store__bind_text(st, 2, r->skill);
-    store__bind_text(st, 3, r->source);
-    store__bind_text(st, 4, r->file);
-    sqlite3_bind_int64(st, 5, r->loaded_at);
-    store__bind_text(st, 6, r->triggers);
-    return store__step(s, st, e, "recording a skill version");
-  }
-  case J_SKILL: {
-    const struct skill_row *r = &je->u.skill;
-    if (r->op != SKILL_PUT) return store__skill_change(s, r, e);
-    st = s->ws[W_SKILL];
-    store__bind_text(st, 1, r->id);
-    store__bind_text(st, 2, r->version);
-    store__bind_text(st, 3, r->file);
-    store__bind_text(st, 4, r->description);
-    store__bind_text(st, 5, r->triggers);
-    store__bind_text(st, 6, r->error);
-    sqlite3_bind_int64(st, 7, r->updated_at);
-    return store__step(s, st, e, "registering a skill");
-  }
+  case J_STEP:
+    return store__step(s, bind_row(s, W_STEP, J_STEP, &je->u.step), e, "recording a step");
+  case J_ATTEMPT:
+    return store__step(s, bind_row(s, W_ATTEMPT, J_ATTEMPT, &je->u.attempt), e,
+                       "recording an attempt");
+  case J_LOG:
+    return store__step(s, bind_row(s, W_LOG, J_LOG, &je->u.log), e, "recording a log line");
+  case J_VERSION:
+    return store__step(s, bind_row(s, W_VERSION, J_VERSION, &je->u.version), e,
+                       "recording a skill version");
+  case J_SKILL:
+    if (je->u.skill.op != SKILL_PUT) return store__skill_change(s, &je->u.skill, e);
+    return store__step(s, bind_row(s, W_SKILL, J_SKILL, &je->u.skill), e, "registering a skill");
   default:
     return store__write_flow(s, je, e);
   }
-  return err_set(e, ERR_INTERNAL, "store: unknown journal entry kind %d", (int)je->kind);
 }
 
 /* ---- fencing ----
@@ -821,6 +855,9 @@ static int renew_lease(store_t *s, const char *owner, int64_t expires, err_t *e)
   if (rc == SQLITE_DONE)
     return err_set(e, ERR_CONFLICT, "lease lost: another process took over the runs of %s",
                    owner);
+  if (fault_hit(FAULT_LEASE_REFUSED))
+    return err_set(e, ERR_CONFLICT, "lease lost: another process took over the runs of %s "
+                   "(fault injected: lease_refused)", owner);
   if (was < units_now_ms()) {
     store__fence_clear(&s->fence);
     snprintf(s->fence.owner, sizeof s->fence.owner, "%s", owner);
@@ -858,7 +895,11 @@ static int sqlite_commit(store_t *s, const journal_t *j, err_t *e) {
   }
   /* Last, just before it counts: is the file still the one at the path? */
   if (check_moved(s, s->w, e)) goto fail;
-  fault_point("commit");
+  fault_delay(FAULT_COMMIT);
+  if (fault_hit(FAULT_COMMIT_FAIL)) {
+    err_set(e, ERR_IO, "store: committing: the transaction failed (fault injected: commit_fail)");
+    goto fail;
+  }
   if (store__step(s, s->ws[W_COMMIT], e, "committing")) goto fail;
   /* Runs that ended are no one's now. */
   for (size_t i = 0, n = ended ? journal_count(j) : 0; i < n; i++) {
@@ -954,7 +995,7 @@ static int reap_locked(store_t *s, const char *host, int64_t now, err_t *e) {
   char *dead[64];
   int n = 0;
   while (n < 64 && sqlite3_step(st) == SQLITE_ROW)
-    if (lease_row_dead(st, host, now)) dead[n++] = strdup((const char *)sqlite3_column_text(st, 0));
+    if (lease_row_dead(st, host, now)) dead[n++] = mem_strdup((const char *)sqlite3_column_text(st, 0));
   sqlite3_finalize(st);
   int rc = 0;
   for (int i = 0; i < n; i++) {
@@ -988,12 +1029,39 @@ static int cmp_rows(const void *a, const void *b) {
   return strcmp(((const struct run_row *)a)->id, ((const struct run_row *)b)->id);
 }
 
-/* See store.h. */
+/* 0 when owner holds a live lease (its row exists and has not expired at
+** now), inside the open write transaction: what every write that takes
+** runs for owner requires, so a process whose lease is gone cannot take
+** runs under its dead name (nobody would ever run them: reaping releases
+** only the runs of leases that exist). ERR_CONFLICT ("lease lost") when
+** the row is gone, ERR_BUSY when it expired and was not renewed yet. */
+static int lease_live(store_t *s, const char *owner, int64_t now, err_t *e) {
+  sqlite3_stmt *q = store__cached(s, "SELECT expires_at FROM leases WHERE owner = ?1", e);
+  if (!q) return e->code;
+  store__bind_text(q, 1, owner);
+  int rc = sqlite3_step(q);
+  int64_t expires = rc == SQLITE_ROW ? sqlite3_column_int64(q, 0) : 0;
+  sqlite3_reset(q);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return store__db_err(e, s->w, "reading a lease");
+  if (rc == SQLITE_DONE)
+    return err_set(e, ERR_CONFLICT, "lease lost: another process took over the runs of %s",
+                   owner);
+  if (expires <= now)
+    return err_set(e, ERR_BUSY, "the lease of %s expired %lld ms ago and was not renewed yet: "
+                   "it takes no runs until it is", owner, (long long)(now - expires));
+  return 0;
+}
+
+/* See store.h: only for a live lease of owner (lease_live). */
 static int sqlite_claim(store_t *s, const char *owner, int limit, struct run_row **rows, size_t *n,
                 err_t *e) {
   *rows = NULL;
   *n = 0;
   if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
+  if (lease_live(s, owner, units_now_ms(), e)) {
+    store__exec(s->w, "ROLLBACK", NULL);
+    return e->code;
+  }
   sqlite3_stmt *st = store__prep(s->w,
     "UPDATE runs SET owner = ?1 WHERE id IN (SELECT id FROM runs WHERE owner IS NULL"
     " AND status IN ('queued','running','sleeping','waiting') ORDER BY id LIMIT ?2)"
@@ -1009,9 +1077,7 @@ static int sqlite_claim(store_t *s, const char *owner, int limit, struct run_row
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
     if (*n == cap) {
       cap = cap ? cap * 2 : 16;
-      struct run_row *p = realloc(*rows, cap * sizeof *p);
-      if (!p) break;
-      *rows = p;
+      *rows = mem_realloc(*rows, cap * sizeof **rows);
     }
     row_from_stmt(st, &(*rows)[(*n)++]);
   }
@@ -1029,7 +1095,7 @@ static int sqlite_claim(store_t *s, const char *owner, int limit, struct run_row
 }
 
 /* See store.h: reap dead leases first, so a run whose owner died can be
-** taken at once. */
+** taken at once; the taker needs a live lease (lease_live). */
 static int sqlite_take_run(store_t *s, const char *run_id, const char *owner, const char *host,
                    int64_t now, struct run_row **row, err_t *e) {
   *row = NULL;
@@ -1037,7 +1103,8 @@ static int sqlite_take_run(store_t *s, const char *run_id, const char *owner, co
   int rc = reap_locked(s, host, now, e);
   sqlite3_stmt *st = NULL;
   if (rc < 0) goto done;
-  rc = 0;
+  rc = lease_live(s, owner, now, e);
+  if (rc) goto done;
   st = store__prep(s->w, "SELECT " STORE_CLAIM_COLS " FROM runs WHERE id = ?1", e);
   if (!st) {
     rc = e->code;
@@ -1048,7 +1115,7 @@ static int sqlite_take_run(store_t *s, const char *run_id, const char *owner, co
     rc = err_set(e, ERR_NOTFOUND, "no run with id '%s'", run_id);
     goto done;
   }
-  struct run_row *r = calloc(1, sizeof *r);
+  struct run_row *r = mem_calloc(1, sizeof *r);
   row_from_stmt(st, r);
   sqlite3_finalize(st);
   st = NULL;
@@ -1106,6 +1173,7 @@ static const struct store_ops sqlite_ops = {
   .claim = sqlite_claim,
   .take_run = sqlite_take_run,
   .dispatch = store__sqlite_dispatch,
+  .deliver = store__sqlite_deliver,
   .prune = store__sqlite_prune,
   .data_version = store__sqlite_data_version,
   .rq = store__sqlite_rq,

@@ -160,6 +160,7 @@ static void parked(int runs) {
 }
 
 int main(int argc, char **argv) {
+  engine_process_init(); /* allocation as the binary does it (base/mem.h) */
   int runs = argc > 1 ? atoi(argv[1]) : 10000;
   int steps = argc > 2 ? atoi(argv[2]) : 10;
   if (!mkdtemp(dir)) return 1;

@@ -77,6 +77,7 @@ static void stop_when_done(uv_timer_t *t) {
 }
 
 int main(int argc, char **argv) {
+  engine_process_init(); /* allocation as the binary does it (base/mem.h) */
   int runs = argc > 1 ? atoi(argv[1]) : 100000;
   int in_memory = argc > 2 ? atoi(argv[2]) : 10000;
   if (!mkdtemp(dir)) return 1;

@@ -119,7 +119,8 @@ class AgentsApiTest(TestCase):
         doc = self.doc
         for key in ("env", "llm", "deployers", "cancellers", "workspace"):
             self.assertRegex(doc, r"\| `%s[ `]" % key)
-        self.assertIn("**`env.NAME` is `nil` unless `env` lists NAME**", doc)
+        self.assertRegex(doc, r"\| `skill_env[ `]")
+        self.assertIn("**`env.NAME` is an error unless the configuration grants NAME**", doc)
 
     def test_the_table_reader_can_fail(self):
         doc = "<!-- api: x -->\n| a | b |\n|---|---|\n| `one` | `k`, `GET` |\n\nafter\n| `no` |\n"

@@ -293,6 +293,105 @@ end }""")
         for r in self.runs_of("nap"):
             self.assertEqual(r["output"], r["id"])
 
+    # A body that posts its ctx.step_key to the stand-in at /key.
+    KEYED = """
+return { id = "kid", retries = 0, run = function(ctx)
+  return ctx.step.run("call", function()
+    return http.post_json(env.STANDIN .. "/key", { key = ctx.step_key }).n
+  end)
+end }"""
+
+    def keys_posted(self):
+        return [json.loads(b)["key"] for b in self.si.bodies.get("/key", [])]
+
+    def check_no_phantom(self, skill):
+        """Every run a body ran in is in the database, and the body ran
+        under one step key only."""
+        keys = self.keys_posted()
+        ids = {r["id"] for r in self.runs_of(skill)}
+        self.assertEqual(len(ids), 1, ids)
+        self.assertEqual(set(keys), {"%s:call" % ids.pop()}, keys)
+
+    def test_a_child_runs_no_step_before_its_creation_is_durable(self):
+        # Each commit is held open 400 ms: the group that creates the child
+        # is in flight when the child's body would run. A kill as soon as the
+        # body calls out must find the child in the database, so that the
+        # parent's replay goes on with it instead of creating another.
+        self.skill("kid", self.KEYED)
+        self.skill("par", """
+return { id = "par", run = function(ctx)
+  ctx.step.sleep("nap", "300ms")
+  return ctx.step.invoke("kid", { skill = "kid" })
+end }""")
+        p = self.w.serve("--workspace", "skills", env={"MOONLOOP_FAULT": "commit=400"})
+        rid = self.w.ml("invoke", "par", check=0).stdout.strip()
+        wait_until(lambda: self.si.count("/key") >= 1, what="the child's call")
+        kill9(p)
+        self.serve()
+        wait_until(lambda: self.w.trace(rid)["status"] in ("completed", "failed"), timeout=30,
+                   what="the parent's end")
+        self.assertEqual(self.w.trace(rid)["status"], "completed")
+        self.check_no_phantom("kid")
+
+    def test_an_on_failure_run_runs_no_step_before_its_creation_is_durable(self):
+        self.skill("kid", """
+return { id = "kid", retries = 0, run = function(ctx)
+  ctx.step.sleep("nap", "300ms")
+  error("no")
+end, on_failure = function(ctx, err)
+  return ctx.step.run("call", function()
+    return http.post_json(env.STANDIN .. "/key", { key = ctx.step_key }).n
+  end)
+end }""")
+        p = self.w.serve("--workspace", "skills", env={"MOONLOOP_FAULT": "commit=400"})
+        rid = self.w.ml("invoke", "kid", check=0).stdout.strip()
+        wait_until(lambda: self.si.count("/key") >= 1, what="on_failure's call")
+        kill9(p)
+        self.serve()
+        wait_until(lambda: [r for r in self.runs_of("kid") if r["id"] != rid and r["status"] == "completed"],
+                   timeout=30, what="the on_failure run's end")
+        self.assertEqual(self.w.trace(rid)["status"], "failed")
+        keys = self.keys_posted()
+        ids = {r["id"] for r in self.runs_of("kid")} - {rid}
+        self.assertEqual(len(ids), 1, ids)
+        self.assertEqual(set(keys), {"%s:call" % ids.pop()}, keys)
+
+    def test_an_event_a_wait_took_reaches_its_step_across_a_kill(self):
+        # Ending a wait and completing its step are one durable fact: a kill
+        # between the two (each commit is held open 300 ms) must not leave
+        # the event taken by the wait and the step without it.
+        self.skill("w", """
+return { id = "w", run = function(ctx)
+  local ev = ctx.step.wait_for_event("go", { event = "go", timeout = "20s" })
+  return ev and ev.data or "no event"
+end }""")
+        p = self.w.serve("--workspace", "skills", env={"MOONLOOP_FAULT": "commit=300"})
+        rid = self.w.ml("invoke", "w", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["status"] == "waiting", what="the wait")
+
+        def ended_not_completed():
+            # The step still waits, and the wait's end is durable: its row is
+            # gone, or (when the row stays until the step completes) a commit
+            # the engine handed over after the delivery landed: each commit
+            # renews the lease (15 s) from the moment it is handed over, and
+            # nothing else commits here meanwhile.
+            s = self.w.sql("SELECT status FROM steps WHERE run_id = ? AND seq = 1", (rid,))
+            if not s or s[0][0] != "waiting":
+                return False
+            w = self.w.sql("SELECT delivered_at FROM waits WHERE run_id = ? AND seq = 1", (rid,))
+            if not w:
+                return True
+            lease = self.w.sql("SELECT max(expires_at) FROM leases")[0][0] or 0
+            return w[0][0] is not None and lease - 15000 > w[0][0]
+        self.w.ml("send", "go", "--data", '{"v": 7}', check=0)
+        wait_until(ended_not_completed, interval=0.005, what="the wait ended, its step not completed")
+        kill9(p)
+        self.serve()
+        wait_until(lambda: self.w.trace(rid)["status"] == "completed", timeout=40, what="the run's end")
+        t = self.w.trace(rid)
+        self.assertEqual(t["output"], {"v": 7})
+        self.assertEqual(t["steps"][0]["output"]["data"], {"v": 7})
+
 
 class ConcurrencyAcrossProcessesTest(SkillsTestCase):
     def test_the_limit_holds_across_two_engines_and_a_kill(self):

@@ -160,6 +160,85 @@ end }""")
         pa.terminate()
         pa.wait(timeout=20)
 
+    def test_an_engine_that_loses_its_lease_with_parallel_results_in_flight_serves_on(self):
+        # The branches of a step.parallel end while A's commit waits for the
+        # database's write lock: their results are in that commit when A is
+        # frozen, and B takes the run over. When A resumes, the commit is
+        # refused (lease lost) and A drops the run, branches included, while
+        # their commit still reports back to them.
+        self.skill("par", """
+return { id = "par", retries = 0, run = function(ctx)
+  return ctx.step.parallel("p", {
+    function() return http.get_json(env.STANDIN .. "/p").n end,
+    function() return http.get_json(env.STANDIN .. "/p").n end,
+  })
+end }""")
+        go = threading.Event()
+
+        def answer(handler, body, n):
+            if n <= 2:  # A's calls: answered once the test holds the write lock
+                go.wait(60)
+            return 200, {"n": n}
+        self.si.routes["/p"] = answer
+        pa = self.serve()
+        rid = self.w.ml("invoke", "par", check=0).stdout.strip()
+        wait_until(lambda: self.si.count("/p") == 2, what="A's two calls")
+        release = self.w.hold_writes()
+        go.set()
+        time.sleep(0.5)  # the branches' results wait in A's commit for the lock
+        os.kill(pa.pid, signal.SIGSTOP)
+        release()
+        time.sleep(3)  # past A's lease
+        pb = self.serve()
+        wait_until(lambda: self.w.trace(rid)["status"] == "completed", timeout=30, what="B ends the run")
+        os.kill(pa.pid, signal.SIGCONT)
+        wait_until(lambda: any("lease lost" in l.lower() for l in pa.stderr_lines), timeout=20,
+                   what="A fenced")
+        # A goes on serving under a new lease.
+        rid2 = self.w.ml("invoke", "par", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid2)["status"] == "completed", timeout=20,
+                   what=lambda: "a new run: %s" % "".join(pa.stderr_lines))
+        self.assertIsNone(pa.poll(), "".join(pa.stderr_lines))
+        self.assertEqual(self.w.trace(rid)["output"], [3, 4])
+        for p in (pa, pb):
+            p.terminate()
+            self.assertEqual(p.wait(timeout=20), 0)
+
+
+class ClaimTest(SkillsTestCase):
+    config = {"lease": '"3s"'}
+
+    def test_an_engine_whose_lease_is_gone_claims_nothing_under_its_dead_name(self):
+        # Another process reaps this engine's lease behind its back (here:
+        # by hand, as a reaper that found it expired would) and releases its
+        # runs. The engine's next claim, due at once (the database changed),
+        # comes before its next renewal: it must not take the run back under
+        # the dead name, where no engine would ever run it.
+        self.skill("w", """
+return { id = "w", run = function(ctx)
+  local ev = ctx.step.wait_for_event("go", { event = "go", timeout = "60s" })
+  return ev and ev.data.v or "no event"
+end }""")
+        p = self.serve()
+        rid = self.w.ml("invoke", "w", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["status"] == "waiting", what="the wait")
+        def owner_of():
+            return self.w.sql("SELECT owner FROM runs WHERE id = ?", (rid,))[0][0]
+        owner = owner_of()
+        self.w.sql_tx([("DELETE FROM leases WHERE owner = ?", (owner,)),
+                       ("UPDATE runs SET owner = NULL WHERE owner = ?", (owner,))])
+        wait_until(lambda: any("lease lost" in l.lower() for l in p.stderr_lines), timeout=20,
+                   what="the engine to find its lease gone")
+        wait_until(lambda: (owner_of() or "") not in ("", owner), timeout=20,
+                   what=lambda: "the run claimed under the new lease: %s" % "".join(p.stderr_lines))
+        new = owner_of()
+        self.assertEqual(self.w.sql("SELECT count(*) FROM leases WHERE owner = ?", (new,))[0][0], 1)
+        self.w.ml("send", "go", "--data", '{"v": 5}', check=0)
+        wait_until(lambda: self.w.trace(rid)["status"] == "completed", timeout=20, what="the run's end")
+        self.assertEqual(self.w.trace(rid)["output"], 5)
+        p.terminate()
+        self.assertEqual(p.wait(timeout=20), 0)
+
 
 @sqlite_only("SQLite's write lock, found in its -shm file; PostgreSQL ends the idle transaction "
              "of a frozen holder itself (idle_in_transaction_session_timeout)")

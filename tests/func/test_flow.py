@@ -4,6 +4,7 @@ import os
 import signal
 import sys
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 from mltest import SkillsTestCase, kill9, wait_until  # noqa: E402
@@ -139,6 +140,7 @@ return { id = "parent", run = function(ctx) return ctx.step.invoke("c", { skill 
         self.assertTrue(r.stdout.startswith("cancel"))
         wait_until(lambda: self.w.trace(pid)["status"] == "cancelled", what="the parent cancelled")
         wait_until(lambda: self.runs_of("child")[0]["status"] == "cancelled", what="the child cancelled")
+        self.assertEqual(self.w.trace(pid)["error"]["message"], "cancelled: cancelled from the command line")
         r = self.w.ml("cancel", pid, check=1)
         self.assertIn("already cancelled", r.stderr)
         self.assertIn("no run", self.w.ml("cancel", "01NOSUCHRUN000000000000000", check=1).stderr)
@@ -160,12 +162,37 @@ return { id = "parent", run = function(ctx) return ctx.step.invoke("c", { skill 
         self.assertEqual(parent["steps"][0]["status"], "cancelled")
         child = self.w.trace(parent["children"][0]["id"])
         self.assertEqual(child["status"], "cancelled")
+        # The words an engine holding them would have given.
+        for t in (parent, child):
+            self.assertEqual(t["error"]["message"], "cancelled: cancelled from the command line")
         self.assertEqual(child["steps"][0]["status"], "cancelled")
         self.assertTrue(child["steps"][0]["ended_at"])
         # An engine that starts later finds nothing to resume.
         self.serve()
         time.sleep(0.5)
         self.assertEqual([r["status"] for r in self.w.runs()], ["cancelled", "cancelled"])
+
+    def test_a_second_cancel_keeps_the_first_reason(self):
+        # A is stopped (within its lease: it still holds the run) while B
+        # takes a cancel over HTTP, then `moonloop cancel` asks again: when A
+        # resumes it ends the run with the reason asked first.
+        self.w.write("moonloop.conf.lua", 'return { env = { "STANDIN" }, lease = "60s" }')
+        self.skill("nap", 'return { id = "nap", run = function(ctx) ctx.step.sleep("long", "1h") end }')
+        pa = self.serve()
+        rid = self.w.ml("invoke", "nap", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["status"] == "sleeping", what="the nap")
+        os.kill(pa.pid, signal.SIGSTOP)
+        try:
+            pb = self.serve()
+            req = urllib.request.Request(pb.url + "/v1/runs/%s/cancel" % rid, method="POST", data=b"{}",
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30) as r:
+                self.assertEqual(json.loads(r.read())["status"], "cancelling")
+            self.assertIn("cancelling", self.w.ml("cancel", rid, check=0).stdout)
+        finally:
+            os.kill(pa.pid, signal.SIGCONT)
+        wait_until(lambda: self.w.trace(rid)["status"] == "cancelled", what="the run cancelled")
+        self.assertEqual(self.w.trace(rid)["error"]["message"], "cancelled: cancelled over HTTP")
 
     def test_cancel_on_event(self):
         self.skill("triage", """

@@ -182,6 +182,64 @@ end }""")
         ])
 
 
+    def test_a_function_a_module_does_not_have_raises_with_did_you_mean(self):
+        # Names built at run time (the static checks name literal ones):
+        # reading the key raises at the skill's line, not a nil to call.
+        self.w.write("m.lua", """
+return { id = "m", retries = 3, run = function(ctx)
+  local out = {}
+  for i, c in ipairs({ { http, "post" }, { json, "parse" }, { runs, "find" }, { skills, "put" },
+                       { log, "warning" }, { time, "time" }, { llm, "complete" }, { ctx.log, "debug" },
+                       { env, "get" } }) do
+    local ok, e = pcall(function() return c[1][c[2]] end)
+    out[i] = ok and "no error" or tostring(e)
+  end
+  ctx.step.run("call", function() local f = "post" return http[f]("http://x", {}) end)
+  return out
+end }""")
+        r = self.w.ml("run", "m.lua", check=1)
+        self.assertIn("step 'call' failed: m.lua:10: http.post is not a function of the http module: did you "
+                      "mean http.post_json? (its functions are request, get, get_json and post_json)", r.stderr)
+        trace = self.w.trace(self.run_id_of(r))
+        self.assertEqual(len(trace["steps"][0]["attempts"]), 1)  # not retried
+        self.w.write("m2.lua", """
+return { id = "m2", run = function(ctx)
+  local out = {}
+  for i, c in ipairs({ { http, "post" }, { json, "parse" }, { runs, "find" }, { skills, "put" },
+                       { log, "warning" }, { time, "time" }, { llm, "complete" }, { ctx.log, "debug" },
+                       { env, "get" } }) do
+    local ok, e = pcall(function() return c[1][c[2]] end)
+    out[i] = ok and "no error" or tostring(e)
+  end
+  -- Values and functions that exist read as before; so do the standard library's missing names.
+  out[#out + 1] = tostring(json.null == json.decode("null")) .. " " .. type(http.get) .. " "
+    .. tostring(table.nope) .. " " .. tostring(string.nope)
+  return out
+end }""")
+        out = json.loads(self.w.ml("run", "m2.lua", check=0).stdout)
+        at = "m2.lua:7: "
+        self.assertEqual(out, [
+            at + "http.post is not a function of the http module: did you mean http.post_json? (its functions "
+                 "are request, get, get_json and post_json)",
+            at + "json.parse is not a function of the json module: did you mean json.decode? (its functions are "
+                 "encode, decode, array and object)",
+            at + "runs.find is not a function of the runs module: did you mean runs.list? (its functions are "
+                 "list, get, cancel and stats)",
+            at + "skills.put is not a function of the skills module: did you mean skills.deploy? (its functions "
+                 "are list, get, check and deploy)",
+            at + "log.warning is not a function of the log module: did you mean log.warn? (its functions are "
+                 "info, warn and error)",
+            at + "time.time is not a function of the time module: did you mean time.now? (its functions are now, "
+                 "parse and parse_duration)",
+            at + "llm.complete is not a function of the llm module: did you mean llm.chat? (its functions are chat)",
+            at + "log.debug is not a function of the log module: did you mean log.info? (its functions are info, "
+                 "warn and error)",
+            at + "env.get(...): env holds strings, not functions: it is the variables the configuration grants "
+                 "(env = { \"NAME\" } in moonloop.conf.lua), read as env.NAME",
+            "true function nil nil",
+        ])
+
+
 class RunsCancelTest(TestCase):
     def test_runs_cancel_for_the_skills_the_configuration_lets(self):
         os.makedirs(os.path.join(self.w.path, "skills"))
@@ -232,6 +290,117 @@ end }""")
             self.assertEqual(run["status"], "cancelled")
             self.assertIn("cancelled by run %s of skill janitor: order abandoned" % janitor,
                           run["error"]["message"])
+        finally:
+            p.terminate()
+            p.wait(timeout=10)
+
+
+GRANT = ('env.%s is not granted to this skill: add "%s" to env = {...} in moonloop.conf.lua (every skill), '
+         'or to skill_env = { ["%s"] = { "%s" } } (this skill only)')
+
+
+class EnvGrantTest(TestCase):
+    """env.NAME of a variable the configuration does not grant is an error
+    naming the key to add; a granted one that is not set reads nil."""
+    config = {"skill_env": '{ ["crm-sync"] = { "CRM_TOKEN" } }'}
+    env_names = ("STANDIN", "CRM_URL", "OPTIONAL_X")
+
+    def setUp(self):
+        super().setUp()
+        self.w.env["CRM_URL"] = "http://crm.test"
+        self.w.env["CRM_TOKEN"] = "s3cret"
+        self.w.env.pop("OPTIONAL_X", None)
+
+    def test_a_name_not_granted_raises_at_its_line_naming_the_key(self):
+        # Names built at run time, where the static checks cannot see them.
+        self.w.write("reader.lua", """
+return { id = "reader", retries = 3, run = function(ctx)
+  local function read(n) return env[n] end
+  return ctx.step.run("read", function() return read("MISSING") end)
+end }""")
+        r = self.w.ml("run", "reader.lua", check=1)
+        # Fatal: the step is not retried (a retry cannot grant it).
+        self.assertIn("step 'read' failed: reader.lua:3: " + GRANT % ("MISSING", "MISSING", "reader", "MISSING"),
+                      r.stderr)
+        trace = self.w.trace(self.run_id_of(r))
+        self.assertEqual(len(trace["steps"][0]["attempts"]), 1)
+        self.w.write("reader2.lua", """
+return { id = "reader2", run = function(ctx)
+  local function read(n) return env[n] end
+  local ok1, e1 = pcall(read, "CRM_" .. "TOKEN")   -- granted to crm-sync only
+  local ok2, e2 = pcall(function() local g = "get" return env[g]("CRM_URL") end)
+  local opt = read("OPTIONAL" .. "_X")              -- granted, not set
+  return { e1 = tostring(e1), e2 = tostring(e2), opt = opt or "default", url = read("CRM" .. "_URL"),
+           probe = (read("OPTIONAL_X") and "set" or "unset") }
+end }""")
+        out = json.loads(self.w.ml("run", "reader2.lua", check=0).stdout)
+        self.assertEqual(out["e1"], "reader2.lua:3: " + GRANT % ("CRM_TOKEN", "CRM_TOKEN", "reader2", "CRM_TOKEN"))
+        self.assertIn("reader2.lua:5: env.get(...): env holds strings, not functions", out["e2"])
+        self.assertEqual(out["opt"], "default")
+        self.assertEqual(out["probe"], "unset")
+        self.assertEqual(out["url"], "http://crm.test")
+
+    def test_a_skill_env_grant_reaches_its_skill_only(self):
+        self.w.write("crm.lua", """
+return { id = "crm-sync", run = function(ctx)
+  return ctx.step.run("t", function() return env.CRM_URL .. "/" .. env.CRM_TOKEN end)
+end }""")
+        self.assertEqual(json.loads(self.w.ml("run", "crm.lua", check=0).stdout), "http://crm.test/s3cret")
+        # Another skill reading it: refused by the static check, naming this skill's id.
+        self.w.write("other.lua", """
+return { id = "other", run = function(ctx)
+  return ctx.step.run("t", function() return env.CRM_TOKEN end)
+end }""")
+        r = self.w.ml("check", "other.lua", check=1)
+        self.assertEqual(r.stderr.strip(), "other.lua:3: " + GRANT % ("CRM_TOKEN", "CRM_TOKEN", "other", "CRM_TOKEN"))
+        r = self.w.ml("run", "other.lua", check=1)
+        self.assertIn("other.lua:3: env.CRM_TOKEN is not granted to this skill", r.stderr)
+        # At the top level too, through a name the static check cannot see.
+        self.w.write("top.lua", 'local n = "CRM_" .. "TOKEN"\nlocal t = env[n]\n'
+                     'return { id = "top", run = function(ctx) return t end }\n')
+        r = self.w.ml("check", "top.lua", check=1)
+        self.assertEqual(r.stderr.strip(), "top.lua:2: " + GRANT % ("CRM_TOKEN", "CRM_TOKEN", "top", "CRM_TOKEN"))
+
+    def test_a_granted_variable_that_is_not_set_reads_nil_and_its_nil_error_says_why(self):
+        self.w.write("opt.lua", """
+return { id = "opt", retries = 0, run = function(ctx)
+  local base = env.OPTIONAL_X
+  return ctx.step.run("call", function() return base .. "/x" end)
+end }""")
+        self.w.ml("check", "opt.lua", check=0)
+        r = self.w.ml("run", "opt.lua", check=1)
+        self.assertIn("opt.lua:4: attempt to concatenate upvalue 'base' (a nil value) (env.OPTIONAL_X is granted "
+                      "to this skill but not set where the engine runs: set OPTIONAL_X in the engine's environment "
+                      "and restart it, or test it with `if env.OPTIONAL_X then`)", r.stderr)
+
+    def test_check_names_a_literal_name_not_granted_and_skills_check_says_nothing(self):
+        src = ('return { id = "crm-sync", run = function(ctx)\n'
+               '  return ctx.step.run("t", function()\n'
+               '    return env.CRM_URL .. env.CRM_TOKEN .. (env.OPTIONAL_X or "") .. env.CRM_KEY\n'
+               '  end)\nend }\n')
+        self.w.write("s.lua", src)
+        r = self.w.ml("check", "s.lua", check=1)
+        self.assertEqual(r.stderr.strip(), "s.lua:3: " + GRANT % ("CRM_KEY", "CRM_KEY", "crm-sync", "CRM_KEY"))
+        r = self.w.ml("check", "s.lua", "--json", check=1)
+        self.assertEqual(json.loads(r.stdout)[0]["line"], 3)
+        # skills.check from a skill: the configuration the source will run
+        # with is not known there, so nothing is said about env.
+        self.w.write("checker.lua", 'return { id = "checker", run = function(ctx)\n'
+                     '  return ctx.step.run("c", function() return skills.check(%s, "s.lua") end)\nend }\n'
+                     % json.dumps(src))
+        out = json.loads(self.w.ml("run", "checker.lua", check=0).stdout)
+        self.assertTrue(out["ok"], out)
+        # The workspace watcher knows the configuration: it refuses the file.
+        os.makedirs(os.path.join(self.w.path, "ws"))
+        self.w.write("ws/s.lua", src)
+        p = self.w.serve("--workspace", "ws")
+        try:
+            def rejected():
+                skills = self.w.json("skills")
+                return any((s.get("error") or {}).get("file") == "ws/s.lua" for s in skills) and skills
+            skills = wait_until(rejected, what="the watcher to reject ws/s.lua")
+            err = [s["error"] for s in skills if s.get("error")][0]
+            self.assertEqual(err["message"], "ws/s.lua:3: " + GRANT % ("CRM_KEY", "CRM_KEY", "crm-sync", "CRM_KEY"))
         finally:
             p.terminate()
             p.wait(timeout=10)

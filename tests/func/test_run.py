@@ -5,7 +5,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import SRC, TestCase  # noqa: E402
+from mltest import SRC, TestCase, wait_until  # noqa: E402
 
 HELLO = """
 return {
@@ -143,7 +143,7 @@ end }""")
         for args in (["--version"], ["version"]):
             r = self.w.ml(*args, check=0)
             self.assertRegex(r.stdout, r"^moonloop \d+\.\d+\.\d+\n$")
-        self.assertRegex(self.w.ml("version", "--json", check=0).stdout, r'^\{"version":"\d+\.\d+\.\d+"\}\n$')
+        self.assertRegex(self.w.ml("version", "--json", check=0).stdout, r'^\{"version":"\d+\.\d+\.\d+"(,"faults":true)?\}\n$')
         self.w.write("moonloop.conf.lua", "return {")  # a broken configuration does not stop it
         self.w.ml("--version", check=0)
         self.assertIn("moonloop version", self.w.ml("--help", check=0).stdout)
@@ -241,3 +241,50 @@ end }""")
         self.assertEqual(json.loads(r.stdout), [1, 2])
         r = self.w.ml("run", "nosuch", check=1)
         self.assertIn("no skill 'nosuch'", r.stderr)
+
+    def test_run_leaves_events_to_the_engine_that_holds_the_triggers(self):
+        # On a new database, `moonloop run` holds no triggers: the event
+        # sent before it must start its run once serve has registered the
+        # workspace, not be marked dispatched with nothing started.
+        os.makedirs(os.path.join(self.w.path, "skills"))
+        self.w.write("skills/greet.lua", """
+return { id = "greet", triggers = { { event = "greet" } }, run = function(ctx)
+  return "hello " .. ctx.event.data.who
+end }""")
+        self.w.write("skills/slow.lua", """
+return { id = "slow", run = function(ctx) ctx.step.sleep("nap", "300ms") return 1 end }""")
+        self.w.ml("send", "greet", "--data", '{"who": "ada"}', check=0)
+        self.assertEqual(self.w.ml("run", "skills/slow.lua", check=0).stdout.strip(), "1")
+        self.assertEqual(self.w.runs(skill="greet"), [])
+        p = self.w.serve("--workspace", "skills")
+        wait_until(lambda: [r for r in self.w.runs(skill="greet") if r["status"] == "completed"],
+                   what="the greet run")
+        self.assertEqual([r["output"] for r in self.w.runs(skill="greet")], ["hello ada"])
+        p.terminate()
+        p.wait(timeout=20)
+
+    def test_a_run_here_gets_the_events_it_waits_for(self):
+        # No engine serves the database: the run in `moonloop run` gets the
+        # events sent while it waits, and one sent before its wait.
+        self.w.write("w.lua", """
+return { id = "w", run = function(ctx)
+  local a = ctx.step.wait_for_event("a", { event = "a", timeout = "30s" })
+  ctx.step.sleep("nap", "500ms")
+  local b = ctx.step.wait_for_event("b", { event = "b", timeout = "30s" })
+  local c = ctx.step.wait_for_event("c", { event = "c", timeout = "30s" })
+  return { a.data, b.data, c.data }
+end }""")
+        p = self.w.start("run", "w.lua")
+
+        def steps():
+            runs = self.w.runs(skill="w")
+            return [s["status"] for s in self.w.trace(runs[0]["id"])["steps"]] if runs else []
+        wait_until(lambda: steps() == ["waiting"], what="the first wait")
+        self.w.ml("send", "a", "--data", "1", check=0)
+        wait_until(lambda: steps()[:2] == ["completed", "sleeping"], what="the nap")
+        self.w.ml("send", "b", "--data", "2", check=0)
+        wait_until(lambda: steps() == ["completed", "completed", "completed", "waiting"], what="the last wait")
+        self.w.ml("send", "c", "--data", "3", check=0)
+        out, err = p.communicate(timeout=20)
+        self.assertEqual(p.returncode, 0, err)
+        self.assertEqual(json.loads(out), [1, 2, 3])

@@ -179,6 +179,122 @@ class SkillTestsTest(TestCase):
         r = self.w.ml("test", "m", check=0)
         self.assertIn("2 passed, 0 failed", r.stdout)
 
+    def test_the_env_a_test_gives_is_what_is_granted(self):
+        # A name the test does not give raises, saying how a test gives it;
+        # false is granted but not set (nil, so the skill's default).
+        self.w.write("e/sync.lua", 'return { retries = 0, run = function(ctx)\n'
+                     '  local base = env.CRM_URL .. (env.CRM_PATH or "/sync")\n'
+                     '  return ctx.step.run("sync", function() return http.get_json(base) end)\n'
+                     'end }\n')
+        self.w.write("e/sync_test.lua", 'local t = test.skill("sync.lua")\n'
+                     't:case("not given", function(c)\n'
+                     '  c:run()\n'
+                     '  c:err(%s)\n'
+                     'end)\n'
+                     't:case("given", function(c)\n'
+                     '  c:env{ CRM_URL = "http://crm.test", CRM_PATH = false }\n'
+                     '  c:http("GET http://crm.test/sync", { json = { n = 2 } })\n'
+                     '  c:eq(c:run(), { n = 2 })\n'
+                     'end)\nreturn t\n' % json.dumps(
+                         'e/sync.lua:2: env.CRM_URL is not granted to this skill in this test: give it with '
+                         'test.skill(path, { env = { CRM_URL = "..." } }) or c:env{ CRM_URL = "..." }'))
+        r = self.w.ml("test", "e", check=0)
+        self.assertIn("2 passed, 0 failed", r.stdout)
+
+    def test_mocks_of_steps_that_are_not_step_run_work_or_say_what_to_use(self):
+        # (c:mock of a wait step used to do nothing at all.)
+        self.w.write("k/flow.lua", """return { id = "flow", run = function(ctx)
+  local checks = ctx.step.parallel("checks", { function() return 1 end, function() return 2 end })
+  local child = ctx.step.invoke("review", { skill = "reviewer", data = { n = checks[1] } })
+  ctx.step.sleep("pause", "10m")
+  ctx.step.send_event("tell", { name = "flow.done", data = { n = 1 } })
+  local ans = ctx.step.wait_for_event("approval", { event = "flow.approved", timeout = "1h" })
+  return { by = ans and ans.data.by or "nobody", name = ans and ans.name, checks = checks, child = child }
+end }
+""")
+        self.w.write("k/flow_test.lua", """local t = test.skill("flow.lua")
+t:case("a wait mocked with its event, a parallel with its results, an invoke with its output", function(c)
+  c:mock("approval", { data = { by = "ada" } })
+  c:mock("checks", { 10, 20 })
+  c:mock("review", { ok = true })
+  local out = c:run({})
+  c:eq(out, { by = "ada", name = "flow.approved", checks = { 10, 20 }, child = { ok = true } })
+  c:eq(c:step("approval").duration, 0)
+end)
+t:case("a wait mocked with nil times out", function(c)
+  c:mock("approval", nil)
+  c:mock("review", function(attempt, id) return { id = id } end)
+  local out = c:run({})
+  c:eq(out.by, "nobody")
+  c:eq(out.child, { id = "review" })
+  c:eq(c:step("approval").duration, 3600)
+end)
+t:case("an invoke mocked with an error fails as a child", function(c)
+  c:mock_error("review", "reviewer down")
+  c:run({})
+  c:err("reviewer down")
+end)
+t:case("sleep", function(c) c:mock("review", {}) c:mock("pause", 1) c:run({}) end)
+t:case("send", function(c) c:mock("review", {}) c:mock("tell", {}) c:run({}) end)
+t:case("wait error", function(c) c:mock("review", {}) c:mock_error("approval", "x") c:run({}) end)
+t:case("wait value", function(c) c:mock("review", {}) c:mock("approval", true) c:run({}) end)
+t:case("parallel value", function(c) c:mock("checks", "x") c:run({}) end)
+return t
+""")
+        doc = json.loads(self.w.ml("test", "k", "--json", check=1).stdout)
+        res = {t["name"]: t for t in doc["tests"]}
+        for name in ("a wait mocked with its event, a parallel with its results, an invoke with its output",
+                     "a wait mocked with nil times out", "an invoke mocked with an error fails as a child"):
+            self.assertTrue(res[name]["ok"], res[name])
+        want = {
+            "sleep": 'c:mock("pause"): step \'pause\' is a sleep: sleeps pass at once on the virtual clock, so there '
+                     'is nothing to mock (remove the mock; c:step("pause").duration is how long it slept)',
+            "send": 'c:mock("tell"): step \'tell\' sends events: in a test they are recorded, not sent, so there is '
+                    'nothing to mock (remove the mock; c:sent() lists them, and a wait of the run can take them)',
+            "wait error": 'c:mock_error("approval"): step \'approval\' waits for an event, which does not fail: mock '
+                          'it with the event it gets, c:mock("approval", { data = {...} }), or with nil for its '
+                          'timeout',
+            "wait value": 'c:mock("approval"): step \'approval\' waits for an event: mock it with the event, a table '
+                          'such as { data = {...} }, or with nil for its timeout; got true',
+            "parallel value": 'c:mock("checks"): step \'checks\' is a parallel step: mock it with the list of its '
+                              'functions\' results, or mock each function as "checks/1", "checks/2", ...; got "x"',
+        }
+        for name, msg in want.items():
+            self.assertFalse(res[name]["ok"], name)
+            self.assertEqual(res[name]["message"].split("\n")[0], msg, name)
+
+    def test_an_event_named_after_the_run_id_is_supplied_by_a_function_of_the_run(self):
+        self.w.write("r/approve.lua", """return { id = "approve", run = function(ctx)
+  local ans = ctx.step.wait_for_event("approval", { event = "approve." .. ctx.run_id, timeout = "1h" })
+  return ans and ans.data or "timed out"
+end }
+""")
+        self.w.write("r/approve_test.lua", """local t = test.skill("approve.lua")
+t:case("approved", function(c)
+  c:event(function(run) return "approve." .. run.id end,
+          function(run) return { by = "ada", amount = run.input.amount } end, { after = "5m" })
+  c:eq(c:run({ amount = 5 }), { by = "ada", amount = 5 })
+  c:eq(c:step("approval").duration, 300)
+end)
+t:case("an event of another run's id does not count", function(c)
+  c:event("approve.01AAAAAAAAAAAAAAAAAAAAAAAA", { by = "eve" })
+  c:eq(c:run({}), "timed out")
+end)
+t:case("a function that raises fails the case", function(c)
+  c:event(function(run) error("no id") end, {})
+  c:run({})
+end)
+return t
+""")
+        doc = json.loads(self.w.ml("test", "r", "--json", check=1).stdout)
+        res = {t["name"]: t for t in doc["tests"]}
+        self.assertTrue(res["approved"]["ok"], res["approved"])
+        self.assertTrue(res["an event of another run's id does not count"]["ok"])
+        bad = res["a function that raises fails the case"]
+        self.assertFalse(bad["ok"])
+        self.assertIn("c:event: the function giving the event's name raised: ", bad["message"])
+        self.assertIn("no id", bad["message"])
+
     def test_every_run_is_replayed_and_a_replay_that_goes_its_own_way_fails(self):
         # Outside steps: an extra step when the clock says so, an output read
         # from the clock, a random step id; and a deterministic skill that passes.

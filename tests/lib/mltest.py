@@ -256,6 +256,23 @@ class Workdir:
             rows.append(tuple(row))
         return rows
 
+    def sql_tx(self, statements):
+        """Run [(query, params)] on the workdir's database in one
+        transaction, as sql() runs one."""
+        if not PG:
+            import sqlite3
+            con = sqlite3.connect(self.db, timeout=10, isolation_level=None)
+            try:
+                con.execute("BEGIN IMMEDIATE")
+                for q, params in statements:
+                    con.execute(q, params)
+                con.execute("COMMIT")
+            finally:
+                con.close()
+            return
+        self.sql("BEGIN; " + "; ".join(q for q, _ in statements) + "; COMMIT",
+                 tuple(v for _, params in statements for v in params))
+
     def hold_writes(self):
         """Take the database's write lock from outside, as a process inside a
         commit holds it (SQLite: BEGIN IMMEDIATE; PostgreSQL: the store's

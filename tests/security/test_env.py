@@ -22,16 +22,27 @@ SECRET = "ghp_0123456789abcdefSECRET"
 
 CONFIG = {"skill_env": '{ ["update-skill"] = { "GITHUB_TOKEN" }, ["other"] = { "OTHER_ONLY" } }'}
 
+# The token is read through a name built at run time (a literal one that
+# is not granted is refused by the static checks): a skill it is not
+# granted to gets an error naming the grant, never the value.
 SHOW = '''
-local top = env.GITHUB_TOKEN
+local function read(n)
+  local ok, v = pcall(function() return env[n] end)
+  if ok then return v or false end
+  return "refused: " .. tostring(v)
+end
+local top = read("GITHUB_" .. "TOKEN")
 return { id = "%s", run = function(ctx)
   local names = {}
   for k in pairs(env) do names[#names + 1] = k end
   table.sort(names)
-  return { top = top or false, run = env.GITHUB_TOKEN or false, names = names,
+  return { top = top, run = read("GITHUB_" .. "TOKEN"), names = names,
            public = env.PUBLIC_URL or false }
 end }
 '''
+REFUSED = ('refused: skills/plain.lua:%d: env.GITHUB_TOKEN is not granted to this skill: add "GITHUB_TOKEN" '
+           'to env = {...} in moonloop.conf.lua (every skill), or to skill_env = { ["plain"] = '
+           '{ "GITHUB_TOKEN" } } (this skill only)') % 3
 
 
 class SkillEnvTest(TestCase):
@@ -52,14 +63,14 @@ class SkillEnvTest(TestCase):
         self.assertEqual(b["output"], {"top": SECRET, "run": SECRET, "public": "https://example.test",
                                        "names": ["GITHUB_TOKEN", "PUBLIC_URL"]})
         st, b = invoke_wait(p.port, "plain")
-        self.assertEqual(b["output"], {"top": False, "run": False, "public": "https://example.test",
+        self.assertEqual(b["output"], {"top": REFUSED, "run": REFUSED, "public": "https://example.test",
                                        "names": ["PUBLIC_URL"]})
 
     def test_moonloop_run_of_a_file_gets_the_grant_of_its_id(self):
         r = self.w.ml("run", "skills/update_skill.lua", check=0)
         self.assertEqual(json.loads(r.stdout)["run"], SECRET)
         r = self.w.ml("run", "skills/plain.lua", check=0)
-        self.assertIs(json.loads(r.stdout)["run"], False)
+        self.assertEqual(json.loads(r.stdout)["run"], REFUSED)
 
     def test_checking_a_source_that_claims_the_id_gets_no_grant(self):
         # Any skill may call skills.check; the source it checks can declare

@@ -659,6 +659,7 @@ class Case:
                     break
             time.sleep(0.02)
         result["elapsed"] = self.clock()
+        result["t0_wall"] = time.time() - self.clock()  # the case's clock, in wall time
         return self.finish(result)
 
     def ballast_done(self):

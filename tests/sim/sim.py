@@ -10,8 +10,7 @@ runs it against real `moonloop` processes (case.py), and the checks
 (check.py) compare every mode with the uninterrupted one. MOONLOOP_BIN
 names the binary (default build/moonloop); SIM_KNOWN (or --known) lists
 known failure classes to report without failing (check.py describes
-them): parallel-replay, parallel-failed-replay, fencing, fenced-ack,
-frozen-lock, phantom-run.
+them; none is known at the moment).
 """
 import argparse
 import os
@@ -49,7 +48,7 @@ BUDGET_ASAN = [(9, "abcde")]
 class Totals:
     def __init__(self):
         self.cases = self.skills = self.kills = self.freezes = self.steps = self.runs = 0
-        self.resumes = self.replays = self.evictions = 0
+        self.resumes = self.replays = self.evictions = self.quarantined = 0
         self.violations = 0
         self.known = {}
         self.features = set()
@@ -99,6 +98,7 @@ def run_seed(seed, modes, opts, tot):
         if mode == "c":
             tot.evictions += res.get("replays") or 0
         tot.steps += nsteps
+        tot.quarantined += res.get("quarantined") or 0
         tot.runs += len(res["traces"])
         new = [v for v in V if not v.known]
         known = [v for v in V if v.known]
@@ -110,6 +110,9 @@ def run_seed(seed, modes, opts, tot):
             seed, mode, MODE_NAMES[mode], len(res["traces"]), nsteps, len(res["calls"]), res["stats"]["kills"],
             res["stats"]["freezes"], ", %d replays" % res["replays"] if res.get("replays") else "",
             res["elapsed"], "%d VIOLATIONS" % len(new) if new else "ok")
+        if res.get("quarantined"):
+            line += " (%d run%s quarantined after three kills: expected)" % (
+                res["quarantined"], "" if res["quarantined"] == 1 else "s")
         if known:
             kinds = sorted({v.known for v in known})
             line += " (%d known: %s)" % (len(known), ", ".join(kinds))
@@ -190,6 +193,8 @@ def summary(tot, elapsed):
           "%d steps, %d runs%s" % (tot.cases, elapsed, tot.skills, tot.kills, tot.freezes, tot.resumes,
                                    tot.steps, tot.runs, "; %d replays (%d after evictions)" % (tot.replays, tot.evictions)
                                    if tot.replays else ""))
+    if tot.quarantined:
+        print("quarantined: %d runs, each after three kills while it was executing (expected)" % tot.quarantined)
     print("violations: %d%s" % (tot.violations, " (%s)" % ", ".join("seed %d mode %s" % f for f in tot.failed)
                                 if tot.failed else ""))
     for k in sorted(tot.known):

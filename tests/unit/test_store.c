@@ -105,6 +105,16 @@ TEST(claim_takes_unowned_unfinished_runs_oldest_first) {
   journal_free(j);
   struct run_row *rows;
   size_t n;
+  /* Only a live lease claims: a dead name would keep the runs for good. */
+  CHECK(store_claim(s, "me", 10, &rows, &n, &e) == ERR_CONFLICT);
+  CHECK_CONTAINS(e.msg, "lease lost");
+  CHECK_INT_EQ(n, 0);
+  long pid = (long)getpid();
+  CHECK(take_lease(s, "me", pid, proc_start_time(pid), units_now_ms() - 1) == 0);
+  CHECK(store_claim(s, "me", 10, &rows, &n, &e) == ERR_BUSY);
+  CHECK_CONTAINS(e.msg, "expired");
+  CHECK(take_lease(s, "me", pid, proc_start_time(pid), units_now_ms() + 60000) == 0);
+  CHECK(take_lease(s, "other", pid, proc_start_time(pid), units_now_ms() + 60000) == 0);
   CHECK(store_claim(s, "me", 10, &rows, &n, &e) == 0);
   CHECK_INT_EQ(n, 2);
   if (n == 2) {
@@ -135,6 +145,7 @@ TEST(reap_releases_runs_of_dead_and_expired_leases_only) {
   CHECK(store_commit(s, j, &e) == 0);
   journal_free(j);
   CHECK_INT_EQ(store_reap(s, proc_hostname(), units_now_ms(), &e), 2);
+  CHECK(take_lease(s, "me", me, start, far) == 0);
   struct run_row *rows;
   size_t n;
   CHECK(store_claim(s, "me", 10, &rows, &n, &e) == 0);
@@ -292,6 +303,11 @@ TEST(take_run_explains_who_holds_it) {
   CHECK(store_commit(s, j, &e) == 0);
   journal_free(j);
   struct run_row *row;
+  CHECK(store_take_run(s, "01T2", "no-lease", proc_hostname(), units_now_ms(), &row, &e) ==
+        ERR_CONFLICT);
+  CHECK_CONTAINS(e.msg, "lease lost"); /* the taker needs a live lease */
+  CHECK(take_lease(s, "me", (long)getpid(), proc_start_time(getpid()), units_now_ms() + 60000) == 0);
+  CHECK(take_lease(s, "other", (long)getpid(), proc_start_time(getpid()), units_now_ms() + 60000) == 0);
   CHECK(store_take_run(s, "01T1", "me", proc_hostname(), units_now_ms(), &row, &e) == ERR_CONFLICT);
   CHECK_CONTAINS(e.msg, "held by a live process");
   CHECK(store_take_run(s, "01T2", "me", proc_hostname(), units_now_ms(), &row, &e) == ERR_CONFLICT);
@@ -345,6 +361,47 @@ TEST(reopening_keeps_the_schema) {
   store_close(s);
 }
 
+/* Every kind of entry owns its strings once appended (journal.h's lists
+** generate the copying): the caller's buffer can change at once, a cron
+** tick's run included, and a READ field is not journaled. */
+TEST(every_entry_kind_copies_its_strings) {
+  journal_t *j = journal_new();
+  char text[16];
+  for (int k = 0; k < J_COUNT; k++) {
+    const struct journal_kind *jk = &journal_kinds[k];
+    union jrow row;
+    memset(&row, 0, sizeof row);
+    snprintf(text, sizeof text, "v%d", k);
+    for (size_t i = 0; i < jk->nfields; i++) {
+      char *at = (char *)&row + jk->fields[i].offset;
+      if (jk->fields[i].type == JOURNAL_TEXT) *(const char **)at = text;
+      if (jk->fields[i].type == JOURNAL_RUN) {
+        const struct journal_kind *rk = &journal_kinds[J_RUN_NEW];
+        for (size_t r = 0; r < rk->nfields; r++)
+          if (rk->fields[r].type == JOURNAL_TEXT) *(const char **)(at + rk->fields[r].offset) = text;
+      }
+    }
+    journal_add(j, (enum jkind)k, &row);
+    strcpy(text, "changed");
+    const struct jentry *e = journal_last(j);
+    CHECK_INT_EQ(e->kind, k);
+    for (size_t i = 0; i < jk->nfields; i++) {
+      const char *at = (const char *)&e->u + jk->fields[i].offset;
+      if (jk->fields[i].type != JOURNAL_TEXT) continue;
+      const char *got = *(const char *const *)at;
+      char want[16];
+      snprintf(want, sizeof want, "v%d", k);
+      if (jk->fields[i].use == JOURNAL_READ) CHECK(got == NULL);
+      else if (!got || strcmp(got, want)) FAILF("%s.%s == %s", jk->name, jk->fields[i].name, got ? got : "NULL");
+    }
+  }
+  const struct jentry *cron = journal_entry(j, J_CRON);
+  snprintf(text, sizeof text, "v%d", J_CRON);
+  CHECK_STR_EQ(cron->u.cron.run.id, text);
+  CHECK(cron->u.cron.run.cancel_reason == NULL);
+  journal_free(j);
+}
+
 TEST(ulids_sort_by_time_and_are_unique) {
   char a[27], b[27], c[27];
   ids_ulid(1000, a);
@@ -356,6 +413,135 @@ TEST(ulids_sort_by_time_and_are_unique) {
   char h[65];
   ids_sha256_hex("abc", 3, h);
   CHECK_STR_EQ(h, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+TEST(a_run_made_again_by_a_replay_is_the_same_run) {
+  /* A child's id comes from its parent's step: the same key and time give
+  ** the same id, sorting at that time. */
+  char a[27], b[27], c[27], t[27];
+  ids_ulid_derived(5000, "01PARENT:kid", a);
+  ids_ulid_derived(5000, "01PARENT:kid", b);
+  ids_ulid_derived(5000, "01PARENT:kid#2", c);
+  ids_ulid(5000, t);
+  CHECK_STR_EQ(a, b);
+  CHECK(strcmp(a, c) != 0);
+  CHECK(strncmp(a, t, 10) == 0);
+  /* Created again (a replay of the step), it is not created twice: the
+  ** entry's result names the run that is there. */
+  store_t *s = open_db();
+  int64_t far = units_now_ms() + 60000;
+  CHECK(take_lease(s, "P", (long)getpid(), proc_start_time(getpid()), far) == 0);
+  err_t e;
+  for (int i = 0; i < 3; i++) {
+    journal_t *j = journal_new();
+    journal_set_owner(j, "P", far);
+    if (i == 0) new_run(j, "01PARENT", "running", "P");
+    struct run_row kid = {.id = a, .skill = "demo", .version = "v1", .status = "running",
+                          .trigger = "{}", .parent_id = "01PARENT", .owner = "P",
+                          .created_at = 5000, .by_run = "01PARENT"};
+    journal_run_new(j, &kid);
+    CHECK(store_commit(s, j, &e) == 0);
+    const struct jentry *je = journal_last(j);
+    if (i == 0) CHECK(je->result == NULL);
+    else CHECK_STR_EQ(je->result ? je->result : "(none)", a);
+    journal_free(j);
+  }
+  struct run_filter f = {.parent_id = "01PARENT"};
+  cJSON *l;
+  CHECK(store_list_runs(s, &f, &l, &e) == 0);
+  CHECK_INT_EQ(cJSON_GetArraySize(l), 1);
+  cJSON_Delete(l);
+  /* The creator held it and made a copy: released, a claim resumes it. */
+  struct run_row *rows;
+  size_t n;
+  CHECK(store_claim(s, "P", 10, &rows, &n, &e) == 0);
+  CHECK_INT_EQ(n, 1);
+  if (n == 1) CHECK_STR_EQ(rows[0].id, a);
+  store_rows_free(rows, n);
+  store_close(s);
+}
+
+/* Commit a J_WAIT (for event "go", since 1) or a J_WAIT_END (keep) of run
+** id at seq, alone; returns the entry's result (malloc'd, or NULL). */
+static char *commit_wait_entry(store_t *s, int kind, const char *id, int seq, int keep) {
+  journal_t *j = journal_new();
+  if (kind == J_WAIT)
+    journal_wait(j, &(struct wait_row){.run_id = id, .seq = seq, .kind = "event", .name = "go",
+                                       .since = 1});
+  else
+    journal_wait_end(j, &(struct wait_end){.run_id = id, .seq = seq, .keep = keep});
+  err_t e;
+  if (store_commit(s, j, &e)) FAILF("commit: %s", e.msg);
+  const struct jentry *je = journal_last(j);
+  char *r = je->result ? strdup(je->result) : NULL;
+  journal_free(j);
+  return r;
+}
+
+TEST(a_wait_ended_keeps_what_it_took_until_its_step_completes) {
+  store_t *s = open_db();
+  journal_t *j = journal_new();
+  new_run(j, "01W1", "waiting", NULL);
+  new_run(j, "01W2", "waiting", NULL);
+  err_t e;
+  CHECK(store_commit(s, j, &e) == 0);
+  journal_free(j);
+  CHECK(commit_wait_entry(s, J_WAIT, "01W1", 1, 0) == NULL);
+  CHECK(commit_wait_entry(s, J_WAIT, "01W2", 1, 0) == NULL);
+  /* 01W2's wait ends with nothing (its timeout): closed, it takes nothing more. */
+  CHECK(commit_wait_entry(s, J_WAIT_END, "01W2", 1, 1) == NULL);
+  j = journal_new();
+  journal_event(j, &(struct event_row){.id = "01EV", .name = "go", .data = "{\"v\":7}",
+                                       .idem = "go-1", .ts = units_now_ms()});
+  CHECK(store_commit(s, j, &e) == 0);
+  journal_free(j);
+  int runs;
+  CHECK_INT_EQ(store_dispatch(s, units_now_ms(), 10, &runs, &e), 1);
+  /* 01W1's wait took the event, and ends; a crash before its step completes
+  ** finds the event again when the replay registers the wait again. */
+  char *r = commit_wait_entry(s, J_WAIT_END, "01W1", 1, 1);
+  CHECK_CONTAINS(r ? r : "", "\"v\":7");
+  free(r);
+  r = commit_wait_entry(s, J_WAIT, "01W1", 1, 0);
+  CHECK_CONTAINS(r ? r : "", "\"v\":7");
+  free(r);
+  CHECK(commit_wait_entry(s, J_WAIT, "01W2", 1, 0) == NULL);
+  /* The step's end removes it. */
+  free(commit_wait_entry(s, J_WAIT_END, "01W1", 1, 0));
+  r = commit_wait_entry(s, J_WAIT_END, "01W1", 1, 1);
+  CHECK(r == NULL);
+  free(r);
+  store_close(s);
+}
+
+TEST(a_run_that_ends_cancels_its_children_not_itself_and_first_reasons_stay) {
+  store_t *s = open_db();
+  int64_t far = units_now_ms() + 60000;
+  CHECK(take_lease(s, "L", (long)getpid(), proc_start_time(getpid()), far) == 0);
+  journal_t *j = journal_new();
+  journal_set_owner(j, "L", far);
+  new_run(j, "01ROOT", "running", "L");
+  struct run_row kid = {.id = "01KID", .skill = "demo", .version = "v1", .status = "running",
+                        .trigger = "{}", .parent_id = "01ROOT", .owner = "L", .created_at = 1,
+                        .by_run = "01ROOT"};
+  journal_run_new(j, &kid);
+  /* Asked first by a timed-out invoke, then by the parent's end. */
+  journal_cancel(j, &(struct cancel_row){.run_id = "01KID", .reason = "its parent stopped waiting",
+                                         .at = units_now_ms(), .by_run = "01ROOT"});
+  journal_cancel(j, &(struct cancel_row){.run_id = "01ROOT", .reason = "its parent run ended",
+                                         .at = units_now_ms(), .by_run = "01ROOT"});
+  err_t e;
+  CHECK(store_commit(s, j, &e) == 0);
+  journal_free(j);
+  cJSON *out;
+  CHECK(store_poll(s, "L", &out, &e) == 0);
+  cJSON *cancels = cJSON_GetObjectItem(out, "cancels");
+  CHECK_INT_EQ(cJSON_GetArraySize(cancels), 1);
+  cJSON *c = cJSON_GetArrayItem(cancels, 0);
+  CHECK_STR_EQ(c ? cJSON_GetObjectItem(c, "run_id")->valuestring : "", "01KID");
+  CHECK_STR_EQ(c ? cJSON_GetObjectItem(c, "reason")->valuestring : "", "its parent stopped waiting");
+  cJSON_Delete(out);
+  store_close(s);
 }
 
 int main(void) {
@@ -370,7 +556,11 @@ int main(void) {
   RUN(take_run_explains_who_holds_it);
   RUN(list_runs_filters_and_pages);
   RUN(reopening_keeps_the_schema);
+  RUN(every_entry_kind_copies_its_strings);
   RUN(ulids_sort_by_time_and_are_unique);
+  RUN(a_run_made_again_by_a_replay_is_the_same_run);
+  RUN(a_wait_ended_keeps_what_it_took_until_its_step_completes);
+  RUN(a_run_that_ends_cancels_its_children_not_itself_and_first_reasons_stay);
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd)) return 1;

@@ -109,6 +109,44 @@ TEST(parent_filter) {
   CHECK_CONTAINS(e.msg, "parent)");
 }
 
+/* Dispatch and 405s come from one table: each path's methods, with HEAD
+** wherever GET is, in the Allow header and the message. */
+TEST(routes_and_allowed_methods) {
+  static const struct {
+    const char *method, *target;
+    int status;
+    enum server_op op;
+    const char *allow;
+  } cases[] = {
+    {"GET", "/", 200, SERVER_OP_INDEX, "GET, HEAD"},
+    {"HEAD", "/metrics", 200, SERVER_OP_METRICS, "GET, HEAD"},
+    {"POST", "/metrics", 405, SERVER_OP_NONE, "GET, HEAD"},
+    {"GET", "/v1/events", 200, SERVER_OP_LIST_EVENTS, "GET, HEAD, POST"},
+    {"DELETE", "/v1/events", 405, SERVER_OP_NONE, "GET, HEAD, POST"},
+    {"GET", "/v1/skills/demo", 200, SERVER_OP_GET_SKILL, "GET, HEAD, PUT, DELETE"},
+    {"DELETE", "/v1/skills/demo", 200, SERVER_OP_DELETE_SKILL, "GET, HEAD, PUT, DELETE"},
+    {"PATCH", "/v1/skills/demo", 405, SERVER_OP_NONE, "GET, HEAD, PUT, DELETE"},
+    {"HEAD", "/v1/runs/01M8M82YANDFRGAPTQG5DJ3A0Y/cancel", 405, SERVER_OP_NONE, "POST"},
+    {"POST", "/v1/runs/01M8M82YANDFRGAPTQG5DJ3A0Y/rerun", 200, SERVER_OP_RERUN, "POST"},
+    {"POST", "/v1/runs/not-a-run/rerun", 404, SERVER_OP_NONE, "POST"},
+    {"GET", "/v1/skills/demo/stats/", 200, SERVER_OP_SKILL_STATS, "GET, HEAD"},
+    {"GET", "/v1/skills/demo/nothing", 404, SERVER_OP_NONE, ""},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    struct server_plan p;
+    err_t e = {0};
+    int status = 0;
+    int rc = server_route(cases[i].method, strlen(cases[i].method), cases[i].target,
+                          strlen(cases[i].target), NULL, 0, NULL, 1764000000000LL, &p, &status, &e);
+    if (!rc) status = 200;
+    if (status != cases[i].status || p.op != cases[i].op || strcmp(p.allow, cases[i].allow))
+      FAILF("%s %s: %d op %d allow '%s' (%s)", cases[i].method, cases[i].target, status, (int)p.op,
+            p.allow, e.msg);
+    if (status == 405) CHECK_CONTAINS(e.msg, cases[i].allow);
+    server_plan_free(&p);
+  }
+}
+
 /* The dashboard's trigger filter offers every kind, on_failure included. */
 TEST(trigger_filter_takes_on_failure) {
   struct server_plan p;
@@ -125,5 +163,6 @@ int main(void) {
   RUN(versions_route);
   RUN(parent_filter);
   RUN(trigger_filter_takes_on_failure);
+  RUN(routes_and_allowed_methods);
   return test_summary();
 }
