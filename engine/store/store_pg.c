@@ -446,7 +446,8 @@ static void lock_holder(struct pg_store *s, char *buf, size_t n) {
            "SELECT a.application_name, a.pid, a.state, extract(epoch FROM now() - a.state_change)::int"
            " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory'"
            " AND l.granted AND l.classid = %lld AND l.objid = %lld AND l.objsubid = 1"
-           " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+           " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+           " ORDER BY a.state_change LIMIT 1",
            (long long)(PG_WRITE_LOCK >> 32), (long long)(PG_WRITE_LOCK & 0xffffffffLL));
   PGresult *r = PQexec(s->w.c, sql);
   if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
@@ -456,46 +457,40 @@ static void lock_holder(struct pg_store *s, char *buf, size_t n) {
   PQclear(r);
 }
 
-/* See store_pg_db.h: BEGIN and the transaction's id in one round trip,
-** then the write lock. The lock is tried, not waited for inside the
-** server, and tried again with a growing pause (up to 20 ms) for at most
-** 10 s, as SQLite's busy handler does: a lock granted by the server while
-** its client is frozen (SIGSTOP) would stop every writer until that
-** client came back. */
+/* See store_pg_db.h: BEGIN, the transaction's id and the write lock in
+** one round trip. The lock is waited for in the server, which queues its
+** requests in order (a writer that wants it whole is not starved by a
+** stream of shared holders), for at most the session's lock_timeout
+** (10 s). A client frozen (SIGSTOP) while it holds the lock, or as it is
+** granted, has its transaction ended by the server after 10 s idle
+** (idle_in_transaction_session_timeout): the others wait that long at
+** most, then go on. */
 int store__pg_begin(struct pg_store *s, int lock, err_t *e) {
-  char sql[160];
-  snprintf(sql, sizeof sql, "BEGIN; SELECT txid_current(), %s",
-           lock ? "pg_try_advisory_xact_lock(" PG_LOCK_TEXT ")" : "true");
+  static const char *const sql[] = {
+    [PG_LOCK_NONE] = "BEGIN; SELECT txid_current()",
+    [PG_LOCK_ALL] = "BEGIN; SELECT txid_current(), pg_advisory_xact_lock(" PG_LOCK_TEXT ")",
+    [PG_LOCK_SHARED] =
+      "BEGIN; SELECT txid_current(), pg_advisory_xact_lock_shared(" PG_LOCK_TEXT ")",
+  };
   if (store__pg_ensure(s, &s->w, e)) return e->code;
-  PGresult *r = PQexec(s->w.c, sql);
+  PGresult *r = PQexec(s->w.c, sql[lock]);
   int ok = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
-  int locked = ok && !strcmp(PQgetvalue(r, 0, 1), "t");
+  const char *state = ok ? NULL : PQresultErrorField(r, PG_DIAG_SQLSTATE);
+  int timed_out = state && !strcmp(state, "55P03");
   if (ok) s->xid = atoll(PQgetvalue(r, 0, 0));
-  else store__pg_err(s, &s->w, r, "beginning a transaction", e);
+  else if (!timed_out) store__pg_err(s, &s->w, r, "beginning a transaction", e);
   PQclear(r);
-  int64_t since = units_now_ms();
-  long pause_us = 1000;
-  while (ok && !locked) {
-    if (units_now_ms() - since >= 10000) {
-      store__pg_rollback(s);
-      char who[400];
-      lock_holder(s, who, sizeof who);
-      return err_set(e, ERR_BUSY, "store: beginning a transaction: the database's write lock "
-                     "was not free for 10 s%s: a process stopped inside a commit holds it until "
-                     "it is continued or killed, or PostgreSQL ends its idle transaction (10 s)",
-                     who);
-    }
-    struct timespec ts = {0, pause_us * 1000};
-    nanosleep(&ts, NULL);
-    if (pause_us < 20000) pause_us *= 2;
-    r = PQexec(s->w.c, "SELECT pg_try_advisory_xact_lock(" PG_LOCK_TEXT ")");
-    ok = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
-    locked = ok && !strcmp(PQgetvalue(r, 0, 0), "t");
-    if (!ok) store__pg_err(s, &s->w, r, "taking the write lock", e);
-    PQclear(r);
+  if (ok) return 0;
+  store__pg_rollback(s);
+  if (timed_out) {
+    char who[400];
+    lock_holder(s, who, sizeof who);
+    return err_set(e, ERR_BUSY, "store: beginning a transaction: the database's write lock "
+                   "was not free for 10 s%s: a process stopped inside a commit holds it until "
+                   "it is continued or killed, or PostgreSQL ends its idle transaction (10 s)",
+                   who);
   }
-  if (!ok) store__pg_rollback(s);
-  return ok ? 0 : e->code;
+  return e->code;
 }
 
 /* See store_pg_db.h. */
@@ -766,6 +761,31 @@ static int renew_lease(struct pg_store *s, const char *owner, int64_t expires, e
   return 0;
 }
 
+/* How a group takes the write lock: shared when it only records the
+** committer's own runs (their steps, attempts, logs and states, new runs
+** without a key) and the registry's upserts, which no other process's
+** transaction reads to decide anything: such groups of several engines
+** commit side by side. Whole when it meets other processes' writes
+** (events, waits, child outcomes, cancellation, slots, cron ticks, keyed
+** runs), where the store's reasoning needs one writer at a time. Fencing
+** holds either way: every change of a run's owner but a claim (which
+** takes only unowned runs) takes the lock whole, and the group renews its
+** lease row first. */
+static int group_mode(const journal_t *j) {
+  for (size_t i = 0, n = journal_count(j); i < n; i++) {
+    const struct jentry *je = journal_entry(j, i);
+    if (je->dropped) continue;
+    switch (je->kind) {
+    case J_RUN_NEW:
+      if (je->u.run.idem) return PG_LOCK_ALL;
+      break;
+    case J_RUN_SET: case J_STEP: case J_ATTEMPT: case J_LOG: case J_VERSION: case J_SKILL: break;
+    default: return PG_LOCK_ALL;
+    }
+  }
+  return PG_LOCK_SHARED;
+}
+
 /* See store.h: settle a commit left in doubt, then renew the lease
 ** (fencing), write every entry, notify, commit; roll back on any failure.
 ** When the connection is lost during COMMIT, the transaction's outcome is
@@ -781,7 +801,7 @@ static int pg_commit(store_t *st, const journal_t *j, err_t *e) {
     s->doubt_j = NULL;
     if (done && same) return 0;
   }
-  if (store__pg_begin(s, 1, e)) return e->code;
+  if (store__pg_begin(s, group_mode(j), e)) return e->code;
   int64_t xid = s->xid;
   int64_t expires;
   const char *owner = journal_owner(j, &expires);
@@ -845,7 +865,7 @@ fail_done:
 ** the write lock; what names it in an error. */
 static int tx_bound(struct pg_store *s, const char *const *sql, size_t n, const char *arg,
                     int notify, const char *what, err_t *e) {
-  if (store__pg_begin(s, 1, e)) return e->code;
+  if (store__pg_begin(s, PG_LOCK_ALL, e)) return e->code;
   struct store_val v[1] = {SV_TEXT(arg)};
   for (size_t i = 0; i < n; i++)
     if (store__pg_do(s, &s->w, sql[i], v, 1, NULL, what, e)) {
@@ -865,7 +885,7 @@ static int pg_lease_acquire(store_t *st, const struct lease *l, err_t *e) {
     " VALUES($1,$2,$3,$4,$5,$6,$7) ON CONFLICT(owner) DO UPDATE SET kind = excluded.kind,"
     " host = excluded.host, pid = excluded.pid, pid_start = excluded.pid_start,"
     " started_at = excluded.started_at, expires_at = excluded.expires_at";
-  if (store__pg_begin(s, 1, e)) return e->code;
+  if (store__pg_begin(s, PG_LOCK_ALL, e)) return e->code;
   if (store__pg_do(s, &s->w, sql, v, 7, NULL, "taking a lease", e)) {
     store__pg_rollback(s);
     return e->code;
@@ -919,7 +939,7 @@ static int reap_locked(struct pg_store *s, const char *host, int64_t now, err_t 
 /* See store.h. */
 static int pg_reap(store_t *st, const char *host, int64_t now, err_t *e) {
   struct pg_store *s = pg_of(st);
-  if (store__pg_begin(s, 1, e)) return e->code;
+  if (store__pg_begin(s, PG_LOCK_ALL, e)) return e->code;
   int n = reap_locked(s, host, now, e);
   if (n < 0) {
     store__pg_rollback(s);
@@ -976,7 +996,7 @@ static int pg_claim(store_t *st, const char *owner, int limit, struct run_row **
   struct pg_store *s = pg_of(st);
   *rows = NULL;
   *n = 0;
-  if (store__pg_begin(s, 0, e)) return e->code;
+  if (store__pg_begin(s, PG_LOCK_NONE, e)) return e->code;
   if (lease_live(s, owner, units_now_ms(), e)) {
     store__pg_rollback(s);
     return e->code;
@@ -1008,7 +1028,7 @@ static int pg_take_run(store_t *st, const char *run_id, const char *owner, const
                        int64_t now, struct run_row **row, err_t *e) {
   struct pg_store *s = pg_of(st);
   *row = NULL;
-  if (store__pg_begin(s, 1, e)) return e->code;
+  if (store__pg_begin(s, PG_LOCK_ALL, e)) return e->code;
   int rc = reap_locked(s, host, now, e);
   PGresult *res = NULL;
   struct run_row *r = NULL;
@@ -1138,7 +1158,7 @@ static int migrate(struct pg_store *s, err_t *e) {
   if (now < 0) return now;
   if (now == NMIGRATIONS) return 0;
   for (;;) {
-    if (store__pg_begin(s, 1, e)) return e->code;
+    if (store__pg_begin(s, PG_LOCK_ALL, e)) return e->code;
     int version = 0;
     if (store__pg_exec(s, &s->w, "CREATE TABLE IF NOT EXISTS moonloop_schema(version INTEGER NOT NULL)",
                        "reading the schema version", e))

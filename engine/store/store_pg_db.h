@@ -48,9 +48,15 @@ struct pg_store {
 
 static inline struct pg_store *pg_of(store_t *s) { return (struct pg_store *)(void *)s; }
 
-/* The key of the writer's lock, taken by every write transaction but a
-** claim (pg_advisory_xact_lock): PostgreSQL's stand-in for SQLite's one
-** writer at a time, so the two stores' transactions reason alike. */
+/* The key of the writers' lock (an advisory lock of the database), taken
+** by every write transaction but a claim: PostgreSQL's stand-in for
+** SQLite's one writer at a time, so the two stores' transactions reason
+** alike. Whole (PG_LOCK_ALL) by every transaction that meets other
+** processes' writes (events, waits, cancellation, slots, cron, keys,
+** leases, dispatching); shared (PG_LOCK_SHARED) by a journal group that
+** only records its own runs' steps and states (store_pg.c's group_mode):
+** those of several engines commit side by side. */
+enum { PG_LOCK_NONE, PG_LOCK_ALL, PG_LOCK_SHARED };
 #define PG_WRITE_LOCK 0x6d6c6f6f70LL /* "mloop" */
 #define PG_LOCK_TEXT "469970677616" /* the same, for SQL texts */
 
@@ -76,8 +82,8 @@ int store__pg_exec(struct pg_store *s, struct pgconn *pc, const char *sql, const
 int store__pg_err(struct pg_store *s, struct pgconn *pc, const PGresult *res, const char *what,
                   err_t *e);
 
-/* Begin a write transaction on the writer holding PG_WRITE_LOCK (lock 0:
-** without it: claims). */
+/* Begin a write transaction on the writer holding PG_WRITE_LOCK as lock
+** says (PG_LOCK_NONE: without it, for claims). */
 int store__pg_begin(struct pg_store *s, int lock, err_t *e);
 /* Commit it (with a NOTIFY for the other processes when notify), or roll
 ** it back. */

@@ -457,7 +457,7 @@ static int deliver_event(struct pg_store *s, const char *id, const char *name, c
 int store__pg_dispatch(store_t *st, int64_t now, int limit, int *runs, err_t *e) {
   struct pg_store *s = pg_of(st);
   *runs = 0;
-  if (store__pg_begin(s, 1, e)) return e->code;
+  if (store__pg_begin(s, PG_LOCK_ALL, e)) return e->code;
   struct store_val v[1] = {SV_INT(limit)};
   PGresult *r = wrun(s, "SELECT id, name, data, ts FROM events WHERE dispatched = 0"
                      " ORDER BY ts, id LIMIT $1", v, 1, "reading events", e);
@@ -497,7 +497,7 @@ int store__pg_dispatch(store_t *st, int64_t now, int limit, int *runs, err_t *e)
 ** are), one transaction. */
 int store__pg_deliver(store_t *st, int64_t *cursor, int limit, err_t *e) {
   struct pg_store *s = pg_of(st);
-  if (store__pg_begin(s, 1, e)) return e->code;
+  if (store__pg_begin(s, PG_LOCK_ALL, e)) return e->code;
   int err = 0, n = 0, wrote = 0;
   int64_t at = *cursor;
   if (at < 0) {
@@ -569,7 +569,7 @@ static int prune_batch(struct pg_store *s, int64_t before, err_t *e) {
     "DELETE FROM waits WHERE run_id = ANY($1::text[])",
     "DELETE FROM runs WHERE id = ANY($1::text[])",
   };
-  if (store__pg_begin(s, 1, e)) return e->code;
+  if (store__pg_begin(s, PG_LOCK_ALL, e)) return e->code;
   struct store_val v[2] = {SV_INT(before), SV_INT(PRUNE_BATCH)};
   PGresult *r = wrun(s, "SELECT array_agg(id), count(*) FROM (SELECT id FROM runs WHERE status IN"
                      " ('completed','failed','cancelled') AND ended_at < $1 LIMIT $2) x", v, 2,
@@ -599,7 +599,7 @@ int store__pg_prune(store_t *st, int64_t before, int64_t *runs, int64_t *events,
   int n;
   while ((n = prune_batch(s, before, e)) > 0) *runs += n;
   if (n < 0) return n;
-  if (store__pg_begin(s, 1, e)) return e->code;
+  if (store__pg_begin(s, PG_LOCK_ALL, e)) return e->code;
   struct store_val v[1] = {SV_INT(before)};
   if (wdo(s, "DELETE FROM events WHERE dispatched = 1 AND ts < $1", v, 1, events,
           "pruning events", e)) {

@@ -20,7 +20,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 import pgcluster  # noqa: E402
-from mltest import PG, SkillsTestCase, TestCase, wait_until  # noqa: E402
+from mltest import PG, SkillsTestCase, TestCase, kill9, wait_until  # noqa: E402
 
 pg_only = unittest.skipUnless(PG, "PostgreSQL only: run with MOONLOOP_TEST_BACKEND=pg "
                               "(make test runs it as func-pg/test_pg)")
@@ -85,9 +85,8 @@ return { id = "s", triggers = { { event = "go" } }, run = function(ctx)
 end }"""
 
 
-@pg_only
-class ServerFaultTest(SkillsTestCase):
-    """Each test has a cluster of its own: it is killed and started again."""
+class OwnClusterCase(SkillsTestCase):
+    """A cluster of the test's own, which it may kill and start again."""
 
     def setUp(self):
         super().setUp()
@@ -99,9 +98,6 @@ class ServerFaultTest(SkillsTestCase):
         pgcluster.psql(self.pg, "CREATE DATABASE t")
         self.w.db = self.pg["url"] + "/t"
         self.w.env["MOONLOOP_DB"] = self.w.db
-        self.si.route_prefix("/a/", lambda h, b, n: (200, {"n": 1}))
-        self.si.route_prefix("/b/", lambda h, b, n: (200, {"n": 2}))
-        self.skill("s", SKILL)
 
     def postmaster(self):
         with open(os.path.join(self.pg["data"], "postmaster.pid")) as f:
@@ -147,6 +143,17 @@ class ServerFaultTest(SkillsTestCase):
             time.sleep(0.5)
         with open(os.path.join(self.pg["dir"], "server.log")) as f:
             self.fail("the server did not start again: %s%s%s" % (r.stdout, r.stderr, f.read()[-2000:]))
+
+
+@pg_only
+class ServerFaultTest(OwnClusterCase):
+    """Each test has a cluster of its own: it is killed and started again."""
+
+    def setUp(self):
+        super().setUp()
+        self.si.route_prefix("/a/", lambda h, b, n: (200, {"n": 1}))
+        self.si.route_prefix("/b/", lambda h, b, n: (200, {"n": 2}))
+        self.skill("s", SKILL)
 
     def runs_by_i(self):
         out = {}
@@ -243,6 +250,135 @@ class ServerFaultTest(SkillsTestCase):
         # Reads and notifications came back too: a run started from the CLI
         # was noticed by the engine (LISTEN after the reconnection).
         self.assertEqual(p.poll(), None)
+
+
+# A run with every step kind: a body (an outside call), a sleep, parallel
+# bodies, an event it sends itself and waits for, a child run.
+PARENT = """
+return { id = "p", triggers = { { event = "go" } }, run = function(ctx)
+  local function call(path) return http.get_json(env.STANDIN .. path .. ctx.run_id).n end
+  local a = ctx.step.run("a", function() return call("/a/") end)
+  ctx.step.sleep("nap", "300ms")
+  local pr = ctx.step.parallel("par", { function() return call("/p1/") end,
+                                        function() return call("/p2/") end })
+  ctx.step.send_event("ping", { name = "ping-" .. ctx.run_id, data = { v = 1 } })
+  local ev = ctx.step.wait_for_event("w", { event = "ping-" .. ctx.run_id, timeout = "120s" })
+  local kid = ctx.step.invoke("kid", { skill = "k", data = {} })
+  return { i = ctx.event.data.i, sum = a + pr[1] + pr[2] + ev.data.v + kid }
+end }"""
+CHILD = """
+return { id = "k", run = function(ctx)
+  return ctx.step.run("c", function() return http.get_json(env.STANDIN .. "/c/" .. ctx.run_id).n end) * 10
+end }"""
+# The outside call of each step.run body and parallel branch, by step id.
+BODY_PATHS = {"a": "/a/", "par/1": "/p1/", "par/2": "/p2/", "c": "/c/"}
+
+
+@pg_only
+class EnginesCrashTest(OwnClusterCase):
+    """Three engines on one database, killed (SIGKILL), frozen past their
+    lease (SIGSTOP, SIGCONT) and left without the server (kill -9 of the
+    postmaster) while runs with every step kind are in flight: every
+    acknowledged event starts its run exactly once, no step whose
+    completion was durable runs again, and every run finishes."""
+    config = {"lease": '"4s"'}
+
+    def setUp(self):
+        super().setUp()
+        for path in BODY_PATHS.values():
+            self.si.route_prefix(path, lambda h, b, n: (200, {"n": 1}))
+        self.skill("p", PARENT)
+        self.skill("k", CHILD)
+
+    def engine(self):
+        return self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0", timeout=60)
+
+    def completed_bodies(self):
+        """{(run id, step id): calls made so far} of every body whose
+        completion is durable now."""
+        rows = pgcluster.psql(self.pg, "SELECT run_id, id FROM steps WHERE kind = 'run'"
+                              " AND status = 'completed'", db="t").split()
+        out = {}
+        for run_id, step in (r.split("|") for r in rows):
+            path = BODY_PATHS.get(step)
+            if path:
+                out[(run_id, step)] = self.si.count(path + run_id)
+        return out
+
+    def test_three_engines_kills_freezes_and_a_server_crash_lose_and_repeat_nothing(self):
+        import random
+        rnd = random.Random(int(os.environ.get("MOONLOOP_TEST_SEED", "0")) or None)
+        engines = [self.engine() for _ in range(3)]
+        acked, unknown, refused = [], [], []
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def sender():
+            i = 0
+            while not stop.is_set():
+                with lock:
+                    live = [e for e in engines if e.poll() is None]
+                if live:
+                    code, _ = post(rnd.choice(live).url + "/v1/events", {"name": "go", "data": {"i": i}},
+                                   timeout=20)
+                    (acked if code == 202 else refused if code == 503 else unknown).append(i)
+                    i += 1
+                time.sleep(0.05)
+        t = threading.Thread(target=sender, daemon=True)
+        t.start()
+        seen = {}  # bodies seen completed (durable), with their calls then
+        actions = ["kill", "kill", "freeze", "kill", "server", "freeze", "kill"]
+        for what in actions:
+            time.sleep(rnd.uniform(1.0, 2.5))
+            seen.update(self.completed_bodies())
+            k = rnd.randrange(3)
+            if what == "kill":
+                kill9(engines[k])
+                with lock:
+                    engines[k] = self.engine()
+            elif what == "freeze":
+                os.kill(engines[k].pid, signal.SIGSTOP)
+                time.sleep(6)  # past its lease: the others take its runs over
+                os.kill(engines[k].pid, signal.SIGCONT)
+            else:
+                self.crash()
+                time.sleep(1)
+                self.restart()
+        time.sleep(2)
+        stop.set()
+        t.join(timeout=60)
+        self.assertGreater(len(acked), 20)
+
+        def by_i():
+            out = {}
+            for r in self.w.runs(skill="p"):
+                out.setdefault(r["input"]["i"], []).append(r)
+            return out
+
+        def all_done():
+            runs = by_i()
+            return all(len(runs.get(i, [])) == 1 and runs[i][0]["status"] == "completed" for i in acked)
+        wait_until(all_done, timeout=180, what=lambda: "every acknowledged event's run to end: %s; %s" % (
+            {i: [(r["status"], r["error"]) for r in rs] for i, rs in by_i().items() if i in acked and
+             (len(rs) != 1 or rs[0]["status"] != "completed")},
+            [l for e in engines for l in e.stderr_lines][-20:]))
+        runs = by_i()
+        for i in acked:
+            self.assertEqual(runs[i][0]["output"], {"i": i, "sum": 14}, runs[i][0])
+        for i in refused:  # told nothing was stored: nothing was
+            self.assertNotIn(i, runs)
+        for i in unknown:  # no answer (its engine was killed): once at most
+            self.assertLessEqual(len(runs.get(i, [])), 1)
+        self.assertEqual(len(self.w.runs(skill="k")), sum(len(v) for v in runs.values()))
+        # No body whose completion was durable ran again, on any engine.
+        seen.update(self.completed_bodies())
+        again = {k: (n, self.si.count(BODY_PATHS[k[1]] + k[0])) for k, n in seen.items()
+                 if self.si.count(BODY_PATHS[k[1]] + k[0]) != n}
+        self.assertEqual(again, {})
+        for e in engines:
+            self.assertIsNone(e.poll(), "".join(e.stderr_lines[-20:]))
+            e.terminate()
+            self.assertEqual(e.wait(timeout=30), 0, "".join(e.stderr_lines[-20:]))
 
 
 if __name__ == "__main__":
