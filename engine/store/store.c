@@ -86,6 +86,16 @@ int store_prune(store_t *s, int64_t before, int64_t *runs, int64_t *events, err_
 
 int64_t store_data_version(store_t *s) { return store__ops(s)->data_version(s); }
 
+int store_wake_fd(store_t *s) {
+  const struct store_ops *o = store__ops(s);
+  return o->wake_fd ? o->wake_fd(s) : -1;
+}
+
+int store_woken(store_t *s) {
+  const struct store_ops *o = store__ops(s);
+  return o->woken ? o->woken(s) : 0;
+}
+
 /* See store.h: beside a SQLite file; for a database on a server, in the
 ** working folder, named after its URL (shown without a password, so none
 ** lands in a file name): every character but letters, digits, '.' and '-'

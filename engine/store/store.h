@@ -259,4 +259,17 @@ int store_engine_alive(store_t *s, int64_t now);
 /* A number that changes when another connection commits (PRAGMA data_version). */
 int64_t store_data_version(store_t *s);
 
+/* A descriptor that becomes readable when another process may have
+** committed (then store_data_version says whether it did): PostgreSQL's
+** reader connection, which LISTENs for the other processes' NOTIFY; -1
+** when the store has none (SQLite), or while that connection is down. It
+** changes when the connection is opened again; it stays the store's:
+** watch a duplicate. */
+int store_wake_fd(store_t *s);
+
+/* Read what arrived on the wake-up descriptor: 1 when it says another
+** process committed (this process's own commits, which also change
+** store_data_version, do not wake it). */
+int store_woken(store_t *s);
+
 #endif

@@ -169,6 +169,8 @@ struct store_ops {
   int (*deliver)(store_t *s, int64_t *cursor, int limit, err_t *e);
   int (*prune)(store_t *s, int64_t before, int64_t *runs, int64_t *events, err_t *e);
   int64_t (*data_version)(store_t *s);
+  int (*wake_fd)(store_t *s); /* NULL: none (store_wake_fd) */
+  int (*woken)(store_t *s);
   /* reads: run query q with v[0..nv) on the reader (conn NULL) or on a
   ** connection from reader_open; *c is a cursor before the first row. */
   int (*rq)(store_t *s, void *conn, enum store_rq q, const struct store_val *v, int nv,

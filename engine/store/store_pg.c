@@ -51,6 +51,7 @@
 #include "base/units.h"
 #include "store/store_pg_db.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -288,7 +289,8 @@ static int conn_open(struct pg_store *s, struct pgconn *pc, err_t *e) {
     return e->code;
   }
   /* Whatever was sent while the reader was away counts as news. */
-  if (pc->reader) s->notified++;
+  if (pc->reader) s->notified++, s->others++;
+  else atomic_store(&s->writer_pid, PQbackendPID(pc->c));
   return 0;
 }
 
@@ -559,54 +561,173 @@ static int xid_outcome(struct pg_store *s, int64_t xid, int patience, err_t *e) 
 
 /* ---- the core journal entries ---------------------------------------------------- */
 
-static const char RUN_NEW_SQL[] =
-  "INSERT INTO runs(id, skill, version, status, entry, trigger, parent_id, input, output,"
-  " error, created_at, started_at, ended_at, deadline_at, wake_at, owner)"
-  " VALUES($1,$2,$3,$4,COALESCE($5,'run'),$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16)";
+/* The writer's statements for journal entries of the core kinds, made
+** from journal.h's field lists as store_sqlite.c makes its own: their
+** parameters are the kind's COL fields, $1 the first in the list's order.
+** An INSERT is "head(columns) VALUES($1, ...)"; conflict, when set, is the
+** key of an upsert whose other columns take the new row's values; tail
+** follows; sql, when set, is the whole statement. A tail or a statement
+** names a field as :name. Each is made once (core_sql), and a :name that
+** is no COL field of its kind is refused when the store opens. */
+static const struct pgwrow {
+  enum jkind kind;
+  const char *head, *conflict, *tail, *sql;
+} pgwrows[] = {
+  {J_RUN_NEW, "INSERT INTO runs", NULL, "", NULL},
+  /* A run that completes gets the summary of its steps in the same write;
+  ** a failed or cancelled one gets it from store__pg_run_ended. */
+  {J_RUN_SET, NULL, NULL, NULL,
+   "UPDATE runs SET status = :status, output = COALESCE(:output, output),"
+   " error = COALESCE(:error, error), started_at = COALESCE(:started_at, started_at),"
+   " ended_at = COALESCE(:ended_at, ended_at), wake_at = :wake_at,"
+   " owner = CASE WHEN :status IN ('completed','failed','cancelled') THEN NULL ELSE owner END,"
+   " (steps, failed_steps, retries, tokens) = (SELECT " PG_STEP_SUMS(":status = 'completed'")
+   " FROM steps WHERE run_id = :run_id AND :status = 'completed')"
+   " WHERE id = :run_id"},
+  {J_STEP, "INSERT INTO steps", "run_id, seq", "", NULL},
+  {J_ATTEMPT, "INSERT INTO attempts", "run_id, seq, n", "", NULL},
+  {J_LOG, "INSERT INTO logs", NULL, "", NULL},
+  {J_VERSION, "INSERT INTO versions", NULL,
+   " ON CONFLICT(version) DO UPDATE SET triggers = COALESCE(excluded.triggers, versions.triggers)",
+   NULL},
+  {J_SKILL, "INSERT INTO skills", NULL,
+   " ON CONFLICT(id) DO UPDATE SET version = :version, file = COALESCE(:file, skills.file),"
+   " description = :description, triggers = :triggers, error = :error, updated_at = :updated_at",
+   NULL},
+};
+#define NPGWROWS (sizeof pgwrows / sizeof pgwrows[0])
 
-/* See store_pg_db.h. */
-int store__pg_put_run(struct pg_store *s, const struct run_row *r, const char *what, err_t *e) {
-  struct store_val v[16] = {
-    SV_TEXT(r->id), SV_TEXT(r->skill), SV_TEXT(r->version), SV_TEXT(r->status),
-    SV_TEXT(r->entry), SV_TEXT(r->trigger ? r->trigger : "{}"), SV_TEXT(r->parent_id),
-    SV_TEXT(r->input), SV_TEXT(r->output), SV_TEXT(r->error), SV_INT(r->created_at),
-    SV_TIME(r->started_at), SV_TIME(r->ended_at), SV_TIME(r->deadline_at), SV_TIME(r->wake_at),
-    SV_TEXT(r->owner)};
-  return store__pg_do(s, &s->w, RUN_NEW_SQL, v, 16, NULL, what, e);
+/* Whether c can be part of a field's name. */
+static int name_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
 }
 
-/* A run that completes gets the summary of its steps in the same write; a
-** failed or cancelled one gets it from store__pg_run_ended. */
-static const char RUN_SET_SQL[] =
-  "UPDATE runs SET status = $2, output = COALESCE($3, output), error = COALESCE($4, error),"
-  " started_at = COALESCE($5, started_at), ended_at = COALESCE($6, ended_at), wake_at = $7,"
-  " owner = CASE WHEN $2 IN ('completed','failed','cancelled') THEN NULL ELSE owner END,"
-  " (steps, failed_steps, retries, tokens) = (SELECT " PG_STEP_SUMS("$2 = 'completed'")
-  " FROM steps WHERE run_id = $1 AND $2 = 'completed')"
-  " WHERE id = $1";
-static const char STEP_SQL[] =
-  "INSERT INTO steps(run_id, seq, id, kind, status, output, error, usage, attempts,"
-  " started_at, ended_at, wake_at, retry_at) VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13)"
-  " ON CONFLICT(run_id, seq) DO UPDATE SET id = excluded.id, kind = excluded.kind,"
-  " status = excluded.status, output = excluded.output, error = excluded.error,"
-  " usage = excluded.usage, attempts = excluded.attempts, started_at = excluded.started_at,"
-  " ended_at = excluded.ended_at, wake_at = excluded.wake_at, retry_at = excluded.retry_at";
-static const char ATTEMPT_SQL[] =
-  "INSERT INTO attempts(run_id, seq, n, status, error, traceback, started_at,"
-  " ended_at, retry_at) VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9)"
-  " ON CONFLICT(run_id, seq, n) DO UPDATE SET status = excluded.status,"
-  " error = excluded.error, traceback = excluded.traceback, started_at = excluded.started_at,"
-  " ended_at = excluded.ended_at, retry_at = excluded.retry_at";
-static const char LOG_SQL[] = "INSERT INTO logs(run_id, seq, ts, level, msg) VALUES($1,$2,$3,$4,$5)";
-static const char VERSION_SQL[] =
-  "INSERT INTO versions(version, skill, source, file, loaded_at, triggers)"
-  " VALUES($1,$2,$3,$4,$5,$6) ON CONFLICT(version) DO UPDATE SET"
-  " triggers = COALESCE(excluded.triggers, versions.triggers)";
-static const char SKILL_SQL[] =
-  "INSERT INTO skills(id, version, file, description, triggers, error, updated_at)"
-  " VALUES($1,$2,$3,$4,$5,$6,$7) ON CONFLICT(id) DO UPDATE SET version = $2,"
-  " file = COALESCE($3, skills.file), description = $4, triggers = $5, error = $6,"
-  " updated_at = $7";
+/* Whether name is one of list's names ("run_id, seq"). */
+static int in_list(const char *list, const char *name) {
+  size_t len = strlen(name);
+  for (const char *p = list; *p;) {
+    size_t n = strcspn(p, ", ");
+    if (n == len && !memcmp(p, name, len)) return 1;
+    p += n;
+    p += strspn(p, ", ");
+  }
+  return 0;
+}
+
+/* The parameter ($k) of the COL field called name (len bytes) of kind k,
+** or 0 when it has none. */
+static int col_param(const struct journal_kind *k, const char *name, size_t len) {
+  int n = 0;
+  for (size_t i = 0; i < k->nfields; i++) {
+    if (k->fields[i].use != JOURNAL_COL) continue;
+    n++;
+    if (strlen(k->fields[i].name) == len && !memcmp(k->fields[i].name, name, len)) return n;
+  }
+  return 0;
+}
+
+/* The SQL of r, malloc'd (its :names turned into $k), or NULL with e
+** filled for a :name that is no COL field of its kind. */
+static char *wrow_sql(const struct pgwrow *r, err_t *e) {
+  const struct journal_kind *k = &journal_kinds[r->kind];
+  buf_t text = BUF_INIT;
+  if (r->sql) {
+    buf_puts(&text, r->sql);
+  } else {
+    buf_t cols = BUF_INIT, vals = BUF_INIT, set = BUF_INIT;
+    int n = 0;
+    for (size_t i = 0; i < k->nfields; i++) {
+      const struct journal_field *f = &k->fields[i];
+      if (f->use != JOURNAL_COL) continue;
+      const char *sep = n++ ? ", " : "";
+      buf_printf(&cols, "%s%s", sep, f->name);
+      buf_printf(&vals, "%s:%s", sep, f->name);
+      /* An upsert's other columns take the new row's values. */
+      if (r->conflict && !in_list(r->conflict, f->name))
+        buf_printf(&set, "%s%s = excluded.%s", set.len ? ", " : "", f->name, f->name);
+    }
+    buf_printf(&text, "%s(%s) VALUES(%s)", r->head, buf_str(&cols), buf_str(&vals));
+    if (r->conflict) buf_printf(&text, " ON CONFLICT(%s) DO UPDATE SET %s", r->conflict, buf_str(&set));
+    buf_puts(&text, r->tail);
+    buf_free(&cols), buf_free(&vals), buf_free(&set);
+  }
+  buf_t out = BUF_INIT;
+  const char *t = buf_str(&text);
+  for (size_t i = 0; t[i];) {
+    if (t[i] == ':' && t[i + 1] == ':') { /* a cast: as it is */
+      buf_add(&out, t + i, 2);
+      i += 2;
+      continue;
+    }
+    if (t[i] != ':' || !name_char(t[i + 1])) {
+      buf_add(&out, t + i, 1);
+      i++;
+      continue;
+    }
+    size_t len = 0;
+    while (name_char(t[i + 1 + len])) len++;
+    int p = col_param(k, t + i + 1, len);
+    if (!p) {
+      err_set(e, ERR_INTERNAL, "store: the statement that writes '%s' entries names :%.*s, "
+              "which is no column of journal.h's list", k->name, (int)len, t + i + 1);
+      buf_free(&text), buf_free(&out);
+      return NULL;
+    }
+    buf_printf(&out, "$%d", p);
+    i += 1 + len;
+  }
+  buf_free(&text);
+  return buf_take(&out);
+}
+
+/* The statements of pgwrows, by kind, made once for the process. */
+static char *core_sqls[J_COUNT];
+static pthread_once_t core_once = PTHREAD_ONCE_INIT;
+static err_t core_err;
+static void make_core_sqls(void) {
+  for (size_t i = 0; i < NPGWROWS && !core_err.code; i++)
+    core_sqls[pgwrows[i].kind] = wrow_sql(&pgwrows[i], &core_err);
+}
+
+/* 0 once every core statement is made; ERR_INTERNAL naming a mistake. */
+static int core_sql_check(err_t *e) {
+  pthread_once(&core_once, make_core_sqls);
+  if (core_err.code) return err_set(e, core_err.code, "%s", core_err.msg);
+  return 0;
+}
+
+/* Write row, a struct of kind, with its kind's statement. */
+static int write_row(struct pg_store *s, enum jkind kind, const void *row, const char *what,
+                     err_t *e) {
+  const struct journal_kind *k = &journal_kinds[kind];
+  struct store_val v[32];
+  int n = 0;
+  for (size_t i = 0; i < k->nfields && n < 32; i++) {
+    const struct journal_field *f = &k->fields[i];
+    if (f->use != JOURNAL_COL) continue;
+    const char *at = (const char *)row + f->offset;
+    switch (f->type) {
+    case JOURNAL_TEXT: v[n++] = SV_TEXT(*(const char *const *)at); break;
+    case JOURNAL_INT: v[n++] = SV_INT(*(const int *)at); break;
+    case JOURNAL_I64: v[n++] = SV_INT(*(const int64_t *)at); break;
+    case JOURNAL_TIME: v[n++] = SV_TIME(*(const int64_t *)at); break;
+    default: v[n++] = sv_text(NULL); break; /* never a column */
+    }
+  }
+  PGresult *r = store__pg_run(s, &s->w, &core_sqls[kind], core_sqls[kind], v, n, what, e);
+  if (!r) return e->code;
+  PQclear(r);
+  return 0;
+}
+
+/* See store_pg_db.h: a run without an entry point runs "run"; without a
+** trigger, its trigger is "{}". */
+int store__pg_put_run(struct pg_store *s, const struct run_row *r, const char *what, err_t *e) {
+  struct run_row row = *r;
+  if (!row.entry) row.entry = "run";
+  if (!row.trigger) row.trigger = "{}";
+  return write_row(s, J_RUN_NEW, &row, what, e);
+}
 
 /* J_RUN_NEW of a run that a run creates (a child, an on_failure run),
 ** whose id the creator may derive from its own step (store_sqlite.c's
@@ -647,48 +768,17 @@ static int write_entry(struct pg_store *s, const struct jentry *je, err_t *e) {
         return e->code;
       if (!r->status) return 0;
     }
-    struct store_val v[7] = {SV_TEXT(r->run_id), SV_TEXT(r->status), SV_TEXT(r->output),
-                             SV_TEXT(r->error), SV_TIME(r->started_at), SV_TIME(r->ended_at),
-                             SV_TIME(r->wake_at)};
-    if (store__pg_do(s, &s->w, RUN_SET_SQL, v, 7, NULL, "updating a run", e)) return e->code;
+    if (write_row(s, J_RUN_SET, r, "updating a run", e)) return e->code;
     if (store__is_terminal(r->status)) return store__pg_run_ended(s, r->run_id, r->status, e);
     return 0;
   }
-  case J_STEP: {
-    const struct step_row *r = &je->u.step;
-    struct store_val v[13] = {
-      SV_TEXT(r->run_id), SV_INT(r->seq), SV_TEXT(r->id), SV_TEXT(r->kind), SV_TEXT(r->status),
-      SV_TEXT(r->output), SV_TEXT(r->error), SV_TEXT(r->usage), SV_INT(r->attempts),
-      SV_TIME(r->started_at), SV_TIME(r->ended_at), SV_TIME(r->wake_at), SV_TIME(r->retry_at)};
-    return store__pg_do(s, &s->w, STEP_SQL, v, 13, NULL, "recording a step", e);
-  }
-  case J_ATTEMPT: {
-    const struct attempt_row *r = &je->u.attempt;
-    struct store_val v[9] = {SV_TEXT(r->run_id), SV_INT(r->seq), SV_INT(r->n),
-                             SV_TEXT(r->status), SV_TEXT(r->error), SV_TEXT(r->traceback),
-                             SV_TIME(r->started_at), SV_TIME(r->ended_at), SV_TIME(r->retry_at)};
-    return store__pg_do(s, &s->w, ATTEMPT_SQL, v, 9, NULL, "recording an attempt", e);
-  }
-  case J_LOG: {
-    const struct log_row *r = &je->u.log;
-    struct store_val v[5] = {SV_TEXT(r->run_id), SV_INT(r->seq), SV_INT(r->ts),
-                             SV_TEXT(r->level), SV_TEXT(r->msg)};
-    return store__pg_do(s, &s->w, LOG_SQL, v, 5, NULL, "recording a log line", e);
-  }
-  case J_VERSION: {
-    const struct version_row *r = &je->u.version;
-    struct store_val v[6] = {SV_TEXT(r->version), SV_TEXT(r->skill), SV_TEXT(r->source),
-                             SV_TEXT(r->file), SV_INT(r->loaded_at), SV_TEXT(r->triggers)};
-    return store__pg_do(s, &s->w, VERSION_SQL, v, 6, NULL, "recording a skill version", e);
-  }
-  case J_SKILL: {
-    const struct skill_row *r = &je->u.skill;
-    if (r->op != SKILL_PUT) return store__pg_skill_change(s, r, e);
-    struct store_val v[7] = {SV_TEXT(r->id), SV_TEXT(r->version), SV_TEXT(r->file),
-                             SV_TEXT(r->description), SV_TEXT(r->triggers), SV_TEXT(r->error),
-                             SV_INT(r->updated_at)};
-    return store__pg_do(s, &s->w, SKILL_SQL, v, 7, NULL, "registering a skill", e);
-  }
+  case J_STEP: return write_row(s, J_STEP, &je->u.step, "recording a step", e);
+  case J_ATTEMPT: return write_row(s, J_ATTEMPT, &je->u.attempt, "recording an attempt", e);
+  case J_LOG: return write_row(s, J_LOG, &je->u.log, "recording a log line", e);
+  case J_VERSION: return write_row(s, J_VERSION, &je->u.version, "recording a skill version", e);
+  case J_SKILL:
+    if (je->u.skill.op != SKILL_PUT) return store__pg_skill_change(s, &je->u.skill, e);
+    return write_row(s, J_SKILL, &je->u.skill, "registering a skill", e);
   default:
     return store__pg_write_flow(s, je, e);
   }
@@ -1091,22 +1181,45 @@ done:
 
 /* ---- noticing other processes' writes ---- */
 
-/* See store.h: the notifications the reader got (LISTEN moonloop), and
-** its reconnections, counted. Reads what arrived without waiting. */
-static int64_t pg_data_version(store_t *st) {
-  struct pg_store *s = pg_of(st);
+/* Count the notifications the reader got (LISTEN moonloop): every one in
+** s->notified, those of other processes' connections (not this store's
+** writer) in s->others too. Reads what arrived without waiting. */
+static void take_notifications(struct pg_store *s) {
   err_t e;
-  if (store__pg_ensure(s, &s->r, &e)) return s->notified;
-  if (!PQconsumeInput(s->r.c)) {
-    /* Broken: the next call opens it again (and counts that). */
-    return s->notified;
-  }
+  if (store__pg_ensure(s, &s->r, &e)) return;
+  /* Broken: the next call opens it again (and counts that). */
+  if (!PQconsumeInput(s->r.c)) return;
+  int mine = atomic_load(&s->writer_pid);
   PGnotify *n;
   while ((n = PQnotifies(s->r.c))) {
     s->notified++;
+    s->others += n->be_pid != mine;
     PQfreemem(n);
   }
+}
+
+/* See store.h: the notifications and reconnections of the reader, counted
+** (this store's own commits too, as SQLite's data_version counts its
+** writer's: what the engine wrote itself is noticed the same way). */
+static int64_t pg_data_version(store_t *st) {
+  struct pg_store *s = pg_of(st);
+  take_notifications(s);
   return s->notified;
+}
+
+/* See store.h: whether another process's commit (or a reconnection) was
+** among what arrived. */
+static int pg_woken(store_t *st) {
+  struct pg_store *s = pg_of(st);
+  int64_t was = s->others;
+  take_notifications(s);
+  return s->others != was;
+}
+
+/* See store.h: the reader's socket, while it is connected. */
+static int pg_wake_fd(store_t *st) {
+  struct pg_store *s = pg_of(st);
+  return s->r.c && PQstatus(s->r.c) == CONNECTION_OK ? PQsocket(s->r.c) : -1;
 }
 
 /* ---- opening and closing ---- */
@@ -1206,7 +1319,7 @@ int store__pg_open(const char *url, enum store_durability d, store_t **out, err_
   s->w.role = "writer";
   s->r.role = "reader";
   s->r.reader = 1;
-  if (conn_open(s, &s->r, e) || migrate(s, e)) {
+  if (core_sql_check(e) || conn_open(s, &s->r, e) || migrate(s, e)) {
     pg_close((store_t *)(void *)s);
     return e->code;
   }
@@ -1230,6 +1343,8 @@ static const struct store_ops pg_ops = {
   .deliver = store__pg_deliver,
   .prune = store__pg_prune,
   .data_version = pg_data_version,
+  .wake_fd = pg_wake_fd,
+  .woken = pg_woken,
   .rq = store__pg_rq,
   .rfilter = store__pg_rfilter,
   .rbegin = store__pg_rbegin,

@@ -15,6 +15,7 @@
 #ifndef ML_STORE_PG_DB_H
 #define ML_STORE_PG_DB_H
 #include <libpq-fe.h>
+#include <stdatomic.h>
 
 #include "store/store_backend.h"
 
@@ -40,6 +41,8 @@ struct pg_store {
   enum store_durability durability;
   struct fence_set fence;
   int64_t notified;            /* data_version: notifications and reconnections seen */
+  int64_t others;              /* those of other connections than the writer (store_woken) */
+  atomic_int writer_pid;       /* the writer's backend (set on the commit thread) */
   int64_t xid;                 /* the write transaction in progress (txid_current) */
   int64_t doubt_xid;           /* a commit whose outcome is unknown (0: none) */
   const journal_t *doubt_j;    /* the group it was */

@@ -379,7 +379,7 @@ int store__pg_run_ended(struct pg_store *s, const char *run_id, const char *stat
     " ended_at = (SELECT ended_at FROM runs WHERE id = $1), wake_at = NULL, retry_at = NULL"
     " WHERE run_id = $1 AND status IN ('running', 'sleeping', 'waiting')",
     /* A completed run got its summary with its status (store_pg.c's
-    ** RUN_SET_SQL); the others get it once their steps are ended. */
+    ** J_RUN_SET statement); the others get it once their steps are ended. */
     "UPDATE runs SET (steps, failed_steps, retries, tokens) = (SELECT count(*),"
     " coalesce(sum((status = 'failed')::int), 0), coalesce(sum(greatest(attempts - 1, 0)), 0),"
     " coalesce(sum(moonloop_tokens(usage)), 0) FROM steps WHERE run_id = $1) WHERE id = $1",
