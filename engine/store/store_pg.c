@@ -14,12 +14,15 @@
 **     WAL), "normal" with it off (a crash of the server can lose the last
 **     commits, never half of one).
 **   - Every write transaction (but a claim) first takes one advisory lock
-**     of the database, PG_WRITE_LOCK: writers go one at a time, as on
+**     of the database, PG_WRITE_LOCK. Whole, by every transaction that
+**     meets other processes' writes: those go one at a time, as on
 **     SQLite, so what the SQLite store's comments argue from that (a wait
 **     and an event meet in exactly one transaction, a cron tick fires
 **     once, a slot count holds, fencing's memory stays true) holds here as
-**     it is. After the lock, every statement of the transaction sees what
-**     was committed before it (READ COMMITTED takes a snapshot per
+**     it is. Shared, by a journal group that only records the committer's
+**     own runs (group_mode): several engines' steps commit side by side.
+**     After the lock, every statement of the transaction sees what was
+**     committed before it (READ COMMITTED takes a snapshot per
 **     statement). Claims take unowned runs with FOR UPDATE SKIP LOCKED,
 **     without the lock: engines claiming at once take disjoint runs.
 **   - Fencing: the commit renews the group's lease and checks each run's
@@ -28,7 +31,9 @@
 **   - Other processes' writes are noticed through LISTEN/NOTIFY: each
 **     transaction that writes something sends NOTIFY moonloop; the reader
 **     LISTENs, and store_data_version counts what arrived (the engine's
-**     50 ms tick asks, as it asks SQLite's PRAGMA data_version).
+**     50 ms tick asks, as it asks SQLite's PRAGMA data_version); the
+**     engine's loop also watches the reader's socket (store_wake_fd) and
+**     looks at once when another process's notification arrives.
 **
 ** Connections: two per store, the writer (the commit thread) and the
 ** reader (the loop thread, the CLI). A broken connection (the server
