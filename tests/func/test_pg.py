@@ -381,5 +381,29 @@ class EnginesCrashTest(OwnClusterCase):
             self.assertEqual(e.wait(timeout=30), 0, "".join(e.stderr_lines[-20:]))
 
 
+@pg_only
+class SharedDeployTest(SkillsTestCase):
+    def test_a_skill_put_through_one_engine_runs_on_another_and_new_versions_reach_both(self):
+        # Two engines on one database, an empty workspace each: a version
+        # PUT through A is live on B too, and B's runs use the newest.
+        a, b = self.serve(), self.serve()
+
+        def put(p, src):
+            req = urllib.request.Request(p.url + "/v1/skills/d", data=src.encode(), method="PUT",
+                                         headers={"Content-Type": "text/x-lua"})
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return json.loads(r.read())["version"]
+        src = 'return { id = "d", run = function(ctx) return ctx.step.run("x", function() return %d end) end }'
+        for n, via in ((1, a), (2, b)):
+            version = put(via, src % n)
+            for p in (a, b):
+                def live():
+                    with urllib.request.urlopen(p.url + "/v1/skills/d", timeout=10) as r:
+                        return json.loads(r.read()).get("version") == version
+                wait_until(live, what="version %d live on every engine" % n)
+                code, body = post(p.url + "/v1/skills/d/invoke", {"data": {}, "wait": True})
+                self.assertEqual((code, body.get("output")), (200, n), body)
+
+
 if __name__ == "__main__":
     unittest.main()
