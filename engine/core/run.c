@@ -15,6 +15,7 @@
 #include "base/mem.h"
 #include "base/term.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "core/crash.h"
 #include "core/modules.h"
 #include "core/run.h"
@@ -212,7 +213,8 @@ void run__finish(struct run *r, const char *status, const char *output, const ch
   const struct sched_opts *o = sched__opts(s);
   journal_t *j = sched__journal(s);
   int64_t now = units_now_ms();
-  if (strcmp(status, "completed")) {
+  int word = vocab_run_status(status);
+  if (word != RUN_COMPLETED) {
     /* A run that did not complete takes its live children with it (a
     ** cancel by the run itself: its descendants, not the run). */
     struct cancel_row c = {.run_id = r->id, .reason = "its parent run ended", .at = now,
@@ -237,7 +239,7 @@ void run__finish(struct run *r, const char *status, const char *output, const ch
   }
   /* on_failure runs as its own durable run, created in the same group as
   ** the failure, so it cannot be lost between the two. */
-  if (!strcmp(status, "failed") && r->skill && r->skill->has_on_failure &&
+  if (word == RUN_FAILED && r->skill && r->skill->has_on_failure &&
       !strcmp(r->entry, "run"))
     start_on_failure(r, error, now);
   struct done_ctx *d = mem_calloc(1, sizeof *d);
