@@ -18,7 +18,8 @@
 --     env.get(...)), ctx field (ctx.data), or key of a literal option table
 --     (ctx.step.run("x", fn, { retires = 2 }), http.request{ jsn = v });
 --   - a step called inside a step body (nested lexically in the function
---     given to step.run or step.parallel);
+--     given to step.run or step.parallel), except step.invoke in a
+--     function of step.parallel (its child runs in that branch);
 --   - I/O (http, llm, runs, skills) called in the run function itself,
 --     outside any step body;
 --   - a module function called with ':' (http:get(u));
@@ -158,10 +159,13 @@ local function step_call(C, node, kind)
   local id = literal(node[2])
   if not s then
     err(C, node, api.unknown("step", kind))
-  elseif C.body then
+  elseif C.body and not (kind == "invoke" and C.body.branch) then
+    -- (step.invoke may be called in a step.parallel function: its child
+    -- runs in that branch.)
     err(C, node, ("steps cannot be nested: step.%s('%s') is inside the body of step '%s' (line %d): "
-      .. "call it in the run function, before or after that step"):format(kind, tostring(id or "?"),
-      tostring(C.body.id or "?"), C.body.line))
+      .. "call it in the run function, before or after that step%s"):format(kind, tostring(id or "?"),
+      tostring(C.body.id or "?"), C.body.line,
+      kind == "invoke" and " (or in a function of step.parallel: one child run per function)" or ""))
   end
   local args = {}
   for i = 2, #node do args[i - 1] = node[i] end
@@ -198,7 +202,7 @@ local function step_call(C, node, kind)
       func(C, a, { id = id, line = node.line })
     elseif a.tag == "Table" and s and s.body_list and i == s.body_arg then
       for _, item in ipairs(a) do
-        if bodies[item] then func(C, item, { id = id, line = node.line }) else expr(C, item) end
+        if bodies[item] then func(C, item, { id = id, line = node.line, branch = true }) else expr(C, item) end
       end
     else
       expr(C, a)
