@@ -427,10 +427,15 @@ void run_op_invoke(struct task *t, lua_State *co) {
     free(tj);
     t->wait_child = mem_strdup(child);
   }
-  char out[64];
-  snprintf(out, sizeof out, "{\"run_id\":\"%s\"}", t->wait_child);
+  /* The step's record while it waits: the child; a branch's also names
+  ** the invoke, whose replay (flow.lua's branch_invoke) reads it back. */
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "run_id", t->wait_child);
+  if (t->parent) cJSON_AddStringToObject(o, "step", t->wait_id);
+  char *out = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
   register_wait(t, "child", t->wait_child, NULL, out);
-  free(skill_id), free(data);
+  free(out), free(skill_id), free(data);
 }
 
 /* ---- send_event ---- */

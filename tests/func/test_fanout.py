@@ -208,3 +208,62 @@ end }""")
         self.assertEqual(len(self.runs_of("child")), 3)
         for i in range(1, 4):
             self.assertEqual(self.si.count("/child/%d" % i), 1)
+
+    def test_moonloop_test_runs_branch_invokes_on_the_virtual_clock(self):
+        self.w.write("t/fan.lua", FAN.replace("http.get_json(env.STANDIN .. \"/after\").n", "1"))
+        self.w.write("t/fan_test.lua", """local t = test.skill("fan.lua")
+t:case("children by skill, one branch by its key", function(c)
+  c:child("child", function(data) return { n = data.n } end, { after = "2h" })
+  c:mock("fan/2/c", { n = 9 })
+  c:eq(c:run({ n = 3 }), { all = { 10, 90, 30 }, after = 1 })
+  c:eq(c:step("fan").duration, 7200)
+  c:eq(#c:invoked(), 3)
+  c:eq(c:invoked()[3].step, "fan/3/c")
+end)
+t:case("every branch's invoke by its own id", function(c)
+  c:mock("c", { n = 4 })
+  c:eq(c:run({ n = 2 }).all, { 40, 40 })
+end)
+t:case("the parallel's timeout ends a branch waiting for its child", function(c)
+  c:child("child", { n = 1 }, { after = "1h" })
+  c:run({ n = 1, step_timeout = "10m" })
+  c:err("step 'fan/1' timed out after 10m00s while waiting for its child run")
+  c:eq(c:step("fan/1").ended_at - c:step("fan/1").started_at, 600)
+end)
+t:case("the invoke's own timeout", function(c)
+  c:child("child", { n = 1 }, { after = "1h" })
+  c:run({ n = 2, timeout = "5m" })
+  c:err("step 'fan/1' failed: child run did not end within its timeout")
+end)
+t:case("an unmocked child fails its branch", function(c)
+  c:run({ n = 1 })
+  c:err("child skill 'child' is not mocked in this test")
+end)
+return t
+""")
+        r = self.w.ml("test", "t", check=0)
+        self.assertIn("5 passed, 0 failed", r.stdout, r.stdout + r.stderr)
+
+    def test_a_replayed_branch_keeps_its_invokes_timeout(self):
+        import sqlite3
+        self.skill("child", CHILD)
+        self.skill("fan", FAN)
+
+        def timeouts(rid):
+            db = sqlite3.connect(self.w.db)
+            try:
+                return db.execute("SELECT seq, timeout_at, owner FROM waits WHERE run_id = ? AND kind = 'child'"
+                                  " ORDER BY seq", (rid,)).fetchall()
+            finally:
+                db.close()
+        p = self.serve()
+        rid = self.w.ml("invoke", "fan", "--data", json.dumps({"n": 2, "nap": "1h", "timeout": "1h"}),
+                        check=0).stdout.strip()
+        wait_until(lambda: len(timeouts(rid)) == 2, what="two branches waiting")
+        before = timeouts(rid)
+        kill9(p)
+        self.serve()
+        # Registered again by the new engine (a new owner), with the same timeout.
+        wait_until(lambda: all(o != before[0][2] for _, _, o in timeouts(rid)), what="the waits taken over")
+        self.assertEqual([(s, t) for s, t, _ in timeouts(rid)], [(s, t) for s, t, _ in before])
+        self.assertEqual(len(self.runs_of("child")), 2)

@@ -103,3 +103,35 @@ return { id = "badc", cancel_on = { { event = "x", match = { ["data.a"] = { 1, 2
   run = function(ctx) return 1 end }""")
         r = self.w.ml("check", "skills/badc.lua", check=1)
         self.assertIn("cancel_on 1: match[\"data.a\"] is a table", r.stdout + r.stderr)
+
+    def test_a_wait_kept_from_before_the_upgrade_still_matches(self):
+        # A database whose waits still have match_path and match_value (the
+        # schema before migration 7), with a pending wait on "event.data.k":
+        # the upgrade carries it over and the run gets its event.
+        import sqlite3
+        self.skill("w", """
+return { id = "w", run = function(ctx)
+  local ev = ctx.step.wait_for_event("go", { event = "go", match = "data.k" })
+  return ev.data.v
+end }""")
+        p = self.serve()
+        rid = self.w.ml("invoke", "w", "--data", json.dumps({"k": "x"}), check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["status"] == "waiting", what="the wait")
+        kill9(p)
+        db = sqlite3.connect(self.w.db)
+        (match,) = db.execute("SELECT match_json FROM waits WHERE run_id = ?", (rid,)).fetchone()
+        self.assertEqual(json.loads(match), {"data.k": "x"})
+        db.executescript("ALTER TABLE waits ADD COLUMN match_path TEXT; ALTER TABLE waits ADD COLUMN match_value TEXT;"
+                         "UPDATE waits SET match_path = 'event.data.k', match_value = '\"x\"', match_json = NULL;"
+                         "ALTER TABLE waits DROP COLUMN match_json; PRAGMA user_version = 6;")
+        db.close()
+        self.w.ml("send", "go", "--data", json.dumps({"k": "y", "v": "no"}), check=0)
+        self.w.ml("send", "go", "--data", json.dumps({"k": "x", "v": "yes"}), check=0)
+        self.serve()
+        wait_until(lambda: self.w.trace(rid)["status"] == "completed", what="the wait after the upgrade")
+        self.assertEqual(self.w.trace(rid)["output"], "yes")
+        db = sqlite3.connect(self.w.db)
+        cols = [r[1] for r in db.execute("PRAGMA table_info(waits)")]
+        db.close()
+        self.assertIn("match_json", cols)
+        self.assertNotIn("match_path", cols)
