@@ -135,3 +135,18 @@ end }""")
         db.close()
         self.assertIn("match_json", cols)
         self.assertNotIn("match_path", cols)
+
+    def test_check_flags_a_literal_bad_match_at_its_line(self):
+        self.skill("lit", """
+return { id = "lit", run = function(ctx)
+  ctx.step.run("a", function() return 1 end)
+  return ctx.step.wait_for_event("w", { event = "e", match = { ["data.order"] = { id = ctx.input.id } } })
+end }""")
+        r = self.w.ml("check", "skills/lit.lua", check=1)
+        self.assertIn("skills/lit.lua:4: step.wait_for_event: match[\"data.order\"] is a table", r.stdout + r.stderr)
+        self.skill("ok", """
+return { id = "ok", run = function(ctx)
+  return ctx.step.wait_for_event("w", { event = "e", match = { "data.service", [ctx.input.path] = ctx.input.v,
+    ["data.version"] = ctx.input.version } })
+end }""")
+        self.w.ml("check", "skills/ok.lua", check=0)
