@@ -311,6 +311,12 @@ end
 -- keys only are unknown keys too ({ "x" }).
 function M.unknown_key(name, entry, k)
   if entry.opts_set[k] then return nil end
+  if name == "step.invoke" and k == 1 then
+    -- A list of children: the one way to start several at once.
+    return "step.invoke: takes one child {skill=, data=, timeout=}, not a list; for several at once, "
+      .. "call it in the functions of step.parallel: fns[i] = function() return ctx.step.invoke(\"child\", "
+      .. "{ skill = ..., data = ... }) end, then ctx.step.parallel(\"fan\", fns)"
+  end
   local word = entry.table_arg and "key" or "option"
   return ("%s: unknown %s %s%s; the %ss are %s"):format(name, word, shown(k),
     type(k) == "string" and M.suggest(k, entry.opts_set, name) or "", word, and_list(entry.opts))

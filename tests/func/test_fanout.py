@@ -267,3 +267,12 @@ return t
         wait_until(lambda: all(o != before[0][2] for _, _, o in timeouts(rid)), what="the waits taken over")
         self.assertEqual([(s, t) for s, t, _ in timeouts(rid)], [(s, t) for s, t, _ in before])
         self.assertEqual(len(self.runs_of("child")), 2)
+
+    def test_a_list_given_to_invoke_says_how_to_start_several(self):
+        self.skill("list", """
+return { id = "list", run = function(ctx)
+  return ctx.step.invoke("fan", { { skill = "a" }, { skill = "b" } })
+end }""")
+        r = self.w.ml("check", "skills/list.lua", check=1)
+        self.assertIn("step.invoke: takes one child {skill=, data=, timeout=}, not a list; for several at once, "
+                      "call it in the functions of step.parallel", r.stdout + r.stderr)
