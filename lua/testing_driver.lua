@@ -471,6 +471,11 @@ local function handle_invoke(st, co, seq, id, skill, data, timeout_at, started)
   -- step record of its own: the branch's step is the record.
   local T = run.tasks[co]
   local branch = T and T.branch and T.in_step
+  if branch and T.test_deadline and clock >= T.test_deadline then
+    -- Its time is up: no child is started in this attempt (as in the engine).
+    push(st, co, clock, pack(nil, clock, ("step '%s' timed out before its child run started"):format(branch)))
+    return
+  end
   local s = branch and {} or step_rec(st, seq, id, "invoke")
   s.status, s.started_at, s.attempts = "waiting", started, 1
   local input = decode(data)

@@ -386,6 +386,16 @@ void run_op_invoke(struct task *t, lua_State *co) {
   free(t->wait_child);
   t->wait_child = lua_isstring(co, 8) ? mem_strdup(lua_tostring(co, 8)) : NULL;
   lua_settop(co, 0);
+  if (t->parent && t->step_timed_out) {
+    /* A branch whose time is up starts no child in this attempt (as it
+    ** sends no request: op_http). */
+    char msg[300];
+    snprintf(msg, sizeof msg, "step '%s' timed out before its child run started",
+             t->step_id ? t->step_id : "?");
+    invoke_failed(t, msg);
+    free(skill_id), free(data);
+    return;
+  }
   if (!t->wait_child) {
     struct skill *sk;
     err_t e;

@@ -276,3 +276,23 @@ end }""")
         r = self.w.ml("check", "skills/list.lua", check=1)
         self.assertIn("step.invoke: takes one child {skill=, data=, timeout=}, not a list; for several at once, "
                       "call it in the functions of step.parallel", r.stdout + r.stderr)
+
+    def test_a_branch_whose_time_is_up_starts_no_child(self):
+        self.skill("child", CHILD)
+        self.skill("late", """
+return { id = "late", run = function(ctx)
+  return ctx.step.parallel("fan", {
+    function()
+      pcall(http.get, env.STANDIN .. "/slow")   -- cut by the step's timeout, and caught
+      return ctx.step.invoke("c", { skill = "child", data = { n = 1 } })
+    end,
+  }, { timeout = "300ms", retries = 0 })
+end }""")
+        gate = threading.Event()
+        self.si.routes["/slow"] = lambda h, body, n: (gate.wait(10), (200, {}))[1]
+        self.serve()
+        rid = self.w.ml("invoke", "late", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["status"] in ("completed", "failed"), timeout=20, what="the run")
+        gate.set()
+        self.assertIn("step 'fan/1' timed out before its child run started", self.w.trace(rid)["error"]["message"])
+        self.assertEqual(self.runs_of("child"), [])
