@@ -1,17 +1,9 @@
 -- flow.lua: the steps that park a run or fan out: sleep, sleep_until,
--- wait_for_event, invoke, send_event, parallel. Their ops:
---
---   SLEEP    seq id wake_at started                      -> the end time
---   WAIT     seq id event match timeout_at started (match: a JSON object
---            of path -> value, all equal in a matching event; or nil)
---                                                        -> the event (JSON) or nil, the end time
---   INVOKE   seq id skill data timeout_at started child_id
---                                                        -> the child's outcome (JSON) or nil, the end time [, error]
---            (from a step.parallel branch's body: seq is the branch's, id
---            the invoke's key "branch/ID", started the parallel's start)
---   SEND     seq id events started                       -> the event ids (JSON), the end time
---                                                           [or nil, the end time, error]
---   PARALLEL seq id co1 ... coN                          -> {{ok=, value=}, ...} once every child ended
+-- wait_for_event, invoke, send_event, parallel. Their ops (SLEEP, WAIT,
+-- INVOKE, SEND, PARALLEL; a parallel step ends with COMMIT or FAIL) and
+-- their arguments are rows of the op table, engine/core/op.h.
+-- An invoke in a step.parallel branch's body yields INVOKE with the
+-- branch's seq, its key "branch/ID" as id, and the parallel's start.
 --
 -- Times are counted from the step's start as recorded (R.now), so a replay
 -- after a restart waits for what is left, not for the whole duration again.
