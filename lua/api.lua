@@ -179,7 +179,8 @@ M.steps = {
     doc = "park the run until a matching event arrives" },
   { name = "invoke", args = "id, {skill=, data=, timeout=}", opts_arg = 2, table_arg = true,
     opts = { "skill", "data", "timeout" }, required = { "skill" },
-    returns = "the child run's output", doc = "run another skill as a child run and wait for it" },
+    returns = "the child run's output",
+    doc = "run another skill as a child run and wait for it (in the functions of step.parallel: children at once)" },
   { name = "send_event", args = "id, {name=, data=, id=} or a list of them", event_arg = 2,
     returns = "the list of event ids", doc = "send events, durably" },
   { name = "parallel", args = "id, {fn, fn, ...} [, opts]", opts_arg = 3, opts = { "retries", "timeout" },
@@ -310,6 +311,12 @@ end
 -- keys only are unknown keys too ({ "x" }).
 function M.unknown_key(name, entry, k)
   if entry.opts_set[k] then return nil end
+  if name == "step.invoke" and k == 1 then
+    -- A list of children: the one way to start several at once.
+    return "step.invoke: takes one child {skill=, data=, timeout=}, not a list; for several at once, "
+      .. "call it in the functions of step.parallel: fns[i] = function() return ctx.step.invoke(\"child\", "
+      .. "{ skill = ..., data = ... }) end, then ctx.step.parallel(\"fan\", fns)"
+  end
   local word = entry.table_arg and "key" or "option"
   return ("%s: unknown %s %s%s; the %ss are %s"):format(name, word, shown(k),
     type(k) == "string" and M.suggest(k, entry.opts_set, name) or "", word, and_list(entry.opts))
@@ -344,6 +351,75 @@ end
 -- The message for `module.key` when the module has no such function or
 -- value ("http.post is not a function of the http module: did you mean
 -- http.post_json? (its functions are ...)"). module "step" is ctx.step.
+-- Matching events -------------------------------------------------------------
+
+-- A path of an event ("data.order_id"); "event.data.x" is read as
+-- "data.x", as in concurrency keys.
+local function match_path(p)
+  if type(p) ~= "string" or not p:match("^[%a_][%w_]*[%w_.]*$") or p:find("..", 1, true) or p:sub(-1) == "." then
+    return nil
+  end
+  return (p:gsub("^event%.", ""))
+end
+
+-- The `match` of step.wait_for_event and cancel_on (what: where it is,
+-- for messages; null: json.null, the one value that is not a Lua scalar
+-- allowed) as a list of pairs: {path} compares the value at path in the
+-- incoming event with the run's own event's (ctx.event); {path, value}
+-- with that value. Accepted: a path ("data.order_id"), a list of paths,
+-- a table of path = value (a string, number, boolean or json.null), or
+-- a list and pairs at once. Returns the pairs, or nil and a message that
+-- names the fix.
+function M.match_pairs(what, m, null)
+  if type(m) == "string" then
+    local p = match_path(m)
+    if not p then
+      return nil, ("%s: 'match' must be a path such as \"data.request_id\" (or a table of path = value), got %q"):format(what, m)
+    end
+    return { { p } }
+  end
+  if type(m) ~= "table" then
+    return nil, ("%s: 'match' must be a path such as \"data.request_id\", or a table of path = value such as "
+      .. "{ [\"data.service\"] = \"api\" }, got a %s"):format(what, type(m))
+  end
+  local out, keys, n = {}, {}, #m
+  for k in pairs(m) do keys[#keys + 1] = k end
+  table.sort(keys, function(a, b)
+    if type(a) == type(b) and (type(a) == "number" or type(a) == "string") then return a < b end
+    return type(a) < type(b)
+  end)
+  for _, k in ipairs(keys) do
+    local v = m[k]
+    if type(k) == "number" and k >= 1 and k <= n and k == floor(k) then
+      local p = match_path(v)
+      if not p then
+        return nil, ("%s: match[%d] must be a path such as \"data.service\" (compared with the run's own event), "
+          .. "got %s; for a given value write match = { [\"data.service\"] = value }"):format(what, k,
+          type(v) == "string" and ("%q"):format(v) or ("a " .. type(v)))
+      end
+      out[#out + 1] = { p }
+    elseif type(k) ~= "string" then
+      return nil, ("%s: 'match' keys must be paths such as \"data.service\", got a %s key (%s): "
+        .. "write match = { [\"data.service\"] = value }"):format(what, type(k), tostring(k))
+    else
+      local p = match_path(k)
+      if not p then
+        return nil, ("%s: match key %q is not a path such as \"data.service\""):format(what, k)
+      end
+      local tv = type(v)
+      if tv == "table" or (tv ~= "string" and tv ~= "number" and tv ~= "boolean" and v ~= null) then
+        return nil, ("%s: match[%q] is a %s: match compares single values (a string, number or boolean); "
+          .. "name each field by its own path, such as match = { [\"%s.id\"] = ... }"):format(what, k, tv, k)
+      end
+      out[#out + 1] = { p, v }
+    end
+  end
+  if #out == 0 then
+    return nil, ("%s: 'match' is empty: it would match every event; leave it out, or name a path"):format(what)
+  end
+  return out
+end
+
 function M.unknown(module, key)
   key = tostring(key)
   local hint = M.hints[module .. "." .. key]

@@ -9,6 +9,7 @@ local core = ...
 local M = {}
 
 local api = require("api") -- the one list of skill keys
+local NULL = type(core) == "table" and core.json and core.json.null or nil
 local suggest, line_of = api.suggest, api.line_of
 local set_of = api.set_of
 
@@ -172,10 +173,15 @@ function M.validate(def, file, src, default_id, recorded)
       if type(c.event) ~= "string" or c.event == "" then
         fail("cancel_on", "cancel_on %d needs an 'event' name", i)
       end
-      if c.match ~= nil and type(c.match) ~= "string" then
-        fail("match", "cancel_on %d: 'match' must be a path such as \"data.service\"", i)
+      -- The match as pairs ({path} or {path, value}: api.match_pairs), for
+      -- run.c's cancel_match and testing_driver.lua.
+      local match
+      if c.match ~= nil then
+        local err
+        match, err = api.match_pairs(("cancel_on %d"):format(i), c.match, NULL)
+        if not match then fail("match", "%s", err) end
       end
-      list[#list + 1] = { event = c.event, match = c.match }
+      list[#list + 1] = { event = c.event, match = match }
     end
     spec.cancel_on = list
   end

@@ -17,7 +17,9 @@
 --   SLEEP                 the virtual clock jumps to the wake time
 --   WAIT                  the first supplied event that matches (c:event),
 --                         delivered at its time, or nil at the timeout
---   INVOKE                the case's child mock for that skill (c:child)
+--   INVOKE                the case's child mock for that skill (c:child);
+--                         from a step.parallel branch's body, without a
+--                         step record of its own (the branch's is it)
 --   SEND                  recorded (c:sent) and added to the case's events
 --   PARALLEL              the children run as tasks of this driver
 --
@@ -62,7 +64,6 @@ local type, tostring, error, pairs, ipairs, select = type, tostring, error, pair
 local getmetatable, pcall = getmetatable, pcall
 local floor, max = math.floor, math.max
 local sort, remove = table.sort, table.remove
-local json_at = flow.json_at
 local cur, failure_mt = report.cur, report.failure_mt
 local failf, message_of, duration_ms = report.failf, report.message_of, report.duration_ms
 
@@ -352,13 +353,14 @@ local function mock_wait(st, co, s, m, id, name, timeout_at)
   end)
 end
 
--- The first supplied event for a wait of this run: name, time, match.
-local function find_event(st, name, path, value, upto)
+-- The first supplied event for a wait of this run: name, time, match
+-- (a decoded match object of path -> value, or nil).
+local function find_event(st, name, match, upto)
   local best
   for _, ev in ipairs(st.C.events) do
     if not ev.taken[st.run_id] and ev.ts >= st.started and (upto == 0 or ev.ts <= upto)
       and (not best or ev.ts < best.ts) and event_parts(st, ev) == name
-      and (not path or json_at(event_object(st, ev), path) == value) then
+      and (not match or flow.matches(event_object(st, ev), match)) then
       best = ev
     end
   end
@@ -376,8 +378,8 @@ local function find_cancel(st, upto)
         if c.event == event_parts(st, ev) then
           local ok = true
           if c.match then
-            local path = c.match:gsub("^event%.", "")
-            ok = json_at(event_object(st, ev), path) == json_at(st.event, path)
+            -- Its pairs (skill.lua) against this run's event, as the engine does.
+            ok = flow.matches(event_object(st, ev), decode(flow.match_json(st.event, c.match)))
           end
           if ok then best = ev break end
         end
@@ -465,7 +467,16 @@ end
 -- The INVOKE op: answer with the case's child mock for the skill (after its
 -- `after`, or nil at the step's timeout), or fail the step if none.
 local function handle_invoke(st, co, seq, id, skill, data, timeout_at, started)
-  local s = step_rec(st, seq, id, "invoke")
+  -- An invoke in a step.parallel branch's body (id "fan/2/ID") has no
+  -- step record of its own: the branch's step is the record.
+  local T = run.tasks[co]
+  local branch = T and T.branch and T.in_step
+  if branch and T.test_deadline and clock >= T.test_deadline then
+    -- Its time is up: no child is started in this attempt (as in the engine).
+    push(st, co, clock, pack(nil, clock, ("step '%s' timed out before its child run started"):format(branch)))
+    return
+  end
+  local s = branch and {} or step_rec(st, seq, id, "invoke")
   s.status, s.started_at, s.attempts = "waiting", started, 1
   local input = decode(data)
   if input == null then input = nil end
@@ -473,7 +484,8 @@ local function handle_invoke(st, co, seq, id, skill, data, timeout_at, started)
   local m = st.C.children[skill]
   -- c:mock of the step itself: its value is the child's output (a
   -- function: called with 1, the step id), c:mock_error a failed child.
-  local sm = step_mock(st, id)
+  -- In a branch, c:mock("fan/2/ID"), or c:mock("ID") for every branch's.
+  local sm = step_mock(st, id) or (branch and step_mock(st, id:match("[^/]*$")))
   if sm then
     if sm.kind == "value" then m = { n = 0, value = sm.value }
     elseif sm.kind == "error" then m = { n = 0, error = sm.message }
@@ -498,6 +510,16 @@ local function handle_invoke(st, co, seq, id, skill, data, timeout_at, started)
     output = output == nil and null or output, error = err or null }, 0)
   if not outcome then failf("c:child(%s): the output is not a JSON value", encode(skill, 0)) end
   local at = clock + (m.after or 0)
+  -- A branch's step timeout (step.parallel's opts.timeout) ends its wait
+  -- too, as in the engine.
+  local dl = branch and T.test_deadline
+  if dl and at > dl and (timeout_at == 0 or dl < timeout_at) then
+    push(st, co, dl, nil, function()
+      return nil, clock, ("step '%s' timed out after %s while waiting for its child run %s"):format(branch,
+        core.test_fmt_duration(T.test_timeout), decode(outcome).run_id)
+    end)
+    return
+  end
   if timeout_at > 0 and at > timeout_at then
     push(st, co, timeout_at, nil, function()
       s.status, s.output, s.ended_at = "completed", "null", clock
@@ -574,7 +596,7 @@ function handlers.WAIT(st, co, T, a)
   s.wake_at = timeout_at > 0 and timeout_at or nil
   local m = step_mock(st, id)
   if m then return mock_wait(st, co, s, m, id, name, timeout_at) end
-  local ev = find_event(st, name, a.match_path, a.match_value, timeout_at)
+  local ev = find_event(st, name, a.match and decode(a.match), timeout_at)
   if ev then
     ev.taken[st.run_id] = true
     push(st, co, max(clock, ev.ts), nil, function()

@@ -57,8 +57,8 @@
 #define OP_BACKOFF_ARGS(A) A(seq, INT, REQ) A(retry_at, MS, REQ)
 #define OP_HTTP_ARGS(A) A(request, TABLE, REQ)
 #define OP_WAIT_ARGS(A)                                                                     \
-  A(seq, INT, REQ) A(id, STR, REQ) A(event, STR, REQ) A(match_path, STR, OPT)              \
-  A(match_value, STR, OPT) A(timeout_at, MS, REQ) A(started, MS, REQ)
+  A(seq, INT, REQ) A(id, STR, REQ) A(event, STR, REQ) A(match, STR, OPT)                   \
+  A(timeout_at, MS, REQ) A(started, MS, REQ)
 #define OP_INVOKE_ARGS(A)                                                                   \
   A(seq, INT, REQ) A(id, STR, REQ) A(skill, STR, REQ) A(data, STR, REQ)                    \
   A(timeout_at, MS, REQ) A(started, MS, REQ) A(child, STR, OPT)

@@ -65,6 +65,7 @@ void run__free_kids(struct task *t) {
     free(t->kid_value[i]);
     if (t->kids[i]) {
       free(t->kids[i]->step_id);
+      free(t->kids[i]->wait_id), free(t->kids[i]->wait_child);
       free(t->kids[i]);
     }
   }
@@ -408,22 +409,47 @@ static char *event_value(struct run *r, const char *path) {
   return val;
 }
 
+/* A cancel_on's match as its wait holds it: a JSON object of path ->
+** value, from the pairs skill.lua made of it (api.match_pairs): [path]
+** takes the value at path in r's event, [path, value] that value; NULL
+** without pairs. */
+static char *cancel_match(struct run *r, const cJSON *pairs) {
+  if (!cJSON_IsArray(pairs)) return NULL;
+  cJSON *o = cJSON_CreateObject();
+  const cJSON *p;
+  cJSON_ArrayForEach(p, pairs) {
+    const cJSON *path = cJSON_GetArrayItem(p, 0);
+    if (!cJSON_IsString(path)) continue;
+    cJSON *v;
+    if (cJSON_GetArraySize(p) > 1) {
+      v = cJSON_Duplicate(cJSON_GetArrayItem(p, 1), 1);
+    } else {
+      char *text = event_value(r, path->valuestring);
+      v = cJSON_Parse(text);
+      free(text);
+    }
+    cJSON_AddItemToObject(o, path->valuestring, v ? v : cJSON_CreateNull());
+  }
+  char *js = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  return js;
+}
+
 /* Register r's cancel_on events as waits (again, harmlessly, on a replay). */
 static void register_cancel_on(struct run *r) {
   cJSON *list = cJSON_Parse(r->skill->cancel_on);
   const cJSON *c;
   int i = 0;
   cJSON_ArrayForEach(c, list) {
-    const cJSON *ev = cJSON_GetObjectItem(c, "event"), *match = cJSON_GetObjectItem(c, "match");
+    const cJSON *ev = cJSON_GetObjectItem(c, "event");
     if (!cJSON_IsString(ev)) continue;
-    char *value = cJSON_IsString(match) ? event_value(r, match->valuestring) : NULL;
+    char *match = cancel_match(r, cJSON_GetObjectItem(c, "match"));
     struct wait_row w = {
-      .run_id = r->id, .seq = -(++i), .kind = "cancel", .name = ev->valuestring,
-      .match_path = cJSON_IsString(match) ? match->valuestring : NULL, .match_value = value,
+      .run_id = r->id, .seq = -(++i), .kind = "cancel", .name = ev->valuestring, .match = match,
       .owner = sched_owner(r->sched), .since = r->since, .exclude = r->trigger_event,
     };
     journal_wait(sched__journal(r->sched), &w);
-    free(value);
+    free(match);
   }
   cJSON_Delete(list);
 }

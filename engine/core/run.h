@@ -72,7 +72,8 @@ struct task {
   int nkids, kids_left;
   char **kid_value;
   int *kid_ok;
-  /* a sleep, wait or invoke in progress (the main task only) */
+  /* a sleep, wait or invoke in progress (the main task; a step.parallel
+  ** child's invoke inside its body) */
   int wait_seq;
   char *wait_id;
   const char *wait_kind; /* "sleep", "wait", "invoke" */
@@ -155,6 +156,9 @@ void run_cancelled(struct run *r, const char *reason);
 
 /* The ops' handlers (run_op_commit, ...; the flow steps' in run_flow.c)
 ** are declared by op.h, from its table, and called from run_resume. */
+/* The step's time is up while t's body waits for a child run (an invoke
+** in a step.parallel branch): end the wait now. */
+void run__wait_stop(struct task *t);
 /* A step.parallel child ended with (ok, value JSON). */
 void run_child_ended(struct task *t, int ok, const char *value);
 /* Shared by run.c and run_flow.c. */

@@ -147,6 +147,38 @@ static int invoke_failure(const char *outcome, char *msg, size_t cap) {
   return failed;
 }
 
+/* An invoke in a step.parallel branch's body ended with result (the
+** child's outcome, or NULL: its timeout, or its step's, passed): the body
+** goes on, so no step row is written; the wait is removed (the outcome
+** stays in the child's row, where a replay of the body finds it again),
+** and a child not waited for any more is cancelled. The branch resumes
+** with (outcome or nil, the time[, why its step's time ran out]). */
+static void branch_wait_finish(struct task *t, const char *result, int64_t now) {
+  struct run *r = t->run;
+  journal_t *j = sched__journal(r->sched);
+  struct wait_end we = {.run_id = r->id, .seq = t->wait_seq};
+  journal_wait_end(j, &we);
+  if (!result && t->wait_child) {
+    struct cancel_row c = {.run_id = t->wait_child, .reason = "its parent stopped waiting",
+                           .at = now, .by_run = r->id};
+    journal_cancel(j, &c);
+  }
+  run__verbose(r, result ? "\xe2\x9c\x93" : "\xe2\x9c\x97", t->wait_id, now - t->wait_started,
+               result ? "(child ended)" : "(timed out)");
+  if (result) lua_pushstring(t->co, result);
+  else lua_pushnil(t->co);
+  lua_pushnumber(t->co, (lua_Number)now);
+  t->nres = 2;
+  if (!result && t->step_timed_out) {
+    char d[32];
+    units_fmt_duration(t->step_timeout_ms, d, sizeof d);
+    lua_pushfstring(t->co, "step '%s' timed out after %s while waiting for its child run %s",
+                    t->step_id ? t->step_id : "?", d, t->wait_child ? t->wait_child : "?");
+    t->nres = 3;
+  }
+  run__wait_durable(t);
+}
+
 /* Complete the wait step with result (JSON text, or NULL: timed out). An
 ** invoke whose child did not complete is a failed step, its outcome kept. */
 static void wait_finish(struct task *t, const char *result) {
@@ -155,6 +187,10 @@ static void wait_finish(struct task *t, const char *result) {
   t->waiting = 0;
   sched__timer_stop(r->sched, &t->timer);
   int64_t now = units_now_ms();
+  if (t->parent) {
+    branch_wait_finish(t, result, now);
+    return;
+  }
   char why[1024];
   int failed = !strcmp(t->wait_kind, "invoke") && invoke_failure(result, why, sizeof why);
   struct step_row row = {
@@ -226,14 +262,17 @@ static void on_wait_registered(void *arg, const struct jentry *je) {
     t->waiting = 1;
     t->timer.fn = on_wait_timeout;
     if (t->wait_until) sched__timer_start(r->sched, &t->timer, t->wait_until);
-    parked_long(t, t->wait_until);
+    /* A branch's wait is inside its body: the run stays in memory (a run
+    ** with branches is never evicted), and its step's time may be up. */
+    if (!t->parent) parked_long(t, t->wait_until);
+    else if (t->step_timed_out) wait_end(t);
   }
   run_unref(r);
 }
 
 /* Journal the wait step, the run's status and the wait registration. */
-static void register_wait(struct task *t, const char *kind, const char *name,
-                          const char *match_path, const char *match_value, const char *output) {
+static void register_wait(struct task *t, const char *kind, const char *name, const char *match,
+                          const char *output) {
   struct run *r = t->run;
   sched_t *s = r->sched;
   journal_t *j = sched__journal(s);
@@ -244,30 +283,42 @@ static void register_wait(struct task *t, const char *kind, const char *name,
   };
   struct run_set set = {.run_id = r->id, .status = "waiting", .wake_at = t->wait_until};
   struct wait_row w = {
-    .run_id = r->id, .seq = t->wait_seq, .kind = kind, .name = name, .match_path = match_path,
-    .match_value = match_value, .owner = sched_owner(s), .since = r->since,
+    .run_id = r->id, .seq = t->wait_seq, .kind = kind, .name = name, .match = match,
+    .owner = sched_owner(s), .since = r->since,
     .exclude = r->trigger_event,
     .timeout_at = t->wait_until,
   };
-  journal_step(j, &row);
-  journal_run_set(j, &set);
+  if (t->parent) {
+    /* A branch's invoke: the branch's own row says what it waits for (its
+    ** body is in flight; a replay reads the child and the timeout there). */
+    row.id = t->step_id;
+    row.kind = "run";
+    row.status = "running";
+    row.attempts = t->step_attempt;
+    row.started_at = t->step_started;
+    t->step_marked = 1;
+    journal_step(j, &row);
+  } else {
+    journal_step(j, &row);
+    journal_run_set(j, &set);
+  }
   journal_wait(j, &w);
   r->refs++;
   sched__after_entry(s, on_wait_registered, t);
   run__park(t, 1);
 }
 
-/* OP_WAIT (op.h): wait for an event. */
+/* OP_WAIT (op.h): wait for an event; match is a JSON object of path ->
+** value, or NULL. */
 void run_op_wait(struct task *t, const struct op_wait *a) {
   set_wait(t, a->seq, a->id, "wait", a->timeout_at, a->started);
   free(t->wait_child);
   t->wait_child = NULL;
   char *name = mem_strdup(a->event);
-  char *path = a->match_path ? mem_strdup(a->match_path) : NULL;
-  char *value = a->match_value ? mem_strdup(a->match_value) : NULL;
+  char *match = a->match ? mem_strdup(a->match) : NULL;
   lua_settop(t->co, 0);
-  register_wait(t, "event", name, path, value, NULL);
-  free(name), free(path), free(value);
+  register_wait(t, "event", name, match, NULL);
+  free(name), free(match);
 }
 
 /* See run.h: a dormant run is replayed (it finds the result then). */
@@ -278,7 +329,20 @@ void run_delivered(struct run *r, int seq) {
     return;
   }
   struct task *t = &r->main;
-  if (t->waiting && t->wait_seq == seq) wait_end(t);
+  if (t->waiting && t->wait_seq == seq) {
+    wait_end(t);
+    return;
+  }
+  /* An invoke in a step.parallel branch waits at the branch's seq. */
+  for (int i = 0; i < t->nkids; i++) {
+    struct task *k = t->kids[i];
+    if (k && k->co && k->waiting && k->wait_seq == seq) wait_end(k);
+  }
+}
+
+/* See run.h: the step's time is up while its body waits for a child. */
+void run__wait_stop(struct task *t) {
+  if (t->waiting) wait_end(t);
 }
 
 /* Answer an invoke that could not start its child (or a send_event whose
@@ -286,6 +350,16 @@ void run_delivered(struct run *r, int seq) {
 static void invoke_failed(struct task *t, const char *msg) {
   struct run *r = t->run;
   int64_t now = units_now_ms();
+  if (t->parent) {
+    /* In a branch's body: the body raises it, and its step records it. */
+    lua_pushnil(t->co);
+    lua_pushnumber(t->co, (lua_Number)now);
+    lua_pushstring(t->co, msg);
+    t->nres = 3;
+    run__park(t, 1);
+    run__complete(t);
+    return;
+  }
   struct step_row row = {
     .run_id = r->id, .seq = t->wait_seq, .id = t->wait_id, .kind = t->wait_kind, /* or "send" */
     .status = "failed", .error = msg, .attempts = 1, .started_at = t->wait_started,
@@ -311,6 +385,16 @@ void run_op_invoke(struct task *t, const struct op_invoke *a) {
   free(t->wait_child);
   t->wait_child = a->child ? mem_strdup(a->child) : NULL;
   lua_settop(t->co, 0);
+  if (t->parent && t->step_timed_out) {
+    /* A branch whose time is up starts no child in this attempt (as it
+    ** sends no request: op_http). */
+    char msg[300];
+    snprintf(msg, sizeof msg, "step '%s' timed out before its child run started",
+             t->step_id ? t->step_id : "?");
+    invoke_failed(t, msg);
+    free(skill_id), free(data);
+    return;
+  }
   if (!t->wait_child) {
     struct skill *sk;
     err_t e;
@@ -330,12 +414,21 @@ void run_op_invoke(struct task *t, const struct op_invoke *a) {
     /* The child's id comes from this run's id and the step's, at the
     ** step's start (a replay's is the same): a replay of this step that
     ** creates the child again makes the same run, or finds it. */
-    char child[27], key[300];
+    char child[27], key[640];
     int64_t now = units_now_ms();
     int64_t at = t->wait_started > 0 && t->wait_started < now ? t->wait_started : now;
-    snprintf(key, sizeof key, "%s:%s", r->id, t->wait_id);
+    /* A branch's invoke (its key "branch/ID", at the parallel's start):
+    ** a unit separator keeps its key apart from any step id's. A retry or
+    ** replay of the body reaches it again with the same key: a child that
+    ** exists already (here, or in the store: ended, or another
+    ** process's) is awaited, not created again. */
+    snprintf(key, sizeof key, "%s:%s%s", r->id, t->wait_id, t->parent ? "\x1f" : "");
     ids_ulid_derived(at, key, child);
-    if (!sched__find(s, child) && sched__run_new(s, sk, child, at, tj, data, r->id, &e)) {
+    char st[32];
+    err_t se;
+    int exists = sched__find(s, child) != NULL ||
+                 (t->parent && !store_run_status(sched__opts(s)->store, child, st, sizeof st, &se));
+    if (!exists && sched__run_new(s, sk, child, t->parent ? now : at, tj, data, r->id, &e)) {
       invoke_failed(t, e.msg);
       free(tj), free(skill_id), free(data);
       return;
@@ -343,10 +436,15 @@ void run_op_invoke(struct task *t, const struct op_invoke *a) {
     free(tj);
     t->wait_child = mem_strdup(child);
   }
-  char out[64];
-  snprintf(out, sizeof out, "{\"run_id\":\"%s\"}", t->wait_child);
-  register_wait(t, "child", t->wait_child, NULL, NULL, out);
-  free(skill_id), free(data);
+  /* The step's record while it waits: the child; a branch's also names
+  ** the invoke, whose replay (flow.lua's branch_invoke) reads it back. */
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "run_id", t->wait_child);
+  if (t->parent) cJSON_AddStringToObject(o, "step", t->wait_id);
+  char *out = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  register_wait(t, "child", t->wait_child, NULL, out);
+  free(out), free(skill_id), free(data);
 }
 
 /* ---- send_event ---- */

@@ -54,6 +54,11 @@ static int c_log(lua_State *L) {
 static void on_step_timeout(struct stimer *tm) {
   struct task *t = (struct task *)((char *)tm - offsetof(struct task, step_timer));
   t->step_timed_out = 1;
+  if (t->waiting) {
+    /* A branch's body waiting for its child run (step.invoke). */
+    run__wait_stop(t);
+    return;
+  }
   if (t->xfer) {
     httpc_cancel(t->xfer);
     t->xfer = NULL;

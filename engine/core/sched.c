@@ -578,11 +578,13 @@ static void close_handles(sched_t *s) {
     fprintf(stderr, "moonloop: releasing the lease: %s\n", e.msg);
 }
 
-/* A run with a step body in flight (in its main task or a parallel child). */
+/* A run with a step body in flight (in its main task or a parallel child).
+** A child whose body waits for a child run (step.invoke) is at a durable
+** point: its replay awaits the same child again. */
 static int in_body(const struct run *r) {
   if (r->main.in_body) return 1;
   for (int i = 0; i < r->main.nkids; i++)
-    if (r->main.kids[i] && r->main.kids[i]->in_body) return 1;
+    if (r->main.kids[i] && r->main.kids[i]->in_body && !r->main.kids[i]->waiting) return 1;
   return 0;
 }
 

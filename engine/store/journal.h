@@ -117,11 +117,13 @@ enum skill_op { SKILL_PUT, SKILL_ERROR, SKILL_REMOVE };
 ** "cancel", seq < 0). An event that arrived since `since` and matches is
 ** taken at once: the entry's result is then the event (JSON). Registering
 ** the same (run_id, seq) again is harmless: a delivered result is
-** returned. exclude: an event that never counts (the run's own
-** triggering event). */
+** returned. match: a JSON object of path -> value ({"data.service":
+** "api"}): an event matches when each path's value in it is that value
+** (compared as compact JSON); NULL matches every event. exclude: an event
+** that never counts (the run's own triggering event). */
 #define JOURNAL_WAIT_ROW(_, S) \
   _(S, ARG, TEXT, run_id) _(S, ARG, INT, seq) _(S, ARG, TEXT, kind) _(S, ARG, TEXT, name) \
-  _(S, ARG, TEXT, match_path) _(S, ARG, TEXT, match_value) _(S, ARG, TEXT, owner) \
+  _(S, ARG, TEXT, match) _(S, ARG, TEXT, owner) \
   _(S, ARG, TEXT, exclude) _(S, ARG, I64, since) _(S, ARG, TIME, timeout_at)
 
 /* End a wait: its result (if it was delivered meanwhile) is the entry's

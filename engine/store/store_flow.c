@@ -11,8 +11,9 @@
 ** looks for the waits registered on its name. SQLite runs write
 ** transactions one at a time, so no event slips between the two.
 **
-** Matching: a wait may name a path ("data.request_id"); the event's value
-** at that path, as compact JSON, must equal the wait's match_value.
+** Matching: a wait may hold a match, a JSON object of path -> value
+** ({"data.service": "api", "data.version": "2"}); the event's value at
+** each path, as compact JSON, must equal that value's.
 */
 #include "base/ids.h"
 #include "base/jsontext.h"
@@ -39,9 +40,9 @@ static const char *const fsql[F_COUNT] = {
   [F_EVENT_BY_IDEM] = "SELECT id FROM events WHERE idem = ?1",
   [F_WAIT_GET] = "SELECT result FROM waits WHERE run_id = ?1 AND seq = ?2",
   [F_WAIT_UPDATE] = "UPDATE waits SET owner = ?3, timeout_at = ?4 WHERE run_id = ?1 AND seq = ?2",
-  [F_WAIT_INSERT] = "INSERT INTO waits(run_id, seq, kind, name, match_path, match_value, since,"
+  [F_WAIT_INSERT] = "INSERT INTO waits(run_id, seq, kind, name, match_json, since,"
                     " timeout_at, owner, result, delivered_at)"
-                    " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)",
+                    " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)",
   [F_EVENTS_SINCE] = "SELECT id, name, data, ts FROM events WHERE name = ?1 AND ts >= ?2"
                      " AND id IS NOT ?4 AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE"
                      " d.run_id = ?3 AND d.event_id = events.id) ORDER BY ts, id LIMIT 1000",
@@ -106,16 +107,25 @@ static char *event_json(const char *id, const char *name, const char *data, int6
   return s;
 }
 
-/* Whether the event matches a wait's path and value. A path is relative to
-** the event object {name, id, data, ts}: "data.request_id". */
-static int event_matches(const char *event_json_text, const char *path, const char *value) {
-  if (!path || !*path) return 1;
-  cJSON *ev = cJSON_Parse(event_json_text);
-  const cJSON *v = jsontext_path(ev, path);
-  char *got = v ? cJSON_PrintUnformatted(v) : mem_strdup("null");
-  int ok = got && value && !strcmp(got, value);
-  free(got);
+/* Whether the event matches a wait's match (NULL: any event): each path,
+** relative to the event object {name, id, data, ts} ("data.request_id"),
+** holds the match's value there, both printed as compact JSON (a missing
+** path reads as null). A match that is not a JSON object matches nothing. */
+static int event_matches(const char *event_json_text, const char *match) {
+  if (!match || !*match) return 1;
+  cJSON *m = cJSON_Parse(match);
+  cJSON *ev = cJSON_IsObject(m) ? cJSON_Parse(event_json_text) : NULL;
+  int ok = ev != NULL;
+  const cJSON *want;
+  for (want = m ? m->child : NULL; ok && want; want = want->next) {
+    const cJSON *v = jsontext_path(ev, want->string);
+    char *got = v ? cJSON_PrintUnformatted(v) : mem_strdup("null");
+    char *exp = cJSON_PrintUnformatted(want);
+    ok = got && exp && !strcmp(got, exp);
+    free(got), free(exp);
+  }
   cJSON_Delete(ev);
+  cJSON_Delete(m);
   return ok;
 }
 
@@ -189,13 +199,12 @@ static int insert_wait(store_t *s, const struct wait_row *w, const char *result,
   sqlite3_bind_int(st, 2, w->seq);
   store__bind_text(st, 3, w->kind);
   store__bind_text(st, 4, w->name);
-  store__bind_text(st, 5, w->match_path);
-  store__bind_text(st, 6, w->match_value);
-  sqlite3_bind_int64(st, 7, w->since);
-  store__bind_time(st, 8, w->timeout_at);
-  store__bind_text(st, 9, w->owner);
-  store__bind_text(st, 10, result);
-  store__bind_time(st, 11, result ? units_now_ms() : 0);
+  store__bind_text(st, 5, w->match);
+  sqlite3_bind_int64(st, 6, w->since);
+  store__bind_time(st, 7, w->timeout_at);
+  store__bind_text(st, 8, w->owner);
+  store__bind_text(st, 9, result);
+  store__bind_time(st, 10, result ? units_now_ms() : 0);
   return store__step(s, st, e, "registering a wait");
 }
 
@@ -222,7 +231,7 @@ static int find_event(store_t *s, const struct wait_row *w, char **result, char 
     char *ej = event_json((const char *)sqlite3_column_text(st, 0),
                           (const char *)sqlite3_column_text(st, 1),
                           (const char *)sqlite3_column_text(st, 2), sqlite3_column_int64(st, 3));
-    if (ej && event_matches(ej, w->match_path, w->match_value)) {
+    if (ej && event_matches(ej, w->match)) {
       *result = ej;
       *event_id = store__col_dup(st, 0);
       break;
@@ -582,7 +591,7 @@ static int trigger_runs(store_t *s, const char *ej, const char *name, const char
 static int deliver_event(store_t *s, const char *id, const char *name, const char *ej,
                          int64_t ts, int64_t now, err_t *e) {
   sqlite3_stmt *st = store__cached(s,
-    "SELECT run_id, seq, kind, match_path, match_value FROM waits"
+    "SELECT run_id, seq, kind, match_json FROM waits"
     " WHERE kind IN ('event', 'cancel') AND name = ?1 AND result IS NULL"
     " AND delivered_at IS NULL AND since <= ?2"
     " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.run_id = waits.run_id"
@@ -593,9 +602,7 @@ static int deliver_event(store_t *s, const char *id, const char *name, const cha
   store__bind_text(st, 3, id);
   int err = 0;
   while (!err && sqlite3_step(st) == SQLITE_ROW) {
-    if (!event_matches(ej, (const char *)sqlite3_column_text(st, 3),
-                       (const char *)sqlite3_column_text(st, 4)))
-      continue;
+    if (!event_matches(ej, (const char *)sqlite3_column_text(st, 3))) continue;
     const char *run_id = (const char *)sqlite3_column_text(st, 0);
     int seq = sqlite3_column_int(st, 1);
     sqlite3_stmt *u = store__cached(s,

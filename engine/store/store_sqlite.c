@@ -22,7 +22,8 @@
 **   logs     run_id, seq, ts, level, msg
 **   events   (id) -> name, data, idempotency key, dispatched
 **   waits    (run_id, seq) -> what a parked run waits for (an event, a
-**            child run, a cancelling event) and, once delivered, the result;
+**            child run, a cancelling event; match_json: the event's fields
+**            that must be equal) and, once delivered, the result;
 **            kept until its step's end is recorded (delivered_at without a
 **            result: closed, ended with nothing)
 **   deliveries (run_id, event_id): events a run's waits already took
@@ -166,6 +167,15 @@ static const char *const migrations[] = {
   "ALTER TABLE versions ADD COLUMN triggers TEXT;",
   /* 6: quarantine: processes that died while the run was executing */
   "ALTER TABLE runs ADD COLUMN crashes INTEGER NOT NULL DEFAULT 0;",
+  /* 7: a wait matches on several fields: match_json, a JSON object of
+  ** path -> value, replaces the one path and value (kept waits are
+  ** carried over; "event." in a path meant the event itself) */
+  "ALTER TABLE waits ADD COLUMN match_json TEXT;"
+  "UPDATE waits SET match_json = json_object(CASE WHEN match_path LIKE 'event.%'"
+  "  THEN substr(match_path, 7) ELSE match_path END, json(match_value))"
+  "  WHERE match_path IS NOT NULL AND json_valid(match_value);"
+  "ALTER TABLE waits DROP COLUMN match_path;"
+  "ALTER TABLE waits DROP COLUMN match_value;",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 

@@ -372,6 +372,9 @@ class StatsMigrationTest(TestCase):
                           "ALTER TABLE runs DROP COLUMN retries; ALTER TABLE runs DROP COLUMN tokens;"
                           "ALTER TABLE versions DROP COLUMN triggers;"  # (migration 5)
                           "ALTER TABLE runs DROP COLUMN crashes;"  # (migration 6)
+                          "ALTER TABLE waits ADD COLUMN match_path TEXT;"  # (migration 7)
+                          "ALTER TABLE waits ADD COLUMN match_value TEXT;"
+                          "ALTER TABLE waits DROP COLUMN match_json;"
                           "PRAGMA user_version = 3;")
         con.close()
         t = self.w.json("stats", "bad", "--since", "1h")["totals"]
