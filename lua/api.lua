@@ -130,14 +130,15 @@ M.skill_keys = {
   { name = "retries", takes = "0..100", doc = "retries of each step after its first attempt (default 3)" },
   { name = "backoff", takes = "duration", doc = "the first retry's delay, doubling per attempt (default 1s)" },
   { name = "timeout", takes = "duration", doc = "the whole run; past it the run fails" },
-  { name = "concurrency", takes = "{limit=, key=}", doc = "at most limit runs at once (per value of key)" },
+  { name = "concurrency", takes = "{limit=, key=, scope=} or a list of them",
+    doc = "at most limit runs at once (per value of key; scope: shared by every skill naming it); queued, not dropped" },
   { name = "cancel_on", takes = "list of {event=, match=}", doc = "events that cancel a run" },
   { name = "on_failure", takes = "function(ctx, err)", doc = "runs as its own durable run once a run failed" },
   { name = "run", takes = "function(ctx)", doc = "required: the run's body; its return value is the output" },
 }
 -- The keys of the skill table's sub-tables.
 M.trigger_keys = { "event", "cron", "tz" }
-M.concurrency_keys = { "limit", "key" }
+M.concurrency_keys = { "limit", "key", "scope" }
 M.cancel_on_keys = { "event", "match" }
 -- Keys that versions registered before these tables existed may hold,
 -- which did nothing: a recorded version that has them still loads (its

@@ -141,21 +141,53 @@ function M.validate(def, file, src, default_id, recorded)
   spec.triggers = triggers
 
   if def.concurrency ~= nil then
+    -- One limit {limit=, key=, scope=}, or a list of them: a run starts
+    -- only when every one of them has room.
     local c = def.concurrency
-    if type(c) ~= "table" then fail("concurrency", "'concurrency' must be a table {limit=, key=}") end
-    for k in pairs(c) do
-      if not CONCURRENCY_KEYS[k] then
-        fail(type(k) == "string" and k or "concurrency", "unknown key '%s' in 'concurrency'%s", tostring(k),
-             type(k) == "string" and suggest(k, CONCURRENCY_KEYS) or "")
+    if type(c) ~= "table" then
+      fail("concurrency", "'concurrency' must be a table {limit=, key=, scope=} or a list of them, got %s", show(c))
+    end
+    local list = c[1] ~= nil and c or { c }
+    if c[1] ~= nil then
+      for k in pairs(c) do
+        if type(k) ~= "number" or k < 1 or k > #c or k ~= math.floor(k) then
+          fail(type(k) == "string" and k or "concurrency",
+               "'concurrency' is a list of limits, so it cannot also have the key '%s': write "
+               .. "{ {limit = 1, key = ...}, {limit = 5} }", tostring(k))
+        end
       end
     end
-    if type(c.limit) ~= "number" or c.limit < 1 or c.limit ~= math.floor(c.limit) then
-      fail("limit", "'concurrency.limit' must be a whole number of at least 1, got %s", show(c.limit))
+    local limits, seen = {}, {}
+    for i, l in ipairs(list) do
+      local where = #list > 1 and ("concurrency " .. i) or "concurrency"
+      if type(l) ~= "table" then fail("concurrency", "%s must be a table {limit=, key=, scope=}, got %s", where, show(l)) end
+      for k in pairs(l) do
+        if not CONCURRENCY_KEYS[k] then
+          fail(type(k) == "string" and k or "concurrency", "unknown key '%s' in '%s'%s", tostring(k), where,
+               type(k) == "string" and suggest(k, CONCURRENCY_KEYS) or "")
+        end
+      end
+      if type(l.limit) ~= "number" or l.limit < 1 or l.limit ~= math.floor(l.limit) or l.limit > 1e9 then
+        fail("limit", "'%s.limit' must be a whole number of at least 1, got %s", where, show(l.limit))
+      end
+      if l.key ~= nil and (type(l.key) ~= "string" or not l.key:match("^[%a_][%w_]*[%w_.]*$")) then
+        fail("key", "'%s.key' must be a path such as \"event.data.service\", got %s", where, show(l.key))
+      end
+      if l.scope ~= nil and (type(l.scope) ~= "string" or not l.scope:match("^[a-z0-9][a-z0-9._-]*$")
+          or #l.scope > 100) then
+        fail("scope", "'%s.scope' must be a name such as \"openai\" ([a-z0-9][a-z0-9._-]*), shared by every "
+             .. "skill that names it, got %s", where, show(l.scope))
+      end
+      local id = (l.scope or "") .. "|" .. (l.key or "")
+      if seen[id] then
+        fail("concurrency", "%s repeats %s %s: keep one limit per %s (the smaller)", where,
+             l.scope and ("scope '" .. l.scope .. "'") or "the skill's own limit",
+             l.key and ("on key '" .. l.key .. "'") or "without a key", l.scope and "scope and key" or "key")
+      end
+      seen[id] = true
+      limits[#limits + 1] = { limit = l.limit, key = l.key, scope = l.scope }
     end
-    if c.key ~= nil and (type(c.key) ~= "string" or not c.key:match("^[%a_][%w_]*[%w_.]*$")) then
-      fail("key", "'concurrency.key' must be a path such as \"event.data.service\"")
-    end
-    spec.concurrency = { limit = c.limit, key = c.key }
+    spec.concurrency = limits
   end
 
   if def.cancel_on ~= nil then

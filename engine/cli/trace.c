@@ -98,6 +98,20 @@ static const char *trigger_kind(const cJSON *run) {
   return k ? k : "?";
 }
 
+/* Why a queued run waits (its record's "queued"), in words: "concurrency
+** limit 2 of scope openai, key event.data.team=\"a\"". Empty when it has
+** no reason (not queued, or queued for an engine to take it). */
+static void queued_text(const cJSON *q, char *out, size_t n) {
+  out[0] = 0;
+  if (!cJSON_IsObject(q)) return;
+  const char *why = str(q, "reason"), *scope = str(q, "scope"), *skill = str(q, "skill");
+  const char *key = str(q, "key");
+  const cJSON *lim = cJSON_GetObjectItem(q, "limit");
+  snprintf(out, n, "%s limit %g of %s %s%s%s", why ? why : "?",
+           cJSON_IsNumber(lim) ? lim->valuedouble : 0, scope ? "scope" : "skill",
+           scope ? scope : skill ? skill : "?", key ? ", key " : "", key ? key : "");
+}
+
 void trace_print_runs(FILE *f, const cJSON *runs, int color, int64_t now) {
   struct term_strs ts = {0};
   int n = cJSON_GetArraySize(runs);
@@ -115,9 +129,12 @@ void trace_print_runs(FILE *f, const cJSON *runs, int color, int64_t now) {
     char ago[32], dur[32] = "-";
     trace_fmt_ago(started, now, ago, sizeof ago);
     if (started) units_fmt_duration((ended ? ended : now) - started, dur, sizeof dur);
-    fprintf(f, "%-26s  %-24.24s  %s%-10s%s  %-10s  %-14s  %9s\n", T(shown(r, "id")),
+    char why[400];
+    queued_text(cJSON_GetObjectItem(r, "queued"), why, sizeof why);
+    fprintf(f, "%-26s  %-24.24s  %s%-10s%s  %-10s  %-14s  %9s%s%s\n", T(shown(r, "id")),
             T(shown(r, "skill")), color ? status_color(st) : "",
-            st ? T(st) : "?", color ? RESET : "", T(trigger_kind(r)), ago, dur);
+            st ? T(st) : "?", color ? RESET : "", T(trigger_kind(r)), ago, dur,
+            why[0] ? "  waiting: " : "", why[0] ? T(why) : "");
   }
   term_strs_free(&ts);
 }
@@ -195,9 +212,14 @@ void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
   cJSON_ArrayForEach(kid, cJSON_GetObjectItem(run, "children"))
     fprintf(f, "  child    %s  %s  %s\n", T(shown(kid, "id")), T(shown(kid, "skill")),
             T(shown(kid, "status")));
+  char why[400];
+  queued_text(cJSON_GetObjectItem(run, "queued"), why, sizeof why);
+  if (why[0]) fprintf(f, "  queued   waiting for a slot: %s\n", T(why));
   char started[40];
   units_rfc3339(t0, started, sizeof started);
-  fprintf(f, "  started  %s (%s)\n", started, ago);
+  if (time_of(run, "started_at")) fprintf(f, "  started  %s (%s)\n", started, ago);
+  else fprintf(f, "  started  %s (created %s, %s)\n", st && !strcmp(st, "queued") ? "not yet" : "never",
+               started, ago);
   char *in = short_json(cJSON_GetObjectItem(run, "input"), 200);
   fprintf(f, "  input    %s\n", in ? in : "null");
   free(in);

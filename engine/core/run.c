@@ -32,7 +32,7 @@
 /* Free a run and what it owns (its references are all gone). */
 static void run_free(struct run *r) {
   run__free_kids(&r->main);
-  free(r->trigger), free(r->input), free(r->parent_id), free(r->fail_error), free(r->ckey);
+  free(r->trigger), free(r->input), free(r->parent_id), free(r->fail_error), free(r->limits);
   free(r->trigger_event);
   free(r->main.step_id), free(r->main.wait_id), free(r->main.wait_child);
   free(r);
@@ -186,11 +186,7 @@ static void start_on_failure(struct run *r, const char *error, int64_t now) {
     .entry = "on_failure", .trigger = tj, .input = r->input, .owner = sched_owner(s),
     .created_at = now, .started_at = now, .by_run = r->id,
   };
-  if (journal_run_new(sched__journal(s), &row)) {
-    term_printf(stderr, "moonloop: on_failure of %s: out of memory\n", r->id);
-    run_unref(f);
-    return;
-  }
+  journal_run_new(sched__journal(s), &row);
   if (run_start_created(s, f, &e)) term_printf(stderr, "moonloop: on_failure of %s: %s\n", r->id, e.msg);
 }
 
@@ -223,6 +219,9 @@ void run__finish(struct run *r, const char *status, const char *output, const ch
                            .by_run = r->id};
     journal_cancel(j, &c);
   }
+  /* Its slots go to the runs queued for them in the same group, and to
+  ** those living here at once (flowctl.c). */
+  run__release_slot(r);
   struct run_set set = {.run_id = r->id, .status = status, .output = output, .error = error,
                         .ended_at = now};
   journal_run_set(j, &set);
@@ -394,7 +393,7 @@ static void on_wake(struct stimer *tm) {
 /* The value (compact JSON) at a path such as "event.data.service" or
 ** "data.service" in r's event, whose data is the input for runs not
 ** started by an event; "null" when it is not there. */
-static char *event_value(struct run *r, const char *path) {
+char *run__event_value(struct run *r, const char *path) {
   cJSON *trig = r->trigger ? cJSON_Parse(r->trigger) : NULL;
   cJSON *ev = cJSON_GetObjectItem(trig, "event"), *made = NULL;
   if (!cJSON_IsObject(ev)) {
@@ -419,7 +418,7 @@ static void register_cancel_on(struct run *r) {
   cJSON_ArrayForEach(c, list) {
     const cJSON *ev = cJSON_GetObjectItem(c, "event"), *match = cJSON_GetObjectItem(c, "match");
     if (!cJSON_IsString(ev)) continue;
-    char *value = cJSON_IsString(match) ? event_value(r, match->valuestring) : NULL;
+    char *value = cJSON_IsString(match) ? run__event_value(r, match->valuestring) : NULL;
     struct wait_row w = {
       .run_id = r->id, .seq = -(++i), .kind = "cancel", .name = ev->valuestring,
       .match_path = cJSON_IsString(match) ? match->valuestring : NULL, .match_value = value,
@@ -429,14 +428,6 @@ static void register_cancel_on(struct run *r) {
     free(value);
   }
   cJSON_Delete(list);
-}
-
-/* See run.h. */
-void run__release_slot(struct run *r) {
-  if (!r->slot_held) return;
-  r->slot_held = 0;
-  struct slot_row sl = {.run_id = r->id, .acquire = 0};
-  journal_slot(sched__journal(r->sched), &sl);
 }
 
 /* When the events a run may wait for begin: its triggering event's
@@ -457,8 +448,6 @@ static int64_t events_since(struct run *r) {
 /* Take a run into the scheduler: references, timers, the map. */
 static void link_run(sched_t *s, struct run *r) {
   r->since = events_since(r);
-  if (r->skill && r->skill->concurrency_limit > 0 && !r->ckey)
-    r->ckey = r->skill->concurrency_key ? event_value(r, r->skill->concurrency_key) : mem_strdup("");
   if (r->skill && r->skill->cancel_on) register_cancel_on(r);
   r->sched = s;
   r->main.run = r;

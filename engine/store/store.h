@@ -231,7 +231,8 @@ int store_rerun_version(store_t *s, const char *skill, const char *run_version, 
 
 /* What the runs of owner got from others: waits delivered
 ** ({"deliveries": [{"run_id", "seq"}]}) and cancellations asked for
-** ({"cancels": [{"run_id", "reason"}]}). */
+** ({"cancels": [{"run_id", "reason"}]}), and concurrency slots handed to
+** its queued runs by other runs' releases ({"grants": [run_id]}). */
 int store_poll(store_t *s, const char *owner, cJSON **out, err_t *e);
 
 /* The last cron tick fired for (skill, spec), or 0 when none was. */

@@ -27,6 +27,7 @@
 **            result: closed, ended with nothing)
 **   deliveries (run_id, event_id): events a run's waits already took
 **   slots, slot_queue: concurrency slots held, and runs queued for them
+**            (skill: the skill's id or "@scope"; key: "path=value" or "")
 **   cron_state (skill, spec) -> the last tick fired
 **   leases   (owner) -> kind, host, pid, expires_at
 **
@@ -165,6 +166,14 @@ static const char *const migrations[] = {
   "ALTER TABLE versions ADD COLUMN triggers TEXT;",
   /* 6: quarantine: processes that died while the run was executing */
   "ALTER TABLE runs ADD COLUMN crashes INTEGER NOT NULL DEFAULT 0;",
+  /* 7: flow control (store_queue.c): why a run is queued (JSON, NULL when
+  ** it is not), a slot handed to a run by another run's release that its
+  ** owner has not taken up yet (slot_granted, found through runs_granted),
+  ** and each queue place's limit, so a release can hand its slot on. */
+  "ALTER TABLE runs ADD COLUMN queued TEXT;"
+  "ALTER TABLE runs ADD COLUMN slot_granted INTEGER NOT NULL DEFAULT 0;"
+  "CREATE INDEX runs_granted ON runs(owner) WHERE slot_granted = 1;"
+  "ALTER TABLE slot_queue ADD COLUMN lim INTEGER NOT NULL DEFAULT 1;",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -1111,10 +1120,10 @@ static void row_from_stmt(sqlite3_stmt *st, struct run_row *r) {
   r->owner = store__col_dup(st, 15);
   r->idem = NULL;
   /* STORE_CLAIM_COLS: what adopting the run needs beyond its record. */
-  if (sqlite3_column_count(st) > 18) {
-    r->crashes = sqlite3_column_int(st, 16);
-    r->cancel_requested = sqlite3_column_int(st, 17);
-    r->cancel_reason = store__col_dup(st, 18);
+  if (sqlite3_column_count(st) > 19) {
+    r->crashes = sqlite3_column_int(st, 17);
+    r->cancel_requested = sqlite3_column_int(st, 18);
+    r->cancel_reason = store__col_dup(st, 19);
   }
 }
 

@@ -1,0 +1,126 @@
+/*
+** flowctl.c: flow control in the core: a run of a skill with limits
+** executes only while it holds their slots (see docs/architecture.md,
+** "Flow control", and store_queue.c for the queues in the store).
+**
+**   run ready to resume --(has limits, no slots)--> J_SLOT acquire
+**        ^                                             |
+**        |  "1": slots held (status running)           | refused: its places in
+**        +---------------------------------------------+ the queues, status queued
+**        |                                             |
+**        |   a release here (J_SLOT release, result:   | (no timer, no retry:
+**        |   the runs it granted) or store_poll's      |  the store hands the
+**        +-- "grants" (a release elsewhere) -- acquire-+  room on at release)
+**
+** A run parked for long gives its slots back (run_flow.c's parked_long)
+** and asks again when it wakes; a run that ends releases them before its
+** terminal status, so the runs it hands them to start in the same turn.
+*/
+#include "core/flowctl.h"
+
+#include "base/mem.h"
+#include "base/units.h"
+#include "core/run.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* See flowctl.h. */
+char *flowctl_limits(struct run *r) {
+  cJSON *list = cJSON_Parse(r->skill->limits);
+  cJSON *out = cJSON_CreateArray();
+  const cJSON *l;
+  cJSON_ArrayForEach(l, list) {
+    const char *key = cJSON_GetStringValue(cJSON_GetObjectItem(l, "key"));
+    const char *scope = cJSON_GetStringValue(cJSON_GetObjectItem(l, "scope"));
+    cJSON *x = cJSON_CreateObject();
+    if (scope) {
+      char *q = mem_printf("@%s", scope);
+      cJSON_AddStringToObject(x, "q", q);
+      free(q);
+    } else {
+      cJSON_AddStringToObject(x, "q", r->skill->id);
+    }
+    if (key) {
+      /* The path names the count, so two keys of one skill never share it. */
+      char *v = run__event_value(r, key);
+      char *k = mem_printf("%s=%s", key, v);
+      cJSON_AddStringToObject(x, "key", k);
+      free(k), free(v);
+    } else {
+      cJSON_AddStringToObject(x, "key", "");
+    }
+    cJSON_AddNumberToObject(x, "limit", cJSON_GetNumberValue(cJSON_GetObjectItem(l, "limit")));
+    cJSON_AddItemToArray(out, x);
+  }
+  cJSON_Delete(list);
+  char *js = cJSON_PrintUnformatted(out);
+  cJSON_Delete(out);
+  return js;
+}
+
+/* See flowctl.h. */
+int flowctl_needed(const struct run *r) { return r->skill && r->skill->nlimits > 0; }
+
+/* The store answered r's acquire: "1", the slots are r's; otherwise r is
+** queued in the store, and waits here with nothing armed until a release
+** hands it the slots (flowctl_granted). */
+static void on_acquired(void *arg, const struct jentry *je) {
+  struct run *r = arg;
+  r->slot_pending = 0;
+  if (!r->aborted && !r->finished && !r->dormant && !je->dropped) {
+    if (je->result) {
+      r->slot_held = r->slot_ever = 1;
+      /* Its executing time starts here (the store set started_at the same). */
+      if (!r->started_at) r->started_at = units_now_ms();
+      sched__ready(r->sched, &r->main);
+    } else if (!r->slot_ever) {
+      /* Queued before it ever executed (a cron or on_failure run made as
+      ** running): the store cleared its started_at too. */
+      r->started_at = 0;
+    }
+  }
+  run_unref(r);
+}
+
+/* See flowctl.h. */
+void flowctl_gate(sched_t *s, struct run *r) {
+  if (r->slot_pending || r->slot_held) return;
+  if (!r->limits) r->limits = flowctl_limits(r);
+  r->slot_pending = 1;
+  struct slot_row sl = {.run_id = r->id, .limits = r->limits, .acquire = 1, .at = r->created_at};
+  journal_slot(sched__journal(s), &sl);
+  r->refs++;
+  sched__after_entry(s, on_acquired, r);
+}
+
+/* See flowctl.h. */
+void flowctl_granted(sched_t *s, const char *run_id) {
+  struct run *r = sched__find(s, run_id);
+  /* Held or asked already: the answer in flight says so. Dormant: it
+  ** asks when it wakes (the store answers "1"). */
+  if (r && !r->aborted && !r->finished && !r->dormant && !r->slot_held && !r->slot_pending &&
+      flowctl_needed(r))
+    flowctl_gate(s, r);
+}
+
+/* A release is durable: the runs it handed slots to that live here ask
+** for them now (answered "1" in the next group), not at the next poll. */
+static void on_released(void *arg, const struct jentry *je) {
+  sched_t *s = arg;
+  if (je->dropped || !je->result) return;
+  cJSON *ids = cJSON_Parse(je->result);
+  const cJSON *id;
+  cJSON_ArrayForEach(id, ids) if (cJSON_IsString(id)) flowctl_granted(s, id->valuestring);
+  cJSON_Delete(ids);
+}
+
+/* See run.h: give back r's slots (it parks for long, or ends). */
+void run__release_slot(struct run *r) {
+  if (!r->slot_held) return;
+  r->slot_held = 0;
+  struct slot_row sl = {.run_id = r->id, .acquire = 0};
+  journal_slot(sched__journal(r->sched), &sl);
+  sched__after_entry(r->sched, on_released, r->sched);
+}

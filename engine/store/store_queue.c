@@ -1,0 +1,309 @@
+/*
+** store_queue.c: concurrency slots and the queues of runs waiting for
+** them (J_SLOT; see docs/architecture.md, "Flow control").
+**
+** A run of a skill with limits executes only while it holds a slot of
+** every limit: `slots` (queue, key, run_id) rows. A queue is a skill's id
+** (its own limits) or "@" and a scope's name (a limit shared by every
+** skill naming it); a key is "path=value" of the limit's key ("" when it
+** has none), so two limits of one skill never share a count. A run that
+** cannot have all of them takes a place in every queue instead
+** (`slot_queue`, with the limit it was asked under), ordered by (since,
+** run_id): its creation time, so a run that gave its slots back while
+** parked is ahead of runs created after it.
+**
+** Invariants, each kept inside one write transaction:
+**  - a run holds the slots of all its limits or of none;
+**  - a limit (queue, key) is granted only while count(slots) < limit;
+**  - room never lasts while a queued run could use it: room appears only
+**    when a slot is deleted, and every deletion goes through
+**    store__slots_free, which hands it at once to the queue's runs in
+**    order (passing over those another limit blocks). So queued runs go
+**    first, in order, a run never waits while its limits have room, no
+**    engine asks again on a timer, and a run blocked by one limit never
+**    holds up the runs behind it in another (room found by a new run's
+**    acquire is room no queued run can use).
+**
+** A run granted its slots by another run's release (its owner may be
+** another engine, or none) becomes "running" in the same transaction and
+** is marked slot_granted; its owner finds it through store_poll and
+** acknowledges it with an acquire (answered "1", which clears the mark).
+** A queued run's reason is kept in runs.queued (JSON) while it waits.
+*/
+#include "base/mem.h"
+#include "base/units.h"
+#include "store/store_db.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char HELD_SQL[] = "SELECT 1 FROM slots WHERE run_id = ?1 LIMIT 1";
+static const char ACK_SQL[] = "UPDATE runs SET slot_granted = 0 WHERE id = ?1 AND slot_granted = 1";
+static const char INUSE_SQL[] = "SELECT count(*) FROM slots WHERE skill = ?1 AND key = ?2";
+static const char TAKE_SQL[] =
+  "INSERT OR IGNORE INTO slots(skill, key, run_id, since) VALUES(?1,?2,?3,?4)";
+static const char PLACE_SQL[] =
+  "INSERT OR IGNORE INTO slot_queue(skill, key, run_id, since, lim) VALUES(?1,?2,?3,?4,?5)";
+static const char LEAVE_SQL[] = "DELETE FROM slot_queue WHERE run_id = ?1";
+static const char DROP_SQL[] = "DELETE FROM slots WHERE run_id = ?1";
+static const char STARTED_SQL[] =
+  "UPDATE runs SET status = CASE WHEN status = 'queued' THEN 'running' ELSE status END,"
+  " started_at = COALESCE(started_at, ?2), queued = NULL, slot_granted = ?3 WHERE id = ?1";
+/* A run queued before its first step has not started: no started_at. */
+static const char QUEUED_SQL[] =
+  "UPDATE runs SET status = 'queued', queued = ?2, started_at = CASE WHEN EXISTS"
+  " (SELECT 1 FROM steps WHERE run_id = ?1) THEN started_at END WHERE id = ?1"
+  " AND status NOT IN ('completed','failed','cancelled')";
+static const char PLACES_SQL[] =
+  "SELECT skill, key, since, lim FROM slot_queue WHERE run_id = ?1";
+static const char PAIRS_SQL[] =
+  "SELECT skill, key FROM slots WHERE run_id = ?1"
+  " UNION SELECT skill, key FROM slot_queue WHERE run_id = ?1";
+static const char HEAD_SQL[] =
+  "SELECT run_id FROM slot_queue WHERE skill = ?1 AND key = ?2 ORDER BY since, run_id"
+  " LIMIT ?3 OFFSET ?4";
+
+/* One limit of a run: its queue, key and limit. */
+struct lim {
+  char *q, *key;
+  int64_t since, limit;
+};
+
+/* Step the one-row count statement st, or -1 with e filled. */
+static int64_t count_of(store_t *s, sqlite3_stmt *st, err_t *e) {
+  int64_t n = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -1;
+  sqlite3_reset(st);
+  if (n < 0) store__db_err(e, s->w, "counting slots");
+  return n;
+}
+
+/* Whether limit l has room (1), not (0), or -1 on error. No queue is
+** consulted: room never lasts while a queued run could take it (every
+** deletion hands it on at once), so room found here is free for anyone. */
+static int has_room(store_t *s, const struct lim *l, err_t *e) {
+  sqlite3_stmt *in = store__cached(s, INUSE_SQL, e);
+  if (!in) return -1;
+  store__bind_text(in, 1, l->q);
+  store__bind_text(in, 2, l->key);
+  int64_t inuse = count_of(s, in, e);
+  if (inuse < 0) return -1;
+  return inuse < l->limit;
+}
+
+/* Run statement sql with ?1 = run_id (and ?2 = b, ?3 = n when given). */
+static int exec_run(store_t *s, const char *sql, const char *run_id, const char *b, int64_t n,
+                    int bind3, const char *what, err_t *e) {
+  sqlite3_stmt *st = store__cached(s, sql, e);
+  if (!st) return e->code;
+  store__bind_text(st, 1, run_id);
+  if (b) store__bind_text(st, 2, b);
+  if (bind3) sqlite3_bind_int64(st, 3, n);
+  return store__step(s, st, e, what);
+}
+
+/* Give run_id the slots of its n limits, leave its queues, and mark it
+** started (granted: by another run's release, for its owner to notice). */
+static int take(store_t *s, const char *run_id, const struct lim *l, int n, int granted,
+                err_t *e) {
+  int64_t now = units_now_ms();
+  for (int i = 0; i < n; i++) {
+    sqlite3_stmt *st = store__cached(s, TAKE_SQL, e);
+    if (!st) return e->code;
+    store__bind_text(st, 1, l[i].q);
+    store__bind_text(st, 2, l[i].key);
+    store__bind_text(st, 3, run_id);
+    sqlite3_bind_int64(st, 4, now);
+    if (store__step(s, st, e, "taking a slot")) return e->code;
+  }
+  if (exec_run(s, LEAVE_SQL, run_id, NULL, 0, 0, "leaving a slot queue", e)) return e->code;
+  sqlite3_stmt *st = store__cached(s, STARTED_SQL, e);
+  if (!st) return e->code;
+  store__bind_text(st, 1, run_id);
+  sqlite3_bind_int64(st, 2, now);
+  sqlite3_bind_int(st, 3, granted);
+  return store__step(s, st, e, "starting a queued run");
+}
+
+/* Why a run waits on limit l (in use: inuse), as runs.queued's JSON. */
+static char *reason_json(const struct lim *l) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "reason", "concurrency");
+  if (l->q[0] == '@') cJSON_AddStringToObject(o, "scope", l->q + 1);
+  else cJSON_AddStringToObject(o, "skill", l->q);
+  if (l->key[0]) cJSON_AddStringToObject(o, "key", l->key);
+  cJSON_AddNumberToObject(o, "limit", (double)l->limit);
+  char *js = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  return js;
+}
+
+static void lims_free(struct lim *l, int n) {
+  for (int i = 0; i < n; i++) free(l[i].q), free(l[i].key);
+  free(l);
+}
+
+/* Acquire: see journal.h. */
+static int acquire(store_t *s, const struct jentry *je, err_t *e) {
+  const struct slot_row *sl = &je->u.slot;
+  sqlite3_stmt *st = store__cached(s, HELD_SQL, e);
+  if (!st) return e->code;
+  store__bind_text(st, 1, sl->run_id);
+  int rc = sqlite3_step(st);
+  sqlite3_reset(st);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return store__db_err(e, s->w, "finding slots");
+  if (rc == SQLITE_ROW) {
+    /* Held already: granted by a release, or kept across a takeover. */
+    if (exec_run(s, ACK_SQL, sl->run_id, NULL, 0, 0, "taking up a slot", e)) return e->code;
+    journal_set_result(je, mem_strdup("1"));
+    return 0;
+  }
+  cJSON *list = cJSON_Parse(sl->limits ? sl->limits : "[]");
+  int n = cJSON_GetArraySize(list), blocked = -1, err = 0;
+  struct lim *l = mem_calloc((size_t)(n ? n : 1), sizeof *l);
+  for (int i = 0; i < n; i++) {
+    const cJSON *x = cJSON_GetArrayItem(list, i);
+    const char *q = cJSON_GetStringValue(cJSON_GetObjectItem(x, "q"));
+    const char *k = cJSON_GetStringValue(cJSON_GetObjectItem(x, "key"));
+    l[i].q = mem_strdup(q ? q : "");
+    l[i].key = mem_strdup(k ? k : "");
+    l[i].since = sl->at;
+    l[i].limit = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(x, "limit"));
+  }
+  cJSON_Delete(list);
+  for (int i = 0; i < n && blocked < 0; i++) {
+    int room = has_room(s, &l[i], e);
+    if (room < 0) err = e->code;
+    if (room <= 0) blocked = i;
+  }
+  if (!err && blocked < 0) {
+    err = take(s, sl->run_id, l, n, 0, e);
+    if (!err) journal_set_result(je, mem_strdup("1"));
+  } else if (!err) {
+    for (int i = 0; i < n && !err; i++) {
+      sqlite3_stmt *p = store__cached(s, PLACE_SQL, e);
+      if (!p) {
+        err = e->code;
+        break;
+      }
+      store__bind_text(p, 1, l[i].q);
+      store__bind_text(p, 2, l[i].key);
+      store__bind_text(p, 3, sl->run_id);
+      sqlite3_bind_int64(p, 4, l[i].since);
+      sqlite3_bind_int64(p, 5, l[i].limit);
+      err = store__step(s, p, e, "queueing for a slot");
+    }
+    char *why = reason_json(&l[blocked]);
+    if (!err) err = exec_run(s, QUEUED_SQL, sl->run_id, why, 0, 0, "queueing a run", e);
+    free(why);
+  }
+  lims_free(l, n);
+  return err;
+}
+
+/* Try to grant run_id (queued) every limit it waits on. *blocked_here
+** is set when the limit (q, key) is the one without room. */
+static int try_grant(store_t *s, const char *run_id, const char *q, const char *key,
+                     int *granted, int *blocked_here, err_t *e) {
+  *granted = *blocked_here = 0;
+  sqlite3_stmt *st = store__cached(s, PLACES_SQL, e);
+  if (!st) return e->code;
+  store__bind_text(st, 1, run_id);
+  int n = 0, cap = 4, rc;
+  struct lim *l = mem_calloc((size_t)cap, sizeof *l);
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    if (n == cap) l = mem_realloc(l, (size_t)(cap *= 2) * sizeof *l);
+    l[n].q = store__col_dup(st, 0);
+    l[n].key = store__col_dup(st, 1);
+    l[n].since = sqlite3_column_int64(st, 2);
+    l[n].limit = sqlite3_column_int64(st, 3);
+    n++;
+  }
+  sqlite3_reset(st);
+  int err = rc == SQLITE_DONE ? 0 : store__db_err(e, s->w, "reading queue places");
+  int ok = n > 0;
+  for (int i = 0; i < n && ok && !err; i++) {
+    int room = has_room(s, &l[i], e);
+    if (room < 0) err = e->code;
+    else if (!room) {
+      ok = 0;
+      *blocked_here = l[i].q && l[i].key && !strcmp(l[i].q, q) && !strcmp(l[i].key, key);
+    }
+  }
+  if (!err && ok) {
+    err = take(s, run_id, l, n, 1, e);
+    if (!err) *granted = 1;
+  }
+  lims_free(l, n);
+  return err;
+}
+
+/* Hand the room in (q, key) to the runs of its queue, in order: each
+** whose every limit has room is granted, one blocked by another limit is
+** passed over (it keeps its place), until one finds this limit full. At
+** most HAND_MAX places are looked at per release, to bound the
+** transaction; the rest wait for the next release. */
+#define HAND_MAX 256
+static int hand_on(store_t *s, const char *q, const char *key, cJSON *granted, err_t *e) {
+  int skip = 0; /* places passed over, still at the head */
+  while (skip < HAND_MAX) {
+    /* Read a batch first: the grants below change the table. */
+    sqlite3_stmt *st = store__cached(s, HEAD_SQL, e);
+    if (!st) return e->code;
+    store__bind_text(st, 1, q);
+    store__bind_text(st, 2, key);
+    sqlite3_bind_int(st, 3, 16);
+    sqlite3_bind_int(st, 4, skip);
+    char *ids[16];
+    int n = 0, rc = SQLITE_DONE;
+    while (n < 16 && (rc = sqlite3_step(st)) == SQLITE_ROW) ids[n++] = store__col_dup(st, 0);
+    sqlite3_reset(st);
+    int err = n == 16 || rc == SQLITE_DONE ? 0 : store__db_err(e, s->w, "reading a queue");
+    int stop = n < 16;
+    for (int i = 0; i < n && !err; i++) {
+      int got = 0, full = 0;
+      err = try_grant(s, ids[i], q, key, &got, &full, e);
+      if (!err && got && granted) cJSON_AddItemToArray(granted, cJSON_CreateString(ids[i]));
+      if (!err && !got) skip++;
+      if (full) {
+        stop = 1;
+        break;
+      }
+    }
+    for (int i = 0; i < n; i++) free(ids[i]);
+    if (err) return err;
+    if (stop) return 0;
+  }
+  return 0;
+}
+
+/* See store_db.h. */
+int store__slots_free(store_t *s, const char *run_id, cJSON *granted, err_t *e) {
+  sqlite3_stmt *st = store__cached(s, PAIRS_SQL, e);
+  if (!st) return e->code;
+  store__bind_text(st, 1, run_id);
+  char *pairs[32][2];
+  int n = 0, rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW && n < 32) {
+    pairs[n][0] = store__col_dup(st, 0);
+    pairs[n][1] = store__col_dup(st, 1);
+    n++;
+  }
+  sqlite3_reset(st);
+  int err = rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : store__db_err(e, s->w, "reading slots");
+  if (!err) err = exec_run(s, DROP_SQL, run_id, NULL, 0, 0, "releasing a slot", e);
+  if (!err) err = exec_run(s, LEAVE_SQL, run_id, NULL, 0, 0, "leaving a slot queue", e);
+  for (int i = 0; i < n && !err; i++) err = hand_on(s, pairs[i][0], pairs[i][1], granted, e);
+  for (int i = 0; i < n; i++) free(pairs[i][0]), free(pairs[i][1]);
+  return err;
+}
+
+/* See store_db.h. */
+int store__write_slot(store_t *s, const struct jentry *je, err_t *e) {
+  if (je->u.slot.acquire) return acquire(s, je, e);
+  cJSON *granted = cJSON_CreateArray();
+  int err = store__slots_free(s, je->u.slot.run_id, granted, e);
+  if (!err && cJSON_GetArraySize(granted) > 0) journal_set_result(je, cJSON_PrintUnformatted(granted));
+  cJSON_Delete(granted);
+  return err;
+}

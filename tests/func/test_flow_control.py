@@ -1,0 +1,201 @@
+"""Flow control: several concurrency limits per skill, limits shared across
+skills (scope), the `queued` status with its reason, and the limits held
+across kill -9 and two engines on one database (docs/skills.md, "Flow
+control")."""
+import json
+import os
+import re
+import sys
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from mltest import SkillsTestCase, kill9, wait_until  # noqa: E402
+
+# A skill whose one step calls the stand-in at /svc/<tag>/<run id>: the
+# stand-in sees which runs are in flight at once.
+CALLER = """
+return { id = "%(id)s", concurrency = %(conc)s, run = function(ctx)
+  return ctx.step.run("call", function()
+    return http.get_json(env.STANDIN .. "/svc/%(tag)s/" .. ctx.run_id .. "?k=" .. tostring(ctx.input.k)).ok
+  end)
+end }"""
+
+
+class Gauge:
+    """In-flight runs per key, counted by run id, not by request: a killed
+    engine's request may still be in flight at the stand-in while its run
+    takes the step again under the next engine."""
+
+    def __init__(self, hold=0.3):
+        self.lock = threading.Lock()
+        self.inflight = {}
+        self.most = {}
+        self.starts = []  # (time, tag, run id, k)
+        self.hold = hold
+        self.release = None  # an Event: hold until it is set
+
+    def handler(self, keys_of):
+        def call(h, b, n):
+            path, _, query = h.path.partition("?")
+            _, _, tag, run = path.split("/")
+            k = query.partition("=")[2]
+            keys = keys_of(tag, k)
+            with self.lock:
+                self.starts.append((time.time(), tag, run, k))
+                for key in keys:
+                    runs = self.inflight.setdefault(key, {})
+                    runs[run] = runs.get(run, 0) + 1
+                    self.most[key] = max(self.most.get(key, 0), len(runs))
+            if self.release is not None:
+                self.release.wait(30)
+            else:
+                time.sleep(self.hold)
+            with self.lock:
+                for key in keys:
+                    runs = self.inflight[key]
+                    runs[run] -= 1
+                    if not runs[run]:
+                        del runs[run]
+            return 200, {"ok": True}
+        return call
+
+
+class FlowControlTest(SkillsTestCase):
+    def api(self, p, path):
+        with urllib.request.urlopen(p.url + path, timeout=10) as r:
+            return json.loads(r.read())
+
+    def test_several_limits_per_skill_and_a_scope_shared_across_skills(self):
+        # one: at most 1 per customer and 3 overall; two and three share
+        # the scope "openai" of 2 (two also has a limit of its own of 5).
+        self.skill("one", CALLER % {"id": "one", "tag": "one",
+                                    "conc": '{ {limit = 1, key = "event.data.k"}, {limit = 3} }'})
+        self.skill("two", CALLER % {"id": "two", "tag": "two",
+                                    "conc": '{ {limit = 2, scope = "openai"}, {limit = 5} }'})
+        self.skill("three", CALLER % {"id": "three", "tag": "three",
+                                      "conc": '{limit = 2, scope = "openai"}'})
+        g = Gauge(hold=0.3)
+
+        def keys_of(tag, k):
+            if tag == "one":
+                return ["one", "one:" + k]
+            return ["openai", tag]
+        self.si.route_prefix("/svc/", g.handler(keys_of))
+        p = self.serve()
+        p.terminate()
+        p.wait(timeout=10)
+        # All queued before an engine runs, so they all compete at once:
+        # a's runs wait for their key, and b, c, d go past them.
+        for k in ["a", "a", "a", "b", "b", "c", "c", "d"]:
+            self.w.ml("invoke", "one", "--data", json.dumps({"k": k}), check=0)
+        for s in ["two", "three"] * 4:
+            self.w.ml("invoke", s, "--data", "{}", check=0)
+        self.serve()
+        wait_until(lambda: len(self.w.runs(status="completed")) == 16, timeout=60, what="sixteen runs")
+        for k in "abcd":
+            self.assertEqual(g.most["one:" + k], 1, "customer %s" % k)
+        self.assertEqual(g.most["one"], 3)  # the overall limit, reached: keys ran side by side
+        self.assertEqual(g.most["openai"], 2)  # two skills, one shared limit
+        self.assertGreaterEqual(g.most["two"] + g.most["three"], 2)
+
+    def test_a_run_waiting_for_a_slot_is_queued_with_its_reason_and_not_started(self):
+        self.skill("one", CALLER % {"id": "one", "tag": "one",
+                                    "conc": '{ {limit = 1, scope = "llm", key = "event.data.k"} }'})
+        g = Gauge()
+        g.release = threading.Event()
+        self.si.route_prefix("/svc/", g.handler(lambda tag, k: ["all"]))
+        p = self.serve()
+        first = self.w.ml("invoke", "one", "--data", '{"k": "x"}', check=0).stdout.strip()
+        wait_until(lambda: len(g.starts) == 1, what="the first run's call")
+        second = self.w.ml("invoke", "one", "--data", '{"k": "x"}', check=0).stdout.strip()
+        # Made queued, it asks for its slot in the next group: then it has its reason.
+        wait_until(lambda: self.w.trace(second)["queued"] is not None, what="the second run queued")
+        # The record: status queued, no started_at, the reason.
+        rec = self.w.trace(second)
+        self.assertIsNone(rec["started_at"])
+        self.assertEqual(rec["queued"], {"reason": "concurrency", "scope": "llm",
+                                         "key": 'event.data.k="x"', "limit": 1})
+        self.assertIsNone(self.w.trace(first)["queued"])
+        # The API, `moonloop runs` and `moonloop trace` say so too.
+        self.assertEqual(self.api(p, "/v1/runs/" + second)["queued"]["scope"], "llm")
+        listed = {r["id"]: r for r in self.api(p, "/v1/runs?skill=one")["runs"]}
+        self.assertEqual(listed[second]["status"], "queued")
+        self.assertEqual(listed[second]["queued"]["limit"], 1)
+        table = self.w.ml("runs", "--skill", "one", check=0).stdout
+        line = [ln for ln in table.splitlines() if ln.startswith(second)][0]
+        self.assertIn("queued", line)
+        self.assertIn('waiting: concurrency limit 1 of scope llm, key event.data.k="x"', line)
+        text = self.w.ml("trace", second, check=0).stdout
+        self.assertIn('queued   waiting for a slot: concurrency limit 1 of scope llm, key event.data.k="x"', text)
+        self.assertIn("started  not yet", text)
+        # Another key is not held up.
+        other = self.w.ml("invoke", "one", "--data", '{"k": "y"}', check=0).stdout.strip()
+        wait_until(lambda: len(g.starts) == 2, what="the other key's call")
+        self.assertEqual(self.w.trace(other)["status"], "running")
+        time.sleep(0.3)
+        self.assertEqual(len(g.starts), 2)  # the queued run did not start
+        g.release.set()
+        wait_until(lambda: self.w.trace(second)["status"] == "completed", what="the queued run's end")
+        a, b = self.w.trace(first), self.w.trace(second)
+        self.assertIsNone(b["queued"])
+        # It started when the first ended, not when it was created.
+        self.assertGreaterEqual(b["started_at"], a["ended_at"])
+        self.assertLess(b["created_at"], a["ended_at"])
+
+    def test_limits_hold_across_kill_9_and_two_engines(self):
+        self.skill("one", CALLER % {"id": "one", "tag": "one",
+                                    "conc": '{ {limit = 2, scope = "shared"}, {limit = 1, key = "event.data.k"} }'})
+        self.skill("two", CALLER % {"id": "two", "tag": "two", "conc": '{limit = 2, scope = "shared"}'})
+        g = Gauge(hold=0.4)
+
+        def keys_of(tag, k):
+            return ["shared"] + (["one:" + k] if tag == "one" else [])
+        self.si.route_prefix("/svc/", g.handler(keys_of))
+        a = self.serve()
+        b = self.serve()  # a second engine on the same database
+        for i in range(6):
+            self.w.ml("invoke", "one", "--data", json.dumps({"k": "ab"[i % 2]}), check=0)
+            self.w.ml("invoke", "two", "--data", "{}", check=0)
+        wait_until(lambda: len(g.starts) >= 3, what="some calls")
+        kill9(a)  # slot holders may die: their runs keep their slots until they end
+        wait_until(lambda: len(g.starts) >= 6, timeout=30, what="more calls")
+        kill9(b)
+        c = self.serve()
+        wait_until(lambda: len(self.w.runs(status="completed")) == 12, timeout=60, what="twelve runs")
+        self.assertEqual(g.most["shared"], 2)
+        self.assertEqual(g.most["one:a"], 1)
+        self.assertEqual(g.most["one:b"], 1)
+        c.terminate()
+
+    def test_queued_runs_keep_their_order(self):
+        self.skill("one", CALLER % {"id": "one", "tag": "one", "conc": '{limit = 1}'})
+        g = Gauge(hold=0.05)
+        self.si.route_prefix("/svc/", g.handler(lambda tag, k: ["all"]))
+        p = self.serve()
+        p.terminate()
+        p.wait(timeout=10)
+        # Queued with no engine running: they start in the order they were made.
+        ids = [self.w.ml("invoke", "one", "--data", json.dumps({"k": i}), check=0).stdout.strip()
+               for i in range(8)]
+        self.serve()
+        wait_until(lambda: len(self.runs_of("one", "completed")) == 8, timeout=30, what="eight runs")
+        self.assertEqual([s[2] for s in g.starts], ids)
+        self.assertEqual(g.most["all"], 1)
+
+    def test_bad_limits_are_refused_naming_the_fix(self):
+        cases = [
+            ('{ {limit = 1}, {limit = 2} }', "concurrency 2 repeats the skill's own limit without a key"),
+            ('{ {limit = 1, scope = "Open AI"} }', "'concurrency.scope' must be a name such as \"openai\""),
+            ('{ {limit = 1, scop = "x"} }', "unknown key 'scop' in 'concurrency' (did you mean 'scope'?)"),
+            ('{ {limit = 1}, limit = 2 }', "'concurrency' is a list of limits, so it cannot also have the key 'limit'"),
+            ('{ {limit = 0} }', "'concurrency.limit' must be a whole number of at least 1, got 0"),
+            ('{ {limit = 1}, 5 }', "concurrency 2 must be a table {limit=, key=, scope=}, got 5"),
+            ('{}', "'concurrency.limit' must be a whole number of at least 1, got nil"),
+        ]
+        for conc, want in cases:
+            path = self.w.write("bad.lua", 'return { id = "bad", concurrency = %s, run = function() end }' % conc)
+            r = self.w.ml("check", path)
+            self.assertEqual(r.returncode, 1, conc)
+            self.assertIn(want, r.stderr + r.stdout, conc)
