@@ -132,6 +132,10 @@ M.skill_keys = {
   { name = "timeout", takes = "duration", doc = "the whole run; past it the run fails" },
   { name = "concurrency", takes = "{limit=, key=, scope=} or a list of them",
     doc = "at most limit runs at once (per value of key; scope: shared by every skill naming it); queued, not dropped" },
+  { name = "throttle", takes = "{limit=, period=, key=, burst=}",
+    doc = "at most limit run starts per period (per value of key); the excess is queued, in order; burst: extra starts at once" },
+  { name = "rate_limit", takes = "{limit=, period=, key=}",
+    doc = "at most limit runs per period (per value of key); the excess is skipped: the run ends cancelled, saying so" },
   { name = "cancel_on", takes = "list of {event=, match=}", doc = "events that cancel a run" },
   { name = "on_failure", takes = "function(ctx, err)", doc = "runs as its own durable run once a run failed" },
   { name = "run", takes = "function(ctx)", doc = "required: the run's body; its return value is the output" },
@@ -139,6 +143,8 @@ M.skill_keys = {
 -- The keys of the skill table's sub-tables.
 M.trigger_keys = { "event", "cron", "tz" }
 M.concurrency_keys = { "limit", "key", "scope" }
+M.throttle_keys = { "limit", "period", "key", "burst" }
+M.rate_limit_keys = { "limit", "period", "key" }
 M.cancel_on_keys = { "event", "match" }
 -- Keys that versions registered before these tables existed may hold,
 -- which did nothing: a recorded version that has them still loads (its
@@ -408,7 +414,7 @@ function M.export(arr)
       returns = e.returns, doc = e.doc, io = io }
   end
   local out = { skill_keys = {}, trigger_keys = M.trigger_keys, concurrency_keys = M.concurrency_keys,
-    cancel_on_keys = M.cancel_on_keys, event_keys = M.event_keys, ctx_fields = {}, steps = {}, modules = {} }
+    throttle_keys = M.throttle_keys, rate_limit_keys = M.rate_limit_keys, cancel_on_keys = M.cancel_on_keys, event_keys = M.event_keys, ctx_fields = {}, steps = {}, modules = {} }
   for i, k in ipairs(M.skill_keys) do out.skill_keys[i] = { name = k.name, takes = k.takes, doc = k.doc } end
   for i, k in ipairs(M.ctx_fields) do out.ctx_fields[i] = { name = k.name, doc = k.doc } end
   for i, s in ipairs(M.steps) do
@@ -439,7 +445,8 @@ function M.export_text()
   local function add(s) lines[#lines + 1] = s end
   add("skill keys: " .. concat(names(t.skill_keys), ", "))
   add("  triggers: {" .. concat(t.trigger_keys, "=, ") .. "=}; concurrency: {" .. concat(t.concurrency_keys, "=, ")
-    .. "=}; cancel_on: {" .. concat(t.cancel_on_keys, "=, ") .. "=}")
+    .. "=}; throttle: {" .. concat(t.throttle_keys, "=, ") .. "=}; rate_limit: {"
+    .. concat(t.rate_limit_keys, "=, ") .. "=}; cancel_on: {" .. concat(t.cancel_on_keys, "=, ") .. "=}")
   add("ctx fields: " .. concat(names(t.ctx_fields), ", "))
   add("steps:")
   for _, s in ipairs(t.steps) do add("  ctx." .. s.call .. " -> " .. s.returns) end

@@ -190,6 +190,56 @@ function M.validate(def, file, src, default_id, recorded)
     spec.concurrency = limits
   end
 
+  -- throttle and rate_limit: at most `limit` starts per `period` (per
+  -- value of `key`); throttle queues the excess (burst: extra starts at
+  -- once), rate_limit skips it.
+  local function per_period(name, keys, with_burst)
+    local t = def[name]
+    if t == nil then return nil end
+    local shape = with_burst and "{limit=, period=, key=, burst=}" or "{limit=, period=, key=}"
+    if type(t) ~= "table" then fail(name, "'%s' must be a table %s, got %s", name, shape, show(t)) end
+    for k in pairs(t) do
+      if not keys[k] then
+        fail(type(k) == "string" and k or name, "unknown key '%s' in '%s'%s", tostring(k), name,
+             type(k) == "string" and suggest(k, keys) or "")
+      end
+    end
+    if type(t.limit) ~= "number" or t.limit < 1 or t.limit ~= math.floor(t.limit) or t.limit > 1e9 then
+      fail("limit", "'%s.limit' must be a whole number of at least 1 (starts per period), got %s", name, show(t.limit))
+    end
+    if t.period == nil then fail(name, "'%s' needs a 'period' such as \"1m\" (%s)", name, shape) end
+    local period = duration(name .. ".period", t.period)
+    if period < 1 then fail("period", "'%s.period' must be longer than 0", name) end
+    if t.key ~= nil and (type(t.key) ~= "string" or not t.key:match("^[%a_][%w_]*[%w_.]*$")) then
+      fail("key", "'%s.key' must be a path such as \"event.data.team\", got %s", name, show(t.key))
+    end
+    local burst = 0
+    if with_burst and t.burst ~= nil then
+      if type(t.burst) ~= "number" or t.burst < 0 or t.burst ~= math.floor(t.burst) or t.burst > 1e6 then
+        fail("burst", "'%s.burst' must be a whole number of at least 0 (extra starts at once), got %s", name, show(t.burst))
+      end
+      burst = t.burst
+    end
+    return { limit = t.limit, period = period, key = t.key, burst = burst }
+  end
+  local throttle = per_period("throttle", set_of(api.throttle_keys), true)
+  local rate = per_period("rate_limit", set_of(api.rate_limit_keys), false)
+
+  -- What the core asks of the store before a run starts (flowctl.c), in
+  -- order: admission (rate limit, throttle), then the concurrency slots.
+  local flow = {}
+  if rate then
+    flow[#flow + 1] = { kind = "rate", limit = rate.limit, period = rate.period, key = rate.key }
+  end
+  if throttle then
+    flow[#flow + 1] = { kind = "throttle", limit = throttle.limit, period = throttle.period, key = throttle.key,
+                        burst = throttle.burst }
+  end
+  for _, l in ipairs(spec.concurrency or {}) do
+    flow[#flow + 1] = { kind = "concurrency", limit = l.limit, key = l.key, scope = l.scope }
+  end
+  if #flow > 0 then spec.flow = flow end
+
   if def.cancel_on ~= nil then
     if type(def.cancel_on) ~= "table" then fail("cancel_on", "'cancel_on' must be a list of {event=, match=}") end
     local list = {}

@@ -371,7 +371,7 @@
   function queuedText(q) {
     if (!q || typeof q !== 'object') return '';
     const of = q.scope ? 'scope ' + q.scope : 'skill ' + (q.skill || '?');
-    return `${q.reason || '?'} limit ${q.limit} of ${of}${q.key ? ', key ' + q.key : ''}`;
+    return `${q.reason || '?'} limit ${q.limit}${q.period ? ' per ' + q.period : ''} of ${of}${q.key ? ', key ' + q.key : ''}${q.until ? ', until ' + q.until : ''}`;
   }
 
   /* ---- the run list ------------------------------------------------------- */

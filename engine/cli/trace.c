@@ -106,10 +106,12 @@ static void queued_text(const cJSON *q, char *out, size_t n) {
   if (!cJSON_IsObject(q)) return;
   const char *why = str(q, "reason"), *scope = str(q, "scope"), *skill = str(q, "skill");
   const char *key = str(q, "key");
+  const char *period = str(q, "period"), *until = str(q, "until");
   const cJSON *lim = cJSON_GetObjectItem(q, "limit");
-  snprintf(out, n, "%s limit %g of %s %s%s%s", why ? why : "?",
-           cJSON_IsNumber(lim) ? lim->valuedouble : 0, scope ? "scope" : "skill",
-           scope ? scope : skill ? skill : "?", key ? ", key " : "", key ? key : "");
+  snprintf(out, n, "%s limit %g%s%s of %s %s%s%s%s%s", why ? why : "?",
+           cJSON_IsNumber(lim) ? lim->valuedouble : 0, period ? " per " : "", period ? period : "",
+           scope ? "scope" : "skill", scope ? scope : skill ? skill : "?", key ? ", key " : "",
+           key ? key : "", until ? ", until " : "", until ? until : "");
 }
 
 void trace_print_runs(FILE *f, const cJSON *runs, int color, int64_t now) {
@@ -125,10 +127,11 @@ void trace_print_runs(FILE *f, const cJSON *runs, int color, int64_t now) {
   cJSON_ArrayForEach(r, runs) {
     const char *st = str(r, "status");
     int64_t started = time_of(r, "started_at"), ended = time_of(r, "ended_at");
+    int ran = started != 0; /* a queued run has not started: no duration */
     if (!started) started = time_of(r, "created_at");
     char ago[32], dur[32] = "-";
     trace_fmt_ago(started, now, ago, sizeof ago);
-    if (started) units_fmt_duration((ended ? ended : now) - started, dur, sizeof dur);
+    if (ran) units_fmt_duration((ended ? ended : now) - started, dur, sizeof dur);
     char why[400];
     queued_text(cJSON_GetObjectItem(r, "queued"), why, sizeof why);
     fprintf(f, "%-26s  %-24.24s  %s%-10s%s  %-10s  %-14s  %9s%s%s\n", T(shown(r, "id")),

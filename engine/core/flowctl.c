@@ -18,10 +18,12 @@
 */
 #include "core/flowctl.h"
 
+#include "base/jsontext.h"
 #include "base/mem.h"
 #include "base/units.h"
 #include "core/run.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +36,15 @@ char *flowctl_limits(struct run *r) {
   cJSON_ArrayForEach(l, list) {
     const char *key = cJSON_GetStringValue(cJSON_GetObjectItem(l, "key"));
     const char *scope = cJSON_GetStringValue(cJSON_GetObjectItem(l, "scope"));
+    const char *kind = cJSON_GetStringValue(cJSON_GetObjectItem(l, "kind"));
     cJSON *x = cJSON_CreateObject();
+    cJSON_AddStringToObject(x, "kind", kind ? kind : "concurrency");
+    if (kind && strcmp(kind, "concurrency")) {
+      /* Per period: throttle, rate. */
+      cJSON_AddNumberToObject(x, "period", cJSON_GetNumberValue(cJSON_GetObjectItem(l, "period")));
+      const cJSON *b = cJSON_GetObjectItem(l, "burst");
+      if (cJSON_IsNumber(b)) cJSON_AddNumberToObject(x, "burst", b->valuedouble);
+    }
     if (scope) {
       char *q = mem_printf("@%s", scope);
       cJSON_AddStringToObject(x, "q", q);
@@ -63,6 +73,13 @@ char *flowctl_limits(struct run *r) {
 /* See flowctl.h. */
 int flowctl_needed(const struct run *r) { return r->skill && r->skill->nlimits > 0; }
 
+/* A throttled run's start time came: ask again (answered "1", or queued
+** for its concurrency slots). */
+static void on_flow_timer(struct stimer *tm) {
+  struct run *r = (struct run *)((char *)tm - offsetof(struct run, flow_timer));
+  if (!r->aborted && !r->finished && !r->dormant) flowctl_gate(r->sched, r);
+}
+
 /* The store answered r's acquire: "1", the slots are r's; otherwise r is
 ** queued in the store, and waits here with nothing armed until a release
 ** hands it the slots (flowctl_granted). */
@@ -70,7 +87,17 @@ static void on_acquired(void *arg, const struct jentry *je) {
   struct run *r = arg;
   r->slot_pending = 0;
   if (!r->aborted && !r->finished && !r->dormant && !je->dropped) {
-    if (je->result) {
+    if (je->result && !strncmp(je->result, "wait:", 5)) {
+      /* Throttled: its start time is reserved; ask again then. */
+      if (!r->slot_ever) r->started_at = 0;
+      r->flow_timer.fn = on_flow_timer;
+      sched__timer_start(r->sched, &r->flow_timer, strtoll(je->result + 5, NULL, 10));
+    } else if (je->result && !strncmp(je->result, "skip:", 5)) {
+      /* Over its rate limit: it ends at once, saying so, no code run. */
+      char *ej = jsontext_message(je->result + 5);
+      run_abort(r, "cancelled", ej);
+      free(ej);
+    } else if (je->result) {
       r->slot_held = r->slot_ever = 1;
       /* Its executing time starts here (the store set started_at the same). */
       if (!r->started_at) r->started_at = units_now_ms();

@@ -160,6 +160,7 @@ static void stop_run(struct run *r) {
   run__task_release(&r->main);
   sched__timer_stop(s, &r->deadline);
   sched__timer_stop(s, &r->wake);
+  sched__timer_stop(s, &r->flow_timer);
 }
 
 /* Create and start r's on_failure run, in the group that records r's failure. */

@@ -263,9 +263,9 @@ static int load_version(skills_t *c, const char *source, size_t len, const char 
   lua_getfield(L, spec, "has_on_failure");
   s->has_on_failure = lua_toboolean(L, -1);
   lua_pop(L, 1);
-  /* Flow control: the normalized list of concurrency limits (lua/skill.lua). */
-  s->limits = opt_json(L, spec, "concurrency");
-  lua_getfield(L, spec, "concurrency");
+  /* Flow control: what a run asks before it starts (lua/skill.lua's flow). */
+  s->limits = opt_json(L, spec, "flow");
+  lua_getfield(L, spec, "flow");
   s->nlimits = lua_istable(L, -1) ? (int)lua_objlen(L, -1) : 0;
   lua_pop(L, 2); /* concurrency, spec */
   s->def_ref = luaL_ref(L, LUA_REGISTRYINDEX);

@@ -24,8 +24,8 @@ struct skill {
   char *cancel_on; /* JSON list, or NULL */
   int retries;     /* -1: the configured default */
   int64_t backoff_ms, timeout_ms; /* 0: default / none */
-  int nlimits;    /* flow control: how many concurrency limits (0: none) */
-  char *limits;   /* their JSON list [{limit, key?, scope?}], or NULL */
+  int nlimits;    /* flow control: how many limits (0: none) */
+  char *limits;   /* their JSON list [{kind, limit, key?, scope?, period?, burst?}], or NULL */
   int has_on_failure;
   int def_ref; /* registry ref of the definition table */
   int cfg_ref; /* registry ref of the table its runs share (0 until the first run) */

@@ -64,10 +64,13 @@ static const char HEAD_SQL[] =
   "SELECT run_id FROM slot_queue WHERE skill = ?1 AND key = ?2 ORDER BY since, run_id"
   " LIMIT ?3 OFFSET ?4";
 
-/* One limit of a run: its queue, key and limit. */
+/* One limit of a run: its kind ("concurrency", "throttle", "rate"), its
+** queue, key and limit, and for the per-period kinds the period (ms) and
+** the burst. */
 struct lim {
   char *q, *key;
-  int64_t since, limit;
+  const char *kind;
+  int64_t since, limit, period, burst;
 };
 
 /* Step the one-row count statement st, or -1 with e filled. */
@@ -143,6 +146,132 @@ static void lims_free(struct lim *l, int n) {
   free(l);
 }
 
+static const char FLOW_AT_SQL[] = "SELECT flow_at FROM runs WHERE id = ?1";
+static const char SET_FLOW_AT_SQL[] = "UPDATE runs SET flow_at = ?2 WHERE id = ?1";
+static const char TAT_SQL[] = "SELECT tat FROM flow_gcra WHERE q = ?1 AND key = ?2";
+static const char SET_TAT_SQL[] =
+  "INSERT INTO flow_gcra(q, key, tat) VALUES(?1,?2,?3) ON CONFLICT(q, key) DO UPDATE SET tat = ?3";
+
+/* The theoretical arrival time (us) of limit l's GCRA row, or 0 (none). */
+static int64_t tat_of(store_t *s, const struct lim *l, char *q, err_t *e) {
+  snprintf(q, 300, "%s:%s", l->kind, l->q);
+  sqlite3_stmt *st = store__cached(s, TAT_SQL, e);
+  if (!st) return -1;
+  store__bind_text(st, 1, q);
+  store__bind_text(st, 2, l->key);
+  int rc = sqlite3_step(st);
+  int64_t tat = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
+  sqlite3_reset(st);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return store__db_err(e, s->w, "reading a throttle"), -1;
+  return tat;
+}
+
+/* Write limit l's GCRA row (q from tat_of). */
+static int set_tat(store_t *s, const struct lim *l, const char *q, int64_t tat, err_t *e) {
+  sqlite3_stmt *st = store__cached(s, SET_TAT_SQL, e);
+  if (!st) return e->code;
+  store__bind_text(st, 1, q);
+  store__bind_text(st, 2, l->key);
+  sqlite3_bind_int64(st, 3, tat);
+  return store__step(s, st, e, "keeping a throttle");
+}
+
+/* "1 per 1h" for limit l, in out. */
+static void per_text(const struct lim *l, char *out, size_t n) {
+  char d[32];
+  units_fmt_duration(l->period, d, sizeof d);
+  snprintf(out, n, "%lld run%s per %s%s%s", (long long)l->limit, l->limit == 1 ? "" : "s", d,
+           l->key[0] ? ", key " : "", l->key);
+}
+
+/* Admit the run of je to start: once per run (runs.flow_at keeps when),
+** through its rate limits (refused: the result is "skip:" and why) and
+** its throttle (a start time reserved, in order: GCRA, whose row keeps
+** the next free time, so no queue is read or kept). A start time still
+** to come queues the run: the result is "wait:" and that time (ms).
+** Returns 1 when the run may go on to its slots, 0 when the result says
+** why not, -1 on error. */
+static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_t *e) {
+  const struct slot_row *sl = &je->u.slot;
+  int per = 0;
+  for (int i = 0; i < n; i++) per += strcmp(l[i].kind, "concurrency") != 0;
+  if (!per) return 1;
+  sqlite3_stmt *st = store__cached(s, FLOW_AT_SQL, e);
+  if (!st) return -1;
+  store__bind_text(st, 1, sl->run_id);
+  int rc = sqlite3_step(st);
+  int have = rc == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL;
+  int64_t at = have ? sqlite3_column_int64(st, 0) : 0;
+  sqlite3_reset(st);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return store__db_err(e, s->w, "reading a run"), -1;
+  int64_t now = units_now_ms();
+  char q[300];
+  if (!have) {
+    int64_t now_us = now * 1000;
+    /* Rate limits: at most limit per period, GCRA with a tolerance of
+    ** limit - 1 intervals; refused changes nothing. */
+    for (int i = 0; i < n; i++) {
+      if (strcmp(l[i].kind, "rate")) continue;
+      int64_t T = l[i].period * 1000 / l[i].limit, tau = l[i].period * 1000 - T;
+      int64_t tat = tat_of(s, &l[i], q, e);
+      if (tat < 0) return -1;
+      if (tat - tau > now_us) {
+        char why[400], msg[600];
+        per_text(&l[i], why, sizeof why);
+        snprintf(msg, sizeof msg, "skip:skipped by rate_limit: at most %s", why);
+        journal_set_result(je, mem_strdup(msg));
+        return 0;
+      }
+    }
+    at = now;
+    for (int i = 0; i < n; i++) {
+      if (!strcmp(l[i].kind, "concurrency")) continue;
+      int64_t T = l[i].period * 1000 / l[i].limit;
+      int64_t tat = tat_of(s, &l[i], q, e);
+      if (tat < 0) return -1;
+      if (tat < now_us) tat = now_us;
+      if (!strcmp(l[i].kind, "throttle")) {
+        /* The earliest start the throttle allows: burst starts may run
+        ** ahead of the steady rate. */
+        int64_t start = tat - l[i].burst * T;
+        if (start < now_us) start = now_us;
+        if ((start + 999) / 1000 > at) at = (start + 999) / 1000;
+      }
+      if (set_tat(s, &l[i], q, tat + T, e)) return -1;
+    }
+    sqlite3_stmt *u = store__cached(s, SET_FLOW_AT_SQL, e);
+    if (!u) return -1;
+    store__bind_text(u, 1, sl->run_id);
+    sqlite3_bind_int64(u, 2, at);
+    if (store__step(s, u, e, "admitting a run")) return -1;
+  }
+  if (at <= now) return 1;
+  /* Its start time has not come: queued, with the throttle's words. */
+  for (int i = 0; i < n; i++) {
+    if (strcmp(l[i].kind, "throttle")) continue;
+    char until[40], d[32];
+    units_rfc3339(at, until, sizeof until);
+    units_fmt_duration(l[i].period, d, sizeof d);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "reason", "throttle");
+    cJSON_AddStringToObject(o, "skill", l[i].q);
+    if (l[i].key[0]) cJSON_AddStringToObject(o, "key", l[i].key);
+    cJSON_AddNumberToObject(o, "limit", (double)l[i].limit);
+    cJSON_AddStringToObject(o, "period", d);
+    cJSON_AddStringToObject(o, "until", until);
+    char *why = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    int err = exec_run(s, QUEUED_SQL, sl->run_id, why, 0, 0, "queueing a run", e);
+    free(why);
+    if (err) return -1;
+    break;
+  }
+  char res[40];
+  snprintf(res, sizeof res, "wait:%lld", (long long)at);
+  journal_set_result(je, mem_strdup(res));
+  return 0;
+}
+
 /* Acquire: see journal.h. */
 static int acquire(store_t *s, const struct jentry *je, err_t *e) {
   const struct slot_row *sl = &je->u.slot;
@@ -169,18 +298,36 @@ static int acquire(store_t *s, const struct jentry *je, err_t *e) {
     l[i].key = mem_strdup(k ? k : "");
     l[i].since = sl->at;
     l[i].limit = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(x, "limit"));
+    const char *kind = cJSON_GetStringValue(cJSON_GetObjectItem(x, "kind"));
+    l[i].kind = kind && !strcmp(kind, "throttle") ? "throttle" : kind && !strcmp(kind, "rate") ? "rate"
+              : "concurrency";
+    l[i].period = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(x, "period"));
+    l[i].burst = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(x, "burst"));
   }
   cJSON_Delete(list);
-  for (int i = 0; i < n && blocked < 0; i++) {
+  /* Admission first (rate limit, throttle), once per run; then the slots,
+  ** of the concurrency limits only (moved to the front of l). */
+  int admitted = admit(s, je, l, n, e);
+  if (admitted < 0) err = e->code;
+  int nc = 0;
+  for (int i = 0; i < n; i++)
+    if (!strcmp(l[i].kind, "concurrency")) {
+      struct lim t = l[nc];
+      l[nc++] = l[i];
+      l[i] = t;
+    }
+  for (int i = 0; !err && admitted > 0 && i < nc && blocked < 0; i++) {
     int room = has_room(s, &l[i], e);
     if (room < 0) err = e->code;
     if (room <= 0) blocked = i;
   }
-  if (!err && blocked < 0) {
-    err = take(s, sl->run_id, l, n, 0, e);
+  if (err || admitted <= 0) {
+    /* an error, or not admitted (yet): the result says what */
+  } else if (blocked < 0) {
+    err = take(s, sl->run_id, l, nc, 0, e);
     if (!err) journal_set_result(je, mem_strdup("1"));
-  } else if (!err) {
-    for (int i = 0; i < n && !err; i++) {
+  } else {
+    for (int i = 0; i < nc && !err; i++) {
       sqlite3_stmt *p = store__cached(s, PLACE_SQL, e);
       if (!p) {
         err = e->code;

@@ -28,6 +28,7 @@
 **   deliveries (run_id, event_id): events a run's waits already took
 **   slots, slot_queue: concurrency slots held, and runs queued for them
 **            (skill: the skill's id or "@scope"; key: "path=value" or "")
+**   flow_gcra (q, key) -> tat: throttle and rate limit state (GCRA)
 **   cron_state (skill, spec) -> the last tick fired
 **   leases   (owner) -> kind, host, pid, expires_at
 **
@@ -173,7 +174,13 @@ static const char *const migrations[] = {
   "ALTER TABLE runs ADD COLUMN queued TEXT;"
   "ALTER TABLE runs ADD COLUMN slot_granted INTEGER NOT NULL DEFAULT 0;"
   "CREATE INDEX runs_granted ON runs(owner) WHERE slot_granted = 1;"
-  "ALTER TABLE slot_queue ADD COLUMN lim INTEGER NOT NULL DEFAULT 1;",
+  "ALTER TABLE slot_queue ADD COLUMN lim INTEGER NOT NULL DEFAULT 1;"
+  /* throttle and rate_limit: one row per (kind:skill, key), its
+  ** theoretical arrival time (GCRA); a run's admission time, kept so a
+  ** replay or another engine never admits it twice */
+  "CREATE TABLE flow_gcra(q TEXT NOT NULL, key TEXT NOT NULL, tat INTEGER NOT NULL,"
+  "  PRIMARY KEY(q, key)) WITHOUT ROWID;"
+  "ALTER TABLE runs ADD COLUMN flow_at INTEGER;",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 

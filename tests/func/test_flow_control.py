@@ -199,3 +199,111 @@ class FlowControlTest(SkillsTestCase):
             r = self.w.ml("check", path)
             self.assertEqual(r.returncode, 1, conc)
             self.assertIn(want, r.stderr + r.stdout, conc)
+
+
+# A skill whose one step tells the stand-in it started: /start/<run id>?k=
+STARTER = """
+return { id = "%(id)s", %(flow)s, run = function(ctx)
+  return ctx.step.run("start", function()
+    return http.get_json(env.STANDIN .. "/start/" .. ctx.run_id .. "?k=" .. tostring(ctx.input.k)).ok
+  end)
+end }"""
+
+
+class PerPeriodTest(SkillsTestCase):
+    def record_starts(self):
+        starts = {}  # run id -> (first start time, k)
+        lock = threading.Lock()
+
+        def start(h, b, n):
+            path, _, query = h.path.partition("?")
+            with lock:
+                # The first call only: a replay after a kill calls again.
+                starts.setdefault(path.rsplit("/", 1)[1], (time.time(), query.partition("=")[2]))
+            return 200, {"ok": True}
+        self.si.route_prefix("/start/", start)
+        return starts
+
+    def most_in_a_window(self, times, period):
+        times = sorted(times)
+        return max(sum(1 for u in times if t <= u < t + period) for t in times)
+
+    def test_throttle_queues_the_excess_in_order_with_burst_across_kill_9(self):
+        self.skill("thr", STARTER % {"id": "thr", "flow": 'throttle = { limit = 2, period = "1s", '
+                                                          'key = "event.data.k", burst = 1 }'})
+        starts = self.record_starts()
+        p = self.serve()
+        p.terminate()
+        p.wait(timeout=10)
+        ids = {"a": [], "b": []}
+        for k in ["a"] * 10 + ["b"] * 3:
+            ids[k].append(self.w.ml("invoke", "thr", "--data", json.dumps({"k": k}), check=0).stdout.strip())
+        p = self.serve()
+        last = ids["a"][-1]
+        # Waiting, the last one says why and until when.
+        wait_until(lambda: (self.w.trace(last)["queued"] or {}).get("reason") == "throttle", what="throttled")
+        q = self.w.trace(last)["queued"]
+        self.assertEqual((q["limit"], q["period"], q["key"]), (2, "1.0s", 'event.data.k="a"'))
+        self.assertIn("until", q)
+        self.assertIsNone(self.w.trace(last)["started_at"])
+        self.assertIn("waiting: throttle limit 2 per 1.0s of skill thr, key event.data.k=\"a\", until ",
+                      self.w.ml("runs", check=0).stdout)
+        wait_until(lambda: len(starts) >= 4, what="some starts")
+        kill9(p)  # the reservations are in the store: the next engine keeps to them
+        self.serve()
+        wait_until(lambda: len(self.runs_of("thr", "completed")) == 13, timeout=60, what="thirteen runs")
+        from datetime import datetime
+        started = {r["id"]: datetime.fromisoformat(r["started_at"].replace("Z", "+00:00")).timestamp()
+                   for r in self.runs_of("thr")}
+        for k in "ab":
+            # Started in creation order, and never more than limit + burst
+            # in a period.
+            self.assertEqual(sorted(ids[k], key=lambda r: started[r]), ids[k])
+            self.assertLessEqual(self.most_in_a_window([started[r] for r in ids[k]], 1.0), 3, k)
+        # b's runs did not wait behind a's.
+        self.assertLess(max(starts[r][0] for r in ids["b"]), starts[ids["a"][-1]][0])
+        # Spread over at least (10 - 3) / 2 periods: the throttle held them.
+        a = sorted(starts[r][0] for r in ids["a"])
+        self.assertGreaterEqual(a[-1] - a[0], 3.0)
+
+    def test_rate_limit_skips_the_excess_and_records_each_skip(self):
+        self.skill("rl", STARTER % {"id": "rl", "flow": 'triggers = { { event = "svc.alert" } }, '
+                                                        'rate_limit = { limit = 2, period = "1h", key = "event.data.k" }'})
+        starts = self.record_starts()
+        p = self.serve()
+        for k in ["a", "a", "a", "b", "a"]:
+            self.w.ml("send", "svc.alert", "--data", json.dumps({"k": k}), check=0)
+        wait_until(lambda: len([r for r in self.runs_of("rl") if r["status"] in ("completed", "cancelled")]) == 5,
+                   what="five runs ended")
+        kill9(p)  # the count is in the store
+        self.serve()
+        self.w.ml("send", "svc.alert", "--data", json.dumps({"k": "a"}), check=0)
+        wait_until(lambda: len([r for r in self.runs_of("rl") if r["status"] in ("completed", "cancelled")]) == 6,
+                   what="six runs ended")
+        runs = self.runs_of("rl")
+        done = [r for r in runs if r["status"] == "completed"]
+        skipped = [r for r in runs if r["status"] == "cancelled"]
+        self.assertEqual(sorted(r["input"]["k"] for r in done), ["a", "a", "b"])
+        self.assertEqual(len(skipped), 3)
+        for r in skipped:
+            self.assertEqual(r["error"]["message"],
+                             'skipped by rate_limit: at most 2 runs per 1h00m, key event.data.k="a"')
+            self.assertIsNone(r["started_at"])
+            self.assertEqual(r["trigger"]["event"]["name"], "svc.alert")  # which event was skipped
+        self.assertEqual(len(starts), 3)  # no code of a skipped run ran
+
+    def test_bad_throttle_and_rate_limit_are_refused_naming_the_fix(self):
+        cases = [
+            ('throttle = { limit = 2 }', "'throttle' needs a 'period' such as \"1m\""),
+            ('throttle = { limit = 2, period = "1m", burts = 1 }', "unknown key 'burts' in 'throttle' (did you mean 'burst'?)"),
+            ('throttle = { limit = 2, period = "1m", burst = -1 }', "'throttle.burst' must be a whole number of at least 0"),
+            ('rate_limit = { limit = 2, period = "1h", burst = 1 }', "unknown key 'burst' in 'rate_limit'"),
+            ('rate_limit = { limit = 0.5, period = "1h" }', "'rate_limit.limit' must be a whole number of at least 1"),
+            ('rate_limit = { limit = 1, period = "soon" }', "'rate_limit.period'"),
+            ('rate_limit = 5', "'rate_limit' must be a table {limit=, period=, key=}, got 5"),
+        ]
+        for flow, want in cases:
+            path = self.w.write("bad.lua", 'return { id = "bad", %s, run = function() end }' % flow)
+            r = self.w.ml("check", path)
+            self.assertEqual(r.returncode, 1, flow)
+            self.assertIn(want, r.stderr + r.stdout, flow)
