@@ -1,14 +1,7 @@
 -- flow.lua: the steps that park a run or fan out: sleep, sleep_until,
--- wait_for_event, invoke, send_event, parallel. Their ops:
---
---   SLEEP    seq id wake_at started                      -> the end time
---   WAIT     seq id event match_path match_value timeout_at started
---                                                        -> the event (JSON) or nil, the end time
---   INVOKE   seq id skill data timeout_at started child_id
---                                                        -> the child's outcome (JSON) or nil, the end time [, error]
---   SEND     seq id events started                       -> the event ids (JSON), the end time
---                                                           [or nil, the end time, error]
---   PARALLEL seq id co1 ... coN                          -> {{ok=, value=}, ...} once every child ended
+-- wait_for_event, invoke, send_event, parallel. Their ops (SLEEP, WAIT,
+-- INVOKE, SEND, PARALLEL; a parallel step ends with COMMIT or FAIL) and
+-- their arguments are rows of the op table, engine/core/op.h.
 --
 -- Times are counted from the step's start as recorded (R.now), so a replay
 -- after a restart waits for what is left, not for the whole duration again.

@@ -3,13 +3,10 @@
 -- Each run is a coroutine whose body is main() below; step.parallel adds
 -- child coroutines ("tasks") to a run. A step yields an op to the C core
 -- (op codes from core.OP), which does the durable part and resumes the
--- task. The ops of step.run:
---
---   COMMIT  seq id kind output attempts started ended         -> after the group is durable
---   RETRY   seq id n message traceback t0 delay started        -> after the backoff
---   FAIL    seq id kind n message traceback t0 ended started   -> after the group is durable
---   BACKOFF seq retry_at                                       -> at retry_at (replay)
---   HTTP    request                                            -> response, or nil, message
+-- task. The ops, their arguments in order and what each resumes with are
+-- one table, engine/core/op.h (core.OP_ARGS here): step.run yields
+-- COMMIT, RETRY, FAIL, BACKOFF, and its body's I/O HTTP (modules.lua).
+-- The core checks every op against the table before it reads it.
 --
 -- flow.lua adds the other steps (sleep, wait_for_event, invoke,
 -- send_event, parallel) and their ops.

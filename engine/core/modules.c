@@ -366,12 +366,13 @@ static void on_cancel_applied(void *arg, const struct jentry *je) {
 
 /* See modules.h: OP_CANCEL (run_id, reason): the same durable cancel as
 ** `moonloop cancel`, with a reason that names the cancelling run. */
-void modules_op_cancel(struct task *t, lua_State *co) {
+void modules_op_cancel(struct task *t, const struct op_cancel *a) {
   struct run *r = t->run;
+  lua_State *co = t->co;
   struct cancel_ctx *cc = mem_calloc(1, sizeof *cc);
-  const char *why = lua_tostring(co, 3);
+  const char *why = a->reason;
   cc->t = t;
-  snprintf(cc->run_id, sizeof cc->run_id, "%s", lua_tostring(co, 2));
+  snprintf(cc->run_id, sizeof cc->run_id, "%s", a->run_id);
   snprintf(cc->reason, sizeof cc->reason, "cancelled by run %s of skill %s%s%s", r->id,
            r->skill ? r->skill->id : "?", why && *why ? ": " : "", why ? why : "");
   lua_settop(co, 0);

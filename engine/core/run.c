@@ -546,9 +546,6 @@ void run__verbose(struct run *r, const char *mark, const char *id, int64_t ms,
   term_printf(stderr, "%-28s %8s%s%s\n", id, d, extra ? "  " : "", extra ? extra : "");
 }
 
-/* Value i of co as an integer (times, delays: Lua numbers). */
-static int64_t num(lua_State *co, int i) { return (int64_t)lua_tonumber(co, i); }
-
 /* The step's LLM token usage as JSON (in buf), or NULL when it made no calls. */
 static const char *usage_json(const struct task *t, char *buf, size_t n) {
   if (!t->usage_calls) return NULL;
@@ -561,14 +558,14 @@ static const char *usage_json(const struct task *t, char *buf, size_t n) {
 }
 
 /* OP_COMMIT: a step body returned; journal its row, resume once durable. */
-static void op_commit(struct task *t, lua_State *co) {
+void run_op_commit(struct task *t, const struct op_commit *a) {
   struct run *r = t->run;
+  lua_State *co = t->co;
   char ub[200];
   struct step_row row = {
     .usage = usage_json(t, ub, sizeof ub),
-    .run_id = r->id, .seq = (int)lua_tointeger(co, 2), .id = lua_tostring(co, 3),
-    .kind = lua_tostring(co, 4), .status = "completed", .output = lua_tostring(co, 5),
-    .attempts = (int)lua_tointeger(co, 6), .started_at = num(co, 7), .ended_at = num(co, 8),
+    .run_id = r->id, .seq = a->seq, .id = a->id, .kind = a->kind, .status = "completed",
+    .output = a->output, .attempts = a->attempts, .started_at = a->started, .ended_at = a->ended,
   };
   journal_step(sched__journal(r->sched), &row);
   sched__step_ended(r->sched, row.ended_at - row.started_at);
@@ -579,18 +576,19 @@ static void op_commit(struct task *t, lua_State *co) {
 }
 
 /* OP_RETRY: an attempt failed and will be retried; journal it, wait the backoff. */
-static void op_retry(struct task *t, lua_State *co) {
+void run_op_retry(struct task *t, const struct op_retry *op) {
   struct run *r = t->run;
-  int64_t now = units_now_ms(), delay = num(co, 8);
+  lua_State *co = t->co;
+  int64_t now = units_now_ms(), delay = op->delay;
   struct attempt_row a = {
-    .run_id = r->id, .seq = (int)lua_tointeger(co, 2), .n = (int)lua_tointeger(co, 4),
-    .status = "failed", .error = lua_tostring(co, 5), .traceback = lua_tostring(co, 6),
-    .started_at = num(co, 7), .ended_at = now, .retry_at = now + delay,
+    .run_id = r->id, .seq = op->seq, .n = op->n, .status = "failed", .error = op->message,
+    .traceback = op->traceback, .started_at = op->attempt_started, .ended_at = now,
+    .retry_at = now + delay,
   };
   char ub[200];
   struct step_row row = {
-    .run_id = r->id, .seq = a.seq, .id = lua_tostring(co, 3), .kind = "run",
-    .status = "running", .attempts = a.n, .started_at = num(co, 9), .retry_at = a.retry_at,
+    .run_id = r->id, .seq = a.seq, .id = op->id, .kind = "run",
+    .status = "running", .attempts = a.n, .started_at = op->started, .retry_at = a.retry_at,
     .usage = usage_json(t, ub, sizeof ub),
   };
   journal_t *j = sched__journal(r->sched);
@@ -610,17 +608,17 @@ static void op_retry(struct task *t, lua_State *co) {
 }
 
 /* OP_FAIL: a step failed for good; journal it, resume once durable. */
-static void op_fail(struct task *t, lua_State *co) {
+void run_op_fail(struct task *t, const struct op_fail *op) {
   struct run *r = t->run;
+  lua_State *co = t->co;
   struct attempt_row a = {
-    .run_id = r->id, .seq = (int)lua_tointeger(co, 2), .n = (int)lua_tointeger(co, 5),
-    .status = "failed", .error = lua_tostring(co, 6), .traceback = lua_tostring(co, 7),
-    .started_at = num(co, 8), .ended_at = num(co, 9),
+    .run_id = r->id, .seq = op->seq, .n = op->n, .status = "failed", .error = op->message,
+    .traceback = op->traceback, .started_at = op->attempt_started, .ended_at = op->ended,
   };
   char ub[200];
   struct step_row row = {
-    .run_id = r->id, .seq = a.seq, .id = lua_tostring(co, 3), .kind = lua_tostring(co, 4),
-    .status = "failed", .error = a.error, .attempts = a.n, .started_at = num(co, 10),
+    .run_id = r->id, .seq = a.seq, .id = op->id, .kind = op->kind,
+    .status = "failed", .error = a.error, .attempts = a.n, .started_at = op->started,
     .ended_at = a.ended_at, .usage = usage_json(t, ub, sizeof ub),
   };
   journal_t *j = sched__journal(r->sched);
@@ -634,18 +632,18 @@ static void op_fail(struct task *t, lua_State *co) {
 }
 
 /* OP_DELAY: wait inside a step body, not journaled. */
-static void op_delay(struct task *t, lua_State *co) {
-  int64_t ms = num(co, 2);
-  lua_settop(co, 0);
+void run_op_delay(struct task *t, const struct op_delay *a) {
+  int64_t ms = a->ms;
+  lua_settop(t->co, 0);
   run__park(t, 1);
   t->timer.fn = on_timer;
   sched__timer_start(t->run->sched, &t->timer, units_now_ms() + (ms > 0 ? ms : 0));
 }
 
 /* OP_BACKOFF: on replay, wait out what is left of a recorded backoff. */
-static void op_backoff(struct task *t, lua_State *co) {
-  int64_t at = num(co, 3);
-  lua_settop(co, 0);
+void run_op_backoff(struct task *t, const struct op_backoff *a) {
+  int64_t at = a->retry_at;
+  lua_settop(t->co, 0);
   run__park(t, 1);
   t->timer.fn = on_timer;
   sched__timer_start(t->run->sched, &t->timer, at);
@@ -754,13 +752,14 @@ static int may_call_api(const struct sched_opts *o, const char *id) {
 
 /* OP_HTTP (request table): start the transfer; the task parks until the
 ** response, a failure, or its step's timeout. */
-static void op_http(struct task *t, lua_State *co) {
+void run_op_http(struct task *t, const struct op_http *a) {
   struct run *r = t->run;
+  lua_State *co = t->co;
   const struct sched_opts *o = sched__opts(r->sched);
   char *hdrs[RUN_HTTP_MAX_HEADERS + 1];
   struct httpc_req req;
   err_t e;
-  int nh = run__http_request_from_lua(co, 2, &req, hdrs);
+  int nh = run__http_request_from_lua(co, a->request, &req, hdrs);
   req.for_skill = !may_call_api(o, r->skill ? r->skill->id : NULL);
   req.gated = 1; /* not sent while the lease is in doubt (sched.h) */
   int rc;
@@ -836,26 +835,18 @@ void run_resume(struct task *t) {
     task_finished(t, rc);
     return;
   }
-  lua_State *co = t->co;
-  switch ((int)lua_tointeger(co, 1)) {
-  case OP_COMMIT: op_commit(t, co); break;
-  case OP_RETRY: op_retry(t, co); break;
-  case OP_FAIL: op_fail(t, co); break;
-  case OP_SLEEP: run_op_sleep(t, co); break;
-  case OP_WAIT: run_op_wait(t, co); break;
-  case OP_INVOKE: run_op_invoke(t, co); break;
-  case OP_SEND: run_op_send(t, co); break;
-  case OP_PARALLEL: run_op_parallel(t, co); break;
-  case OP_DELAY: op_delay(t, co); break;
-  case OP_CANCEL: modules_op_cancel(t, co); break;
-  case OP_BACKOFF: op_backoff(t, co); break;
-  case OP_HTTP: op_http(t, co); break;
-  case OP_PAUSE: run_op_pause(t, co); break; /* the REPL's step_through */
-  default: {
-    lua_settop(co, 0);
-    run__finish(r, "failed", NULL, "{\"message\":\"internal error: unknown op yielded\"}");
+  /* Every op is checked against its row of the op table (op.h) before
+  ** its handler reads it: a malformed one fails the run, saying why. */
+  struct op op;
+  err_t e;
+  if (op_decode(t->co, &op, &e)) {
+    lua_settop(t->co, 0);
+    char *ej = jsontext_message(e.msg);
+    run__finish(r, "failed", NULL, ej);
+    free(ej);
+    return;
   }
-  }
+  op_dispatch(t, &op);
 }
 
 /* ---- core functions for the runtime's Lua ---- */
@@ -971,24 +962,12 @@ static int c_step_usage(lua_State *L) {
   return 0;
 }
 
-/* See run.h: core.log, core.step_*, and core.OP. */
+/* See run.h: core.log, core.step_*, and the op table (core.OP, op.h). */
 void run_register_core(lrt_t *lrt, sched_t *s) {
-  lua_State *L = lrt_L(lrt);
   lrt_register(lrt, "log", c_log, s);
   lrt_register(lrt, "step_begin", c_step_begin, s);
   lrt_register(lrt, "step_end", c_step_end, s);
   lrt_register(lrt, "step_usage", c_step_usage, s);
   lrt_register(lrt, "step_interrupted", c_step_interrupted, s);
-  lua_createtable(L, 0, 12);
-  static const struct { const char *name; int op; } ops[] = {
-    {"COMMIT", OP_COMMIT}, {"RETRY", OP_RETRY}, {"FAIL", OP_FAIL},
-    {"SLEEP", OP_SLEEP}, {"BACKOFF", OP_BACKOFF}, {"HTTP", OP_HTTP},
-    {"WAIT", OP_WAIT}, {"INVOKE", OP_INVOKE}, {"SEND", OP_SEND}, {"PARALLEL", OP_PARALLEL},
-    {"DELAY", OP_DELAY}, {"CANCEL", OP_CANCEL}, {"PAUSE", OP_PAUSE},
-  };
-  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
-    lua_pushinteger(L, ops[i].op);
-    lua_setfield(L, -2, ops[i].name);
-  }
-  lrt_register_value(lrt, "OP");
+  op_register(lrt);
 }

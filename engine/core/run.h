@@ -27,27 +27,10 @@
 #include <lua.h>
 
 #include "core/httpc.h"
+#include "core/op.h" /* the ops a run's coroutine yields, and their handlers */
 #include "core/sched.h"
 #include "lua/skill.h"
 
-/* Ops a run's coroutine yields; the Lua side gets them as core.OP. */
-enum run_op {
-  OP_COMMIT = 1, /* a step body returned: record its result */
-  OP_RETRY,      /* a step attempt failed: record it, wait the backoff */
-  OP_FAIL,       /* a step failed for good: record it */
-  OP_SLEEP,      /* durable sleep until a time */
-  OP_BACKOFF,    /* replay: wait out a recorded backoff */
-  OP_HTTP,       /* an HTTP request */
-  OP_WAIT,       /* wait for an event */
-  OP_INVOKE,     /* start a child run and wait for it */
-  OP_SEND,       /* send events */
-  OP_PARALLEL,   /* run step bodies in child tasks */
-  OP_DELAY,      /* wait inside a step body, not journaled (llm.chat's retries) */
-  OP_CANCEL,     /* runs.cancel: cancel another run (engine/core/modules.c) */
-  /* The REPL's step_through (engine/core/run_pause.c): pause before a live step.
-  ** A fixed value, apart from the ops above. */
-  OP_PAUSE = 40,
-};
 
 /* A timer in the scheduler's heap. */
 struct stimer {
@@ -171,12 +154,8 @@ void run_delivered(struct run *r, int seq);
 /* Someone asked to cancel r (reason: a message or the cancelling event). */
 void run_cancelled(struct run *r, const char *reason);
 
-/* The ops of the flow steps (run_flow.c), called from run_resume. */
-void run_op_sleep(struct task *t, lua_State *co);
-void run_op_wait(struct task *t, lua_State *co);
-void run_op_invoke(struct task *t, lua_State *co);
-void run_op_send(struct task *t, lua_State *co);
-void run_op_parallel(struct task *t, lua_State *co);
+/* The ops' handlers (run_op_commit, ...; the flow steps' in run_flow.c)
+** are declared by op.h, from its table, and called from run_resume. */
 /* A step.parallel child ended with (ok, value JSON). */
 void run_child_ended(struct task *t, int ok, const char *value);
 /* Shared by run.c and run_flow.c. */

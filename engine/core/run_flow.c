@@ -28,9 +28,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Value i of co as an integer (times: Lua numbers). */
-static int64_t num(lua_State *co, int i) { return (int64_t)lua_tonumber(co, i); }
-
 /* ---- parking long, and eviction ---- */
 
 /* Drop r's coroutine: it stays dormant until wake_at (0: a delivery). */
@@ -69,13 +66,13 @@ static void unpark_long(struct task *t) {
   }
 }
 
-/* Note the step that parks t: its seq and id (values 2 and 3 of co), kind,
-** until when, and when it started. */
-static void set_wait(struct task *t, lua_State *co, const char *kind, int64_t until,
+/* Note the step that parks t: its seq and id, kind, until when, and when
+** it started. */
+static void set_wait(struct task *t, int seq, const char *id, const char *kind, int64_t until,
                      int64_t started) {
-  t->wait_seq = (int)lua_tointeger(co, 2);
+  t->wait_seq = seq;
   free(t->wait_id);
-  t->wait_id = mem_strdup(lua_tostring(co, 3));
+  t->wait_id = mem_strdup(id);
   t->wait_kind = kind;
   t->wait_until = until;
   t->wait_started = started;
@@ -85,12 +82,13 @@ static void set_wait(struct task *t, lua_State *co, const char *kind, int64_t un
 
 static void on_sleep_end(struct stimer *tm);
 
-/* OP_SLEEP (seq, id, wake_at, started): journal the sleeping step and park
+/* OP_SLEEP (op.h): journal the sleeping step and park
 ** until wake_at. */
-void run_op_sleep(struct task *t, lua_State *co) {
+void run_op_sleep(struct task *t, const struct op_sleep *a) {
   struct run *r = t->run;
-  int64_t wake_at = num(co, 4);
-  set_wait(t, co, "sleep", wake_at, num(co, 5));
+  lua_State *co = t->co;
+  int64_t wake_at = a->wake_at;
+  set_wait(t, a->seq, a->id, "sleep", wake_at, a->started);
   struct step_row row = {
     .run_id = r->id, .seq = t->wait_seq, .id = t->wait_id, .kind = "sleep",
     .status = "sleeping", .attempts = 1, .started_at = t->wait_started, .wake_at = wake_at,
@@ -258,15 +256,15 @@ static void register_wait(struct task *t, const char *kind, const char *name,
   run__park(t, 1);
 }
 
-/* OP_WAIT (seq, id, name, path, value, until, started): wait for an event. */
-void run_op_wait(struct task *t, lua_State *co) {
-  set_wait(t, co, "wait", num(co, 7), num(co, 8));
+/* OP_WAIT (op.h): wait for an event. */
+void run_op_wait(struct task *t, const struct op_wait *a) {
+  set_wait(t, a->seq, a->id, "wait", a->timeout_at, a->started);
   free(t->wait_child);
   t->wait_child = NULL;
-  char *name = mem_strdup(lua_tostring(co, 4));
-  char *path = lua_isstring(co, 5) ? mem_strdup(lua_tostring(co, 5)) : NULL;
-  char *value = lua_isstring(co, 6) ? mem_strdup(lua_tostring(co, 6)) : NULL;
-  lua_settop(co, 0);
+  char *name = mem_strdup(a->event);
+  char *path = a->match_path ? mem_strdup(a->match_path) : NULL;
+  char *value = a->match_value ? mem_strdup(a->match_value) : NULL;
+  lua_settop(t->co, 0);
   register_wait(t, "event", name, path, value, NULL);
   free(name), free(path), free(value);
 }
@@ -301,17 +299,17 @@ static void invoke_failed(struct task *t, const char *msg) {
   run__wait_durable(t);
 }
 
-/* OP_INVOKE (seq, id, skill, data, until, started, child): start the child
+/* OP_INVOKE (op.h): start the child
 ** run (unless a replay names it already) and wait for its outcome. */
-void run_op_invoke(struct task *t, lua_State *co) {
+void run_op_invoke(struct task *t, const struct op_invoke *a) {
   struct run *r = t->run;
   sched_t *s = r->sched;
-  set_wait(t, co, "invoke", num(co, 6), num(co, 7));
-  char *skill_id = mem_strdup(lua_tostring(co, 4));
-  char *data = mem_strdup(lua_tostring(co, 5));
+  set_wait(t, a->seq, a->id, "invoke", a->timeout_at, a->started);
+  char *skill_id = mem_strdup(a->skill);
+  char *data = mem_strdup(a->data);
   free(t->wait_child);
-  t->wait_child = lua_isstring(co, 8) ? mem_strdup(lua_tostring(co, 8)) : NULL;
-  lua_settop(co, 0);
+  t->wait_child = a->child ? mem_strdup(a->child) : NULL;
+  lua_settop(t->co, 0);
   if (!t->wait_child) {
     struct skill *sk;
     err_t e;
@@ -390,14 +388,14 @@ static void on_sent(void *arg, const struct jentry *last) {
   free(sc);
 }
 
-/* OP_SEND (seq, id, events JSON, started): journal the events (each with an
+/* OP_SEND (op.h): journal the events (each with an
 ** idempotency key, so a replay sends nothing twice). */
-void run_op_send(struct task *t, lua_State *co) {
+void run_op_send(struct task *t, const struct op_send *a) {
   struct run *r = t->run;
   sched_t *s = r->sched;
-  set_wait(t, co, "send", 0, num(co, 5));
-  cJSON *list = cJSON_Parse(lua_tostring(co, 4));
-  lua_settop(co, 0);
+  set_wait(t, a->seq, a->id, "send", 0, a->started);
+  cJSON *list = cJSON_Parse(a->events);
+  lua_settop(t->co, 0);
   journal_t *j = sched__journal(s);
   int64_t now = units_now_ms(), limit = sched__opts(s)->event_limit;
   int n = 0;
@@ -438,17 +436,17 @@ void run_op_send(struct task *t, lua_State *co) {
 
 /* ---- parallel ---- */
 
-/* OP_PARALLEL (seq, id, started, coroutines...): run each body as a child
+/* OP_PARALLEL (op.h): run each body as a child
 ** task; the parent parks until all have ended. */
-void run_op_parallel(struct task *t, lua_State *co) {
+void run_op_parallel(struct task *t, const struct op_parallel *a) {
   struct run *r = t->run;
   sched_t *s = r->sched;
   lrt_t *lrt = sched__opts(s)->lrt;
-  int seq = (int)lua_tointeger(co, 2);
-  int n = lua_gettop(co) - 4;
+  lua_State *co = t->co;
+  int n = a->tasks.n;
   struct step_row row = {
-    .run_id = r->id, .seq = seq, .id = lua_tostring(co, 3), .kind = "parallel",
-    .status = "running", .attempts = 1, .started_at = num(co, 4),
+    .run_id = r->id, .seq = a->seq, .id = a->id, .kind = "parallel",
+    .status = "running", .attempts = 1, .started_at = a->started,
   };
   journal_step(sched__journal(s), &row);
   run__free_kids(t);
@@ -462,8 +460,8 @@ void run_op_parallel(struct task *t, lua_State *co) {
     k->run = r;
     k->parent = t;
     k->child_index = i;
-    k->co = lua_tothread(co, 5 + i);
-    lua_pushvalue(co, 5 + i);
+    k->co = lua_tothread(co, a->tasks.first + i);
+    lua_pushvalue(co, a->tasks.first + i);
     lua_xmove(co, L, 1);
     k->co_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     k->timer.fn = t->timer.fn;
