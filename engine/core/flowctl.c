@@ -9,8 +9,9 @@
 **        +---------------------------------------------+ the queues, status queued
 **        |                                             |
 **        |   a release here (J_SLOT release, result:   | (no timer, no retry:
-**        |   the runs it granted) or store_poll's      |  the store hands the
-**        +-- "grants" (a release elsewhere) -- acquire-+  room on at release)
+**        +-- this engine's runs it granted: held now)  |  the store hands the
+**        |                                             |  room on at release)
+**        +-- store_poll's "grants" (a release by another engine) -- acquire
 **
 ** A run parked for long gives its slots back (run_flow.c's parked_long)
 ** and asks again when it wakes; a run that ends releases them before its
@@ -132,14 +133,24 @@ void flowctl_granted(sched_t *s, const char *run_id) {
     flowctl_gate(s, r);
 }
 
-/* A release is durable: the runs it handed slots to that live here ask
-** for them now (answered "1" in the next group), not at the next poll. */
+/* A release is durable: the runs of this engine it handed slots to hold
+** them now (the store made them running in that transaction, unmarked:
+** see store_queue.c) and resume at once. One whose acquire is in flight
+** finds them held; a dormant one when it wakes. */
 static void on_released(void *arg, const struct jentry *je) {
   sched_t *s = arg;
   if (je->dropped || !je->result) return;
   cJSON *ids = cJSON_Parse(je->result);
   const cJSON *id;
-  cJSON_ArrayForEach(id, ids) if (cJSON_IsString(id)) flowctl_granted(s, id->valuestring);
+  cJSON_ArrayForEach(id, ids) {
+    struct run *r = cJSON_IsString(id) ? sched__find(s, id->valuestring) : NULL;
+    if (!r || r->aborted || r->finished || r->dormant || r->slot_held || r->slot_pending ||
+        !flowctl_needed(r))
+      continue;
+    r->slot_held = r->slot_ever = 1;
+    if (!r->started_at) r->started_at = units_now_ms();
+    sched__ready(s, &r->main);
+  }
   cJSON_Delete(ids);
 }
 

@@ -24,10 +24,12 @@
 **    holds up the runs behind it in another (room found by a new run's
 **    acquire is room no queued run can use).
 **
-** A run granted its slots by another run's release (its owner may be
-** another engine, or none) becomes "running" in the same transaction and
-** is marked slot_granted; its owner finds it through store_poll and
-** acknowledges it with an acquire (answered "1", which clears the mark).
+** A run granted its slots by another run's release becomes "running" in
+** the same transaction. When it has the releasing run's owner, that
+** engine takes it up from the release's result (it resumes at once);
+** otherwise (another engine, or none) it is marked slot_granted, its
+** owner finds it through store_poll and acknowledges it with an acquire
+** (answered "1", which clears the mark).
 ** A queued run's reason is kept in runs.queued (JSON) while it waits.
 */
 #include "base/mem.h"
@@ -47,9 +49,13 @@ static const char PLACE_SQL[] =
   "INSERT OR IGNORE INTO slot_queue(skill, key, run_id, since, lim) VALUES(?1,?2,?3,?4,?5)";
 static const char LEAVE_SQL[] = "DELETE FROM slot_queue WHERE run_id = ?1";
 static const char DROP_SQL[] = "DELETE FROM slots WHERE run_id = ?1";
+/* ?3: granted by a release; ?4: the releasing run's owner, who takes its
+** own runs' grants up from the release's result (no mark needed). */
 static const char STARTED_SQL[] =
   "UPDATE runs SET status = CASE WHEN status = 'queued' THEN 'running' ELSE status END,"
-  " started_at = COALESCE(started_at, ?2), queued = NULL, slot_granted = ?3 WHERE id = ?1";
+  " started_at = COALESCE(started_at, ?2), queued = NULL,"
+  " slot_granted = ?3 AND owner IS NOT ?4 WHERE id = ?1 RETURNING owner IS ?4";
+static const char OWNER_SQL[] = "SELECT owner FROM runs WHERE id = ?1";
 /* A run queued before its first step has not started: no started_at. */
 static const char QUEUED_SQL[] =
   "UPDATE runs SET status = 'queued', queued = ?2, started_at = CASE WHEN EXISTS"
@@ -108,7 +114,7 @@ static int exec_run(store_t *s, const char *sql, const char *run_id, const char 
 /* Give run_id the slots of its n limits, leave its queues, and mark it
 ** started (granted: by another run's release, for its owner to notice). */
 static int take(store_t *s, const char *run_id, const struct lim *l, int n, int granted,
-                err_t *e) {
+                const char *owner, int *mine, err_t *e) {
   int64_t now = units_now_ms();
   for (int i = 0; i < n; i++) {
     sqlite3_stmt *st = store__cached(s, TAKE_SQL, e);
@@ -125,7 +131,12 @@ static int take(store_t *s, const char *run_id, const struct lim *l, int n, int 
   store__bind_text(st, 1, run_id);
   sqlite3_bind_int64(st, 2, now);
   sqlite3_bind_int(st, 3, granted);
-  return store__step(s, st, e, "starting a queued run");
+  store__bind_text(st, 4, owner);
+  int rc = sqlite3_step(st);
+  if (mine) *mine = rc == SQLITE_ROW && sqlite3_column_int(st, 0);
+  while (rc == SQLITE_ROW) rc = sqlite3_step(st);
+  sqlite3_reset(st);
+  return rc == SQLITE_DONE ? 0 : store__db_err(e, s->w, "starting a queued run");
 }
 
 /* Why a run waits on limit l (in use: inuse), as runs.queued's JSON. */
@@ -324,7 +335,7 @@ static int acquire(store_t *s, const struct jentry *je, err_t *e) {
   if (err || admitted <= 0) {
     /* an error, or not admitted (yet): the result says what */
   } else if (blocked < 0) {
-    err = take(s, sl->run_id, l, nc, 0, e);
+    err = take(s, sl->run_id, l, nc, 0, NULL, NULL, e);
     if (!err) journal_set_result(je, mem_strdup("1"));
   } else {
     for (int i = 0; i < nc && !err; i++) {
@@ -351,7 +362,7 @@ static int acquire(store_t *s, const struct jentry *je, err_t *e) {
 /* Try to grant run_id (queued) every limit it waits on. *blocked_here
 ** is set when the limit (q, key) is the one without room. */
 static int try_grant(store_t *s, const char *run_id, const char *q, const char *key,
-                     int *granted, int *blocked_here, err_t *e) {
+                     const char *owner, int *granted, int *blocked_here, err_t *e) {
   *granted = *blocked_here = 0;
   sqlite3_stmt *st = store__cached(s, PLACES_SQL, e);
   if (!st) return e->code;
@@ -378,8 +389,9 @@ static int try_grant(store_t *s, const char *run_id, const char *q, const char *
     }
   }
   if (!err && ok) {
-    err = take(s, run_id, l, n, 1, e);
-    if (!err) *granted = 1;
+    int mine = 0;
+    err = take(s, run_id, l, n, 1, owner, &mine, e);
+    if (!err) *granted = mine ? 2 : 1;
   }
   lims_free(l, n);
   return err;
@@ -391,7 +403,8 @@ static int try_grant(store_t *s, const char *run_id, const char *q, const char *
 ** most HAND_MAX places are looked at per release, to bound the
 ** transaction; the rest wait for the next release. */
 #define HAND_MAX 256
-static int hand_on(store_t *s, const char *q, const char *key, cJSON *granted, err_t *e) {
+static int hand_on(store_t *s, const char *q, const char *key, const char *owner, cJSON *granted,
+                   err_t *e) {
   int skip = 0; /* places passed over, still at the head */
   while (skip < HAND_MAX) {
     /* Read a batch first: the grants below change the table. */
@@ -409,8 +422,9 @@ static int hand_on(store_t *s, const char *q, const char *key, cJSON *granted, e
     int stop = n < 16;
     for (int i = 0; i < n && !err; i++) {
       int got = 0, full = 0;
-      err = try_grant(s, ids[i], q, key, &got, &full, e);
-      if (!err && got && granted) cJSON_AddItemToArray(granted, cJSON_CreateString(ids[i]));
+      err = try_grant(s, ids[i], q, key, owner, &got, &full, e);
+      /* The releasing run's own engine takes its grants up from the result. */
+      if (!err && got == 2 && granted) cJSON_AddItemToArray(granted, cJSON_CreateString(ids[i]));
       if (!err && !got) skip++;
       if (full) {
         stop = 1;
@@ -438,9 +452,21 @@ int store__slots_free(store_t *s, const char *run_id, cJSON *granted, err_t *e) 
   }
   sqlite3_reset(st);
   int err = rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : store__db_err(e, s->w, "reading slots");
+  char *owner = NULL;
+  if (!err && n && granted) {
+    /* Whose result it is: that owner needs no mark for its own runs. */
+    sqlite3_stmt *o = store__cached(s, OWNER_SQL, e);
+    if (!o) err = e->code;
+    else {
+      store__bind_text(o, 1, run_id);
+      if (sqlite3_step(o) == SQLITE_ROW) owner = store__col_dup(o, 0);
+      sqlite3_reset(o);
+    }
+  }
   if (!err) err = exec_run(s, DROP_SQL, run_id, NULL, 0, 0, "releasing a slot", e);
   if (!err) err = exec_run(s, LEAVE_SQL, run_id, NULL, 0, 0, "leaving a slot queue", e);
-  for (int i = 0; i < n && !err; i++) err = hand_on(s, pairs[i][0], pairs[i][1], granted, e);
+  for (int i = 0; i < n && !err; i++) err = hand_on(s, pairs[i][0], pairs[i][1], owner, granted, e);
+  free(owner);
   for (int i = 0; i < n; i++) free(pairs[i][0]), free(pairs[i][1]);
   return err;
 }
