@@ -225,11 +225,63 @@ function M.validate(def, file, src, default_id, recorded)
   local throttle = per_period("throttle", set_of(api.throttle_keys), true)
   local rate = per_period("rate_limit", set_of(api.rate_limit_keys), false)
 
+  -- singleton: at most one run per value of key; a new one is skipped
+  -- (mode "skip") or cancels the live one and takes its place ("cancel").
+  local singleton
+  if def.singleton ~= nil then
+    local t, keys = def.singleton, set_of(api.singleton_keys)
+    if type(t) ~= "table" then fail("singleton", "'singleton' must be a table {key=, mode=}, got %s", show(t)) end
+    for k in pairs(t) do
+      if not keys[k] then
+        fail(type(k) == "string" and k or "singleton", "unknown key '%s' in 'singleton'%s", tostring(k),
+             type(k) == "string" and suggest(k, keys) or "")
+      end
+    end
+    if t.key ~= nil and (type(t.key) ~= "string" or not t.key:match("^[%a_][%w_]*[%w_.]*$")) then
+      fail("key", "'singleton.key' must be a path such as \"event.data.service\", got %s", show(t.key))
+    end
+    if t.mode ~= nil and t.mode ~= "skip" and t.mode ~= "cancel" then
+      fail("mode", "'singleton.mode' must be \"skip\" (a new run is skipped while one runs) or \"cancel\" "
+           .. "(a new run cancels the one running), got %s", show(t.mode))
+    end
+    singleton = { key = t.key, mode = t.mode or "skip" }
+  end
+  -- idempotency: one run per value of key within period (default 24h).
+  local idem
+  if def.idempotency ~= nil then
+    local t, keys = def.idempotency, set_of(api.idempotency_keys)
+    if type(t) == "string" then t = { key = t } end
+    if type(t) ~= "table" then
+      fail("idempotency", "'idempotency' must be a path such as \"event.data.order_id\" or a table {key=, period=}, got %s",
+           show(t))
+    end
+    for k in pairs(t) do
+      if not keys[k] then
+        fail(type(k) == "string" and k or "idempotency", "unknown key '%s' in 'idempotency'%s", tostring(k),
+             type(k) == "string" and suggest(k, keys) or "")
+      end
+    end
+    if type(t.key) ~= "string" or not t.key:match("^[%a_][%w_]*[%w_.]*$") then
+      fail("idempotency", "'idempotency' needs a key: a path such as \"event.data.order_id\", got %s", show(t.key))
+    end
+    local period = t.period ~= nil and duration("idempotency.period", t.period) or 24 * 3600 * 1000
+    if period < 1 then fail("period", "'idempotency.period' must be longer than 0") end
+    idem = { key = t.key, period = period }
+  end
+
   -- What the core asks of the store before a run starts (flowctl.c), in
-  -- order: admission (rate limit, throttle), then the concurrency slots.
+  -- order: admission (idempotency, rate limit, singleton, throttle), then
+  -- the concurrency slots.
   local flow = {}
+  if idem then flow[#flow + 1] = { kind = "idempotency", key = idem.key, period = idem.period } end
   if rate then
     flow[#flow + 1] = { kind = "rate", limit = rate.limit, period = rate.period, key = rate.key }
+  end
+  if singleton then
+    flow[#flow + 1] = { kind = "singleton", key = singleton.key, mode = singleton.mode }
+    -- One run at a time per key: a run that cancelled the live one waits
+    -- for its end.
+    flow[#flow + 1] = { kind = "concurrency", limit = 1, key = singleton.key, tag = "singleton" }
   end
   if throttle then
     flow[#flow + 1] = { kind = "throttle", limit = throttle.limit, period = throttle.period, key = throttle.key,

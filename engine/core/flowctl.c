@@ -41,11 +41,15 @@ char *flowctl_limits(struct run *r) {
     cJSON *x = cJSON_CreateObject();
     cJSON_AddStringToObject(x, "kind", kind ? kind : "concurrency");
     if (kind && strcmp(kind, "concurrency")) {
-      /* Per period: throttle, rate. */
-      cJSON_AddNumberToObject(x, "period", cJSON_GetNumberValue(cJSON_GetObjectItem(l, "period")));
-      const cJSON *b = cJSON_GetObjectItem(l, "burst");
+      /* Admission: throttle, rate, idempotency (period), singleton (mode). */
+      const cJSON *p = cJSON_GetObjectItem(l, "period"), *b = cJSON_GetObjectItem(l, "burst");
+      const cJSON *m = cJSON_GetObjectItem(l, "mode");
+      if (cJSON_IsNumber(p)) cJSON_AddNumberToObject(x, "period", p->valuedouble);
       if (cJSON_IsNumber(b)) cJSON_AddNumberToObject(x, "burst", b->valuedouble);
+      if (cJSON_IsString(m)) cJSON_AddStringToObject(x, "mode", m->valuestring);
     }
+    /* A limit the engine adds (singleton's one at a time) counts apart. */
+    const char *tag = cJSON_GetStringValue(cJSON_GetObjectItem(l, "tag"));
     if (scope) {
       char *q = mem_printf("@%s", scope);
       cJSON_AddStringToObject(x, "q", q);
@@ -56,11 +60,11 @@ char *flowctl_limits(struct run *r) {
     if (key) {
       /* The path names the count, so two keys of one skill never share it. */
       char *v = run__event_value(r, key);
-      char *k = mem_printf("%s=%s", key, v);
+      char *k = mem_printf("%s%s%s=%s", tag ? tag : "", tag ? ":" : "", key, v);
       cJSON_AddStringToObject(x, "key", k);
       free(k), free(v);
     } else {
-      cJSON_AddStringToObject(x, "key", "");
+      cJSON_AddStringToObject(x, "key", tag ? tag : "");
     }
     cJSON_AddNumberToObject(x, "limit", cJSON_GetNumberValue(cJSON_GetObjectItem(l, "limit")));
     cJSON_AddItemToArray(out, x);

@@ -75,8 +75,9 @@ static const char HEAD_SQL[] =
 ** the burst. */
 struct lim {
   char *q, *key;
-  const char *kind;
+  const char *kind; /* also "idempotency", "singleton" (admission only) */
   int64_t since, limit, period, burst;
+  int cancel;       /* singleton: a new run cancels the live one */
 };
 
 /* Step the one-row count statement st, or -1 with e filled. */
@@ -195,6 +196,80 @@ static void per_text(const struct lim *l, char *out, size_t n) {
            l->key[0] ? ", key " : "", l->key);
 }
 
+static const char ONCE_SQL[] =
+  "SELECT o.run_id, o.until, r.status FROM flow_once o LEFT JOIN runs r ON r.id = o.run_id"
+  " WHERE o.q = ?1 AND o.key = ?2";
+static const char SET_ONCE_SQL[] =
+  "INSERT INTO flow_once(q, key, run_id, until) VALUES(?1,?2,?3,?4)"
+  " ON CONFLICT(q, key) DO UPDATE SET run_id = ?3, until = ?4";
+static const char REPLACE_SQL[] =
+  "UPDATE runs SET cancel_requested = 1, cancel_reason = ?2 WHERE id = ?1"
+  " AND status NOT IN ('completed','failed','cancelled') AND cancel_requested = 0";
+
+/* Idempotency (idem) or singleton limit l for the run of je: 1 when it
+** may go on; 0 when it is skipped (the result says why); -1 on error. A
+** singleton in cancel mode flags the live run for cancellation (its owner
+** ends it; the new run then waits for the key's one slot). */
+static int once_check(store_t *s, const struct jentry *je, const struct lim *l, int idem,
+                      int64_t now, err_t *e) {
+  char q[300], msg[800];
+  snprintf(q, sizeof q, "%s:%s", l->kind, l->q);
+  sqlite3_stmt *st = store__cached(s, ONCE_SQL, e);
+  if (!st) return -1;
+  store__bind_text(st, 1, q);
+  store__bind_text(st, 2, l->key);
+  int rc = sqlite3_step(st);
+  char *holder = rc == SQLITE_ROW ? store__col_dup(st, 0) : NULL;
+  int64_t until = rc == SQLITE_ROW ? sqlite3_column_int64(st, 1) : 0;
+  const char *status = rc == SQLITE_ROW ? (const char *)sqlite3_column_text(st, 2) : NULL;
+  int live = status && !store__is_terminal(status);
+  sqlite3_reset(st);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+    free(holder);
+    return store__db_err(e, s->w, "reading a run key"), -1;
+  }
+  int r = 1;
+  const char *key = l->key[0] ? l->key : "(none)";
+  if (holder && strcmp(holder, je->u.slot.run_id)) {
+    if (idem && until > now) {
+      char d[32];
+      units_fmt_duration(l->period, d, sizeof d);
+      snprintf(msg, sizeof msg, "skip:skipped by idempotency: run %s already started for key %s "
+               "(within %s)", holder, key, d);
+      r = 0;
+    } else if (!idem && live && !l->cancel) {
+      snprintf(msg, sizeof msg, "skip:skipped by singleton: run %s is running for key %s", holder, key);
+      r = 0;
+    } else if (!idem && live) {
+      char why[400];
+      snprintf(why, sizeof why, "replaced by run %s (singleton, key %s)", je->u.slot.run_id, key);
+      sqlite3_stmt *u = store__cached(s, REPLACE_SQL, e);
+      if (!u) r = -1;
+      else {
+        store__bind_text(u, 1, holder);
+        store__bind_text(u, 2, why);
+        if (store__step(s, u, e, "cancelling a singleton's run")) r = -1;
+      }
+    }
+  }
+  if (r == 0) journal_set_result(je, mem_strdup(msg));
+  free(holder);
+  return r;
+}
+
+/* Make run_id the run of l's key (until: idempotency's period's end). */
+static int once_set(store_t *s, const struct lim *l, const char *run_id, int64_t now, err_t *e) {
+  char q[300];
+  snprintf(q, sizeof q, "%s:%s", l->kind, l->q);
+  sqlite3_stmt *st = store__cached(s, SET_ONCE_SQL, e);
+  if (!st) return e->code;
+  store__bind_text(st, 1, q);
+  store__bind_text(st, 2, l->key);
+  store__bind_text(st, 3, run_id);
+  sqlite3_bind_int64(st, 4, !strcmp(l->kind, "idempotency") ? now + l->period : 0);
+  return store__step(s, st, e, "keeping a run key");
+}
+
 /* Admit the run of je to start: once per run (runs.flow_at keeps when),
 ** through its rate limits (refused: the result is "skip:" and why) and
 ** its throttle (a start time reserved, in order: GCRA, whose row keeps
@@ -234,8 +309,19 @@ static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_
         return 0;
       }
     }
+    /* Idempotency and singleton: a run for the key already. */
+    for (int i = 0; i < n; i++) {
+      int idem = !strcmp(l[i].kind, "idempotency");
+      if (!idem && strcmp(l[i].kind, "singleton")) continue;
+      int r = once_check(s, je, &l[i], idem, now, e);
+      if (r <= 0) return r;
+    }
     at = now;
     for (int i = 0; i < n; i++) {
+      if (!strcmp(l[i].kind, "idempotency") || !strcmp(l[i].kind, "singleton")) {
+        if (once_set(s, &l[i], sl->run_id, now, e)) return -1;
+        continue;
+      }
       if (!strcmp(l[i].kind, "concurrency")) continue;
       int64_t T = l[i].period * 1000 / l[i].limit;
       int64_t tat = tat_of(s, &l[i], q, e);
@@ -310,8 +396,12 @@ static int acquire(store_t *s, const struct jentry *je, err_t *e) {
     l[i].since = sl->at;
     l[i].limit = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(x, "limit"));
     const char *kind = cJSON_GetStringValue(cJSON_GetObjectItem(x, "kind"));
-    l[i].kind = kind && !strcmp(kind, "throttle") ? "throttle" : kind && !strcmp(kind, "rate") ? "rate"
-              : "concurrency";
+    static const char *const kinds[] = {"throttle", "rate", "idempotency", "singleton"};
+    l[i].kind = "concurrency";
+    for (size_t k = 0; kind && k < sizeof kinds / sizeof kinds[0]; k++)
+      if (!strcmp(kind, kinds[k])) l[i].kind = kinds[k];
+    const char *mode = cJSON_GetStringValue(cJSON_GetObjectItem(x, "mode"));
+    l[i].cancel = mode && !strcmp(mode, "cancel");
     l[i].period = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(x, "period"));
     l[i].burst = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(x, "burst"));
   }

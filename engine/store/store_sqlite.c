@@ -29,6 +29,7 @@
 **   slots, slot_queue: concurrency slots held, and runs queued for them
 **            (skill: the skill's id or "@scope"; key: "path=value" or "")
 **   flow_gcra (q, key) -> tat: throttle and rate limit state (GCRA)
+**   flow_once (q, key) -> run_id, until: idempotency and singleton keys
 **   cron_state (skill, spec) -> the last tick fired
 **   leases   (owner) -> kind, host, pid, expires_at
 **
@@ -180,7 +181,11 @@ static const char *const migrations[] = {
   ** replay or another engine never admits it twice */
   "CREATE TABLE flow_gcra(q TEXT NOT NULL, key TEXT NOT NULL, tat INTEGER NOT NULL,"
   "  PRIMARY KEY(q, key)) WITHOUT ROWID;"
-  "ALTER TABLE runs ADD COLUMN flow_at INTEGER;",
+  "ALTER TABLE runs ADD COLUMN flow_at INTEGER;"
+  /* idempotency and singleton: the run of each (kind:skill, key), and
+  ** until when it holds the key (idempotency) */
+  "CREATE TABLE flow_once(q TEXT NOT NULL, key TEXT NOT NULL, run_id TEXT NOT NULL,"
+  "  until INTEGER NOT NULL, PRIMARY KEY(q, key)) WITHOUT ROWID;",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 

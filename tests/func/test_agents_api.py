@@ -57,6 +57,7 @@ class AgentsApiTest(TestCase):
         # The keys of the sub-tables, in their rows as `key =`.
         for key, sub in (("triggers", "trigger_keys"), ("concurrency", "concurrency_keys"),
                          ("throttle", "throttle_keys"), ("rate_limit", "rate_limit_keys"),
+                         ("singleton", "singleton_keys"), ("idempotency", "idempotency_keys"),
                          ("cancel_on", "cancel_on_keys")):
             text = " ".join(documented[key][1:])
             written = set(re.findall(r"(\w+) =", text))

@@ -307,3 +307,93 @@ class PerPeriodTest(SkillsTestCase):
             r = self.w.ml("check", path)
             self.assertEqual(r.returncode, 1, flow)
             self.assertIn(want, r.stderr + r.stdout, flow)
+
+
+class OnceTest(SkillsTestCase):
+    def ended(self, skill, n):
+        wait_until(lambda: len([r for r in self.runs_of(skill) if r["status"] in ("completed", "cancelled")]) == n,
+                   what="%d runs of %s ended" % (n, skill))
+        return self.runs_of(skill)
+
+    def test_idempotency_runs_once_per_key_across_kill_9(self):
+        self.skill("pay", STARTER % {"id": "pay", "flow": 'triggers = { { event = "order.paid" } }, '
+                                                          'idempotency = "event.data.k"'})
+        p = self.serve()
+        for k in ["o1", "o1", "o2"]:
+            self.w.ml("send", "order.paid", "--data", json.dumps({"k": k}), check=0)
+        runs = self.ended("pay", 3)
+        first = [r for r in runs if r["status"] == "completed" and r["input"]["k"] == "o1"][0]["id"]
+        kill9(p)
+        self.serve()
+        self.w.ml("send", "order.paid", "--data", json.dumps({"k": "o1"}), check=0)
+        runs = self.ended("pay", 4)
+        self.assertEqual(sorted(r["input"]["k"] for r in runs if r["status"] == "completed"), ["o1", "o2"])
+        skipped = [r for r in runs if r["status"] == "cancelled"]
+        self.assertEqual(len(skipped), 2)
+        for r in skipped:
+            self.assertEqual(r["error"]["message"], 'skipped by idempotency: run %s already started for key '
+                             'event.data.k="o1" (within 1d0h)' % first)
+        self.assertEqual(self.si.count("/start/" + first), 1)
+
+    def test_idempotency_period_ends(self):
+        self.skill("pay", STARTER % {"id": "pay", "flow": 'idempotency = { key = "event.data.k", period = "1s" }'})
+        self.serve()
+        self.w.ml("invoke", "pay", "--data", '{"k": "x"}', check=0)
+        self.w.ml("invoke", "pay", "--data", '{"k": "x"}', check=0)
+        self.ended("pay", 2)
+        time.sleep(1.1)
+        self.w.ml("invoke", "pay", "--data", '{"k": "x"}', check=0)
+        runs = self.ended("pay", 3)
+        self.assertEqual(sorted(r["status"] for r in runs), ["cancelled", "completed", "completed"])
+
+    def singleton(self, mode):
+        self.skill("one", CALLER % {"id": "one", "tag": "one", "conc": "nil, singleton = { key = \"event.data.k\", "
+                                                                       "mode = \"%s\" }" % mode})
+        g = Gauge()
+        g.release = threading.Event()
+        self.si.route_prefix("/svc/", g.handler(lambda tag, k: ["k:" + k]))
+        self.serve()
+        first = self.w.ml("invoke", "one", "--data", '{"k": "a"}', check=0).stdout.strip()
+        wait_until(lambda: len(g.starts) == 1, what="the first run's call")
+        second = self.w.ml("invoke", "one", "--data", '{"k": "a"}', check=0).stdout.strip()
+        other = self.w.ml("invoke", "one", "--data", '{"k": "b"}', check=0).stdout.strip()
+        wait_until(lambda: len(g.starts) == 2, what="the other key's call")
+        return g, first, second, other
+
+    def test_singleton_skip(self):
+        g, first, second, other = self.singleton("skip")
+        wait_until(lambda: self.w.trace(second)["status"] == "cancelled", what="the second skipped")
+        self.assertEqual(self.w.trace(second)["error"]["message"],
+                         'skipped by singleton: run %s is running for key event.data.k="a"' % first)
+        g.release.set()
+        self.ended("one", 3)
+        self.assertEqual(self.w.trace(first)["status"], "completed")
+        self.assertEqual(self.w.trace(other)["status"], "completed")
+        self.assertEqual(g.most["k:a"], 1)
+
+    def test_singleton_cancel(self):
+        g, first, second, other = self.singleton("cancel")
+        wait_until(lambda: self.w.trace(first)["status"] == "cancelled", what="the first cancelled")
+        self.assertIn("replaced by run %s (singleton, key event.data.k=\"a\")" % second,
+                      self.w.trace(first)["error"]["message"])
+        g.release.set()
+        self.ended("one", 3)
+        a, b = self.w.trace(first), self.w.trace(second)
+        self.assertEqual(b["status"], "completed")
+        # The new run waited for the old one's end. (The stand-in may still
+        # hold the old run's request: the engine dropped it when the run
+        # ended, so the stand-in's gauge cannot tell.)
+        self.assertGreaterEqual(b["started_at"], a["ended_at"])
+
+    def test_bad_singleton_and_idempotency_are_refused_naming_the_fix(self):
+        cases = [
+            ('singleton = { key = "event.data.k", mode = "replace" }', "'singleton.mode' must be \"skip\""),
+            ('singleton = { kye = "x" }', "unknown key 'kye' in 'singleton' (did you mean 'key'?)"),
+            ('idempotency = { period = "1h" }', "'idempotency' needs a key: a path such as \"event.data.order_id\""),
+            ('idempotency = 5', "'idempotency' must be a path such as \"event.data.order_id\" or a table {key=, period=}"),
+        ]
+        for flow, want in cases:
+            path = self.w.write("bad.lua", 'return { id = "bad", %s, run = function() end }' % flow)
+            r = self.w.ml("check", path)
+            self.assertEqual(r.returncode, 1, flow)
+            self.assertIn(want, r.stderr + r.stdout, flow)
