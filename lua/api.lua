@@ -140,6 +140,8 @@ M.skill_keys = {
     doc = "at most one run at a time (per value of key); a new one is skipped (mode \"skip\") or cancels the running one (\"cancel\")" },
   { name = "idempotency", takes = "path, or {key=, period=}",
     doc = "one run per value of key within period (default 24h); a repeat is skipped, naming the first run" },
+  { name = "debounce", takes = "{period=, key=, max_wait=}",
+    doc = "one run once period passed with no newer event (per value of key), with the last event's data; max_wait bounds a burst" },
   { name = "cancel_on", takes = "list of {event=, match=}", doc = "events that cancel a run" },
   { name = "on_failure", takes = "function(ctx, err)", doc = "runs as its own durable run once a run failed" },
   { name = "run", takes = "function(ctx)", doc = "required: the run's body; its return value is the output" },
@@ -151,6 +153,7 @@ M.throttle_keys = { "limit", "period", "key", "burst" }
 M.rate_limit_keys = { "limit", "period", "key" }
 M.singleton_keys = { "key", "mode" }
 M.idempotency_keys = { "key", "period" }
+M.debounce_keys = { "period", "key", "max_wait" }
 M.cancel_on_keys = { "event", "match" }
 -- Keys that versions registered before these tables existed may hold,
 -- which did nothing: a recorded version that has them still loads (its
@@ -421,7 +424,7 @@ function M.export(arr)
   end
   local out = { skill_keys = {}, trigger_keys = M.trigger_keys, concurrency_keys = M.concurrency_keys,
     throttle_keys = M.throttle_keys, rate_limit_keys = M.rate_limit_keys, singleton_keys = M.singleton_keys,
-    idempotency_keys = M.idempotency_keys, cancel_on_keys = M.cancel_on_keys, event_keys = M.event_keys, ctx_fields = {}, steps = {}, modules = {} }
+    idempotency_keys = M.idempotency_keys, debounce_keys = M.debounce_keys, cancel_on_keys = M.cancel_on_keys, event_keys = M.event_keys, ctx_fields = {}, steps = {}, modules = {} }
   for i, k in ipairs(M.skill_keys) do out.skill_keys[i] = { name = k.name, takes = k.takes, doc = k.doc } end
   for i, k in ipairs(M.ctx_fields) do out.ctx_fields[i] = { name = k.name, doc = k.doc } end
   for i, s in ipairs(M.steps) do
@@ -454,7 +457,8 @@ function M.export_text()
   add("  triggers: {" .. concat(t.trigger_keys, "=, ") .. "=}; concurrency: {" .. concat(t.concurrency_keys, "=, ")
     .. "=}; throttle: {" .. concat(t.throttle_keys, "=, ") .. "=}; rate_limit: {"
     .. concat(t.rate_limit_keys, "=, ") .. "=}; singleton: {" .. concat(t.singleton_keys, "=, ")
-    .. "=}; idempotency: {" .. concat(t.idempotency_keys, "=, ") .. "=}; cancel_on: {" .. concat(t.cancel_on_keys, "=, ") .. "=}")
+    .. "=}; idempotency: {" .. concat(t.idempotency_keys, "=, ") .. "=}; debounce: {"
+    .. concat(t.debounce_keys, "=, ") .. "=}; cancel_on: {" .. concat(t.cancel_on_keys, "=, ") .. "=}")
   add("ctx fields: " .. concat(names(t.ctx_fields), ", "))
   add("steps:")
   for _, s in ipairs(t.steps) do add("  ctx." .. s.call .. " -> " .. s.returns) end

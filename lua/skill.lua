@@ -269,11 +269,40 @@ function M.validate(def, file, src, default_id, recorded)
     idem = { key = t.key, period = period }
   end
 
+  -- debounce: a run starts once period passed with no newer event for its
+  -- key, with the latest event's data; a burst waits at most max_wait.
+  local debounce
+  if def.debounce ~= nil then
+    local t, keys = def.debounce, set_of(api.debounce_keys)
+    if type(t) ~= "table" then fail("debounce", "'debounce' must be a table {period=, key=, max_wait=}, got %s", show(t)) end
+    for k in pairs(t) do
+      if not keys[k] then
+        fail(type(k) == "string" and k or "debounce", "unknown key '%s' in 'debounce'%s", tostring(k),
+             type(k) == "string" and suggest(k, keys) or "")
+      end
+    end
+    if t.period == nil then fail("debounce", "'debounce' needs a 'period' such as \"5s\": how long no newer event must come") end
+    local period = duration("debounce.period", t.period)
+    if period < 1 then fail("period", "'debounce.period' must be longer than 0") end
+    if t.key ~= nil and (type(t.key) ~= "string" or not t.key:match("^[%a_][%w_]*[%w_.]*$")) then
+      fail("key", "'debounce.key' must be a path such as \"event.data.incident\", got %s", show(t.key))
+    end
+    local max_wait = t.max_wait ~= nil and duration("debounce.max_wait", t.max_wait) or nil
+    if max_wait and max_wait < period then
+      fail("max_wait", "'debounce.max_wait' must be at least the period (%s ms), got %s ms", period, max_wait)
+    end
+    debounce = { period = period, key = t.key, max_wait = max_wait }
+  end
+
   -- What the core asks of the store before a run starts (flowctl.c), in
-  -- order: admission (idempotency, rate limit, singleton, throttle), then
+  -- order: admission (idempotency, debounce, rate limit, singleton,
+  -- throttle), then
   -- the concurrency slots.
   local flow = {}
   if idem then flow[#flow + 1] = { kind = "idempotency", key = idem.key, period = idem.period } end
+  if debounce then
+    flow[#flow + 1] = { kind = "debounce", period = debounce.period, key = debounce.key, max_wait = debounce.max_wait }
+  end
   if rate then
     flow[#flow + 1] = { kind = "rate", limit = rate.limit, period = rate.period, key = rate.key }
   end

@@ -371,7 +371,8 @@
   function queuedText(q) {
     if (!q || typeof q !== 'object') return '';
     const of = q.scope ? 'scope ' + q.scope : 'skill ' + (q.skill || '?');
-    return `${q.reason || '?'} limit ${q.limit}${q.period ? ' per ' + q.period : ''} of ${of}${q.key ? ', key ' + q.key : ''}${q.until ? ', until ' + q.until : ''}`;
+    const amount = q.limit !== undefined ? ` limit ${q.limit}${q.period ? ' per' : ''}` : '';
+    return `${q.reason || '?'}${amount}${q.period ? ' ' + q.period : ''} of ${of}${q.key ? ', key ' + q.key : ''}${q.until ? ', until ' + q.until : ''}`;
   }
 
   /* ---- the run list ------------------------------------------------------- */
@@ -617,7 +618,7 @@
         h('dt', null, 'Version'), h('dd', null, run.version ? h('a', { href: '#/versions/' + enc(run.version), class: 'mono', title: run.version, id: 'version-link' }, short(run.version)) : '—',
           file ? h('span', { class: 'sub mono' }, file) : null),
         h('dt', null, 'Created'), h('dd', null, when(run.created_at)),
-        run.queued ? [h('dt', null, 'Queued'), h('dd', { class: 'queued-reason', id: 'queued-reason' }, 'waiting for a slot: ' + queuedText(run.queued))] : null,
+        run.queued ? [h('dt', null, 'Queued'), h('dd', { class: 'queued-reason', id: 'queued-reason' }, 'waiting: ' + queuedText(run.queued))] : null,
         h('dt', null, 'Started'), h('dd', null, when(run.started_at, run.status === 'queued' && !run.started_at ? 'not yet' : null)),
         h('dt', null, 'Ended'), h('dd', null, when(run.ended_at, finished ? null : 'not yet')),
         h('dt', null, 'Duration'), h('dd', null, run.started_at ? fmtDur(span(run.started_at, run.ended_at, !finished)) + (finished ? '' : ' so far') : '—'),

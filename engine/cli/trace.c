@@ -108,8 +108,10 @@ static void queued_text(const cJSON *q, char *out, size_t n) {
   const char *key = str(q, "key");
   const char *period = str(q, "period"), *until = str(q, "until");
   const cJSON *lim = cJSON_GetObjectItem(q, "limit");
-  snprintf(out, n, "%s limit %g%s%s of %s %s%s%s%s%s", why ? why : "?",
-           cJSON_IsNumber(lim) ? lim->valuedouble : 0, period ? " per " : "", period ? period : "",
+  char amount[64] = "";
+  if (cJSON_IsNumber(lim)) snprintf(amount, sizeof amount, " limit %g%s", lim->valuedouble, period ? " per" : "");
+  snprintf(out, n, "%s%s%s%s of %s %s%s%s%s%s", why ? why : "?", amount, period ? " " : "",
+           period ? period : "",
            scope ? "scope" : "skill", scope ? scope : skill ? skill : "?", key ? ", key " : "",
            key ? key : "", until ? ", until " : "", until ? until : "");
 }
@@ -217,7 +219,7 @@ void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
             T(shown(kid, "status")));
   char why[400];
   queued_text(cJSON_GetObjectItem(run, "queued"), why, sizeof why);
-  if (why[0]) fprintf(f, "  queued   waiting for a slot: %s\n", T(why));
+  if (why[0]) fprintf(f, "  queued   waiting: %s\n", T(why));
   char started[40];
   units_rfc3339(t0, started, sizeof started);
   if (time_of(run, "started_at")) fprintf(f, "  started  %s (%s)\n", started, ago);

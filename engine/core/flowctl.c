@@ -41,12 +41,14 @@ char *flowctl_limits(struct run *r) {
     cJSON *x = cJSON_CreateObject();
     cJSON_AddStringToObject(x, "kind", kind ? kind : "concurrency");
     if (kind && strcmp(kind, "concurrency")) {
-      /* Admission: throttle, rate, idempotency (period), singleton (mode). */
+      /* Admission: throttle, rate, idempotency, debounce (period), singleton (mode). */
       const cJSON *p = cJSON_GetObjectItem(l, "period"), *b = cJSON_GetObjectItem(l, "burst");
       const cJSON *m = cJSON_GetObjectItem(l, "mode");
       if (cJSON_IsNumber(p)) cJSON_AddNumberToObject(x, "period", p->valuedouble);
       if (cJSON_IsNumber(b)) cJSON_AddNumberToObject(x, "burst", b->valuedouble);
       if (cJSON_IsString(m)) cJSON_AddStringToObject(x, "mode", m->valuestring);
+      const cJSON *mw = cJSON_GetObjectItem(l, "max_wait");
+      if (cJSON_IsNumber(mw)) cJSON_AddNumberToObject(x, "max_wait", mw->valuedouble);
     }
     /* A limit the engine adds (singleton's one at a time) counts apart. */
     const char *tag = cJSON_GetStringValue(cJSON_GetObjectItem(l, "tag"));

@@ -78,6 +78,7 @@ struct lim {
   const char *kind; /* also "idempotency", "singleton" (admission only) */
   int64_t since, limit, period, burst;
   int cancel;       /* singleton: a new run cancels the live one */
+  int64_t max_wait; /* debounce: the longest a burst of events waits (ms; 0: no bound) */
 };
 
 /* Step the one-row count statement st, or -1 with e filled. */
@@ -270,6 +271,70 @@ static int once_set(store_t *s, const struct lim *l, const char *run_id, int64_t
   return store__step(s, st, e, "keeping a run key");
 }
 
+static const char DEBOUNCE_SQL[] =
+  "SELECT o.run_id, o.until, r.status = 'queued' AND r.started_at IS NULL FROM flow_once o"
+  " LEFT JOIN runs r ON r.id = o.run_id WHERE o.q = ?1 AND o.key = ?2";
+
+/* Debounce limit l for the run of je: the key's latest run. First asking
+** (first): the run becomes the key's latest; a latest run still waiting
+** is superseded (flagged for cancellation: it would be skipped when it
+** asks again anyway), and the burst it began carries on; the run's start
+** is period after now, but no later than max_wait after the burst began.
+** *start gets it. Asking again: a run that is no longer the key's latest
+** is skipped (0, the result says why). 1: go on; -1: error. */
+static int debounce(store_t *s, const struct jentry *je, const struct lim *l, int first,
+                    int64_t now, int64_t *start, err_t *e) {
+  const char *self = je->u.slot.run_id;
+  char q[300];
+  snprintf(q, sizeof q, "debounce:%s", l->q);
+  sqlite3_stmt *st = store__cached(s, DEBOUNCE_SQL, e);
+  if (!st) return -1;
+  store__bind_text(st, 1, q);
+  store__bind_text(st, 2, l->key);
+  int rc = sqlite3_step(st);
+  char *latest = rc == SQLITE_ROW ? store__col_dup(st, 0) : NULL;
+  int64_t began = rc == SQLITE_ROW ? sqlite3_column_int64(st, 1) : 0;
+  int waiting = rc == SQLITE_ROW && sqlite3_column_int(st, 2);
+  sqlite3_reset(st);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+    free(latest);
+    return store__db_err(e, s->w, "reading a debounce"), -1;
+  }
+  int r = 1;
+  if (!first) {
+    if (latest && strcmp(latest, self)) {
+      char msg[400];
+      snprintf(msg, sizeof msg, "skip:debounced: a later event started run %s", latest);
+      journal_set_result(je, mem_strdup(msg));
+      r = 0;
+    }
+    free(latest);
+    return r;
+  }
+  if (latest && strcmp(latest, self) && waiting) {
+    char why[400];
+    snprintf(why, sizeof why, "debounced: a later event started run %s", self);
+    sqlite3_stmt *u = store__cached(s, REPLACE_SQL, e);
+    if (!u || (store__bind_text(u, 1, latest), store__bind_text(u, 2, why),
+               store__step(s, u, e, "superseding a debounced run")))
+      r = -1;
+  } else {
+    began = now; /* a new burst */
+  }
+  free(latest);
+  if (r < 0) return r;
+  *start = now + l->period;
+  if (l->max_wait > 0 && began + l->max_wait < *start) *start = began + l->max_wait;
+  if (*start < now) *start = now;
+  st = store__cached(s, SET_ONCE_SQL, e);
+  if (!st) return -1;
+  store__bind_text(st, 1, q);
+  store__bind_text(st, 2, l->key);
+  store__bind_text(st, 3, self);
+  sqlite3_bind_int64(st, 4, began);
+  return store__step(s, st, e, "keeping a debounce") ? -1 : 1;
+}
+
 /* Admit the run of je to start: once per run (runs.flow_at keeps when),
 ** through its rate limits (refused: the result is "skip:" and why) and
 ** its throttle (a start time reserved, in order: GCRA, whose row keeps
@@ -318,6 +383,14 @@ static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_
     }
     at = now;
     for (int i = 0; i < n; i++) {
+      if (strcmp(l[i].kind, "debounce")) continue;
+      int64_t start = now;
+      int r = debounce(s, je, &l[i], 1, now, &start, e);
+      if (r <= 0) return r;
+      if (start > at) at = start;
+    }
+    for (int i = 0; i < n; i++) {
+      if (!strcmp(l[i].kind, "debounce")) continue;
       if (!strcmp(l[i].kind, "idempotency") || !strcmp(l[i].kind, "singleton")) {
         if (once_set(s, &l[i], sl->run_id, now, e)) return -1;
         continue;
@@ -342,18 +415,28 @@ static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_
     sqlite3_bind_int64(u, 2, at);
     if (store__step(s, u, e, "admitting a run")) return -1;
   }
+  if (have)
+    for (int i = 0; i < n; i++) {
+      /* A debounced run asking again: is it still the key's latest? */
+      int64_t unused = 0;
+      if (!strcmp(l[i].kind, "debounce") && debounce(s, je, &l[i], 0, now, &unused, e) <= 0)
+        return je->result ? 0 : -1;
+    }
   if (at <= now) return 1;
-  /* Its start time has not come: queued, with the throttle's words. */
+  /* Its start time has not come: queued, with the debounce's or the
+  ** throttle's words. */
+  int deb = 0;
+  for (int i = 0; i < n; i++) deb |= !strcmp(l[i].kind, "debounce");
   for (int i = 0; i < n; i++) {
-    if (strcmp(l[i].kind, "throttle")) continue;
+    if (strcmp(l[i].kind, deb ? "debounce" : "throttle")) continue;
     char until[40], d[32];
     units_rfc3339(at, until, sizeof until);
     units_fmt_duration(l[i].period, d, sizeof d);
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "reason", "throttle");
+    cJSON_AddStringToObject(o, "reason", l[i].kind);
     cJSON_AddStringToObject(o, "skill", l[i].q);
     if (l[i].key[0]) cJSON_AddStringToObject(o, "key", l[i].key);
-    cJSON_AddNumberToObject(o, "limit", (double)l[i].limit);
+    if (!deb) cJSON_AddNumberToObject(o, "limit", (double)l[i].limit);
     cJSON_AddStringToObject(o, "period", d);
     cJSON_AddStringToObject(o, "until", until);
     char *why = cJSON_PrintUnformatted(o);
@@ -396,7 +479,9 @@ static int acquire(store_t *s, const struct jentry *je, err_t *e) {
     l[i].since = sl->at;
     l[i].limit = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(x, "limit"));
     const char *kind = cJSON_GetStringValue(cJSON_GetObjectItem(x, "kind"));
-    static const char *const kinds[] = {"throttle", "rate", "idempotency", "singleton"};
+    static const char *const kinds[] = {"throttle", "rate", "idempotency", "singleton", "debounce"};
+    const cJSON *mw = cJSON_GetObjectItem(x, "max_wait");
+    l[i].max_wait = cJSON_IsNumber(mw) ? (int64_t)mw->valuedouble : 0;
     l[i].kind = "concurrency";
     for (size_t k = 0; kind && k < sizeof kinds / sizeof kinds[0]; k++)
       if (!strcmp(kind, kinds[k])) l[i].kind = kinds[k];

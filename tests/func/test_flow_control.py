@@ -128,7 +128,7 @@ class FlowControlTest(SkillsTestCase):
         self.assertIn("queued", line)
         self.assertIn('waiting: concurrency limit 1 of scope llm, key event.data.k="x"', line)
         text = self.w.ml("trace", second, check=0).stdout
-        self.assertIn('queued   waiting for a slot: concurrency limit 1 of scope llm, key event.data.k="x"', text)
+        self.assertIn('queued   waiting: concurrency limit 1 of scope llm, key event.data.k="x"', text)
         self.assertIn("started  not yet", text)
         # Another key is not held up.
         other = self.w.ml("invoke", "one", "--data", '{"k": "y"}', check=0).stdout.strip()
@@ -397,3 +397,60 @@ class OnceTest(SkillsTestCase):
             r = self.w.ml("check", path)
             self.assertEqual(r.returncode, 1, flow)
             self.assertIn(want, r.stderr + r.stdout, flow)
+
+
+class DebounceTest(SkillsTestCase):
+    def test_debounce_starts_one_run_with_the_last_data_and_max_wait_bounds_a_burst(self):
+        self.skill("deb", STARTER % {"id": "deb", "flow": 'triggers = { { event = "inc.update" } }, '
+                                                          'debounce = { period = "600ms", key = "event.data.k", '
+                                                          'max_wait = "2s" }'})
+        starts = {}
+
+        def start(h, b, n):
+            path, _, query = h.path.partition("?")
+            starts.setdefault(path.rsplit("/", 1)[1], (time.time(), query.partition("=")[2]))
+            return 200, {"ok": True}
+        self.si.route_prefix("/start/", start)
+        p = self.serve()
+        # A burst for "a": five updates 100 ms apart; one for "b".
+        for i in range(5):
+            self.w.ml("send", "inc.update", "--data", json.dumps({"k": "a", "n": i}), check=0)
+            time.sleep(0.1)
+        self.w.ml("send", "inc.update", "--data", json.dumps({"k": "b", "n": 9}), check=0)
+        wait_until(lambda: len([r for r in self.runs_of("deb") if r["status"] in ("completed", "cancelled")]) == 6,
+                   what="six runs ended")
+        runs = self.runs_of("deb")
+        done = [r for r in runs if r["status"] == "completed"]
+        self.assertEqual(sorted((r["input"]["k"], r["input"]["n"]) for r in done), [("a", 4), ("b", 9)])
+        for r in runs:
+            if r["status"] == "cancelled":
+                self.assertRegex(r["error"]["message"], r"debounced: a later event started run \w+")
+                self.assertIsNone(r["started_at"])
+        self.assertEqual(len(starts), 2)
+        # A burst longer than max_wait: events every 200 ms for 3.5 s, across
+        # a kill -9: a run starts within max_wait of the burst's start.
+        t0 = time.time()
+        i = 0
+        while time.time() - t0 < 3.5:
+            if i == 8:
+                kill9(p)
+                p = self.serve()
+            self.w.ml("send", "inc.update", "--data", json.dumps({"k": "c", "n": i}), check=0)
+            i += 1
+            time.sleep(0.2)
+        last = i - 1
+        wait_until(lambda: any(r["input"]["k"] == "c" and r["input"]["n"] == last and r["status"] == "completed"
+                               for r in self.runs_of("deb")), timeout=20, what="the burst's last run")
+        c_starts = sorted(t for t, k in starts.values() if k == "c")
+        self.assertGreaterEqual(len(c_starts), 2)  # max_wait started one during the burst
+        self.assertLess(c_starts[0] - t0, 2.0 + 1.5)  # (the kill costs a restart)
+
+    def test_a_debounced_run_waits_queued_with_its_reason(self):
+        self.skill("deb", STARTER % {"id": "deb", "flow": 'debounce = { period = "3s" }'})
+        self.serve()
+        rid = self.w.ml("invoke", "deb", "--data", '{"k": "x"}', check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["queued"] is not None, what="queued")
+        q = self.w.trace(rid)["queued"]
+        self.assertEqual((q["reason"], q["skill"], q["period"]), ("debounce", "deb", "3.0s"))
+        self.assertIn("queued   waiting: debounce 3.0s of skill deb, until ",
+                      self.w.ml("trace", rid, check=0).stdout)
