@@ -142,6 +142,8 @@ M.skill_keys = {
     doc = "one run per value of key within period (default 24h); a repeat is skipped, naming the first run" },
   { name = "debounce", takes = "{period=, key=, max_wait=}",
     doc = "one run once period passed with no newer event (per value of key), with the last event's data; max_wait bounds a burst" },
+  { name = "priority", takes = "function(event) -> number",
+    doc = "orders the runs queued for a concurrency limit: higher first, in order of creation within a priority" },
   { name = "cancel_on", takes = "list of {event=, match=}", doc = "events that cancel a run" },
   { name = "on_failure", takes = "function(ctx, err)", doc = "runs as its own durable run once a run failed" },
   { name = "run", takes = "function(ctx)", doc = "required: the run's body; its return value is the output" },

@@ -91,6 +91,11 @@ function M.validate(def, file, src, default_id, recorded)
     fail("on_failure", "'on_failure' must be a function, got %s", type(def.on_failure))
   end
   spec.has_on_failure = def.on_failure ~= nil
+  if def.priority ~= nil and type(def.priority) ~= "function" then
+    fail("priority", "'priority' must be a function(event) returning a number (higher runs first), got %s",
+         show(def.priority))
+  end
+  spec.has_priority = def.priority ~= nil
 
   if def.retries ~= nil then
     local r = def.retries
@@ -320,6 +325,10 @@ function M.validate(def, file, src, default_id, recorded)
     flow[#flow + 1] = { kind = "concurrency", limit = l.limit, key = l.key, scope = l.scope }
   end
   if #flow > 0 then spec.flow = flow end
+  if spec.has_priority and not spec.concurrency and not singleton then
+    fail("priority", "'priority' orders the runs waiting for a concurrency limit, and this skill has none: "
+         .. "add concurrency = {limit = N}")
+  end
 
   if def.cancel_on ~= nil then
     if type(def.cancel_on) ~= "table" then fail("cancel_on", "'cancel_on' must be a list of {event=, match=}") end

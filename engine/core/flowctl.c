@@ -23,14 +23,62 @@
 #include "base/mem.h"
 #include "base/units.h"
 #include "core/run.h"
+#include "lua/json.h"
+
+#include <lauxlib.h>
 
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* The event a run's priority function is given: its trigger's event, or
+** for a run not started by one, {data = its input}. */
+static cJSON *run_event(const struct run *r) {
+  cJSON *trig = r->trigger ? cJSON_Parse(r->trigger) : NULL;
+  cJSON *ev = cJSON_DetachItemFromObject(trig, "event");
+  cJSON_Delete(trig);
+  if (cJSON_IsObject(ev)) return ev;
+  cJSON_Delete(ev);
+  ev = cJSON_CreateObject();
+  cJSON *in = r->input ? cJSON_Parse(r->input) : NULL;
+  cJSON_AddItemToObject(ev, "data", in ? in : cJSON_CreateNull());
+  return ev;
+}
+
+/* r's priority: its skill's priority(event), called in the sandbox under
+** the slice budget, in the run's memory account. A function that fails or
+** does not return a number gives 0, with a line in the run's trace. */
+static double run_priority(struct run *r) {
+  sched_t *s = r->sched;
+  lrt_t *lrt = sched__opts(s)->lrt;
+  lua_State *L = lrt_L(lrt);
+  int top = lua_gettop(L);
+  err_t e = {0};
+  double prio = 0;
+  int prev = r->mem_acct ? lrt_account_use(lrt, r->mem_acct) : -1;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, r->skill->def_ref);
+  lua_getfield(L, -1, "priority");
+  cJSON *ev = run_event(r);
+  int bad = json_push(L, ev, &e);
+  cJSON_Delete(ev);
+  if (!bad) bad = lrt_pcall(lrt, 1, 1, &e);
+  if (!bad && lua_type(L, -1) == LUA_TNUMBER) prio = lua_tonumber(L, -1);
+  else if (!bad) err_set(&e, ERR_INVALID, "it returned a %s, not a number", luaL_typename(L, -1));
+  if (prev >= 0) lrt_account_use(lrt, prev);
+  lua_settop(L, top);
+  if (e.msg[0]) {
+    char msg[1200];
+    snprintf(msg, sizeof msg, "priority: %s; queued with priority 0", e.msg);
+    struct log_row l = {.run_id = r->id, .seq = 0, .ts = units_now_ms(), .level = "warn", .msg = msg};
+    journal_log(sched__journal(s), &l);
+  }
+  return prio != prio ? 0 : prio; /* NaN counts as 0 */
+}
+
 /* See flowctl.h. */
 char *flowctl_limits(struct run *r) {
+  double prio = r->skill->has_priority ? run_priority(r) : 0;
   cJSON *list = cJSON_Parse(r->skill->limits);
   cJSON *out = cJSON_CreateArray();
   const cJSON *l;
@@ -69,6 +117,7 @@ char *flowctl_limits(struct run *r) {
       cJSON_AddStringToObject(x, "key", tag ? tag : "");
     }
     cJSON_AddNumberToObject(x, "limit", cJSON_GetNumberValue(cJSON_GetObjectItem(l, "limit")));
+    if (prio != 0 && (!kind || !strcmp(kind, "concurrency"))) cJSON_AddNumberToObject(x, "priority", prio);
     cJSON_AddItemToArray(out, x);
   }
   cJSON_Delete(list);

@@ -263,6 +263,9 @@ static int load_version(skills_t *c, const char *source, size_t len, const char 
   lua_getfield(L, spec, "has_on_failure");
   s->has_on_failure = lua_toboolean(L, -1);
   lua_pop(L, 1);
+  lua_getfield(L, spec, "has_priority");
+  s->has_priority = lua_toboolean(L, -1);
+  lua_pop(L, 1);
   /* Flow control: what a run asks before it starts (lua/skill.lua's flow). */
   s->limits = opt_json(L, spec, "flow");
   lua_getfield(L, spec, "flow");

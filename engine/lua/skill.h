@@ -27,6 +27,7 @@ struct skill {
   int nlimits;    /* flow control: how many limits (0: none) */
   char *limits;   /* their JSON list [{kind, limit, key?, scope?, period?, burst?}], or NULL */
   int has_on_failure;
+  int has_priority; /* its definition has priority(event): the order of its queued runs */
   int def_ref; /* registry ref of the definition table */
   int cfg_ref; /* registry ref of the table its runs share (0 until the first run) */
   int mem_group; /* its runs' memory accounts (lrt.h), and the account its top level's */

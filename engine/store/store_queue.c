@@ -8,9 +8,10 @@
 ** skill naming it); a key is "path=value" of the limit's key ("" when it
 ** has none), so two limits of one skill never share a count. A run that
 ** cannot have all of them takes a place in every queue instead
-** (`slot_queue`, with the limit it was asked under), ordered by (since,
-** run_id): its creation time, so a run that gave its slots back while
-** parked is ahead of runs created after it.
+** (`slot_queue`, with the limit it was asked under), ordered by
+** (priority descending, since, run_id): the skill's priority(event), then
+** its creation time, so a run that gave its slots back while parked is
+** ahead of runs created after it.
 **
 ** Invariants, each kept inside one write transaction:
 **  - a run holds the slots of all its limits or of none;
@@ -46,7 +47,7 @@ static const char INUSE_SQL[] = "SELECT count(*) FROM slots WHERE skill = ?1 AND
 static const char TAKE_SQL[] =
   "INSERT OR IGNORE INTO slots(skill, key, run_id, since) VALUES(?1,?2,?3,?4)";
 static const char PLACE_SQL[] =
-  "INSERT OR IGNORE INTO slot_queue(skill, key, run_id, since, lim) VALUES(?1,?2,?3,?4,?5)";
+  "INSERT OR IGNORE INTO slot_queue(skill, key, run_id, since, lim, prio) VALUES(?1,?2,?3,?4,?5,?6)";
 static const char LEAVE_SQL[] = "DELETE FROM slot_queue WHERE run_id = ?1";
 static const char DROP_SQL[] = "DELETE FROM slots WHERE run_id = ?1";
 /* ?3: granted by a release; ?4: the releasing run's owner, who takes its
@@ -67,8 +68,8 @@ static const char PAIRS_SQL[] =
   "SELECT skill, key FROM slots WHERE run_id = ?1"
   " UNION SELECT skill, key FROM slot_queue WHERE run_id = ?1";
 static const char HEAD_SQL[] =
-  "SELECT run_id FROM slot_queue WHERE skill = ?1 AND key = ?2 ORDER BY since, run_id"
-  " LIMIT ?3 OFFSET ?4";
+  "SELECT run_id FROM slot_queue INDEXED BY slot_queue_order WHERE skill = ?1 AND key = ?2"
+  " ORDER BY prio DESC, since, run_id LIMIT ?3 OFFSET ?4";
 
 /* One limit of a run: its kind ("concurrency", "throttle", "rate"), its
 ** queue, key and limit, and for the per-period kinds the period (ms) and
@@ -79,6 +80,7 @@ struct lim {
   int64_t since, limit, period, burst;
   int cancel;       /* singleton: a new run cancels the live one */
   int64_t max_wait; /* debounce: the longest a burst of events waits (ms; 0: no bound) */
+  int64_t prio;     /* concurrency: the run's priority in the queue (higher first) */
 };
 
 /* Step the one-row count statement st, or -1 with e filled. */
@@ -480,6 +482,8 @@ static int acquire(store_t *s, const struct jentry *je, err_t *e) {
     l[i].limit = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(x, "limit"));
     const char *kind = cJSON_GetStringValue(cJSON_GetObjectItem(x, "kind"));
     static const char *const kinds[] = {"throttle", "rate", "idempotency", "singleton", "debounce"};
+    const cJSON *pr = cJSON_GetObjectItem(x, "priority");
+    l[i].prio = cJSON_IsNumber(pr) ? (int64_t)pr->valuedouble : 0;
     const cJSON *mw = cJSON_GetObjectItem(x, "max_wait");
     l[i].max_wait = cJSON_IsNumber(mw) ? (int64_t)mw->valuedouble : 0;
     l[i].kind = "concurrency";
@@ -524,6 +528,7 @@ static int acquire(store_t *s, const struct jentry *je, err_t *e) {
       store__bind_text(p, 3, sl->run_id);
       sqlite3_bind_int64(p, 4, l[i].since);
       sqlite3_bind_int64(p, 5, l[i].limit);
+      sqlite3_bind_int64(p, 6, l[i].prio);
       err = store__step(s, p, e, "queueing for a slot");
     }
     char *why = reason_json(&l[blocked]);

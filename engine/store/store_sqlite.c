@@ -185,7 +185,10 @@ static const char *const migrations[] = {
   /* idempotency and singleton: the run of each (kind:skill, key), and
   ** until when it holds the key (idempotency) */
   "CREATE TABLE flow_once(q TEXT NOT NULL, key TEXT NOT NULL, run_id TEXT NOT NULL,"
-  "  until INTEGER NOT NULL, PRIMARY KEY(q, key)) WITHOUT ROWID;",
+  "  until INTEGER NOT NULL, PRIMARY KEY(q, key)) WITHOUT ROWID;"
+  /* priority: queued runs are handed slots highest first, then in order */
+  "ALTER TABLE slot_queue ADD COLUMN prio INTEGER NOT NULL DEFAULT 0;"
+  "CREATE INDEX slot_queue_order ON slot_queue(skill, key, prio DESC, since, run_id);",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
