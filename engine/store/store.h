@@ -176,6 +176,12 @@ int store_count_runs(store_t *s, const struct run_filter *f, int64_t *n, err_t *
 /* Runs by status, {"completed": 12, "failed": 1, ...}, for /metrics. */
 int store_count_by_status(store_t *s, cJSON **out, err_t *e);
 
+/* Flow control's figures (store_queue.c): queued runs by reason
+** ({"queued": {"concurrency": n, "throttle": n, ..., "engine": n}}: "engine"
+** for runs waiting for an engine to take them) and runs skipped, per skill
+** and reason ({"skipped": [{"skill", "reason", "n"}]}). */
+int store_flow_counts(store_t *s, cJSON **out, err_t *e);
+
 /* ---- health figures and the event stream (store_stats.c) ------------- */
 
 /* A window of history cut into equal intervals. since and until are ms;

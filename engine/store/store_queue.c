@@ -35,6 +35,7 @@
 */
 #include "base/mem.h"
 #include "base/units.h"
+#include "store/store.h"
 #include "store/store_db.h"
 
 #include <stdio.h>
@@ -337,6 +338,20 @@ static int debounce(store_t *s, const struct jentry *je, const struct lim *l, in
   return store__step(s, st, e, "keeping a debounce") ? -1 : 1;
 }
 
+static const char SKIPPED_SQL[] =
+  "INSERT INTO flow_skips(skill, reason, n) VALUES(?1, ?2, 1)"
+  " ON CONFLICT(skill, reason) DO UPDATE SET n = n + 1";
+
+/* Count a skip of a run of skill for reason (rate_limit, idempotency,
+** singleton, debounce), for /metrics. */
+static int count_skip(store_t *s, const char *skill, const char *reason, err_t *e) {
+  sqlite3_stmt *st = store__cached(s, SKIPPED_SQL, e);
+  if (!st) return e->code;
+  store__bind_text(st, 1, skill);
+  store__bind_text(st, 2, reason);
+  return store__step(s, st, e, "counting a skip");
+}
+
 /* Admit the run of je to start: once per run (runs.flow_at keeps when),
 ** through its rate limits (refused: the result is "skip:" and why) and
 ** its throttle (a start time reserved, in order: GCRA, whose row keeps
@@ -499,6 +514,15 @@ static int acquire(store_t *s, const struct jentry *je, err_t *e) {
   ** of the concurrency limits only (moved to the front of l). */
   int admitted = admit(s, je, l, n, e);
   if (admitted < 0) err = e->code;
+  if (!admitted && je->result && !strncmp(je->result, "skip:", 5) && n) {
+    /* "skip:skipped by rate_limit: ..." or "skip:debounced: ...": the word. */
+    const char *w = je->result + 5;
+    const char *reason = !strncmp(w, "debounced", 9) ? "debounce"
+                       : !strncmp(w, "skipped by rate_limit", 21) ? "rate_limit"
+                       : !strncmp(w, "skipped by idempotency", 22) ? "idempotency" : "singleton";
+    const char *skill = l[0].q[0] == '@' ? "?" : l[0].q;
+    if (count_skip(s, skill, reason, e)) err = e->code;
+  }
   int nc = 0;
   for (int i = 0; i < n; i++)
     if (!strcmp(l[i].kind, "concurrency")) {
@@ -659,4 +683,32 @@ int store__write_slot(store_t *s, const struct jentry *je, err_t *e) {
   if (!err && cJSON_GetArraySize(granted) > 0) journal_set_result(je, cJSON_PrintUnformatted(granted));
   cJSON_Delete(granted);
   return err;
+}
+
+/* See store.h. */
+int store_flow_counts(store_t *s, cJSON **out, err_t *e) {
+  sqlite3_stmt *q = store__prep(s->r,
+    "SELECT coalesce(json_extract(queued, '$.reason'), 'engine'), count(*) FROM runs"
+    " WHERE status = 'queued' GROUP BY 1", e);
+  if (!q) return e->code;
+  cJSON *o = cJSON_CreateObject(), *qd = cJSON_AddObjectToObject(o, "queued");
+  cJSON *sk = cJSON_AddArrayToObject(o, "skipped");
+  while (sqlite3_step(q) == SQLITE_ROW)
+    cJSON_AddNumberToObject(qd, (const char *)sqlite3_column_text(q, 0), (double)sqlite3_column_int64(q, 1));
+  sqlite3_finalize(q);
+  sqlite3_stmt *k = store__prep(s->r, "SELECT skill, reason, n FROM flow_skips ORDER BY skill, reason", e);
+  if (!k) {
+    cJSON_Delete(o);
+    return e->code;
+  }
+  while (sqlite3_step(k) == SQLITE_ROW) {
+    cJSON *x = cJSON_CreateObject();
+    cJSON_AddStringToObject(x, "skill", (const char *)sqlite3_column_text(k, 0));
+    cJSON_AddStringToObject(x, "reason", (const char *)sqlite3_column_text(k, 1));
+    cJSON_AddNumberToObject(x, "n", (double)sqlite3_column_int64(k, 2));
+    cJSON_AddItemToArray(sk, x);
+  }
+  sqlite3_finalize(k);
+  *out = o;
+  return 0;
 }

@@ -30,6 +30,7 @@
 **            (skill: the skill's id or "@scope"; key: "path=value" or "")
 **   flow_gcra (q, key) -> tat: throttle and rate limit state (GCRA)
 **   flow_once (q, key) -> run_id, until: idempotency and singleton keys
+**   flow_skips (skill, reason) -> n: runs flow control skipped
 **   cron_state (skill, spec) -> the last tick fired
 **   leases   (owner) -> kind, host, pid, expires_at
 **
@@ -188,7 +189,10 @@ static const char *const migrations[] = {
   "  until INTEGER NOT NULL, PRIMARY KEY(q, key)) WITHOUT ROWID;"
   /* priority: queued runs are handed slots highest first, then in order */
   "ALTER TABLE slot_queue ADD COLUMN prio INTEGER NOT NULL DEFAULT 0;"
-  "CREATE INDEX slot_queue_order ON slot_queue(skill, key, prio DESC, since, run_id);",
+  "CREATE INDEX slot_queue_order ON slot_queue(skill, key, prio DESC, since, run_id);"
+  /* runs skipped by flow control, counted per skill and reason (/metrics) */
+  "CREATE TABLE flow_skips(skill TEXT NOT NULL, reason TEXT NOT NULL, n INTEGER NOT NULL,"
+  "  PRIMARY KEY(skill, reason)) WITHOUT ROWID;",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 

@@ -123,6 +123,8 @@ class FlowControlTest(SkillsTestCase):
         listed = {r["id"]: r for r in self.api(p, "/v1/runs?skill=one")["runs"]}
         self.assertEqual(listed[second]["status"], "queued")
         self.assertEqual(listed[second]["queued"]["limit"], 1)
+        with urllib.request.urlopen(p.url + "/metrics", timeout=10) as m:
+            self.assertIn('moonloop_runs_queued{reason="concurrency"} 1', m.read().decode())
         table = self.w.ml("runs", "--skill", "one", check=0).stdout
         line = [ln for ln in table.splitlines() if ln.startswith(second)][0]
         self.assertIn("queued", line)
@@ -291,6 +293,8 @@ class PerPeriodTest(SkillsTestCase):
             self.assertIsNone(r["started_at"])
             self.assertEqual(r["trigger"]["event"]["name"], "svc.alert")  # which event was skipped
         self.assertEqual(len(starts), 3)  # no code of a skipped run ran
+        with urllib.request.urlopen(self.w.procs[-1].url + "/metrics", timeout=10) as m:
+            self.assertIn('moonloop_runs_skipped_total{skill="rl",reason="rate_limit"} 3', m.read().decode())
 
     def test_bad_throttle_and_rate_limit_are_refused_naming_the_fix(self):
         cases = [
