@@ -148,9 +148,12 @@ enum skill_op { SKILL_PUT, SKILL_ERROR, SKILL_REMOVE };
 ** {"q": the queue (a skill's id, or "@" and a scope's name), "key":
 ** "path=value" or "", "limit": N}; every limit is granted at once (the
 ** result is "1") or the run takes its place in every queue, in order of
-** at (its creation). Release: every slot and queue place of the run,
-** handed on to the runs queued behind it; the result is the JSON list of
-** the runs granted a slot. */
+** at (its creation); first, once, it is admitted (limits of the kinds
+** "rate", "throttle", "debounce", "idempotency", "singleton"). The result:
+** "1" (slots held), NULL (queued), "wait:MS" (to start at MS), or
+** "skip:MESSAGE" (to end cancelled). Release: every slot and queue place
+** of the run, handed on to the runs queued behind it; the result is the
+** JSON list of the runs of the releasing run's owner granted a slot. */
 #define JOURNAL_SLOT_ROW(_, S) \
   _(S, ARG, TEXT, run_id) _(S, ARG, TEXT, limits) _(S, ARG, INT, acquire) _(S, ARG, I64, at)
 

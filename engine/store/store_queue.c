@@ -1,6 +1,8 @@
 /*
-** store_queue.c: concurrency slots and the queues of runs waiting for
-** them (J_SLOT; see docs/architecture.md, "Flow control").
+** store_queue.c: flow control in the store (J_SLOT; see
+** docs/architecture.md, "Flow control"): admission (idempotency,
+** debounce, rate limit, singleton, throttle), then concurrency slots and
+** the queues of runs waiting for them.
 **
 ** A run of a skill with limits executes only while it holds a slot of
 ** every limit: `slots` (queue, key, run_id) rows. A queue is a skill's id
@@ -32,6 +34,15 @@
 ** owner finds it through store_poll and acknowledges it with an acquire
 ** (answered "1", which clears the mark).
 ** A queued run's reason is kept in runs.queued (JSON) while it waits.
+**
+** Before its slots, a run is admitted, once (runs.flow_at keeps when it
+** may start): idempotency, debounce and singleton through the key's
+** holder in flow_once; rate limit and throttle through a GCRA row per
+** key in flow_gcra (no queue is kept for them: a throttled run is given
+** its start time and the core wakes it then). An acquire's result says
+** what came of it: "1" (slots held), NULL (queued for slots), "wait:MS"
+** (admitted, to start at MS) or "skip:MESSAGE" (the run is to end,
+** cancelled, with that message; counted in flow_skips).
 */
 #include "base/mem.h"
 #include "base/units.h"
