@@ -144,6 +144,8 @@ M.skill_keys = {
     doc = "one run once period passed with no newer event (per value of key), with the last event's data; max_wait bounds a burst" },
   { name = "priority", takes = "function(event) -> number",
     doc = "orders the runs queued for a concurrency limit: higher first, in order of creation within a priority" },
+  { name = "batch", takes = "{max=, timeout=, key=}",
+    doc = "one run gets up to max events as ctx.events (per value of key), started when full or timeout after the first" },
   { name = "cancel_on", takes = "list of {event=, match=}", doc = "events that cancel a run" },
   { name = "on_failure", takes = "function(ctx, err)", doc = "runs as its own durable run once a run failed" },
   { name = "run", takes = "function(ctx)", doc = "required: the run's body; its return value is the output" },
@@ -156,6 +158,7 @@ M.rate_limit_keys = { "limit", "period", "key" }
 M.singleton_keys = { "key", "mode" }
 M.idempotency_keys = { "key", "period" }
 M.debounce_keys = { "period", "key", "max_wait" }
+M.batch_keys = { "max", "timeout", "key" }
 M.cancel_on_keys = { "event", "match" }
 -- Keys that versions registered before these tables existed may hold,
 -- which did nothing: a recorded version that has them still loads (its
@@ -172,6 +175,7 @@ M.ctx_fields = {
   { name = "skill", doc = "the skill's id" },
   { name = "version", doc = "the SHA-256 of the skill's source" },
   { name = "trigger", doc = "the trigger record {kind, ...}" },
+  { name = "events", doc = "the events of the run's batch (skills with batch), oldest first; else {ctx.event}" },
   { name = "step", doc = "the step API" },
   { name = "log", doc = "the log module" },
   { name = "attempt", doc = "inside a step body: the attempt number (1, 2, ...)" },
@@ -426,7 +430,7 @@ function M.export(arr)
   end
   local out = { skill_keys = {}, trigger_keys = M.trigger_keys, concurrency_keys = M.concurrency_keys,
     throttle_keys = M.throttle_keys, rate_limit_keys = M.rate_limit_keys, singleton_keys = M.singleton_keys,
-    idempotency_keys = M.idempotency_keys, debounce_keys = M.debounce_keys, cancel_on_keys = M.cancel_on_keys, event_keys = M.event_keys, ctx_fields = {}, steps = {}, modules = {} }
+    idempotency_keys = M.idempotency_keys, debounce_keys = M.debounce_keys, batch_keys = M.batch_keys, cancel_on_keys = M.cancel_on_keys, event_keys = M.event_keys, ctx_fields = {}, steps = {}, modules = {} }
   for i, k in ipairs(M.skill_keys) do out.skill_keys[i] = { name = k.name, takes = k.takes, doc = k.doc } end
   for i, k in ipairs(M.ctx_fields) do out.ctx_fields[i] = { name = k.name, doc = k.doc } end
   for i, s in ipairs(M.steps) do
@@ -460,7 +464,7 @@ function M.export_text()
     .. "=}; throttle: {" .. concat(t.throttle_keys, "=, ") .. "=}; rate_limit: {"
     .. concat(t.rate_limit_keys, "=, ") .. "=}; singleton: {" .. concat(t.singleton_keys, "=, ")
     .. "=}; idempotency: {" .. concat(t.idempotency_keys, "=, ") .. "=}; debounce: {"
-    .. concat(t.debounce_keys, "=, ") .. "=}; cancel_on: {" .. concat(t.cancel_on_keys, "=, ") .. "=}")
+    .. concat(t.debounce_keys, "=, ") .. "=}; batch: {" .. concat(t.batch_keys, "=, ") .. "=}; cancel_on: {" .. concat(t.cancel_on_keys, "=, ") .. "=}")
   add("ctx fields: " .. concat(names(t.ctx_fields), ", "))
   add("steps:")
   for _, s in ipairs(t.steps) do add("  ctx." .. s.call .. " -> " .. s.returns) end

@@ -299,12 +299,36 @@ function M.validate(def, file, src, default_id, recorded)
     debounce = { period = period, key = t.key, max_wait = max_wait }
   end
 
+  -- batch: one run gets up to max events (ctx.events), started when the
+  -- batch is full or timeout passed since its first event, per key.
+  local batch
+  if def.batch ~= nil then
+    local t, keys = def.batch, set_of(api.batch_keys)
+    if type(t) ~= "table" then fail("batch", "'batch' must be a table {max=, timeout=, key=}, got %s", show(t)) end
+    for k in pairs(t) do
+      if not keys[k] then
+        fail(type(k) == "string" and k or "batch", "unknown key '%s' in 'batch'%s", tostring(k),
+             type(k) == "string" and suggest(k, keys) or "")
+      end
+    end
+    if type(t.max) ~= "number" or t.max < 1 or t.max ~= math.floor(t.max) or t.max > 10000 then
+      fail("max", "'batch.max' must be a whole number from 1 to 10000 (events per run), got %s", show(t.max))
+    end
+    if t.timeout == nil then fail("batch", "'batch' needs a 'timeout' such as \"5s\": how long a batch waits to fill") end
+    local timeout = duration("batch.timeout", t.timeout)
+    if t.key ~= nil and (type(t.key) ~= "string" or not t.key:match("^[%a_][%w_]*[%w_.]*$")) then
+      fail("key", "'batch.key' must be a path such as \"event.data.tenant\", got %s", show(t.key))
+    end
+    batch = { max = t.max, timeout = timeout, key = t.key }
+  end
+
   -- What the core asks of the store before a run starts (flowctl.c), in
   -- order: admission (idempotency, debounce, rate limit, singleton,
   -- throttle), then
   -- the concurrency slots.
   local flow = {}
   if idem then flow[#flow + 1] = { kind = "idempotency", key = idem.key, period = idem.period } end
+  if batch then flow[#flow + 1] = { kind = "batch", limit = batch.max, period = batch.timeout, key = batch.key } end
   if debounce then
     flow[#flow + 1] = { kind = "debounce", period = debounce.period, key = debounce.key, max_wait = debounce.max_wait }
   end

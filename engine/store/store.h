@@ -182,6 +182,10 @@ int store_count_by_status(store_t *s, cJSON **out, err_t *e);
 ** and reason ({"skipped": [{"skill", "reason", "n"}]}). */
 int store_flow_counts(store_t *s, cJSON **out, err_t *e);
 
+/* The events batched into run_id (flow control's batch), as a malloc'd
+** JSON list in *out, oldest first; *out NULL when it has none. */
+int store_batch_events(store_t *s, const char *run_id, char **out, err_t *e);
+
 /* ---- health figures and the event stream (store_stats.c) ------------- */
 
 /* A window of history cut into equal intervals. since and until are ms;

@@ -71,7 +71,7 @@ static const char STARTED_SQL[] =
 static const char OWNER_SQL[] = "SELECT owner FROM runs WHERE id = ?1";
 /* A run queued before its first step has not started: no started_at. */
 static const char QUEUED_SQL[] =
-  "UPDATE runs SET status = 'queued', queued = ?2, started_at = CASE WHEN EXISTS"
+  "UPDATE runs SET status = 'queued', queued = ?2, slot_granted = 0, started_at = CASE WHEN EXISTS"
   " (SELECT 1 FROM steps WHERE run_id = ?1) THEN started_at END WHERE id = ?1"
   " AND status NOT IN ('completed','failed','cancelled')";
 static const char PLACES_SQL[] =
@@ -363,6 +363,83 @@ static int count_skip(store_t *s, const char *skill, const char *reason, err_t *
   return store__step(s, st, e, "counting a skip");
 }
 
+static const char BATCH_OPEN_SQL[] =
+  "SELECT o.run_id, o.until, (SELECT count(*) FROM flow_batch b WHERE b.run_id = o.run_id)"
+  " FROM flow_once o JOIN runs r ON r.id = o.run_id WHERE o.q = ?1 AND o.key = ?2"
+  " AND r.status = 'queued' AND r.started_at IS NULL";
+static const char BATCH_ADD_SQL[] =
+  "INSERT OR IGNORE INTO flow_batch(run_id, seq, event) SELECT ?1, ?2,"
+  " coalesce(json_extract(trigger, '$.event'), json_object('data', json(coalesce(input, 'null'))))"
+  " FROM runs WHERE id = ?3";
+static const char BATCH_FULL_SQL[] = "UPDATE runs SET flow_at = ?2, slot_granted = 1 WHERE id = ?1";
+static const char BATCH_CLOSE_SQL[] = "DELETE FROM flow_once WHERE q = ?1 AND key = ?2";
+
+/* Batch limit l (limit: max events; period: timeout) for the run of je,
+** asking first. A batch of the key still waiting takes the run's event
+** and the run is skipped (0, the result names the batch's run); a batch
+** that becomes full is closed and its run woken (its start time now,
+** marked slot_granted so its owner asks at once). Else the run opens a
+** batch of its own: *start is when it closes by timeout. 1: go on; -1:
+** error. */
+static int batch_join(store_t *s, const struct jentry *je, const struct lim *l, int64_t now,
+                      int64_t *start, err_t *e) {
+  const char *self = je->u.slot.run_id;
+  char q[300];
+  snprintf(q, sizeof q, "batch:%s", l->q);
+  sqlite3_stmt *st = store__cached(s, BATCH_OPEN_SQL, e);
+  if (!st) return -1;
+  store__bind_text(st, 1, q);
+  store__bind_text(st, 2, l->key);
+  int rc = sqlite3_step(st);
+  char *open = rc == SQLITE_ROW ? store__col_dup(st, 0) : NULL;
+  int64_t n = rc == SQLITE_ROW ? sqlite3_column_int64(st, 2) : 0;
+  sqlite3_reset(st);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+    free(open);
+    return store__db_err(e, s->w, "reading a batch"), -1;
+  }
+  const char *into = open && strcmp(open, self) && n < l->limit ? open : self;
+  if (into == self) n = 0; /* a new batch */
+  st = store__cached(s, BATCH_ADD_SQL, e);
+  int err = !st;
+  if (st) {
+    store__bind_text(st, 1, into);
+    sqlite3_bind_int64(st, 2, n + 1);
+    store__bind_text(st, 3, self);
+    err = store__step(s, st, e, "adding to a batch");
+  }
+  int full = n + 1 >= l->limit;
+  if (!err && into != self && full) {
+    st = store__cached(s, BATCH_FULL_SQL, e);
+    err = !st || (store__bind_text(st, 1, into), sqlite3_bind_int64(st, 2, now),
+                  store__step(s, st, e, "closing a batch"));
+  }
+  if (!err && full) {
+    st = store__cached(s, BATCH_CLOSE_SQL, e);
+    err = !st || (store__bind_text(st, 1, q), store__bind_text(st, 2, l->key),
+                  store__step(s, st, e, "closing a batch"));
+  } else if (!err && into == self) {
+    st = store__cached(s, SET_ONCE_SQL, e);
+    err = !st || (store__bind_text(st, 1, q), store__bind_text(st, 2, l->key),
+                  store__bind_text(st, 3, self), sqlite3_bind_int64(st, 4, now + l->period),
+                  store__step(s, st, e, "opening a batch"));
+  }
+  if (err) {
+    free(open);
+    return -1;
+  }
+  if (into != self) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "skip:batched into run %s", into);
+    journal_set_result(je, mem_strdup(msg));
+    free(open);
+    return 0;
+  }
+  free(open);
+  *start = full ? now : now + l->period;
+  return 1;
+}
+
 /* Admit the run of je to start: once per run (runs.flow_at keeps when),
 ** through its rate limits (refused: the result is "skip:" and why) and
 ** its throttle (a start time reserved, in order: GCRA, whose row keeps
@@ -411,6 +488,13 @@ static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_
     }
     at = now;
     for (int i = 0; i < n; i++) {
+      if (strcmp(l[i].kind, "batch")) continue;
+      int64_t start = now;
+      int r = batch_join(s, je, &l[i], now, &start, e);
+      if (r <= 0) return r;
+      if (start > at) at = start;
+    }
+    for (int i = 0; i < n; i++) {
       if (strcmp(l[i].kind, "debounce")) continue;
       int64_t start = now;
       int r = debounce(s, je, &l[i], 1, now, &start, e);
@@ -418,7 +502,7 @@ static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_
       if (start > at) at = start;
     }
     for (int i = 0; i < n; i++) {
-      if (!strcmp(l[i].kind, "debounce")) continue;
+      if (!strcmp(l[i].kind, "debounce") || !strcmp(l[i].kind, "batch")) continue;
       if (!strcmp(l[i].kind, "idempotency") || !strcmp(l[i].kind, "singleton")) {
         if (once_set(s, &l[i], sl->run_id, now, e)) return -1;
         continue;
@@ -454,9 +538,11 @@ static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_
   /* Its start time has not come: queued, with the debounce's or the
   ** throttle's words. */
   int deb = 0;
-  for (int i = 0; i < n; i++) deb |= !strcmp(l[i].kind, "debounce");
+  const char *why_kind = "throttle";
+  for (int i = 0; i < n; i++)
+    if (!strcmp(l[i].kind, "debounce") || !strcmp(l[i].kind, "batch")) deb = 1, why_kind = l[i].kind;
   for (int i = 0; i < n; i++) {
-    if (strcmp(l[i].kind, deb ? "debounce" : "throttle")) continue;
+    if (strcmp(l[i].kind, why_kind)) continue;
     char until[40], d[32];
     units_rfc3339(at, until, sizeof until);
     units_fmt_duration(l[i].period, d, sizeof d);
@@ -507,7 +593,8 @@ static int acquire(store_t *s, const struct jentry *je, err_t *e) {
     l[i].since = sl->at;
     l[i].limit = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(x, "limit"));
     const char *kind = cJSON_GetStringValue(cJSON_GetObjectItem(x, "kind"));
-    static const char *const kinds[] = {"throttle", "rate", "idempotency", "singleton", "debounce"};
+    static const char *const kinds[] = {"throttle", "rate", "idempotency", "singleton", "debounce",
+                                        "batch"};
     const cJSON *pr = cJSON_GetObjectItem(x, "priority");
     l[i].prio = cJSON_IsNumber(pr) ? (int64_t)pr->valuedouble : 0;
     const cJSON *mw = cJSON_GetObjectItem(x, "max_wait");
@@ -528,7 +615,7 @@ static int acquire(store_t *s, const struct jentry *je, err_t *e) {
   if (!admitted && je->result && !strncmp(je->result, "skip:", 5) && n) {
     /* "skip:skipped by rate_limit: ..." or "skip:debounced: ...": the word. */
     const char *w = je->result + 5;
-    const char *reason = !strncmp(w, "debounced", 9) ? "debounce"
+    const char *reason = !strncmp(w, "debounced", 9) ? "debounce" : !strncmp(w, "batched", 7) ? "batch"
                        : !strncmp(w, "skipped by rate_limit", 21) ? "rate_limit"
                        : !strncmp(w, "skipped by idempotency", 22) ? "idempotency" : "singleton";
     const char *skill = l[0].q[0] == '@' ? "?" : l[0].q;
@@ -721,5 +808,18 @@ int store_flow_counts(store_t *s, cJSON **out, err_t *e) {
   }
   sqlite3_finalize(k);
   *out = o;
+  return 0;
+}
+
+/* See store.h. */
+int store_batch_events(store_t *s, const char *run_id, char **out, err_t *e) {
+  *out = NULL;
+  sqlite3_stmt *st = store__prep(s->r,
+    "SELECT json_group_array(json(event)), count(*) FROM (SELECT event FROM flow_batch"
+    " WHERE run_id = ?1 ORDER BY seq)", e);
+  if (!st) return e->code;
+  store__bind_text(st, 1, run_id);
+  if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_int64(st, 1) > 0) *out = store__col_dup(st, 0);
+  sqlite3_finalize(st);
   return 0;
 }

@@ -31,6 +31,7 @@
 **   flow_gcra (q, key) -> tat: throttle and rate limit state (GCRA)
 **   flow_once (q, key) -> run_id, until: idempotency and singleton keys
 **   flow_skips (skill, reason) -> n: runs flow control skipped
+**   flow_batch (run_id, seq) -> event: the events batched into a run
 **   cron_state (skill, spec) -> the last tick fired
 **   leases   (owner) -> kind, host, pid, expires_at
 **
@@ -192,7 +193,10 @@ static const char *const migrations[] = {
   "CREATE INDEX slot_queue_order ON slot_queue(skill, key, prio DESC, since, run_id);"
   /* runs skipped by flow control, counted per skill and reason (/metrics) */
   "CREATE TABLE flow_skips(skill TEXT NOT NULL, reason TEXT NOT NULL, n INTEGER NOT NULL,"
-  "  PRIMARY KEY(skill, reason)) WITHOUT ROWID;",
+  "  PRIMARY KEY(skill, reason)) WITHOUT ROWID;"
+  /* batch: the events gathered into each batch's run */
+  "CREATE TABLE flow_batch(run_id TEXT NOT NULL, seq INTEGER NOT NULL, event TEXT NOT NULL,"
+  "  PRIMARY KEY(run_id, seq)) WITHOUT ROWID;",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 

@@ -58,7 +58,7 @@ class AgentsApiTest(TestCase):
         for key, sub in (("triggers", "trigger_keys"), ("concurrency", "concurrency_keys"),
                          ("throttle", "throttle_keys"), ("rate_limit", "rate_limit_keys"),
                          ("singleton", "singleton_keys"), ("idempotency", "idempotency_keys"),
-                         ("debounce", "debounce_keys"),
+                         ("debounce", "debounce_keys"), ("batch", "batch_keys"),
                          ("cancel_on", "cancel_on_keys")):
             text = " ".join(documented[key][1:])
             written = set(re.findall(r"(\w+) =", text))

@@ -491,3 +491,45 @@ class PriorityTest(SkillsTestCase):
             r = self.w.ml("check", path)
             self.assertEqual(r.returncode, 1, flow)
             self.assertIn(want, r.stderr + r.stdout, flow)
+
+
+class BatchTest(SkillsTestCase):
+    def test_batches_of_max_events_or_by_timeout_per_key(self):
+        self.skill("bat", """
+return { id = "bat", triggers = { { event = "row.new" } },
+  batch = { max = 3, timeout = "1500ms", key = "event.data.t" },
+  run = function(ctx)
+    local ns = {}
+    for i, ev in ipairs(ctx.events) do ns[i] = ev.data.n end
+    return ctx.step.run("take", function() return { t = ctx.event.data.t, ns = ns } end)
+  end }""")
+        p = self.serve()
+        t0 = time.time()
+        for i in range(7):
+            self.w.ml("send", "row.new", "--data", json.dumps({"t": "a", "n": i}), check=0)
+        self.w.ml("send", "row.new", "--data", json.dumps({"t": "b", "n": 100}), check=0)
+        wait_until(lambda: len([r for r in self.runs_of("bat") if r["status"] in ("completed", "cancelled")]) == 8,
+                   timeout=20, what="eight runs ended")
+        runs = self.runs_of("bat")
+        done = sorted((r["output"]["t"], r["output"]["ns"]) for r in runs if r["status"] == "completed")
+        # Two full batches at once, then the rest when the timeout passed.
+        self.assertEqual(done, [("a", [0, 1, 2]), ("a", [3, 4, 5]), ("a", [6]), ("b", [100])])
+        for r in runs:
+            if r["status"] == "cancelled":
+                self.assertRegex(r["error"]["message"], r"^batched into run \w+$")
+        last = [r for r in runs if r["status"] == "completed" and r["output"]["ns"] == [6]][0]
+        from datetime import datetime
+        started = datetime.fromisoformat(last["started_at"].replace("Z", "+00:00")).timestamp()
+        self.assertGreaterEqual(started - t0, 1.0)  # it waited for the timeout
+        # Replayed after a kill, a batch run sees the same events.
+        kill9(p)
+        self.assertEqual(self.w.ml("replay", last["id"], check=0).returncode, 0)
+
+    def test_bad_batch_is_refused_naming_the_fix(self):
+        for flow, want in [('batch = { max = 0, timeout = "1s" }', "'batch.max' must be a whole number from 1 to 10000"),
+                           ('batch = { max = 10 }', "'batch' needs a 'timeout' such as \"5s\""),
+                           ('batch = { max = 10, timeout = "1s", size = 2 }', "unknown key 'size' in 'batch'")]:
+            path = self.w.write("bad.lua", 'return { id = "bad", %s, run = function() end }' % flow)
+            r = self.w.ml("check", path)
+            self.assertEqual(r.returncode, 1, flow)
+            self.assertIn(want, r.stderr + r.stdout, flow)

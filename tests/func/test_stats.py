@@ -377,7 +377,7 @@ class StatsMigrationTest(TestCase):
                           "ALTER TABLE runs DROP COLUMN queued; ALTER TABLE runs DROP COLUMN slot_granted;"
                           "ALTER TABLE runs DROP COLUMN flow_at; ALTER TABLE slot_queue DROP COLUMN lim;"
                           "ALTER TABLE slot_queue DROP COLUMN prio;"
-                          "DROP TABLE flow_gcra; DROP TABLE flow_once; DROP TABLE flow_skips;"
+                          "DROP TABLE flow_gcra; DROP TABLE flow_once; DROP TABLE flow_skips; DROP TABLE flow_batch;"
                           "PRAGMA user_version = 3;")
         con.close()
         t = self.w.json("stats", "bad", "--since", "1h")["totals"]
