@@ -695,7 +695,7 @@ local function journal_run(st)
   for _, l in ipairs(st.logs) do
     J("log", { run_id = st.run_id, seq = l.seq, ts = l.ts, level = l.level, msg = l.msg })
   end
-  local terminal = st.status == "completed" or st.status == "failed" or st.status == "cancelled"
+  local terminal = core.VOCAB.ended[st.status]
   J("run_set", { run_id = st.run_id, status = st.status, output = st.output_json, error = st.error_json,
                  ended_at = terminal and st.ended or 0 })
 end

@@ -26,12 +26,14 @@
   const SKILLS_POLL_MS = 3000;
   const PAGE = 50;
   const TOKEN_KEY = 'moonloop.token';
-  const FINISHED = new Set(['completed', 'failed', 'cancelled']);
+  /* The engine's words (base/vocab.h), from vocab.js, written at build time. */
+  const VOCAB = window.moonloopVocab;
+  const FINISHED = new Set(VOCAB.ended);
   /* An attempt cut when its process stopped: it ended at an unknown time,
    * before the step ran again (its retry_at). */
   const INTERRUPTED = 'interrupted';
-  const STATUSES = ['queued', 'running', 'sleeping', 'waiting', 'completed', 'failed', 'cancelled'];
-  const TRIGGERS = ['invoke', 'event', 'cron', 'rerun', 'on_failure'];
+  const STATUSES = VOCAB.runStatuses;
+  const TRIGGERS = VOCAB.triggerKinds;
   const SINCES = ['1h', '6h', '24h', '7d', '30d'];
 
   const main = document.getElementById('main');

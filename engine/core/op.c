@@ -17,16 +17,17 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/vocab.h"
 #include "core/modules.h"
 #include "core/run.h"
 #include "core/run_pause.h"
 
-enum op_type { OPT_INT, OPT_MS, OPT_STR, OPT_TABLE, OPT_THREADS };
+enum op_type { OPT_INT, OPT_MS, OPT_STR, OPT_KIND, OPT_TABLE, OPT_THREADS };
 #define REQ 1
 #define OPT 0
 
-static const char *const type_words[] = {"a number", "a number", "a string", "a table",
-                                         "coroutines"};
+static const char *const type_words[] = {"a number", "a number", "a string", "a step kind",
+                                         "a table", "coroutines"};
 
 struct op_arg {
   const char *name;
@@ -105,6 +106,16 @@ static int get_STR(lua_State *co, int *i, const char *op, const char *name, int 
   if (!need && lua_isnoneornil(co, *i)) return ++*i, 0;
   if (lua_type(co, *i) != LUA_TSTRING) return bad_arg(co, *i, op, name, OPT_STR, e);
   *out = lua_tostring(co, (*i)++);
+  return 0;
+}
+
+static int get_KIND(lua_State *co, int *i, const char *op, const char *name, int need,
+                    const char **out, err_t *e) {
+  int at = *i;
+  if (get_STR(co, i, op, name, need, out, e)) return e->code;
+  if (*out && vocab_step_kind(*out) == VOCAB_NONE)
+    return err_set(e, ERR_INVALID, "internal error: op %s: argument %d (%s) is '%.40s', not a step "
+                   "kind (%s)", op, at - 1, name, *out, VOCAB_STEP_KINDS);
   return 0;
 }
 

@@ -26,6 +26,7 @@
 **   MS       a Lua number, as an int64_t (times and durations in ms)
 **   STR      a Lua string (numbers are refused), as a const char * into
 **            the coroutine's stack: valid until the handler pops it
+**   KIND     a STR that is a step kind of base/vocab.h ("run", "sleep"...)
 **   TABLE    a Lua table, as its stack index
 **   THREADS  the rest of the arguments, each a coroutine: their first
 **            index and count (the last argument only)
@@ -44,13 +45,13 @@
 #include "lua/lrt.h"
 
 #define OP_COMMIT_ARGS(A)                                                                       \
-  A(seq, INT, REQ) A(id, STR, REQ) A(kind, STR, REQ) A(output, STR, REQ) A(attempts, INT, REQ) \
+  A(seq, INT, REQ) A(id, STR, REQ) A(kind, KIND, REQ) A(output, STR, REQ) A(attempts, INT, REQ) \
   A(started, MS, REQ) A(ended, MS, REQ)
 #define OP_RETRY_ARGS(A)                                                                 \
   A(seq, INT, REQ) A(id, STR, REQ) A(n, INT, REQ) A(message, STR, REQ)                  \
   A(traceback, STR, OPT) A(attempt_started, MS, REQ) A(delay, MS, REQ) A(started, MS, REQ)
 #define OP_FAIL_ARGS(A)                                                                      \
-  A(seq, INT, REQ) A(id, STR, REQ) A(kind, STR, REQ) A(n, INT, REQ) A(message, STR, REQ)    \
+  A(seq, INT, REQ) A(id, STR, REQ) A(kind, KIND, REQ) A(n, INT, REQ) A(message, STR, REQ)   \
   A(traceback, STR, OPT) A(attempt_started, MS, REQ) A(ended, MS, REQ) A(started, MS, REQ)
 #define OP_SLEEP_ARGS(A) A(seq, INT, REQ) A(id, STR, REQ) A(wake_at, MS, REQ) A(started, MS, REQ)
 #define OP_BACKOFF_ARGS(A) A(seq, INT, REQ) A(retry_at, MS, REQ)
@@ -65,7 +66,7 @@
 #define OP_PARALLEL_ARGS(A) A(seq, INT, REQ) A(id, STR, REQ) A(started, MS, REQ) A(tasks, THREADS, REQ)
 #define OP_DELAY_ARGS(A) A(ms, MS, REQ)
 #define OP_CANCEL_ARGS(A) A(run_id, STR, REQ) A(reason, STR, OPT)
-#define OP_PAUSE_ARGS(A) A(seq, INT, REQ) A(id, STR, REQ) A(kind, STR, REQ)
+#define OP_PAUSE_ARGS(A) A(seq, INT, REQ) A(id, STR, REQ) A(kind, KIND, REQ)
 
 #define OP_TABLE(X)                                                                             \
   X(COMMIT, 1, commit, run_op_commit, OP_COMMIT_ARGS,                                           \
@@ -114,6 +115,7 @@ struct op_threads {
 #define OP_CTYPE_INT int
 #define OP_CTYPE_MS int64_t
 #define OP_CTYPE_STR const char *
+#define OP_CTYPE_KIND const char *
 #define OP_CTYPE_TABLE int
 #define OP_CTYPE_THREADS struct op_threads
 

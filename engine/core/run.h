@@ -160,6 +160,8 @@ void run_cancelled(struct run *r, const char *reason);
 void run_child_ended(struct task *t, int ok, const char *value);
 /* Shared by run.c and run_flow.c. */
 void run__park(struct task *t, int waits);
+/* A task's timer (a sleep, a backoff, a delay) fired: one completion. */
+void run__on_timer(struct stimer *tm);
 void run__complete(struct task *t);
 void run__wait_durable(struct task *t);
 void run__task_cancel(struct task *t);

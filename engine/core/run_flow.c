@@ -21,6 +21,7 @@
 #include "base/ids.h"
 #include "base/mem.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "core/run.h"
 
 #include <lauxlib.h>
@@ -135,7 +136,7 @@ static int invoke_failure(const char *outcome, char *msg, size_t cap) {
   }
   cJSON *o = cJSON_Parse(outcome);
   const char *st = cJSON_GetStringValue(cJSON_GetObjectItem(o, "status"));
-  int failed = !st || strcmp(st, "completed");
+  int failed = vocab_run_status(st) != RUN_COMPLETED;
   if (failed) {
     const char *m = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "error"), "message"));
     const char *id = cJSON_GetStringValue(cJSON_GetObjectItem(o, "run_id"));

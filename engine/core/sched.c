@@ -25,6 +25,7 @@
 #include "base/mem.h"
 #include "base/proc.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "core/flowctl.h"
 #include "core/sched_int.h"
 
@@ -170,9 +171,12 @@ void sched_on_finish(sched_t *s, sched_done_cb cb, void *arg) {
 void sched__run_done(sched_t *s, struct run *r, const char *status, const char *output,
                      const char *error) {
   struct sched_result res = {r->id, status, output, error};
-  if (!strcmp(status, "completed")) s->stats.runs_completed++;
-  else if (!strcmp(status, "failed")) s->stats.runs_failed++;
-  else if (!strcmp(status, "cancelled")) s->stats.runs_cancelled++;
+  switch (vocab_run_status(status)) {
+  case RUN_COMPLETED: s->stats.runs_completed++; break;
+  case RUN_FAILED: s->stats.runs_failed++; break;
+  case RUN_CANCELLED: s->stats.runs_cancelled++; break;
+  default: break; /* "abandoned": dropped here without an end */
+  }
   if (strcmp(status, "abandoned"))
     for (int i = 0; i < s->nfinish; i++) s->finish[i].cb(&res, s->finish[i].arg);
   sched__watch_ended(s, &res);
@@ -327,7 +331,10 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
     return 0;
   }
   r->skill = skill;
-  if (strcmp(row->status, "queued") || row->started_at) {
+  int st = vocab_run_status(row->status);
+  /* A queued run that started before (it gave its slots back while
+  ** parked) is replayed like a running one. */
+  if (st != RUN_QUEUED || row->started_at) {
     /* Taken over: say so in the run's trace. */
     s->stats.takeovers++;
     char msg[300];
@@ -337,7 +344,7 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
                         .msg = msg};
     journal_log(s->open.j, &l);
   }
-  if (!strcmp(row->status, "queued") && !row->started_at) {
+  if (st == RUN_QUEUED && !row->started_at) {
     if (!r->deadline_at && skill->timeout_ms) r->deadline_at = r->started_at + skill->timeout_ms;
     if (skill->nlimits) {
       /* Queued for its limits' slots: the grant starts it (flowctl.c). */
@@ -349,7 +356,7 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
     return run_start(s, r, NULL, e);
   }
   /* A parked run costs no coroutine until it wakes: it is replayed then. */
-  if (!strcmp(row->status, "sleeping") || !strcmp(row->status, "waiting"))
+  if (st == RUN_SLEEPING || st == RUN_WAITING)
     return run_start_dormant(s, r, row->wake_at);
   cJSON *steps = NULL;
   if (store_get_steps(s->o.store, r->id, &steps, e)) {

@@ -21,6 +21,7 @@
 #include "base/jsontext.h"
 #include "base/mem.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "base/workspace.h"
 #include "server/server_int.h"
 #include "server/web.h"
@@ -193,9 +194,7 @@ static void pending_free(struct pending *p) {
 static int terminal_status(const char *json) {
   cJSON *v = json ? cJSON_Parse(json) : NULL;
   cJSON *st = cJSON_GetObjectItemCaseSensitive(v, "status");
-  int t = cJSON_IsString(st) && (!strcmp(st->valuestring, "completed") ||
-                                 !strcmp(st->valuestring, "failed") ||
-                                 !strcmp(st->valuestring, "cancelled"));
+  int t = vocab_run_ended(cJSON_GetStringValue(st));
   cJSON_Delete(v);
   return t;
 }

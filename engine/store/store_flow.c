@@ -19,6 +19,7 @@
 #include "base/jsontext.h"
 #include "base/mem.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "store/store_db.h"
 
 #include <stdio.h>
@@ -454,7 +455,7 @@ int store__run_ended(store_t *s, const char *run_id, const char *status, err_t *
   };
   /* A completed run has no open steps, and got its summary with its
   ** status (W_RUN_SET); the others get it once their steps are ended. */
-  if (status && !strcmp(status, "completed"))
+  if (vocab_run_status(status) == RUN_COMPLETED)
     return store__exec_bound(s, sql, 1, run_id, "cleaning up after a run", e);
   if (store__exec_bound(s, sql, 2, run_id, "cleaning up after a run", e)) return e->code;
   return store__exec_bound(s, summary, 1, run_id, "summing up a run's steps", e);

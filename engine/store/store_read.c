@@ -189,8 +189,9 @@ static void put_attempts(buf_t *b, sqlite3_stmt *st, sqlite3_stmt *at, int *arc)
   /* The attempt that succeeded, or the one in flight, is implied by the
   ** step row: it started when the last failed attempt's backoff ended. */
   const char *kind = (const char *)sqlite3_column_text(st, 2);
-  if (kind && !strcmp(kind, "run") && last_n < nattempts && status &&
-      (!strcmp(status, "completed") || !strcmp(status, "running"))) {
+  int word = vocab_step_status(status);
+  if (vocab_step_kind(kind) == STEP_KIND_RUN && last_n < nattempts &&
+      (word == STEP_COMPLETED || word == STEP_RUNNING)) {
     buf_add(b, first ? "{" : ",{", first ? 1 : 2);
     PUT1(b, "n", jsontext_put_int, nattempts);
     PUT(b, "status", jsontext_put_string, status, strlen(status));

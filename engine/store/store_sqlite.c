@@ -54,6 +54,7 @@
 #include "base/mem.h"
 #include "base/proc.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "store/store_db.h"
 
 #include <dirent.h>
@@ -693,8 +694,7 @@ char *store__col_dup(sqlite3_stmt *st, int i) {
 
 /* Whether a run status is final (completed, failed, cancelled); NULL is not. */
 int store__is_terminal(const char *status) {
-  return status && (!strcmp(status, "completed") || !strcmp(status, "failed") ||
-                    !strcmp(status, "cancelled"));
+  return vocab_run_ended(status);
 }
 
 /* Run each of the n statements of sql on the writer, in order, with ?1

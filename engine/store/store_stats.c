@@ -54,6 +54,7 @@
 */
 #include "base/mem.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "store/store_db.h"
 
 #include <math.h>
@@ -475,9 +476,9 @@ static void count_step(struct stepagg *g, sqlite3_stmt *st, uint32_t k, int samp
     struct stepent *x = &g->ids[i];
     int64_t retries = sqlite3_column_int64(st, 3) - 1;
     x->retries += retries > 0 ? retries : 0;
-    x->failed += status && !strcmp(status, "failed");
+    x->failed += vocab_step_status(status) == STEP_FAILED;
   }
-  if (sample && kind && !strcmp(kind, "run") && sqlite3_column_type(st, 4) != SQLITE_NULL &&
+  if (sample && vocab_step_kind(kind) == STEP_KIND_RUN && sqlite3_column_type(st, 4) != SQLITE_NULL &&
       sqlite3_column_type(st, 5) != SQLITE_NULL) {
     int64_t d = sqlite3_column_int64(st, 5) - sqlite3_column_int64(st, 4);
     if (d >= 0) {

@@ -117,8 +117,11 @@ class ProtocolTest(TestCase):
         names = sorted(set(re.findall(r"\benv\.([A-Z_][A-Z0-9_]*)", src)))
         urls = {n: "%s/%s" % (self.si.url, n.lower()) for n in names
                 if n.endswith(("_URL", "_WEBHOOK"))}
+        # Backoffs capped at 50 ms (on both sides: the test driver reads
+        # the same configuration), so failing steps retry at once here.
         w = Workdir(env_names=names, config={
-            "llm": '{ base_url = "%s/v1", model = "test-model" }' % self.si.url})
+            "llm": '{ base_url = "%s/v1", model = "test-model" }' % self.si.url,
+            "retry": '{ max_backoff = "50ms" }'})
         w.env.update(urls)
         for n in names:
             if n not in urls:

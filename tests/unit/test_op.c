@@ -112,6 +112,22 @@ TEST(parallel_takes_the_rest_as_coroutines) {
   CHECK_CONTAINS(e.msg, "no tasks given");
 }
 
+TEST(a_step_kind_must_be_one_of_the_vocabulary) {
+  fresh();
+  lua_pushinteger(L, OP_PAUSE);
+  lua_pushinteger(L, 1);
+  lua_pushliteral(L, "s");
+  lua_pushliteral(L, "nap");
+  struct op op;
+  err_t e;
+  CHECK_INT_EQ(op_decode(L, &op, &e), ERR_INVALID);
+  CHECK_CONTAINS(e.msg, "argument 3 (kind) is 'nap', not a step kind (run, sleep, wait");
+  lua_pop(L, 1);
+  lua_pushliteral(L, "sleep");
+  CHECK_INT_EQ(op_decode(L, &op, &e), 0);
+  CHECK_STR_EQ(op.u.pause.kind, "sleep");
+}
+
 TEST(names_come_from_the_table) {
   CHECK_STR_EQ(op_name(OP_PAUSE), "PAUSE");
   CHECK_STR_EQ(op_name(OP_HTTP), "HTTP");
@@ -125,6 +141,7 @@ int main(void) {
   RUN(a_missing_or_mistyped_argument_is_refused_by_name);
   RUN(extra_arguments_and_unknown_codes_are_refused);
   RUN(parallel_takes_the_rest_as_coroutines);
+  RUN(a_step_kind_must_be_one_of_the_vocabulary);
   RUN(names_come_from_the_table);
   lua_close(L);
   return test_summary();
