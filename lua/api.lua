@@ -130,14 +130,35 @@ M.skill_keys = {
   { name = "retries", takes = "0..100", doc = "retries of each step after its first attempt (default 3)" },
   { name = "backoff", takes = "duration", doc = "the first retry's delay, doubling per attempt (default 1s)" },
   { name = "timeout", takes = "duration", doc = "the whole run; past it the run fails" },
-  { name = "concurrency", takes = "{limit=, key=}", doc = "at most limit runs at once (per value of key)" },
+  { name = "concurrency", takes = "{limit=, key=, scope=} or a list of them",
+    doc = "at most limit runs at once (per value of key; scope: shared by every skill naming it); queued, not dropped" },
+  { name = "throttle", takes = "{limit=, period=, key=, burst=}",
+    doc = "at most limit run starts per period (per value of key); the excess is queued, in order; burst: extra starts at once" },
+  { name = "rate_limit", takes = "{limit=, period=, key=}",
+    doc = "at most limit runs per period (per value of key); the excess is skipped: the run ends cancelled, saying so" },
+  { name = "singleton", takes = "{key=, mode=}",
+    doc = "at most one run at a time (per value of key); a new one is skipped (mode \"skip\") or cancels the running one (\"cancel\")" },
+  { name = "idempotency", takes = "path, or {key=, period=}",
+    doc = "one run per value of key within period (default 24h); a repeat is skipped, naming the first run" },
+  { name = "debounce", takes = "{period=, key=, max_wait=}",
+    doc = "one run once period passed with no newer event (per value of key), with the last event's data; max_wait bounds a burst" },
+  { name = "priority", takes = "function(event) -> number",
+    doc = "orders the runs queued for a concurrency limit: higher first, in order of creation within a priority" },
+  { name = "batch", takes = "{max=, timeout=, key=}",
+    doc = "one run gets up to max events as ctx.events (per value of key), started when full or timeout after the first" },
   { name = "cancel_on", takes = "list of {event=, match=}", doc = "events that cancel a run" },
   { name = "on_failure", takes = "function(ctx, err)", doc = "runs as its own durable run once a run failed" },
   { name = "run", takes = "function(ctx)", doc = "required: the run's body; its return value is the output" },
 }
 -- The keys of the skill table's sub-tables.
 M.trigger_keys = { "event", "cron", "tz" }
-M.concurrency_keys = { "limit", "key" }
+M.concurrency_keys = { "limit", "key", "scope" }
+M.throttle_keys = { "limit", "period", "key", "burst" }
+M.rate_limit_keys = { "limit", "period", "key" }
+M.singleton_keys = { "key", "mode" }
+M.idempotency_keys = { "key", "period" }
+M.debounce_keys = { "period", "key", "max_wait" }
+M.batch_keys = { "max", "timeout", "key" }
 M.cancel_on_keys = { "event", "match" }
 -- Keys that versions registered before these tables existed may hold,
 -- which did nothing: a recorded version that has them still loads (its
@@ -154,6 +175,7 @@ M.ctx_fields = {
   { name = "skill", doc = "the skill's id" },
   { name = "version", doc = "the SHA-256 of the skill's source" },
   { name = "trigger", doc = "the trigger record {kind, ...}" },
+  { name = "events", doc = "the events of the run's batch (skills with batch), oldest first; else {ctx.event}" },
   { name = "step", doc = "the step API" },
   { name = "log", doc = "the log module" },
   { name = "attempt", doc = "inside a step body: the attempt number (1, 2, ...)" },
@@ -483,7 +505,8 @@ function M.export(arr)
       returns = e.returns, doc = e.doc, io = io }
   end
   local out = { skill_keys = {}, trigger_keys = M.trigger_keys, concurrency_keys = M.concurrency_keys,
-    cancel_on_keys = M.cancel_on_keys, event_keys = M.event_keys, ctx_fields = {}, steps = {}, modules = {} }
+    throttle_keys = M.throttle_keys, rate_limit_keys = M.rate_limit_keys, singleton_keys = M.singleton_keys,
+    idempotency_keys = M.idempotency_keys, debounce_keys = M.debounce_keys, batch_keys = M.batch_keys, cancel_on_keys = M.cancel_on_keys, event_keys = M.event_keys, ctx_fields = {}, steps = {}, modules = {} }
   for i, k in ipairs(M.skill_keys) do out.skill_keys[i] = { name = k.name, takes = k.takes, doc = k.doc } end
   for i, k in ipairs(M.ctx_fields) do out.ctx_fields[i] = { name = k.name, doc = k.doc } end
   for i, s in ipairs(M.steps) do
@@ -514,7 +537,10 @@ function M.export_text()
   local function add(s) lines[#lines + 1] = s end
   add("skill keys: " .. concat(names(t.skill_keys), ", "))
   add("  triggers: {" .. concat(t.trigger_keys, "=, ") .. "=}; concurrency: {" .. concat(t.concurrency_keys, "=, ")
-    .. "=}; cancel_on: {" .. concat(t.cancel_on_keys, "=, ") .. "=}")
+    .. "=}; throttle: {" .. concat(t.throttle_keys, "=, ") .. "=}; rate_limit: {"
+    .. concat(t.rate_limit_keys, "=, ") .. "=}; singleton: {" .. concat(t.singleton_keys, "=, ")
+    .. "=}; idempotency: {" .. concat(t.idempotency_keys, "=, ") .. "=}; debounce: {"
+    .. concat(t.debounce_keys, "=, ") .. "=}; batch: {" .. concat(t.batch_keys, "=, ") .. "=}; cancel_on: {" .. concat(t.cancel_on_keys, "=, ") .. "=}")
   add("ctx fields: " .. concat(names(t.ctx_fields), ", "))
   add("steps:")
   for _, s in ipairs(t.steps) do add("  ctx." .. s.call .. " -> " .. s.returns) end

@@ -105,6 +105,24 @@ static const char *trigger_kind(const cJSON *run) {
   return k ? k : "?";
 }
 
+/* Why a queued run waits (its record's "queued"), in words: "concurrency
+** limit 2 of scope openai, key event.data.team=\"a\"". Empty when it has
+** no reason (not queued, or queued for an engine to take it). */
+static void queued_text(const cJSON *q, char *out, size_t n) {
+  out[0] = 0;
+  if (!cJSON_IsObject(q)) return;
+  const char *why = str(q, "reason"), *scope = str(q, "scope"), *skill = str(q, "skill");
+  const char *key = str(q, "key");
+  const char *period = str(q, "period"), *until = str(q, "until");
+  const cJSON *lim = cJSON_GetObjectItem(q, "limit");
+  char amount[64] = "";
+  if (cJSON_IsNumber(lim)) snprintf(amount, sizeof amount, " limit %g%s", lim->valuedouble, period ? " per" : "");
+  snprintf(out, n, "%s%s%s%s of %s %s%s%s%s%s", why ? why : "?", amount, period ? " " : "",
+           period ? period : "",
+           scope ? "scope" : "skill", scope ? scope : skill ? skill : "?", key ? ", key " : "",
+           key ? key : "", until ? ", until " : "", until ? until : "");
+}
+
 void trace_print_runs(FILE *f, const cJSON *runs, int color, int64_t now) {
   struct term_strs ts = {0};
   int n = cJSON_GetArraySize(runs);
@@ -118,13 +136,17 @@ void trace_print_runs(FILE *f, const cJSON *runs, int color, int64_t now) {
   cJSON_ArrayForEach(r, runs) {
     const char *st = str(r, "status");
     int64_t started = time_of(r, "started_at"), ended = time_of(r, "ended_at");
+    int ran = started != 0; /* a queued run has not started: no duration */
     if (!started) started = time_of(r, "created_at");
     char ago[32], dur[32] = "-";
     trace_fmt_ago(started, now, ago, sizeof ago);
-    if (started) units_fmt_duration((ended ? ended : now) - started, dur, sizeof dur);
-    fprintf(f, "%-26s  %-24.24s  %s%-10s%s  %-10s  %-14s  %9s\n", T(shown(r, "id")),
+    if (ran) units_fmt_duration((ended ? ended : now) - started, dur, sizeof dur);
+    char why[400];
+    queued_text(cJSON_GetObjectItem(r, "queued"), why, sizeof why);
+    fprintf(f, "%-26s  %-24.24s  %s%-10s%s  %-10s  %-14s  %9s%s%s\n", T(shown(r, "id")),
             T(shown(r, "skill")), color ? status_color(st) : "",
-            st ? T(st) : "?", color ? RESET : "", T(trigger_kind(r)), ago, dur);
+            st ? T(st) : "?", color ? RESET : "", T(trigger_kind(r)), ago, dur,
+            why[0] ? "  waiting: " : "", why[0] ? T(why) : "");
   }
   term_strs_free(&ts);
 }
@@ -203,9 +225,14 @@ void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
   cJSON_ArrayForEach(kid, cJSON_GetObjectItem(run, "children"))
     fprintf(f, "  child    %s  %s  %s\n", T(shown(kid, "id")), T(shown(kid, "skill")),
             T(shown(kid, "status")));
+  char why[400];
+  queued_text(cJSON_GetObjectItem(run, "queued"), why, sizeof why);
+  if (why[0]) fprintf(f, "  queued   waiting: %s\n", T(why));
   char started[40];
   units_rfc3339(t0, started, sizeof started);
-  fprintf(f, "  started  %s (%s)\n", started, ago);
+  if (time_of(run, "started_at")) fprintf(f, "  started  %s (%s)\n", started, ago);
+  else fprintf(f, "  started  %s (created %s, %s)\n", st && !strcmp(st, "queued") ? "not yet" : "never",
+               started, ago);
   char *in = short_json(cJSON_GetObjectItem(run, "input"), 200);
   fprintf(f, "  input    %s\n", in ? in : "null");
   free(in);

@@ -32,7 +32,7 @@
 /* Free a run and what it owns (its references are all gone). */
 static void run_free(struct run *r) {
   run__free_kids(&r->main);
-  free(r->trigger), free(r->input), free(r->parent_id), free(r->fail_error), free(r->ckey);
+  free(r->trigger), free(r->input), free(r->parent_id), free(r->fail_error), free(r->limits);
   free(r->trigger_event);
   free(r->main.step_id), free(r->main.wait_id), free(r->main.wait_child);
   free(r);
@@ -161,6 +161,7 @@ static void stop_run(struct run *r) {
   run__task_release(&r->main);
   sched__timer_stop(s, &r->deadline);
   sched__timer_stop(s, &r->wake);
+  sched__timer_stop(s, &r->flow_timer);
 }
 
 /* Create and start r's on_failure run, in the group that records r's failure. */
@@ -221,6 +222,9 @@ void run__finish(struct run *r, const char *status, const char *output, const ch
                            .by_run = r->id};
     journal_cancel(j, &c);
   }
+  /* Its slots go to the runs queued for them in the same group, and to
+  ** those living here at once (flowctl.c). */
+  run__release_slot(r);
   struct run_set set = {.run_id = r->id, .status = status, .output = output, .error = error,
                         .ended_at = now};
   journal_run_set(j, &set);
@@ -392,7 +396,7 @@ static void on_wake(struct stimer *tm) {
 /* The value (compact JSON) at a path such as "event.data.service" or
 ** "data.service" in r's event, whose data is the input for runs not
 ** started by an event; "null" when it is not there. */
-static char *event_value(struct run *r, const char *path) {
+char *run__event_value(struct run *r, const char *path) {
   cJSON *trig = r->trigger ? cJSON_Parse(r->trigger) : NULL;
   cJSON *ev = cJSON_GetObjectItem(trig, "event"), *made = NULL;
   if (!cJSON_IsObject(ev)) {
@@ -424,7 +428,7 @@ static char *cancel_match(struct run *r, const cJSON *pairs) {
     if (cJSON_GetArraySize(p) > 1) {
       v = cJSON_Duplicate(cJSON_GetArrayItem(p, 1), 1);
     } else {
-      char *text = event_value(r, path->valuestring);
+      char *text = run__event_value(r, path->valuestring);
       v = cJSON_Parse(text);
       free(text);
     }
@@ -454,14 +458,6 @@ static void register_cancel_on(struct run *r) {
   cJSON_Delete(list);
 }
 
-/* See run.h. */
-void run__release_slot(struct run *r) {
-  if (!r->slot_held) return;
-  r->slot_held = 0;
-  struct slot_row sl = {.run_id = r->id, .acquire = 0};
-  journal_slot(sched__journal(r->sched), &sl);
-}
-
 /* When the events a run may wait for begin: its triggering event's
 ** acceptance (a run is created only when that event is dispatched, and an
 ** answer sent right after the event must count), or its creation. */
@@ -480,8 +476,6 @@ static int64_t events_since(struct run *r) {
 /* Take a run into the scheduler: references, timers, the map. */
 static void link_run(sched_t *s, struct run *r) {
   r->since = events_since(r);
-  if (r->skill && r->skill->concurrency_limit > 0 && !r->ckey)
-    r->ckey = r->skill->concurrency_key ? event_value(r, r->skill->concurrency_key) : mem_strdup("");
   if (r->skill && r->skill->cancel_on) register_cancel_on(r);
   r->sched = s;
   r->main.run = r;

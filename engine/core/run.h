@@ -105,8 +105,9 @@ struct run {
   int mem_acct;      /* the memory account of its coroutines (lrt.h), while it has them */
   int crashes;       /* processes that died while it executed, since its last checkpoint
                      ** (from the store; cleared at its next durable write) */
-  char *ckey;        /* its concurrency key's value (JSON), when the skill has a limit */
-  int slot_held, slot_pending;
+  char *limits;      /* its limits with their keys' values (flowctl_limits), once asked */
+  int slot_held, slot_pending, slot_ever; /* slots: held, asked for, held once */
+  struct stimer flow_timer; /* a throttled run asks again at its start time (flowctl.c) */
   struct run *prev, *next; /* the scheduler's list of live runs */
 };
 
@@ -173,10 +174,11 @@ void run__stop_kids(struct task *t);
 void run__free_kids(struct task *t);
 void run__finish(struct run *r, const char *status, const char *output, const char *error);
 void run__verbose(struct run *r, const char *mark, const char *id, int64_t ms, const char *extra);
-/* Give back r's concurrency slot (it parks for long). */
+/* Give back r's concurrency slots (it parks for long, or ends: flowctl.c). */
 void run__release_slot(struct run *r);
-/* Wait for runs that could not get a slot (sched.c keeps them). */
-void sched__slot_wait(sched_t *s, struct run *r);
+/* The value (compact JSON) at a path such as "event.data.service" in r's
+** event (its input for runs not started by an event); "null" if absent. */
+char *run__event_value(struct run *r, const char *path);
 
 /* ---- OP_HTTP's conversions, shared with the REPL (repl.c) ---- */
 

@@ -146,11 +146,18 @@ enum skill_op { SKILL_PUT, SKILL_ERROR, SKILL_REMOVE };
 #define JOURNAL_CANCEL_ROW(_, S) \
   _(S, ARG, TEXT, run_id) _(S, ARG, TEXT, reason) _(S, ARG, I64, at) _(S, ARG, TEXT, by_run)
 
-/* A concurrency slot: acquire (the result is "1" when granted; otherwise
-** the run queues in order) or release (every slot and queue place of the run). */
+/* Concurrency slots (store_queue.c). Acquire: limits is a JSON list of
+** {"q": the queue (a skill's id, or "@" and a scope's name), "key":
+** "path=value" or "", "limit": N}; every limit is granted at once (the
+** result is "1") or the run takes its place in every queue, in order of
+** at (its creation); first, once, it is admitted (limits of the kinds
+** "rate", "throttle", "debounce", "idempotency", "singleton"). The result:
+** "1" (slots held), NULL (queued), "wait:MS" (to start at MS), or
+** "skip:MESSAGE" (to end cancelled). Release: every slot and queue place
+** of the run, handed on to the runs queued behind it; the result is the
+** JSON list of the runs of the releasing run's owner granted a slot. */
 #define JOURNAL_SLOT_ROW(_, S) \
-  _(S, ARG, TEXT, run_id) _(S, ARG, TEXT, skill) _(S, ARG, TEXT, key) _(S, ARG, INT, limit) \
-  _(S, ARG, INT, acquire) _(S, ARG, I64, at)
+  _(S, ARG, TEXT, run_id) _(S, ARG, TEXT, limits) _(S, ARG, INT, acquire) _(S, ARG, I64, at)
 
 /* A cron tick: fired once across all engines. When the tick is newer than
 ** the last one fired for (skill, spec), the run is created and the entry's

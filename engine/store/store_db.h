@@ -31,13 +31,13 @@ enum {
 ** row_from_stmt and store_read.c's record_from_stmt read them by index). */
 #define STORE_RUN_COLS \
   "id, skill, version, status, entry, trigger, parent_id, input, output, error," \
-  " created_at, started_at, ended_at, deadline_at, wake_at, owner"
+  " created_at, started_at, ended_at, deadline_at, wake_at, owner, queued"
 
 /* The columns of a run row taken to be executed (claimed or taken over):
 ** STORE_RUN_COLS, then crashes, cancel_requested, cancel_reason. */
 #define STORE_CLAIM_COLS STORE_RUN_COLS ", crashes, cancel_requested, cancel_reason"
 
-#define STORE_CACHED_STMTS 32
+#define STORE_CACHED_STMTS 64
 #define STORE_RCACHED_STMTS 32
 #define STORE_FILTER_SHAPES 128 /* a run filter's seven optional conditions */
 
@@ -129,6 +129,12 @@ void store__fence_free(store_t *s);
 ** a test build with MOONLOOP_FAULT set, store_faults.c's, whose writes and
 ** fsyncs obey the fault points disk_full and fsync_fail. */
 const char *store__fault_vfs(void);
+/* J_SLOT (store_queue.c): acquire every limit of a run, or queue it. */
+int store__write_slot(store_t *s, const struct jentry *je, err_t *e);
+/* Release run_id's slots and queue places (store_queue.c) and hand them
+** to the runs queued behind it; the ids of the runs granted a slot are
+** added to granted (a cJSON array) when it is not NULL. */
+int store__slots_free(store_t *s, const char *run_id, cJSON *granted, err_t *e);
 /* Finalize store_flow.c's statements. */
 void store__flow_close(store_t *s);
 

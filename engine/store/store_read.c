@@ -139,6 +139,8 @@ static void put_record_fields(buf_t *b, sqlite3_stmt *st) {
   PUT(b, "ended_at", put_time, st, 12);
   if (sqlite3_column_type(st, 13) != SQLITE_NULL) PUT(b, "deadline_at", put_time, st, 13);
   if (sqlite3_column_type(st, 14) != SQLITE_NULL) PUT(b, "wake_at", put_time, st, 14);
+  /* Why it waits to start (flow control: store_queue.c), while it does. */
+  PUT(b, "queued", put_json, st, 16);
 }
 
 /* Append the rows of the log cursor lg (seq, ts, level, msg) that belong
@@ -670,15 +672,24 @@ int store_poll(store_t *s, const char *owner, cJSON **out, err_t *e) {
   static const char csql[] =
     "SELECT id, cancel_reason FROM runs WHERE owner = ?1 AND cancel_requested = 1"
     " AND status NOT IN ('completed','failed','cancelled')";
+  /* Slots handed to its queued runs by other runs' releases. */
+  static const char gsql[] =
+    "SELECT id FROM runs INDEXED BY runs_granted WHERE owner = ?1 AND slot_granted = 1";
   *out = NULL;
   sqlite3_stmt *d = store__rcached(s, dsql, e);
   sqlite3_stmt *c = d ? store__rcached(s, csql, e) : NULL;
-  if (!c) return e->code;
+  sqlite3_stmt *g = c ? store__rcached(s, gsql, e) : NULL;
+  if (!g) return e->code;
   store__bind_text(d, 1, owner);
   store__bind_text(c, 1, owner);
+  store__bind_text(g, 1, owner);
   cJSON *o = cJSON_CreateObject();
   cJSON *dl = cJSON_AddArrayToObject(o, "deliveries");
   cJSON *cl = cJSON_AddArrayToObject(o, "cancels");
+  cJSON *gl = cJSON_AddArrayToObject(o, "grants");
+  while (sqlite3_step(g) == SQLITE_ROW)
+    cJSON_AddItemToArray(gl, cJSON_CreateString((const char *)sqlite3_column_text(g, 0)));
+  done(g);
   while (sqlite3_step(d) == SQLITE_ROW) {
     cJSON *x = cJSON_CreateObject();
     cJSON_AddStringToObject(x, "run_id", (const char *)sqlite3_column_text(d, 0));

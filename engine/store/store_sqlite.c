@@ -28,6 +28,11 @@
 **            result: closed, ended with nothing)
 **   deliveries (run_id, event_id): events a run's waits already took
 **   slots, slot_queue: concurrency slots held, and runs queued for them
+**            (skill: the skill's id or "@scope"; key: "path=value" or "")
+**   flow_gcra (q, key) -> tat: throttle and rate limit state (GCRA)
+**   flow_once (q, key) -> run_id, until: idempotency and singleton keys
+**   flow_skips (skill, reason) -> n: runs flow control skipped
+**   flow_batch (run_id, seq) -> event: the events batched into a run
 **   cron_state (skill, spec) -> the last tick fired
 **   leases   (owner) -> kind, host, pid, expires_at
 **
@@ -176,6 +181,33 @@ static const char *const migrations[] = {
   "  WHERE match_path IS NOT NULL AND json_valid(match_value);"
   "ALTER TABLE waits DROP COLUMN match_path;"
   "ALTER TABLE waits DROP COLUMN match_value;",
+  /* 8: flow control (store_queue.c): why a run is queued (JSON, NULL when
+  ** it is not), a slot handed to a run by another run's release that its
+  ** owner has not taken up yet (slot_granted, found through runs_granted),
+  ** and each queue place's limit, so a release can hand its slot on. */
+  "ALTER TABLE runs ADD COLUMN queued TEXT;"
+  "ALTER TABLE runs ADD COLUMN slot_granted INTEGER NOT NULL DEFAULT 0;"
+  "CREATE INDEX runs_granted ON runs(owner) WHERE slot_granted = 1;"
+  "ALTER TABLE slot_queue ADD COLUMN lim INTEGER NOT NULL DEFAULT 1;"
+  /* throttle and rate_limit: one row per (kind:skill, key), its
+  ** theoretical arrival time (GCRA); a run's admission time, kept so a
+  ** replay or another engine never admits it twice */
+  "CREATE TABLE flow_gcra(q TEXT NOT NULL, key TEXT NOT NULL, tat INTEGER NOT NULL,"
+  "  PRIMARY KEY(q, key)) WITHOUT ROWID;"
+  "ALTER TABLE runs ADD COLUMN flow_at INTEGER;"
+  /* idempotency and singleton: the run of each (kind:skill, key), and
+  ** until when it holds the key (idempotency) */
+  "CREATE TABLE flow_once(q TEXT NOT NULL, key TEXT NOT NULL, run_id TEXT NOT NULL,"
+  "  until INTEGER NOT NULL, PRIMARY KEY(q, key)) WITHOUT ROWID;"
+  /* priority: queued runs are handed slots highest first, then in order */
+  "ALTER TABLE slot_queue ADD COLUMN prio INTEGER NOT NULL DEFAULT 0;"
+  "CREATE INDEX slot_queue_order ON slot_queue(skill, key, prio DESC, since, run_id);"
+  /* runs skipped by flow control, counted per skill and reason (/metrics) */
+  "CREATE TABLE flow_skips(skill TEXT NOT NULL, reason TEXT NOT NULL, n INTEGER NOT NULL,"
+  "  PRIMARY KEY(skill, reason)) WITHOUT ROWID;"
+  /* batch: the events gathered into each batch's run */
+  "CREATE TABLE flow_batch(run_id TEXT NOT NULL, seq INTEGER NOT NULL, event TEXT NOT NULL,"
+  "  PRIMARY KEY(run_id, seq)) WITHOUT ROWID;",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -1121,10 +1153,10 @@ static void row_from_stmt(sqlite3_stmt *st, struct run_row *r) {
   r->owner = store__col_dup(st, 15);
   r->idem = NULL;
   /* STORE_CLAIM_COLS: what adopting the run needs beyond its record. */
-  if (sqlite3_column_count(st) > 18) {
-    r->crashes = sqlite3_column_int(st, 16);
-    r->cancel_requested = sqlite3_column_int(st, 17);
-    r->cancel_reason = store__col_dup(st, 18);
+  if (sqlite3_column_count(st) > 19) {
+    r->crashes = sqlite3_column_int(st, 17);
+    r->cancel_requested = sqlite3_column_int(st, 18);
+    r->cancel_reason = store__col_dup(st, 19);
   }
 }
 

@@ -123,7 +123,14 @@ end }""")
         self.assertEqual(json.loads(match), {"data.k": "x"})
         db.executescript("ALTER TABLE waits ADD COLUMN match_path TEXT; ALTER TABLE waits ADD COLUMN match_value TEXT;"
                          "UPDATE waits SET match_path = 'event.data.k', match_value = '\"x\"', match_json = NULL;"
-                         "ALTER TABLE waits DROP COLUMN match_json; PRAGMA user_version = 6;")
+                         "ALTER TABLE waits DROP COLUMN match_json;"
+                         # and migration 8 (flow control) undone, so both run again
+                         "DROP INDEX runs_granted; DROP INDEX slot_queue_order;"
+                         "ALTER TABLE runs DROP COLUMN queued; ALTER TABLE runs DROP COLUMN slot_granted;"
+                         "ALTER TABLE runs DROP COLUMN flow_at; ALTER TABLE slot_queue DROP COLUMN lim;"
+                         "ALTER TABLE slot_queue DROP COLUMN prio;"
+                         "DROP TABLE flow_gcra; DROP TABLE flow_once; DROP TABLE flow_skips; DROP TABLE flow_batch;"
+                         "PRAGMA user_version = 6;")
         db.close()
         self.w.ml("send", "go", "--data", json.dumps({"k": "y", "v": "no"}), check=0)
         self.w.ml("send", "go", "--data", json.dumps({"k": "x", "v": "yes"}), check=0)

@@ -291,6 +291,29 @@ def kill9(p):
     p.wait(timeout=10)
 
 
+def freeze_between_commits(pid, db, timeout=10.0):
+    """SIGSTOP a process at a moment it holds no write transaction on the
+    SQLite file db, so a test that stops an engine to see another take over
+    never stops it in the middle of a commit (which would hold the write
+    lock until it is continued, and stall every other writer)."""
+    import sqlite3
+    deadline = time.time() + timeout
+    while True:
+        os.kill(pid, signal.SIGSTOP)
+        con = sqlite3.connect(db, timeout=0)
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            con.rollback()
+            return
+        except sqlite3.OperationalError:
+            os.kill(pid, signal.SIGCONT)
+            if time.time() > deadline:
+                raise AssertionError("the process kept its write lock for %ds" % timeout)
+            time.sleep(0.02)
+        finally:
+            con.close()
+
+
 class TestCase(unittest.TestCase):
     """Base class: self.w is a fresh Workdir, self.si a fresh StandIn."""
     env_names = ("STANDIN",)
