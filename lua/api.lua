@@ -130,14 +130,35 @@ M.skill_keys = {
   { name = "retries", takes = "0..100", doc = "retries of each step after its first attempt (default 3)" },
   { name = "backoff", takes = "duration", doc = "the first retry's delay, doubling per attempt (default 1s)" },
   { name = "timeout", takes = "duration", doc = "the whole run; past it the run fails" },
-  { name = "concurrency", takes = "{limit=, key=}", doc = "at most limit runs at once (per value of key)" },
+  { name = "concurrency", takes = "{limit=, key=, scope=} or a list of them",
+    doc = "at most limit runs at once (per value of key; scope: shared by every skill naming it); queued, not dropped" },
+  { name = "throttle", takes = "{limit=, period=, key=, burst=}",
+    doc = "at most limit run starts per period (per value of key); the excess is queued, in order; burst: extra starts at once" },
+  { name = "rate_limit", takes = "{limit=, period=, key=}",
+    doc = "at most limit runs per period (per value of key); the excess is skipped: the run ends cancelled, saying so" },
+  { name = "singleton", takes = "{key=, mode=}",
+    doc = "at most one run at a time (per value of key); a new one is skipped (mode \"skip\") or cancels the running one (\"cancel\")" },
+  { name = "idempotency", takes = "path, or {key=, period=}",
+    doc = "one run per value of key within period (default 24h); a repeat is skipped, naming the first run" },
+  { name = "debounce", takes = "{period=, key=, max_wait=}",
+    doc = "one run once period passed with no newer event (per value of key), with the last event's data; max_wait bounds a burst" },
+  { name = "priority", takes = "function(event) -> number",
+    doc = "orders the runs queued for a concurrency limit: higher first, in order of creation within a priority" },
+  { name = "batch", takes = "{max=, timeout=, key=}",
+    doc = "one run gets up to max events as ctx.events (per value of key), started when full or timeout after the first" },
   { name = "cancel_on", takes = "list of {event=, match=}", doc = "events that cancel a run" },
   { name = "on_failure", takes = "function(ctx, err)", doc = "runs as its own durable run once a run failed" },
   { name = "run", takes = "function(ctx)", doc = "required: the run's body; its return value is the output" },
 }
 -- The keys of the skill table's sub-tables.
 M.trigger_keys = { "event", "cron", "tz" }
-M.concurrency_keys = { "limit", "key" }
+M.concurrency_keys = { "limit", "key", "scope" }
+M.throttle_keys = { "limit", "period", "key", "burst" }
+M.rate_limit_keys = { "limit", "period", "key" }
+M.singleton_keys = { "key", "mode" }
+M.idempotency_keys = { "key", "period" }
+M.debounce_keys = { "period", "key", "max_wait" }
+M.batch_keys = { "max", "timeout", "key" }
 M.cancel_on_keys = { "event", "match" }
 -- Keys that versions registered before these tables existed may hold,
 -- which did nothing: a recorded version that has them still loads (its
@@ -154,6 +175,7 @@ M.ctx_fields = {
   { name = "skill", doc = "the skill's id" },
   { name = "version", doc = "the SHA-256 of the skill's source" },
   { name = "trigger", doc = "the trigger record {kind, ...}" },
+  { name = "events", doc = "the events of the run's batch (skills with batch), oldest first; else {ctx.event}" },
   { name = "step", doc = "the step API" },
   { name = "log", doc = "the log module" },
   { name = "attempt", doc = "inside a step body: the attempt number (1, 2, ...)" },
@@ -179,7 +201,8 @@ M.steps = {
     doc = "park the run until a matching event arrives" },
   { name = "invoke", args = "id, {skill=, data=, timeout=}", opts_arg = 2, table_arg = true,
     opts = { "skill", "data", "timeout" }, required = { "skill" },
-    returns = "the child run's output", doc = "run another skill as a child run and wait for it" },
+    returns = "the child run's output",
+    doc = "run another skill as a child run and wait for it (in the functions of step.parallel: children at once)" },
   { name = "send_event", args = "id, {name=, data=, id=} or a list of them", event_arg = 2,
     returns = "the list of event ids", doc = "send events, durably" },
   { name = "parallel", args = "id, {fn, fn, ...} [, opts]", opts_arg = 3, opts = { "retries", "timeout" },
@@ -310,6 +333,12 @@ end
 -- keys only are unknown keys too ({ "x" }).
 function M.unknown_key(name, entry, k)
   if entry.opts_set[k] then return nil end
+  if name == "step.invoke" and k == 1 then
+    -- A list of children: the one way to start several at once.
+    return "step.invoke: takes one child {skill=, data=, timeout=}, not a list; for several at once, "
+      .. "call it in the functions of step.parallel: fns[i] = function() return ctx.step.invoke(\"child\", "
+      .. "{ skill = ..., data = ... }) end, then ctx.step.parallel(\"fan\", fns)"
+  end
   local word = entry.table_arg and "key" or "option"
   return ("%s: unknown %s %s%s; the %ss are %s"):format(name, word, shown(k),
     type(k) == "string" and M.suggest(k, entry.opts_set, name) or "", word, and_list(entry.opts))
@@ -344,6 +373,75 @@ end
 -- The message for `module.key` when the module has no such function or
 -- value ("http.post is not a function of the http module: did you mean
 -- http.post_json? (its functions are ...)"). module "step" is ctx.step.
+-- Matching events -------------------------------------------------------------
+
+-- A path of an event ("data.order_id"); "event.data.x" is read as
+-- "data.x", as in concurrency keys.
+local function match_path(p)
+  if type(p) ~= "string" or not p:match("^[%a_][%w_]*[%w_.]*$") or p:find("..", 1, true) or p:sub(-1) == "." then
+    return nil
+  end
+  return (p:gsub("^event%.", ""))
+end
+
+-- The `match` of step.wait_for_event and cancel_on (what: where it is,
+-- for messages; null: json.null, the one value that is not a Lua scalar
+-- allowed) as a list of pairs: {path} compares the value at path in the
+-- incoming event with the run's own event's (ctx.event); {path, value}
+-- with that value. Accepted: a path ("data.order_id"), a list of paths,
+-- a table of path = value (a string, number, boolean or json.null), or
+-- a list and pairs at once. Returns the pairs, or nil and a message that
+-- names the fix.
+function M.match_pairs(what, m, null)
+  if type(m) == "string" then
+    local p = match_path(m)
+    if not p then
+      return nil, ("%s: 'match' must be a path such as \"data.request_id\" (or a table of path = value), got %q"):format(what, m)
+    end
+    return { { p } }
+  end
+  if type(m) ~= "table" then
+    return nil, ("%s: 'match' must be a path such as \"data.request_id\", or a table of path = value such as "
+      .. "{ [\"data.service\"] = \"api\" }, got a %s"):format(what, type(m))
+  end
+  local out, keys, n = {}, {}, #m
+  for k in pairs(m) do keys[#keys + 1] = k end
+  table.sort(keys, function(a, b)
+    if type(a) == type(b) and (type(a) == "number" or type(a) == "string") then return a < b end
+    return type(a) < type(b)
+  end)
+  for _, k in ipairs(keys) do
+    local v = m[k]
+    if type(k) == "number" and k >= 1 and k <= n and k == floor(k) then
+      local p = match_path(v)
+      if not p then
+        return nil, ("%s: match[%d] must be a path such as \"data.service\" (compared with the run's own event), "
+          .. "got %s; for a given value write match = { [\"data.service\"] = value }"):format(what, k,
+          type(v) == "string" and ("%q"):format(v) or ("a " .. type(v)))
+      end
+      out[#out + 1] = { p }
+    elseif type(k) ~= "string" then
+      return nil, ("%s: 'match' keys must be paths such as \"data.service\", got a %s key (%s): "
+        .. "write match = { [\"data.service\"] = value }"):format(what, type(k), tostring(k))
+    else
+      local p = match_path(k)
+      if not p then
+        return nil, ("%s: match key %q is not a path such as \"data.service\""):format(what, k)
+      end
+      local tv = type(v)
+      if tv == "table" or (tv ~= "string" and tv ~= "number" and tv ~= "boolean" and v ~= null) then
+        return nil, ("%s: match[%q] is a %s: match compares single values (a string, number or boolean); "
+          .. "name each field by its own path, such as match = { [\"%s.id\"] = ... }"):format(what, k, tv, k)
+      end
+      out[#out + 1] = { p, v }
+    end
+  end
+  if #out == 0 then
+    return nil, ("%s: 'match' is empty: it would match every event; leave it out, or name a path"):format(what)
+  end
+  return out
+end
+
 function M.unknown(module, key)
   key = tostring(key)
   local hint = M.hints[module .. "." .. key]
@@ -407,7 +505,8 @@ function M.export(arr)
       returns = e.returns, doc = e.doc, io = io }
   end
   local out = { skill_keys = {}, trigger_keys = M.trigger_keys, concurrency_keys = M.concurrency_keys,
-    cancel_on_keys = M.cancel_on_keys, event_keys = M.event_keys, ctx_fields = {}, steps = {}, modules = {} }
+    throttle_keys = M.throttle_keys, rate_limit_keys = M.rate_limit_keys, singleton_keys = M.singleton_keys,
+    idempotency_keys = M.idempotency_keys, debounce_keys = M.debounce_keys, batch_keys = M.batch_keys, cancel_on_keys = M.cancel_on_keys, event_keys = M.event_keys, ctx_fields = {}, steps = {}, modules = {} }
   for i, k in ipairs(M.skill_keys) do out.skill_keys[i] = { name = k.name, takes = k.takes, doc = k.doc } end
   for i, k in ipairs(M.ctx_fields) do out.ctx_fields[i] = { name = k.name, doc = k.doc } end
   for i, s in ipairs(M.steps) do
@@ -438,7 +537,10 @@ function M.export_text()
   local function add(s) lines[#lines + 1] = s end
   add("skill keys: " .. concat(names(t.skill_keys), ", "))
   add("  triggers: {" .. concat(t.trigger_keys, "=, ") .. "=}; concurrency: {" .. concat(t.concurrency_keys, "=, ")
-    .. "=}; cancel_on: {" .. concat(t.cancel_on_keys, "=, ") .. "=}")
+    .. "=}; throttle: {" .. concat(t.throttle_keys, "=, ") .. "=}; rate_limit: {"
+    .. concat(t.rate_limit_keys, "=, ") .. "=}; singleton: {" .. concat(t.singleton_keys, "=, ")
+    .. "=}; idempotency: {" .. concat(t.idempotency_keys, "=, ") .. "=}; debounce: {"
+    .. concat(t.debounce_keys, "=, ") .. "=}; batch: {" .. concat(t.batch_keys, "=, ") .. "=}; cancel_on: {" .. concat(t.cancel_on_keys, "=, ") .. "=}")
   add("ctx fields: " .. concat(names(t.ctx_fields), ", "))
   add("steps:")
   for _, s in ipairs(t.steps) do add("  ctx." .. s.call .. " -> " .. s.returns) end

@@ -1,14 +1,9 @@
 -- flow.lua: the steps that park a run or fan out: sleep, sleep_until,
--- wait_for_event, invoke, send_event, parallel. Their ops:
---
---   SLEEP    seq id wake_at started                      -> the end time
---   WAIT     seq id event match_path match_value timeout_at started
---                                                        -> the event (JSON) or nil, the end time
---   INVOKE   seq id skill data timeout_at started child_id
---                                                        -> the child's outcome (JSON) or nil, the end time [, error]
---   SEND     seq id events started                       -> the event ids (JSON), the end time
---                                                           [or nil, the end time, error]
---   PARALLEL seq id co1 ... coN                          -> {{ok=, value=}, ...} once every child ended
+-- wait_for_event, invoke, send_event, parallel. Their ops (SLEEP, WAIT,
+-- INVOKE, SEND, PARALLEL; a parallel step ends with COMMIT or FAIL) and
+-- their arguments are rows of the op table, engine/core/op.h.
+-- An invoke in a step.parallel branch's body yields INVOKE with the
+-- branch's seq, its key "branch/ID" as id, and the parallel's start.
 --
 -- Times are counted from the step's start as recorded (R.now), so a replay
 -- after a restart waits for what is left, not for the whole duration again.
@@ -21,7 +16,7 @@ local M = {}
 local OP = core.OP
 local yield, create = coroutine.yield, coroutine.create
 local real_xpcall = xpcall
-local type, tostring, error, ipairs, select, next = type, tostring, error, ipairs, select, next
+local type, tostring, error, ipairs, pairs, select, next = type, tostring, error, ipairs, pairs, select, next
 local encode, decode = core.encode, core.decode
 local need_run, next_step, record_at, to_ms = run.need_run, run.next_step, run.record_at, run.to_ms
 local user_error, user_fatal = run.user_error, run.user_fatal
@@ -84,10 +79,28 @@ local function json_at(v, path)
 end
 M.json_at = json_at
 
-local function check_path(what, p)
-  if p ~= nil and (type(p) ~= "string" or not p:match("^[%w_]+[%w_.]*$")) then
-    user_error(what .. ": 'match' must be a path such as \"data.request_id\"")
+-- The match of a wait as its store row holds it: a JSON object of path ->
+-- value, from api.match_pairs's pairs ({path}: the value at path in ev,
+-- the run's own event; {path, value}: that value). testing_driver.lua
+-- builds cancel_on's the same way.
+local function match_json(ev, list)
+  local o = {}
+  for _, p in ipairs(list) do
+    local v
+    if #p == 1 then v = at_path(ev, p[1]) else v = p[2] end
+    o[p[1]] = v == nil and null or v
   end
+  return encode(o, 0)
+end
+M.match_json = match_json
+
+-- Whether an event (a table {name, id, data, ts}) matches a match as
+-- match_json gives it, decoded: every path's value equal as JSON.
+function M.matches(event, match)
+  for path, v in pairs(match) do
+    if json_at(event, path) ~= encode(v, 0) then return false end
+  end
+  return true
 end
 
 run.add_step("wait_for_event", function(id, opts)
@@ -98,7 +111,12 @@ run.add_step("wait_for_event", function(id, opts)
   if type(opts) ~= "table" or type(opts.event) ~= "string" or opts.event == "" then
     user_error("step.wait_for_event(id, {event=, timeout=, match=}): 'event' must be an event name")
   end
-  check_path("step.wait_for_event", opts.match)
+  local match
+  if opts.match ~= nil then
+    local err
+    match, err = api.match_pairs("step.wait_for_event", opts.match, null)
+    if not match then user_fatal(err) end
+  end
   local timeout = opts.timeout ~= nil and to_ms(opts.timeout, "step.wait_for_event: timeout") or nil
   local sid, seq, rec = next_step(R, T, id, "wait")
   if done_rec(R, rec) then
@@ -107,15 +125,39 @@ run.add_step("wait_for_event", function(id, opts)
   end
   local started = rec and rec.started_at or R.now
   local timeout_at = rec and rec.wake_at or (timeout and started + timeout or 0)
-  local match_value
-  if opts.match then match_value = json_at(run.event(R), opts.match) end
-  local ev, ended = yield(OP.WAIT, seq, sid, opts.event, opts.match, match_value, timeout_at, started)
+  if match then match = match_json(run.event(R), match) end
+  local ev, ended = yield(OP.WAIT, seq, sid, opts.event, match, timeout_at, started)
   R.now = ended or R.now
   return ev and decode(ev) or nil
 end)
 
-run.add_step("invoke", function(id, opts)
-  local R, T = need_run("step.invoke", id)
+-- The outcome of an invoke (decoded; nil: it timed out) as the step
+-- returns it: the child's output, or an error. In a step.parallel branch
+-- the error is the branch body's (its step records it); elsewhere it is
+-- the invoke step's own.
+local function invoke_result(sid, outcome, branch)
+  if outcome and outcome.status == "completed" then
+    local v = outcome.output
+    return v ~= null and v or nil
+  end
+  local msg
+  if not outcome then
+    msg = ("child run did not end within its timeout")
+  else
+    local e = type(outcome.error) == "table" and outcome.error.message or tostring(outcome.status)
+    msg = ("child run %s %s: %s"):format(tostring(outcome.run_id), tostring(outcome.status), e)
+  end
+  if branch then
+    -- Fatal: the body's retry would find the same child, ended as it is.
+    error(setmetatable({ message = msg, child = outcome and outcome.run_id, fatal = true }, run.fatal_mt), 0)
+  end
+  error(setmetatable({ message = ("step '%s' failed: %s"):format(sid, msg), step = sid,
+    child = outcome and outcome.run_id, fatal = true }, run.step_error_mt), 0)
+end
+
+-- Check step.invoke's options; returns the child's input as JSON and the
+-- timeout in ms (or nil).
+local function invoke_opts(opts)
   local bad = type(opts) == "table" and api.check_keys("step.invoke", api.step.invoke, opts)
   if bad then user_fatal(bad) end
   if type(opts) ~= "table" or type(opts.skill) ~= "string" or opts.skill == "" then
@@ -123,7 +165,48 @@ run.add_step("invoke", function(id, opts)
   end
   local data, err = encode(opts.data == nil and null or opts.data, 0)
   if not data then user_error("step.invoke: data is not a JSON value: " .. err) end
-  local timeout = opts.timeout ~= nil and to_ms(opts.timeout, "step.invoke: timeout") or nil
+  return data, opts.timeout ~= nil and to_ms(opts.timeout, "step.invoke: timeout") or nil
+end
+
+-- step.invoke in the body of a step.parallel branch (T: the branch's
+-- task): the child is started and awaited inside the body, which has no
+-- steps of its own; the branch's step (id/N) is the durable record. The
+-- invoke's key is "id/N/ID" (numbered within the attempt: "id/N/ID#2"),
+-- from which the core derives the child's id with the parallel's start
+-- time, so a retry of the body or its replay after a crash finds the same
+-- child (started once, awaited again). While it waits, the branch's
+-- record holds {run_id, step} and the timeout (wake_at), for a replay.
+local function branch_invoke(T, id, opts)
+  if type(id) ~= "string" or id == "" or #id > 200 or id:find("#", 1, true) then
+    user_error("step.invoke: the step id must be a non-empty string of at most 200 characters, without '#'")
+  end
+  local data, timeout = invoke_opts(opts)
+  if T.inv_attempt ~= T.attempt then T.inv_attempt, T.inv_ids = T.attempt, {} end
+  local n = (T.inv_ids[id] or 0) + 1
+  T.inv_ids[id] = n
+  local key = T.in_step .. "/" .. (n == 1 and id or (id .. "#" .. n))
+  local rec, child, timeout_at = T.rec, nil, nil
+  local was = rec and rec.status == "running" and rec.output and decode(rec.output)
+  if type(was) == "table" and was.step == key and type(was.run_id) == "string" then
+    -- Replayed while this invoke waited: the same child, the same timeout.
+    child, timeout_at = was.run_id, rec.wake_at or 0
+  end
+  if not timeout_at then timeout_at = timeout and core.now() + timeout or 0 end
+  local out, _, failure = yield(OP.INVOKE, T.step_seq, key, opts.skill, data, timeout_at, T.par_started, child)
+  if failure then error(setmetatable({ message = failure, fatal = true }, run.fatal_mt), 0) end
+  return invoke_result(key, out and decode(out), true)
+end
+
+run.add_step("invoke", function(id, opts)
+  local T0 = run.current_task()
+  if T0 and T0.in_step and T0.branch then return branch_invoke(T0, id, opts) end
+  if T0 and T0.in_step then
+    error(setmetatable({ message = ("%ssteps cannot be nested: step.invoke('%s') was called inside the body of step '%s'; "
+      .. "call it in the run function, or in a function of step.parallel (one child run per function, all at once)")
+      :format(run.skill_position(), tostring(id), T0.in_step), fatal = true }, run.fatal_mt), 0)
+  end
+  local R, T = need_run("step.invoke", id)
+  local data, timeout = invoke_opts(opts)
   local sid, seq, rec = next_step(R, T, id, "invoke")
   local outcome
   -- Done: completed, or failed with the child's outcome kept (a child that
@@ -146,19 +229,7 @@ run.add_step("invoke", function(id, opts)
     if failure then run.raise_step_error(sid, { message = failure, fatal = true }) end
     outcome = out and decode(out)
   end
-  if outcome and outcome.status == "completed" then
-    local v = outcome.output
-    return v ~= null and v or nil
-  end
-  local msg
-  if not outcome then
-    msg = ("child run did not end within its timeout")
-  else
-    local e = type(outcome.error) == "table" and outcome.error.message or tostring(outcome.status)
-    msg = ("child run %s %s: %s"):format(tostring(outcome.run_id), tostring(outcome.status), e)
-  end
-  error(setmetatable({ message = ("step '%s' failed: %s"):format(sid, msg), step = sid,
-    child = outcome and outcome.run_id, fatal = true }, run.step_error_mt), 0)
+  return invoke_result(sid, outcome, false)
 end)
 
 run.add_step("send_event", function(id, events)
@@ -231,6 +302,7 @@ run.add_step("parallel", function(id, fns, opts)
   local recs = {}
   for i = 1, n do recs[i] = R.journal[seq + i] end
   R.seq = seq + n
+  local started = rec and rec.started_at or core.now()
   local cos = {}
   for i = 1, n do
     local csid = sid .. "/" .. i
@@ -238,7 +310,9 @@ run.add_step("parallel", function(id, fns, opts)
     if crec and (crec.id ~= csid or crec.kind ~= "run") then
       record_at(R, seq + i, csid, "run") -- raises the mismatch
     end
-    local CT = { R = R }
+    -- A branch may call step.invoke in its body (branch_invoke): it needs
+    -- its record and the parallel's start (its children's ids derive from it).
+    local CT = { R = R, branch = true, rec = crec, par_started = started }
     local co = create(function() return child_body(R, CT, seq + i, csid, crec, fns[i], opts) end)
     run.tasks[co] = CT
     cos[i] = co
@@ -246,7 +320,6 @@ run.add_step("parallel", function(id, fns, opts)
   -- The parallel step had not ended: whatever follows it is live.
   R.replaying = false
   R.journal = run.EMPTY
-  local started = rec and rec.started_at or core.now()
   local results = yield(OP.PARALLEL, seq, sid, started, unpack(cos))
   local values, failed = {}, nil
   for i = 1, n do

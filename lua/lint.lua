@@ -17,8 +17,11 @@
 --   - an unknown step kind (ctx.step.wait), module function (http.post,
 --     env.get(...)), ctx field (ctx.data), or key of a literal option table
 --     (ctx.step.run("x", fn, { retires = 2 }), http.request{ jsn = v });
+--   - a literal `match` of wait_for_event that api.match_pairs refuses
+--     (a nested value, a key that is not a path, an empty table);
 --   - a step called inside a step body (nested lexically in the function
---     given to step.run or step.parallel);
+--     given to step.run or step.parallel), except step.invoke in a
+--     function of step.parallel (its child runs in that branch);
 --   - I/O (http, llm, runs, skills) called in the run function itself,
 --     outside any step body;
 --   - a module function called with ':' (http:get(u));
@@ -135,6 +138,37 @@ local function table_keys(node)
   return out
 end
 
+-- A literal `match` table of wait_for_event (node: the Table), checked as
+-- api.match_pairs checks it when the step runs: what is written literally
+-- is taken as it is; any other value or key stands for a valid one.
+local function check_match(C, name, node)
+  if node and node.tag == "String" then
+    local ok, msg = api.match_pairs(name, node[1])
+    if not ok then err(C, node, msg) end
+    return
+  end
+  if not node or node.tag ~= "Table" then return end
+  local m, n = {}, 0
+  local scalar = { String = true, Number = true, True = true, False = true }
+  for _, item in ipairs(node) do
+    if item.tag == "Pair" then
+      local k, v = item[1], item[2]
+      local key = k.tag == "String" and k[1] or k.tag == "Number" and tonumber(k[1]) or k.tag == "True" or nil
+      if k.tag == "False" then key = false end
+      local val = v.tag == "Table" and {} or v.tag == "String" and v[1] or (scalar[v.tag] and 1) or "x"
+      if key == nil then m["data.unknown" .. #item] = "x" -- a key the code computes
+      elseif key ~= false then m[key] = val
+      elseif key == false then return err(C, item, ("%s: 'match' keys must be paths such as \"data.service\", got a boolean key (false): "
+        .. "write match = { [\"data.service\"] = value }"):format(name)) end
+    else
+      n = n + 1
+      m[n] = item.tag == "String" and item[1] or (scalar[item.tag] and 1) or (item.tag == "Table" and {}) or "data.x"
+    end
+  end
+  local ok, msg = api.match_pairs(name, m)
+  if not ok then err(C, node, msg) end
+end
+
 -- Check the keys of a literal options table against an api entry.
 local function check_table(C, name, entry, node)
   if not node or node.tag ~= "Table" or not entry.opts_set then return end
@@ -158,14 +192,22 @@ local function step_call(C, node, kind)
   local id = literal(node[2])
   if not s then
     err(C, node, api.unknown("step", kind))
-  elseif C.body then
+  elseif C.body and not (kind == "invoke" and C.body.branch) then
+    -- (step.invoke may be called in a step.parallel function: its child
+    -- runs in that branch.)
     err(C, node, ("steps cannot be nested: step.%s('%s') is inside the body of step '%s' (line %d): "
-      .. "call it in the run function, before or after that step"):format(kind, tostring(id or "?"),
-      tostring(C.body.id or "?"), C.body.line))
+      .. "call it in the run function, before or after that step%s"):format(kind, tostring(id or "?"),
+      tostring(C.body.id or "?"), C.body.line,
+      kind == "invoke" and " (or in a function of step.parallel: one child run per function)" or ""))
   end
   local args = {}
   for i = 2, #node do args[i - 1] = node[i] end
   if s and s.opts_arg then check_table(C, "step." .. kind, s, args[s.opts_arg]) end
+  if kind == "wait_for_event" and args[2] and args[2].tag == "Table" then
+    for _, item in ipairs(args[2]) do
+      if item.tag == "Pair" and literal(item[1]) == "match" then check_match(C, "step.wait_for_event", item[2]) end
+    end
+  end
   if s and s.event_arg then
     local ev = args[s.event_arg]
     if ev and ev.tag == "Table" then
@@ -198,7 +240,7 @@ local function step_call(C, node, kind)
       func(C, a, { id = id, line = node.line })
     elseif a.tag == "Table" and s and s.body_list and i == s.body_arg then
       for _, item in ipairs(a) do
-        if bodies[item] then func(C, item, { id = id, line = node.line }) else expr(C, item) end
+        if bodies[item] then func(C, item, { id = id, line = node.line, branch = true }) else expr(C, item) end
       end
     else
       expr(C, a)

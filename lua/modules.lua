@@ -238,8 +238,8 @@ end
 
 -- runs.list's filter is strict: a misspelt key or value would otherwise
 -- quietly match every run, or none.
-local STATUSES = { "queued", "running", "sleeping", "waiting", "completed", "failed", "cancelled" }
-local TRIGGER_KINDS = { "event", "cron", "invoke", "rerun", "on_failure" }
+-- The words are the engine's (base/vocab.h, as core.VOCAB).
+local STATUSES, TRIGGER_KINDS = core.VOCAB.run_statuses, core.VOCAB.trigger_kinds
 
 local function set_of(list)
   local s = {}

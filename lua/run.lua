@@ -3,13 +3,10 @@
 -- Each run is a coroutine whose body is main() below; step.parallel adds
 -- child coroutines ("tasks") to a run. A step yields an op to the C core
 -- (op codes from core.OP), which does the durable part and resumes the
--- task. The ops of step.run:
---
---   COMMIT  seq id kind output attempts started ended         -> after the group is durable
---   RETRY   seq id n message traceback t0 delay started        -> after the backoff
---   FAIL    seq id kind n message traceback t0 ended started   -> after the group is durable
---   BACKOFF seq retry_at                                       -> at retry_at (replay)
---   HTTP    request                                            -> response, or nil, message
+-- task. The ops, their arguments in order and what each resumes with are
+-- one table, engine/core/op.h (core.OP_ARGS here): step.run yields
+-- COMMIT, RETRY, FAIL, BACKOFF, and its body's I/O HTTP (modules.lua).
+-- The core checks every op against the table before it reads it.
 --
 -- flow.lua adds the other steps (sleep, wait_for_event, invoke,
 -- send_event, parallel) and their ops.
@@ -440,6 +437,18 @@ function M.event(R)
   return ev
 end
 
+-- The ctx.events of a run: its batch's events (a skill with `batch`: the
+-- store holds them, closed before the run started, so a replay reads the
+-- same), else a list of its one event.
+function M.events(R)
+  if R.events then return R.events end
+  local js = core.batch_events and core.batch_events(R.run_id)
+  local list = js and decode(js)
+  if type(list) ~= "table" or #list == 0 then list = { M.event(R) } end
+  R.events = list
+  return list
+end
+
 -- ctx is one small table per run; its fields are read through from the
 -- run's state, so a parked run costs little memory. The state itself is
 -- kept outside ctx (skill code cannot reach it), and ctx.step and ctx.log
@@ -491,6 +500,7 @@ local ctx_fields = {
   event = function(R) return M.event(R) end,
   input = function(R) return M.input(R) end,
   trigger = function(R) return M.trigger(R) end,
+  events = function(R) return M.events(R) end,
   step = function()
     if not step_view then
       -- The steps as the view's backing (pairs and next walk it; every

@@ -2,10 +2,8 @@
 -- the REPL's step_through (engine/core/run_pause.c).
 --
 -- run.lua's next_step calls R.pause(R, seq, sid, kind) for a step past the
--- journal's end when the run has one (set by M.enable). It yields
---
---   PAUSE seq id kind   -> "run" | "skip", value (JSON text)
---
+-- journal's end when the run has one (set by M.enable). It yields PAUSE
+-- (engine/core/op.h: seq id kind -> "run" | "skip", value JSON text),
 -- and the core never resumes it when the answer is "stop" (the run is
 -- dropped there, resumable from its journal). "skip" completes the step
 -- with the value without running it: its completed row is journaled

@@ -9,6 +9,7 @@ local core = ...
 local M = {}
 
 local api = require("api") -- the one list of skill keys
+local NULL = type(core) == "table" and core.json and core.json.null or nil
 local suggest, line_of = api.suggest, api.line_of
 local set_of = api.set_of
 
@@ -91,6 +92,11 @@ function M.validate(def, file, src, default_id, recorded)
     fail("on_failure", "'on_failure' must be a function, got %s", type(def.on_failure))
   end
   spec.has_on_failure = def.on_failure ~= nil
+  if def.priority ~= nil and type(def.priority) ~= "function" then
+    fail("priority", "'priority' must be a function(event) returning a number (higher runs first), got %s",
+         show(def.priority))
+  end
+  spec.has_priority = def.priority ~= nil
 
   if def.retries ~= nil then
     local r = def.retries
@@ -141,21 +147,212 @@ function M.validate(def, file, src, default_id, recorded)
   spec.triggers = triggers
 
   if def.concurrency ~= nil then
+    -- One limit {limit=, key=, scope=}, or a list of them: a run starts
+    -- only when every one of them has room.
     local c = def.concurrency
-    if type(c) ~= "table" then fail("concurrency", "'concurrency' must be a table {limit=, key=}") end
-    for k in pairs(c) do
-      if not CONCURRENCY_KEYS[k] then
-        fail(type(k) == "string" and k or "concurrency", "unknown key '%s' in 'concurrency'%s", tostring(k),
-             type(k) == "string" and suggest(k, CONCURRENCY_KEYS) or "")
+    if type(c) ~= "table" then
+      fail("concurrency", "'concurrency' must be a table {limit=, key=, scope=} or a list of them, got %s", show(c))
+    end
+    local list = c[1] ~= nil and c or { c }
+    if c[1] ~= nil then
+      for k in pairs(c) do
+        if type(k) ~= "number" or k < 1 or k > #c or k ~= math.floor(k) then
+          fail(type(k) == "string" and k or "concurrency",
+               "'concurrency' is a list of limits, so it cannot also have the key '%s': write "
+               .. "{ {limit = 1, key = ...}, {limit = 5} }", tostring(k))
+        end
       end
     end
-    if type(c.limit) ~= "number" or c.limit < 1 or c.limit ~= math.floor(c.limit) then
-      fail("limit", "'concurrency.limit' must be a whole number of at least 1, got %s", show(c.limit))
+    local limits, seen = {}, {}
+    for i, l in ipairs(list) do
+      local where = #list > 1 and ("concurrency " .. i) or "concurrency"
+      if type(l) ~= "table" then fail("concurrency", "%s must be a table {limit=, key=, scope=}, got %s", where, show(l)) end
+      for k in pairs(l) do
+        if not CONCURRENCY_KEYS[k] then
+          fail(type(k) == "string" and k or "concurrency", "unknown key '%s' in '%s'%s", tostring(k), where,
+               type(k) == "string" and suggest(k, CONCURRENCY_KEYS) or "")
+        end
+      end
+      if type(l.limit) ~= "number" or l.limit < 1 or l.limit ~= math.floor(l.limit) or l.limit > 1e9 then
+        fail("limit", "'%s.limit' must be a whole number of at least 1, got %s", where, show(l.limit))
+      end
+      if l.key ~= nil and (type(l.key) ~= "string" or not l.key:match("^[%a_][%w_]*[%w_.]*$")) then
+        fail("key", "'%s.key' must be a path such as \"event.data.service\", got %s", where, show(l.key))
+      end
+      if l.scope ~= nil and (type(l.scope) ~= "string" or not l.scope:match("^[a-z0-9][a-z0-9._-]*$")
+          or #l.scope > 100) then
+        fail("scope", "'%s.scope' must be a name such as \"openai\" ([a-z0-9][a-z0-9._-]*), shared by every "
+             .. "skill that names it, got %s", where, show(l.scope))
+      end
+      local id = (l.scope or "") .. "|" .. (l.key or "")
+      if seen[id] then
+        fail("concurrency", "%s repeats %s %s: keep one limit per %s (the smaller)", where,
+             l.scope and ("scope '" .. l.scope .. "'") or "the skill's own limit",
+             l.key and ("on key '" .. l.key .. "'") or "without a key", l.scope and "scope and key" or "key")
+      end
+      seen[id] = true
+      limits[#limits + 1] = { limit = l.limit, key = l.key, scope = l.scope }
     end
-    if c.key ~= nil and (type(c.key) ~= "string" or not c.key:match("^[%a_][%w_]*[%w_.]*$")) then
-      fail("key", "'concurrency.key' must be a path such as \"event.data.service\"")
+    spec.concurrency = limits
+  end
+
+  -- throttle and rate_limit: at most `limit` starts per `period` (per
+  -- value of `key`); throttle queues the excess (burst: extra starts at
+  -- once), rate_limit skips it.
+  local function per_period(name, keys, with_burst)
+    local t = def[name]
+    if t == nil then return nil end
+    local shape = with_burst and "{limit=, period=, key=, burst=}" or "{limit=, period=, key=}"
+    if type(t) ~= "table" then fail(name, "'%s' must be a table %s, got %s", name, shape, show(t)) end
+    for k in pairs(t) do
+      if not keys[k] then
+        fail(type(k) == "string" and k or name, "unknown key '%s' in '%s'%s", tostring(k), name,
+             type(k) == "string" and suggest(k, keys) or "")
+      end
     end
-    spec.concurrency = { limit = c.limit, key = c.key }
+    if type(t.limit) ~= "number" or t.limit < 1 or t.limit ~= math.floor(t.limit) or t.limit > 1e9 then
+      fail("limit", "'%s.limit' must be a whole number of at least 1 (starts per period), got %s", name, show(t.limit))
+    end
+    if t.period == nil then fail(name, "'%s' needs a 'period' such as \"1m\" (%s)", name, shape) end
+    local period = duration(name .. ".period", t.period)
+    if period < 1 then fail("period", "'%s.period' must be longer than 0", name) end
+    if t.key ~= nil and (type(t.key) ~= "string" or not t.key:match("^[%a_][%w_]*[%w_.]*$")) then
+      fail("key", "'%s.key' must be a path such as \"event.data.team\", got %s", name, show(t.key))
+    end
+    local burst = 0
+    if with_burst and t.burst ~= nil then
+      if type(t.burst) ~= "number" or t.burst < 0 or t.burst ~= math.floor(t.burst) or t.burst > 1e6 then
+        fail("burst", "'%s.burst' must be a whole number of at least 0 (extra starts at once), got %s", name, show(t.burst))
+      end
+      burst = t.burst
+    end
+    return { limit = t.limit, period = period, key = t.key, burst = burst }
+  end
+  local throttle = per_period("throttle", set_of(api.throttle_keys), true)
+  local rate = per_period("rate_limit", set_of(api.rate_limit_keys), false)
+
+  -- singleton: at most one run per value of key; a new one is skipped
+  -- (mode "skip") or cancels the live one and takes its place ("cancel").
+  local singleton
+  if def.singleton ~= nil then
+    local t, keys = def.singleton, set_of(api.singleton_keys)
+    if type(t) ~= "table" then fail("singleton", "'singleton' must be a table {key=, mode=}, got %s", show(t)) end
+    for k in pairs(t) do
+      if not keys[k] then
+        fail(type(k) == "string" and k or "singleton", "unknown key '%s' in 'singleton'%s", tostring(k),
+             type(k) == "string" and suggest(k, keys) or "")
+      end
+    end
+    if t.key ~= nil and (type(t.key) ~= "string" or not t.key:match("^[%a_][%w_]*[%w_.]*$")) then
+      fail("key", "'singleton.key' must be a path such as \"event.data.service\", got %s", show(t.key))
+    end
+    if t.mode ~= nil and t.mode ~= "skip" and t.mode ~= "cancel" then
+      fail("mode", "'singleton.mode' must be \"skip\" (a new run is skipped while one runs) or \"cancel\" "
+           .. "(a new run cancels the one running), got %s", show(t.mode))
+    end
+    singleton = { key = t.key, mode = t.mode or "skip" }
+  end
+  -- idempotency: one run per value of key within period (default 24h).
+  local idem
+  if def.idempotency ~= nil then
+    local t, keys = def.idempotency, set_of(api.idempotency_keys)
+    if type(t) == "string" then t = { key = t } end
+    if type(t) ~= "table" then
+      fail("idempotency", "'idempotency' must be a path such as \"event.data.order_id\" or a table {key=, period=}, got %s",
+           show(t))
+    end
+    for k in pairs(t) do
+      if not keys[k] then
+        fail(type(k) == "string" and k or "idempotency", "unknown key '%s' in 'idempotency'%s", tostring(k),
+             type(k) == "string" and suggest(k, keys) or "")
+      end
+    end
+    if type(t.key) ~= "string" or not t.key:match("^[%a_][%w_]*[%w_.]*$") then
+      fail("idempotency", "'idempotency' needs a key: a path such as \"event.data.order_id\", got %s", show(t.key))
+    end
+    local period = t.period ~= nil and duration("idempotency.period", t.period) or 24 * 3600 * 1000
+    if period < 1 then fail("period", "'idempotency.period' must be longer than 0") end
+    idem = { key = t.key, period = period }
+  end
+
+  -- debounce: a run starts once period passed with no newer event for its
+  -- key, with the latest event's data; a burst waits at most max_wait.
+  local debounce
+  if def.debounce ~= nil then
+    local t, keys = def.debounce, set_of(api.debounce_keys)
+    if type(t) ~= "table" then fail("debounce", "'debounce' must be a table {period=, key=, max_wait=}, got %s", show(t)) end
+    for k in pairs(t) do
+      if not keys[k] then
+        fail(type(k) == "string" and k or "debounce", "unknown key '%s' in 'debounce'%s", tostring(k),
+             type(k) == "string" and suggest(k, keys) or "")
+      end
+    end
+    if t.period == nil then fail("debounce", "'debounce' needs a 'period' such as \"5s\": how long no newer event must come") end
+    local period = duration("debounce.period", t.period)
+    if period < 1 then fail("period", "'debounce.period' must be longer than 0") end
+    if t.key ~= nil and (type(t.key) ~= "string" or not t.key:match("^[%a_][%w_]*[%w_.]*$")) then
+      fail("key", "'debounce.key' must be a path such as \"event.data.incident\", got %s", show(t.key))
+    end
+    local max_wait = t.max_wait ~= nil and duration("debounce.max_wait", t.max_wait) or nil
+    if max_wait and max_wait < period then
+      fail("max_wait", "'debounce.max_wait' must be at least the period (%s ms), got %s ms", period, max_wait)
+    end
+    debounce = { period = period, key = t.key, max_wait = max_wait }
+  end
+
+  -- batch: one run gets up to max events (ctx.events), started when the
+  -- batch is full or timeout passed since its first event, per key.
+  local batch
+  if def.batch ~= nil then
+    local t, keys = def.batch, set_of(api.batch_keys)
+    if type(t) ~= "table" then fail("batch", "'batch' must be a table {max=, timeout=, key=}, got %s", show(t)) end
+    for k in pairs(t) do
+      if not keys[k] then
+        fail(type(k) == "string" and k or "batch", "unknown key '%s' in 'batch'%s", tostring(k),
+             type(k) == "string" and suggest(k, keys) or "")
+      end
+    end
+    if type(t.max) ~= "number" or t.max < 1 or t.max ~= math.floor(t.max) or t.max > 10000 then
+      fail("max", "'batch.max' must be a whole number from 1 to 10000 (events per run), got %s", show(t.max))
+    end
+    if t.timeout == nil then fail("batch", "'batch' needs a 'timeout' such as \"5s\": how long a batch waits to fill") end
+    local timeout = duration("batch.timeout", t.timeout)
+    if t.key ~= nil and (type(t.key) ~= "string" or not t.key:match("^[%a_][%w_]*[%w_.]*$")) then
+      fail("key", "'batch.key' must be a path such as \"event.data.tenant\", got %s", show(t.key))
+    end
+    batch = { max = t.max, timeout = timeout, key = t.key }
+  end
+
+  -- What the core asks of the store before a run starts (flowctl.c), in
+  -- order: admission (idempotency, debounce, rate limit, singleton,
+  -- throttle), then
+  -- the concurrency slots.
+  local flow = {}
+  if idem then flow[#flow + 1] = { kind = "idempotency", key = idem.key, period = idem.period } end
+  if batch then flow[#flow + 1] = { kind = "batch", limit = batch.max, period = batch.timeout, key = batch.key } end
+  if debounce then
+    flow[#flow + 1] = { kind = "debounce", period = debounce.period, key = debounce.key, max_wait = debounce.max_wait }
+  end
+  if rate then
+    flow[#flow + 1] = { kind = "rate", limit = rate.limit, period = rate.period, key = rate.key }
+  end
+  if singleton then
+    flow[#flow + 1] = { kind = "singleton", key = singleton.key, mode = singleton.mode }
+    -- One run at a time per key: a run that cancelled the live one waits
+    -- for its end.
+    flow[#flow + 1] = { kind = "concurrency", limit = 1, key = singleton.key, tag = "singleton" }
+  end
+  if throttle then
+    flow[#flow + 1] = { kind = "throttle", limit = throttle.limit, period = throttle.period, key = throttle.key,
+                        burst = throttle.burst }
+  end
+  for _, l in ipairs(spec.concurrency or {}) do
+    flow[#flow + 1] = { kind = "concurrency", limit = l.limit, key = l.key, scope = l.scope }
+  end
+  if #flow > 0 then spec.flow = flow end
+  if spec.has_priority and not spec.concurrency and not singleton then
+    fail("priority", "'priority' orders the runs waiting for a concurrency limit, and this skill has none: "
+         .. "add concurrency = {limit = N}")
   end
 
   if def.cancel_on ~= nil then
@@ -172,10 +369,15 @@ function M.validate(def, file, src, default_id, recorded)
       if type(c.event) ~= "string" or c.event == "" then
         fail("cancel_on", "cancel_on %d needs an 'event' name", i)
       end
-      if c.match ~= nil and type(c.match) ~= "string" then
-        fail("match", "cancel_on %d: 'match' must be a path such as \"data.service\"", i)
+      -- The match as pairs ({path} or {path, value}: api.match_pairs), for
+      -- run.c's cancel_match and testing_driver.lua.
+      local match
+      if c.match ~= nil then
+        local err
+        match, err = api.match_pairs(("cancel_on %d"):format(i), c.match, NULL)
+        if not match then fail("match", "%s", err) end
       end
-      list[#list + 1] = { event = c.event, match = c.match }
+      list[#list + 1] = { event = c.event, match = match }
     end
     spec.cancel_on = list
   end

@@ -17,7 +17,9 @@
 --   SLEEP                 the virtual clock jumps to the wake time
 --   WAIT                  the first supplied event that matches (c:event),
 --                         delivered at its time, or nil at the timeout
---   INVOKE                the case's child mock for that skill (c:child)
+--   INVOKE                the case's child mock for that skill (c:child);
+--                         from a step.parallel branch's body, without a
+--                         step record of its own (the branch's is it)
 --   SEND                  recorded (c:sent) and added to the case's events
 --   PARALLEL              the children run as tasks of this driver
 --
@@ -62,7 +64,6 @@ local type, tostring, error, pairs, ipairs, select = type, tostring, error, pair
 local getmetatable, pcall = getmetatable, pcall
 local floor, max = math.floor, math.max
 local sort, remove = table.sort, table.remove
-local json_at = flow.json_at
 local cur, failure_mt = report.cur, report.failure_mt
 local failf, message_of, duration_ms = report.failf, report.message_of, report.duration_ms
 
@@ -352,13 +353,14 @@ local function mock_wait(st, co, s, m, id, name, timeout_at)
   end)
 end
 
--- The first supplied event for a wait of this run: name, time, match.
-local function find_event(st, name, path, value, upto)
+-- The first supplied event for a wait of this run: name, time, match
+-- (a decoded match object of path -> value, or nil).
+local function find_event(st, name, match, upto)
   local best
   for _, ev in ipairs(st.C.events) do
     if not ev.taken[st.run_id] and ev.ts >= st.started and (upto == 0 or ev.ts <= upto)
       and (not best or ev.ts < best.ts) and event_parts(st, ev) == name
-      and (not path or json_at(event_object(st, ev), path) == value) then
+      and (not match or flow.matches(event_object(st, ev), match)) then
       best = ev
     end
   end
@@ -376,8 +378,8 @@ local function find_cancel(st, upto)
         if c.event == event_parts(st, ev) then
           local ok = true
           if c.match then
-            local path = c.match:gsub("^event%.", "")
-            ok = json_at(event_object(st, ev), path) == json_at(st.event, path)
+            -- Its pairs (skill.lua) against this run's event, as the engine does.
+            ok = flow.matches(event_object(st, ev), decode(flow.match_json(st.event, c.match)))
           end
           if ok then best = ev break end
         end
@@ -465,7 +467,16 @@ end
 -- The INVOKE op: answer with the case's child mock for the skill (after its
 -- `after`, or nil at the step's timeout), or fail the step if none.
 local function handle_invoke(st, co, seq, id, skill, data, timeout_at, started)
-  local s = step_rec(st, seq, id, "invoke")
+  -- An invoke in a step.parallel branch's body (id "fan/2/ID") has no
+  -- step record of its own: the branch's step is the record.
+  local T = run.tasks[co]
+  local branch = T and T.branch and T.in_step
+  if branch and T.test_deadline and clock >= T.test_deadline then
+    -- Its time is up: no child is started in this attempt (as in the engine).
+    push(st, co, clock, pack(nil, clock, ("step '%s' timed out before its child run started"):format(branch)))
+    return
+  end
+  local s = branch and {} or step_rec(st, seq, id, "invoke")
   s.status, s.started_at, s.attempts = "waiting", started, 1
   local input = decode(data)
   if input == null then input = nil end
@@ -473,7 +484,8 @@ local function handle_invoke(st, co, seq, id, skill, data, timeout_at, started)
   local m = st.C.children[skill]
   -- c:mock of the step itself: its value is the child's output (a
   -- function: called with 1, the step id), c:mock_error a failed child.
-  local sm = step_mock(st, id)
+  -- In a branch, c:mock("fan/2/ID"), or c:mock("ID") for every branch's.
+  local sm = step_mock(st, id) or (branch and step_mock(st, id:match("[^/]*$")))
   if sm then
     if sm.kind == "value" then m = { n = 0, value = sm.value }
     elseif sm.kind == "error" then m = { n = 0, error = sm.message }
@@ -498,6 +510,16 @@ local function handle_invoke(st, co, seq, id, skill, data, timeout_at, started)
     output = output == nil and null or output, error = err or null }, 0)
   if not outcome then failf("c:child(%s): the output is not a JSON value", encode(skill, 0)) end
   local at = clock + (m.after or 0)
+  -- A branch's step timeout (step.parallel's opts.timeout) ends its wait
+  -- too, as in the engine.
+  local dl = branch and T.test_deadline
+  if dl and at > dl and (timeout_at == 0 or dl < timeout_at) then
+    push(st, co, dl, nil, function()
+      return nil, clock, ("step '%s' timed out after %s while waiting for its child run %s"):format(branch,
+        core.test_fmt_duration(T.test_timeout), decode(outcome).run_id)
+    end)
+    return
+  end
   if timeout_at > 0 and at > timeout_at then
     push(st, co, timeout_at, nil, function()
       s.status, s.output, s.ended_at = "completed", "null", clock
@@ -511,105 +533,156 @@ local function handle_invoke(st, co, seq, id, skill, data, timeout_at, started)
   end)
 end
 
--- Interpret the op task co yielded (r: resume's results, r[2] the op):
--- record it, and queue the task with the op's answer (see the table above).
-local function handle_op(st, co, r)
-  local op = r[2]
-  local T = run.tasks[co]
-  if op == OP.COMMIT then
-    local s = step_rec(st, r[3], r[4], r[5])
-    s.status, s.output, s.attempts, s.started_at, s.ended_at = "completed", r[6], r[7], r[8], r[9]
-    s.retry_at = nil
-    s.usage = T and T.test_usage
-    push(st, co, clock, NONE)
-  elseif op == OP.RETRY then
-    local seq, id, n, msg, tb, t0, delay, started = r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10]
-    local s = step_rec(st, seq, id, "run")
-    s.status, s.attempts, s.started_at, s.retry_at = "running", n, started, clock + delay
-    s.failures[#s.failures + 1] = { n = n, error = msg, traceback = tb, started_at = t0, ended_at = clock,
-                                   retry_at = clock + delay }
-    push(st, co, clock + delay, NONE)
-  elseif op == OP.FAIL then
-    local seq, id, kind, n, msg, tb, t0, ended, started = r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11]
-    local s = step_rec(st, seq, id, kind)
-    s.status, s.error, s.attempts, s.started_at, s.ended_at, s.retry_at = "failed", msg, n, started, ended, nil
-    s.failures[#s.failures + 1] = { n = n, error = msg, traceback = tb, started_at = t0, ended_at = ended }
-    s.usage = T and T.test_usage
-    push(st, co, clock, NONE)
-  elseif op == OP.BACKOFF then
-    push(st, co, max(clock, r[4] or clock), NONE)
-  elseif op == OP.DELAY then
-    push(st, co, clock + max(0, r[3] or 0), NONE)
-  elseif op == OP.HTTP then
-    handle_http(st, co, T, r[3])
-  elseif op == OP.SLEEP then
-    if step_mock(st, r[4]) then
-      failf("c:mock(%s): step '%s' is a sleep: sleeps pass at once on the virtual clock, so there is nothing "
-        .. "to mock (remove the mock; c:step(%s).duration is how long it slept)", encode(r[4], 0), r[4], encode(r[4], 0))
-    end
-    local s = step_rec(st, r[3], r[4], "sleep")
-    s.status, s.started_at, s.wake_at, s.attempts = "sleeping", r[6], r[5], 1
-    push(st, co, max(clock, r[5]), nil, function()
-      s.status, s.ended_at, s.wake_at = "completed", clock, nil
-      return clock
-    end)
-  elseif op == OP.WAIT then
-    local seq, id, name, path, value, timeout_at, started = r[3], r[4], r[5], r[6], r[7], r[8], r[9]
-    local s = step_rec(st, seq, id, "wait")
-    s.status, s.started_at, s.attempts = "waiting", started, 1
-    s.wake_at = timeout_at > 0 and timeout_at or nil
-    local m = step_mock(st, id)
-    if m then return mock_wait(st, co, s, m, id, name, timeout_at) end
-    local ev = find_event(st, name, path, value, timeout_at)
-    if ev then
-      ev.taken[st.run_id] = true
-      push(st, co, max(clock, ev.ts), nil, function()
-        local js = encode(event_object(st, ev), 0)
-        s.status, s.output, s.ended_at, s.wake_at = "completed", js, clock, nil
-        return js, clock
-      end)
-    elseif timeout_at > 0 then
-      push(st, co, max(clock, timeout_at), nil, function()
-        s.status, s.output, s.ended_at, s.wake_at = "completed", "null", clock, nil
-        return nil, clock
-      end)
-    else
-      st.stuck = ("the run waits for event '%s' (step '%s') with no timeout, and the test supplied none that matches: add c:event(%s, data)")
-        :format(name, id, encode(name, 0))
-    end
-  elseif op == OP.INVOKE then
-    handle_invoke(st, co, r[3], r[4], r[5], r[6], r[7], r[8])
-  elseif op == OP.SEND then
-    if step_mock(st, r[4]) then
-      failf("c:mock(%s): step '%s' sends events: in a test they are recorded, not sent, so there is nothing "
-        .. "to mock (remove the mock; c:sent() lists them, and a wait of the run can take them)", encode(r[4], 0), r[4])
-    end
-    local s = step_rec(st, r[3], r[4], "send")
-    local list, ids = decode(r[5]), {}
-    for i, ev in ipairs(list) do
-      local eid = core.test_ulid(clock)
-      ids[i] = eid
-      local data = ev.data
-      if data == null then data = nil end
-      st.sent[#st.sent + 1] = { name = ev.name, data = data, id = eid, key = ev.id, step = r[4] }
-      st.C.events[#st.C.events + 1] = { name = ev.name, data = data, id = eid, ts = clock, taken = {} }
-    end
-    local js = encode(core.json.array(ids), 0)
-    s.status, s.output, s.attempts, s.started_at, s.ended_at = "completed", js, 1, r[6], clock
-    push(st, co, clock, pack(js, clock))
-  elseif op == OP.PARALLEL then
-    local seq, id, started = r[3], r[4], r[5]
-    local s = step_rec(st, seq, id, "parallel")
-    s.status, s.started_at, s.attempts = "running", started, 1
-    local group = { parent = co, left = r.n - 5, results = {} }
-    for i = 1, group.left do
-      local kid = r[5 + i]
-      st.kids[kid] = { group = group, i = i }
-      push(st, kid, clock, NONE)
-    end
-  else
-    error(("internal: the skill yielded an op this driver does not know (%s)"):format(tostring(op)), 0)
+-- The driver's side of each op of the op table (engine/core/op.h), by
+-- name: record it, and queue the task with the op's answer (see the table
+-- above). a holds the op's arguments by name (core.op_args); T is the
+-- yielding task's state.
+local handlers = {}
+
+function handlers.COMMIT(st, co, T, a)
+  local s = step_rec(st, a.seq, a.id, a.kind)
+  s.status, s.output, s.attempts, s.started_at, s.ended_at = "completed", a.output, a.attempts, a.started, a.ended
+  s.retry_at = nil
+  s.usage = T and T.test_usage
+  push(st, co, clock, NONE)
+end
+
+function handlers.RETRY(st, co, T, a)
+  local s = step_rec(st, a.seq, a.id, "run")
+  s.status, s.attempts, s.started_at, s.retry_at = "running", a.n, a.started, clock + a.delay
+  s.failures[#s.failures + 1] = { n = a.n, error = a.message, traceback = a.traceback,
+                                 started_at = a.attempt_started, ended_at = clock, retry_at = clock + a.delay }
+  push(st, co, clock + a.delay, NONE)
+end
+
+function handlers.FAIL(st, co, T, a)
+  local s = step_rec(st, a.seq, a.id, a.kind)
+  s.status, s.error, s.attempts, s.started_at, s.ended_at, s.retry_at = "failed", a.message, a.n, a.started, a.ended, nil
+  s.failures[#s.failures + 1] = { n = a.n, error = a.message, traceback = a.traceback,
+                                 started_at = a.attempt_started, ended_at = a.ended }
+  s.usage = T and T.test_usage
+  push(st, co, clock, NONE)
+end
+
+function handlers.BACKOFF(st, co, T, a)
+  push(st, co, max(clock, a.retry_at), NONE)
+end
+
+function handlers.DELAY(st, co, T, a)
+  push(st, co, clock + max(0, a.ms), NONE)
+end
+
+function handlers.HTTP(st, co, T, a)
+  handle_http(st, co, T, a.request)
+end
+
+function handlers.SLEEP(st, co, T, a)
+  if step_mock(st, a.id) then
+    failf("c:mock(%s): step '%s' is a sleep: sleeps pass at once on the virtual clock, so there is nothing "
+      .. "to mock (remove the mock; c:step(%s).duration is how long it slept)", encode(a.id, 0), a.id, encode(a.id, 0))
   end
+  local s = step_rec(st, a.seq, a.id, "sleep")
+  s.status, s.started_at, s.wake_at, s.attempts = "sleeping", a.started, a.wake_at, 1
+  push(st, co, max(clock, a.wake_at), nil, function()
+    s.status, s.ended_at, s.wake_at = "completed", clock, nil
+    return clock
+  end)
+end
+
+function handlers.WAIT(st, co, T, a)
+  local id, name, timeout_at = a.id, a.event, a.timeout_at
+  local s = step_rec(st, a.seq, id, "wait")
+  s.status, s.started_at, s.attempts = "waiting", a.started, 1
+  s.wake_at = timeout_at > 0 and timeout_at or nil
+  local m = step_mock(st, id)
+  if m then return mock_wait(st, co, s, m, id, name, timeout_at) end
+  local ev = find_event(st, name, a.match and decode(a.match), timeout_at)
+  if ev then
+    ev.taken[st.run_id] = true
+    push(st, co, max(clock, ev.ts), nil, function()
+      local js = encode(event_object(st, ev), 0)
+      s.status, s.output, s.ended_at, s.wake_at = "completed", js, clock, nil
+      return js, clock
+    end)
+  elseif timeout_at > 0 then
+    push(st, co, max(clock, timeout_at), nil, function()
+      s.status, s.output, s.ended_at, s.wake_at = "completed", "null", clock, nil
+      return nil, clock
+    end)
+  else
+    st.stuck = ("the run waits for event '%s' (step '%s') with no timeout, and the test supplied none that matches: add c:event(%s, data)")
+      :format(name, id, encode(name, 0))
+  end
+end
+
+function handlers.INVOKE(st, co, T, a)
+  handle_invoke(st, co, a.seq, a.id, a.skill, a.data, a.timeout_at, a.started)
+end
+
+function handlers.SEND(st, co, T, a)
+  if step_mock(st, a.id) then
+    failf("c:mock(%s): step '%s' sends events: in a test they are recorded, not sent, so there is nothing "
+      .. "to mock (remove the mock; c:sent() lists them, and a wait of the run can take them)", encode(a.id, 0), a.id)
+  end
+  local s = step_rec(st, a.seq, a.id, "send")
+  local list, ids = decode(a.events), {}
+  for i, ev in ipairs(list) do
+    local eid = core.test_ulid(clock)
+    ids[i] = eid
+    local data = ev.data
+    if data == null then data = nil end
+    st.sent[#st.sent + 1] = { name = ev.name, data = data, id = eid, key = ev.id, step = a.id }
+    st.C.events[#st.C.events + 1] = { name = ev.name, data = data, id = eid, ts = clock, taken = {} }
+  end
+  local js = encode(core.json.array(ids), 0)
+  s.status, s.output, s.attempts, s.started_at, s.ended_at = "completed", js, 1, a.started, clock
+  push(st, co, clock, pack(js, clock))
+end
+
+function handlers.PARALLEL(st, co, T, a)
+  local s = step_rec(st, a.seq, a.id, "parallel")
+  s.status, s.started_at, s.attempts = "running", a.started, 1
+  local group = { parent = co, left = #a.tasks, results = {} }
+  for i, kid in ipairs(a.tasks) do
+    st.kids[kid] = { group = group, i = i }
+    push(st, kid, clock, NONE)
+  end
+end
+
+-- runs.cancel answers before it yields in a test (core.runs_cancel, above),
+-- and nothing pauses a run under test (step_through is the REPL's).
+function handlers.CANCEL()
+  error("internal: runs.cancel yielded its op in a skill test", 0)
+end
+function handlers.PAUSE()
+  error("internal: a run under test yielded a pause (the REPL's step_through)", 0)
+end
+
+-- The op table and the driver agree, or `moonloop test` does not start:
+-- an op the driver does not know would be misread, and a handler for an
+-- op the table lacks is one the core does not have.
+for name in pairs(OP) do
+  if not handlers[name] then error(("testing_driver: op %s of the op table (engine/core/op.h) has no handler in the test driver"):format(name), 0) end
+end
+for name in pairs(handlers) do
+  if not OP[name] then error(("testing_driver: the test driver handles op %s, which the op table (engine/core/op.h) does not have"):format(name), 0) end
+end
+
+-- Interpret the op task co yielded (r: resume's results, r[2] the op),
+-- read with the core's own decoder: a malformed op fails the run, as in
+-- the engine (the caller ends it). Returns the op's name and arguments,
+-- or nil and the decoder's message.
+local function handle_op(st, co, r)
+  local ok, name, a = pcall(core.op_args, unpack(r, 2, r.n))
+  if not ok then return nil, message_of(name) end
+  handlers[name](st, co, run.tasks[co], a)
+  return name, a
+end
+
+-- The step (seq, id) the op in r (resume's results) names, if it names one.
+local function op_step(r)
+  local ok, _, a = pcall(core.op_args, unpack(r, 2, r.n))
+  if ok then return a.seq, a.id end
 end
 
 -- Journal what a run did into the throwaway store (as the engine would
@@ -644,7 +717,7 @@ local function journal_run(st)
   for _, l in ipairs(st.logs) do
     J("log", { run_id = st.run_id, seq = l.seq, ts = l.ts, level = l.level, msg = l.msg })
   end
-  local terminal = st.status == "completed" or st.status == "failed" or st.status == "cancelled"
+  local terminal = core.VOCAB.ended[st.status]
   J("run_set", { run_id = st.run_id, status = st.status, output = st.output_json, error = st.error_json,
                  ended_at = terminal and st.ended or 0 })
 end
@@ -699,8 +772,8 @@ local function step_once(st, co, args)
     -- the run. Record the step it failed (if any), then end the run.
     local msg = kill
     if r[1] and co_status(co) ~= "dead" and r[2] == OP.FAIL then
-      handle_op(st, co, r)
-      msg = ("step '%s' failed: %s"):format(tostring(r[4]), tostring(r[7]))
+      local _, a = handle_op(st, co, r)
+      if a then msg = ("step '%s' failed: %s"):format(tostring(a.id), tostring(a.message)) end
     elseif r[1] and co_status(co) == "dead" and not r[2] then
       local ok, e = pcall(decode, r[3])
       msg = ok and type(e) == "table" and e.message or msg
@@ -721,7 +794,8 @@ local function step_once(st, co, args)
     end
     return
   end
-  handle_op(st, co, r)
+  local name, err = handle_op(st, co, r)
+  if not name then fail_run(st, "failed", err) end
 end
 
 -- Run one run of the suite's skill to its end (or until it parks for good).
@@ -840,7 +914,8 @@ local function replay(st, def)
   if not r[1] then return ("%s: %s"):format(REPLAY, message_of(r[2])) end
   if co_status(co) ~= "dead" then
     local T = run.tasks[co]
-    local sid = T and T.in_step or (type(r[4]) == "string" and r[4]) or "?"
+    local _, op_id = op_step(r)
+    local sid = T and T.in_step or op_id or "?"
     return ("%s%s reached step '%s' and would run it: the run had not taken that step there. %s")
       :format(co_position(co), REPLAY, sid, HINT)
   end
@@ -889,8 +964,9 @@ function M.replay_recorded(def, info, journal, status, output_json, error_messag
   local steps = ("%d step%s replayed"):format(n, n == 1 and "" or "s")
   if co_status(co) ~= "dead" then
     local T = run.tasks[co]
-    local seq = T and T.in_step and T.step_seq or (type(r[3]) == "number" and r[3]) or nil
-    local sid = T and T.in_step or (type(r[4]) == "string" and r[4]) or "?"
+    local op_seq, op_id = op_step(r)
+    local seq = T and T.in_step and T.step_seq or op_seq
+    local sid = T and T.in_step or op_id or "?"
     local rec = seq and journal[seq]
     if status == "completed" or (rec and (rec.status == "completed" or rec.status == "failed")) then
       return false, ("%sthe replay reached step '%s' and would run it: the run had not taken that step there (%s)")

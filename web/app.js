@@ -26,12 +26,14 @@
   const SKILLS_POLL_MS = 3000;
   const PAGE = 50;
   const TOKEN_KEY = 'moonloop.token';
-  const FINISHED = new Set(['completed', 'failed', 'cancelled']);
+  /* The engine's words (base/vocab.h), from vocab.js, written at build time. */
+  const VOCAB = window.moonloopVocab;
+  const FINISHED = new Set(VOCAB.ended);
   /* An attempt cut when its process stopped: it ended at an unknown time,
    * before the step ran again (its retry_at). */
   const INTERRUPTED = 'interrupted';
-  const STATUSES = ['queued', 'running', 'sleeping', 'waiting', 'completed', 'failed', 'cancelled'];
-  const TRIGGERS = ['invoke', 'event', 'cron', 'rerun', 'on_failure'];
+  const STATUSES = VOCAB.runStatuses;
+  const TRIGGERS = VOCAB.triggerKinds;
   const SINCES = ['1h', '6h', '24h', '7d', '30d'];
 
   const main = document.getElementById('main');
@@ -366,6 +368,15 @@
     return out;
   }
 
+  /* Why a queued run waits (its record's `queued`), in words, as
+   * `moonloop trace` says it: "concurrency limit 2 of scope openai, key ...". */
+  function queuedText(q) {
+    if (!q || typeof q !== 'object') return '';
+    const of = q.scope ? 'scope ' + q.scope : 'skill ' + (q.skill || '?');
+    const amount = q.limit !== undefined ? ` limit ${q.limit}${q.period ? ' per' : ''}` : '';
+    return `${q.reason || '?'}${amount}${q.period ? ' ' + q.period : ''} of ${of}${q.key ? ', key ' + q.key : ''}${q.until ? ', until ' + q.until : ''}`;
+  }
+
   /* ---- the run list ------------------------------------------------------- */
 
   function runRow(run) {
@@ -381,7 +392,8 @@
       h('td', { class: 'when' }, started ? when(started) : when(run.created_at, 'queued')),
       h('td', { class: 'num' }, started ? fmtDur(span(started, run.ended_at, running)) + (running && !run.ended_at ? ' …' : '') : '—'),
       h('td', { class: 'err', title: err && err.message ? err.message : null },
-        err && err.message ? [String(err.message).split('\n')[0], err.step ? h('span', { class: 'sub' }, 'step ', h('code', null, err.step)) : null] : ''));
+        err && err.message ? [String(err.message).split('\n')[0], err.step ? h('span', { class: 'sub' }, 'step ', h('code', null, err.step)) : null]
+          : run.queued ? h('span', { class: 'sub queued-reason' }, 'waiting: ' + queuedText(run.queued)) : ''));
   }
 
   function runTable(runs) {
@@ -608,7 +620,8 @@
         h('dt', null, 'Version'), h('dd', null, run.version ? h('a', { href: '#/versions/' + enc(run.version), class: 'mono', title: run.version, id: 'version-link' }, short(run.version)) : '—',
           file ? h('span', { class: 'sub mono' }, file) : null),
         h('dt', null, 'Created'), h('dd', null, when(run.created_at)),
-        h('dt', null, 'Started'), h('dd', null, when(run.started_at)),
+        run.queued ? [h('dt', null, 'Queued'), h('dd', { class: 'queued-reason', id: 'queued-reason' }, 'waiting: ' + queuedText(run.queued))] : null,
+        h('dt', null, 'Started'), h('dd', null, when(run.started_at, run.status === 'queued' && !run.started_at ? 'not yet' : null)),
         h('dt', null, 'Ended'), h('dd', null, when(run.ended_at, finished ? null : 'not yet')),
         h('dt', null, 'Duration'), h('dd', null, run.started_at ? fmtDur(span(run.started_at, run.ended_at, !finished)) + (finished ? '' : ' so far') : '—'),
         run.parent_id ? [h('dt', null, 'Parent'), h('dd', null, runLink(run.parent_id))] : null,

@@ -1,22 +1,106 @@
 /*
-** vocab.h: the words of the run record that filters check against: run
-** statuses and trigger kinds. One list for the API, the CLI and the REPL.
+** vocab.h: the words of the run record, in one table each: run statuses,
+** step statuses, step kinds and trigger kinds. From these lists come the
+** enums the engine compares (never the strings), the word lists that
+** filters check against (API, CLI, REPL, runs.list), the Lua runtime's
+** core.VOCAB (lua/modules.lua's checks) and the dashboard's vocab.js
+** (written at build time by cmake/gen_vocab.c, web/app.js reads it).
+** A new word is a row here; everything that lists or checks words follows.
+**
+** A run's life:
+**
+**   queued -> running -> (sleeping | waiting -> running)* -> completed
+**                                                          | failed
+**                                                          | cancelled
+**
+** X(NAME, "word", ended): ended is 1 for the terminal statuses.
 */
 #ifndef ML_VOCAB_H
 #define ML_VOCAB_H
+#include <stddef.h>
 
-/* The run statuses, NULL-terminated, in the order of a run's life. */
+#define VOCAB_RUN_STATUS_LIST(X) \
+  X(QUEUED, "queued", 0)         \
+  X(RUNNING, "running", 0)       \
+  X(SLEEPING, "sleeping", 0)     \
+  X(WAITING, "waiting", 0)       \
+  X(COMPLETED, "completed", 1)   \
+  X(FAILED, "failed", 1)         \
+  X(CANCELLED, "cancelled", 1)
+
+/* A step's status: X(NAME, "word", ended). */
+#define VOCAB_STEP_STATUS_LIST(X) \
+  X(RUNNING, "running", 0)        \
+  X(SLEEPING, "sleeping", 0)      \
+  X(WAITING, "waiting", 0)        \
+  X(COMPLETED, "completed", 1)    \
+  X(FAILED, "failed", 1)
+
+/* A step's kind: X(NAME, "word", 0), the step function it comes from. */
+#define VOCAB_STEP_KIND_LIST(X) \
+  X(RUN, "run", 0)              \
+  X(SLEEP, "sleep", 0)          \
+  X(WAIT, "wait", 0)            \
+  X(INVOKE, "invoke", 0)        \
+  X(SEND, "send", 0)            \
+  X(PARALLEL, "parallel", 0)
+
+/* What started a run: X(NAME, "word", 0). */
+#define VOCAB_TRIGGER_KIND_LIST(X) \
+  X(EVENT, "event", 0)             \
+  X(CRON, "cron", 0)               \
+  X(INVOKE, "invoke", 0)           \
+  X(RERUN, "rerun", 0)             \
+  X(ON_FAILURE, "on_failure", 0)
+
+/* The enums; -1 (VOCAB_NONE) stands for a word that is not in the list. */
+#define VOCAB_NONE (-1)
+enum run_status {
+#define VOCAB_E(N, w, end) RUN_##N,
+  VOCAB_RUN_STATUS_LIST(VOCAB_E)
+#undef VOCAB_E
+};
+enum step_status {
+#define VOCAB_E(N, w, end) STEP_##N,
+  VOCAB_STEP_STATUS_LIST(VOCAB_E)
+#undef VOCAB_E
+};
+enum step_kind {
+#define VOCAB_E(N, w, end) STEP_KIND_##N,
+  VOCAB_STEP_KIND_LIST(VOCAB_E)
+#undef VOCAB_E
+};
+enum trigger_kind {
+#define VOCAB_E(N, w, end) TRIGGER_##N,
+  VOCAB_TRIGGER_KIND_LIST(VOCAB_E)
+#undef VOCAB_E
+};
+
+/* The words of each list, NULL-terminated, in the table's order. */
 extern const char *const vocab_run_statuses[];
-
-/* The kinds of trigger a run can have, NULL-terminated. */
+extern const char *const vocab_step_statuses[];
+extern const char *const vocab_step_kinds[];
 extern const char *const vocab_trigger_kinds[];
 
-/* Both lists as text, for messages. */
-#define VOCAB_RUN_STATUSES "queued, running, sleeping, waiting, completed, failed, cancelled"
-#define VOCAB_TRIGGER_KINDS "event, cron, invoke, rerun, on_failure"
+/* A word's value in its list (enum run_status, ...), or VOCAB_NONE for
+** NULL or a word the list does not have. */
+int vocab_run_status(const char *s);
+int vocab_step_status(const char *s);
+int vocab_step_kind(const char *s);
+int vocab_trigger_kind(const char *s);
 
 /* Whether s is a run status / a trigger kind. */
 int vocab_is_run_status(const char *s);
 int vocab_is_trigger_kind(const char *s);
+
+/* Whether s is a terminal run status (completed, failed, cancelled). */
+int vocab_run_ended(const char *s);
+
+/* A list's words as "a, b, c", for messages (a string constant: the
+** list's words joined, less the first ", "). */
+#define VOCAB_JOIN(N, w, end) ", " w
+#define VOCAB_RUN_STATUSES (VOCAB_RUN_STATUS_LIST(VOCAB_JOIN) + 2)
+#define VOCAB_TRIGGER_KINDS (VOCAB_TRIGGER_KIND_LIST(VOCAB_JOIN) + 2)
+#define VOCAB_STEP_KINDS (VOCAB_STEP_KIND_LIST(VOCAB_JOIN) + 2)
 
 #endif

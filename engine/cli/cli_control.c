@@ -7,6 +7,7 @@
 #include "base/mem.h"
 #include "base/proc.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "cli/cli.h"
 #include "cli/client.h"
 #include "core/engine.h"
@@ -115,7 +116,7 @@ int cli_cancel(struct cli *c) {
     return EXIT_FAILED;
   }
   if (c->json) printf("{\"run_id\":\"%s\",\"status\":\"%s\"}\n", c->args[0], got);
-  else if (!strcmp(got, "cancelled")) printf("cancelled %s\n", c->args[0]);
+  else if (vocab_run_status(got) == RUN_CANCELLED) printf("cancelled %s\n", c->args[0]);
   else printf("cancelling %s: the engine running it stops it within a moment\n", c->args[0]);
   free(got);
   return EXIT_OK;

@@ -13,6 +13,7 @@
 #include "base/proc.h"
 #include "base/term.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "cli/cli.h"
 #include "cli/client.h"
 #include "core/engine.h"
@@ -68,7 +69,7 @@ static void on_done(const struct sched_result *r, void *arg) {
 /* See cli.h: a run taken over by another process ("abandoned") fails too. */
 int cli_report_run(const struct cli *c, const char *run_id, const char *status,
                    const char *output, const char *error) {
-  if (!strcmp(status, "completed")) {
+  if (vocab_run_status(status) == RUN_COMPLETED) {
     cli_print_json(stdout, output, !c->json && isatty(1), !c->json);
     return EXIT_OK;
   }
@@ -226,7 +227,7 @@ static int enqueue(struct engine *en, const char *skill_id, const char *data, co
 
 /* Whether a run status is final. */
 static int terminal(const char *s) {
-  return !strcmp(s, "completed") || !strcmp(s, "failed") || !strcmp(s, "cancelled");
+  return vocab_run_ended(s);
 }
 
 /* See cli.h. */

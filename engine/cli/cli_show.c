@@ -59,8 +59,9 @@ static void follow_line(const struct cli *c, const cJSON *r, const char *change)
       units_fmt_duration(b - a, dur, sizeof dur);
   }
   const char *status = cJSON_IsString(st) ? st->valuestring : "?";
-  const char *color = !c->color ? "" : !strcmp(status, "completed") ? "\033[32m"
-                      : !strcmp(status, "failed") ? "\033[31m" : "\033[33m";
+  int word = vocab_run_status(status);
+  const char *color = !c->color ? "" : word == RUN_COMPLETED ? "\033[32m"
+                      : word == RUN_FAILED ? "\033[31m" : "\033[33m";
   struct term_strs ts = {0};
   printf("%.8s  %-26s  %-24.24s  %s%-10s%s  %-8s  %s\n", now + 11,
          term_str(&ts, cJSON_GetObjectItem(r, "id")->valuestring),
@@ -72,7 +73,7 @@ static void follow_line(const struct cli *c, const cJSON *r, const char *change)
 }
 
 static int terminal_status(const char *s) {
-  return !strcmp(s, "completed") || !strcmp(s, "failed") || !strcmp(s, "cancelled");
+  return vocab_run_ended(s);
 }
 
 /* moonloop runs --follow: print runs as they start and end, until
@@ -137,9 +138,11 @@ int cli_runs(struct cli *c) {
     if (f.limit <= 0) return cli_fail(EXIT_USAGE, "--limit must be a positive number, got '%s'", c->limit);
   }
   if (c->status && !vocab_is_run_status(c->status))
-    return cli_fail(EXIT_USAGE, "--status must be one of " VOCAB_RUN_STATUSES "; got '%s'", c->status);
+    return cli_fail(EXIT_USAGE, "--status must be one of %s; got '%s'", VOCAB_RUN_STATUSES,
+                    c->status);
   if (c->trigger && !vocab_is_trigger_kind(c->trigger))
-    return cli_fail(EXIT_USAGE, "--trigger must be one of " VOCAB_TRIGGER_KINDS "; got '%s'", c->trigger);
+    return cli_fail(EXIT_USAGE, "--trigger must be one of %s; got '%s'", VOCAB_TRIGGER_KINDS,
+                    c->trigger);
   if (c->follow) {
     if (!c->json) printf("following runs (Ctrl-C to stop)\n");
     if (c->cfg.server) return follow(c, NULL, &f);

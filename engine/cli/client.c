@@ -7,6 +7,7 @@
 #include "cli/client.h"
 #include "base/mem.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "cli/trace.h"
 
 #include <curl/curl.h>
@@ -127,7 +128,7 @@ static cJSON *get_run(struct cli *c, const char *id, int *exit_status) {
 
 /* Whether a run status is final (NULL is not). */
 static int terminal(const char *s) {
-  return s && (!strcmp(s, "completed") || !strcmp(s, "failed") || !strcmp(s, "cancelled"));
+  return vocab_run_ended(s);
 }
 
 /* The string at key k of o, or NULL. */
@@ -349,7 +350,7 @@ static int run_action(struct cli *c, const char *action) {
     printf("%s\n", s);
     free(s);
   } else if (!strcmp(action, "cancel")) {
-    printf("%s %s\n", st && !strcmp(st, "cancelled") ? "cancelled" : "cancelling", c->args[0]);
+    printf("%s %s\n", vocab_run_status(st) == RUN_CANCELLED ? "cancelled" : "cancelling", c->args[0]);
   } else {
     printf("%s\n", run_id ? run_id : "?");
   }

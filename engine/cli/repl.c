@@ -40,6 +40,7 @@
 #include "base/proc.h"
 #include "base/term.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "cli/repl_int.h"
 #include "core/run.h"
 #include "core/run.h" /* OP_HTTP and its conversions */
@@ -128,7 +129,7 @@ static void on_run_done(const struct sched_result *res, void *arg) {
             "--resume %s` once this REPL has exited\n", res->run_id, res->run_id, res->run_id);
   else
     fprintf(stderr, "run %s %s%s%s in %s\n", res->run_id,
-            repl__col(rp, !strcmp(res->status, "completed") ? C_GREEN : C_RED), res->status,
+            repl__col(rp, vocab_run_status(res->status) == RUN_COMPLETED ? C_GREEN : C_RED), res->status,
             repl__col(rp, C_RESET), d);
   rp->nwatch = 0;
   if (rp->co && rp->state == CO_PARKED) co_outcome(rp, res->status, res->output, res->error, res->run_id);
@@ -301,7 +302,7 @@ static void op_resume(struct repl *rp, lua_State *co) {
 
 /* Whether a run status is final. */
 static int terminal(const char *st) {
-  return !strcmp(st, "completed") || !strcmp(st, "failed") || !strcmp(st, "cancelled");
+  return vocab_run_ended(st);
 }
 
 /* WAIT's timer: read the run's status until it is final. */

@@ -122,7 +122,7 @@ static int c_runs(lua_State *L) {
   }
   if (f.status) {
     if (!vocab_is_run_status(f.status)) {
-      snprintf(msg, sizeof msg, "status must be one of " VOCAB_RUN_STATUSES "; got '%.40s'",
+      snprintf(msg, sizeof msg, "status must be one of %s; got '%.40s'", VOCAB_RUN_STATUSES,
                f.status);
       return push_fail(L, msg);
     }

@@ -17,6 +17,7 @@
 #include "base/mem.h"
 #include "base/term.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "cli/repl_int.h"
 
 #include <ctype.h>
@@ -80,7 +81,8 @@ static void print_step(struct repl *rp, int w, const struct step_row *st) {
   else snprintf(pre, sizeof pre, "  ");
   int64_t ms = st->ended_at && st->started_at ? st->ended_at - st->started_at : 0;
   units_fmt_duration(ms, d, sizeof d);
-  if (!strcmp(st->status, "completed")) {
+  int status = vocab_step_status(st->status);
+  if (status == STEP_COMPLETED) {
     short_json(st->output, raw, 72);
     char *v = term_dup(raw, 1);
     if (take_skip(rp, st->run_id, st->seq))
@@ -91,20 +93,20 @@ static void print_step(struct repl *rp, int w, const struct step_row *st) {
               repl__col(rp, C_RESET), id, repl__col(rp, C_DIM), d, repl__col(rp, C_RESET),
               v ? v : "?");
     free(v);
-  } else if (!strcmp(st->status, "failed")) {
+  } else if (status == STEP_FAILED) {
     fprintf(stderr, "%s%s\xe2\x9c\x97%s %-24s %s%8s%s  %s\n", pre, repl__col(rp, C_RED), repl__col(rp, C_RESET),
             id, repl__col(rp, C_DIM), d, repl__col(rp, C_RESET),
             st->error ? term_str(&ts, st->error) : "failed");
-  } else if (!strcmp(st->status, "running") && st->retry_at) {
+  } else if (status == STEP_RUNNING && st->retry_at) {
     units_fmt_duration(st->retry_at - units_now_ms(), d, sizeof d);
     fprintf(stderr, "%s%s\xe2\x86\xbb%s %-24s attempt %d failed: %s; retrying in %s\n", pre,
             repl__col(rp, C_YELLOW), repl__col(rp, C_RESET), id, st->attempts,
             rp->last_attempt_error ? term_str(&ts, rp->last_attempt_error) : "error", d);
-  } else if (!strcmp(st->status, "sleeping")) {
+  } else if (status == STEP_SLEEPING) {
     units_fmt_duration(st->wake_at - units_now_ms(), d, sizeof d);
     fprintf(stderr, "%s%sz%s %-24s sleeping for %s\n", pre, repl__col(rp, C_CYAN), repl__col(rp, C_RESET), id, d);
-  } else if (!strcmp(st->status, "waiting")) {
-    const char *what = st->kind && !strcmp(st->kind, "invoke") ? "its child run" : "an event";
+  } else if (status == STEP_WAITING) {
+    const char *what = vocab_step_kind(st->kind) == STEP_KIND_INVOKE ? "its child run" : "an event";
     if (st->wake_at) {
       units_fmt_duration(st->wake_at - units_now_ms(), d, sizeof d);
       fprintf(stderr, "%s%s\xe2\x80\xa6%s %-24s waiting for %s (at most %s)\n", pre, repl__col(rp, C_CYAN),

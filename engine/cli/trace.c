@@ -7,6 +7,7 @@
 #include "base/mem.h"
 #include "base/term.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "cli/trace.h"
 
 #include <stdlib.h>
@@ -41,20 +42,26 @@ static int64_t time_of(const cJSON *o, const char *k) {
 
 static const char *status_color(const char *st) {
   if (!st) return "";
-  if (!strcmp(st, "completed")) return GREEN;
-  if (!strcmp(st, "failed")) return RED;
-  if (!strcmp(st, "cancelled")) return DIM;
-  if (!strcmp(st, "running")) return YELLOW;
+  switch (vocab_run_status(st)) {
+  case RUN_COMPLETED: return GREEN;
+  case RUN_FAILED: return RED;
+  case RUN_CANCELLED: return DIM;
+  case RUN_RUNNING: return YELLOW;
+  default: break;
+  }
   return CYAN;
 }
 
 static const char *status_mark(const char *st) {
   if (!st) return "?";
-  if (!strcmp(st, "completed")) return "\xe2\x9c\x93";
-  if (!strcmp(st, "failed")) return "\xe2\x9c\x97";
-  if (!strcmp(st, "cancelled")) return "-";
-  if (!strcmp(st, "sleeping")) return "z";
-  if (!strcmp(st, "waiting")) return "\xe2\x80\xa6";
+  switch (vocab_run_status(st)) {
+  case RUN_COMPLETED: return "\xe2\x9c\x93";
+  case RUN_FAILED: return "\xe2\x9c\x97";
+  case RUN_CANCELLED: return "-";
+  case RUN_SLEEPING: return "z";
+  case RUN_WAITING: return "\xe2\x80\xa6";
+  default: break;
+  }
   return "\xe2\x96\xb8";
 }
 
@@ -98,6 +105,24 @@ static const char *trigger_kind(const cJSON *run) {
   return k ? k : "?";
 }
 
+/* Why a queued run waits (its record's "queued"), in words: "concurrency
+** limit 2 of scope openai, key event.data.team=\"a\"". Empty when it has
+** no reason (not queued, or queued for an engine to take it). */
+static void queued_text(const cJSON *q, char *out, size_t n) {
+  out[0] = 0;
+  if (!cJSON_IsObject(q)) return;
+  const char *why = str(q, "reason"), *scope = str(q, "scope"), *skill = str(q, "skill");
+  const char *key = str(q, "key");
+  const char *period = str(q, "period"), *until = str(q, "until");
+  const cJSON *lim = cJSON_GetObjectItem(q, "limit");
+  char amount[64] = "";
+  if (cJSON_IsNumber(lim)) snprintf(amount, sizeof amount, " limit %g%s", lim->valuedouble, period ? " per" : "");
+  snprintf(out, n, "%s%s%s%s of %s %s%s%s%s%s", why ? why : "?", amount, period ? " " : "",
+           period ? period : "",
+           scope ? "scope" : "skill", scope ? scope : skill ? skill : "?", key ? ", key " : "",
+           key ? key : "", until ? ", until " : "", until ? until : "");
+}
+
 void trace_print_runs(FILE *f, const cJSON *runs, int color, int64_t now) {
   struct term_strs ts = {0};
   int n = cJSON_GetArraySize(runs);
@@ -111,13 +136,17 @@ void trace_print_runs(FILE *f, const cJSON *runs, int color, int64_t now) {
   cJSON_ArrayForEach(r, runs) {
     const char *st = str(r, "status");
     int64_t started = time_of(r, "started_at"), ended = time_of(r, "ended_at");
+    int ran = started != 0; /* a queued run has not started: no duration */
     if (!started) started = time_of(r, "created_at");
     char ago[32], dur[32] = "-";
     trace_fmt_ago(started, now, ago, sizeof ago);
-    if (started) units_fmt_duration((ended ? ended : now) - started, dur, sizeof dur);
-    fprintf(f, "%-26s  %-24.24s  %s%-10s%s  %-10s  %-14s  %9s\n", T(shown(r, "id")),
+    if (ran) units_fmt_duration((ended ? ended : now) - started, dur, sizeof dur);
+    char why[400];
+    queued_text(cJSON_GetObjectItem(r, "queued"), why, sizeof why);
+    fprintf(f, "%-26s  %-24.24s  %s%-10s%s  %-10s  %-14s  %9s%s%s\n", T(shown(r, "id")),
             T(shown(r, "skill")), color ? status_color(st) : "",
-            st ? T(st) : "?", color ? RESET : "", T(trigger_kind(r)), ago, dur);
+            st ? T(st) : "?", color ? RESET : "", T(trigger_kind(r)), ago, dur,
+            why[0] ? "  waiting: " : "", why[0] ? T(why) : "");
   }
   term_strs_free(&ts);
 }
@@ -172,13 +201,14 @@ void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
   const cJSON *trig = cJSON_GetObjectItem(run, "trigger");
   fprintf(f, "  version  %.12s\n", ver ? T(ver) : "?");
   const char *kind = str(trig, "kind");
-  if (kind && !strcmp(kind, "event")) {
+  int tk = vocab_trigger_kind(kind);
+  if (tk == TRIGGER_EVENT) {
     const cJSON *ev = cJSON_GetObjectItem(trig, "event");
     fprintf(f, "  trigger  event %s (id %s)\n", str(ev, "name") ? T(str(ev, "name")) : "?",
             str(ev, "id") ? T(str(ev, "id")) : "-");
-  } else if (kind && (!strcmp(kind, "rerun") || !strcmp(kind, "on_failure"))) {
+  } else if (tk == TRIGGER_RERUN || tk == TRIGGER_ON_FAILURE) {
     fprintf(f, "  trigger  %s of run %s\n", T(kind), str(trig, "run_id") ? T(str(trig, "run_id")) : "?");
-  } else if (kind && !strcmp(kind, "cron")) {
+  } else if (tk == TRIGGER_CRON) {
     fprintf(f, "  trigger  cron %s%s%s, tick %s%s\n", str(trig, "cron") ? T(str(trig, "cron")) : "",
             str(trig, "tz") ? " " : "", str(trig, "tz") ? T(str(trig, "tz")) : "",
             str(trig, "tick") ? T(str(trig, "tick")) : "?",
@@ -195,9 +225,14 @@ void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
   cJSON_ArrayForEach(kid, cJSON_GetObjectItem(run, "children"))
     fprintf(f, "  child    %s  %s  %s\n", T(shown(kid, "id")), T(shown(kid, "skill")),
             T(shown(kid, "status")));
+  char why[400];
+  queued_text(cJSON_GetObjectItem(run, "queued"), why, sizeof why);
+  if (why[0]) fprintf(f, "  queued   waiting: %s\n", T(why));
   char started[40];
   units_rfc3339(t0, started, sizeof started);
-  fprintf(f, "  started  %s (%s)\n", started, ago);
+  if (time_of(run, "started_at")) fprintf(f, "  started  %s (%s)\n", started, ago);
+  else fprintf(f, "  started  %s (created %s, %s)\n", st && !strcmp(st, "queued") ? "not yet" : "never",
+               started, ago);
   char *in = short_json(cJSON_GetObjectItem(run, "input"), 200);
   fprintf(f, "  input    %s\n", in ? in : "null");
   free(in);
@@ -220,11 +255,12 @@ void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
     const char *kindp = str(p, "kind");
     fprintf(f, "  %s %s%s%s %-28s %-6s %8s  %s%s%s\n", branch, color ? status_color(pst) : "",
             status_mark(pst), color ? RESET : "", T(str(p, "id")),
-            kindp && strcmp(kindp, "run") ? T(kindp) : "", d, color ? CYAN : "", b,
+            kindp && vocab_step_kind(kindp) != STEP_KIND_RUN ? T(kindp) : "", d, color ? CYAN : "", b,
             color ? RESET : "");
     const cJSON *atts = cJSON_GetObjectItem(p, "attempts");
     const cJSON *a;
-    if (cJSON_GetArraySize(atts) > 1 || (pst && strcmp(pst, "completed") && cJSON_GetArraySize(atts))) {
+    if (cJSON_GetArraySize(atts) > 1 ||
+        (pst && vocab_step_status(pst) != STEP_COMPLETED && cJSON_GetArraySize(atts))) {
       cJSON_ArrayForEach(a, atts) {
         const char *ast = str(a, "status");
         int64_t as = time_of(a, "started_at"), ae = time_of(a, "ended_at");
@@ -242,7 +278,7 @@ void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
     const char *perr = str(p, "error") ? str(p, "error") : str(cJSON_GetObjectItem(p, "error"), "message");
     if (perr && !cJSON_GetArraySize(atts))
       fprintf(f, "  %s   %serror%s %s\n", cont, color ? RED : "", color ? RESET : "", T(perr));
-    if (str(p, "wake_at") && pst && !strcmp(pst, "sleeping")) {
+    if (str(p, "wake_at") && vocab_step_status(pst) == STEP_SLEEPING) {
       char w[32];
       trace_fmt_ago(time_of(p, "wake_at"), now, w, sizeof w);
       fprintf(f, "  %s   wakes %s\n", cont, w);

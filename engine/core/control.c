@@ -245,9 +245,11 @@ static int start_and_answer(sched_t *s, struct skill *sk, const char *trigger, c
   iv->deadline_at = sk->timeout_ms ? iv->at + sk->timeout_ms : 0;
   ids_ulid(iv->at, iv->r.run_id);
   struct run_row row = {
-    .id = iv->r.run_id, .skill = sk->id, .version = sk->version, .status = "running",
+    .id = iv->r.run_id, .skill = sk->id, .version = sk->version,
+    .status = sk->nlimits ? "queued" : "running", /* with limits: started by their grant */
     .entry = "run", .trigger = trigger, .input = input, .owner = sched_owner(s),
-    .created_at = iv->at, .started_at = iv->at, .deadline_at = iv->deadline_at, .idem = key,
+    .created_at = iv->at, .started_at = sk->nlimits ? 0 : iv->at, .deadline_at = iv->deadline_at,
+    .idem = key,
   };
   journal_run_new(sched__journal(s), &row);
   sched__after_request(s, first, on_keyed_row, on_invoke_failed, iv);

@@ -79,6 +79,19 @@ static int c_runs_list(lua_State *L) {
   return push_json(L, runs);
 }
 
+/* core.batch_events(run_id): the JSON list of the events batched into a
+** run (flow control's batch), or nil when it has none. */
+static int c_batch_events(lua_State *L) {
+  struct engine *en = up_engine(L);
+  char *js = NULL;
+  err_t e;
+  if (store_batch_events(en->store, luaL_checkstring(L, 1), &js, &e)) return luaL_error(L, "%s", e.msg);
+  if (!js) return 0;
+  lua_pushstring(L, js);
+  free(js);
+  return 1;
+}
+
 /* core.runs_get(id): JSON run record with steps, or nil, message. */
 static int c_runs_get(lua_State *L) {
   struct engine *en = up_engine(L);
@@ -366,12 +379,13 @@ static void on_cancel_applied(void *arg, const struct jentry *je) {
 
 /* See modules.h: OP_CANCEL (run_id, reason): the same durable cancel as
 ** `moonloop cancel`, with a reason that names the cancelling run. */
-void modules_op_cancel(struct task *t, lua_State *co) {
+void modules_op_cancel(struct task *t, const struct op_cancel *a) {
   struct run *r = t->run;
+  lua_State *co = t->co;
   struct cancel_ctx *cc = mem_calloc(1, sizeof *cc);
-  const char *why = lua_tostring(co, 3);
+  const char *why = a->reason;
   cc->t = t;
-  snprintf(cc->run_id, sizeof cc->run_id, "%s", lua_tostring(co, 2));
+  snprintf(cc->run_id, sizeof cc->run_id, "%s", a->run_id);
   snprintf(cc->reason, sizeof cc->reason, "cancelled by run %s of skill %s%s%s", r->id,
            r->skill ? r->skill->id : "?", why && *why ? ": " : "", why ? why : "");
   lua_settop(co, 0);
@@ -391,4 +405,5 @@ void modules_register(struct engine *en) {
   lrt_register(en->lrt, "skills_check", c_skills_check, en);
   lrt_register(en->lrt, "skills_deploy", c_skills_deploy, en);
   lrt_register(en->lrt, "runs_cancel", c_runs_cancel, en);
+  lrt_register(en->lrt, "batch_events", c_batch_events, en);
 }

@@ -16,9 +16,9 @@ struct task;
 ** engine's runtime. */
 void modules_register(struct engine *en);
 
-/* OP_CANCEL (run_id, reason) from run_resume: journal the cancel, park the
-** task until it is durable, then resume it with {run_id, status} as JSON,
-** or nil and a message (no such run, or it had ended). */
-void modules_op_cancel(struct task *t, lua_State *co);
+/* OP_CANCEL's handler, modules_op_cancel (declared by core/op.h): journal
+** the cancel, park the task until it is durable, then resume it with
+** {run_id, status} as JSON, or nil and a message (no such run, or it had
+** ended). */
 
 #endif

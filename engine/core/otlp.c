@@ -12,6 +12,7 @@
 #include "base/jsontext.h"
 #include "base/mem.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "core/engine.h"
 
 #include <stdio.h>
@@ -72,8 +73,9 @@ static cJSON *span(cJSON *spans, const char *trace, const char *id, const char *
   add_time(sp, "endTimeUnixNano", str(rec, "ended_at"), str(rec, "started_at"));
   const char *st = str(rec, "status");
   cJSON *status = cJSON_AddObjectToObject(sp, "status");
-  int failed = st && (!strcmp(st, "failed") || !strcmp(st, "cancelled"));
-  cJSON_AddNumberToObject(status, "code", failed ? 2 : st && !strcmp(st, "completed") ? 1 : 0);
+  int word = vocab_run_status(st);
+  int failed = word == RUN_FAILED || word == RUN_CANCELLED;
+  cJSON_AddNumberToObject(status, "code", failed ? 2 : word == RUN_COMPLETED ? 1 : 0);
   if (failed && error) cJSON_AddStringToObject(status, "message", error);
   cJSON_AddArrayToObject(sp, "attributes");
   cJSON_AddItemToArray(spans, sp);

@@ -1,8 +1,10 @@
 /*
-** run.c: the run context (see run.h): starting a run's coroutine,
-** resuming it, and doing the durable part of each op it yields (the step
-** ops and OP_HTTP here; the flow ops in run_flow.c, OP_PAUSE in
-** run_pause.c), then finishing or aborting it.
+** run.c: the run context's lifecycle (see run.h): starting a run (new,
+** taken over, dormant and woken), its references, parking and completing
+** its tasks, and finishing or aborting it. The ops it yields are handled
+** in run_ops.c (the step ops and OP_HTTP, and resuming a task), run_flow.c
+** (the flow steps) and run_pause.c (OP_PAUSE); the C functions its Lua
+** calls directly (core.log, core.step_*) are in run_lua.c.
 **
 ** Invariants: a run's reference count is one while it is live plus one per
 ** pending completion that cannot be cancelled (a commit it waits on); it
@@ -10,15 +12,12 @@
 ** queue, never from a completion handler: handlers push the values to
 ** resume with and count the completion (run__complete).
 */
-#include "base/fault.h"
 #include "base/ids.h"
 #include "base/mem.h"
 #include "base/term.h"
 #include "base/units.h"
-#include "core/crash.h"
-#include "core/modules.h"
+#include "base/vocab.h"
 #include "core/run.h"
-#include "core/run_pause.h"
 #include "lua/json.h"
 
 #include <lauxlib.h>
@@ -27,12 +26,13 @@
 #include <string.h>
 
 
+
 /* ---- references and release ---- */
 
 /* Free a run and what it owns (its references are all gone). */
 static void run_free(struct run *r) {
   run__free_kids(&r->main);
-  free(r->trigger), free(r->input), free(r->parent_id), free(r->fail_error), free(r->ckey);
+  free(r->trigger), free(r->input), free(r->parent_id), free(r->fail_error), free(r->limits);
   free(r->trigger_event);
   free(r->main.step_id), free(r->main.wait_id), free(r->main.wait_child);
   free(r);
@@ -65,6 +65,7 @@ void run__free_kids(struct task *t) {
     free(t->kid_value[i]);
     if (t->kids[i]) {
       free(t->kids[i]->step_id);
+      free(t->kids[i]->wait_id), free(t->kids[i]->wait_child);
       free(t->kids[i]);
     }
   }
@@ -144,7 +145,7 @@ void run__wait_durable(struct task *t) {
 }
 
 /* A task's timer (a sleep, a backoff, a delay) fired. */
-static void on_timer(struct stimer *tm) {
+void run__on_timer(struct stimer *tm) {
   struct task *t = (struct task *)((char *)tm - offsetof(struct task, timer));
   run__complete(t);
 }
@@ -160,6 +161,7 @@ static void stop_run(struct run *r) {
   run__task_release(&r->main);
   sched__timer_stop(s, &r->deadline);
   sched__timer_stop(s, &r->wake);
+  sched__timer_stop(s, &r->flow_timer);
 }
 
 /* Create and start r's on_failure run, in the group that records r's failure. */
@@ -212,13 +214,17 @@ void run__finish(struct run *r, const char *status, const char *output, const ch
   const struct sched_opts *o = sched__opts(s);
   journal_t *j = sched__journal(s);
   int64_t now = units_now_ms();
-  if (strcmp(status, "completed")) {
+  int word = vocab_run_status(status);
+  if (word != RUN_COMPLETED) {
     /* A run that did not complete takes its live children with it (a
     ** cancel by the run itself: its descendants, not the run). */
     struct cancel_row c = {.run_id = r->id, .reason = "its parent run ended", .at = now,
                            .by_run = r->id};
     journal_cancel(j, &c);
   }
+  /* Its slots go to the runs queued for them in the same group, and to
+  ** those living here at once (flowctl.c). */
+  run__release_slot(r);
   struct run_set set = {.run_id = r->id, .status = status, .output = output, .error = error,
                         .ended_at = now};
   journal_run_set(j, &set);
@@ -237,7 +243,7 @@ void run__finish(struct run *r, const char *status, const char *output, const ch
   }
   /* on_failure runs as its own durable run, created in the same group as
   ** the failure, so it cannot be lost between the two. */
-  if (!strcmp(status, "failed") && r->skill && r->skill->has_on_failure &&
+  if (word == RUN_FAILED && r->skill && r->skill->has_on_failure &&
       !strcmp(r->entry, "run"))
     start_on_failure(r, error, now);
   struct done_ctx *d = mem_calloc(1, sizeof *d);
@@ -368,7 +374,7 @@ int run_boot(struct run *r, const cJSON *journal, err_t *e) {
   r->main.co_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_settop(L, top);
   r->main.run = r;
-  r->main.timer.fn = on_timer;
+  r->main.timer.fn = run__on_timer;
   r->main.state = T_PARKED;
   r->dormant = 0;
   sched__timer_stop(s, &r->wake);
@@ -390,7 +396,7 @@ static void on_wake(struct stimer *tm) {
 /* The value (compact JSON) at a path such as "event.data.service" or
 ** "data.service" in r's event, whose data is the input for runs not
 ** started by an event; "null" when it is not there. */
-static char *event_value(struct run *r, const char *path) {
+char *run__event_value(struct run *r, const char *path) {
   cJSON *trig = r->trigger ? cJSON_Parse(r->trigger) : NULL;
   cJSON *ev = cJSON_GetObjectItem(trig, "event"), *made = NULL;
   if (!cJSON_IsObject(ev)) {
@@ -407,32 +413,49 @@ static char *event_value(struct run *r, const char *path) {
   return val;
 }
 
+/* A cancel_on's match as its wait holds it: a JSON object of path ->
+** value, from the pairs skill.lua made of it (api.match_pairs): [path]
+** takes the value at path in r's event, [path, value] that value; NULL
+** without pairs. */
+static char *cancel_match(struct run *r, const cJSON *pairs) {
+  if (!cJSON_IsArray(pairs)) return NULL;
+  cJSON *o = cJSON_CreateObject();
+  const cJSON *p;
+  cJSON_ArrayForEach(p, pairs) {
+    const cJSON *path = cJSON_GetArrayItem(p, 0);
+    if (!cJSON_IsString(path)) continue;
+    cJSON *v;
+    if (cJSON_GetArraySize(p) > 1) {
+      v = cJSON_Duplicate(cJSON_GetArrayItem(p, 1), 1);
+    } else {
+      char *text = run__event_value(r, path->valuestring);
+      v = cJSON_Parse(text);
+      free(text);
+    }
+    cJSON_AddItemToObject(o, path->valuestring, v ? v : cJSON_CreateNull());
+  }
+  char *js = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  return js;
+}
+
 /* Register r's cancel_on events as waits (again, harmlessly, on a replay). */
 static void register_cancel_on(struct run *r) {
   cJSON *list = cJSON_Parse(r->skill->cancel_on);
   const cJSON *c;
   int i = 0;
   cJSON_ArrayForEach(c, list) {
-    const cJSON *ev = cJSON_GetObjectItem(c, "event"), *match = cJSON_GetObjectItem(c, "match");
+    const cJSON *ev = cJSON_GetObjectItem(c, "event");
     if (!cJSON_IsString(ev)) continue;
-    char *value = cJSON_IsString(match) ? event_value(r, match->valuestring) : NULL;
+    char *match = cancel_match(r, cJSON_GetObjectItem(c, "match"));
     struct wait_row w = {
-      .run_id = r->id, .seq = -(++i), .kind = "cancel", .name = ev->valuestring,
-      .match_path = cJSON_IsString(match) ? match->valuestring : NULL, .match_value = value,
+      .run_id = r->id, .seq = -(++i), .kind = "cancel", .name = ev->valuestring, .match = match,
       .owner = sched_owner(r->sched), .since = r->since, .exclude = r->trigger_event,
     };
     journal_wait(sched__journal(r->sched), &w);
-    free(value);
+    free(match);
   }
   cJSON_Delete(list);
-}
-
-/* See run.h. */
-void run__release_slot(struct run *r) {
-  if (!r->slot_held) return;
-  r->slot_held = 0;
-  struct slot_row sl = {.run_id = r->id, .acquire = 0};
-  journal_slot(sched__journal(r->sched), &sl);
 }
 
 /* When the events a run may wait for begin: its triggering event's
@@ -453,12 +476,10 @@ static int64_t events_since(struct run *r) {
 /* Take a run into the scheduler: references, timers, the map. */
 static void link_run(sched_t *s, struct run *r) {
   r->since = events_since(r);
-  if (r->skill && r->skill->concurrency_limit > 0 && !r->ckey)
-    r->ckey = r->skill->concurrency_key ? event_value(r, r->skill->concurrency_key) : mem_strdup("");
   if (r->skill && r->skill->cancel_on) register_cancel_on(r);
   r->sched = s;
   r->main.run = r;
-  r->main.timer.fn = on_timer;
+  r->main.timer.fn = run__on_timer;
   r->refs = 1;
   r->deadline.fn = on_deadline;
   r->wake.fn = on_wake;
@@ -537,464 +558,4 @@ void run_wake(struct run *r) {
     free(js);
   }
   cJSON_Delete(steps);
-}
-
-/* ---- resuming and the ops ---- */
-
-/* With --verbose, one line per step event on stderr. */
-void run__verbose(struct run *r, const char *mark, const char *id, int64_t ms,
-                  const char *extra) {
-  if (!sched__opts(r->sched)->verbose) return;
-  char d[32];
-  units_fmt_duration(ms, d, sizeof d);
-  /* The mark is ours; the step id and the extra (an error) are the skill's. */
-  fprintf(stderr, "  %s ", mark);
-  term_printf(stderr, "%-28s %8s%s%s\n", id, d, extra ? "  " : "", extra ? extra : "");
-}
-
-/* Value i of co as an integer (times, delays: Lua numbers). */
-static int64_t num(lua_State *co, int i) { return (int64_t)lua_tonumber(co, i); }
-
-/* The step's LLM token usage as JSON (in buf), or NULL when it made no calls. */
-static const char *usage_json(const struct task *t, char *buf, size_t n) {
-  if (!t->usage_calls) return NULL;
-  snprintf(buf, n,
-           "{\"prompt_tokens\":%lld,\"completion_tokens\":%lld,\"total_tokens\":%lld,"
-           "\"calls\":%lld}",
-           (long long)t->usage_prompt, (long long)t->usage_completion,
-           (long long)t->usage_total, (long long)t->usage_calls);
-  return buf;
-}
-
-/* OP_COMMIT: a step body returned; journal its row, resume once durable. */
-static void op_commit(struct task *t, lua_State *co) {
-  struct run *r = t->run;
-  char ub[200];
-  struct step_row row = {
-    .usage = usage_json(t, ub, sizeof ub),
-    .run_id = r->id, .seq = (int)lua_tointeger(co, 2), .id = lua_tostring(co, 3),
-    .kind = lua_tostring(co, 4), .status = "completed", .output = lua_tostring(co, 5),
-    .attempts = (int)lua_tointeger(co, 6), .started_at = num(co, 7), .ended_at = num(co, 8),
-  };
-  journal_step(sched__journal(r->sched), &row);
-  sched__step_ended(r->sched, row.ended_at - row.started_at);
-  run__verbose(r, "\xe2\x9c\x93", row.id, row.ended_at - row.started_at, NULL);
-  lua_settop(co, 0);
-  run__park(t, 1);
-  run__wait_durable(t);
-}
-
-/* OP_RETRY: an attempt failed and will be retried; journal it, wait the backoff. */
-static void op_retry(struct task *t, lua_State *co) {
-  struct run *r = t->run;
-  int64_t now = units_now_ms(), delay = num(co, 8);
-  struct attempt_row a = {
-    .run_id = r->id, .seq = (int)lua_tointeger(co, 2), .n = (int)lua_tointeger(co, 4),
-    .status = "failed", .error = lua_tostring(co, 5), .traceback = lua_tostring(co, 6),
-    .started_at = num(co, 7), .ended_at = now, .retry_at = now + delay,
-  };
-  char ub[200];
-  struct step_row row = {
-    .run_id = r->id, .seq = a.seq, .id = lua_tostring(co, 3), .kind = "run",
-    .status = "running", .attempts = a.n, .started_at = num(co, 9), .retry_at = a.retry_at,
-    .usage = usage_json(t, ub, sizeof ub),
-  };
-  journal_t *j = sched__journal(r->sched);
-  journal_attempt(j, &a);
-  journal_step(j, &row);
-  char extra[600], d[32];
-  units_fmt_duration(delay, d, sizeof d);
-  snprintf(extra, sizeof extra, "attempt %d failed: %.400s; retrying in %s", a.n,
-           a.error ? a.error : "", d);
-  run__verbose(r, "\xe2\x86\xbb", row.id, now - a.started_at, extra);
-  lua_settop(co, 0);
-  /* Both: the attempt is durable, and the backoff has passed. */
-  run__park(t, 2);
-  run__wait_durable(t);
-  t->timer.fn = on_timer; /* the task's one timer may have served a sleep or a wait before */
-  sched__timer_start(r->sched, &t->timer, a.retry_at);
-}
-
-/* OP_FAIL: a step failed for good; journal it, resume once durable. */
-static void op_fail(struct task *t, lua_State *co) {
-  struct run *r = t->run;
-  struct attempt_row a = {
-    .run_id = r->id, .seq = (int)lua_tointeger(co, 2), .n = (int)lua_tointeger(co, 5),
-    .status = "failed", .error = lua_tostring(co, 6), .traceback = lua_tostring(co, 7),
-    .started_at = num(co, 8), .ended_at = num(co, 9),
-  };
-  char ub[200];
-  struct step_row row = {
-    .run_id = r->id, .seq = a.seq, .id = lua_tostring(co, 3), .kind = lua_tostring(co, 4),
-    .status = "failed", .error = a.error, .attempts = a.n, .started_at = num(co, 10),
-    .ended_at = a.ended_at, .usage = usage_json(t, ub, sizeof ub),
-  };
-  journal_t *j = sched__journal(r->sched);
-  journal_attempt(j, &a);
-  journal_step(j, &row);
-  sched__step_ended(r->sched, a.ended_at - row.started_at);
-  run__verbose(r, "\xe2\x9c\x97", row.id, a.ended_at - row.started_at, a.error);
-  lua_settop(co, 0);
-  run__park(t, 1);
-  run__wait_durable(t);
-}
-
-/* OP_DELAY: wait inside a step body, not journaled. */
-static void op_delay(struct task *t, lua_State *co) {
-  int64_t ms = num(co, 2);
-  lua_settop(co, 0);
-  run__park(t, 1);
-  t->timer.fn = on_timer;
-  sched__timer_start(t->run->sched, &t->timer, units_now_ms() + (ms > 0 ? ms : 0));
-}
-
-/* OP_BACKOFF: on replay, wait out what is left of a recorded backoff. */
-static void op_backoff(struct task *t, lua_State *co) {
-  int64_t at = num(co, 3);
-  lua_settop(co, 0);
-  run__park(t, 1);
-  t->timer.fn = on_timer;
-  sched__timer_start(t->run->sched, &t->timer, at);
-}
-
-/* Journal the "running" row of the step whose body is in flight, once per
-** attempt, when its body first waits on I/O: steps that finish within one
-** slice never need it. */
-static void mark_running(struct task *t) {
-  if (!t->step_id || t->step_marked) return;
-  struct run *r = t->run;
-  struct step_row row = {
-    .run_id = r->id, .seq = t->step_seq, .id = t->step_id, .kind = "run",
-    .status = "running", .attempts = t->step_attempt, .started_at = t->step_started,
-  };
-  journal_step(sched__journal(r->sched), &row);
-  t->step_marked = 1;
-}
-
-/* See run.h. */
-int run__http_request_from_lua(lua_State *co, int idx, struct httpc_req *req,
-                               char *hdrs[RUN_HTTP_MAX_HEADERS + 1]) {
-  int nh = 0;
-  err_t e;
-  memset(req, 0, sizeof *req);
-  lua_getfield(co, idx, "method");
-  req->method = lua_tostring(co, -1);
-  lua_getfield(co, idx, "url");
-  req->url = lua_tostring(co, -1);
-  lua_getfield(co, idx, "body");
-  size_t blen = 0;
-  req->body = lua_tolstring(co, -1, &blen);
-  req->body_len = blen;
-  lua_getfield(co, idx, "timeout");
-  if (lua_isnumber(co, -1)) {
-    req->timeout_ms = (long)(lua_tonumber(co, -1) * 1000);
-  } else if (lua_isstring(co, -1)) {
-    int64_t ms;
-    if (!units_duration(lua_tostring(co, -1), &ms, &e)) req->timeout_ms = (long)ms;
-  }
-  lua_getfield(co, idx, "headers");
-  if (lua_istable(co, -1)) {
-    lua_pushnil(co);
-    while (nh < RUN_HTTP_MAX_HEADERS && lua_next(co, -2)) {
-      if (lua_type(co, -2) == LUA_TSTRING && lua_isstring(co, -1)) {
-        const char *k = lua_tostring(co, -2), *v = lua_tostring(co, -1);
-        hdrs[nh++] = mem_printf("%s: %s", k, v);
-      }
-      lua_pop(co, 1);
-    }
-  }
-  hdrs[nh] = NULL;
-  req->headers = (const char *const *)hdrs;
-  return nh;
-}
-
-/* See run.h. */
-void run__http_headers_free(char **hdrs, int nh) {
-  for (int i = 0; i < nh; i++) free(hdrs[i]);
-}
-
-/* See run.h. */
-int run__push_http_response(lua_State *co, const struct httpc_resp *resp) {
-  if (resp->error) {
-    lua_pushnil(co);
-    lua_pushstring(co, resp->errmsg);
-    return 2;
-  }
-  lua_createtable(co, 0, 3);
-  lua_pushinteger(co, resp->status);
-  lua_setfield(co, -2, "status");
-  lua_pushlstring(co, resp->body ? resp->body : "", resp->body_len);
-  lua_setfield(co, -2, "body");
-  lua_createtable(co, 0, (int)resp->nheaders);
-  for (size_t i = 0; i < resp->nheaders; i++) {
-    lua_pushstring(co, resp->header_values[i]);
-    lua_setfield(co, -2, resp->header_names[i]);
-  }
-  lua_setfield(co, -2, "headers");
-  return 1;
-}
-
-/* The response of a task's request: resume it with the response table, or
-** nil and the message. */
-static void on_http(const struct httpc_resp *resp, void *ud) {
-  struct task *t = ud;
-  lrt_t *lrt = sched__opts(t->run->sched)->lrt;
-  t->xfer = NULL;
-  /* The body is the run's to keep: charge it to the run (its next slice
-  ** judges it against the budget). */
-  int prev = lrt_account_use(lrt, t->run->mem_acct);
-  t->nres = run__push_http_response(t->co, resp);
-  lrt_account_use(lrt, prev);
-  run__complete(t);
-}
-
-/* Whether skill id may call the engine's own API over HTTP: only the
-** skills allowed to deploy (docs/security.md). Any other skill's requests
-** carry HTTPC_SKILL_HEADER, which the API refuses, and may not connect to
-** the API's address. */
-static int may_call_api(const struct sched_opts *o, const char *id) {
-  for (const char *const *c = o->api_callers; id && c && *c; c++)
-    if (!strcmp(*c, id)) return 1;
-  return 0;
-}
-
-/* OP_HTTP (request table): start the transfer; the task parks until the
-** response, a failure, or its step's timeout. */
-static void op_http(struct task *t, lua_State *co) {
-  struct run *r = t->run;
-  const struct sched_opts *o = sched__opts(r->sched);
-  char *hdrs[RUN_HTTP_MAX_HEADERS + 1];
-  struct httpc_req req;
-  err_t e;
-  int nh = run__http_request_from_lua(co, 2, &req, hdrs);
-  req.for_skill = !may_call_api(o, r->skill ? r->skill->id : NULL);
-  req.gated = 1; /* not sent while the lease is in doubt (sched.h) */
-  int rc;
-  /* A step whose time is up gets no more I/O in this attempt. */
-  if (t->step_timed_out) {
-    rc = err_set(&e, ERR_BUSY, "the step timed out");
-  } else if (!o->http) {
-    rc = err_set(&e, ERR_INTERNAL, "no HTTP client in this process");
-  } else {
-    mark_running(t);
-    rc = httpc_start(o->http, &req, on_http, t, &t->xfer, &e);
-  }
-  run__http_headers_free(hdrs, nh);
-  lua_settop(co, 0);
-  run__park(t, 1);
-  if (rc) {
-    lua_pushnil(co);
-    lua_pushstring(co, e.msg);
-    t->nres = 2;
-    run__complete(t);
-  }
-}
-
-/* A task's function returned (ok, payload) or raised past every handler. */
-static void task_finished(struct task *t, int rc) {
-  struct run *r = t->run;
-  lua_State *co = t->co;
-  const char *kill = lrt_killed(sched__opts(r->sched)->lrt);
-  int ok = 0;
-  char *payload = NULL;
-  if (rc == 0) {
-    ok = lua_toboolean(co, 1);
-    payload = lua_isstring(co, 2) ? mem_strdup(lua_tostring(co, 2)) : NULL;
-  } else {
-    const char *msg = *kill ? kill : lua_isstring(co, -1) ? lua_tostring(co, -1) : "error";
-    payload = jsontext_message(msg);
-  }
-  lua_settop(co, 0);
-  if (t->parent) run_child_ended(t, ok, payload);
-  else run__finish(r, ok ? "completed" : "failed", ok ? (payload ? payload : "null") : NULL,
-                   ok ? NULL : payload);
-  free(payload);
-}
-
-/* See run.h: a run that is stopping or was interrupted is dropped instead. */
-void run_resume(struct task *t) {
-  struct run *r = t->run;
-  if (r->aborted || r->finished || r->dormant || t->state != T_READY || !t->co) return;
-  sched_t *s = r->sched;
-  if (sched__draining(s) && !t->in_body) {
-    /* Stopping: the run is at a checkpoint; the next engine goes on from here. */
-    run_abort(r, NULL, NULL);
-    return;
-  }
-  lrt_t *lrt = sched__opts(s)->lrt;
-  t->state = T_RUNNING;
-  int nres = t->nres;
-  t->nres = 0;
-  sched__set_current(s, t);
-  crash_set_run(r->id); /* a crash from here on is this run's (core/crash.c) */
-  int prev = lrt_account_use(lrt, r->mem_acct);
-  int rc = lrt_resume(lrt, t->co, nres);
-  lrt_account_use(lrt, prev);
-  crash_set_run(NULL);
-  sched__set_current(s, NULL);
-  if (lrt_interrupted(lrt)) {
-    /* Ctrl-C in the REPL (lrt_interrupt): drop the run without writing
-    ** what it yielded; it stays resumable from its journal. */
-    run_abort(r, NULL, NULL);
-    return;
-  }
-  if (rc != LUA_YIELD) {
-    task_finished(t, rc);
-    return;
-  }
-  lua_State *co = t->co;
-  switch ((int)lua_tointeger(co, 1)) {
-  case OP_COMMIT: op_commit(t, co); break;
-  case OP_RETRY: op_retry(t, co); break;
-  case OP_FAIL: op_fail(t, co); break;
-  case OP_SLEEP: run_op_sleep(t, co); break;
-  case OP_WAIT: run_op_wait(t, co); break;
-  case OP_INVOKE: run_op_invoke(t, co); break;
-  case OP_SEND: run_op_send(t, co); break;
-  case OP_PARALLEL: run_op_parallel(t, co); break;
-  case OP_DELAY: op_delay(t, co); break;
-  case OP_CANCEL: modules_op_cancel(t, co); break;
-  case OP_BACKOFF: op_backoff(t, co); break;
-  case OP_HTTP: op_http(t, co); break;
-  case OP_PAUSE: run_op_pause(t, co); break; /* the REPL's step_through */
-  default: {
-    lua_settop(co, 0);
-    run__finish(r, "failed", NULL, "{\"message\":\"internal error: unknown op yielded\"}");
-  }
-  }
-}
-
-/* ---- core functions for the runtime's Lua ---- */
-
-/* The scheduler, the C function's upvalue. */
-static sched_t *up_sched(lua_State *L) { return lua_touserdata(L, lua_upvalueindex(1)); }
-
-/* core.log(level, msg, seq): a line in the current run's trace. */
-static int c_log(lua_State *L) {
-  sched_t *s = up_sched(L);
-  const char *level = luaL_checkstring(L, 1);
-  size_t len;
-  const char *msg = luaL_checklstring(L, 2, &len);
-  int seq = (int)luaL_optinteger(L, 3, 0);
-  struct task *t = sched__current(s);
-  char cut[65536 + 32];
-  if (len > 65536) {
-    snprintf(cut, sizeof cut, "%.65536s [cut]", msg);
-    msg = cut;
-  }
-  if (!t) {
-    term_printf(stderr, "[%s] %s\n", level, msg);
-    return 0;
-  }
-  fault_log(msg); /* tests: a real crash here, or faults armed by the run (base/fault.h) */
-  struct log_row row = {.run_id = t->run->id, .seq = seq, .ts = units_now_ms(), .level = level,
-                        .msg = msg};
-  journal_log(sched__journal(s), &row);
-  if (sched__opts(s)->verbose) term_printf(stderr, "    %s: %s\n", level, msg);
-  return 0;
-}
-
-/* A step body's time is up: its request in flight fails now, and it gets
-** no more I/O in this attempt. */
-static void on_step_timeout(struct stimer *tm) {
-  struct task *t = (struct task *)((char *)tm - offsetof(struct task, step_timer));
-  t->step_timed_out = 1;
-  if (t->xfer) {
-    httpc_cancel(t->xfer);
-    t->xfer = NULL;
-    char d[32], msg[128];
-    units_fmt_duration(t->step_timeout_ms, d, sizeof d);
-    snprintf(msg, sizeof msg, "step '%s' timed out after %s", t->step_id, d);
-    lua_pushnil(t->co);
-    lua_pushstring(t->co, msg);
-    t->nres = 2;
-    run__complete(t);
-  }
-}
-
-/* core.step_begin(seq, id, attempt, timeout_ms, started): a body starts. */
-static int c_step_begin(lua_State *L) {
-  sched_t *s = up_sched(L);
-  struct task *t = sched__current(s);
-  if (!t) return 0;
-  t->step_seq = (int)luaL_checkinteger(L, 1);
-  free(t->step_id);
-  t->step_id = mem_strdup(luaL_checkstring(L, 2));
-  t->step_attempt = (int)luaL_checkinteger(L, 3);
-  t->step_timeout_ms = (int64_t)luaL_optnumber(L, 4, 0);
-  t->step_started = (int64_t)luaL_optnumber(L, 5, (lua_Number)units_now_ms());
-  t->step_marked = 0;
-  t->step_timed_out = 0;
-  t->in_body = 1;
-  if (t->step_attempt <= 1) t->usage_prompt = t->usage_completion = t->usage_total = t->usage_calls = 0;
-  t->step_timer.fn = on_step_timeout;
-  if (t->step_timeout_ms > 0) sched__timer_start(s, &t->step_timer, units_now_ms() + t->step_timeout_ms);
-  return 0;
-}
-
-/* core.step_end(): the body returned or raised. */
-static int c_step_end(lua_State *L) {
-  sched_t *s = up_sched(L);
-  struct task *t = sched__current(s);
-  if (t) {
-    sched__timer_stop(s, &t->step_timer);
-    t->in_body = 0;
-  }
-  return 0;
-}
-
-/* core.step_interrupted(seq, id, n, started): replay found attempt n of a
-** step in flight when its process stopped (a crash, a kill, a lost lease):
-** record it as interrupted; the body runs again as attempt n + 1, from now
-** (the attempt row's retry_at, which the trace shows as the next start). */
-static int c_step_interrupted(lua_State *L) {
-  sched_t *s = up_sched(L);
-  struct task *t = sched__current(s);
-  if (!t) return 0;
-  int64_t now = units_now_ms();
-  struct attempt_row a = {
-    .run_id = t->run->id, .seq = (int)luaL_checkinteger(L, 1), .n = (int)luaL_checkinteger(L, 3),
-    .status = "interrupted",
-    .error = "the process running this attempt stopped before it ended (a crash, a kill, a "
-             "shutdown past its grace period or a lost lease); the step ran again",
-    .started_at = (int64_t)luaL_optnumber(L, 4, 0), .retry_at = now,
-  };
-  journal_attempt(sched__journal(s), &a);
-  run__verbose(t->run, "\xe2\x86\xbb", luaL_checkstring(L, 2), 0, "attempt interrupted; running it again");
-  return 0;
-}
-
-/* core.step_usage(prompt, completion, total): an LLM call's tokens, added
-** to the step whose body is running. */
-static int c_step_usage(lua_State *L) {
-  struct task *t = sched__current(up_sched(L));
-  if (t) {
-    t->usage_prompt += (int64_t)luaL_optnumber(L, 1, 0);
-    t->usage_completion += (int64_t)luaL_optnumber(L, 2, 0);
-    t->usage_total += (int64_t)luaL_optnumber(L, 3, 0);
-    t->usage_calls++;
-  }
-  return 0;
-}
-
-/* See run.h: core.log, core.step_*, and core.OP. */
-void run_register_core(lrt_t *lrt, sched_t *s) {
-  lua_State *L = lrt_L(lrt);
-  lrt_register(lrt, "log", c_log, s);
-  lrt_register(lrt, "step_begin", c_step_begin, s);
-  lrt_register(lrt, "step_end", c_step_end, s);
-  lrt_register(lrt, "step_usage", c_step_usage, s);
-  lrt_register(lrt, "step_interrupted", c_step_interrupted, s);
-  lua_createtable(L, 0, 12);
-  static const struct { const char *name; int op; } ops[] = {
-    {"COMMIT", OP_COMMIT}, {"RETRY", OP_RETRY}, {"FAIL", OP_FAIL},
-    {"SLEEP", OP_SLEEP}, {"BACKOFF", OP_BACKOFF}, {"HTTP", OP_HTTP},
-    {"WAIT", OP_WAIT}, {"INVOKE", OP_INVOKE}, {"SEND", OP_SEND}, {"PARALLEL", OP_PARALLEL},
-    {"DELAY", OP_DELAY}, {"CANCEL", OP_CANCEL}, {"PAUSE", OP_PAUSE},
-  };
-  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
-    lua_pushinteger(L, ops[i].op);
-    lua_setfield(L, -2, ops[i].name);
-  }
-  lrt_register_value(lrt, "OP");
 }

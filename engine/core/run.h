@@ -27,27 +27,10 @@
 #include <lua.h>
 
 #include "core/httpc.h"
+#include "core/op.h" /* the ops a run's coroutine yields, and their handlers */
 #include "core/sched.h"
 #include "lua/skill.h"
 
-/* Ops a run's coroutine yields; the Lua side gets them as core.OP. */
-enum run_op {
-  OP_COMMIT = 1, /* a step body returned: record its result */
-  OP_RETRY,      /* a step attempt failed: record it, wait the backoff */
-  OP_FAIL,       /* a step failed for good: record it */
-  OP_SLEEP,      /* durable sleep until a time */
-  OP_BACKOFF,    /* replay: wait out a recorded backoff */
-  OP_HTTP,       /* an HTTP request */
-  OP_WAIT,       /* wait for an event */
-  OP_INVOKE,     /* start a child run and wait for it */
-  OP_SEND,       /* send events */
-  OP_PARALLEL,   /* run step bodies in child tasks */
-  OP_DELAY,      /* wait inside a step body, not journaled (llm.chat's retries) */
-  OP_CANCEL,     /* runs.cancel: cancel another run (engine/core/modules.c) */
-  /* The REPL's step_through (engine/core/run_pause.c): pause before a live step.
-  ** A fixed value, apart from the ops above. */
-  OP_PAUSE = 40,
-};
 
 /* A timer in the scheduler's heap. */
 struct stimer {
@@ -89,7 +72,8 @@ struct task {
   int nkids, kids_left;
   char **kid_value;
   int *kid_ok;
-  /* a sleep, wait or invoke in progress (the main task only) */
+  /* a sleep, wait or invoke in progress (the main task; a step.parallel
+  ** child's invoke inside its body) */
   int wait_seq;
   char *wait_id;
   const char *wait_kind; /* "sleep", "wait", "invoke" */
@@ -121,8 +105,9 @@ struct run {
   int mem_acct;      /* the memory account of its coroutines (lrt.h), while it has them */
   int crashes;       /* processes that died while it executed, since its last checkpoint
                      ** (from the store; cleared at its next durable write) */
-  char *ckey;        /* its concurrency key's value (JSON), when the skill has a limit */
-  int slot_held, slot_pending;
+  char *limits;      /* its limits with their keys' values (flowctl_limits), once asked */
+  int slot_held, slot_pending, slot_ever; /* slots: held, asked for, held once */
+  struct stimer flow_timer; /* a throttled run asks again at its start time (flowctl.c) */
   struct run *prev, *next; /* the scheduler's list of live runs */
 };
 
@@ -170,16 +155,17 @@ void run_delivered(struct run *r, int seq);
 /* Someone asked to cancel r (reason: a message or the cancelling event). */
 void run_cancelled(struct run *r, const char *reason);
 
-/* The ops of the flow steps (run_flow.c), called from run_resume. */
-void run_op_sleep(struct task *t, lua_State *co);
-void run_op_wait(struct task *t, lua_State *co);
-void run_op_invoke(struct task *t, lua_State *co);
-void run_op_send(struct task *t, lua_State *co);
-void run_op_parallel(struct task *t, lua_State *co);
+/* The ops' handlers (run_op_commit, ...; the flow steps' in run_flow.c)
+** are declared by op.h, from its table, and called from run_resume. */
+/* The step's time is up while t's body waits for a child run (an invoke
+** in a step.parallel branch): end the wait now. */
+void run__wait_stop(struct task *t);
 /* A step.parallel child ended with (ok, value JSON). */
 void run_child_ended(struct task *t, int ok, const char *value);
 /* Shared by run.c and run_flow.c. */
 void run__park(struct task *t, int waits);
+/* A task's timer (a sleep, a backoff, a delay) fired: one completion. */
+void run__on_timer(struct stimer *tm);
 void run__complete(struct task *t);
 void run__wait_durable(struct task *t);
 void run__task_cancel(struct task *t);
@@ -188,10 +174,11 @@ void run__stop_kids(struct task *t);
 void run__free_kids(struct task *t);
 void run__finish(struct run *r, const char *status, const char *output, const char *error);
 void run__verbose(struct run *r, const char *mark, const char *id, int64_t ms, const char *extra);
-/* Give back r's concurrency slot (it parks for long). */
+/* Give back r's concurrency slots (it parks for long, or ends: flowctl.c). */
 void run__release_slot(struct run *r);
-/* Wait for runs that could not get a slot (sched.c keeps them). */
-void sched__slot_wait(sched_t *s, struct run *r);
+/* The value (compact JSON) at a path such as "event.data.service" in r's
+** event (its input for runs not started by an event); "null" if absent. */
+char *run__event_value(struct run *r, const char *path);
 
 /* ---- OP_HTTP's conversions, shared with the REPL (repl.c) ---- */
 

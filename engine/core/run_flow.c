@@ -21,15 +21,13 @@
 #include "base/ids.h"
 #include "base/mem.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "core/run.h"
 
 #include <lauxlib.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Value i of co as an integer (times: Lua numbers). */
-static int64_t num(lua_State *co, int i) { return (int64_t)lua_tonumber(co, i); }
 
 /* ---- parking long, and eviction ---- */
 
@@ -69,13 +67,13 @@ static void unpark_long(struct task *t) {
   }
 }
 
-/* Note the step that parks t: its seq and id (values 2 and 3 of co), kind,
-** until when, and when it started. */
-static void set_wait(struct task *t, lua_State *co, const char *kind, int64_t until,
+/* Note the step that parks t: its seq and id, kind, until when, and when
+** it started. */
+static void set_wait(struct task *t, int seq, const char *id, const char *kind, int64_t until,
                      int64_t started) {
-  t->wait_seq = (int)lua_tointeger(co, 2);
+  t->wait_seq = seq;
   free(t->wait_id);
-  t->wait_id = mem_strdup(lua_tostring(co, 3));
+  t->wait_id = mem_strdup(id);
   t->wait_kind = kind;
   t->wait_until = until;
   t->wait_started = started;
@@ -85,12 +83,13 @@ static void set_wait(struct task *t, lua_State *co, const char *kind, int64_t un
 
 static void on_sleep_end(struct stimer *tm);
 
-/* OP_SLEEP (seq, id, wake_at, started): journal the sleeping step and park
+/* OP_SLEEP (op.h): journal the sleeping step and park
 ** until wake_at. */
-void run_op_sleep(struct task *t, lua_State *co) {
+void run_op_sleep(struct task *t, const struct op_sleep *a) {
   struct run *r = t->run;
-  int64_t wake_at = num(co, 4);
-  set_wait(t, co, "sleep", wake_at, num(co, 5));
+  lua_State *co = t->co;
+  int64_t wake_at = a->wake_at;
+  set_wait(t, a->seq, a->id, "sleep", wake_at, a->started);
   struct step_row row = {
     .run_id = r->id, .seq = t->wait_seq, .id = t->wait_id, .kind = "sleep",
     .status = "sleeping", .attempts = 1, .started_at = t->wait_started, .wake_at = wake_at,
@@ -137,7 +136,7 @@ static int invoke_failure(const char *outcome, char *msg, size_t cap) {
   }
   cJSON *o = cJSON_Parse(outcome);
   const char *st = cJSON_GetStringValue(cJSON_GetObjectItem(o, "status"));
-  int failed = !st || strcmp(st, "completed");
+  int failed = vocab_run_status(st) != RUN_COMPLETED;
   if (failed) {
     const char *m = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "error"), "message"));
     const char *id = cJSON_GetStringValue(cJSON_GetObjectItem(o, "run_id"));
@@ -148,6 +147,38 @@ static int invoke_failure(const char *outcome, char *msg, size_t cap) {
   return failed;
 }
 
+/* An invoke in a step.parallel branch's body ended with result (the
+** child's outcome, or NULL: its timeout, or its step's, passed): the body
+** goes on, so no step row is written; the wait is removed (the outcome
+** stays in the child's row, where a replay of the body finds it again),
+** and a child not waited for any more is cancelled. The branch resumes
+** with (outcome or nil, the time[, why its step's time ran out]). */
+static void branch_wait_finish(struct task *t, const char *result, int64_t now) {
+  struct run *r = t->run;
+  journal_t *j = sched__journal(r->sched);
+  struct wait_end we = {.run_id = r->id, .seq = t->wait_seq};
+  journal_wait_end(j, &we);
+  if (!result && t->wait_child) {
+    struct cancel_row c = {.run_id = t->wait_child, .reason = "its parent stopped waiting",
+                           .at = now, .by_run = r->id};
+    journal_cancel(j, &c);
+  }
+  run__verbose(r, result ? "\xe2\x9c\x93" : "\xe2\x9c\x97", t->wait_id, now - t->wait_started,
+               result ? "(child ended)" : "(timed out)");
+  if (result) lua_pushstring(t->co, result);
+  else lua_pushnil(t->co);
+  lua_pushnumber(t->co, (lua_Number)now);
+  t->nres = 2;
+  if (!result && t->step_timed_out) {
+    char d[32];
+    units_fmt_duration(t->step_timeout_ms, d, sizeof d);
+    lua_pushfstring(t->co, "step '%s' timed out after %s while waiting for its child run %s",
+                    t->step_id ? t->step_id : "?", d, t->wait_child ? t->wait_child : "?");
+    t->nres = 3;
+  }
+  run__wait_durable(t);
+}
+
 /* Complete the wait step with result (JSON text, or NULL: timed out). An
 ** invoke whose child did not complete is a failed step, its outcome kept. */
 static void wait_finish(struct task *t, const char *result) {
@@ -156,6 +187,10 @@ static void wait_finish(struct task *t, const char *result) {
   t->waiting = 0;
   sched__timer_stop(r->sched, &t->timer);
   int64_t now = units_now_ms();
+  if (t->parent) {
+    branch_wait_finish(t, result, now);
+    return;
+  }
   char why[1024];
   int failed = !strcmp(t->wait_kind, "invoke") && invoke_failure(result, why, sizeof why);
   struct step_row row = {
@@ -227,14 +262,17 @@ static void on_wait_registered(void *arg, const struct jentry *je) {
     t->waiting = 1;
     t->timer.fn = on_wait_timeout;
     if (t->wait_until) sched__timer_start(r->sched, &t->timer, t->wait_until);
-    parked_long(t, t->wait_until);
+    /* A branch's wait is inside its body: the run stays in memory (a run
+    ** with branches is never evicted), and its step's time may be up. */
+    if (!t->parent) parked_long(t, t->wait_until);
+    else if (t->step_timed_out) wait_end(t);
   }
   run_unref(r);
 }
 
 /* Journal the wait step, the run's status and the wait registration. */
-static void register_wait(struct task *t, const char *kind, const char *name,
-                          const char *match_path, const char *match_value, const char *output) {
+static void register_wait(struct task *t, const char *kind, const char *name, const char *match,
+                          const char *output) {
   struct run *r = t->run;
   sched_t *s = r->sched;
   journal_t *j = sched__journal(s);
@@ -245,30 +283,42 @@ static void register_wait(struct task *t, const char *kind, const char *name,
   };
   struct run_set set = {.run_id = r->id, .status = "waiting", .wake_at = t->wait_until};
   struct wait_row w = {
-    .run_id = r->id, .seq = t->wait_seq, .kind = kind, .name = name, .match_path = match_path,
-    .match_value = match_value, .owner = sched_owner(s), .since = r->since,
+    .run_id = r->id, .seq = t->wait_seq, .kind = kind, .name = name, .match = match,
+    .owner = sched_owner(s), .since = r->since,
     .exclude = r->trigger_event,
     .timeout_at = t->wait_until,
   };
-  journal_step(j, &row);
-  journal_run_set(j, &set);
+  if (t->parent) {
+    /* A branch's invoke: the branch's own row says what it waits for (its
+    ** body is in flight; a replay reads the child and the timeout there). */
+    row.id = t->step_id;
+    row.kind = "run";
+    row.status = "running";
+    row.attempts = t->step_attempt;
+    row.started_at = t->step_started;
+    t->step_marked = 1;
+    journal_step(j, &row);
+  } else {
+    journal_step(j, &row);
+    journal_run_set(j, &set);
+  }
   journal_wait(j, &w);
   r->refs++;
   sched__after_entry(s, on_wait_registered, t);
   run__park(t, 1);
 }
 
-/* OP_WAIT (seq, id, name, path, value, until, started): wait for an event. */
-void run_op_wait(struct task *t, lua_State *co) {
-  set_wait(t, co, "wait", num(co, 7), num(co, 8));
+/* OP_WAIT (op.h): wait for an event; match is a JSON object of path ->
+** value, or NULL. */
+void run_op_wait(struct task *t, const struct op_wait *a) {
+  set_wait(t, a->seq, a->id, "wait", a->timeout_at, a->started);
   free(t->wait_child);
   t->wait_child = NULL;
-  char *name = mem_strdup(lua_tostring(co, 4));
-  char *path = lua_isstring(co, 5) ? mem_strdup(lua_tostring(co, 5)) : NULL;
-  char *value = lua_isstring(co, 6) ? mem_strdup(lua_tostring(co, 6)) : NULL;
-  lua_settop(co, 0);
-  register_wait(t, "event", name, path, value, NULL);
-  free(name), free(path), free(value);
+  char *name = mem_strdup(a->event);
+  char *match = a->match ? mem_strdup(a->match) : NULL;
+  lua_settop(t->co, 0);
+  register_wait(t, "event", name, match, NULL);
+  free(name), free(match);
 }
 
 /* See run.h: a dormant run is replayed (it finds the result then). */
@@ -279,7 +329,20 @@ void run_delivered(struct run *r, int seq) {
     return;
   }
   struct task *t = &r->main;
-  if (t->waiting && t->wait_seq == seq) wait_end(t);
+  if (t->waiting && t->wait_seq == seq) {
+    wait_end(t);
+    return;
+  }
+  /* An invoke in a step.parallel branch waits at the branch's seq. */
+  for (int i = 0; i < t->nkids; i++) {
+    struct task *k = t->kids[i];
+    if (k && k->co && k->waiting && k->wait_seq == seq) wait_end(k);
+  }
+}
+
+/* See run.h: the step's time is up while its body waits for a child. */
+void run__wait_stop(struct task *t) {
+  if (t->waiting) wait_end(t);
 }
 
 /* Answer an invoke that could not start its child (or a send_event whose
@@ -287,6 +350,16 @@ void run_delivered(struct run *r, int seq) {
 static void invoke_failed(struct task *t, const char *msg) {
   struct run *r = t->run;
   int64_t now = units_now_ms();
+  if (t->parent) {
+    /* In a branch's body: the body raises it, and its step records it. */
+    lua_pushnil(t->co);
+    lua_pushnumber(t->co, (lua_Number)now);
+    lua_pushstring(t->co, msg);
+    t->nres = 3;
+    run__park(t, 1);
+    run__complete(t);
+    return;
+  }
   struct step_row row = {
     .run_id = r->id, .seq = t->wait_seq, .id = t->wait_id, .kind = t->wait_kind, /* or "send" */
     .status = "failed", .error = msg, .attempts = 1, .started_at = t->wait_started,
@@ -301,17 +374,27 @@ static void invoke_failed(struct task *t, const char *msg) {
   run__wait_durable(t);
 }
 
-/* OP_INVOKE (seq, id, skill, data, until, started, child): start the child
+/* OP_INVOKE (op.h): start the child
 ** run (unless a replay names it already) and wait for its outcome. */
-void run_op_invoke(struct task *t, lua_State *co) {
+void run_op_invoke(struct task *t, const struct op_invoke *a) {
   struct run *r = t->run;
   sched_t *s = r->sched;
-  set_wait(t, co, "invoke", num(co, 6), num(co, 7));
-  char *skill_id = mem_strdup(lua_tostring(co, 4));
-  char *data = mem_strdup(lua_tostring(co, 5));
+  set_wait(t, a->seq, a->id, "invoke", a->timeout_at, a->started);
+  char *skill_id = mem_strdup(a->skill);
+  char *data = mem_strdup(a->data);
   free(t->wait_child);
-  t->wait_child = lua_isstring(co, 8) ? mem_strdup(lua_tostring(co, 8)) : NULL;
-  lua_settop(co, 0);
+  t->wait_child = a->child ? mem_strdup(a->child) : NULL;
+  lua_settop(t->co, 0);
+  if (t->parent && t->step_timed_out) {
+    /* A branch whose time is up starts no child in this attempt (as it
+    ** sends no request: op_http). */
+    char msg[300];
+    snprintf(msg, sizeof msg, "step '%s' timed out before its child run started",
+             t->step_id ? t->step_id : "?");
+    invoke_failed(t, msg);
+    free(skill_id), free(data);
+    return;
+  }
   if (!t->wait_child) {
     struct skill *sk;
     err_t e;
@@ -331,12 +414,21 @@ void run_op_invoke(struct task *t, lua_State *co) {
     /* The child's id comes from this run's id and the step's, at the
     ** step's start (a replay's is the same): a replay of this step that
     ** creates the child again makes the same run, or finds it. */
-    char child[27], key[300];
+    char child[27], key[640];
     int64_t now = units_now_ms();
     int64_t at = t->wait_started > 0 && t->wait_started < now ? t->wait_started : now;
-    snprintf(key, sizeof key, "%s:%s", r->id, t->wait_id);
+    /* A branch's invoke (its key "branch/ID", at the parallel's start):
+    ** a unit separator keeps its key apart from any step id's. A retry or
+    ** replay of the body reaches it again with the same key: a child that
+    ** exists already (here, or in the store: ended, or another
+    ** process's) is awaited, not created again. */
+    snprintf(key, sizeof key, "%s:%s%s", r->id, t->wait_id, t->parent ? "\x1f" : "");
     ids_ulid_derived(at, key, child);
-    if (!sched__find(s, child) && sched__run_new(s, sk, child, at, tj, data, r->id, &e)) {
+    char st[32];
+    err_t se;
+    int exists = sched__find(s, child) != NULL ||
+                 (t->parent && !store_run_status(sched__opts(s)->store, child, st, sizeof st, &se));
+    if (!exists && sched__run_new(s, sk, child, t->parent ? now : at, tj, data, r->id, &e)) {
       invoke_failed(t, e.msg);
       free(tj), free(skill_id), free(data);
       return;
@@ -344,10 +436,15 @@ void run_op_invoke(struct task *t, lua_State *co) {
     free(tj);
     t->wait_child = mem_strdup(child);
   }
-  char out[64];
-  snprintf(out, sizeof out, "{\"run_id\":\"%s\"}", t->wait_child);
-  register_wait(t, "child", t->wait_child, NULL, NULL, out);
-  free(skill_id), free(data);
+  /* The step's record while it waits: the child; a branch's also names
+  ** the invoke, whose replay (flow.lua's branch_invoke) reads it back. */
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "run_id", t->wait_child);
+  if (t->parent) cJSON_AddStringToObject(o, "step", t->wait_id);
+  char *out = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  register_wait(t, "child", t->wait_child, NULL, out);
+  free(out), free(skill_id), free(data);
 }
 
 /* ---- send_event ---- */
@@ -390,14 +487,14 @@ static void on_sent(void *arg, const struct jentry *last) {
   free(sc);
 }
 
-/* OP_SEND (seq, id, events JSON, started): journal the events (each with an
+/* OP_SEND (op.h): journal the events (each with an
 ** idempotency key, so a replay sends nothing twice). */
-void run_op_send(struct task *t, lua_State *co) {
+void run_op_send(struct task *t, const struct op_send *a) {
   struct run *r = t->run;
   sched_t *s = r->sched;
-  set_wait(t, co, "send", 0, num(co, 5));
-  cJSON *list = cJSON_Parse(lua_tostring(co, 4));
-  lua_settop(co, 0);
+  set_wait(t, a->seq, a->id, "send", 0, a->started);
+  cJSON *list = cJSON_Parse(a->events);
+  lua_settop(t->co, 0);
   journal_t *j = sched__journal(s);
   int64_t now = units_now_ms(), limit = sched__opts(s)->event_limit;
   int n = 0;
@@ -438,17 +535,17 @@ void run_op_send(struct task *t, lua_State *co) {
 
 /* ---- parallel ---- */
 
-/* OP_PARALLEL (seq, id, started, coroutines...): run each body as a child
+/* OP_PARALLEL (op.h): run each body as a child
 ** task; the parent parks until all have ended. */
-void run_op_parallel(struct task *t, lua_State *co) {
+void run_op_parallel(struct task *t, const struct op_parallel *a) {
   struct run *r = t->run;
   sched_t *s = r->sched;
   lrt_t *lrt = sched__opts(s)->lrt;
-  int seq = (int)lua_tointeger(co, 2);
-  int n = lua_gettop(co) - 4;
+  lua_State *co = t->co;
+  int n = a->tasks.n;
   struct step_row row = {
-    .run_id = r->id, .seq = seq, .id = lua_tostring(co, 3), .kind = "parallel",
-    .status = "running", .attempts = 1, .started_at = num(co, 4),
+    .run_id = r->id, .seq = a->seq, .id = a->id, .kind = "parallel",
+    .status = "running", .attempts = 1, .started_at = a->started,
   };
   journal_step(sched__journal(s), &row);
   run__free_kids(t);
@@ -462,8 +559,8 @@ void run_op_parallel(struct task *t, lua_State *co) {
     k->run = r;
     k->parent = t;
     k->child_index = i;
-    k->co = lua_tothread(co, 5 + i);
-    lua_pushvalue(co, 5 + i);
+    k->co = lua_tothread(co, a->tasks.first + i);
+    lua_pushvalue(co, a->tasks.first + i);
     lua_xmove(co, L, 1);
     k->co_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     k->timer.fn = t->timer.fn;

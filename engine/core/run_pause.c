@@ -1,9 +1,8 @@
 /*
 ** run_pause.c: pausing a run before each live step (see run_pause.h).
 ** The Lua half is lua/run_pause.lua: run.lua's next_step calls R.pause
-** for a step past the journal's end, which yields
-**
-**   PAUSE seq id kind   -> "run" | "skip", value JSON   (never resumed after "stop")
+** for a step past the journal's end, which yields OP_PAUSE (op.h: seq id
+** kind -> "run" | "skip", value JSON; never resumed after "stop").
 **
 ** The handler runs on the loop thread inside run_resume's op dispatch: it
 ** answers at once, or leaves the run parked (PAUSE_WAIT) and answers later
@@ -79,11 +78,13 @@ int run_pause_enable(sched_t *s, const char *run_id, err_t *e) {
   return ok ? 0 : err_set(e, ERR_NOTFOUND, "run %s has no task to pause", run_id);
 }
 
-void run_op_pause(struct task *t, lua_State *co) {
+/* OP_PAUSE (op.h): ask the handler about the step; answer now, or later. */
+void run_op_pause(struct task *t, const struct op_pause *a) {
   struct run *r = t->run;
+  lua_State *co = t->co;
   struct run_pause_step p = {
-    .run_id = r->id, .skill = r->skill ? r->skill->id : "", .seq = (int)lua_tointeger(co, 2),
-    .step_id = lua_tostring(co, 3), .kind = lua_tostring(co, 4),
+    .run_id = r->id, .skill = r->skill ? r->skill->id : "", .seq = a->seq, .step_id = a->id,
+    .kind = a->kind,
   };
   char *value = NULL;
   enum run_pause_decision d = PAUSE_RUN;

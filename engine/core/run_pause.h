@@ -48,8 +48,6 @@ int run_pause_enable(sched_t *s, const char *run_id, err_t *e);
 int run_pause_answer(sched_t *s, const char *run_id, enum run_pause_decision d, const char *value,
                      err_t *e);
 
-struct task;
-/* OP_PAUSE seq id kind, from run_resume. */
-void run_op_pause(struct task *t, lua_State *co);
+/* Its op, OP_PAUSE, is handled by run_op_pause (declared by core/op.h). */
 
 #endif

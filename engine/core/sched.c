@@ -25,6 +25,8 @@
 #include "base/mem.h"
 #include "base/proc.h"
 #include "base/units.h"
+#include "base/vocab.h"
+#include "core/flowctl.h"
 #include "core/sched_int.h"
 
 #include <fcntl.h>
@@ -68,15 +70,13 @@ void sched__want_dispatch(sched_t *s) { s->dispatch_wanted = 1; }
 
 /* ---- the ready queue ---- */
 
-static void gate(sched_t *s, struct run *r);
-
 /* See run.h: queue t to be resumed (its run takes a reference until then);
 ** a run that needs a concurrency slot asks for it first. */
 void sched__ready(sched_t *s, struct task *t) {
   struct run *r = t->run;
-  if (t == &r->main && r->skill && r->skill->concurrency_limit > 0 && !r->slot_held) {
-    /* A run executes only while it holds a concurrency slot. */
-    gate(s, r);
+  if (t == &r->main && flowctl_needed(r) && !r->slot_held) {
+    /* A run executes only while it holds its concurrency slots. */
+    flowctl_gate(s, r);
     return;
   }
   t->run->refs++; /* released once the task has been resumed (or skipped) */
@@ -139,57 +139,6 @@ static void idle_cb(uv_idle_t *h) {
   if (!s->ready_head) uv_idle_stop(&s->idle);
 }
 
-/* ---- concurrency slots ---- */
-
-/* The store answered a slot request (je->result "1": granted). */
-static void on_slot(void *arg, const struct jentry *je) {
-  struct run *r = arg;
-  sched_t *s = r->sched;
-  r->slot_pending = 0;
-  if (!r->aborted && !r->finished && !r->dormant) {
-    if (je->result) {
-      r->slot_held = 1;
-      sched__ready(s, &r->main);
-    } else {
-      sched__slot_wait(s, r);
-    }
-  }
-  run_unref(r);
-}
-
-/* Ask the store for r's slot; the answer makes the run ready or queues it. */
-static void gate(sched_t *s, struct run *r) {
-  if (r->slot_pending) return;
-  r->slot_pending = 1;
-  struct slot_row sl = {.run_id = r->id, .skill = r->skill->id, .key = r->ckey ? r->ckey : "",
-                        .limit = r->skill->concurrency_limit, .acquire = 1, .at = r->created_at};
-  journal_slot(s->open.j, &sl);
-  r->refs++;
-  sched__after_entry(s, on_slot, r);
-}
-
-/* See run.h: keep r (referenced) to ask again at the next poll. */
-void sched__slot_wait(sched_t *s, struct run *r) {
-  s->slot_waiters = mem_realloc(s->slot_waiters,
-                                (size_t)(s->nslot_waiters + 1) * sizeof *s->slot_waiters);
-  r->refs++;
-  s->slot_waiters[s->nslot_waiters++] = r;
-}
-
-/* Try again for every run waiting for a slot (something may have freed one). */
-static void retry_slots(sched_t *s) {
-  int n = s->nslot_waiters;
-  struct run **w = s->slot_waiters;
-  s->slot_waiters = NULL;
-  s->nslot_waiters = 0;
-  for (int i = 0; i < n; i++) {
-    struct run *r = w[i];
-    if (!r->aborted && !r->finished && !r->dormant && !r->slot_held) gate(s, r);
-    run_unref(r);
-  }
-  free(w);
-}
-
 /* ---- runs ---- */
 
 /* See run.h: r joins the live runs (list and map). */
@@ -225,9 +174,12 @@ void sched_on_finish(sched_t *s, sched_done_cb cb, void *arg) {
 void sched__run_done(sched_t *s, struct run *r, const char *status, const char *output,
                      const char *error) {
   struct sched_result res = {r->id, status, output, error};
-  if (!strcmp(status, "completed")) s->stats.runs_completed++;
-  else if (!strcmp(status, "failed")) s->stats.runs_failed++;
-  else if (!strcmp(status, "cancelled")) s->stats.runs_cancelled++;
+  switch (vocab_run_status(status)) {
+  case RUN_COMPLETED: s->stats.runs_completed++; break;
+  case RUN_FAILED: s->stats.runs_failed++; break;
+  case RUN_CANCELLED: s->stats.runs_cancelled++; break;
+  default: break; /* "abandoned": dropped here without an end */
+  }
   if (strcmp(status, "abandoned"))
     for (int i = 0; i < s->nfinish; i++) s->finish[i].cb(&res, s->finish[i].arg);
   sched__watch_ended(s, &res);
@@ -244,7 +196,9 @@ static struct run *run_new(sched_t *s, struct skill *skill, const char *id, cons
   r->trigger = mem_strdup(trigger ? trigger : "{\"kind\":\"invoke\"}");
   r->input = input ? mem_strdup(input) : NULL;
   r->parent_id = parent_id ? mem_strdup(parent_id) : NULL;
-  r->created_at = r->started_at = now;
+  r->created_at = now;
+  /* A run with limits starts executing when it holds their slots. */
+  r->started_at = skill->nlimits ? 0 : now;
   r->deadline_at = skill->timeout_ms ? now + skill->timeout_ms : 0;
   return r;
 }
@@ -267,9 +221,10 @@ int sched__run_new(sched_t *s, struct skill *skill, const char *id, int64_t crea
   struct run *r = run_new(s, skill, id, trigger, input, parent_id, now);
   if (created > 0 && created < now) r->created_at = created;
   struct run_row row = {
-    .id = r->id, .skill = skill->id, .version = skill->version, .status = "running",
+    .id = r->id, .skill = skill->id, .version = skill->version,
+    .status = skill->nlimits ? "queued" : "running",
     .entry = "run", .trigger = r->trigger, .parent_id = parent_id, .input = input,
-    .owner = s->owner, .created_at = r->created_at, .started_at = now,
+    .owner = s->owner, .created_at = r->created_at, .started_at = r->started_at,
     .deadline_at = r->deadline_at, .by_run = parent_id,
   };
   journal_run_new(s->open.j, &row);
@@ -379,7 +334,10 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
     return 0;
   }
   r->skill = skill;
-  if (strcmp(row->status, "queued")) {
+  int st = vocab_run_status(row->status);
+  /* A queued run that started before (it gave its slots back while
+  ** parked) is replayed like a running one. */
+  if (st != RUN_QUEUED || row->started_at) {
     /* Taken over: say so in the run's trace. */
     s->stats.takeovers++;
     char msg[300];
@@ -389,14 +347,19 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
                         .msg = msg};
     journal_log(s->open.j, &l);
   }
-  if (!strcmp(row->status, "queued")) {
+  if (st == RUN_QUEUED && !row->started_at) {
     if (!r->deadline_at && skill->timeout_ms) r->deadline_at = r->started_at + skill->timeout_ms;
-    struct run_set set = {.run_id = r->id, .status = "running", .started_at = r->started_at};
-    journal_run_set(s->open.j, &set);
+    if (skill->nlimits) {
+      /* Queued for its limits' slots: the grant starts it (flowctl.c). */
+      r->started_at = 0;
+    } else {
+      struct run_set set = {.run_id = r->id, .status = "running", .started_at = r->started_at};
+      journal_run_set(s->open.j, &set);
+    }
     return run_start(s, r, NULL, e);
   }
   /* A parked run costs no coroutine until it wakes: it is replayed then. */
-  if (!strcmp(row->status, "sleeping") || !strcmp(row->status, "waiting"))
+  if (st == RUN_SLEEPING || st == RUN_WAITING)
     return run_start_dormant(s, r, row->wake_at);
   cJSON *steps = NULL;
   if (store_get_steps(s->o.store, r->id, &steps, e)) {
@@ -440,7 +403,6 @@ static void close_handles(sched_t *s);
 /* Hand what other processes delivered to this process's runs: waits that
 ** got their event or child outcome, and cancellations. */
 static void poll_runs(sched_t *s) {
-  if (s->nslot_waiters) retry_slots(s);
   if (!s->nruns) return;
   cJSON *out;
   err_t e;
@@ -462,6 +424,7 @@ static void poll_runs(sched_t *s) {
     struct run *r = sched__find(s, cJSON_GetObjectItem(x, "run_id")->valuestring);
     if (r) run_delivered(r, cJSON_GetObjectItem(x, "seq")->valueint);
   }
+  cJSON_ArrayForEach(x, cJSON_GetObjectItem(out, "grants")) flowctl_granted(s, x->valuestring);
   cJSON_Delete(out);
 }
 
@@ -650,11 +613,13 @@ static void close_handles(sched_t *s) {
     fprintf(stderr, "moonloop: releasing the lease: %s\n", e.msg);
 }
 
-/* A run with a step body in flight (in its main task or a parallel child). */
+/* A run with a step body in flight (in its main task or a parallel child).
+** A child whose body waits for a child run (step.invoke) is at a durable
+** point: its replay awaits the same child again. */
 static int in_body(const struct run *r) {
   if (r->main.in_body) return 1;
   for (int i = 0; i < r->main.nkids; i++)
-    if (r->main.kids[i] && r->main.kids[i]->in_body) return 1;
+    if (r->main.kids[i] && r->main.kids[i]->in_body && !r->main.kids[i]->waiting) return 1;
   return 0;
 }
 
@@ -738,6 +703,5 @@ void sched_free(sched_t *s) {
   free(s->retry.w);
   free(s->heap);
   free(s->map);
-  free(s->slot_waiters);
   free(s);
 }

@@ -104,8 +104,6 @@ struct sched {
                              ** (store_deliver; -1 before the first look) */
   struct { sched_done_cb cb; void *arg; } finish[4];
   int nfinish;
-  struct run **slot_waiters; /* runs refused a slot, to try again at the next poll */
-  int nslot_waiters;
   int64_t data_version;
   /* skills' live versions as last looked up (sched__live_skill), until the
   ** registry changes here (sched__live_forget) or anywhere (the tick) */

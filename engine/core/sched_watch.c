@@ -29,6 +29,7 @@
 #include "base/buf.h"
 #include "base/mem.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "core/sched_int.h"
 
 #include <stdio.h>
@@ -200,9 +201,7 @@ int sched_watch(sched_t *s, const char *run_id, int64_t wait_ms, sched_watch_cb 
   *out = NULL;
   if (!sched__find(s, run_id)) {
     if (store_run_status(s->o.store, run_id, status, sizeof status, e)) return e->code;
-    if (!strcmp(status, "completed") || !strcmp(status, "failed") ||
-        !strcmp(status, "cancelled"))
-      return 1;
+    if (vocab_run_ended(status)) return 1;
   }
   *out = sched__watch_add(s, run_id, wait_ms, cb, arg);
   return 0;

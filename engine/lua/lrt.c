@@ -10,6 +10,7 @@
 #include "base/ids.h"
 #include "base/mem.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "lua/embed.h"
 #include "lua/json.h"
 #include "lua/lrt_int.h"
@@ -596,6 +597,35 @@ static int c_random(lua_State *L) {
   return 1;
 }
 
+/* Push a NULL-terminated word list as a Lua list. */
+static void push_words(lua_State *L, const char *const *words) {
+  lua_newtable(L);
+  for (int i = 0; words[i]; i++) {
+    lua_pushstring(L, words[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+}
+
+/* core.VOCAB: base/vocab.h's lists (run_statuses, step_statuses,
+** step_kinds, trigger_kinds) and ended (the terminal run statuses, a
+** set), so the runtime's Lua checks words against the engine's own. */
+static void register_vocab(lrt_t *r) {
+  lua_State *L = r->L;
+  lua_createtable(L, 0, 5);
+  push_words(L, vocab_run_statuses), lua_setfield(L, -2, "run_statuses");
+  push_words(L, vocab_step_statuses), lua_setfield(L, -2, "step_statuses");
+  push_words(L, vocab_step_kinds), lua_setfield(L, -2, "step_kinds");
+  push_words(L, vocab_trigger_kinds), lua_setfield(L, -2, "trigger_kinds");
+  lua_newtable(L);
+  for (int i = 0; vocab_run_statuses[i]; i++) {
+    if (!vocab_run_ended(vocab_run_statuses[i])) continue;
+    lua_pushboolean(L, 1);
+    lua_setfield(L, -2, vocab_run_statuses[i]);
+  }
+  lua_setfield(L, -2, "ended");
+  lrt_register_value(r, "VOCAB");
+}
+
 /* core.can_yield(): whether the running coroutine may yield to the engine
 ** outside a run (the REPL's coroutines do). */
 static int c_can_yield(lua_State *L) {
@@ -672,6 +702,7 @@ int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e) {
   lrt__patterns_open(r);
   json_open(L);
   lrt_register_value(r, "json");
+  register_vocab(r);
 #ifdef LRT_BENCH_BUDGET
   /* Benchmark builds only (tests/bench/sandbox_cost.sh): 0 = JIT on and no
   ** hook, 1 = JIT off and no hook, 2 = JIT on and the hook. */

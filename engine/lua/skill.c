@@ -56,7 +56,7 @@ static void skill_free(lrt_t *r, lua_State *L, struct skill *s) {
   if (L) luaL_unref(L, LUA_REGISTRYINDEX, s->def_ref);
   if (L && s->cfg_ref) luaL_unref(L, LUA_REGISTRYINDEX, s->cfg_ref);
   free(s->id), free(s->file), free(s->description), free(s->source);
-  free(s->triggers), free(s->cancel_on), free(s->concurrency_key);
+  free(s->triggers), free(s->cancel_on), free(s->limits);
   free(s);
 }
 
@@ -263,11 +263,13 @@ static int load_version(skills_t *c, const char *source, size_t len, const char 
   lua_getfield(L, spec, "has_on_failure");
   s->has_on_failure = lua_toboolean(L, -1);
   lua_pop(L, 1);
-  lua_getfield(L, spec, "concurrency");
-  if (lua_istable(L, -1)) {
-    s->concurrency_limit = (int)opt_int(L, lua_gettop(L), "limit", 0);
-    s->concurrency_key = opt_string(L, lua_gettop(L), "key");
-  }
+  lua_getfield(L, spec, "has_priority");
+  s->has_priority = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  /* Flow control: what a run asks before it starts (lua/skill.lua's flow). */
+  s->limits = opt_json(L, spec, "flow");
+  lua_getfield(L, spec, "flow");
+  s->nlimits = lua_istable(L, -1) ? (int)lua_objlen(L, -1) : 0;
   lua_pop(L, 2); /* concurrency, spec */
   s->def_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_settop(L, top);

@@ -24,9 +24,10 @@ struct skill {
   char *cancel_on; /* JSON list, or NULL */
   int retries;     /* -1: the configured default */
   int64_t backoff_ms, timeout_ms; /* 0: default / none */
-  int concurrency_limit;          /* 0: none */
-  char *concurrency_key;          /* NULL: one limit for the whole skill */
+  int nlimits;    /* flow control: how many limits (0: none) */
+  char *limits;   /* their JSON list [{kind, limit, key?, scope?, period?, burst?}], or NULL */
   int has_on_failure;
+  int has_priority; /* its definition has priority(event): the order of its queued runs */
   int def_ref; /* registry ref of the definition table */
   int cfg_ref; /* registry ref of the table its runs share (0 until the first run) */
   int mem_group; /* its runs' memory accounts (lrt.h), and the account its top level's */

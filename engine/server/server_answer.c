@@ -21,6 +21,7 @@
 #include "base/jsontext.h"
 #include "base/mem.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "base/workspace.h"
 #include "server/server_int.h"
 #include "server/web.h"
@@ -193,9 +194,7 @@ static void pending_free(struct pending *p) {
 static int terminal_status(const char *json) {
   cJSON *v = json ? cJSON_Parse(json) : NULL;
   cJSON *st = cJSON_GetObjectItemCaseSensitive(v, "status");
-  int t = cJSON_IsString(st) && (!strcmp(st->valuestring, "completed") ||
-                                 !strcmp(st->valuestring, "failed") ||
-                                 !strcmp(st->valuestring, "cancelled"));
+  int t = vocab_run_ended(cJSON_GetStringValue(st));
   cJSON_Delete(v);
   return t;
 }
@@ -401,6 +400,22 @@ static void metrics(server_t *srv, h2o_req_t *req) {
     cJSON_ArrayForEach(c, counts)
       fprintf(f, "moonloop_runs{status=\"%s\"} %.0f\n", c->string, c->valuedouble);
     cJSON_Delete(counts);
+  }
+  cJSON *flow = NULL;
+  if (!store_flow_counts(srv->en->store, &flow, &ce)) {
+    /* Flow control: why runs wait, and the runs it skipped. */
+    fprintf(f, "# HELP moonloop_runs_queued Queued runs, by what they wait for.\n"
+               "# TYPE moonloop_runs_queued gauge\n");
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(flow, "queued"))
+      fprintf(f, "moonloop_runs_queued{reason=\"%s\"} %.0f\n", c->string, c->valuedouble);
+    fprintf(f, "# HELP moonloop_runs_skipped_total Runs skipped by flow control, by skill and reason.\n"
+               "# TYPE moonloop_runs_skipped_total counter\n");
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(flow, "skipped"))
+      fprintf(f, "moonloop_runs_skipped_total{skill=\"%s\",reason=\"%s\"} %.0f\n",
+              cJSON_GetObjectItem(c, "skill")->valuestring, cJSON_GetObjectItem(c, "reason")->valuestring,
+              cJSON_GetObjectItem(c, "n")->valuedouble);
+    cJSON_Delete(flow);
   }
   fprintf(f, "# HELP moonloop_runs_finished_total Runs that ended in this process, by status.\n"
              "# TYPE moonloop_runs_finished_total counter\n"

@@ -569,14 +569,14 @@ static int route_list(const struct req *r, struct server_plan *p, int *status, e
       p->filter.skill = p->skill;
     } else if (!strcmp(key, "status")) {
       if (!vocab_is_run_status(val))
-        return fail(status, 400, e, ERR_INVALID, "status must be one of " VOCAB_RUN_STATUSES
-                    "; got '%s'", shown);
+        return fail(status, 400, e, ERR_INVALID, "status must be one of %s; got '%s'",
+                    VOCAB_RUN_STATUSES, shown);
       memcpy(p->status, val, (size_t)vl + 1); /* one of the statuses: shorter than 16 */
       p->filter.status = p->status;
     } else if (!strcmp(key, "trigger")) {
       if (!vocab_is_trigger_kind(val))
-        return fail(status, 400, e, ERR_INVALID, "trigger must be one of " VOCAB_TRIGGER_KINDS
-                    "; got '%s'", shown);
+        return fail(status, 400, e, ERR_INVALID, "trigger must be one of %s; got '%s'",
+                    VOCAB_TRIGGER_KINDS, shown);
       memcpy(p->trigger, val, (size_t)vl + 1); /* a trigger kind: shorter than p->trigger */
       p->filter.trigger = p->trigger;
     } else if (!strcmp(key, "before") || !strcmp(key, "parent")) {

@@ -117,11 +117,13 @@ enum skill_op { SKILL_PUT, SKILL_ERROR, SKILL_REMOVE };
 ** "cancel", seq < 0). An event that arrived since `since` and matches is
 ** taken at once: the entry's result is then the event (JSON). Registering
 ** the same (run_id, seq) again is harmless: a delivered result is
-** returned. exclude: an event that never counts (the run's own
-** triggering event). */
+** returned. match: a JSON object of path -> value ({"data.service":
+** "api"}): an event matches when each path's value in it is that value
+** (compared as compact JSON); NULL matches every event. exclude: an event
+** that never counts (the run's own triggering event). */
 #define JOURNAL_WAIT_ROW(_, S) \
   _(S, ARG, TEXT, run_id) _(S, ARG, INT, seq) _(S, ARG, TEXT, kind) _(S, ARG, TEXT, name) \
-  _(S, ARG, TEXT, match_path) _(S, ARG, TEXT, match_value) _(S, ARG, TEXT, owner) \
+  _(S, ARG, TEXT, match) _(S, ARG, TEXT, owner) \
   _(S, ARG, TEXT, exclude) _(S, ARG, I64, since) _(S, ARG, TIME, timeout_at)
 
 /* End a wait: its result (if it was delivered meanwhile) is the entry's
@@ -144,11 +146,18 @@ enum skill_op { SKILL_PUT, SKILL_ERROR, SKILL_REMOVE };
 #define JOURNAL_CANCEL_ROW(_, S) \
   _(S, ARG, TEXT, run_id) _(S, ARG, TEXT, reason) _(S, ARG, I64, at) _(S, ARG, TEXT, by_run)
 
-/* A concurrency slot: acquire (the result is "1" when granted; otherwise
-** the run queues in order) or release (every slot and queue place of the run). */
+/* Concurrency slots (store_queue.c). Acquire: limits is a JSON list of
+** {"q": the queue (a skill's id, or "@" and a scope's name), "key":
+** "path=value" or "", "limit": N}; every limit is granted at once (the
+** result is "1") or the run takes its place in every queue, in order of
+** at (its creation); first, once, it is admitted (limits of the kinds
+** "rate", "throttle", "debounce", "idempotency", "singleton"). The result:
+** "1" (slots held), NULL (queued), "wait:MS" (to start at MS), or
+** "skip:MESSAGE" (to end cancelled). Release: every slot and queue place
+** of the run, handed on to the runs queued behind it; the result is the
+** JSON list of the runs of the releasing run's owner granted a slot. */
 #define JOURNAL_SLOT_ROW(_, S) \
-  _(S, ARG, TEXT, run_id) _(S, ARG, TEXT, skill) _(S, ARG, TEXT, key) _(S, ARG, INT, limit) \
-  _(S, ARG, INT, acquire) _(S, ARG, I64, at)
+  _(S, ARG, TEXT, run_id) _(S, ARG, TEXT, limits) _(S, ARG, INT, acquire) _(S, ARG, I64, at)
 
 /* A cron tick: fired once across all engines. When the tick is newer than
 ** the last one fired for (skill, spec), the run is created and the entry's

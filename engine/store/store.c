@@ -9,6 +9,7 @@
 #include "base/mem.h"
 #include "base/proc.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "store/store_backend.h"
 
 #include <stdio.h>
@@ -162,16 +163,15 @@ void store__run_row(const struct store_cur *c, struct run_row *r, int with_claim
   r->owner = col_dup(c, 15);
   /* STORE_CLAIM_COLS: what adopting the run needs beyond its record. */
   if (with_claim) {
-    r->crashes = cur_int(c, 16);
-    r->cancel_requested = cur_int(c, 17);
-    r->cancel_reason = col_dup(c, 18);
+    r->crashes = cur_int(c, 17);
+    r->cancel_requested = cur_int(c, 18);
+    r->cancel_reason = col_dup(c, 19);
   }
 }
 
 /* See store_backend.h. */
 int store__is_terminal(const char *status) {
-  return status && (!strcmp(status, "completed") || !strcmp(status, "failed") ||
-                    !strcmp(status, "cancelled"));
+  return vocab_run_ended(status);
 }
 
 /* See store_backend.h: expired, or (on this host) its process is gone. */
@@ -196,16 +196,21 @@ char *store__event_json(const char *id, const char *name, const char *data, int6
   return s;
 }
 
-/* See store_backend.h. A path is relative to the event object {name, id,
-** data, ts}: "data.request_id"; the value there, as compact JSON, must
-** equal the wait's value. */
-int store__event_matches(const char *event_json_text, const char *path, const char *value) {
-  if (!path || !*path) return 1;
-  cJSON *ev = cJSON_Parse(event_json_text);
-  const cJSON *v = jsontext_path(ev, path);
-  char *got = v ? cJSON_PrintUnformatted(v) : mem_strdup("null");
-  int ok = got && value && !strcmp(got, value);
-  free(got);
+/* See store_backend.h. */
+int store__event_matches(const char *event_json_text, const char *match) {
+  if (!match || !*match) return 1;
+  cJSON *m = cJSON_Parse(match);
+  cJSON *ev = cJSON_IsObject(m) ? cJSON_Parse(event_json_text) : NULL;
+  int ok = ev != NULL;
+  const cJSON *want;
+  for (want = m ? m->child : NULL; ok && want; want = want->next) {
+    const cJSON *v = jsontext_path(ev, want->string);
+    char *got = v ? cJSON_PrintUnformatted(v) : mem_strdup("null");
+    char *exp = cJSON_PrintUnformatted(want);
+    ok = got && exp && !strcmp(got, exp);
+    free(got), free(exp);
+  }
   cJSON_Delete(ev);
+  cJSON_Delete(m);
   return ok;
 }

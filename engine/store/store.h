@@ -192,6 +192,16 @@ int store_count_runs(store_t *s, const struct run_filter *f, int64_t *n, err_t *
 /* Runs by status, {"completed": 12, "failed": 1, ...}, for /metrics. */
 int store_count_by_status(store_t *s, cJSON **out, err_t *e);
 
+/* Flow control's figures (store_queue.c): queued runs by reason
+** ({"queued": {"concurrency": n, "throttle": n, ..., "engine": n}}: "engine"
+** for runs waiting for an engine to take them) and runs skipped, per skill
+** and reason ({"skipped": [{"skill", "reason", "n"}]}). */
+int store_flow_counts(store_t *s, cJSON **out, err_t *e);
+
+/* The events batched into run_id (flow control's batch), as a malloc'd
+** JSON list in *out, oldest first; *out NULL when it has none. */
+int store_batch_events(store_t *s, const char *run_id, char **out, err_t *e);
+
 /* ---- health figures and the event stream (store_stats.c) ------------- */
 
 /* A window of history cut into equal intervals. since and until are ms;
@@ -247,7 +257,8 @@ int store_rerun_version(store_t *s, const char *skill, const char *run_version, 
 
 /* What the runs of owner got from others: waits delivered
 ** ({"deliveries": [{"run_id", "seq"}]}) and cancellations asked for
-** ({"cancels": [{"run_id", "reason"}]}). */
+** ({"cancels": [{"run_id", "reason"}]}), and concurrency slots handed to
+** its queued runs by other runs' releases ({"grants": [run_id]}). */
 int store_poll(store_t *s, const char *owner, cJSON **out, err_t *e);
 
 /* The last cron tick fired for (skill, spec), or 0 when none was. */

@@ -32,7 +32,7 @@
 ** store_read.c's record writer read them by index). */
 #define STORE_RUN_COLS \
   "id, skill, version, status, entry, trigger, parent_id, input, output, error," \
-  " created_at, started_at, ended_at, deadline_at, wake_at, owner"
+  " created_at, started_at, ended_at, deadline_at, wake_at, owner, queued"
 
 /* The columns of a run row taken to be executed (claimed or taken over):
 ** STORE_RUN_COLS, then crashes, cancel_requested, cancel_reason. */
@@ -128,6 +128,7 @@ enum store_rq {
   RQ_SKILL_VERSIONS,  /* skill -> version, loaded_at, triggers; as loaded */
   RQ_POLL_DELIVERIES, /* owner -> run_id, seq: delivered waits (not cancel) of its runs */
   RQ_POLL_CANCELS,    /* owner -> id, cancel_reason: unfinished runs asked to cancel */
+  RQ_POLL_GRANTS,     /* owner -> id: its queued runs handed slots by others' releases */
   RQ_CRON_LAST,       /* skill, spec -> last_tick */
   RQ_SERVE_LEASES,    /* -> owner, host, pid, pid_start, expires_at of "serve" leases */
   /* store_stats.c */
@@ -145,7 +146,20 @@ enum store_rq {
   RQ_EVENTS,          /* limit -> id, name, data, ts, dispatched, length(data); newest first */
   RQ_EVENTS_BEFORE,   /* before, limit -> the same, ids below before */
   RQ_EVENT_RUNS,      /* event id -> id, skill, status: runs it started; by id */
+  /* store_queue.c */
+  RQ_FLOW_QUEUED,     /* -> reason ("engine" when none), count: queued runs by reason */
+  RQ_FLOW_SKIPS,      /* -> skill, reason, n: runs skipped by flow control */
+  RQ_BATCH_EVENTS,    /* run_id -> a JSON list of its batch's events (oldest first), count */
   RQ_COUNT
+};
+
+/* ---- write statements in both dialects ---------------------------------------- */
+
+/* A statement written once per dialect (store_queue.c's flow control):
+** SQLite's text (?1 ...) and PostgreSQL's ($1 ...). Backends key their
+** prepared statements by its address. */
+struct store_wq {
+  const char *sqlite, *pg;
 };
 
 /* ---- the backend table ----------------------------------------------------- */
@@ -188,6 +202,11 @@ struct store_ops {
   ** backend has none, then the reader does all. */
   void *(*reader_open)(store_t *s, err_t *e);
   void (*reader_close)(store_t *s, void *conn);
+  /* Run write statement q with v[0..nv) on the writer, inside the write
+  ** transaction open (a journal group's); *c is a cursor before its first
+  ** row (a SELECT's, a RETURNING's), to close when done. */
+  int (*wq)(store_t *s, const struct store_wq *q, const struct store_val *v, int nv,
+            struct store_cur *c, const char *what, err_t *e);
 };
 
 /* What every backend's store begins with. */
@@ -233,8 +252,21 @@ int store__lease_dead(const char *lease_host, long pid, long long pid_start, int
                       const char *host, int64_t now);
 /* The JSON of an event as skills see it: {name, id, data, ts}; malloc'd. */
 char *store__event_json(const char *id, const char *name, const char *data, int64_t ts);
-/* Whether the event (JSON text) matches a wait's path and value. */
-int store__event_matches(const char *event_json_text, const char *path, const char *value);
+/* Whether the event (JSON text) matches a wait's match (NULL: any event):
+** each path of the JSON object match, relative to the event object {name,
+** id, data, ts} ("data.request_id"), holds the match's value there, both
+** printed as compact JSON (a missing path reads as null). A match that is
+** not a JSON object matches nothing. */
+int store__event_matches(const char *event_json_text, const char *match);
+
+/* ---- flow control (store_queue.c), inside a write transaction -------------- */
+
+/* J_SLOT: acquire every limit of a run, or queue it; or release them. */
+int store__write_slot(store_t *s, const struct jentry *je, err_t *e);
+/* Release run_id's slots and queue places and hand them to the runs
+** queued behind it; the ids of the runs granted a slot are added to
+** granted (a cJSON array) when it is not NULL. */
+int store__slots_free(store_t *s, const char *run_id, cJSON *granted, err_t *e);
 
 /* ---- fencing's memory (store_fence.c) ----------------------------------------
 ** The runs a store knows to be one owner's, across commits (see

@@ -28,7 +28,7 @@ enum {
 #define STORE_FLOW_STMTS 40
 #define STORE_MAX_FIELDS 32 /* fields of a journal entry's kind (journal.h) */
 
-#define STORE_CACHED_STMTS 32
+#define STORE_CACHED_STMTS 64
 #define STORE_FILTER_SHAPES 128 /* a run filter's seven optional conditions */
 
 /* The summary of a run's steps kept on an ended run (steps, failed_steps,
@@ -115,6 +115,8 @@ int store__sqlite_rbegin(store_t *s, void *conn, err_t *e);
 void store__sqlite_rend(store_t *s, void *conn, int began);
 void *store__sqlite_reader_open(store_t *s, err_t *e);
 void store__sqlite_reader_close(store_t *s, void *conn);
+int store__sqlite_wq(store_t *s, const struct store_wq *q, const struct store_val *v, int nv,
+                     struct store_cur *c, const char *what, err_t *e);
 int64_t store__sqlite_data_version(store_t *s);
 
 #endif

@@ -1,7 +1,8 @@
 /*
 ** store_flow.c: the SQLite store's part for triggers and flow (see
 ** journal.h for each entry's contract): accepted events, waits and their
-** deliveries, cancellation, concurrency slots, cron ticks; and the job
+** deliveries, cancellation, cron ticks (concurrency slots and queues:
+** store_queue.c); and the job
 ** around them: dispatching events. (Polling what a process's runs got,
 ** store_poll, is a read: store_read.c.)
 **
@@ -11,14 +12,15 @@
 ** looks for the waits registered on its name. SQLite runs write
 ** transactions one at a time, so no event slips between the two.
 **
-** Matching: a wait may name a path ("data.request_id"); the event's value
-** at that path, as compact JSON, must equal the wait's match_value
-** (store__event_matches).
+** Matching: a wait may hold a match, a JSON object of path -> value
+** ({"data.service": "api", "data.version": "2"}); the event's value at
+** each path, as compact JSON, must equal that value's.
 */
 #include "base/ids.h"
 #include "base/jsontext.h"
 #include "base/mem.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "store/store_db.h"
 
 #include <stdio.h>
@@ -28,8 +30,7 @@
 enum {
   F_EVENT_INSERT, F_EVENT_BY_IDEM, F_WAIT_GET, F_WAIT_UPDATE, F_WAIT_INSERT, F_EVENTS_SINCE,
   F_DELIVERY_INSERT, F_WAIT_DELETE, F_WAIT_CLOSE, F_CHILD_DONE, F_RUN_OUTCOME, F_CANCEL_FLAG,
-  F_SLOT_HELD, F_SLOT_COUNT, F_SLOT_AHEAD, F_SLOT_QUEUE_SINCE, F_SLOT_INSERT, F_SLOT_QUEUE_DEL,
-  F_SLOT_QUEUE_INSERT, F_SLOT_RELEASE, F_CRON_GET, F_CRON_SET, F_RUN_BY_IDEM, F_RUN_SET_IDEM,
+  F_CRON_GET, F_CRON_SET, F_RUN_BY_IDEM, F_RUN_SET_IDEM,
   F_COUNT
 };
 
@@ -39,9 +40,9 @@ static const char *const fsql[F_COUNT] = {
   [F_EVENT_BY_IDEM] = "SELECT id FROM events WHERE idem = ?1",
   [F_WAIT_GET] = "SELECT result FROM waits WHERE run_id = ?1 AND seq = ?2",
   [F_WAIT_UPDATE] = "UPDATE waits SET owner = ?3, timeout_at = ?4 WHERE run_id = ?1 AND seq = ?2",
-  [F_WAIT_INSERT] = "INSERT INTO waits(run_id, seq, kind, name, match_path, match_value, since,"
+  [F_WAIT_INSERT] = "INSERT INTO waits(run_id, seq, kind, name, match_json, since,"
                     " timeout_at, owner, result, delivered_at)"
-                    " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)",
+                    " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)",
   [F_EVENTS_SINCE] = "SELECT id, name, data, ts FROM events WHERE name = ?1 AND ts >= ?2"
                      " AND id IS NOT ?4 AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE"
                      " d.run_id = ?3 AND d.event_id = events.id) ORDER BY ts, id LIMIT 1000",
@@ -56,16 +57,6 @@ static const char *const fsql[F_COUNT] = {
   [F_RUN_OUTCOME] = "SELECT id, status, output, error FROM runs WHERE id = ?1",
   [F_CANCEL_FLAG] = "UPDATE runs SET cancel_requested = 1, cancel_reason = ?2 WHERE id = ?1"
                     " AND status NOT IN ('completed','failed','cancelled') AND cancel_requested = 0",
-  [F_SLOT_HELD] = "SELECT 1 FROM slots WHERE skill = ?1 AND key = ?2 AND run_id = ?3",
-  [F_SLOT_COUNT] = "SELECT count(*) FROM slots WHERE skill = ?1 AND key = ?2",
-  [F_SLOT_AHEAD] = "SELECT count(*) FROM slot_queue WHERE skill = ?1 AND key = ?2"
-                   " AND (since < ?3 OR (since = ?3 AND run_id < ?4))",
-  [F_SLOT_QUEUE_SINCE] = "SELECT since FROM slot_queue WHERE run_id = ?1",
-  [F_SLOT_INSERT] = "INSERT OR IGNORE INTO slots(skill, key, run_id, since) VALUES(?1,?2,?3,?4)",
-  [F_SLOT_QUEUE_DEL] = "DELETE FROM slot_queue WHERE run_id = ?1",
-  [F_SLOT_QUEUE_INSERT] = "INSERT OR IGNORE INTO slot_queue(skill, key, run_id, since)"
-                          " VALUES(?1,?2,?3,?4)",
-  [F_SLOT_RELEASE] = "DELETE FROM slots WHERE run_id = ?1",
   [F_CRON_GET] = "SELECT last_tick FROM cron_state WHERE skill = ?1 AND spec = ?2",
   [F_CRON_SET] = "INSERT INTO cron_state(skill, spec, last_tick) VALUES(?1,?2,?3)"
                  " ON CONFLICT(skill, spec) DO UPDATE SET last_tick = ?3",
@@ -161,13 +152,12 @@ static int insert_wait(store_t *s, const struct wait_row *w, const char *result,
   sqlite3_bind_int(st, 2, w->seq);
   store__bind_text(st, 3, w->kind);
   store__bind_text(st, 4, w->name);
-  store__bind_text(st, 5, w->match_path);
-  store__bind_text(st, 6, w->match_value);
-  sqlite3_bind_int64(st, 7, w->since);
-  store__bind_time(st, 8, w->timeout_at);
-  store__bind_text(st, 9, w->owner);
-  store__bind_text(st, 10, result);
-  store__bind_time(st, 11, result ? units_now_ms() : 0);
+  store__bind_text(st, 5, w->match);
+  sqlite3_bind_int64(st, 6, w->since);
+  store__bind_time(st, 7, w->timeout_at);
+  store__bind_text(st, 8, w->owner);
+  store__bind_text(st, 9, result);
+  store__bind_time(st, 10, result ? units_now_ms() : 0);
   return store__step(s, st, e, "registering a wait");
 }
 
@@ -194,7 +184,7 @@ static int find_event(store_t *s, const struct wait_row *w, char **result, char 
     char *ej = store__event_json((const char *)sqlite3_column_text(st, 0),
                           (const char *)sqlite3_column_text(st, 1),
                           (const char *)sqlite3_column_text(st, 2), sqlite3_column_int64(st, 3));
-    if (ej && store__event_matches(ej, w->match_path, w->match_value)) {
+    if (ej && store__event_matches(ej, w->match)) {
       *result = ej;
       *event_id = store__col_dup(st, 0);
       break;
@@ -379,84 +369,6 @@ static int write_cancel(store_t *s, const struct jentry *je, err_t *e) {
   return err;
 }
 
-/* Run write statement f with ?1..?3 bound to a, b, c and ?4 to d (each
-** bound only when given, b and c when not NULL, d when not 0). */
-static int bind_step(store_t *s, int f, err_t *e, const char *what, const char *a, const char *b,
-                     const char *c, int64_t d) {
-  sqlite3_stmt *st = fst(s, f, e);
-  if (!st) return e->code;
-  store__bind_text(st, 1, a);
-  if (b) store__bind_text(st, 2, b);
-  if (c) store__bind_text(st, 3, c);
-  if (d) sqlite3_bind_int64(st, 4, d);
-  return store__step(s, st, e, what);
-}
-
-/* The count statement f answers for (a, b, c, d) (c and d bound only when
-** given), or -1 with e filled. */
-static int64_t count_query(store_t *s, int f, const char *a, const char *b, int64_t c,
-                           const char *d, err_t *e) {
-  sqlite3_stmt *st = fst(s, f, e);
-  if (!st) return -1;
-  store__bind_text(st, 1, a);
-  store__bind_text(st, 2, b);
-  if (c) sqlite3_bind_int64(st, 3, c);
-  if (d) store__bind_text(st, 4, d);
-  int64_t n = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -1;
-  sqlite3_reset(st);
-  sqlite3_clear_bindings(st);
-  if (n < 0) store__db_err(e, s->w, "counting slots");
-  return n;
-}
-
-/* Insert (skill, key, run_id, at) of sl with statement f: a slot taken
-** (F_SLOT_INSERT) or a place in its queue (F_SLOT_QUEUE_INSERT). */
-static int slot_put(store_t *s, int f, const struct slot_row *sl, const char *what, err_t *e) {
-  sqlite3_stmt *st = fst(s, f, e);
-  if (!st) return e->code;
-  store__bind_text(st, 1, sl->skill);
-  store__bind_text(st, 2, sl->key);
-  store__bind_text(st, 3, sl->run_id);
-  sqlite3_bind_int64(st, 4, sl->at);
-  return store__step(s, st, e, what);
-}
-
-/* Acquire: granted when the slots in use plus the runs queued ahead of
-** this one leave room; otherwise the run keeps (or takes) its place in the
-** queue, in order of its `at` (the run's creation time). */
-static int write_slot(store_t *s, const struct jentry *je, err_t *e) {
-  const struct slot_row *sl = &je->u.slot;
-  if (!sl->acquire) {
-    if (bind_step(s, F_SLOT_RELEASE, e, "releasing a slot", sl->run_id, NULL, NULL, 0) ||
-        bind_step(s, F_SLOT_QUEUE_DEL, e, "leaving a slot queue", sl->run_id, NULL, NULL, 0))
-      return e->code;
-    return 0;
-  }
-  sqlite3_stmt *st = fst(s, F_SLOT_HELD, e);
-  if (!st) return e->code;
-  store__bind_text(st, 1, sl->skill);
-  store__bind_text(st, 2, sl->key);
-  store__bind_text(st, 3, sl->run_id);
-  int held = sqlite3_step(st) == SQLITE_ROW;
-  sqlite3_reset(st);
-  sqlite3_clear_bindings(st);
-  if (held) {
-    journal_set_result(je, mem_strdup("1"));
-    return 0;
-  }
-  int64_t inuse = count_query(s, F_SLOT_COUNT, sl->skill, sl->key, 0, NULL, e);
-  int64_t ahead = count_query(s, F_SLOT_AHEAD, sl->skill, sl->key, sl->at, sl->run_id, e);
-  if (inuse < 0 || ahead < 0) return e->code;
-  if (inuse + ahead < sl->limit) {
-    if (slot_put(s, F_SLOT_INSERT, sl, "taking a slot", e) ||
-        bind_step(s, F_SLOT_QUEUE_DEL, e, "leaving a slot queue", sl->run_id, NULL, NULL, 0))
-      return e->code;
-    journal_set_result(je, mem_strdup("1"));
-    return 0;
-  }
-  return slot_put(s, F_SLOT_QUEUE_INSERT, sl, "queueing for a slot", e);
-}
-
 /* J_CRON: record a cron tick and start its run, unless another engine
 ** fired that tick already; the result is "1" when the run was created. */
 static int write_cron(store_t *s, const struct jentry *je, err_t *e) {
@@ -490,7 +402,7 @@ int store__write_flow(store_t *s, const struct jentry *je, err_t *e) {
   case J_WAIT_END: return write_wait_end(s, je, e);
   case J_CHILD_DONE: return write_child_done(s, je, e);
   case J_CANCEL: return write_cancel(s, je, e);
-  case J_SLOT: return write_slot(s, je, e);
+  case J_SLOT: return store__write_slot(s, je, e);
   case J_CRON: return write_cron(s, je, e);
   default: return err_set(e, ERR_INTERNAL, "store: unknown journal entry kind %d", (int)je->kind);
   }
@@ -498,9 +410,10 @@ int store__write_flow(store_t *s, const struct jentry *je, err_t *e) {
 
 /* See store_db.h: a run ended, so drop its waits, slots and queue places. */
 int store__run_ended(store_t *s, const char *run_id, const char *status, err_t *e) {
+  /* Its slots and queue places go to the runs queued behind it. */
+  if (store__slots_free(s, run_id, NULL, e)) return e->code;
   static const char *const sql[] = {
-    "DELETE FROM waits WHERE run_id = ?1", "DELETE FROM slots WHERE run_id = ?1",
-    "DELETE FROM slot_queue WHERE run_id = ?1",
+    "DELETE FROM waits WHERE run_id = ?1",
     /* A step still open (asleep, waiting, running) ended with its run: the
     ** trace must not show it asleep forever. A completed run has none. */
     "UPDATE steps SET status = CASE (SELECT status FROM runs WHERE id = ?1)"
@@ -514,9 +427,9 @@ int store__run_ended(store_t *s, const char *run_id, const char *status, err_t *
   };
   /* A completed run has no open steps, and got its summary with its
   ** status (W_RUN_SET); the others get it once their steps are ended. */
-  if (status && !strcmp(status, "completed"))
-    return store__exec_bound(s, sql, 3, run_id, "cleaning up after a run", e);
-  if (store__exec_bound(s, sql, 4, run_id, "cleaning up after a run", e)) return e->code;
+  if (vocab_run_status(status) == RUN_COMPLETED)
+    return store__exec_bound(s, sql, 1, run_id, "cleaning up after a run", e);
+  if (store__exec_bound(s, sql, 2, run_id, "cleaning up after a run", e)) return e->code;
   return store__exec_bound(s, summary, 1, run_id, "summing up a run's steps", e);
 }
 
@@ -554,7 +467,7 @@ static int trigger_runs(store_t *s, const char *ej, const char *name, const char
 static int deliver_event(store_t *s, const char *id, const char *name, const char *ej,
                          int64_t ts, int64_t now, err_t *e) {
   sqlite3_stmt *st = store__cached(s,
-    "SELECT run_id, seq, kind, match_path, match_value FROM waits"
+    "SELECT run_id, seq, kind, match_json FROM waits"
     " WHERE kind IN ('event', 'cancel') AND name = ?1 AND result IS NULL"
     " AND delivered_at IS NULL AND since <= ?2"
     " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.run_id = waits.run_id"
@@ -565,9 +478,7 @@ static int deliver_event(store_t *s, const char *id, const char *name, const cha
   store__bind_text(st, 3, id);
   int err = 0;
   while (!err && sqlite3_step(st) == SQLITE_ROW) {
-    if (!store__event_matches(ej, (const char *)sqlite3_column_text(st, 3),
-                       (const char *)sqlite3_column_text(st, 4)))
-      continue;
+    if (!store__event_matches(ej, (const char *)sqlite3_column_text(st, 3))) continue;
     const char *run_id = (const char *)sqlite3_column_text(st, 0);
     int seq = sqlite3_column_int(st, 1);
     sqlite3_stmt *u = store__cached(s,

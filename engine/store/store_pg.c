@@ -162,9 +162,38 @@ static const char *const migrations[] = {
   "ALTER TABLE versions ADD COLUMN triggers TEXT;",
   /* 6: quarantine: processes that died while the run was executing */
   "ALTER TABLE runs ADD COLUMN crashes INTEGER NOT NULL DEFAULT 0;",
-  /* 7: the order events were committed in (SQLite's rowid, which
+  /* 7: a wait matches on several fields: match_json, a JSON object of
+  ** path -> value, replaces the one path and value (kept waits are
+  ** carried over; "event." in a path meant the event itself; a value that
+  ** is not JSON matched nothing, and is dropped as SQLite's json_valid
+  ** drops it) */
+  "ALTER TABLE waits ADD COLUMN match_json TEXT;"
+  "CREATE FUNCTION moonloop_json_or_null(t TEXT) RETURNS JSON LANGUAGE plpgsql IMMUTABLE AS $$"
+  " BEGIN RETURN t::json; EXCEPTION WHEN others THEN RETURN NULL; END $$;"
+  "UPDATE waits SET match_json = json_build_object(CASE WHEN match_path LIKE 'event.%'"
+  "  THEN substr(match_path, 7) ELSE match_path END, moonloop_json_or_null(match_value))::text"
+  "  WHERE match_path IS NOT NULL AND moonloop_json_or_null(match_value) IS NOT NULL;"
+  "ALTER TABLE waits DROP COLUMN match_path;"
+  "ALTER TABLE waits DROP COLUMN match_value;",
+  /* 8: flow control (store_queue.c; store_sqlite.c's 8 says what each is) */
+  "ALTER TABLE runs ADD COLUMN queued TEXT;"
+  "ALTER TABLE runs ADD COLUMN slot_granted INTEGER NOT NULL DEFAULT 0;"
+  "CREATE INDEX runs_granted ON runs(owner) WHERE slot_granted = 1;"
+  "ALTER TABLE slot_queue ADD COLUMN lim BIGINT NOT NULL DEFAULT 1;"
+  "CREATE TABLE flow_gcra(q " TX " NOT NULL, key " TX " NOT NULL, tat BIGINT NOT NULL,"
+  "  PRIMARY KEY(q, key));"
+  "ALTER TABLE runs ADD COLUMN flow_at BIGINT;"
+  "CREATE TABLE flow_once(q " TX " NOT NULL, key " TX " NOT NULL, run_id " TX " NOT NULL,"
+  "  until BIGINT NOT NULL, PRIMARY KEY(q, key));"
+  "ALTER TABLE slot_queue ADD COLUMN prio BIGINT NOT NULL DEFAULT 0;"
+  "CREATE INDEX slot_queue_order ON slot_queue(skill, key, prio DESC, since, run_id);"
+  "CREATE TABLE flow_skips(skill " TX " NOT NULL, reason " TX " NOT NULL, n BIGINT NOT NULL,"
+  "  PRIMARY KEY(skill, reason));"
+  "CREATE TABLE flow_batch(run_id " TX " NOT NULL, seq INTEGER NOT NULL, event " TX " NOT NULL,"
+  "  PRIMARY KEY(run_id, seq));",
+  /* 9: the order events were committed in (SQLite's rowid, which
   ** store_deliver follows): numbered under the write lock, so in the
-  ** order their transactions commit */
+  ** order their transactions commit (SQLite's 9 does nothing) */
   "ALTER TABLE events ADD COLUMN n BIGINT GENERATED ALWAYS AS IDENTITY;"
   "CREATE UNIQUE INDEX events_n ON events(n);",
 };
@@ -881,6 +910,31 @@ static int group_mode(const journal_t *j) {
   return PG_LOCK_SHARED;
 }
 
+/* Whether a run that j ends holds concurrency slots or queue places
+** (1), not (0), or -1 with e filled; inside the transaction begun. */
+static int ends_holding_slots(struct pg_store *s, const journal_t *j, err_t *e) {
+  cJSON *ids = NULL;
+  for (size_t i = 0, n = journal_count(j); i < n; i++) {
+    const struct jentry *je = journal_entry(j, i);
+    if (je->dropped || je->kind != J_RUN_SET || !store__is_terminal(je->u.set.status)) continue;
+    if (!ids) ids = cJSON_CreateArray();
+    cJSON_AddItemToArray(ids, cJSON_CreateString(je->u.set.run_id));
+  }
+  if (!ids) return 0;
+  char *list = cJSON_PrintUnformatted(ids);
+  cJSON_Delete(ids);
+  struct store_val v[1] = {SV_TEXT(list)};
+  PGresult *r = store__pg_run(s, &s->w, NULL,
+    "SELECT 1 FROM slots WHERE run_id IN (SELECT json_array_elements_text($1::json))"
+    " UNION ALL SELECT 1 FROM slot_queue WHERE run_id IN"
+    " (SELECT json_array_elements_text($1::json)) LIMIT 1", v, 1, "finding slots", e);
+  free(list);
+  if (!r) return -1;
+  int held = PQntuples(r) > 0;
+  PQclear(r);
+  return held;
+}
+
 /* See store.h: settle a commit left in doubt, then renew the lease
 ** (fencing), write every entry, notify, commit; roll back on any failure.
 ** When the connection is lost during COMMIT, the transaction's outcome is
@@ -896,7 +950,19 @@ static int pg_commit(store_t *st, const journal_t *j, err_t *e) {
     s->doubt_j = NULL;
     if (done && same) return 0;
   }
-  if (store__pg_begin(s, group_mode(j), e)) return e->code;
+  int mode = group_mode(j);
+  if (store__pg_begin(s, mode, e)) return e->code;
+  if (mode == PG_LOCK_SHARED) {
+    /* A run that ends hands its slots on to other engines' runs: then the
+    ** group takes the whole lock after all. Slots are taken only under
+    ** it, so none can appear while the shared lock is held. */
+    int held = ends_holding_slots(s, j, e);
+    if (held < 0) goto fail;
+    if (held) {
+      store__pg_rollback(s);
+      if (store__pg_begin(s, PG_LOCK_ALL, e)) return e->code;
+    }
+  }
   int64_t xid = s->xid;
   int64_t expires;
   const char *owner = journal_owner(j, &expires);
@@ -1351,6 +1417,7 @@ static const struct store_ops pg_ops = {
   .wake_fd = pg_wake_fd,
   .woken = pg_woken,
   .rq = store__pg_rq,
+  .wq = store__pg_wq,
   .rfilter = store__pg_rfilter,
   .rbegin = store__pg_rbegin,
   .rend = store__pg_rend,

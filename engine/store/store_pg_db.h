@@ -19,7 +19,7 @@
 
 #include "store/store_backend.h"
 
-#define PG_STMTS 160
+#define PG_STMTS 224
 #define PG_FILTER_SHAPES 128
 
 /* One connection and what lives as long as its session does. */
@@ -114,6 +114,8 @@ int store__pg_run_ended(struct pg_store *s, const char *run_id, const char *stat
 int store__pg_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e);
 int store__pg_deliver(store_t *s, int64_t *cursor, int limit, err_t *e);
 int store__pg_prune(store_t *s, int64_t before, int64_t *runs, int64_t *events, err_t *e);
+int store__pg_wq(store_t *s, const struct store_wq *q, const struct store_val *v, int nv,
+                 struct store_cur *c, const char *what, err_t *e);
 int store__pg_rq(store_t *s, void *conn, enum store_rq q, const struct store_val *v, int nv,
                  struct store_cur *c, err_t *e);
 int store__pg_rfilter(store_t *s, const struct run_filter *f, int count, int limit,

@@ -15,6 +15,7 @@
 #include "base/jsontext.h"
 #include "base/mem.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "store/store_pg_db.h"
 
 #include <stdio.h>
@@ -84,13 +85,13 @@ int store__pg_put_keyed_run(struct pg_store *s, const struct jentry *je, err_t *
 
 /* Insert a wait row; result (may be NULL) delivered now. */
 static int insert_wait(struct pg_store *s, const struct wait_row *w, const char *result, err_t *e) {
-  struct store_val v[11] = {
+  struct store_val v[10] = {
     SV_TEXT(w->run_id), SV_INT(w->seq), SV_TEXT(w->kind), SV_TEXT(w->name),
-    SV_TEXT(w->match_path), SV_TEXT(w->match_value), SV_INT(w->since), SV_TIME(w->timeout_at),
+    SV_TEXT(w->match), SV_INT(w->since), SV_TIME(w->timeout_at),
     SV_TEXT(w->owner), SV_TEXT(result), SV_TIME(result ? units_now_ms() : 0)};
-  return wdo(s, "INSERT INTO waits(run_id, seq, kind, name, match_path, match_value, since,"
-             " timeout_at, owner, result, delivered_at) VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)",
-             v, 11, NULL, "registering a wait", e);
+  return wdo(s, "INSERT INTO waits(run_id, seq, kind, name, match_json, since,"
+             " timeout_at, owner, result, delivered_at) VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)",
+             v, 10, NULL, "registering a wait", e);
 }
 
 /* Ask the owner of run_id (if unfinished) to cancel it, for reason; a
@@ -126,7 +127,7 @@ static int find_event(struct pg_store *s, const struct wait_row *w, char **resul
     char *ej = store__event_json(PQgetvalue(r, i, 0), PQgetvalue(r, i, 1),
                                  PQgetisnull(r, i, 2) ? NULL : PQgetvalue(r, i, 2),
                                  store__pg_i64(r, i, 3));
-    if (ej && store__event_matches(ej, w->match_path, w->match_value)) {
+    if (ej && store__event_matches(ej, w->match)) {
       *result = ej;
       *event_id = store__pg_dup(r, i, 0);
       break;
@@ -278,62 +279,6 @@ static int write_cancel(struct pg_store *s, const struct jentry *je, err_t *e) {
   return err;
 }
 
-/* One number from a query on the writer, or -1 with e filled. */
-static int64_t count_of(struct pg_store *s, const char *sql, const struct store_val *v, int nv,
-                        err_t *e) {
-  PGresult *r = wrun(s, sql, v, nv, "counting slots", e);
-  if (!r) return -1;
-  int64_t n = PQntuples(r) == 1 ? store__pg_i64(r, 0, 0) : -1;
-  PQclear(r);
-  if (n < 0) err_set(e, ERR_IO, "store: counting slots: no answer");
-  return n;
-}
-
-/* Acquire: granted when the slots in use plus the runs queued ahead of
-** this one leave room; otherwise the run keeps (or takes) its place in the
-** queue, in order of its `at` (the run's creation time). */
-static int write_slot(struct pg_store *s, const struct jentry *je, err_t *e) {
-  const struct slot_row *sl = &je->u.slot;
-  struct store_val id[1] = {SV_TEXT(sl->run_id)};
-  static const char QUEUE_DEL[] = "DELETE FROM slot_queue WHERE run_id = $1";
-  if (!sl->acquire) {
-    if (wdo(s, "DELETE FROM slots WHERE run_id = $1", id, 1, NULL, "releasing a slot", e) ||
-        wdo(s, QUEUE_DEL, id, 1, NULL, "leaving a slot queue", e))
-      return e->code;
-    return 0;
-  }
-  struct store_val v[4] = {SV_TEXT(sl->skill), SV_TEXT(sl->key), SV_TEXT(sl->run_id),
-                           SV_INT(sl->at)};
-  PGresult *r = wrun(s, "SELECT 1 FROM slots WHERE skill = $1 AND key = $2 AND run_id = $3", v, 3,
-                     "reading a slot", e);
-  if (!r) return e->code;
-  int held = PQntuples(r) > 0;
-  PQclear(r);
-  if (held) {
-    journal_set_result(je, mem_strdup("1"));
-    return 0;
-  }
-  struct store_val a[4] = {SV_TEXT(sl->skill), SV_TEXT(sl->key), SV_INT(sl->at),
-                           SV_TEXT(sl->run_id)};
-  int64_t inuse = count_of(s, "SELECT count(*) FROM slots WHERE skill = $1 AND key = $2", v, 2, e);
-  int64_t ahead = inuse < 0 ? -1 : count_of(s,
-    "SELECT count(*) FROM slot_queue WHERE skill = $1 AND key = $2"
-    " AND (since < $3 OR (since = $3 AND run_id < $4))", a, 4, e);
-  if (inuse < 0 || ahead < 0) return e->code;
-  if (inuse + ahead < sl->limit) {
-    struct store_val in[4] = {SV_TEXT(sl->skill), SV_TEXT(sl->key), SV_TEXT(sl->run_id),
-                              SV_INT(sl->at)};
-    if (wdo(s, "INSERT INTO slots(skill, key, run_id, since) VALUES($1,$2,$3,$4)"
-            " ON CONFLICT DO NOTHING", in, 4, NULL, "taking a slot", e) ||
-        wdo(s, QUEUE_DEL, id, 1, NULL, "leaving a slot queue", e))
-      return e->code;
-    journal_set_result(je, mem_strdup("1"));
-    return 0;
-  }
-  return wdo(s, "INSERT INTO slot_queue(skill, key, run_id, since) VALUES($1,$2,$3,$4)"
-             " ON CONFLICT DO NOTHING", v, 4, NULL, "queueing for a slot", e);
-}
-
 /* J_CRON: record a cron tick and start its run, unless another engine
 ** fired that tick already; the result is "1" when the run was created.
 ** One statement decides: the tick is written only over an older one. */
@@ -361,17 +306,18 @@ int store__pg_write_flow(struct pg_store *s, const struct jentry *je, err_t *e) 
   case J_WAIT_END: return write_wait_end(s, je, e);
   case J_CHILD_DONE: return child_done(s, je->u.child.child_id, je->u.child.outcome, e);
   case J_CANCEL: return write_cancel(s, je, e);
-  case J_SLOT: return write_slot(s, je, e);
+  case J_SLOT: return store__write_slot((store_t *)(void *)s, je, e);
   case J_CRON: return write_cron(s, je, e);
   default: return err_set(e, ERR_INTERNAL, "store: unknown journal entry kind %d", (int)je->kind);
   }
 }
 
-/* See store_pg_db.h: a run ended, so drop its waits, slots and queue places. */
+/* See store_pg_db.h: a run ended, so drop its waits, and hand its slots
+** and queue places on (store_queue.c; the group holds the whole write
+** lock when the run had any: pg_commit). */
 int store__pg_run_ended(struct pg_store *s, const char *run_id, const char *status, err_t *e) {
   static const char *const sql[] = {
-    "DELETE FROM waits WHERE run_id = $1", "DELETE FROM slots WHERE run_id = $1",
-    "DELETE FROM slot_queue WHERE run_id = $1",
+    "DELETE FROM waits WHERE run_id = $1",
     /* A step still open (asleep, waiting, running) ended with its run: the
     ** trace must not show it asleep forever. A completed run has none. */
     "UPDATE steps SET status = CASE (SELECT status FROM runs WHERE id = $1)"
@@ -385,9 +331,11 @@ int store__pg_run_ended(struct pg_store *s, const char *run_id, const char *stat
     " coalesce(sum(moonloop_tokens(usage)), 0) FROM steps WHERE run_id = $1) WHERE id = $1",
   };
   struct store_val v[1] = {SV_TEXT(run_id)};
-  size_t n = status && !strcmp(status, "completed") ? 3 : 5;
+  if (store__slots_free((store_t *)(void *)s, run_id, NULL, e))
+    return e->code;
+  size_t n = vocab_run_status(status) == RUN_COMPLETED ? 1 : 3;
   for (size_t i = 0; i < n; i++)
-    if (wdo(s, sql[i], v, 1, NULL, i < 4 ? "cleaning up after a run" : "summing up a run's steps",
+    if (wdo(s, sql[i], v, 1, NULL, i < 2 ? "cleaning up after a run" : "summing up a run's steps",
             e))
       return e->code;
   return 0;
@@ -430,7 +378,7 @@ static int deliver_event(struct pg_store *s, const char *id, const char *name, c
                          int64_t ts, int64_t now, err_t *e) {
   struct store_val v[3] = {SV_TEXT(name), SV_INT(ts), SV_TEXT(id)};
   PGresult *r = wrun(s,
-    "SELECT run_id, seq, kind, match_path, match_value FROM waits"
+    "SELECT run_id, seq, kind, match_json FROM waits"
     " WHERE kind IN ('event', 'cancel') AND name = $1 AND result IS NULL"
     " AND delivered_at IS NULL AND since <= $2"
     " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.run_id = waits.run_id"
@@ -438,9 +386,7 @@ static int deliver_event(struct pg_store *s, const char *id, const char *name, c
   if (!r) return e->code;
   int err = 0;
   for (int i = 0; i < PQntuples(r) && !err; i++) {
-    if (!store__event_matches(ej, PQgetisnull(r, i, 3) ? NULL : PQgetvalue(r, i, 3),
-                              PQgetisnull(r, i, 4) ? NULL : PQgetvalue(r, i, 4)))
-      continue;
+    if (!store__event_matches(ej, PQgetisnull(r, i, 3) ? NULL : PQgetvalue(r, i, 3))) continue;
     const char *run_id = PQgetvalue(r, i, 0);
     int seq = atoi(PQgetvalue(r, i, 1));
     struct store_val u[4] = {SV_TEXT(run_id), SV_INT(seq), SV_TEXT(ej), SV_INT(now)};
@@ -567,6 +513,7 @@ static int prune_batch(struct pg_store *s, int64_t before, err_t *e) {
     "DELETE FROM logs WHERE run_id = ANY($1::text[])",
     "DELETE FROM deliveries WHERE run_id = ANY($1::text[])",
     "DELETE FROM waits WHERE run_id = ANY($1::text[])",
+    "DELETE FROM flow_batch WHERE run_id = ANY($1::text[])",
     "DELETE FROM runs WHERE id = ANY($1::text[])",
   };
   if (store__pg_begin(s, PG_LOCK_ALL, e)) return e->code;

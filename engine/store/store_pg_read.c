@@ -53,6 +53,7 @@ static const char *const rsql[RQ_COUNT] = {
   [RQ_POLL_CANCELS] =
     "SELECT id, cancel_reason FROM runs WHERE owner = $1 AND cancel_requested = 1"
     " AND status NOT IN ('completed','failed','cancelled')",
+  [RQ_POLL_GRANTS] = "SELECT id FROM runs WHERE owner = $1 AND slot_granted = 1",
   [RQ_CRON_LAST] = "SELECT last_tick FROM cron_state WHERE skill = $1 AND spec = $2",
   [RQ_SERVE_LEASES] =
     "SELECT owner, host, pid, pid_start, expires_at FROM leases WHERE kind = 'serve'",
@@ -97,6 +98,12 @@ static const char *const rsql[RQ_COUNT] = {
   [RQ_EVENT_RUNS] =
     "SELECT id, skill, status FROM runs WHERE trigger LIKE '{\"kind\":\"event\"%'"
     " AND ((trigger::json) #>> '{event,id}') = $1 ORDER BY id",
+  [RQ_FLOW_QUEUED] =
+    "SELECT coalesce(queued::json ->> 'reason', 'engine'), count(*) FROM runs"
+    " WHERE status = 'queued' GROUP BY 1",
+  [RQ_FLOW_SKIPS] = "SELECT skill, reason, n FROM flow_skips ORDER BY skill, reason",
+  [RQ_BATCH_EVENTS] =
+    "SELECT json_agg(event::json ORDER BY seq)::text, count(*) FROM flow_batch WHERE run_id = $1",
 };
 
 /* ---- cursors over results ------------------------------------------------------ */
@@ -133,6 +140,16 @@ void store__pg_cur(struct store_cur *c, PGresult *res) {
   c->h = res;
   c->row = -1;
   c->nrows = PQntuples(res);
+}
+
+/* See store_backend.h: on the writer, prepared once per session. */
+int store__pg_wq(store_t *st, const struct store_wq *q, const struct store_val *v, int nv,
+                 struct store_cur *c, const char *what, err_t *e) {
+  struct pg_store *s = pg_of(st);
+  PGresult *r = store__pg_run(s, &s->w, q, q->pg, v, nv, what, e);
+  if (!r) return e->code;
+  store__pg_cur(c, r);
+  return 0;
 }
 
 /* See store_backend.h: on the reader. */

@@ -17,6 +17,7 @@ static int prune_batch(store_t *s, int64_t before, err_t *e) {
     "DELETE FROM logs WHERE run_id IN (SELECT id FROM temp.prune_ids)",
     "DELETE FROM deliveries WHERE run_id IN (SELECT id FROM temp.prune_ids)",
     "DELETE FROM waits WHERE run_id IN (SELECT id FROM temp.prune_ids)",
+    "DELETE FROM flow_batch WHERE run_id IN (SELECT id FROM temp.prune_ids)",
     "DELETE FROM runs WHERE id IN (SELECT id FROM temp.prune_ids)",
   };
   if (store__exec(s->w, "CREATE TEMP TABLE IF NOT EXISTS prune_ids(id TEXT PRIMARY KEY)", e) ||

@@ -93,6 +93,8 @@ static void put_record_fields(buf_t *b, const struct store_cur *st) {
   PUT(b, "ended_at", put_time, st, 12);
   if (!cur_null(st, 13)) PUT(b, "deadline_at", put_time, st, 13);
   if (!cur_null(st, 14)) PUT(b, "wake_at", put_time, st, 14);
+  /* Why it waits to start (flow control: store_queue.c), while it does. */
+  PUT(b, "queued", put_json, st, 16);
 }
 
 /* Append the rows of the log cursor lg (seq, ts, level, msg) that belong
@@ -140,8 +142,9 @@ static void put_attempts(buf_t *b, const struct store_cur *st, struct store_cur 
   /* The attempt that succeeded, or the one in flight, is implied by the
   ** step row: it started when the last failed attempt's backoff ended. */
   const char *kind = cur_text(st, 2);
-  if (kind && !strcmp(kind, "run") && last_n < nattempts && status &&
-      (!strcmp(status, "completed") || !strcmp(status, "running"))) {
+  int word = vocab_step_status(status);
+  if (vocab_step_kind(kind) == STEP_KIND_RUN && last_n < nattempts &&
+      (word == STEP_COMPLETED || word == STEP_RUNNING)) {
     buf_add(b, first ? "{" : ",{", first ? 1 : 2);
     PUT1(b, "n", jsontext_put_int, nattempts);
     PUT(b, "status", jsontext_put_string, status, strlen(status));
@@ -559,15 +562,20 @@ int store_rerun_version(store_t *s, const char *skill, const char *run_version, 
 int store_poll(store_t *s, const char *owner, cJSON **out, err_t *e) {
   *out = NULL;
   struct store_val v[1] = {SV_TEXT(owner)};
-  struct store_cur d = {0}, c = {0};
+  struct store_cur d = {0}, c = {0}, g = {0};
   if (store__rq(s, NULL, RQ_POLL_DELIVERIES, v, 1, &d, e) ||
-      store__rq(s, NULL, RQ_POLL_CANCELS, v, 1, &c, e)) {
+      store__rq(s, NULL, RQ_POLL_CANCELS, v, 1, &c, e) ||
+      store__rq(s, NULL, RQ_POLL_GRANTS, v, 1, &g, e)) {
     cur_close(&d);
+    cur_close(&c);
     return e->code;
   }
   cJSON *o = cJSON_CreateObject();
   cJSON *dl = cJSON_AddArrayToObject(o, "deliveries");
   cJSON *cl = cJSON_AddArrayToObject(o, "cancels");
+  cJSON *gl = cJSON_AddArrayToObject(o, "grants");
+  while (cur_next(&g) == 1) cJSON_AddItemToArray(gl, cJSON_CreateString(cur_text(&g, 0)));
+  cur_close(&g);
   while (cur_next(&d) == 1) {
     cJSON *x = cJSON_CreateObject();
     cJSON_AddStringToObject(x, "run_id", cur_text(&d, 0));

@@ -22,11 +22,17 @@
 **   logs     run_id, seq, ts, level, msg
 **   events   (id) -> name, data, idempotency key, dispatched
 **   waits    (run_id, seq) -> what a parked run waits for (an event, a
-**            child run, a cancelling event) and, once delivered, the result;
+**            child run, a cancelling event; match_json: the event's fields
+**            that must be equal) and, once delivered, the result;
 **            kept until its step's end is recorded (delivered_at without a
 **            result: closed, ended with nothing)
 **   deliveries (run_id, event_id): events a run's waits already took
 **   slots, slot_queue: concurrency slots held, and runs queued for them
+**            (skill: the skill's id or "@scope"; key: "path=value" or "")
+**   flow_gcra (q, key) -> tat: throttle and rate limit state (GCRA)
+**   flow_once (q, key) -> run_id, until: idempotency and singleton keys
+**   flow_skips (skill, reason) -> n: runs flow control skipped
+**   flow_batch (run_id, seq) -> event: the events batched into a run
 **   cron_state (skill, spec) -> the last tick fired
 **   leases   (owner) -> kind, host, pid, expires_at
 **
@@ -49,6 +55,7 @@
 #include "base/mem.h"
 #include "base/proc.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "store/store_db.h"
 
 #include <dirent.h>
@@ -165,6 +172,46 @@ static const char *const migrations[] = {
   "ALTER TABLE versions ADD COLUMN triggers TEXT;",
   /* 6: quarantine: processes that died while the run was executing */
   "ALTER TABLE runs ADD COLUMN crashes INTEGER NOT NULL DEFAULT 0;",
+  /* 7: a wait matches on several fields: match_json, a JSON object of
+  ** path -> value, replaces the one path and value (kept waits are
+  ** carried over; "event." in a path meant the event itself) */
+  "ALTER TABLE waits ADD COLUMN match_json TEXT;"
+  "UPDATE waits SET match_json = json_object(CASE WHEN match_path LIKE 'event.%'"
+  "  THEN substr(match_path, 7) ELSE match_path END, json(match_value))"
+  "  WHERE match_path IS NOT NULL AND json_valid(match_value);"
+  "ALTER TABLE waits DROP COLUMN match_path;"
+  "ALTER TABLE waits DROP COLUMN match_value;",
+  /* 8: flow control (store_queue.c): why a run is queued (JSON, NULL when
+  ** it is not), a slot handed to a run by another run's release that its
+  ** owner has not taken up yet (slot_granted, found through runs_granted),
+  ** and each queue place's limit, so a release can hand its slot on. */
+  "ALTER TABLE runs ADD COLUMN queued TEXT;"
+  "ALTER TABLE runs ADD COLUMN slot_granted INTEGER NOT NULL DEFAULT 0;"
+  "CREATE INDEX runs_granted ON runs(owner) WHERE slot_granted = 1;"
+  "ALTER TABLE slot_queue ADD COLUMN lim INTEGER NOT NULL DEFAULT 1;"
+  /* throttle and rate_limit: one row per (kind:skill, key), its
+  ** theoretical arrival time (GCRA); a run's admission time, kept so a
+  ** replay or another engine never admits it twice */
+  "CREATE TABLE flow_gcra(q TEXT NOT NULL, key TEXT NOT NULL, tat INTEGER NOT NULL,"
+  "  PRIMARY KEY(q, key)) WITHOUT ROWID;"
+  "ALTER TABLE runs ADD COLUMN flow_at INTEGER;"
+  /* idempotency and singleton: the run of each (kind:skill, key), and
+  ** until when it holds the key (idempotency) */
+  "CREATE TABLE flow_once(q TEXT NOT NULL, key TEXT NOT NULL, run_id TEXT NOT NULL,"
+  "  until INTEGER NOT NULL, PRIMARY KEY(q, key)) WITHOUT ROWID;"
+  /* priority: queued runs are handed slots highest first, then in order */
+  "ALTER TABLE slot_queue ADD COLUMN prio INTEGER NOT NULL DEFAULT 0;"
+  "CREATE INDEX slot_queue_order ON slot_queue(skill, key, prio DESC, since, run_id);"
+  /* runs skipped by flow control, counted per skill and reason (/metrics) */
+  "CREATE TABLE flow_skips(skill TEXT NOT NULL, reason TEXT NOT NULL, n INTEGER NOT NULL,"
+  "  PRIMARY KEY(skill, reason)) WITHOUT ROWID;"
+  /* batch: the events gathered into each batch's run */
+  "CREATE TABLE flow_batch(run_id TEXT NOT NULL, seq INTEGER NOT NULL, event TEXT NOT NULL,"
+  "  PRIMARY KEY(run_id, seq)) WITHOUT ROWID;",
+  /* 9: nothing: PostgreSQL's 9 numbers events in the order they were
+  ** committed, which SQLite's rowid is already; kept so both dialects
+  ** count their migrations alike */
+  "",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -1182,4 +1229,5 @@ static const struct store_ops sqlite_ops = {
   .rend = store__sqlite_rend,
   .reader_open = store__sqlite_reader_open,
   .reader_close = store__sqlite_reader_close,
+  .wq = store__sqlite_wq,
 };

@@ -66,6 +66,9 @@ static const char *const rsql[RQ_COUNT] = {
   [RQ_POLL_CANCELS] =
     "SELECT id, cancel_reason FROM runs WHERE owner = ?1 AND cancel_requested = 1"
     " AND status NOT IN ('completed','failed','cancelled')",
+  /* Slots handed to its queued runs by other runs' releases. */
+  [RQ_POLL_GRANTS] =
+    "SELECT id FROM runs INDEXED BY runs_granted WHERE owner = ?1 AND slot_granted = 1",
   [RQ_CRON_LAST] = "SELECT last_tick FROM cron_state WHERE skill = ?1 AND spec = ?2",
   [RQ_SERVE_LEASES] =
     "SELECT owner, host, pid, pid_start, expires_at FROM leases WHERE kind = 'serve'",
@@ -119,6 +122,13 @@ static const char *const rsql[RQ_COUNT] = {
     "SELECT id, skill, status FROM runs WHERE trigger LIKE '{\"kind\":\"event\"%'"
     " AND CASE WHEN json_valid(trigger) THEN json_extract(trigger, '$.event.id') END = ?1"
     " ORDER BY id",
+  [RQ_FLOW_QUEUED] =
+    "SELECT coalesce(json_extract(queued, '$.reason'), 'engine'), count(*) FROM runs"
+    " WHERE status = 'queued' GROUP BY 1",
+  [RQ_FLOW_SKIPS] = "SELECT skill, reason, n FROM flow_skips ORDER BY skill, reason",
+  [RQ_BATCH_EVENTS] =
+    "SELECT json_group_array(json(event)), count(*) FROM (SELECT event FROM flow_batch"
+    " WHERE run_id = ?1 ORDER BY seq)",
 };
 
 /* ---- cursors over statements ------------------------------------------------ */
@@ -199,6 +209,17 @@ int store__sqlite_rq(store_t *s, void *conn, enum store_rq q, const struct store
   }
   bind_vals(st, v, nv);
   store__sqlite_cur(c, st, owned);
+  return 0;
+}
+
+/* See store_backend.h: the writer's statement cached for q's SQLite text. */
+int store__sqlite_wq(store_t *s, const struct store_wq *q, const struct store_val *v, int nv,
+                     struct store_cur *c, const char *what, err_t *e) {
+  (void)what;
+  sqlite3_stmt *st = store__cached(s, q->sqlite, e);
+  if (!st) return e->code;
+  bind_vals(st, v, nv);
+  store__sqlite_cur(c, st, 0);
   return 0;
 }
 

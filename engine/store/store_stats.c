@@ -59,6 +59,7 @@
 */
 #include "base/mem.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "store/store_backend.h"
 
 #include <math.h>
@@ -459,9 +460,9 @@ static void count_step(struct stepagg *g, const struct store_cur *st, uint32_t k
     struct stepent *x = &g->ids[i];
     int64_t retries = cur_i64(st, 3) - 1;
     x->retries += retries > 0 ? retries : 0;
-    x->failed += status && !strcmp(status, "failed");
+    x->failed += vocab_step_status(status) == STEP_FAILED;
   }
-  if (sample && kind && !strcmp(kind, "run") && !cur_null(st, 4) && !cur_null(st, 5)) {
+  if (sample && vocab_step_kind(kind) == STEP_KIND_RUN && !cur_null(st, 4) && !cur_null(st, 5)) {
     int64_t d = cur_i64(st, 5) - cur_i64(st, 4);
     if (d >= 0) {
       vals_add(&g->dur, (uint32_t)i, d);

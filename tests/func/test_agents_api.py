@@ -56,6 +56,9 @@ class AgentsApiTest(TestCase):
         self.assertEqual(set(documented), {k["name"] for k in self.api["skill_keys"]})
         # The keys of the sub-tables, in their rows as `key =`.
         for key, sub in (("triggers", "trigger_keys"), ("concurrency", "concurrency_keys"),
+                         ("throttle", "throttle_keys"), ("rate_limit", "rate_limit_keys"),
+                         ("singleton", "singleton_keys"), ("idempotency", "idempotency_keys"),
+                         ("debounce", "debounce_keys"), ("batch", "batch_keys"),
                          ("cancel_on", "cancel_on_keys")):
             text = " ".join(documented[key][1:])
             written = set(re.findall(r"(\w+) =", text))

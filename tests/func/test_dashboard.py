@@ -132,6 +132,23 @@ class DashboardHttpTest(unittest.TestCase):
             self.assertEqual(h["x-content-type-options"], "nosniff")
             self.assertIn("default-src 'self'", h["content-security-policy"])
 
+    def test_the_dashboard_words_are_the_engines(self):
+        # vocab.js is written at build time from engine/base/vocab.h, and
+        # loaded before app.js, which has no list of its own.
+        st, h, body = request(self.port, "GET", "/vocab.js", token=None)
+        self.assertEqual(st, 200)
+        self.assertEqual(h["content-type"], "text/javascript; charset=utf-8")
+        text = body.decode()
+        self.assertIn("runStatuses: ['queued', 'running', 'sleeping', 'waiting', 'completed', 'failed', "
+                      "'cancelled']", text)
+        self.assertIn("triggerKinds: ['event', 'cron', 'invoke', 'rerun', 'on_failure']", text)
+        self.assertIn("ended: ['completed', 'failed', 'cancelled']", text)
+        page = web_file("index.html").decode()
+        self.assertLess(page.index('"/vocab.js"'), page.index('"/app.js"'))
+        app = web_file("app.js").decode()
+        self.assertIn("VOCAB.runStatuses", app)
+        self.assertNotIn("'sleeping'", app)
+
     def test_the_page_loads_its_own_files_only(self):
         page = web_file("index.html").decode()
         self.assertIn('src="/app.js"', page)

@@ -7,7 +7,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import SkillsTestCase, kill9, wait_until  # noqa: E402
+from mltest import SkillsTestCase, freeze_between_commits, kill9, wait_until  # noqa: E402
 
 
 class FlowTest(SkillsTestCase):
@@ -181,7 +181,7 @@ return { id = "parent", run = function(ctx) return ctx.step.invoke("c", { skill 
         pa = self.serve()
         rid = self.w.ml("invoke", "nap", check=0).stdout.strip()
         wait_until(lambda: self.w.trace(rid)["status"] == "sleeping", what="the nap")
-        os.kill(pa.pid, signal.SIGSTOP)
+        freeze_between_commits(pa.pid, self.w.db)
         try:
             pb = self.serve()
             req = urllib.request.Request(pb.url + "/v1/runs/%s/cancel" % rid, method="POST", data=b"{}",

@@ -178,7 +178,7 @@ end }""")
             "c.lua:4: ctx.step.wait is not a step: did you mean ctx.step.wait_for_event? (the steps are run, "
             "sleep, sleep_until, wait_for_event, invoke, send_event and parallel)",
             "c.lua:6: ctx.data is not a field of ctx: did you mean ctx.input? (the fields are input, event, "
-            "run_id, skill, version, trigger, step, log, attempt and step_key)",
+            "run_id, skill, version, trigger, events, step, log, attempt and step_key)",
         ])
 
 

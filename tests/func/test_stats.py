@@ -374,6 +374,15 @@ class StatsMigrationTest(TestCase):
                           "ALTER TABLE runs DROP COLUMN retries; ALTER TABLE runs DROP COLUMN tokens;"
                           "ALTER TABLE versions DROP COLUMN triggers;"  # (migration 5)
                           "ALTER TABLE runs DROP COLUMN crashes;"  # (migration 6)
+                          # (migration 8: flow control)
+                          "DROP INDEX runs_granted; DROP INDEX slot_queue_order;"
+                          "ALTER TABLE runs DROP COLUMN queued; ALTER TABLE runs DROP COLUMN slot_granted;"
+                          "ALTER TABLE runs DROP COLUMN flow_at; ALTER TABLE slot_queue DROP COLUMN lim;"
+                          "ALTER TABLE slot_queue DROP COLUMN prio;"
+                          "DROP TABLE flow_gcra; DROP TABLE flow_once; DROP TABLE flow_skips; DROP TABLE flow_batch;"
+                          "ALTER TABLE waits ADD COLUMN match_path TEXT;"  # (migration 7)
+                          "ALTER TABLE waits ADD COLUMN match_value TEXT;"
+                          "ALTER TABLE waits DROP COLUMN match_json;"
                           "PRAGMA user_version = 3;")
         con.close()
         t = self.w.json("stats", "bad", "--since", "1h")["totals"]

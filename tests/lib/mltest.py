@@ -408,6 +408,48 @@ def kill9(p):
     p.wait(timeout=10)
 
 
+# The key of the PostgreSQL store's write lock (store_pg_db.h's PG_WRITE_LOCK).
+PG_WRITE_LOCK = 0x6d6c6f6f70
+
+
+def _write_lock_free(db):
+    """Whether the database db's write lock is free at this moment: SQLite's
+    (BEGIN IMMEDIATE succeeds at once), or PostgreSQL's (the store's
+    advisory lock can be taken whole: no transaction holds it, shared or
+    whole)."""
+    if PG and db.startswith(("postgresql://", "postgres://")):
+        got = pgcluster.psql(PG, "SELECT pg_try_advisory_xact_lock(%d)" % PG_WRITE_LOCK,
+                             db=db.rsplit("/", 1)[1])
+        return got.strip() == "t"
+    import sqlite3
+    con = sqlite3.connect(db, timeout=0)
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        con.rollback()
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        con.close()
+
+
+def freeze_between_commits(pid, db, timeout=10.0):
+    """SIGSTOP a process at a moment it holds no write transaction on db
+    (a SQLite file or a PostgreSQL URL), so a test that stops an engine to
+    see another take over never stops it in the middle of a commit (which
+    would hold the write lock until it is continued, and stall every other
+    writer)."""
+    deadline = time.time() + timeout
+    while True:
+        os.kill(pid, signal.SIGSTOP)
+        if _write_lock_free(db):
+            return
+        os.kill(pid, signal.SIGCONT)
+        if time.time() > deadline:
+            raise AssertionError("the process kept its write lock for %ds" % timeout)
+        time.sleep(0.02)
+
+
 class TestCase(unittest.TestCase):
     """Base class: self.w is a fresh Workdir, self.si a fresh StandIn."""
     env_names = ("STANDIN",)

@@ -143,6 +143,7 @@ class Gen:
 
     def __init__(self, seed):
         self.rng = random.Random(seed)
+        self.rng2 = random.Random(seed * 7919 + 1)  # draws added later, apart from rng's stream
         self.w = World(seed)
         self.nsite = 0
 
@@ -349,6 +350,18 @@ class Gen:
             s.n, child, sk.id, mode, timeout)
         out.append(ind + "do")
         out.append(ind + "  k = k + 1")
+        if mode == "ok" and self.rng2.random() < 0.35:
+            # Children in parallel: step.invoke in the functions of
+            # step.parallel (drawn from rng2, so the other draws of every
+            # seed stay as they were).
+            n = self.rng2.randint(2, 3)
+            s.features = {"step.invoke in step.parallel (%d children at once)" % n}
+            fns = ['function() return ctx.step.invoke("c", { skill = "%s", data = { tag = T .. "/%s.i" .. k .. "/%d",'
+                   ' mode = "ok" }%s }) end' % (child, sk.id, b + 1, timeout) for b in range(n)]
+            lst = "{\n" + "".join(ind + "    " + f + ",\n" for f in fns) + ind + "  }"
+            out.append(ind + '  for _, r in ipairs(ctx.step.parallel("inv%d", %s)) do add(out, { child = r }) end' % (s.n, lst))
+            out.append(ind + "end")
+            return False
         if caught:
             out.append(ind + "  local ok, r = pcall(ctx.step.invoke, %s)" % args)
             out.append(ind + "  if ok then add(out, { child = r }) else add(out, { err = tostring(r) }) end")

@@ -1,0 +1,542 @@
+"""Flow control: several concurrency limits per skill, limits shared across
+skills (scope), the `queued` status with its reason, and the limits held
+across kill -9 and two engines on one database (docs/skills.md, "Flow
+control")."""
+import json
+import os
+import re
+import sys
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from mltest import SkillsTestCase, kill9, wait_until  # noqa: E402
+
+# A skill whose one step calls the stand-in at /svc/<tag>/<run id>: the
+# stand-in sees which runs are in flight at once.
+CALLER = """
+return { id = "%(id)s", concurrency = %(conc)s, run = function(ctx)
+  return ctx.step.run("call", function()
+    return http.get_json(env.STANDIN .. "/svc/%(tag)s/" .. ctx.run_id .. "?k=" .. tostring(ctx.input.k)).ok
+  end)
+end }"""
+
+
+class Gauge:
+    """In-flight runs per key, counted by run id, not by request: a killed
+    engine's request may still be in flight at the stand-in while its run
+    takes the step again under the next engine."""
+
+    def __init__(self, hold=0.3):
+        self.lock = threading.Lock()
+        self.inflight = {}
+        self.most = {}
+        self.starts = []  # (time, tag, run id, k)
+        self.hold = hold
+        self.release = None  # an Event: hold until it is set
+
+    def handler(self, keys_of):
+        def call(h, b, n):
+            path, _, query = h.path.partition("?")
+            _, _, tag, run = path.split("/")
+            k = query.partition("=")[2]
+            keys = keys_of(tag, k)
+            with self.lock:
+                self.starts.append((time.time(), tag, run, k))
+                for key in keys:
+                    runs = self.inflight.setdefault(key, {})
+                    runs[run] = runs.get(run, 0) + 1
+                    self.most[key] = max(self.most.get(key, 0), len(runs))
+            if self.release is not None:
+                self.release.wait(30)
+            else:
+                time.sleep(self.hold)
+            with self.lock:
+                for key in keys:
+                    runs = self.inflight[key]
+                    runs[run] -= 1
+                    if not runs[run]:
+                        del runs[run]
+            return 200, {"ok": True}
+        return call
+
+
+class FlowControlTest(SkillsTestCase):
+    def api(self, p, path):
+        with urllib.request.urlopen(p.url + path, timeout=10) as r:
+            return json.loads(r.read())
+
+    def test_several_limits_per_skill_and_a_scope_shared_across_skills(self):
+        # one: at most 1 per customer and 3 overall; two and three share
+        # the scope "openai" of 2 (two also has a limit of its own of 5).
+        self.skill("one", CALLER % {"id": "one", "tag": "one",
+                                    "conc": '{ {limit = 1, key = "event.data.k"}, {limit = 3} }'})
+        self.skill("two", CALLER % {"id": "two", "tag": "two",
+                                    "conc": '{ {limit = 2, scope = "openai"}, {limit = 5} }'})
+        self.skill("three", CALLER % {"id": "three", "tag": "three",
+                                      "conc": '{limit = 2, scope = "openai"}'})
+        g = Gauge(hold=0.3)
+
+        def keys_of(tag, k):
+            if tag == "one":
+                return ["one", "one:" + k]
+            return ["openai", tag]
+        self.si.route_prefix("/svc/", g.handler(keys_of))
+        p = self.serve()
+        p.terminate()
+        p.wait(timeout=10)
+        # All queued before an engine runs, so they all compete at once:
+        # a's runs wait for their key, and b, c, d go past them.
+        for k in ["a", "a", "a", "b", "b", "c", "c", "d"]:
+            self.w.ml("invoke", "one", "--data", json.dumps({"k": k}), check=0)
+        for s in ["two", "three"] * 4:
+            self.w.ml("invoke", s, "--data", "{}", check=0)
+        self.serve()
+        wait_until(lambda: len(self.w.runs(status="completed")) == 16, timeout=60, what="sixteen runs")
+        for k in "abcd":
+            self.assertEqual(g.most["one:" + k], 1, "customer %s" % k)
+        self.assertEqual(g.most["one"], 3)  # the overall limit, reached: keys ran side by side
+        self.assertEqual(g.most["openai"], 2)  # two skills, one shared limit
+        self.assertGreaterEqual(g.most["two"] + g.most["three"], 2)
+
+    def test_a_run_waiting_for_a_slot_is_queued_with_its_reason_and_not_started(self):
+        self.skill("one", CALLER % {"id": "one", "tag": "one",
+                                    "conc": '{ {limit = 1, scope = "llm", key = "event.data.k"} }'})
+        g = Gauge()
+        g.release = threading.Event()
+        self.si.route_prefix("/svc/", g.handler(lambda tag, k: ["all"]))
+        p = self.serve()
+        first = self.w.ml("invoke", "one", "--data", '{"k": "x"}', check=0).stdout.strip()
+        wait_until(lambda: len(g.starts) == 1, what="the first run's call")
+        second = self.w.ml("invoke", "one", "--data", '{"k": "x"}', check=0).stdout.strip()
+        # Made queued, it asks for its slot in the next group: then it has its reason.
+        wait_until(lambda: self.w.trace(second)["queued"] is not None, what="the second run queued")
+        # The record: status queued, no started_at, the reason.
+        rec = self.w.trace(second)
+        self.assertIsNone(rec["started_at"])
+        self.assertEqual(rec["queued"], {"reason": "concurrency", "scope": "llm",
+                                         "key": 'event.data.k="x"', "limit": 1})
+        self.assertIsNone(self.w.trace(first)["queued"])
+        # The API, `moonloop runs` and `moonloop trace` say so too.
+        self.assertEqual(self.api(p, "/v1/runs/" + second)["queued"]["scope"], "llm")
+        listed = {r["id"]: r for r in self.api(p, "/v1/runs?skill=one")["runs"]}
+        self.assertEqual(listed[second]["status"], "queued")
+        self.assertEqual(listed[second]["queued"]["limit"], 1)
+        with urllib.request.urlopen(p.url + "/metrics", timeout=10) as m:
+            self.assertIn('moonloop_runs_queued{reason="concurrency"} 1', m.read().decode())
+        table = self.w.ml("runs", "--skill", "one", check=0).stdout
+        line = [ln for ln in table.splitlines() if ln.startswith(second)][0]
+        self.assertIn("queued", line)
+        self.assertIn('waiting: concurrency limit 1 of scope llm, key event.data.k="x"', line)
+        text = self.w.ml("trace", second, check=0).stdout
+        self.assertIn('queued   waiting: concurrency limit 1 of scope llm, key event.data.k="x"', text)
+        self.assertIn("started  not yet", text)
+        # Another key is not held up.
+        other = self.w.ml("invoke", "one", "--data", '{"k": "y"}', check=0).stdout.strip()
+        wait_until(lambda: len(g.starts) == 2, what="the other key's call")
+        self.assertEqual(self.w.trace(other)["status"], "running")
+        time.sleep(0.3)
+        self.assertEqual(len(g.starts), 2)  # the queued run did not start
+        g.release.set()
+        wait_until(lambda: self.w.trace(second)["status"] == "completed", what="the queued run's end")
+        a, b = self.w.trace(first), self.w.trace(second)
+        self.assertIsNone(b["queued"])
+        # It started when the first ended, not when it was created.
+        self.assertGreaterEqual(b["started_at"], a["ended_at"])
+        self.assertLess(b["created_at"], a["ended_at"])
+
+    def test_limits_hold_across_kill_9_and_two_engines(self):
+        self.skill("one", CALLER % {"id": "one", "tag": "one",
+                                    "conc": '{ {limit = 2, scope = "shared"}, {limit = 1, key = "event.data.k"} }'})
+        self.skill("two", CALLER % {"id": "two", "tag": "two", "conc": '{limit = 2, scope = "shared"}'})
+        g = Gauge(hold=0.4)
+
+        def keys_of(tag, k):
+            return ["shared"] + (["one:" + k] if tag == "one" else [])
+        self.si.route_prefix("/svc/", g.handler(keys_of))
+        a = self.serve()
+        b = self.serve()  # a second engine on the same database
+        for i in range(6):
+            self.w.ml("invoke", "one", "--data", json.dumps({"k": "ab"[i % 2]}), check=0)
+            self.w.ml("invoke", "two", "--data", "{}", check=0)
+        wait_until(lambda: len(g.starts) >= 3, what="some calls")
+        kill9(a)  # slot holders may die: their runs keep their slots until they end
+        wait_until(lambda: len(g.starts) >= 6, timeout=30, what="more calls")
+        kill9(b)
+        c = self.serve()
+        wait_until(lambda: len(self.w.runs(status="completed")) == 12, timeout=60, what="twelve runs")
+        self.assertEqual(g.most["shared"], 2)
+        self.assertEqual(g.most["one:a"], 1)
+        self.assertEqual(g.most["one:b"], 1)
+        c.terminate()
+
+    def test_queued_runs_keep_their_order(self):
+        self.skill("one", CALLER % {"id": "one", "tag": "one", "conc": '{limit = 1}'})
+        g = Gauge(hold=0.05)
+        self.si.route_prefix("/svc/", g.handler(lambda tag, k: ["all"]))
+        p = self.serve()
+        p.terminate()
+        p.wait(timeout=10)
+        # Queued with no engine running: they start in the order they were made.
+        ids = [self.w.ml("invoke", "one", "--data", json.dumps({"k": i}), check=0).stdout.strip()
+               for i in range(8)]
+        self.serve()
+        wait_until(lambda: len(self.runs_of("one", "completed")) == 8, timeout=30, what="eight runs")
+        self.assertEqual([s[2] for s in g.starts], ids)
+        self.assertEqual(g.most["all"], 1)
+
+    def test_bad_limits_are_refused_naming_the_fix(self):
+        cases = [
+            ('{ {limit = 1}, {limit = 2} }', "concurrency 2 repeats the skill's own limit without a key"),
+            ('{ {limit = 1, scope = "Open AI"} }', "'concurrency.scope' must be a name such as \"openai\""),
+            ('{ {limit = 1, scop = "x"} }', "unknown key 'scop' in 'concurrency' (did you mean 'scope'?)"),
+            ('{ {limit = 1}, limit = 2 }', "'concurrency' is a list of limits, so it cannot also have the key 'limit'"),
+            ('{ {limit = 0} }', "'concurrency.limit' must be a whole number of at least 1, got 0"),
+            ('{ {limit = 1}, 5 }', "concurrency 2 must be a table {limit=, key=, scope=}, got 5"),
+            ('{}', "'concurrency.limit' must be a whole number of at least 1, got nil"),
+        ]
+        for conc, want in cases:
+            path = self.w.write("bad.lua", 'return { id = "bad", concurrency = %s, run = function() end }' % conc)
+            r = self.w.ml("check", path)
+            self.assertEqual(r.returncode, 1, conc)
+            self.assertIn(want, r.stderr + r.stdout, conc)
+
+
+# A skill whose one step tells the stand-in it started: /start/<run id>?k=
+STARTER = """
+return { id = "%(id)s", %(flow)s, run = function(ctx)
+  return ctx.step.run("start", function()
+    return http.get_json(env.STANDIN .. "/start/" .. ctx.run_id .. "?k=" .. tostring(ctx.input.k)).ok
+  end)
+end }"""
+
+
+class PerPeriodTest(SkillsTestCase):
+    def record_starts(self):
+        starts = {}  # run id -> (first start time, k)
+        lock = threading.Lock()
+
+        def start(h, b, n):
+            path, _, query = h.path.partition("?")
+            with lock:
+                # The first call only: a replay after a kill calls again.
+                starts.setdefault(path.rsplit("/", 1)[1], (time.time(), query.partition("=")[2]))
+            return 200, {"ok": True}
+        self.si.route_prefix("/start/", start)
+        return starts
+
+    def most_in_a_window(self, times, period):
+        times = sorted(times)
+        return max(sum(1 for u in times if t <= u < t + period) for t in times)
+
+    def test_throttle_queues_the_excess_in_order_with_burst_across_kill_9(self):
+        self.skill("thr", STARTER % {"id": "thr", "flow": 'throttle = { limit = 2, period = "1s", '
+                                                          'key = "event.data.k", burst = 1 }'})
+        starts = self.record_starts()
+        p = self.serve()
+        p.terminate()
+        p.wait(timeout=10)
+        ids = {"a": [], "b": []}
+        for k in ["a"] * 10 + ["b"] * 3:
+            ids[k].append(self.w.ml("invoke", "thr", "--data", json.dumps({"k": k}), check=0).stdout.strip())
+        p = self.serve()
+        last = ids["a"][-1]
+        # Waiting, the last one says why and until when.
+        wait_until(lambda: (self.w.trace(last)["queued"] or {}).get("reason") == "throttle", what="throttled")
+        q = self.w.trace(last)["queued"]
+        self.assertEqual((q["limit"], q["period"], q["key"]), (2, "1.0s", 'event.data.k="a"'))
+        self.assertIn("until", q)
+        self.assertIsNone(self.w.trace(last)["started_at"])
+        self.assertIn("waiting: throttle limit 2 per 1.0s of skill thr, key event.data.k=\"a\", until ",
+                      self.w.ml("runs", check=0).stdout)
+        wait_until(lambda: len(starts) >= 4, what="some starts")
+        kill9(p)  # the reservations are in the store: the next engine keeps to them
+        self.serve()
+        wait_until(lambda: len(self.runs_of("thr", "completed")) == 13, timeout=60, what="thirteen runs")
+        from datetime import datetime
+        started = {r["id"]: datetime.fromisoformat(r["started_at"].replace("Z", "+00:00")).timestamp()
+                   for r in self.runs_of("thr")}
+        for k in "ab":
+            # Started in creation order, and never more than limit + burst
+            # in a period.
+            self.assertEqual(sorted(ids[k], key=lambda r: started[r]), ids[k])
+            self.assertLessEqual(self.most_in_a_window([started[r] for r in ids[k]], 1.0), 3, k)
+        # b's runs did not wait behind a's.
+        self.assertLess(max(starts[r][0] for r in ids["b"]), starts[ids["a"][-1]][0])
+        # Spread over at least (10 - 3) / 2 periods: the throttle held them.
+        a = sorted(starts[r][0] for r in ids["a"])
+        self.assertGreaterEqual(a[-1] - a[0], 3.0)
+
+    def test_rate_limit_skips_the_excess_and_records_each_skip(self):
+        self.skill("rl", STARTER % {"id": "rl", "flow": 'triggers = { { event = "svc.alert" } }, '
+                                                        'rate_limit = { limit = 2, period = "1h", key = "event.data.k" }'})
+        starts = self.record_starts()
+        p = self.serve()
+        for k in ["a", "a", "a", "b", "a"]:
+            self.w.ml("send", "svc.alert", "--data", json.dumps({"k": k}), check=0)
+        wait_until(lambda: len([r for r in self.runs_of("rl") if r["status"] in ("completed", "cancelled")]) == 5,
+                   what="five runs ended")
+        kill9(p)  # the count is in the store
+        self.serve()
+        self.w.ml("send", "svc.alert", "--data", json.dumps({"k": "a"}), check=0)
+        wait_until(lambda: len([r for r in self.runs_of("rl") if r["status"] in ("completed", "cancelled")]) == 6,
+                   what="six runs ended")
+        runs = self.runs_of("rl")
+        done = [r for r in runs if r["status"] == "completed"]
+        skipped = [r for r in runs if r["status"] == "cancelled"]
+        self.assertEqual(sorted(r["input"]["k"] for r in done), ["a", "a", "b"])
+        self.assertEqual(len(skipped), 3)
+        for r in skipped:
+            self.assertEqual(r["error"]["message"],
+                             'skipped by rate_limit: at most 2 runs per 1h00m, key event.data.k="a"')
+            self.assertIsNone(r["started_at"])
+            self.assertEqual(r["trigger"]["event"]["name"], "svc.alert")  # which event was skipped
+        self.assertEqual(len(starts), 3)  # no code of a skipped run ran
+        with urllib.request.urlopen(self.w.procs[-1].url + "/metrics", timeout=10) as m:
+            self.assertIn('moonloop_runs_skipped_total{skill="rl",reason="rate_limit"} 3', m.read().decode())
+
+    def test_bad_throttle_and_rate_limit_are_refused_naming_the_fix(self):
+        cases = [
+            ('throttle = { limit = 2 }', "'throttle' needs a 'period' such as \"1m\""),
+            ('throttle = { limit = 2, period = "1m", burts = 1 }', "unknown key 'burts' in 'throttle' (did you mean 'burst'?)"),
+            ('throttle = { limit = 2, period = "1m", burst = -1 }', "'throttle.burst' must be a whole number of at least 0"),
+            ('rate_limit = { limit = 2, period = "1h", burst = 1 }', "unknown key 'burst' in 'rate_limit'"),
+            ('rate_limit = { limit = 0.5, period = "1h" }', "'rate_limit.limit' must be a whole number of at least 1"),
+            ('rate_limit = { limit = 1, period = "soon" }', "'rate_limit.period'"),
+            ('rate_limit = 5', "'rate_limit' must be a table {limit=, period=, key=}, got 5"),
+        ]
+        for flow, want in cases:
+            path = self.w.write("bad.lua", 'return { id = "bad", %s, run = function() end }' % flow)
+            r = self.w.ml("check", path)
+            self.assertEqual(r.returncode, 1, flow)
+            self.assertIn(want, r.stderr + r.stdout, flow)
+
+
+class OnceTest(SkillsTestCase):
+    def ended(self, skill, n):
+        wait_until(lambda: len([r for r in self.runs_of(skill) if r["status"] in ("completed", "cancelled")]) == n,
+                   what="%d runs of %s ended" % (n, skill))
+        return self.runs_of(skill)
+
+    def test_idempotency_runs_once_per_key_across_kill_9(self):
+        self.skill("pay", STARTER % {"id": "pay", "flow": 'triggers = { { event = "order.paid" } }, '
+                                                          'idempotency = "event.data.k"'})
+        p = self.serve()
+        for k in ["o1", "o1", "o2"]:
+            self.w.ml("send", "order.paid", "--data", json.dumps({"k": k}), check=0)
+        runs = self.ended("pay", 3)
+        first = [r for r in runs if r["status"] == "completed" and r["input"]["k"] == "o1"][0]["id"]
+        kill9(p)
+        self.serve()
+        self.w.ml("send", "order.paid", "--data", json.dumps({"k": "o1"}), check=0)
+        runs = self.ended("pay", 4)
+        self.assertEqual(sorted(r["input"]["k"] for r in runs if r["status"] == "completed"), ["o1", "o2"])
+        skipped = [r for r in runs if r["status"] == "cancelled"]
+        self.assertEqual(len(skipped), 2)
+        for r in skipped:
+            self.assertEqual(r["error"]["message"], 'skipped by idempotency: run %s already started for key '
+                             'event.data.k="o1" (within 1d0h)' % first)
+        self.assertEqual(self.si.count("/start/" + first), 1)
+
+    def test_idempotency_period_ends(self):
+        self.skill("pay", STARTER % {"id": "pay", "flow": 'idempotency = { key = "event.data.k", period = "1s" }'})
+        self.serve()
+        self.w.ml("invoke", "pay", "--data", '{"k": "x"}', check=0)
+        self.w.ml("invoke", "pay", "--data", '{"k": "x"}', check=0)
+        self.ended("pay", 2)
+        time.sleep(1.1)
+        self.w.ml("invoke", "pay", "--data", '{"k": "x"}', check=0)
+        runs = self.ended("pay", 3)
+        self.assertEqual(sorted(r["status"] for r in runs), ["cancelled", "completed", "completed"])
+
+    def singleton(self, mode):
+        self.skill("one", CALLER % {"id": "one", "tag": "one", "conc": "nil, singleton = { key = \"event.data.k\", "
+                                                                       "mode = \"%s\" }" % mode})
+        g = Gauge()
+        g.release = threading.Event()
+        self.si.route_prefix("/svc/", g.handler(lambda tag, k: ["k:" + k]))
+        self.serve()
+        first = self.w.ml("invoke", "one", "--data", '{"k": "a"}', check=0).stdout.strip()
+        wait_until(lambda: len(g.starts) == 1, what="the first run's call")
+        second = self.w.ml("invoke", "one", "--data", '{"k": "a"}', check=0).stdout.strip()
+        other = self.w.ml("invoke", "one", "--data", '{"k": "b"}', check=0).stdout.strip()
+        wait_until(lambda: any(s[3] == "b" for s in g.starts), what="the other key's call")
+        return g, first, second, other
+
+    def test_singleton_skip(self):
+        g, first, second, other = self.singleton("skip")
+        wait_until(lambda: self.w.trace(second)["status"] == "cancelled", what="the second skipped")
+        self.assertEqual(self.w.trace(second)["error"]["message"],
+                         'skipped by singleton: run %s is running for key event.data.k="a"' % first)
+        g.release.set()
+        self.ended("one", 3)
+        self.assertEqual(self.w.trace(first)["status"], "completed")
+        self.assertEqual(self.w.trace(other)["status"], "completed")
+        self.assertEqual(g.most["k:a"], 1)
+
+    def test_singleton_cancel(self):
+        g, first, second, other = self.singleton("cancel")
+        wait_until(lambda: self.w.trace(first)["status"] == "cancelled", what="the first cancelled")
+        self.assertIn("replaced by run %s (singleton, key event.data.k=\"a\")" % second,
+                      self.w.trace(first)["error"]["message"])
+        g.release.set()
+        self.ended("one", 3)
+        a, b = self.w.trace(first), self.w.trace(second)
+        self.assertEqual(b["status"], "completed")
+        # The new run waited for the old one's end. (The stand-in may still
+        # hold the old run's request: the engine dropped it when the run
+        # ended, so the stand-in's gauge cannot tell.)
+        self.assertGreaterEqual(b["started_at"], a["ended_at"])
+
+    def test_bad_singleton_and_idempotency_are_refused_naming_the_fix(self):
+        cases = [
+            ('singleton = { key = "event.data.k", mode = "replace" }', "'singleton.mode' must be \"skip\""),
+            ('singleton = { kye = "x" }', "unknown key 'kye' in 'singleton' (did you mean 'key'?)"),
+            ('idempotency = { period = "1h" }', "'idempotency' needs a key: a path such as \"event.data.order_id\""),
+            ('idempotency = 5', "'idempotency' must be a path such as \"event.data.order_id\" or a table {key=, period=}"),
+        ]
+        for flow, want in cases:
+            path = self.w.write("bad.lua", 'return { id = "bad", %s, run = function() end }' % flow)
+            r = self.w.ml("check", path)
+            self.assertEqual(r.returncode, 1, flow)
+            self.assertIn(want, r.stderr + r.stdout, flow)
+
+
+class DebounceTest(SkillsTestCase):
+    def test_debounce_starts_one_run_with_the_last_data_and_max_wait_bounds_a_burst(self):
+        self.skill("deb", STARTER % {"id": "deb", "flow": 'triggers = { { event = "inc.update" } }, '
+                                                          'debounce = { period = "600ms", key = "event.data.k", '
+                                                          'max_wait = "2s" }'})
+        starts = {}
+
+        def start(h, b, n):
+            path, _, query = h.path.partition("?")
+            starts.setdefault(path.rsplit("/", 1)[1], (time.time(), query.partition("=")[2]))
+            return 200, {"ok": True}
+        self.si.route_prefix("/start/", start)
+        p = self.serve()
+
+        def send(p, data):
+            req = urllib.request.Request(p.url + "/v1/events", data=json.dumps(data).encode(),
+                                         headers={"Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=10).read()
+        # A burst for "a": five updates 100 ms apart (over HTTP: a CLI
+        # process per event can take longer than the period on a slow
+        # build); one for "b".
+        for i in range(5):
+            send(p, {"name": "inc.update", "data": {"k": "a", "n": i}})
+            time.sleep(0.1)
+        send(p, {"name": "inc.update", "data": {"k": "b", "n": 9}})
+        wait_until(lambda: len([r for r in self.runs_of("deb") if r["status"] in ("completed", "cancelled")]) == 6,
+                   what="six runs ended")
+        runs = self.runs_of("deb")
+        done = [r for r in runs if r["status"] == "completed"]
+        self.assertEqual(sorted((r["input"]["k"], r["input"]["n"]) for r in done), [("a", 4), ("b", 9)])
+        for r in runs:
+            if r["status"] == "cancelled":
+                self.assertRegex(r["error"]["message"], r"debounced: a later event started run \w+")
+                self.assertIsNone(r["started_at"])
+        self.assertEqual(len(starts), 2)
+        # A burst longer than max_wait: events every 200 ms for 3.5 s, across
+        # a kill -9: a run starts within max_wait of the burst's start.
+        t0 = time.time()
+        i = 0
+        while time.time() - t0 < 3.5:
+            if i == 8:
+                kill9(p)
+                p = self.serve()
+            send(p, {"name": "inc.update", "data": {"k": "c", "n": i}})
+            i += 1
+            time.sleep(0.2)
+        last = i - 1
+        wait_until(lambda: any(r["input"]["k"] == "c" and r["input"]["n"] == last and r["status"] == "completed"
+                               for r in self.runs_of("deb")), timeout=20, what="the burst's last run")
+        c_starts = sorted(t for t, k in starts.values() if k == "c")
+        self.assertGreaterEqual(len(c_starts), 2)  # max_wait started one during the burst
+        self.assertLess(c_starts[0] - t0, 2.0 + 1.5)  # (the kill costs a restart)
+
+    def test_a_debounced_run_waits_queued_with_its_reason(self):
+        self.skill("deb", STARTER % {"id": "deb", "flow": 'debounce = { period = "3s" }'})
+        self.serve()
+        rid = self.w.ml("invoke", "deb", "--data", '{"k": "x"}', check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["queued"] is not None, what="queued")
+        q = self.w.trace(rid)["queued"]
+        self.assertEqual((q["reason"], q["skill"], q["period"]), ("debounce", "deb", "3.0s"))
+        self.assertIn("queued   waiting: debounce 3.0s of skill deb, until ",
+                      self.w.ml("trace", rid, check=0).stdout)
+
+
+class PriorityTest(SkillsTestCase):
+    def test_priority_orders_queued_runs_fifo_within_a_priority(self):
+        self.skill("pri", CALLER % {"id": "pri", "tag": "pri", "conc": "{limit = 1}, priority = function(event)\n"
+                                    "  if event.data.k == 'boom' then error('no plan') end\n"
+                                    "  return event.data.k:sub(1, 3) == 'ent' and 100 or 0 end"})
+        g = Gauge(hold=0.05)
+        self.si.route_prefix("/svc/", g.handler(lambda tag, k: ["all"]))
+        p = self.serve()
+        p.terminate()
+        p.wait(timeout=10)
+        order = ["free1", "free2", "ent1", "boom", "free3", "ent2"]
+        ids = {k: self.w.ml("invoke", "pri", "--data", json.dumps({"k": k}), check=0).stdout.strip() for k in order}
+        self.serve()
+        wait_until(lambda: len(self.runs_of("pri", "completed")) == 6, timeout=30, what="six runs")
+        started = [s[3] for s in g.starts]
+        # free1 found the slot free; then the enterprise runs, in order; then
+        # the rest in order (boom's function failed: priority 0).
+        self.assertEqual(started, ["free1", "ent1", "ent2", "free2", "boom", "free3"])
+        self.assertEqual(g.most["all"], 1)
+        logs = self.w.trace(ids["boom"])["logs"]
+        self.assertTrue(any("priority: " in l["msg"] and "no plan" in l["msg"] and "queued with priority 0" in l["msg"]
+                            for l in logs), logs)
+
+    def test_priority_needs_a_function_and_a_limit(self):
+        for flow, want in [('priority = 5, concurrency = {limit = 1}', "'priority' must be a function(event)"),
+                           ('priority = function() return 1 end', "'priority' orders the runs waiting for a "
+                                                                   "concurrency limit, and this skill has none")]:
+            path = self.w.write("bad.lua", 'return { id = "bad", %s, run = function() end }' % flow)
+            r = self.w.ml("check", path)
+            self.assertEqual(r.returncode, 1, flow)
+            self.assertIn(want, r.stderr + r.stdout, flow)
+
+
+class BatchTest(SkillsTestCase):
+    def test_batches_of_max_events_or_by_timeout_per_key(self):
+        self.skill("bat", """
+return { id = "bat", triggers = { { event = "row.new" } },
+  batch = { max = 3, timeout = "1500ms", key = "event.data.t" },
+  run = function(ctx)
+    local ns = {}
+    for i, ev in ipairs(ctx.events) do ns[i] = ev.data.n end
+    return ctx.step.run("take", function() return { t = ctx.event.data.t, ns = ns } end)
+  end }""")
+        p = self.serve()
+        t0 = time.time()
+        for i in range(7):
+            self.w.ml("send", "row.new", "--data", json.dumps({"t": "a", "n": i}), check=0)
+        self.w.ml("send", "row.new", "--data", json.dumps({"t": "b", "n": 100}), check=0)
+        wait_until(lambda: len([r for r in self.runs_of("bat") if r["status"] in ("completed", "cancelled")]) == 8,
+                   timeout=20, what="eight runs ended")
+        runs = self.runs_of("bat")
+        done = sorted((r["output"]["t"], r["output"]["ns"]) for r in runs if r["status"] == "completed")
+        # Two full batches at once, then the rest when the timeout passed.
+        self.assertEqual(done, [("a", [0, 1, 2]), ("a", [3, 4, 5]), ("a", [6]), ("b", [100])])
+        for r in runs:
+            if r["status"] == "cancelled":
+                self.assertRegex(r["error"]["message"], r"^batched into run \w+$")
+        last = [r for r in runs if r["status"] == "completed" and r["output"]["ns"] == [6]][0]
+        from datetime import datetime
+        started = datetime.fromisoformat(last["started_at"].replace("Z", "+00:00")).timestamp()
+        self.assertGreaterEqual(started - t0, 1.0)  # it waited for the timeout
+        # Replayed after a kill, a batch run sees the same events.
+        kill9(p)
+        self.assertEqual(self.w.ml("replay", last["id"], check=0).returncode, 0)
+
+    def test_bad_batch_is_refused_naming_the_fix(self):
+        for flow, want in [('batch = { max = 0, timeout = "1s" }', "'batch.max' must be a whole number from 1 to 10000"),
+                           ('batch = { max = 10 }', "'batch' needs a 'timeout' such as \"5s\""),
+                           ('batch = { max = 10, timeout = "1s", size = 2 }', "unknown key 'size' in 'batch'")]:
+            path = self.w.write("bad.lua", 'return { id = "bad", %s, run = function() end }' % flow)
+            r = self.w.ml("check", path)
+            self.assertEqual(r.returncode, 1, flow)
+            self.assertIn(want, r.stderr + r.stdout, flow)
