@@ -3,7 +3,7 @@ BUILD   := build
 ASAN    := build/asan
 JOBS    := $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all deps build asan test unit demo bench fuzz sim deb install clean
+.PHONY: all deps build asan test test-pg unit demo bench fuzz sim deb install clean
 
 all: build
 
@@ -22,11 +22,16 @@ asan: deps
 	@cmake -S . -B $(ASAN) -DCMAKE_BUILD_TYPE=Debug -DMOONLOOP_SANITIZE=ON $(DEV) >/dev/null
 	@cmake --build $(ASAN) -j $(JOBS) >$(ASAN)/build.log 2>&1 || { grep -vE '^\[ *[0-9]+%\]|directory' $(ASAN)/build.log; exit 1; }
 
-# Every test: unit, functional and crash tests on the normal build, then the
-# whole suite again on the ASan+UBSan build.
+# Every test: unit, functional and crash tests on the normal build (and a
+# part of the functional suite against PostgreSQL: CMakeLists.txt's
+# PG_TEST_SUBSET), then the whole suite again on the ASan+UBSan build.
 test: build asan
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE func-pg-more
 	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS)
+
+# The whole functional suite against PostgreSQL, on a private cluster.
+test-pg: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L func-pg
 
 unit: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L unit

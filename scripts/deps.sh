@@ -6,7 +6,7 @@ set -e
 # (lua-check: luacheck's parser, built into the binary for the static
 # checks of skill files.)
 pkgs="build-essential cmake pkg-config libluajit-5.1-dev libuv1-dev
-libsqlite3-dev libcurl4-openssl-dev libcjson-dev libh2o-dev libssl-dev
+libsqlite3-dev libpq-dev libcurl4-openssl-dev libcjson-dev libh2o-dev libssl-dev
 libedit-dev lua-check dpkg-dev"
 if [ "$1" != "--build" ]; then
 pkgs="$pkgs python3 tzdata wrk clang libclang-rt-14-dev"
@@ -18,6 +18,9 @@ pkgs="$pkgs chromium"
 # moonloop(1), dpkg-shlibdeps names the package's dependencies, zsh parses
 # the zsh completion (dpkg-dev is in the build set).
 pkgs="$pkgs man-db zsh"
+# The PostgreSQL store's tests (tests/func under MOONLOOP_TEST_BACKEND=pg)
+# start a private cluster from Debian's server binaries (initdb, pg_ctl).
+pkgs="$pkgs postgresql"
 command -v node >/dev/null 2>&1 || pkgs="$pkgs nodejs"
 command -v npm >/dev/null 2>&1 || pkgs="$pkgs npm"
 fi

@@ -43,7 +43,7 @@ static void remove_tmp(const char *dir, const char *db) {
 int cli_replay(struct cli *c) {
   if (c->nargs == 0) return cli_fail(EXIT_USAGE, "usage: moonloop replay RUN_ID...");
   const char *path = c->cfg.db ? c->cfg.db : "moonloop.db";
-  if (access(path, F_OK)) return cli_fail(EXIT_FAILED, "replay: no database at '%s'", path);
+  if (!store_is_server(path) && access(path, F_OK)) return cli_fail(EXIT_FAILED, "replay: no database at '%s'", path);
   store_t *src;
   err_t e;
   if (store_open(path, STORE_NORMAL, &src, &e)) return cli_fail(EXIT_FAILED, "replay: %s", e.msg);

@@ -53,7 +53,8 @@ static void on_ready(void *arg, int loaded, int rejected) {
   struct serve *sv = arg;
   if (sv->stopping) return;
   sched_triggers_live(sv->en.sched); /* cron follows the triggers just loaded */
-  fprintf(stderr, "moonloop: serving %s (workspace %s, %d skill%s", sv->cfg->db,
+  /* The store's name for its database: a URL's password is left out. */
+  fprintf(stderr, "moonloop: serving %s (workspace %s, %d skill%s", store_path(sv->en.store),
           sv->cfg->workspace, loaded, loaded == 1 ? "" : "s");
   if (rejected) fprintf(stderr, ", %d file%s rejected", rejected, rejected == 1 ? "" : "s");
   fprintf(stderr, ")\n");

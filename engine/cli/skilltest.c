@@ -106,7 +106,7 @@ static int c_registered(lua_State *L) {
   skilltest_t *t = up_test(L);
   const char *id = luaL_checkstring(L, 1);
   const char *db = t->cfg->db ? t->cfg->db : "moonloop.db";
-  if (access(db, F_OK)) {
+  if (!store_is_server(db) && access(db, F_OK)) {
     lua_pushnil(L);
     lua_pushfstring(L, "no skill file '%s', and no database (%s) to find a registered skill of that id",
                     id, db);
@@ -120,10 +120,11 @@ static int c_registered(lua_State *L) {
   if (!rc) {
     rc = store_get_skill(s, id, &rec, &e);
     if (rc == ERR_NOTFOUND)
-      err_set(&e, ERR_NOTFOUND, "no skill file '%s', and no skill '%s' registered in %s", id, id, db);
+      err_set(&e, ERR_NOTFOUND, "no skill file '%s', and no skill '%s' registered in %s", id, id,
+              store_path(s));
     cJSON *v = rc ? NULL : cJSON_GetObjectItem(rec, "version");
     if (!rc && !cJSON_IsString(v))
-      rc = err_set(&e, ERR_NOTFOUND, "skill '%s' has no live version in %s", id, db);
+      rc = err_set(&e, ERR_NOTFOUND, "skill '%s' has no live version in %s", id, store_path(s));
     if (!rc) rc = store_get_version(s, v->valuestring, &source, NULL, &file, &e);
     cJSON_Delete(rec);
     store_close(s);

@@ -24,6 +24,7 @@ struct reply {
   char run_id[27];
   int64_t wait_ms;
   int replied;
+  int ours;       /* cancel: the run was this process's when asked */
 };
 
 static struct reply *reply_new(sched_t *s, sched_reply_cb cb, void *arg) {
@@ -280,12 +281,14 @@ static void on_cancel(void *arg, const struct jentry *je) {
     answer(r, ERR_CONFLICT, msg, NULL);
   } else {
     /* Ours: stop it now rather than at the next poll, with the reason the
-    ** store kept (a cancel asked before this one keeps its own). */
+    ** store kept (a cancel asked before this one keeps its own). A run that
+    ** was ours when asked and is gone now was stopped by a poll that came
+    ** between the commit and this answer (the tick noticed the commit). */
     struct run *run = sched__find(r->s, r->run_id);
     if (run) sched__poll_now(r->s);
     char js[96];
     snprintf(js, sizeof js, "{\"run_id\":\"%s\",\"status\":\"%s\"}", r->run_id,
-             run ? "cancelled" : st);
+             run || (r->ours && !strcmp(st, "cancelling")) ? "cancelled" : st);
     answer(r, 0, NULL, js);
   }
   free(r);
@@ -296,6 +299,7 @@ int sched_cancel(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, e
   if (sched__refuse_write(s, e)) return e->code;
   struct reply *r = reply_new(s, cb, arg);
   snprintf(r->run_id, sizeof r->run_id, "%s", run_id);
+  r->ours = sched__find(s, run_id) != NULL;
   struct cancel_row c = {.run_id = run_id, .reason = "cancelled over HTTP", .at = units_now_ms()};
   size_t first = journal_count(sched__journal(s));
   journal_cancel(sched__journal(s), &c);

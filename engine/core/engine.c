@@ -99,16 +99,16 @@ static void keep_freed_memory(void) {
 }
 
 /* Record which run a crash of this process interrupts, beside the
-** database, and count the crashes earlier processes recorded there against
-** their runs before any is resumed (core/crash.h). */
+** database (a SQLite file's "-crashes" file; for PostgreSQL, a file in the
+** working folder named after the URL: store_side_path), and count the
+** crashes earlier processes recorded there against their runs before any
+** is resumed (core/crash.h). */
 static int arm_crashes(struct engine *en, err_t *e) {
-  const char *db = store_path(en->store);
-  size_t n = strlen(db) + sizeof "-crashes";
-  char *path = mem_alloc(n);
-  snprintf(path, n, "%s-crashes", db);
+  char path[4096];
+  if (store_side_path(en->store, "-crashes", path, sizeof path))
+    return err_set(e, ERR_TOOBIG, "the database's name is too long for its crash record");
   int rc = crash_arm(path, e);
   int counted = rc ? 0 : crash_collect(en->store, path, e);
-  free(path);
   if (rc || counted < 0) return e->code;
   if (counted)
     fprintf(stderr, "moonloop: %d crash%s of the engine recorded while a run was executing: "

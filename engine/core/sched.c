@@ -29,9 +29,12 @@
 #include "core/flowctl.h"
 #include "core/sched_int.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define DRAIN_MAX 20000
 #define TICK_MS 50
@@ -430,10 +433,10 @@ void sched__poll_now(sched_t *s) {
   if (!s->stopping) poll_runs(s);
 }
 
-/* Every 50 ms: notice other processes' writes, and stop a solo scheduler
-** whose work is done. */
-static void tick_cb(uv_timer_t *h) {
-  sched_t *s = h->data;
+/* Notice other processes' writes: what they may have changed (runs to
+** claim, events to dispatch, deliveries, watched runs, the registry) is
+** looked at again. */
+static void notice_writes(sched_t *s) {
   if (!s->stopping) {
     int64_t v = store_data_version(s->o.store);
     if (v != s->data_version) {
@@ -451,6 +454,78 @@ static void tick_cb(uv_timer_t *h) {
     s->poll_wanted = 0;
     poll_runs(s);
   }
+}
+
+/* ---- wake-ups from other processes' writes ----
+** A store that can tell at once that another process committed
+** (store_wake_fd: PostgreSQL's LISTEN) wakes the loop then, instead of at
+** the next tick: an event accepted by one engine starts its run on another
+** within milliseconds. The loop watches a duplicate of the store's
+** descriptor, and the tick checks that it is still the same socket: a
+** connection the store opens again (whose descriptor may get the old
+** number) is watched anew, never a socket the store no longer reads. */
+struct wake_poll {
+  uv_poll_t h;
+  sched_t *s;
+  int fd; /* the duplicate */
+};
+
+static void wake_free(uv_handle_t *h) {
+  struct wake_poll *w = h->data;
+  close(w->fd);
+  free(w);
+}
+
+static void wake_stop(sched_t *s) {
+  if (!s->wake) return;
+  uv_close((uv_handle_t *)&s->wake->h, wake_free);
+  s->wake = NULL;
+}
+
+/* Whether the store's wake-up descriptor is the socket s->wake watches. */
+static int wake_same(sched_t *s) {
+  int fd = store_wake_fd(s->o.store);
+  struct stat a, b;
+  return fd >= 0 && s->wake && !fstat(fd, &a) && !fstat(s->wake->fd, &b) &&
+         a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+static void wake_cb(uv_poll_t *h, int status, int events) {
+  (void)events;
+  sched_t *s = ((struct wake_poll *)h->data)->s;
+  /* Only another process's commit: this one's own are noticed by the
+  ** tick, as before (one wake-up per own commit would double its work). */
+  if (store_woken(s->o.store)) notice_writes(s);
+  /* Broken or opened again (data_version reads it): the tick watches anew. */
+  if (status < 0 || !wake_same(s)) wake_stop(s);
+}
+
+/* Watch the store's wake-up descriptor, if it has one (the tick, and at start). */
+static void wake_arm(sched_t *s) {
+  if (s->stopping || !s->handles_open || wake_same(s)) return;
+  wake_stop(s);
+  int fd = store_wake_fd(s->o.store);
+  int dup = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+  if (dup < 0) return;
+  struct wake_poll *w = mem_calloc(1, sizeof *w);
+  w->s = s;
+  w->fd = dup;
+  w->h.data = w;
+  if (uv_poll_init(s->o.loop, &w->h, dup)) {
+    close(dup);
+    free(w);
+    return;
+  }
+  s->wake = w;
+  if (uv_poll_start(&w->h, UV_READABLE, wake_cb)) wake_stop(s);
+}
+
+/* Every 50 ms: notice other processes' writes, and stop a solo scheduler
+** whose work is done. */
+static void tick_cb(uv_timer_t *h) {
+  sched_t *s = h->data;
+  notice_writes(s);
+  wake_arm(s);
   int64_t now = units_now_ms();
   if (now - s->last_file_check_ms >= 1000) {
     s->last_file_check_ms = now;
@@ -515,6 +590,7 @@ int sched_start(sched_t *s, err_t *e) {
   s->handles_open = 1;
   uv_prepare_start(&s->prepare, prepare_cb);
   uv_timer_start(&s->tick, tick_cb, TICK_MS, TICK_MS);
+  wake_arm(s);
   sched__kick(s);
   sched__heap_rearm(s);
   if (s->o.mode == SCHED_SERVE) s->claim_wanted = 1;
@@ -527,6 +603,7 @@ int sched_start(sched_t *s, err_t *e) {
 static void close_handles(sched_t *s) {
   if (!s->handles_open) return;
   s->handles_open = 0;
+  wake_stop(s);
   uv_close((uv_handle_t *)&s->idle, NULL);
   uv_close((uv_handle_t *)&s->prepare, NULL);
   uv_close((uv_handle_t *)&s->heap_timer, NULL);

@@ -66,6 +66,7 @@ struct sched {
   uv_prepare_t prepare;
   uv_timer_t heap_timer;
   uv_timer_t tick;
+  struct wake_poll *wake; /* watching the store's wake-up descriptor (sched.c), or NULL */
   int handles_open;
   struct group open;
   struct group retry;    /* a group whose commit failed, to commit first (retry.j set) */

@@ -34,10 +34,26 @@ enum store_durability {
   STORE_NORMAL, /* WAL's default: survives a process crash, not a power loss */
 };
 
-/* Open (creating and migrating as needed) the database at path. */
+/* Open (creating and migrating as needed) the database at path: a SQLite
+** file, or a PostgreSQL database when path is a "postgresql://" (or
+** "postgres://") URL (the database must exist; its tables are made). */
 int store_open(const char *path, enum store_durability d, store_t **out, err_t *e);
+
+/* Whether the database setting names a database on a server (a
+** PostgreSQL URL) rather than a file: such a database is never created
+** by opening it, so there is no file to look for first. */
+int store_is_server(const char *path);
 void store_close(store_t *s);
 const char *store_path(const store_t *s);
+
+/* The path of a file of this host's own beside the database, for records
+** a process leaves for the next one (the crash record): the SQLite file's
+** path with suffix added; for a database on a server, a file in the
+** working folder named after its URL without the password
+** ("moonloop-pg-user_host_5432_db-crashes" for
+** postgresql://user:pw@host:5432/db).
+** ERR_TOOBIG when it does not fit in n bytes. */
+int store_side_path(const store_t *s, const char *suffix, char *out, size_t n);
 
 /* 0 while the path still names the file this store has open; ERR_IO with
 ** an explanation once it was deleted or replaced (every commit checks it
@@ -253,5 +269,18 @@ int store_engine_alive(store_t *s, int64_t now);
 
 /* A number that changes when another connection commits (PRAGMA data_version). */
 int64_t store_data_version(store_t *s);
+
+/* A descriptor that becomes readable when another process may have
+** committed (then store_data_version says whether it did): PostgreSQL's
+** reader connection, which LISTENs for the other processes' NOTIFY; -1
+** when the store has none (SQLite), or while that connection is down. It
+** changes when the connection is opened again; it stays the store's:
+** watch a duplicate. */
+int store_wake_fd(store_t *s);
+
+/* Read what arrived on the wake-up descriptor: 1 when it says another
+** process committed (this process's own commits, which also change
+** store_data_version, do not wake it). */
+int store_woken(store_t *s);
 
 #endif

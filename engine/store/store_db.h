@@ -2,8 +2,9 @@
 ** store_db.h: internals shared by the files of the SQLite store
 ** (store_sqlite.c: connections, schema, the core journal entries, leases,
 ** claiming work; store_flow.c: events, waits, cancellation, concurrency
-** slots, cron; store_prune.c: retention; store_read.c: every read).
-** Nothing outside the store includes this.
+** slots, cron; store_prune.c: retention; store_sqlite_read.c: the SQL of
+** every read, which store_read.c and store_stats.c write once for both
+** backends, see store_backend.h). Nothing outside the store includes this.
 **
 ** Connections: s->w is the writer (one thread at a time: the scheduler's
 ** commit thread, or a command that writes); s->r the reader (the loop
@@ -15,7 +16,7 @@
 #include <sqlite3.h>
 #include <sys/types.h>
 
-#include "store/store.h"
+#include "store/store_backend.h"
 
 /* The writer's prepared statements. */
 enum {
@@ -27,18 +28,7 @@ enum {
 #define STORE_FLOW_STMTS 40
 #define STORE_MAX_FIELDS 32 /* fields of a journal entry's kind (journal.h) */
 
-/* The columns of a run row, in struct run_row's order (store_sqlite.c's
-** row_from_stmt and store_read.c's record_from_stmt read them by index). */
-#define STORE_RUN_COLS \
-  "id, skill, version, status, entry, trigger, parent_id, input, output, error," \
-  " created_at, started_at, ended_at, deadline_at, wake_at, owner, queued"
-
-/* The columns of a run row taken to be executed (claimed or taken over):
-** STORE_RUN_COLS, then crashes, cancel_requested, cancel_reason. */
-#define STORE_CLAIM_COLS STORE_RUN_COLS ", crashes, cancel_requested, cancel_reason"
-
 #define STORE_CACHED_STMTS 64
-#define STORE_RCACHED_STMTS 32
 #define STORE_FILTER_SHAPES 128 /* a run filter's seven optional conditions */
 
 /* The summary of a run's steps kept on an ended run (steps, failed_steps,
@@ -53,16 +43,8 @@ enum {
 /* The same, unconditional: a SELECT whose text ends where the run's id goes. */
 #define STORE_STEP_SUMMARY "SELECT " STORE_STEP_SUMS("1") " FROM steps WHERE run_id = "
 
-/* The runs the store knows to be one owner's (see store_sqlite.c's
-** fencing): an open-addressing set of run ids, used on the commit thread. */
-struct fence_set {
-  char owner[64];
-  char (*ids)[27];
-  unsigned char *state; /* per slot: free, used, gone */
-  size_t cap, n, gone;  /* cap a power of two */
-};
-
 struct store {
+  struct store_base base; /* first: store.c finds the backend table there */
   sqlite3 *w, *r;
   sqlite3_stmt *ws[W_COUNT];
   /* per statement of ws and field of the kind it writes: the field's
@@ -71,11 +53,11 @@ struct store {
   sqlite3_stmt *fs[STORE_FLOW_STMTS]; /* store_flow.c's, prepared on first use */
   /* the writer's statements from static SQL texts, by the text's address */
   struct { const char *sql; sqlite3_stmt *st; } cache[STORE_CACHED_STMTS];
-  /* the reader's, likewise (store_read.c), and its run list and count
-  ** statements by filter shape */
-  struct { const char *sql; sqlite3_stmt *st; } rcache[STORE_RCACHED_STMTS];
+  /* the reader's: each named read query's (store_sqlite_read.c), and
+  ** the run list and count statements by filter shape */
+  sqlite3_stmt *rq[RQ_COUNT];
   sqlite3_stmt *rfilter[2][STORE_FILTER_SHAPES];
-  buf_t scratch; /* the reader's, reused: a record's run-level logs */
+  sqlite3_stmt *dv; /* PRAGMA data_version */
   char *path;
   dev_t dev;  /* the file opened at path */
   ino_t ino;
@@ -86,12 +68,10 @@ struct store {
 ** the key), reset and ready to bind; prepared on first use. */
 sqlite3_stmt *store__cached(store_t *s, const char *sql, err_t *e);
 
-/* The reader's prepared statement for a static SQL text, bindings
-** cleared; prepared on first use. Reset it once read (store_read.c's
-** done()): a statement left open keeps its read transaction. */
-sqlite3_stmt *store__rcached(store_t *s, const char *sql, err_t *e);
-/* Finalize the reader's cached statements. */
-void store__read_close(store_t *s);
+/* Finalize the reader's statements (store_sqlite_read.c). */
+void store__sqlite_read_close(store_t *s);
+/* A cursor over the rows of st (owned: finalized when closed, else reset). */
+void store__sqlite_cur(struct store_cur *c, sqlite3_stmt *st, int owned);
 
 #define store_db_err store__db_err
 int store__db_err(err_t *e, sqlite3 *db, const char *what);
@@ -103,8 +83,6 @@ void store__bind_time(sqlite3_stmt *st, int i, int64_t v);
 int store__step(store_t *s, sqlite3_stmt *st, err_t *e, const char *what);
 /* Column i as a malloc'd string, or NULL. */
 char *store__col_dup(sqlite3_stmt *st, int i);
-/* Whether a run status is final (completed, failed, cancelled); NULL is not. */
-int store__is_terminal(const char *status);
 /* Run n statements on the writer with ?1 bound to arg, stopping at the first failure. */
 int store__exec_bound(store_t *s, const char *const *sql, size_t n, const char *arg,
                       const char *what, err_t *e);
@@ -112,8 +90,6 @@ int store__exec_bound(store_t *s, const char *const *sql, size_t n, const char *
 int store__put_run(store_t *s, const struct run_row *r, const char *what, err_t *e);
 /* J_RUN_NEW with an idempotency key (store_flow.c). */
 int store__put_keyed_run(store_t *s, const struct jentry *je, err_t *e);
-/* Whether a lease row (owner, host, pid, pid_start, expires_at) is dead. */
-int store__lease_dead(sqlite3_stmt *st, const char *host, int64_t now);
 /* Write one of store_flow.c's entries inside the open transaction. */
 int store__write_flow(store_t *s, const struct jentry *je, err_t *e);
 /* SKILL_ERROR and SKILL_REMOVE changes to the registry. */
@@ -121,21 +97,26 @@ int store__skill_change(store_t *s, const struct skill_row *r, err_t *e);
 /* A run ended with status: drop its waits, slots and queue places; unless
 ** it completed, end its steps still open; keep the summary of its steps. */
 int store__run_ended(store_t *s, const char *run_id, const char *status, err_t *e);
-/* store_stats.c, for tests: read the steps of every n-th run (n > 0), not a sample. */
-extern int store__stats_steps_mode;
-/* Free the fencing set (store_close). */
-void store__fence_free(store_t *s);
 /* The VFS the store opens its files with: NULL (SQLite's default), or in
 ** a test build with MOONLOOP_FAULT set, store_faults.c's, whose writes and
 ** fsyncs obey the fault points disk_full and fsync_fail. */
 const char *store__fault_vfs(void);
-/* J_SLOT (store_queue.c): acquire every limit of a run, or queue it. */
-int store__write_slot(store_t *s, const struct jentry *je, err_t *e);
-/* Release run_id's slots and queue places (store_queue.c) and hand them
-** to the runs queued behind it; the ids of the runs granted a slot are
-** added to granted (a cJSON array) when it is not NULL. */
-int store__slots_free(store_t *s, const char *run_id, cJSON *granted, err_t *e);
 /* Finalize store_flow.c's statements. */
 void store__flow_close(store_t *s);
+/* The SQLite backend's table entries found in its other files. */
+int store__sqlite_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e);
+int store__sqlite_deliver(store_t *s, int64_t *cursor, int limit, err_t *e);
+int store__sqlite_prune(store_t *s, int64_t before, int64_t *runs, int64_t *events, err_t *e);
+int store__sqlite_rq(store_t *s, void *conn, enum store_rq q, const struct store_val *v, int nv,
+                     struct store_cur *c, err_t *e);
+int store__sqlite_rfilter(store_t *s, const struct run_filter *f, int count, int limit,
+                          struct store_cur *c, err_t *e);
+int store__sqlite_rbegin(store_t *s, void *conn, err_t *e);
+void store__sqlite_rend(store_t *s, void *conn, int began);
+void *store__sqlite_reader_open(store_t *s, err_t *e);
+void store__sqlite_reader_close(store_t *s, void *conn);
+int store__sqlite_wq(store_t *s, const struct store_wq *q, const struct store_val *v, int nv,
+                     struct store_cur *c, const char *what, err_t *e);
+int64_t store__sqlite_data_version(store_t *s);
 
 #endif

@@ -82,43 +82,6 @@ void store__flow_close(store_t *s) {
   }
 }
 
-/* The JSON of an event as skills see it: {name, id, data, ts}. */
-static char *event_json(const char *id, const char *name, const char *data, int64_t ts) {
-  cJSON *o = cJSON_CreateObject();
-  char t[40];
-  units_rfc3339(ts, t, sizeof t);
-  cJSON_AddStringToObject(o, "name", name);
-  cJSON_AddStringToObject(o, "id", id);
-  cJSON *d = data ? cJSON_Parse(data) : NULL;
-  cJSON_AddItemToObject(o, "data", d ? d : cJSON_CreateNull());
-  cJSON_AddStringToObject(o, "ts", t);
-  char *s = cJSON_PrintUnformatted(o);
-  cJSON_Delete(o);
-  return s;
-}
-
-/* Whether the event matches a wait's match (NULL: any event): each path,
-** relative to the event object {name, id, data, ts} ("data.request_id"),
-** holds the match's value there, both printed as compact JSON (a missing
-** path reads as null). A match that is not a JSON object matches nothing. */
-static int event_matches(const char *event_json_text, const char *match) {
-  if (!match || !*match) return 1;
-  cJSON *m = cJSON_Parse(match);
-  cJSON *ev = cJSON_IsObject(m) ? cJSON_Parse(event_json_text) : NULL;
-  int ok = ev != NULL;
-  const cJSON *want;
-  for (want = m ? m->child : NULL; ok && want; want = want->next) {
-    const cJSON *v = jsontext_path(ev, want->string);
-    char *got = v ? cJSON_PrintUnformatted(v) : mem_strdup("null");
-    char *exp = cJSON_PrintUnformatted(want);
-    ok = got && exp && !strcmp(got, exp);
-    free(got), free(exp);
-  }
-  cJSON_Delete(ev);
-  cJSON_Delete(m);
-  return ok;
-}
-
 /* Outcome JSON of an ended run, for its parent, from a row of (id,
 ** status, output, error): {run_id, status, output, error}. */
 static char *outcome_json(sqlite3_stmt *st) {
@@ -218,10 +181,10 @@ static int find_event(store_t *s, const struct wait_row *w, char **result, char 
   store__bind_text(st, 4, w->exclude);
   int rc;
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-    char *ej = event_json((const char *)sqlite3_column_text(st, 0),
+    char *ej = store__event_json((const char *)sqlite3_column_text(st, 0),
                           (const char *)sqlite3_column_text(st, 1),
                           (const char *)sqlite3_column_text(st, 2), sqlite3_column_int64(st, 3));
-    if (ej && event_matches(ej, w->match)) {
+    if (ej && store__event_matches(ej, w->match)) {
       *result = ej;
       *event_id = store__col_dup(st, 0);
       break;
@@ -515,7 +478,7 @@ static int deliver_event(store_t *s, const char *id, const char *name, const cha
   store__bind_text(st, 3, id);
   int err = 0;
   while (!err && sqlite3_step(st) == SQLITE_ROW) {
-    if (!event_matches(ej, (const char *)sqlite3_column_text(st, 3))) continue;
+    if (!store__event_matches(ej, (const char *)sqlite3_column_text(st, 3))) continue;
     const char *run_id = (const char *)sqlite3_column_text(st, 0);
     int seq = sqlite3_column_int(st, 1);
     sqlite3_stmt *u = store__cached(s,
@@ -546,7 +509,7 @@ static int deliver_event(store_t *s, const char *id, const char *name, const cha
 }
 
 /* See store.h. */
-int store_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e) {
+int store__sqlite_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e) {
   *runs = 0;
   if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
   sqlite3_stmt *st = store__prep(s->w,
@@ -562,7 +525,7 @@ int store_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e) {
     const char *name = (const char *)sqlite3_column_text(st, 1);
     const char *data = (const char *)sqlite3_column_text(st, 2);
     int64_t ts = sqlite3_column_int64(st, 3);
-    char *ej = event_json(id, name, data, ts);
+    char *ej = store__event_json(id, name, data, ts);
     err = trigger_runs(s, ej, name, data, now, runs, e);
     if (!err) err = deliver_event(s, id, name, ej, ts, now, e);
     free(ej);
@@ -588,7 +551,7 @@ int store_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e) {
 
 /* See store.h: events after *cursor (rowids: the order their transactions
 ** committed in), one transaction. */
-int store_deliver(store_t *s, int64_t *cursor, int limit, err_t *e) {
+int store__sqlite_deliver(store_t *s, int64_t *cursor, int limit, err_t *e) {
   if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
   int err = 0, n = 0;
   if (*cursor < 0) {
@@ -617,7 +580,7 @@ int store_deliver(store_t *s, int64_t *cursor, int limit, err_t *e) {
     const char *id = (const char *)sqlite3_column_text(st, 1);
     const char *name = (const char *)sqlite3_column_text(st, 2);
     int64_t ts = sqlite3_column_int64(st, 4);
-    char *ej = event_json(id, name, (const char *)sqlite3_column_text(st, 3), ts);
+    char *ej = store__event_json(id, name, (const char *)sqlite3_column_text(st, 3), ts);
     err = deliver_event(s, id, name, ej, ts, now, e);
     free(ej);
   }

@@ -48,7 +48,7 @@ static int prune_batch(store_t *s, int64_t before, err_t *e) {
 }
 
 /* See store.h: runs batch by batch, then the dispatched events. */
-int store_prune(store_t *s, int64_t before, int64_t *runs, int64_t *events, err_t *e) {
+int store__sqlite_prune(store_t *s, int64_t before, int64_t *runs, int64_t *events, err_t *e) {
   *runs = *events = 0;
   int n;
   while ((n = prune_batch(s, before, e)) > 0) *runs += n;

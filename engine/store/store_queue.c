@@ -43,45 +43,127 @@
 ** what came of it: "1" (slots held), NULL (queued for slots), "wait:MS"
 ** (admitted, to start at MS) or "skip:MESSAGE" (the run is to end,
 ** cancelled, with that message; counted in flow_skips).
+**
+** Both backends run this file: each statement is written in both dialects
+** (struct store_wq: SQLite's, then PostgreSQL's) and run on the writer
+** through the backend table, inside the journal group's transaction. On
+** PostgreSQL, the transaction of a J_SLOT entry holds the whole write
+** lock (store_pg.c's group_mode), and so does a group that ends a run
+** holding slots or queue places (pg_commit looks before it writes): no
+** two engines ever count one (queue, key) at once, as SQLite's one
+** writer ensures.
 */
 #include "base/mem.h"
 #include "base/units.h"
-#include "store/store.h"
-#include "store/store_db.h"
+#include "store/store_backend.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char HELD_SQL[] = "SELECT 1 FROM slots WHERE run_id = ?1 LIMIT 1";
-static const char ACK_SQL[] = "UPDATE runs SET slot_granted = 0 WHERE id = ?1 AND slot_granted = 1";
-static const char INUSE_SQL[] = "SELECT count(*) FROM slots WHERE skill = ?1 AND key = ?2";
-static const char TAKE_SQL[] =
-  "INSERT OR IGNORE INTO slots(skill, key, run_id, since) VALUES(?1,?2,?3,?4)";
-static const char PLACE_SQL[] =
-  "INSERT OR IGNORE INTO slot_queue(skill, key, run_id, since, lim, prio) VALUES(?1,?2,?3,?4,?5,?6)";
-static const char LEAVE_SQL[] = "DELETE FROM slot_queue WHERE run_id = ?1";
-static const char DROP_SQL[] = "DELETE FROM slots WHERE run_id = ?1";
+/* A statement in both dialects. */
+#define WQ(name, lite, pg) static const struct store_wq name = {lite, pg}
+
+WQ(HELD_SQL, "SELECT 1 FROM slots WHERE run_id = ?1 LIMIT 1",
+   "SELECT 1 FROM slots WHERE run_id = $1 LIMIT 1");
+WQ(ACK_SQL, "UPDATE runs SET slot_granted = 0 WHERE id = ?1 AND slot_granted = 1",
+   "UPDATE runs SET slot_granted = 0 WHERE id = $1 AND slot_granted = 1");
+WQ(INUSE_SQL, "SELECT count(*) FROM slots WHERE skill = ?1 AND key = ?2",
+   "SELECT count(*) FROM slots WHERE skill = $1 AND key = $2");
+WQ(TAKE_SQL, "INSERT OR IGNORE INTO slots(skill, key, run_id, since) VALUES(?1,?2,?3,?4)",
+   "INSERT INTO slots(skill, key, run_id, since) VALUES($1,$2,$3,$4) ON CONFLICT DO NOTHING");
+WQ(PLACE_SQL,
+   "INSERT OR IGNORE INTO slot_queue(skill, key, run_id, since, lim, prio) VALUES(?1,?2,?3,?4,?5,?6)",
+   "INSERT INTO slot_queue(skill, key, run_id, since, lim, prio) VALUES($1,$2,$3,$4,$5,$6)"
+   " ON CONFLICT DO NOTHING");
+WQ(LEAVE_SQL, "DELETE FROM slot_queue WHERE run_id = ?1", "DELETE FROM slot_queue WHERE run_id = $1");
+WQ(DROP_SQL, "DELETE FROM slots WHERE run_id = ?1", "DELETE FROM slots WHERE run_id = $1");
 /* ?3: granted by a release; ?4: the releasing run's owner, who takes its
 ** own runs' grants up from the release's result (no mark needed). */
-static const char STARTED_SQL[] =
-  "UPDATE runs SET status = CASE WHEN status = 'queued' THEN 'running' ELSE status END,"
-  " started_at = COALESCE(started_at, ?2), queued = NULL,"
-  " slot_granted = ?3 AND owner IS NOT ?4 WHERE id = ?1 RETURNING owner IS ?4";
-static const char OWNER_SQL[] = "SELECT owner FROM runs WHERE id = ?1";
+WQ(STARTED_SQL,
+   "UPDATE runs SET status = CASE WHEN status = 'queued' THEN 'running' ELSE status END,"
+   " started_at = COALESCE(started_at, ?2), queued = NULL,"
+   " slot_granted = ?3 AND owner IS NOT ?4 WHERE id = ?1 RETURNING owner IS ?4",
+   "UPDATE runs SET status = CASE WHEN status = 'queued' THEN 'running' ELSE status END,"
+   " started_at = COALESCE(started_at, $2), queued = NULL,"
+   " slot_granted = CASE WHEN $3::int <> 0 AND owner IS DISTINCT FROM $4::text THEN 1 ELSE 0 END"
+   " WHERE id = $1 RETURNING (owner IS NOT DISTINCT FROM $4::text)::int");
+WQ(OWNER_SQL, "SELECT owner FROM runs WHERE id = ?1", "SELECT owner FROM runs WHERE id = $1");
 /* A run queued before its first step has not started: no started_at. */
-static const char QUEUED_SQL[] =
-  "UPDATE runs SET status = 'queued', queued = ?2, slot_granted = 0, started_at = CASE WHEN EXISTS"
-  " (SELECT 1 FROM steps WHERE run_id = ?1) THEN started_at END WHERE id = ?1"
-  " AND status NOT IN ('completed','failed','cancelled')";
-static const char PLACES_SQL[] =
-  "SELECT skill, key, since, lim FROM slot_queue WHERE run_id = ?1";
-static const char PAIRS_SQL[] =
-  "SELECT skill, key FROM slots WHERE run_id = ?1"
-  " UNION SELECT skill, key FROM slot_queue WHERE run_id = ?1";
-static const char HEAD_SQL[] =
-  "SELECT run_id FROM slot_queue INDEXED BY slot_queue_order WHERE skill = ?1 AND key = ?2"
-  " ORDER BY prio DESC, since, run_id LIMIT ?3 OFFSET ?4";
+WQ(QUEUED_SQL,
+   "UPDATE runs SET status = 'queued', queued = ?2, slot_granted = 0, started_at = CASE WHEN EXISTS"
+   " (SELECT 1 FROM steps WHERE run_id = ?1) THEN started_at END WHERE id = ?1"
+   " AND status NOT IN ('completed','failed','cancelled')",
+   "UPDATE runs SET status = 'queued', queued = $2, slot_granted = 0, started_at = CASE WHEN EXISTS"
+   " (SELECT 1 FROM steps WHERE run_id = $1) THEN started_at END WHERE id = $1"
+   " AND status NOT IN ('completed','failed','cancelled')");
+WQ(PLACES_SQL, "SELECT skill, key, since, lim FROM slot_queue WHERE run_id = ?1",
+   "SELECT skill, key, since, lim FROM slot_queue WHERE run_id = $1");
+WQ(PAIRS_SQL,
+   "SELECT skill, key FROM slots WHERE run_id = ?1"
+   " UNION SELECT skill, key FROM slot_queue WHERE run_id = ?1",
+   "SELECT skill, key FROM slots WHERE run_id = $1"
+   " UNION SELECT skill, key FROM slot_queue WHERE run_id = $1");
+WQ(HEAD_SQL,
+   "SELECT run_id FROM slot_queue INDEXED BY slot_queue_order WHERE skill = ?1 AND key = ?2"
+   " ORDER BY prio DESC, since, run_id LIMIT ?3 OFFSET ?4",
+   "SELECT run_id FROM slot_queue WHERE skill = $1 AND key = $2"
+   " ORDER BY prio DESC, since, run_id LIMIT $3 OFFSET $4");
+WQ(FLOW_AT_SQL, "SELECT flow_at FROM runs WHERE id = ?1", "SELECT flow_at FROM runs WHERE id = $1");
+WQ(SET_FLOW_AT_SQL, "UPDATE runs SET flow_at = ?2 WHERE id = ?1",
+   "UPDATE runs SET flow_at = $2 WHERE id = $1");
+WQ(TAT_SQL, "SELECT tat FROM flow_gcra WHERE q = ?1 AND key = ?2",
+   "SELECT tat FROM flow_gcra WHERE q = $1 AND key = $2");
+WQ(SET_TAT_SQL,
+   "INSERT INTO flow_gcra(q, key, tat) VALUES(?1,?2,?3) ON CONFLICT(q, key) DO UPDATE SET tat = ?3",
+   "INSERT INTO flow_gcra(q, key, tat) VALUES($1,$2,$3)"
+   " ON CONFLICT(q, key) DO UPDATE SET tat = excluded.tat");
+WQ(ONCE_SQL,
+   "SELECT o.run_id, o.until, r.status FROM flow_once o LEFT JOIN runs r ON r.id = o.run_id"
+   " WHERE o.q = ?1 AND o.key = ?2",
+   "SELECT o.run_id, o.until, r.status FROM flow_once o LEFT JOIN runs r ON r.id = o.run_id"
+   " WHERE o.q = $1 AND o.key = $2");
+WQ(SET_ONCE_SQL,
+   "INSERT INTO flow_once(q, key, run_id, until) VALUES(?1,?2,?3,?4)"
+   " ON CONFLICT(q, key) DO UPDATE SET run_id = ?3, until = ?4",
+   "INSERT INTO flow_once(q, key, run_id, until) VALUES($1,$2,$3,$4)"
+   " ON CONFLICT(q, key) DO UPDATE SET run_id = excluded.run_id, until = excluded.until");
+WQ(REPLACE_SQL,
+   "UPDATE runs SET cancel_requested = 1, cancel_reason = ?2 WHERE id = ?1"
+   " AND status NOT IN ('completed','failed','cancelled') AND cancel_requested = 0",
+   "UPDATE runs SET cancel_requested = 1, cancel_reason = $2 WHERE id = $1"
+   " AND status NOT IN ('completed','failed','cancelled') AND cancel_requested = 0");
+WQ(DEBOUNCE_SQL,
+   "SELECT o.run_id, o.until, r.status = 'queued' AND r.started_at IS NULL FROM flow_once o"
+   " LEFT JOIN runs r ON r.id = o.run_id WHERE o.q = ?1 AND o.key = ?2",
+   "SELECT o.run_id, o.until, (r.status = 'queued' AND r.started_at IS NULL)::int FROM flow_once o"
+   " LEFT JOIN runs r ON r.id = o.run_id WHERE o.q = $1 AND o.key = $2");
+WQ(SKIPPED_SQL,
+   "INSERT INTO flow_skips(skill, reason, n) VALUES(?1, ?2, 1)"
+   " ON CONFLICT(skill, reason) DO UPDATE SET n = n + 1",
+   "INSERT INTO flow_skips(skill, reason, n) VALUES($1, $2, 1)"
+   " ON CONFLICT(skill, reason) DO UPDATE SET n = flow_skips.n + 1");
+WQ(BATCH_OPEN_SQL,
+   "SELECT o.run_id, o.until, (SELECT count(*) FROM flow_batch b WHERE b.run_id = o.run_id)"
+   " FROM flow_once o JOIN runs r ON r.id = o.run_id WHERE o.q = ?1 AND o.key = ?2"
+   " AND r.status = 'queued' AND r.started_at IS NULL",
+   "SELECT o.run_id, o.until, (SELECT count(*) FROM flow_batch b WHERE b.run_id = o.run_id)"
+   " FROM flow_once o JOIN runs r ON r.id = o.run_id WHERE o.q = $1 AND o.key = $2"
+   " AND r.status = 'queued' AND r.started_at IS NULL");
+/* The event as the run's trigger holds it, or its input as data (a run
+** started otherwise). PostgreSQL's json keeps the text as written. */
+WQ(BATCH_ADD_SQL,
+   "INSERT OR IGNORE INTO flow_batch(run_id, seq, event) SELECT ?1, ?2,"
+   " coalesce(json_extract(trigger, '$.event'), json_object('data', json(coalesce(input, 'null'))))"
+   " FROM runs WHERE id = ?3",
+   "INSERT INTO flow_batch(run_id, seq, event) SELECT $1::text, $2::int,"
+   " coalesce((trigger::json -> 'event')::text,"
+   "  json_build_object('data', coalesce(input, 'null')::json)::text)"
+   " FROM runs WHERE id = $3 ON CONFLICT DO NOTHING");
+WQ(BATCH_FULL_SQL, "UPDATE runs SET flow_at = ?2, slot_granted = 1 WHERE id = ?1",
+   "UPDATE runs SET flow_at = $2, slot_granted = 1 WHERE id = $1");
+WQ(BATCH_CLOSE_SQL, "DELETE FROM flow_once WHERE q = ?1 AND key = ?2",
+   "DELETE FROM flow_once WHERE q = $1 AND key = $2");
 
 /* One limit of a run: its kind ("concurrency", "throttle", "rate"), its
 ** queue, key and limit, and for the per-period kinds the period (ms) and
@@ -95,36 +177,62 @@ struct lim {
   int64_t prio;     /* concurrency: the run's priority in the queue (higher first) */
 };
 
-/* Step the one-row count statement st, or -1 with e filled. */
-static int64_t count_of(store_t *s, sqlite3_stmt *st, err_t *e) {
-  int64_t n = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -1;
-  sqlite3_reset(st);
-  if (n < 0) store__db_err(e, s->w, "counting slots");
-  return n;
+/* Run statement q with v[0..nv) on the writer; *c a cursor over its rows
+** (close it). */
+static int wq_open(store_t *s, const struct store_wq *q, const struct store_val *v, int nv,
+                   struct store_cur *c, const char *what, err_t *e) {
+  return store__ops(s)->wq(s, q, v, nv, c, what, e);
+}
+
+/* Run statement q to its end (its rows, if any, unread). */
+static int wq_do(store_t *s, const struct store_wq *q, const struct store_val *v, int nv,
+                 const char *what, err_t *e) {
+  struct store_cur c;
+  if (wq_open(s, q, v, nv, &c, what, e)) return e->code;
+  int rc;
+  while ((rc = cur_next(&c)) == 1) {
+  }
+  if (rc < 0) c.ops->err(&c, e, what);
+  cur_close(&c);
+  return rc < 0 ? e->code : 0;
+}
+
+/* Open q and move to its first row: 1 (a row, c open), 0 (none, c
+** closed), -1 (an error, e filled, c closed). */
+static int wq_row(store_t *s, const struct store_wq *q, const struct store_val *v, int nv,
+                  struct store_cur *c, const char *what, err_t *e) {
+  if (wq_open(s, q, v, nv, c, what, e)) return -1;
+  int rc = cur_next(c);
+  if (rc == 1) return 1;
+  if (rc < 0) c->ops->err(c, e, what);
+  cur_close(c);
+  return rc < 0 ? -1 : 0;
+}
+
+/* Column i of c as a malloc'd string, or NULL. */
+static char *col_dup(const struct store_cur *c, int i) {
+  const char *t = cur_text(c, i);
+  return t ? mem_strdup(t) : NULL;
 }
 
 /* Whether limit l has room (1), not (0), or -1 on error. No queue is
 ** consulted: room never lasts while a queued run could take it (every
 ** deletion hands it on at once), so room found here is free for anyone. */
 static int has_room(store_t *s, const struct lim *l, err_t *e) {
-  sqlite3_stmt *in = store__cached(s, INUSE_SQL, e);
-  if (!in) return -1;
-  store__bind_text(in, 1, l->q);
-  store__bind_text(in, 2, l->key);
-  int64_t inuse = count_of(s, in, e);
-  if (inuse < 0) return -1;
+  struct store_val v[2] = {SV_TEXT(l->q), SV_TEXT(l->key)};
+  struct store_cur c;
+  int r = wq_row(s, &INUSE_SQL, v, 2, &c, "counting slots", e);
+  if (r <= 0) return r < 0 ? -1 : 1;
+  int64_t inuse = cur_i64(&c, 0);
+  cur_close(&c);
   return inuse < l->limit;
 }
 
-/* Run statement sql with ?1 = run_id (and ?2 = b, ?3 = n when given). */
-static int exec_run(store_t *s, const char *sql, const char *run_id, const char *b, int64_t n,
-                    int bind3, const char *what, err_t *e) {
-  sqlite3_stmt *st = store__cached(s, sql, e);
-  if (!st) return e->code;
-  store__bind_text(st, 1, run_id);
-  if (b) store__bind_text(st, 2, b);
-  if (bind3) sqlite3_bind_int64(st, 3, n);
-  return store__step(s, st, e, what);
+/* Run statement q with $1 = run_id (and $2 = b when given). */
+static int exec_run(store_t *s, const struct store_wq *q, const char *run_id, const char *b,
+                    const char *what, err_t *e) {
+  struct store_val v[2] = {SV_TEXT(run_id), SV_TEXT(b)};
+  return wq_do(s, q, v, b ? 2 : 1, what, e);
 }
 
 /* Give run_id the slots of its n limits, leave its queues, and mark it
@@ -133,26 +241,17 @@ static int take(store_t *s, const char *run_id, const struct lim *l, int n, int 
                 const char *owner, int *mine, err_t *e) {
   int64_t now = units_now_ms();
   for (int i = 0; i < n; i++) {
-    sqlite3_stmt *st = store__cached(s, TAKE_SQL, e);
-    if (!st) return e->code;
-    store__bind_text(st, 1, l[i].q);
-    store__bind_text(st, 2, l[i].key);
-    store__bind_text(st, 3, run_id);
-    sqlite3_bind_int64(st, 4, now);
-    if (store__step(s, st, e, "taking a slot")) return e->code;
+    struct store_val v[4] = {SV_TEXT(l[i].q), SV_TEXT(l[i].key), SV_TEXT(run_id), SV_INT(now)};
+    if (wq_do(s, &TAKE_SQL, v, 4, "taking a slot", e)) return e->code;
   }
-  if (exec_run(s, LEAVE_SQL, run_id, NULL, 0, 0, "leaving a slot queue", e)) return e->code;
-  sqlite3_stmt *st = store__cached(s, STARTED_SQL, e);
-  if (!st) return e->code;
-  store__bind_text(st, 1, run_id);
-  sqlite3_bind_int64(st, 2, now);
-  sqlite3_bind_int(st, 3, granted);
-  store__bind_text(st, 4, owner);
-  int rc = sqlite3_step(st);
-  if (mine) *mine = rc == SQLITE_ROW && sqlite3_column_int(st, 0);
-  while (rc == SQLITE_ROW) rc = sqlite3_step(st);
-  sqlite3_reset(st);
-  return rc == SQLITE_DONE ? 0 : store__db_err(e, s->w, "starting a queued run");
+  if (exec_run(s, &LEAVE_SQL, run_id, NULL, "leaving a slot queue", e)) return e->code;
+  struct store_val v[4] = {SV_TEXT(run_id), SV_INT(now), SV_INT(granted), SV_TEXT(owner)};
+  struct store_cur c;
+  int r = wq_row(s, &STARTED_SQL, v, 4, &c, "starting a queued run", e);
+  if (r < 0) return e->code;
+  if (mine) *mine = r == 1 && cur_i64(&c, 0);
+  if (r == 1) cur_close(&c);
+  return 0;
 }
 
 /* Why a run waits on limit l (in use: inuse), as runs.queued's JSON. */
@@ -173,34 +272,22 @@ static void lims_free(struct lim *l, int n) {
   free(l);
 }
 
-static const char FLOW_AT_SQL[] = "SELECT flow_at FROM runs WHERE id = ?1";
-static const char SET_FLOW_AT_SQL[] = "UPDATE runs SET flow_at = ?2 WHERE id = ?1";
-static const char TAT_SQL[] = "SELECT tat FROM flow_gcra WHERE q = ?1 AND key = ?2";
-static const char SET_TAT_SQL[] =
-  "INSERT INTO flow_gcra(q, key, tat) VALUES(?1,?2,?3) ON CONFLICT(q, key) DO UPDATE SET tat = ?3";
-
 /* The theoretical arrival time (us) of limit l's GCRA row, or 0 (none). */
 static int64_t tat_of(store_t *s, const struct lim *l, char *q, err_t *e) {
   snprintf(q, 300, "%s:%s", l->kind, l->q);
-  sqlite3_stmt *st = store__cached(s, TAT_SQL, e);
-  if (!st) return -1;
-  store__bind_text(st, 1, q);
-  store__bind_text(st, 2, l->key);
-  int rc = sqlite3_step(st);
-  int64_t tat = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
-  sqlite3_reset(st);
-  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return store__db_err(e, s->w, "reading a throttle"), -1;
+  struct store_val v[2] = {SV_TEXT(q), SV_TEXT(l->key)};
+  struct store_cur c;
+  int r = wq_row(s, &TAT_SQL, v, 2, &c, "reading a throttle", e);
+  if (r <= 0) return r;
+  int64_t tat = cur_i64(&c, 0);
+  cur_close(&c);
   return tat;
 }
 
 /* Write limit l's GCRA row (q from tat_of). */
 static int set_tat(store_t *s, const struct lim *l, const char *q, int64_t tat, err_t *e) {
-  sqlite3_stmt *st = store__cached(s, SET_TAT_SQL, e);
-  if (!st) return e->code;
-  store__bind_text(st, 1, q);
-  store__bind_text(st, 2, l->key);
-  sqlite3_bind_int64(st, 3, tat);
-  return store__step(s, st, e, "keeping a throttle");
+  struct store_val v[3] = {SV_TEXT(q), SV_TEXT(l->key), SV_INT(tat)};
+  return wq_do(s, &SET_TAT_SQL, v, 3, "keeping a throttle", e);
 }
 
 /* "1 per 1h" for limit l, in out. */
@@ -211,15 +298,12 @@ static void per_text(const struct lim *l, char *out, size_t n) {
            l->key[0] ? ", key " : "", l->key);
 }
 
-static const char ONCE_SQL[] =
-  "SELECT o.run_id, o.until, r.status FROM flow_once o LEFT JOIN runs r ON r.id = o.run_id"
-  " WHERE o.q = ?1 AND o.key = ?2";
-static const char SET_ONCE_SQL[] =
-  "INSERT INTO flow_once(q, key, run_id, until) VALUES(?1,?2,?3,?4)"
-  " ON CONFLICT(q, key) DO UPDATE SET run_id = ?3, until = ?4";
-static const char REPLACE_SQL[] =
-  "UPDATE runs SET cancel_requested = 1, cancel_reason = ?2 WHERE id = ?1"
-  " AND status NOT IN ('completed','failed','cancelled') AND cancel_requested = 0";
+/* Write (q, key)'s holder in flow_once: run_id, until. */
+static int set_once(store_t *s, const char *q, const char *key, const char *run_id, int64_t until,
+                    const char *what, err_t *e) {
+  struct store_val v[4] = {SV_TEXT(q), SV_TEXT(key), SV_TEXT(run_id), SV_INT(until)};
+  return wq_do(s, &SET_ONCE_SQL, v, 4, what, e);
+}
 
 /* Idempotency (idem) or singleton limit l for the run of je: 1 when it
 ** may go on; 0 when it is skipped (the result says why); -1 on error. A
@@ -229,20 +313,14 @@ static int once_check(store_t *s, const struct jentry *je, const struct lim *l, 
                       int64_t now, err_t *e) {
   char q[300], msg[800];
   snprintf(q, sizeof q, "%s:%s", l->kind, l->q);
-  sqlite3_stmt *st = store__cached(s, ONCE_SQL, e);
-  if (!st) return -1;
-  store__bind_text(st, 1, q);
-  store__bind_text(st, 2, l->key);
-  int rc = sqlite3_step(st);
-  char *holder = rc == SQLITE_ROW ? store__col_dup(st, 0) : NULL;
-  int64_t until = rc == SQLITE_ROW ? sqlite3_column_int64(st, 1) : 0;
-  const char *status = rc == SQLITE_ROW ? (const char *)sqlite3_column_text(st, 2) : NULL;
-  int live = status && !store__is_terminal(status);
-  sqlite3_reset(st);
-  if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
-    free(holder);
-    return store__db_err(e, s->w, "reading a run key"), -1;
-  }
+  struct store_val v[2] = {SV_TEXT(q), SV_TEXT(l->key)};
+  struct store_cur c;
+  int rc = wq_row(s, &ONCE_SQL, v, 2, &c, "reading a run key", e);
+  if (rc < 0) return -1;
+  char *holder = rc == 1 ? col_dup(&c, 0) : NULL;
+  int64_t until = rc == 1 ? cur_i64(&c, 1) : 0;
+  int live = rc == 1 && cur_text(&c, 2) && !store__is_terminal(cur_text(&c, 2));
+  if (rc == 1) cur_close(&c);
   int r = 1;
   const char *key = l->key[0] ? l->key : "(none)";
   if (holder && strcmp(holder, je->u.slot.run_id)) {
@@ -258,13 +336,7 @@ static int once_check(store_t *s, const struct jentry *je, const struct lim *l, 
     } else if (!idem && live) {
       char why[400];
       snprintf(why, sizeof why, "replaced by run %s (singleton, key %s)", je->u.slot.run_id, key);
-      sqlite3_stmt *u = store__cached(s, REPLACE_SQL, e);
-      if (!u) r = -1;
-      else {
-        store__bind_text(u, 1, holder);
-        store__bind_text(u, 2, why);
-        if (store__step(s, u, e, "cancelling a singleton's run")) r = -1;
-      }
+      if (exec_run(s, &REPLACE_SQL, holder, why, "cancelling a singleton's run", e)) r = -1;
     }
   }
   if (r == 0) journal_set_result(je, mem_strdup(msg));
@@ -276,18 +348,9 @@ static int once_check(store_t *s, const struct jentry *je, const struct lim *l, 
 static int once_set(store_t *s, const struct lim *l, const char *run_id, int64_t now, err_t *e) {
   char q[300];
   snprintf(q, sizeof q, "%s:%s", l->kind, l->q);
-  sqlite3_stmt *st = store__cached(s, SET_ONCE_SQL, e);
-  if (!st) return e->code;
-  store__bind_text(st, 1, q);
-  store__bind_text(st, 2, l->key);
-  store__bind_text(st, 3, run_id);
-  sqlite3_bind_int64(st, 4, !strcmp(l->kind, "idempotency") ? now + l->period : 0);
-  return store__step(s, st, e, "keeping a run key");
+  return set_once(s, q, l->key, run_id, !strcmp(l->kind, "idempotency") ? now + l->period : 0,
+                  "keeping a run key", e);
 }
-
-static const char DEBOUNCE_SQL[] =
-  "SELECT o.run_id, o.until, r.status = 'queued' AND r.started_at IS NULL FROM flow_once o"
-  " LEFT JOIN runs r ON r.id = o.run_id WHERE o.q = ?1 AND o.key = ?2";
 
 /* Debounce limit l for the run of je: the key's latest run. First asking
 ** (first): the run becomes the key's latest; a latest run still waiting
@@ -301,19 +364,14 @@ static int debounce(store_t *s, const struct jentry *je, const struct lim *l, in
   const char *self = je->u.slot.run_id;
   char q[300];
   snprintf(q, sizeof q, "debounce:%s", l->q);
-  sqlite3_stmt *st = store__cached(s, DEBOUNCE_SQL, e);
-  if (!st) return -1;
-  store__bind_text(st, 1, q);
-  store__bind_text(st, 2, l->key);
-  int rc = sqlite3_step(st);
-  char *latest = rc == SQLITE_ROW ? store__col_dup(st, 0) : NULL;
-  int64_t began = rc == SQLITE_ROW ? sqlite3_column_int64(st, 1) : 0;
-  int waiting = rc == SQLITE_ROW && sqlite3_column_int(st, 2);
-  sqlite3_reset(st);
-  if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
-    free(latest);
-    return store__db_err(e, s->w, "reading a debounce"), -1;
-  }
+  struct store_val v[2] = {SV_TEXT(q), SV_TEXT(l->key)};
+  struct store_cur c;
+  int rc = wq_row(s, &DEBOUNCE_SQL, v, 2, &c, "reading a debounce", e);
+  if (rc < 0) return -1;
+  char *latest = rc == 1 ? col_dup(&c, 0) : NULL;
+  int64_t began = rc == 1 ? cur_i64(&c, 1) : 0;
+  int waiting = rc == 1 && cur_i64(&c, 2);
+  if (rc == 1) cur_close(&c);
   int r = 1;
   if (!first) {
     if (latest && strcmp(latest, self)) {
@@ -328,10 +386,7 @@ static int debounce(store_t *s, const struct jentry *je, const struct lim *l, in
   if (latest && strcmp(latest, self) && waiting) {
     char why[400];
     snprintf(why, sizeof why, "debounced: a later event started run %s", self);
-    sqlite3_stmt *u = store__cached(s, REPLACE_SQL, e);
-    if (!u || (store__bind_text(u, 1, latest), store__bind_text(u, 2, why),
-               store__step(s, u, e, "superseding a debounced run")))
-      r = -1;
+    if (exec_run(s, &REPLACE_SQL, latest, why, "superseding a debounced run", e)) r = -1;
   } else {
     began = now; /* a new burst */
   }
@@ -340,39 +395,15 @@ static int debounce(store_t *s, const struct jentry *je, const struct lim *l, in
   *start = now + l->period;
   if (l->max_wait > 0 && began + l->max_wait < *start) *start = began + l->max_wait;
   if (*start < now) *start = now;
-  st = store__cached(s, SET_ONCE_SQL, e);
-  if (!st) return -1;
-  store__bind_text(st, 1, q);
-  store__bind_text(st, 2, l->key);
-  store__bind_text(st, 3, self);
-  sqlite3_bind_int64(st, 4, began);
-  return store__step(s, st, e, "keeping a debounce") ? -1 : 1;
+  return set_once(s, q, l->key, self, began, "keeping a debounce", e) ? -1 : 1;
 }
-
-static const char SKIPPED_SQL[] =
-  "INSERT INTO flow_skips(skill, reason, n) VALUES(?1, ?2, 1)"
-  " ON CONFLICT(skill, reason) DO UPDATE SET n = n + 1";
 
 /* Count a skip of a run of skill for reason (rate_limit, idempotency,
 ** singleton, debounce), for /metrics. */
 static int count_skip(store_t *s, const char *skill, const char *reason, err_t *e) {
-  sqlite3_stmt *st = store__cached(s, SKIPPED_SQL, e);
-  if (!st) return e->code;
-  store__bind_text(st, 1, skill);
-  store__bind_text(st, 2, reason);
-  return store__step(s, st, e, "counting a skip");
+  struct store_val v[2] = {SV_TEXT(skill), SV_TEXT(reason)};
+  return wq_do(s, &SKIPPED_SQL, v, 2, "counting a skip", e);
 }
-
-static const char BATCH_OPEN_SQL[] =
-  "SELECT o.run_id, o.until, (SELECT count(*) FROM flow_batch b WHERE b.run_id = o.run_id)"
-  " FROM flow_once o JOIN runs r ON r.id = o.run_id WHERE o.q = ?1 AND o.key = ?2"
-  " AND r.status = 'queued' AND r.started_at IS NULL";
-static const char BATCH_ADD_SQL[] =
-  "INSERT OR IGNORE INTO flow_batch(run_id, seq, event) SELECT ?1, ?2,"
-  " coalesce(json_extract(trigger, '$.event'), json_object('data', json(coalesce(input, 'null'))))"
-  " FROM runs WHERE id = ?3";
-static const char BATCH_FULL_SQL[] = "UPDATE runs SET flow_at = ?2, slot_granted = 1 WHERE id = ?1";
-static const char BATCH_CLOSE_SQL[] = "DELETE FROM flow_once WHERE q = ?1 AND key = ?2";
 
 /* Batch limit l (limit: max events; period: timeout) for the run of je,
 ** asking first. A batch of the key still waiting takes the run's event
@@ -386,44 +417,26 @@ static int batch_join(store_t *s, const struct jentry *je, const struct lim *l, 
   const char *self = je->u.slot.run_id;
   char q[300];
   snprintf(q, sizeof q, "batch:%s", l->q);
-  sqlite3_stmt *st = store__cached(s, BATCH_OPEN_SQL, e);
-  if (!st) return -1;
-  store__bind_text(st, 1, q);
-  store__bind_text(st, 2, l->key);
-  int rc = sqlite3_step(st);
-  char *open = rc == SQLITE_ROW ? store__col_dup(st, 0) : NULL;
-  int64_t n = rc == SQLITE_ROW ? sqlite3_column_int64(st, 2) : 0;
-  sqlite3_reset(st);
-  if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
-    free(open);
-    return store__db_err(e, s->w, "reading a batch"), -1;
-  }
+  struct store_val v[2] = {SV_TEXT(q), SV_TEXT(l->key)};
+  struct store_cur c;
+  int rc = wq_row(s, &BATCH_OPEN_SQL, v, 2, &c, "reading a batch", e);
+  if (rc < 0) return -1;
+  char *open = rc == 1 ? col_dup(&c, 0) : NULL;
+  int64_t n = rc == 1 ? cur_i64(&c, 2) : 0;
+  if (rc == 1) cur_close(&c);
   const char *into = open && strcmp(open, self) && n < l->limit ? open : self;
   if (into == self) n = 0; /* a new batch */
-  st = store__cached(s, BATCH_ADD_SQL, e);
-  int err = !st;
-  if (st) {
-    store__bind_text(st, 1, into);
-    sqlite3_bind_int64(st, 2, n + 1);
-    store__bind_text(st, 3, self);
-    err = store__step(s, st, e, "adding to a batch");
-  }
+  struct store_val a[3] = {SV_TEXT(into), SV_INT(n + 1), SV_TEXT(self)};
+  int err = wq_do(s, &BATCH_ADD_SQL, a, 3, "adding to a batch", e);
   int full = n + 1 >= l->limit;
   if (!err && into != self && full) {
-    st = store__cached(s, BATCH_FULL_SQL, e);
-    err = !st || (store__bind_text(st, 1, into), sqlite3_bind_int64(st, 2, now),
-                  store__step(s, st, e, "closing a batch"));
+    struct store_val f[2] = {SV_TEXT(into), SV_INT(now)};
+    err = wq_do(s, &BATCH_FULL_SQL, f, 2, "closing a batch", e);
   }
-  if (!err && full) {
-    st = store__cached(s, BATCH_CLOSE_SQL, e);
-    err = !st || (store__bind_text(st, 1, q), store__bind_text(st, 2, l->key),
-                  store__step(s, st, e, "closing a batch"));
-  } else if (!err && into == self) {
-    st = store__cached(s, SET_ONCE_SQL, e);
-    err = !st || (store__bind_text(st, 1, q), store__bind_text(st, 2, l->key),
-                  store__bind_text(st, 3, self), sqlite3_bind_int64(st, 4, now + l->period),
-                  store__step(s, st, e, "opening a batch"));
-  }
+  if (!err && full)
+    err = wq_do(s, &BATCH_CLOSE_SQL, v, 2, "closing a batch", e);
+  else if (!err && into == self)
+    err = set_once(s, q, l->key, self, now + l->period, "opening a batch", e);
   if (err) {
     free(open);
     return -1;
@@ -452,14 +465,13 @@ static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_
   int per = 0;
   for (int i = 0; i < n; i++) per += strcmp(l[i].kind, "concurrency") != 0;
   if (!per) return 1;
-  sqlite3_stmt *st = store__cached(s, FLOW_AT_SQL, e);
-  if (!st) return -1;
-  store__bind_text(st, 1, sl->run_id);
-  int rc = sqlite3_step(st);
-  int have = rc == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL;
-  int64_t at = have ? sqlite3_column_int64(st, 0) : 0;
-  sqlite3_reset(st);
-  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return store__db_err(e, s->w, "reading a run"), -1;
+  struct store_val id[1] = {SV_TEXT(sl->run_id)};
+  struct store_cur c;
+  int rc = wq_row(s, &FLOW_AT_SQL, id, 1, &c, "reading a run", e);
+  if (rc < 0) return -1;
+  int have = rc == 1 && !cur_null(&c, 0);
+  int64_t at = have ? cur_i64(&c, 0) : 0;
+  if (rc == 1) cur_close(&c);
   int64_t now = units_now_ms();
   char q[300];
   if (!have) {
@@ -521,11 +533,8 @@ static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_
       }
       if (set_tat(s, &l[i], q, tat + T, e)) return -1;
     }
-    sqlite3_stmt *u = store__cached(s, SET_FLOW_AT_SQL, e);
-    if (!u) return -1;
-    store__bind_text(u, 1, sl->run_id);
-    sqlite3_bind_int64(u, 2, at);
-    if (store__step(s, u, e, "admitting a run")) return -1;
+    struct store_val f[2] = {SV_TEXT(sl->run_id), SV_INT(at)};
+    if (wq_do(s, &SET_FLOW_AT_SQL, f, 2, "admitting a run", e)) return -1;
   }
   if (have)
     for (int i = 0; i < n; i++) {
@@ -555,7 +564,7 @@ static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_
     cJSON_AddStringToObject(o, "until", until);
     char *why = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
-    int err = exec_run(s, QUEUED_SQL, sl->run_id, why, 0, 0, "queueing a run", e);
+    int err = exec_run(s, &QUEUED_SQL, sl->run_id, why, "queueing a run", e);
     free(why);
     if (err) return -1;
     break;
@@ -569,15 +578,14 @@ static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_
 /* Acquire: see journal.h. */
 static int acquire(store_t *s, const struct jentry *je, err_t *e) {
   const struct slot_row *sl = &je->u.slot;
-  sqlite3_stmt *st = store__cached(s, HELD_SQL, e);
-  if (!st) return e->code;
-  store__bind_text(st, 1, sl->run_id);
-  int rc = sqlite3_step(st);
-  sqlite3_reset(st);
-  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return store__db_err(e, s->w, "finding slots");
-  if (rc == SQLITE_ROW) {
+  struct store_val id[1] = {SV_TEXT(sl->run_id)};
+  struct store_cur c;
+  int rc = wq_row(s, &HELD_SQL, id, 1, &c, "finding slots", e);
+  if (rc < 0) return e->code;
+  if (rc == 1) {
+    cur_close(&c);
     /* Held already: granted by a release, or kept across a takeover. */
-    if (exec_run(s, ACK_SQL, sl->run_id, NULL, 0, 0, "taking up a slot", e)) return e->code;
+    if (exec_run(s, &ACK_SQL, sl->run_id, NULL, "taking up a slot", e)) return e->code;
     journal_set_result(je, mem_strdup("1"));
     return 0;
   }
@@ -640,21 +648,12 @@ static int acquire(store_t *s, const struct jentry *je, err_t *e) {
     if (!err) journal_set_result(je, mem_strdup("1"));
   } else {
     for (int i = 0; i < nc && !err; i++) {
-      sqlite3_stmt *p = store__cached(s, PLACE_SQL, e);
-      if (!p) {
-        err = e->code;
-        break;
-      }
-      store__bind_text(p, 1, l[i].q);
-      store__bind_text(p, 2, l[i].key);
-      store__bind_text(p, 3, sl->run_id);
-      sqlite3_bind_int64(p, 4, l[i].since);
-      sqlite3_bind_int64(p, 5, l[i].limit);
-      sqlite3_bind_int64(p, 6, l[i].prio);
-      err = store__step(s, p, e, "queueing for a slot");
+      struct store_val p[6] = {SV_TEXT(l[i].q), SV_TEXT(l[i].key), SV_TEXT(sl->run_id),
+                               SV_INT(l[i].since), SV_INT(l[i].limit), SV_INT(l[i].prio)};
+      err = wq_do(s, &PLACE_SQL, p, 6, "queueing for a slot", e);
     }
     char *why = reason_json(&l[blocked]);
-    if (!err) err = exec_run(s, QUEUED_SQL, sl->run_id, why, 0, 0, "queueing a run", e);
+    if (!err) err = exec_run(s, &QUEUED_SQL, sl->run_id, why, "queueing a run", e);
     free(why);
   }
   lims_free(l, n);
@@ -666,21 +665,21 @@ static int acquire(store_t *s, const struct jentry *je, err_t *e) {
 static int try_grant(store_t *s, const char *run_id, const char *q, const char *key,
                      const char *owner, int *granted, int *blocked_here, err_t *e) {
   *granted = *blocked_here = 0;
-  sqlite3_stmt *st = store__cached(s, PLACES_SQL, e);
-  if (!st) return e->code;
-  store__bind_text(st, 1, run_id);
+  struct store_val id[1] = {SV_TEXT(run_id)};
+  struct store_cur c;
+  if (wq_open(s, &PLACES_SQL, id, 1, &c, "reading queue places", e)) return e->code;
   int n = 0, cap = 4, rc;
   struct lim *l = mem_calloc((size_t)cap, sizeof *l);
-  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+  while ((rc = cur_next(&c)) == 1) {
     if (n == cap) l = mem_realloc(l, (size_t)(cap *= 2) * sizeof *l);
-    l[n].q = store__col_dup(st, 0);
-    l[n].key = store__col_dup(st, 1);
-    l[n].since = sqlite3_column_int64(st, 2);
-    l[n].limit = sqlite3_column_int64(st, 3);
+    l[n].q = col_dup(&c, 0);
+    l[n].key = col_dup(&c, 1);
+    l[n].since = cur_i64(&c, 2);
+    l[n].limit = cur_i64(&c, 3);
     n++;
   }
-  sqlite3_reset(st);
-  int err = rc == SQLITE_DONE ? 0 : store__db_err(e, s->w, "reading queue places");
+  int err = rc == 0 ? 0 : c.ops->err(&c, e, "reading queue places");
+  cur_close(&c);
   int ok = n > 0;
   for (int i = 0; i < n && ok && !err; i++) {
     int room = has_room(s, &l[i], e);
@@ -710,17 +709,14 @@ static int hand_on(store_t *s, const char *q, const char *key, const char *owner
   int skip = 0; /* places passed over, still at the head */
   while (skip < HAND_MAX) {
     /* Read a batch first: the grants below change the table. */
-    sqlite3_stmt *st = store__cached(s, HEAD_SQL, e);
-    if (!st) return e->code;
-    store__bind_text(st, 1, q);
-    store__bind_text(st, 2, key);
-    sqlite3_bind_int(st, 3, 16);
-    sqlite3_bind_int(st, 4, skip);
+    struct store_val v[4] = {SV_TEXT(q), SV_TEXT(key), SV_INT(16), SV_INT(skip)};
+    struct store_cur c;
+    if (wq_open(s, &HEAD_SQL, v, 4, &c, "reading a queue", e)) return e->code;
     char *ids[16];
-    int n = 0, rc = SQLITE_DONE;
-    while (n < 16 && (rc = sqlite3_step(st)) == SQLITE_ROW) ids[n++] = store__col_dup(st, 0);
-    sqlite3_reset(st);
-    int err = n == 16 || rc == SQLITE_DONE ? 0 : store__db_err(e, s->w, "reading a queue");
+    int n = 0, rc = 0;
+    while (n < 16 && (rc = cur_next(&c)) == 1) ids[n++] = col_dup(&c, 0);
+    int err = rc >= 0 ? 0 : c.ops->err(&c, e, "reading a queue");
+    cur_close(&c);
     int stop = n < 16;
     for (int i = 0; i < n && !err; i++) {
       int got = 0, full = 0;
@@ -740,40 +736,39 @@ static int hand_on(store_t *s, const char *q, const char *key, const char *owner
   return 0;
 }
 
-/* See store_db.h. */
+/* See store_backend.h. */
 int store__slots_free(store_t *s, const char *run_id, cJSON *granted, err_t *e) {
-  sqlite3_stmt *st = store__cached(s, PAIRS_SQL, e);
-  if (!st) return e->code;
-  store__bind_text(st, 1, run_id);
+  struct store_val id[1] = {SV_TEXT(run_id)};
+  struct store_cur c;
+  if (wq_open(s, &PAIRS_SQL, id, 1, &c, "reading slots", e)) return e->code;
   char *pairs[32][2];
   int n = 0, rc;
-  while ((rc = sqlite3_step(st)) == SQLITE_ROW && n < 32) {
-    pairs[n][0] = store__col_dup(st, 0);
-    pairs[n][1] = store__col_dup(st, 1);
+  while (n < 32 && (rc = cur_next(&c)) == 1) {
+    pairs[n][0] = col_dup(&c, 0);
+    pairs[n][1] = col_dup(&c, 1);
     n++;
   }
-  sqlite3_reset(st);
-  int err = rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : store__db_err(e, s->w, "reading slots");
+  int err = n == 32 || rc >= 0 ? 0 : c.ops->err(&c, e, "reading slots");
+  cur_close(&c);
   char *owner = NULL;
   if (!err && n && granted) {
     /* Whose result it is: that owner needs no mark for its own runs. */
-    sqlite3_stmt *o = store__cached(s, OWNER_SQL, e);
-    if (!o) err = e->code;
-    else {
-      store__bind_text(o, 1, run_id);
-      if (sqlite3_step(o) == SQLITE_ROW) owner = store__col_dup(o, 0);
-      sqlite3_reset(o);
+    int r = wq_row(s, &OWNER_SQL, id, 1, &c, "reading a run's owner", e);
+    if (r < 0) err = e->code;
+    if (r == 1) {
+      owner = col_dup(&c, 0);
+      cur_close(&c);
     }
   }
-  if (!err) err = exec_run(s, DROP_SQL, run_id, NULL, 0, 0, "releasing a slot", e);
-  if (!err) err = exec_run(s, LEAVE_SQL, run_id, NULL, 0, 0, "leaving a slot queue", e);
+  if (!err) err = exec_run(s, &DROP_SQL, run_id, NULL, "releasing a slot", e);
+  if (!err) err = exec_run(s, &LEAVE_SQL, run_id, NULL, "leaving a slot queue", e);
   for (int i = 0; i < n && !err; i++) err = hand_on(s, pairs[i][0], pairs[i][1], owner, granted, e);
   free(owner);
   for (int i = 0; i < n; i++) free(pairs[i][0]), free(pairs[i][1]);
   return err;
 }
 
-/* See store_db.h. */
+/* See store_backend.h. */
 int store__write_slot(store_t *s, const struct jentry *je, err_t *e) {
   if (je->u.slot.acquire) return acquire(s, je, e);
   cJSON *granted = cJSON_CreateArray();
@@ -785,28 +780,24 @@ int store__write_slot(store_t *s, const struct jentry *je, err_t *e) {
 
 /* See store.h. */
 int store_flow_counts(store_t *s, cJSON **out, err_t *e) {
-  sqlite3_stmt *q = store__prep(s->r,
-    "SELECT coalesce(json_extract(queued, '$.reason'), 'engine'), count(*) FROM runs"
-    " WHERE status = 'queued' GROUP BY 1", e);
-  if (!q) return e->code;
+  struct store_cur q = {0}, k = {0};
+  if (store__rq(s, NULL, RQ_FLOW_QUEUED, NULL, 0, &q, e)) return e->code;
   cJSON *o = cJSON_CreateObject(), *qd = cJSON_AddObjectToObject(o, "queued");
   cJSON *sk = cJSON_AddArrayToObject(o, "skipped");
-  while (sqlite3_step(q) == SQLITE_ROW)
-    cJSON_AddNumberToObject(qd, (const char *)sqlite3_column_text(q, 0), (double)sqlite3_column_int64(q, 1));
-  sqlite3_finalize(q);
-  sqlite3_stmt *k = store__prep(s->r, "SELECT skill, reason, n FROM flow_skips ORDER BY skill, reason", e);
-  if (!k) {
+  while (cur_next(&q) == 1) cJSON_AddNumberToObject(qd, cur_text(&q, 0), (double)cur_i64(&q, 1));
+  cur_close(&q);
+  if (store__rq(s, NULL, RQ_FLOW_SKIPS, NULL, 0, &k, e)) {
     cJSON_Delete(o);
     return e->code;
   }
-  while (sqlite3_step(k) == SQLITE_ROW) {
+  while (cur_next(&k) == 1) {
     cJSON *x = cJSON_CreateObject();
-    cJSON_AddStringToObject(x, "skill", (const char *)sqlite3_column_text(k, 0));
-    cJSON_AddStringToObject(x, "reason", (const char *)sqlite3_column_text(k, 1));
-    cJSON_AddNumberToObject(x, "n", (double)sqlite3_column_int64(k, 2));
+    cJSON_AddStringToObject(x, "skill", cur_text(&k, 0));
+    cJSON_AddStringToObject(x, "reason", cur_text(&k, 1));
+    cJSON_AddNumberToObject(x, "n", (double)cur_i64(&k, 2));
     cJSON_AddItemToArray(sk, x);
   }
-  sqlite3_finalize(k);
+  cur_close(&k);
   *out = o;
   return 0;
 }
@@ -814,12 +805,10 @@ int store_flow_counts(store_t *s, cJSON **out, err_t *e) {
 /* See store.h. */
 int store_batch_events(store_t *s, const char *run_id, char **out, err_t *e) {
   *out = NULL;
-  sqlite3_stmt *st = store__prep(s->r,
-    "SELECT json_group_array(json(event)), count(*) FROM (SELECT event FROM flow_batch"
-    " WHERE run_id = ?1 ORDER BY seq)", e);
-  if (!st) return e->code;
-  store__bind_text(st, 1, run_id);
-  if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_int64(st, 1) > 0) *out = store__col_dup(st, 0);
-  sqlite3_finalize(st);
+  struct store_val v[1] = {SV_TEXT(run_id)};
+  struct store_cur c = {0};
+  if (store__rq(s, NULL, RQ_BATCH_EVENTS, v, 1, &c, e)) return e->code;
+  if (cur_next(&c) == 1 && cur_i64(&c, 1) > 0 && cur_text(&c, 0)) *out = mem_strdup(cur_text(&c, 0));
+  cur_close(&c);
   return 0;
 }

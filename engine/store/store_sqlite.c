@@ -208,6 +208,10 @@ static const char *const migrations[] = {
   /* batch: the events gathered into each batch's run */
   "CREATE TABLE flow_batch(run_id TEXT NOT NULL, seq INTEGER NOT NULL, event TEXT NOT NULL,"
   "  PRIMARY KEY(run_id, seq)) WITHOUT ROWID;",
+  /* 9: nothing: PostgreSQL's 9 numbers events in the order they were
+  ** committed, which SQLite's rowid is already; kept so both dialects
+  ** count their migrations alike */
+  "",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -330,8 +334,8 @@ static sqlite3_stmt *bind_row(store_t *s, int w, enum jkind kind, const void *ro
 }
 
 
-/* See store.h. */
-const char *store_path(const store_t *s) { return s->path; }
+/* See store.h: the file's path. */
+static const char *sqlite_path(const store_t *s) { return s->path; }
 
 /* Who else holds the write lock of the database at path, as words in buf
 ** (", held by process 123 (moonloop), which is stopped"); "" when no other
@@ -559,7 +563,7 @@ static int check_moved(store_t *s, sqlite3 *db, err_t *e) {
 }
 
 /* See store.h: through the reader (the caller's thread's connection). */
-int store_check_file(store_t *s, err_t *e) { return check_moved(s, s->r, e); }
+static int sqlite_check_file(store_t *s, err_t *e) { return check_moved(s, s->r, e); }
 
 /* A process that still has a deleted file named path open (its pid, and
 ** its name in comm), found through /proc; 0 when none is (or /proc cannot
@@ -606,9 +610,12 @@ static long deleted_holder(const char *path, char *comm, size_t ncomm) {
   return found;
 }
 
+static const struct store_ops sqlite_ops;
+static void sqlite_close(store_t *s);
+
 /* See store.h: the writer first (WAL, durability, migrations, its
 ** statements), then the reader. */
-int store_open(const char *path, enum store_durability d, store_t **out, err_t *e) {
+int store__sqlite_open(const char *path, enum store_durability d, store_t **out, err_t *e) {
   struct stat st;
   if (stat(path, &st) != 0 && errno == ENOENT) {
     char comm[64];
@@ -629,6 +636,7 @@ int store_open(const char *path, enum store_durability d, store_t **out, err_t *
     sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
   }
   store_t *s = mem_calloc(1, sizeof *s);
+  s->base.ops = &sqlite_ops;
   s->path = mem_strdup(path);
   if (open_conn(path, &s->w, e)) goto fail;
   if (stat(path, &st) == 0) {
@@ -655,18 +663,18 @@ int store_open(const char *path, enum store_durability d, store_t **out, err_t *
   *out = s;
   return 0;
 fail:
-  store_close(s);
+  sqlite_close(s);
   return e ? e->code : ERR_IO;
 }
 
-/* See store.h. NULL is a no-op. */
-void store_close(store_t *s) {
-  if (!s) return;
+/* See store.h. */
+static void sqlite_close(store_t *s) {
   for (int i = 0; i < W_COUNT; i++) sqlite3_finalize(s->ws[i]);
   store__flow_close(s);
   for (int i = 0; i < STORE_CACHED_STMTS; i++) sqlite3_finalize(s->cache[i].st);
-  store__read_close(s);
-  store__fence_free(s);
+  store__sqlite_read_close(s);
+  store__fence_free(&s->fence);
+  buf_free(&s->base.scratch);
   sqlite3_close(s->w);
   sqlite3_close(s->r);
   free(s->path);
@@ -700,11 +708,6 @@ int store__step(store_t *s, sqlite3_stmt *st, err_t *e, const char *what) {
 char *store__col_dup(sqlite3_stmt *st, int i) {
   const unsigned char *t = sqlite3_column_text(st, i);
   return t ? mem_strdup((const char *)t) : NULL;
-}
-
-/* Whether a run status is final (completed, failed, cancelled); NULL is not. */
-int store__is_terminal(const char *status) {
-  return vocab_run_ended(status);
 }
 
 /* Run each of the n statements of sql on the writer, in order, with ?1
@@ -754,7 +757,6 @@ int store__put_run(store_t *s, const struct run_row *r, const char *what, err_t 
   return store__step(s, bind_row(s, W_RUN_NEW, J_RUN_NEW, &row), e, what);
 }
 
-static void fence_remove(struct fence_set *f, const char *id);
 
 /* J_RUN_NEW of a run that a run creates (a child, an on_failure run),
 ** whose id the creator may derive from its own step: a replay of that
@@ -777,7 +779,7 @@ static int put_run_of_run(store_t *s, const struct jentry *je, err_t *e) {
   store__bind_text(u, 1, r->id);
   store__bind_text(u, 2, r->owner);
   if (store__step(s, u, e, "releasing a run")) return e->code;
-  fence_remove(&s->fence, r->id);
+  store__fence_remove(&s->fence, r->id);
   journal_set_result(je, mem_strdup(r->id));
   return 0;
 }
@@ -842,77 +844,9 @@ static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
 ** transaction it still writes its last entries: its parent's delivery, an
 ** on_failure run). */
 
-/* Slot states of the set. */
-enum { FS_FREE, FS_USED, FS_GONE };
-
-static uint64_t fence_hash(const char *id) {
-  uint64_t h = 1469598103934665603ull;
-  for (; *id; id++) h = (h ^ (unsigned char)*id) * 1099511628211ull;
-  return h;
-}
-
-/* The slot of id in the set, or -1. */
-static long fence_find(const struct fence_set *f, const char *id) {
-  if (!f->cap) return -1;
-  size_t i = (size_t)fence_hash(id) & (f->cap - 1);
-  for (size_t k = 0; k < f->cap; k++, i = (i + 1) & (f->cap - 1)) {
-    if (f->state[i] == FS_FREE) return -1;
-    if (f->state[i] == FS_USED && !strcmp(f->ids[i], id)) return (long)i;
-  }
-  return -1;
-}
-
-/* Forget every run (and the owner). */
-static void fence_clear(struct fence_set *f) {
-  if (f->state) memset(f->state, FS_FREE, f->cap);
-  f->n = f->gone = 0;
-  f->owner[0] = 0;
-}
-
-/* Remember id (a ULID) as the owner's. */
-static void fence_add(struct fence_set *f, const char *id) {
-  if (strlen(id) >= sizeof f->ids[0] || fence_find(f, id) >= 0) return;
-  if ((f->n + f->gone + 1) * 4 > f->cap * 3) {
-    /* Grow (or just sweep the tombstones), rehashing what is kept. */
-    size_t cap = f->n * 2 + 2 > f->cap / 2 ? (f->cap ? f->cap * 2 : 1024) : f->cap;
-    char (*ids)[27] = mem_alloc(cap * sizeof *ids);
-    unsigned char *state = mem_calloc(cap, 1);
-    for (size_t i = 0; i < f->cap; i++) {
-      if (f->state[i] != FS_USED) continue;
-      size_t k = (size_t)fence_hash(f->ids[i]) & (cap - 1);
-      while (state[k] == FS_USED) k = (k + 1) & (cap - 1);
-      memcpy(ids[k], f->ids[i], sizeof ids[k]);
-      state[k] = FS_USED;
-    }
-    free(f->ids), free(f->state);
-    f->ids = ids, f->state = state, f->cap = cap, f->gone = 0;
-  }
-  size_t i = (size_t)fence_hash(id) & (f->cap - 1);
-  while (f->state[i] == FS_USED) i = (i + 1) & (f->cap - 1);
-  if (f->state[i] == FS_GONE) f->gone--;
-  snprintf(f->ids[i], sizeof f->ids[i], "%s", id);
-  f->state[i] = FS_USED;
-  f->n++;
-}
-
-static void fence_remove(struct fence_set *f, const char *id) {
-  long i = fence_find(f, id);
-  if (i < 0) return;
-  f->state[i] = FS_GONE;
-  f->n--;
-  f->gone++;
-}
-
-/* See store_db.h. */
-void store__fence_free(store_t *s) {
-  free(s->fence.ids);
-  free(s->fence.state);
-  memset(&s->fence, 0, sizeof s->fence);
-}
-
 /* 0 when owner holds run_id; else ERR_CONFLICT, saying who does. */
 static int fence_check(store_t *s, const char *owner, const char *run_id, err_t *e) {
-  if (fence_find(&s->fence, run_id) >= 0) return 0;
+  if (store__fence_find(&s->fence, run_id) >= 0) return 0;
   sqlite3_stmt *st = store__cached(s, "SELECT owner, status FROM runs WHERE id = ?1", e);
   if (!st) return e->code;
   store__bind_text(st, 1, run_id);
@@ -920,7 +854,7 @@ static int fence_check(store_t *s, const char *owner, const char *run_id, err_t 
   const char *holder = rc == SQLITE_ROW ? (const char *)sqlite3_column_text(st, 0) : NULL;
   if (rc == SQLITE_ROW && holder && !strcmp(holder, owner)) {
     sqlite3_reset(st);
-    fence_add(&s->fence, run_id);
+    store__fence_add(&s->fence, run_id);
     return 0;
   }
   if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
@@ -946,7 +880,7 @@ static int fence_entry(store_t *s, const char *owner, const struct jentry *je, e
                    "of %s", nr->id, nr->owner, owner);
   const char *run = journal_run_of(je);
   if (run && fence_check(s, owner, run, e)) return e->code;
-  if (nr && nr->owner) fence_add(&s->fence, nr->id);
+  if (nr && nr->owner) store__fence_add(&s->fence, nr->id);
   return 0;
 }
 
@@ -955,7 +889,7 @@ static int fence_entry(store_t *s, const char *owner, const struct jentry *je, e
 ** known to be its own are checked again. */
 static int renew_lease(store_t *s, const char *owner, int64_t expires, err_t *e) {
   if (strcmp(s->fence.owner, owner)) {
-    fence_clear(&s->fence);
+    store__fence_clear(&s->fence);
     snprintf(s->fence.owner, sizeof s->fence.owner, "%s", owner);
   }
   sqlite3_stmt *q = store__cached(s, "SELECT expires_at FROM leases WHERE owner = ?1", e);
@@ -972,7 +906,7 @@ static int renew_lease(store_t *s, const char *owner, int64_t expires, err_t *e)
     return err_set(e, ERR_CONFLICT, "lease lost: another process took over the runs of %s "
                    "(fault injected: lease_refused)", owner);
   if (was < units_now_ms()) {
-    fence_clear(&s->fence);
+    store__fence_clear(&s->fence);
     snprintf(s->fence.owner, sizeof s->fence.owner, "%s", owner);
   }
   sqlite3_stmt *st = s->ws[W_LEASE_RENEW];
@@ -983,7 +917,7 @@ static int renew_lease(store_t *s, const char *owner, int64_t expires, err_t *e)
 
 /* See store.h: renew the lease (fencing), write every entry, commit; roll
 ** back on any failure. */
-int store_commit(store_t *s, const journal_t *j, err_t *e) {
+static int sqlite_commit(store_t *s, const journal_t *j, err_t *e) {
   if (store__step(s, s->ws[W_BEGIN], e, "beginning a transaction")) return e->code;
   int64_t expires;
   const char *owner = journal_owner(j, &expires);
@@ -1018,12 +952,12 @@ int store_commit(store_t *s, const journal_t *j, err_t *e) {
   for (size_t i = 0, n = ended ? journal_count(j) : 0; i < n; i++) {
     const struct jentry *je = journal_entry(j, i);
     if (!je->dropped && je->kind == J_RUN_SET && store__is_terminal(je->u.set.status))
-      fence_remove(&s->fence, je->u.set.run_id);
+      store__fence_remove(&s->fence, je->u.set.run_id);
   }
   return 0;
 fail:
   store__step(s, s->ws[W_ROLLBACK], NULL, "rolling back");
-  fence_clear(&s->fence);
+  store__fence_clear(&s->fence);
   return e->code;
 }
 
@@ -1040,7 +974,7 @@ sqlite3_stmt *store__prep(sqlite3 *db, const char *sql, err_t *e) {
 }
 
 /* See store.h. */
-int store_lease_acquire(store_t *s, const struct lease *l, err_t *e) {
+static int sqlite_lease_acquire(store_t *s, const struct lease *l, err_t *e) {
   sqlite3_stmt *st = store__prep(s->w,
     "INSERT OR REPLACE INTO leases(owner, kind, host, pid, pid_start, started_at, expires_at)"
     " VALUES(?1,?2,?3,?4,?5,?6,?7)", e);
@@ -1069,7 +1003,7 @@ static int release_owner(store_t *s, const char *owner, err_t *e) {
 }
 
 /* See store.h. */
-int store_lease_release(store_t *s, const char *owner, err_t *e) {
+static int sqlite_lease_release(store_t *s, const char *owner, err_t *e) {
   if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
   if (release_owner(s, owner, e)) {
     store__exec(s->w, "ROLLBACK", NULL);
@@ -1080,18 +1014,15 @@ int store_lease_release(store_t *s, const char *owner, err_t *e) {
 
 /* Whether a lease row (owner, host, pid, pid_start, expires_at) is dead:
 ** expired, or its process is gone on this host. */
-int store__lease_dead(sqlite3_stmt *st, const char *host, int64_t now) {
-  const char *h = (const char *)sqlite3_column_text(st, 1);
-  long pid = (long)sqlite3_column_int64(st, 2);
-  long long start = sqlite3_column_int64(st, 3);
-  int64_t expires = sqlite3_column_int64(st, 4);
-  if (expires < now) return 1;
-  return h && host && !strcmp(h, host) && !proc_alive(pid, start);
+static int lease_row_dead(sqlite3_stmt *st, const char *host, int64_t now) {
+  return store__lease_dead((const char *)sqlite3_column_text(st, 1),
+                           (long)sqlite3_column_int64(st, 2), sqlite3_column_int64(st, 3),
+                           sqlite3_column_int64(st, 4), host, now);
 }
 
 /* See store.h. (The crash record, not the reaping of a dead lease, says a
 ** run crashed the engine: a `kill -9` must never count against a run.) */
-int store_count_crash(store_t *s, const char *run_id, err_t *e) {
+static int sqlite_count_crash(store_t *s, const char *run_id, err_t *e) {
   static const char *const sql[] = {
     "UPDATE runs SET crashes = crashes + 1 WHERE id = ?1"
     " AND status NOT IN ('completed','failed','cancelled')",
@@ -1111,7 +1042,7 @@ static int reap_locked(store_t *s, const char *host, int64_t now, err_t *e) {
   char *dead[64];
   int n = 0;
   while (n < 64 && sqlite3_step(st) == SQLITE_ROW)
-    if (store__lease_dead(st, host, now)) dead[n++] = mem_strdup((const char *)sqlite3_column_text(st, 0));
+    if (lease_row_dead(st, host, now)) dead[n++] = mem_strdup((const char *)sqlite3_column_text(st, 0));
   sqlite3_finalize(st);
   int rc = 0;
   for (int i = 0; i < n; i++) {
@@ -1122,7 +1053,7 @@ static int reap_locked(store_t *s, const char *host, int64_t now, err_t *e) {
 }
 
 /* See store.h. */
-int store_reap(store_t *s, const char *host, int64_t now, err_t *e) {
+static int sqlite_reap(store_t *s, const char *host, int64_t now, err_t *e) {
   if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
   int n = reap_locked(s, host, now, e);
   if (n < 0) {
@@ -1133,44 +1064,11 @@ int store_reap(store_t *s, const char *host, int64_t now, err_t *e) {
   return n;
 }
 
-/* Fill r from a row of STORE_RUN_COLS; strings are malloc'd. */
+/* Fill r from the current row of st (STORE_CLAIM_COLS); strings are malloc'd. */
 static void row_from_stmt(sqlite3_stmt *st, struct run_row *r) {
-  r->id = store__col_dup(st, 0);
-  r->skill = store__col_dup(st, 1);
-  r->version = store__col_dup(st, 2);
-  r->status = store__col_dup(st, 3);
-  r->entry = store__col_dup(st, 4);
-  r->trigger = store__col_dup(st, 5);
-  r->parent_id = store__col_dup(st, 6);
-  r->input = store__col_dup(st, 7);
-  r->output = store__col_dup(st, 8);
-  r->error = store__col_dup(st, 9);
-  r->created_at = sqlite3_column_int64(st, 10);
-  r->started_at = sqlite3_column_int64(st, 11);
-  r->ended_at = sqlite3_column_int64(st, 12);
-  r->deadline_at = sqlite3_column_int64(st, 13);
-  r->wake_at = sqlite3_column_int64(st, 14);
-  r->owner = store__col_dup(st, 15);
-  r->idem = NULL;
-  /* STORE_CLAIM_COLS: what adopting the run needs beyond its record. */
-  if (sqlite3_column_count(st) > 19) {
-    r->crashes = sqlite3_column_int(st, 17);
-    r->cancel_requested = sqlite3_column_int(st, 18);
-    r->cancel_reason = store__col_dup(st, 19);
-  }
-}
-
-/* See store.h. */
-void store_rows_free(struct run_row *rows, size_t n) {
-  if (!rows) return;
-  for (size_t i = 0; i < n; i++) {
-    struct run_row *r = &rows[i];
-    free((char *)r->id), free((char *)r->skill), free((char *)r->version);
-    free((char *)r->status), free((char *)r->entry), free((char *)r->trigger);
-    free((char *)r->parent_id), free((char *)r->input), free((char *)r->output);
-    free((char *)r->error), free((char *)r->owner), free((char *)r->cancel_reason);
-  }
-  free(rows);
+  struct store_cur c;
+  store__sqlite_cur(&c, st, 0);
+  store__run_row(&c, r, 1);
 }
 
 /* qsort's order of run rows: by id (ULIDs: by creation). */
@@ -1202,7 +1100,7 @@ static int lease_live(store_t *s, const char *owner, int64_t now, err_t *e) {
 }
 
 /* See store.h: only for a live lease of owner (lease_live). */
-int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows, size_t *n,
+static int sqlite_claim(store_t *s, const char *owner, int limit, struct run_row **rows, size_t *n,
                 err_t *e) {
   *rows = NULL;
   *n = 0;
@@ -1245,7 +1143,7 @@ int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows,
 
 /* See store.h: reap dead leases first, so a run whose owner died can be
 ** taken at once; the taker needs a live lease (lease_live). */
-int store_take_run(store_t *s, const char *run_id, const char *owner, const char *host,
+static int sqlite_take_run(store_t *s, const char *run_id, const char *owner, const char *host,
                    int64_t now, struct run_row **row, err_t *e) {
   *row = NULL;
   if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
@@ -1308,3 +1206,28 @@ done:
   }
   return rc;
 }
+
+static const struct store_ops sqlite_ops = {
+  .name = "sqlite",
+  .close = sqlite_close,
+  .path = sqlite_path,
+  .check_file = sqlite_check_file,
+  .commit = sqlite_commit,
+  .lease_acquire = sqlite_lease_acquire,
+  .lease_release = sqlite_lease_release,
+  .reap = sqlite_reap,
+  .count_crash = sqlite_count_crash,
+  .claim = sqlite_claim,
+  .take_run = sqlite_take_run,
+  .dispatch = store__sqlite_dispatch,
+  .deliver = store__sqlite_deliver,
+  .prune = store__sqlite_prune,
+  .data_version = store__sqlite_data_version,
+  .rq = store__sqlite_rq,
+  .rfilter = store__sqlite_rfilter,
+  .rbegin = store__sqlite_rbegin,
+  .rend = store__sqlite_rend,
+  .reader_open = store__sqlite_reader_open,
+  .reader_close = store__sqlite_reader_close,
+  .wq = store__sqlite_wq,
+};

@@ -49,17 +49,21 @@
 ** Every function reads through the reader connection, inside one read
 ** transaction, so the figures of one answer come from one snapshot; but
 ** the overview hands every other skill's passes to a second thread with a
-** read-only connection of its own, whose snapshot may be a commit newer
-** (each skill's figures are still from one snapshot).
+** read-only connection of its own (when the backend has one: SQLite),
+** whose snapshot may be a commit newer (each skill's figures are still
+** from one snapshot).
+**
+** Written once for both backends: the rows come from the backend's named
+** read queries (store_backend.h's RQ_ENDED and the others; SQLite's SQL
+** is in store_sqlite_read.c, PostgreSQL's in store_pg_read.c).
 */
 #include "base/mem.h"
 #include "base/units.h"
 #include "base/vocab.h"
-#include "store/store_db.h"
+#include "store/store_backend.h"
 
 #include <math.h>
 #include <pthread.h>
-#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -246,18 +250,18 @@ static void count_into(struct counts *c, const struct runrow *r) {
 ** 'a'ctive): the current row of st, whose columns are created_at, (a
 ** column not read), started_at, ended_at, steps, failed_steps, retries,
 ** tokens, id. */
-static void count_run(struct runagg *a, sqlite3_stmt *st, char outcome) {
+static void count_run(struct runagg *a, const struct store_cur *st, char outcome) {
   struct runrow r;
   r.outcome = outcome;
-  r.created = sqlite3_column_int64(st, 0);
-  r.queued = sqlite3_column_type(st, 2) == SQLITE_NULL;
-  r.started = r.queued ? 0 : sqlite3_column_int64(st, 2);
-  r.ended = sqlite3_column_int64(st, 3);
-  r.summed = a->sums && sqlite3_column_type(st, 4) != SQLITE_NULL;
-  r.steps = r.summed ? sqlite3_column_int64(st, 4) : 0;
-  r.failed_steps = r.summed ? sqlite3_column_int64(st, 5) : 0;
-  r.retries = r.summed ? sqlite3_column_int64(st, 6) : 0;
-  r.tokens = r.summed ? sqlite3_column_int64(st, 7) : 0;
+  r.created = cur_i64(st, 0);
+  r.queued = cur_null(st, 2);
+  r.started = r.queued ? 0 : cur_i64(st, 2);
+  r.ended = cur_i64(st, 3);
+  r.summed = a->sums && !cur_null(st, 4);
+  r.steps = r.summed ? cur_i64(st, 4) : 0;
+  r.failed_steps = r.summed ? cur_i64(st, 5) : 0;
+  r.retries = r.summed ? cur_i64(st, 6) : 0;
+  r.tokens = r.summed ? cur_i64(st, 7) : 0;
   uint32_t k = a->nb ? (uint32_t)((r.created - a->since) / a->iv) : 0;
   if (a->nb && k >= a->nb) k = a->nb - 1;
   count_into(&a->tot, &r);
@@ -265,7 +269,7 @@ static void count_run(struct runagg *a, sqlite3_stmt *st, char outcome) {
   if (r.started && r.ended >= r.started && r.ended) vals_add(&a->dur, k, r.ended - r.started);
   if (a->waits && r.started && r.started >= r.created) vals_add(&a->wait, k, r.started - r.created);
   if (!a->want_refs || r.outcome == 'a') return;
-  const char *id = (const char *)sqlite3_column_text(st, 8);
+  const char *id = cur_text(st, 8);
   size_t len = id ? strlen(id) : 0;
   if (!len || len > RUN_ID_MAX) return;
   if (a->nrefs == a->caprefs) {
@@ -279,35 +283,25 @@ static void count_run(struct runagg *a, sqlite3_stmt *st, char outcome) {
   a->nproblem += ref->problem;
 }
 
-/* The ended runs of skill created in [a->since, until) into a, from
-** runs_ended alone (it covers every column read here): one range per
-** ended status, which the range says (the status is not read). */
-static int ended_pass(sqlite3 *db, const char *skill, int64_t until, struct runagg *a, err_t *e) {
+/* The ended runs of skill created in [a->since, until) into a (on conn, or
+** the reader): one query per ended status, which the query says (the
+** status is not read). */
+static int ended_pass(store_t *s, void *conn, const char *skill, int64_t until, struct runagg *a,
+                      err_t *e) {
   if (a->nb && !a->b) a->b = mem_calloc(a->nb, sizeof *a->b);
-  /* Each column read costs on every row: the overview reads only three. */
-  sqlite3_stmt *st = store__prep(db, a->sums ?
-    "SELECT created_at, 0, started_at, ended_at, steps, failed_steps, retries, tokens, id"
-    " FROM runs INDEXED BY runs_ended WHERE skill = ?1 AND status = ?4"
-    " AND (status = 'completed' OR status = 'failed' OR status = 'cancelled')"
-    " AND created_at >= ?2 AND created_at < ?3" :
-    "SELECT created_at, 0, started_at, ended_at"
-    " FROM runs INDEXED BY runs_ended WHERE skill = ?1 AND status = ?4"
-    " AND (status = 'completed' OR status = 'failed' OR status = 'cancelled')"
-    " AND created_at >= ?2 AND created_at < ?3", e);
-  if (!st) return e->code;
-  store__bind_text(st, 1, skill);
-  sqlite3_bind_int64(st, 2, a->since);
-  sqlite3_bind_int64(st, 3, until);
   static const struct { const char *status; char outcome; } ended[] = {
     {"completed", 'c'}, {"failed", 'f'}, {"cancelled", 'x'}};
-  int rc = 0, src = SQLITE_DONE;
-  for (int i = 0; i < 3 && src == SQLITE_DONE; i++) {
-    sqlite3_reset(st);
-    store__bind_text(st, 4, ended[i].status);
-    while ((src = sqlite3_step(st)) == SQLITE_ROW) count_run(a, st, ended[i].outcome);
+  int rc = 0, src = 0;
+  for (int i = 0; i < 3 && !rc && src == 0; i++) {
+    struct store_val v[4] = {SV_TEXT(skill), SV_INT(a->since), SV_INT(until),
+                             SV_TEXT(ended[i].status)};
+    struct store_cur st;
+    /* Each column read costs on every row: the overview reads only three. */
+    if (store__rq(s, conn, a->sums ? RQ_ENDED_SUMS : RQ_ENDED, v, 4, &st, e)) return e->code;
+    while ((src = cur_next(&st)) == 1) count_run(a, &st, ended[i].outcome);
+    if (src < 0) rc = st.ops->err(&st, e, "reading runs for the figures");
+    cur_close(&st);
   }
-  if (src != SQLITE_DONE) rc = store__db_err(e, db, "reading runs for the figures");
-  sqlite3_finalize(st);
   return rc;
 }
 
@@ -327,64 +321,53 @@ static void ulid_time(int64_t ms, char out[11]) {
 ** of older windows are not even looked at. st's columns are count_run's,
 ** then the skill. */
 static int open_pass(store_t *s, const char *skill, int64_t since, int64_t until,
-                     void (*each)(void *arg, sqlite3_stmt *st, const char *skill), void *arg,
-                     err_t *e) {
-  sqlite3_stmt *st = store__prep(s->r,
-    "SELECT created_at, 0, started_at, ended_at, NULL, NULL, NULL, NULL, id, skill"
-    " FROM runs INDEXED BY runs_status WHERE status IN ('queued','running','sleeping','waiting')"
-    " AND id >= ?4 AND created_at >= ?1 AND created_at < ?2 AND (?3 IS NULL OR skill = ?3)", e);
-  if (!st) return e->code;
+                     void (*each)(void *arg, const struct store_cur *st, const char *skill),
+                     void *arg, err_t *e) {
   char from[11];
   ulid_time(since, from);
-  sqlite3_bind_int64(st, 1, since);
-  sqlite3_bind_int64(st, 2, until);
-  store__bind_text(st, 3, skill);
-  store__bind_text(st, 4, from);
-  int rc = 0, src;
-  while ((src = sqlite3_step(st)) == SQLITE_ROW) each(arg, st, (const char *)sqlite3_column_text(st, 9));
-  if (src != SQLITE_DONE) rc = store__db_err(e, s->r, "reading unfinished runs for the figures");
-  sqlite3_finalize(st);
+  struct store_val v[4] = {SV_INT(since), SV_INT(until), SV_TEXT(skill), SV_TEXT(from)};
+  struct store_cur st;
+  if (store__rq(s, NULL, RQ_OPEN, v, 4, &st, e)) return e->code;
+  int rc = 0, src = 0;
+  while ((src = cur_next(&st)) == 1) each(arg, &st, cur_text(&st, 9));
+  if (src < 0) rc = st.ops->err(&st, e, "reading unfinished runs for the figures");
+  cur_close(&st);
   return rc;
 }
 
 /* open_pass's each for one skill's window: arg is a runagg. */
-static void open_into(void *arg, sqlite3_stmt *st, const char *skill) {
+static void open_into(void *arg, const struct store_cur *st, const char *skill) {
   (void)skill;
   count_run(arg, st, 'a');
 }
 
 /* Every run of skill created in [a->since, until) into a. */
 static int run_pass(store_t *s, const char *skill, int64_t until, struct runagg *a, err_t *e) {
-  if (ended_pass(s->r, skill, until, a, e)) return e->code;
+  if (ended_pass(s, NULL, skill, until, a, e)) return e->code;
   return open_pass(s, skill, a->since, until, open_into, a, e);
 }
 
 /* The ended runs of skill created in [since, until) by status into c,
-** counted on runs_ended's ranges without reading an entry. */
-static int count_pass(sqlite3 *db, const char *skill, int64_t since, int64_t until,
+** counted without reading an entry (on conn, or the reader). */
+static int count_pass(store_t *s, void *conn, const char *skill, int64_t since, int64_t until,
                       struct counts *c, err_t *e) {
-  sqlite3_stmt *st = store__prep(db,
-    "SELECT count(*) FROM runs INDEXED BY runs_ended WHERE skill = ?1 AND status = ?4"
-    " AND (status = 'completed' OR status = 'failed' OR status = 'cancelled')"
-    " AND created_at >= ?2 AND created_at < ?3", e);
-  if (!st) return e->code;
-  store__bind_text(st, 1, skill);
-  sqlite3_bind_int64(st, 2, since);
-  sqlite3_bind_int64(st, 3, until);
   static const char *const ended[] = {"completed", "failed", "cancelled"};
   int rc = 0;
   for (int i = 0; i < 3 && !rc; i++) {
-    sqlite3_reset(st);
-    store__bind_text(st, 4, ended[i]);
-    if (sqlite3_step(st) != SQLITE_ROW) {
-      rc = store__db_err(e, db, "counting runs for the figures");
-      break;
+    struct store_val v[4] = {SV_TEXT(skill), SV_INT(since), SV_INT(until), SV_TEXT(ended[i])};
+    struct store_cur st;
+    if (store__rq(s, conn, RQ_COUNT_ENDED, v, 4, &st, e)) return e->code;
+    int src = cur_next(&st);
+    if (src != 1) {
+      rc = src < 0 ? st.ops->err(&st, e, "counting runs for the figures")
+                   : err_set(e, ERR_IO, "store: counting runs for the figures: no answer");
+    } else {
+      int64_t n = cur_i64(&st, 0);
+      c->started += n;
+      *(i == 0 ? &c->completed : i == 1 ? &c->failed : &c->cancelled) += n;
     }
-    int64_t n = sqlite3_column_int64(st, 0);
-    c->started += n;
-    *(i == 0 ? &c->completed : i == 1 ? &c->failed : &c->cancelled) += n;
+    cur_close(&st);
   }
-  sqlite3_finalize(st);
   return rc;
 }
 
@@ -463,10 +446,11 @@ static long step_index(struct stepagg *g, const char *id, size_t len, const char
 /* Count one step row of st (id, kind, status, attempts, started_at,
 ** ended_at) of a run in interval k: its duration when the run is in the
 ** sample, its failure and retries when it is read for the failing list. */
-static void count_step(struct stepagg *g, sqlite3_stmt *st, uint32_t k, int sample, int failing) {
-  const char *id = (const char *)sqlite3_column_text(st, 0);
-  const char *kind = (const char *)sqlite3_column_text(st, 1);
-  const char *status = (const char *)sqlite3_column_text(st, 2);
+static void count_step(struct stepagg *g, const struct store_cur *st, uint32_t k, int sample,
+                       int failing) {
+  const char *id = cur_text(st, 0);
+  const char *kind = cur_text(st, 1);
+  const char *status = cur_text(st, 2);
   if (!id) return;
   /* A repeat of a step id ("poll#3") counts as the id itself. */
   const char *hash = strrchr(id, '#');
@@ -474,13 +458,12 @@ static void count_step(struct stepagg *g, sqlite3_stmt *st, uint32_t k, int samp
   long i = step_index(g, id, len, kind);
   if (failing) {
     struct stepent *x = &g->ids[i];
-    int64_t retries = sqlite3_column_int64(st, 3) - 1;
+    int64_t retries = cur_i64(st, 3) - 1;
     x->retries += retries > 0 ? retries : 0;
     x->failed += vocab_step_status(status) == STEP_FAILED;
   }
-  if (sample && vocab_step_kind(kind) == STEP_KIND_RUN && sqlite3_column_type(st, 4) != SQLITE_NULL &&
-      sqlite3_column_type(st, 5) != SQLITE_NULL) {
-    int64_t d = sqlite3_column_int64(st, 5) - sqlite3_column_int64(st, 4);
+  if (sample && vocab_step_kind(kind) == STEP_KIND_RUN && !cur_null(st, 4) && !cur_null(st, 5)) {
+    int64_t d = cur_i64(st, 5) - cur_i64(st, 4);
     if (d >= 0) {
       vals_add(&g->dur, (uint32_t)i, d);
       vals_add(&g->bdur, k, d);
@@ -498,10 +481,7 @@ static int step_pass(store_t *s, const struct runagg *a, struct stepagg *g, err_
   if (store__stats_steps_mode) every = every_problem = (size_t)store__stats_steps_mode;
   if (!every) every = 1;
   if (!every_problem) every_problem = 1;
-  sqlite3_stmt *st = store__prep(s->r,
-    "SELECT id, kind, status, attempts, started_at, ended_at FROM steps WHERE run_id = ?1", e);
-  if (!st) return e->code;
-  int rc = 0, src = SQLITE_DONE;
+  int rc = 0, src = 0;
   size_t nproblem = 0;
   for (size_t i = 0; i < a->nrefs; i++) {
     const struct runref *r = &a->refs[i];
@@ -510,13 +490,14 @@ static int step_pass(store_t *s, const struct runagg *a, struct stepagg *g, err_
     if (!sample && !failing) continue;
     g->sampled += sample;
     g->problems_read += failing;
-    sqlite3_reset(st);
-    store__bind_text(st, 1, r->id);
-    while ((src = sqlite3_step(st)) == SQLITE_ROW) count_step(g, st, r->bucket, sample, failing);
-    if (src != SQLITE_DONE) break;
+    struct store_val v[1] = {SV_TEXT(r->id)};
+    struct store_cur st;
+    if (store__rq(s, NULL, RQ_RUN_STEP_TIMES, v, 1, &st, e)) return e->code;
+    while ((src = cur_next(&st)) == 1) count_step(g, &st, r->bucket, sample, failing);
+    if (src < 0) rc = st.ops->err(&st, e, "reading steps for the figures");
+    cur_close(&st);
+    if (rc) break;
   }
-  if (src != SQLITE_DONE) rc = store__db_err(e, s->r, "reading steps for the figures");
-  sqlite3_finalize(st);
   return rc;
 }
 
@@ -580,38 +561,29 @@ static void add_window(cJSON *o, int64_t since, int64_t until, int64_t iv) {
 ** (null when none). */
 static int add_versions(store_t *s, cJSON *o, const char *skill, int64_t since, int64_t until,
                         err_t *e) {
-  sqlite3_stmt *st = store__prep(s->r,
-    "SELECT version, loaded_at FROM versions WHERE skill = ?1 AND loaded_at >= ?2"
-    " AND loaded_at < ?3 ORDER BY loaded_at, rowid", e);
-  if (!st) return e->code;
-  store__bind_text(st, 1, skill);
-  sqlite3_bind_int64(st, 2, since);
-  sqlite3_bind_int64(st, 3, until);
+  struct store_val v[3] = {SV_TEXT(skill), SV_INT(since), SV_INT(until)};
+  struct store_cur st;
+  if (store__rq(s, NULL, RQ_VERSIONS_IN, v, 3, &st, e)) return e->code;
   cJSON *list = cJSON_AddArrayToObject(o, "versions");
   char ts[40];
-  while (sqlite3_step(st) == SQLITE_ROW) {
-    cJSON *v = cJSON_CreateObject();
-    cJSON_AddStringToObject(v, "version", (const char *)sqlite3_column_text(st, 0));
-    units_rfc3339(sqlite3_column_int64(st, 1), ts, sizeof ts);
-    cJSON_AddStringToObject(v, "loaded_at", ts);
-    cJSON_AddItemToArray(list, v);
+  while (cur_next(&st) == 1) {
+    cJSON *x = cJSON_CreateObject();
+    cJSON_AddStringToObject(x, "version", cur_text(&st, 0));
+    units_rfc3339(cur_i64(&st, 1), ts, sizeof ts);
+    cJSON_AddStringToObject(x, "loaded_at", ts);
+    cJSON_AddItemToArray(list, x);
   }
-  sqlite3_finalize(st);
-  st = store__prep(s->r,
-    "SELECT version, loaded_at FROM versions WHERE skill = ?1 AND loaded_at < ?2"
-    " ORDER BY loaded_at DESC, rowid DESC LIMIT 1", e);
-  if (!st) return e->code;
-  store__bind_text(st, 1, skill);
-  sqlite3_bind_int64(st, 2, since);
-  if (sqlite3_step(st) == SQLITE_ROW) {
-    cJSON *v = cJSON_AddObjectToObject(o, "version_before");
-    cJSON_AddStringToObject(v, "version", (const char *)sqlite3_column_text(st, 0));
-    units_rfc3339(sqlite3_column_int64(st, 1), ts, sizeof ts);
-    cJSON_AddStringToObject(v, "loaded_at", ts);
+  cur_close(&st);
+  if (store__rq(s, NULL, RQ_VERSION_BEFORE, v, 2, &st, e)) return e->code;
+  if (cur_next(&st) == 1) {
+    cJSON *x = cJSON_AddObjectToObject(o, "version_before");
+    cJSON_AddStringToObject(x, "version", cur_text(&st, 0));
+    units_rfc3339(cur_i64(&st, 1), ts, sizeof ts);
+    cJSON_AddStringToObject(x, "loaded_at", ts);
   } else {
     cJSON_AddNullToObject(o, "version_before");
   }
-  sqlite3_finalize(st);
+  cur_close(&st);
   return 0;
 }
 
@@ -721,35 +693,29 @@ static void add_step_lists(cJSON *o, struct stepagg *g) {
 
 /* Begin and end a read transaction on the reader: one snapshot for all
 ** the queries of an answer (none when one is already open). */
-static int read_begin(store_t *s, err_t *e) {
-  if (!sqlite3_get_autocommit(s->r)) return 0;
-  if (store__exec(s->r, "BEGIN", e)) return e->code;
-  return 1;
-}
-static void read_end(store_t *s, int began) {
-  if (began > 0) store__exec(s->r, "COMMIT", NULL);
-}
+static int read_begin(store_t *s, err_t *e) { return store__ops(s)->rbegin(s, NULL, e); }
+static void read_end(store_t *s, int began) { store__ops(s)->rend(s, NULL, began); }
 
 /* Whether skill is registered or has ever run. */
 static int skill_known(store_t *s, const char *skill) {
-  sqlite3_stmt *st = store__prep(s->r,
-    "SELECT 1 FROM skills WHERE id = ?1 UNION ALL SELECT 1 FROM (SELECT 1 FROM runs"
-    " WHERE skill = ?1 LIMIT 1)", NULL);
-  if (!st) return 1; /* let the figures' own queries report the problem */
-  store__bind_text(st, 1, skill);
-  int known = sqlite3_step(st) == SQLITE_ROW;
-  sqlite3_finalize(st);
+  struct store_val v[1] = {SV_TEXT(skill)};
+  struct store_cur st;
+  if (store__rq(s, NULL, RQ_SKILL_KNOWN, v, 1, &st, NULL))
+    return 1; /* let the figures' own queries report the problem */
+  int known = cur_next(&st) == 1;
+  cur_close(&st);
   return known;
 }
 
 /* The skill's live version (malloc'd), or NULL. */
 static char *live_version(store_t *s, const char *skill) {
-  sqlite3_stmt *st = store__prep(s->r, "SELECT version FROM skills WHERE id = ?1", NULL);
-  if (!st) return NULL;
-  store__bind_text(st, 1, skill);
-  char *v = sqlite3_step(st) == SQLITE_ROW ? store__col_dup(st, 0) : NULL;
-  sqlite3_finalize(st);
-  return v;
+  struct store_val v[1] = {SV_TEXT(skill)};
+  struct store_cur st;
+  if (store__rq(s, NULL, RQ_LIVE_VERSION, v, 1, &st, NULL)) return NULL;
+  const char *t = cur_next(&st) == 1 ? cur_text(&st, 0) : NULL;
+  char *out = t ? mem_strdup(t) : NULL;
+  cur_close(&st);
+  return out;
 }
 
 /* The run figures of the window before [since, until), of the same
@@ -837,7 +803,7 @@ struct overview {
 
 /* open_pass's each for the overview: the run goes to its skill's window,
 ** or, created before it, to the counts of the window before. */
-static void open_overview(void *arg, sqlite3_stmt *st, const char *skill) {
+static void open_overview(void *arg, const struct store_cur *st, const char *skill) {
   struct overview *o = arg;
   size_t lo = 0, hi = o->n;
   while (lo < hi) {
@@ -845,7 +811,7 @@ static void open_overview(void *arg, sqlite3_stmt *st, const char *skill) {
     int c = strcmp(o->v[mid].skill, skill ? skill : "");
     if (!c) {
       struct ovskill *x = &o->v[mid];
-      if (sqlite3_column_int64(st, 0) >= o->since) count_run(&x->a, st, 'a');
+      if (cur_i64(st, 0) >= o->since) count_run(&x->a, st, 'a');
       else x->prev.started++, x->prev.active++;
       return;
     }
@@ -865,34 +831,31 @@ struct ovhalf {
   struct overview *ov;
   size_t from, step;
   int64_t since, prev_since, until;
-  sqlite3 *db;
   int own, rc;
   err_t e;
 };
 
 static void *ov_passes(void *arg) {
   struct ovhalf *h = arg;
+  const struct store_ops *ops = store__ops(h->s);
+  void *conn = NULL;
   h->rc = 0;
-  if (!h->db) {
-    h->own = 1;
-    if (sqlite3_open_v2(store_path(h->s), &h->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX,
-                        NULL) != SQLITE_OK) {
-      h->rc = store__db_err(&h->e, h->db, "opening a second reader for the figures");
-      sqlite3_close(h->db);
+  if (h->own) {
+    if (!(conn = ops->reader_open(h->s, &h->e))) {
+      h->rc = h->e.code;
+      err_prefix(&h->e, "opening a second reader for the figures");
       return NULL;
     }
-    sqlite3_busy_timeout(h->db, 10000);
-    store__exec(h->db, "PRAGMA mmap_size=1073741824", NULL);
-    if (store__exec(h->db, "BEGIN", &h->e)) h->rc = h->e.code;
+    if (ops->rbegin(h->s, conn, &h->e) < 0) h->rc = h->e.code;
   }
   for (size_t i = h->from; i < h->ov->n && !h->rc; i += h->step) {
     struct ovskill *x = &h->ov->v[i];
-    h->rc = ended_pass(h->db, x->skill, h->until, &x->a, &h->e);
-    if (!h->rc) h->rc = count_pass(h->db, x->skill, h->prev_since, h->since, &x->prev, &h->e);
+    h->rc = ended_pass(h->s, conn, x->skill, h->until, &x->a, &h->e);
+    if (!h->rc) h->rc = count_pass(h->s, conn, x->skill, h->prev_since, h->since, &x->prev, &h->e);
   }
   if (h->own) {
-    store__exec(h->db, "COMMIT", NULL);
-    sqlite3_close(h->db);
+    ops->rend(h->s, conn, 1);
+    ops->reader_close(h->s, conn);
   }
   return NULL;
 }
@@ -911,35 +874,33 @@ int store_stats_overview(store_t *s, const struct stats_query *q, cJSON **out, e
   int64_t prev_since = since - (q->until - since);
   struct overview ov = {.since = since};
   size_t cap = 0;
-  int rc = 0, src;
-  sqlite3_stmt *names = store__prep(s->r,
-    "WITH RECURSIVE k(skill) AS (SELECT min(skill) FROM runs UNION ALL"
-    " SELECT (SELECT min(skill) FROM runs WHERE skill > k.skill) FROM k WHERE k.skill IS NOT NULL)"
-    " SELECT skill, 0 FROM k WHERE skill IS NOT NULL AND skill NOT IN (SELECT id FROM skills)"
-    " UNION ALL SELECT id, 1 FROM skills ORDER BY 1", e);
-  if (!names) rc = e->code;
-  while (!rc && (src = sqlite3_step(names)) == SQLITE_ROW) {
+  int rc = 0, src = 0;
+  struct store_cur names = {0};
+  if (store__rq(s, NULL, RQ_SKILL_NAMES, NULL, 0, &names, e)) rc = e->code;
+  while (!rc && (src = cur_next(&names)) == 1) {
     if (ov.n == cap) {
       cap = cap ? cap * 2 : 16;
       ov.v = mem_realloc(ov.v, cap * sizeof *ov.v);
     }
     struct ovskill *x = &ov.v[ov.n++];
     memset(x, 0, sizeof *x);
-    x->skill = store__col_dup(names, 0);
-    x->registered = sqlite3_column_int(names, 1);
+    const char *name = cur_text(&names, 0);
+    x->skill = mem_strdup(name ? name : "");
+    x->registered = cur_int(&names, 1);
     x->a = (struct runagg){.since = since, .iv = iv, .nb = nb};
   }
-  if (!rc && names && src != SQLITE_DONE) rc = store__db_err(e, s->r, "listing the skills");
-  sqlite3_finalize(names);
+  if (!rc && src < 0) rc = names.ops->err(&names, e, "listing the skills");
+  cur_close(&names);
   if (!rc) {
     /* The skills' own passes are most of the work: a second thread takes
     ** every other skill, on a connection of its own. */
     struct ovhalf half = {.s = s, .ov = &ov, .from = 1, .step = 2, .since = since,
-                          .prev_since = prev_since, .until = q->until};
+                          .prev_since = prev_since, .until = q->until, .own = 1};
     struct ovhalf mine = half;
-    mine.from = 0, mine.db = s->r;
+    mine.from = 0, mine.own = 0;
     pthread_t th;
-    int threaded = ov.n > 1 && !pthread_create(&th, NULL, ov_passes, &half);
+    int threaded = ov.n > 1 && store__ops(s)->reader_open &&
+                   !pthread_create(&th, NULL, ov_passes, &half);
     if (!threaded) mine.step = 1;
     ov_passes(&mine);
     if (threaded) pthread_join(th, NULL);
@@ -995,53 +956,48 @@ int store_list_events(store_t *s, const struct event_filter *f, cJSON **out, err
   *out = NULL;
   int began = read_begin(s, e);
   if (began < 0) return e->code;
-  sqlite3_stmt *ev = store__prep(s->r, f->before
-    ? "SELECT id, name, data, ts, dispatched, length(data) FROM events"
-      " WHERE id < ?1 ORDER BY id DESC LIMIT ?2"
-    : "SELECT id, name, data, ts, dispatched, length(data) FROM events"
-      " ORDER BY id DESC LIMIT ?2", e);
-  sqlite3_stmt *rs = ev ? store__prep(s->r,
-    "SELECT id, skill, status FROM runs WHERE trigger LIKE '{\"kind\":\"event\"%'"
-    " AND CASE WHEN json_valid(trigger) THEN json_extract(trigger, '$.event.id') END = ?1"
-    " ORDER BY id", e) : NULL;
-  if (!ev || !rs) {
-    sqlite3_finalize(ev);
+  struct store_val ev_v[2] = {SV_TEXT(f->before), SV_INT(f->limit > 0 ? f->limit : 50)};
+  struct store_cur ev;
+  if (f->before ? store__rq(s, NULL, RQ_EVENTS_BEFORE, ev_v, 2, &ev, e)
+                : store__rq(s, NULL, RQ_EVENTS, ev_v + 1, 1, &ev, e)) {
     read_end(s, began);
     return e->code;
   }
-  store__bind_text(ev, 1, f->before);
-  sqlite3_bind_int(ev, 2, f->limit > 0 ? f->limit : 50);
   cJSON *list = cJSON_CreateArray();
-  int src;
+  int src, rc = 0;
   char ts[40];
-  while ((src = sqlite3_step(ev)) == SQLITE_ROW) {
+  while ((src = cur_next(&ev)) == 1) {
     cJSON *x = cJSON_CreateObject();
-    const char *id = (const char *)sqlite3_column_text(ev, 0);
+    const char *id = cur_text(&ev, 0);
     cJSON_AddStringToObject(x, "id", id);
-    cJSON_AddStringToObject(x, "name", (const char *)sqlite3_column_text(ev, 1));
-    units_rfc3339(sqlite3_column_int64(ev, 3), ts, sizeof ts);
+    cJSON_AddStringToObject(x, "name", cur_text(&ev, 1));
+    units_rfc3339(cur_i64(&ev, 3), ts, sizeof ts);
     cJSON_AddStringToObject(x, "ts", ts);
-    cJSON_AddBoolToObject(x, "dispatched", sqlite3_column_int(ev, 4));
-    int64_t bytes = sqlite3_column_int64(ev, 5);
-    const char *data = (const char *)sqlite3_column_text(ev, 2);
+    cJSON_AddBoolToObject(x, "dispatched", cur_int(&ev, 4));
+    int64_t bytes = cur_i64(&ev, 5);
+    const char *data = cur_text(&ev, 2);
     cJSON *d = data && bytes <= EVENT_DATA_MAX ? cJSON_Parse(data) : NULL;
     cJSON_AddItemToObject(x, "data", d ? d : cJSON_CreateNull());
     if (data && bytes > EVENT_DATA_MAX) cJSON_AddNumberToObject(x, "data_bytes", (double)bytes);
     cJSON *runs = cJSON_AddArrayToObject(x, "runs");
-    sqlite3_reset(rs);
-    store__bind_text(rs, 1, id);
-    while (sqlite3_step(rs) == SQLITE_ROW) {
+    cJSON_AddItemToArray(list, x);
+    struct store_val rv[1] = {SV_TEXT(id)};
+    struct store_cur rs;
+    if (store__rq(s, NULL, RQ_EVENT_RUNS, rv, 1, &rs, e)) {
+      rc = e->code;
+      break;
+    }
+    while (cur_next(&rs) == 1) {
       cJSON *r = cJSON_CreateObject();
-      cJSON_AddStringToObject(r, "id", (const char *)sqlite3_column_text(rs, 0));
-      cJSON_AddStringToObject(r, "skill", (const char *)sqlite3_column_text(rs, 1));
-      cJSON_AddStringToObject(r, "status", (const char *)sqlite3_column_text(rs, 2));
+      cJSON_AddStringToObject(r, "id", cur_text(&rs, 0));
+      cJSON_AddStringToObject(r, "skill", cur_text(&rs, 1));
+      cJSON_AddStringToObject(r, "status", cur_text(&rs, 2));
       cJSON_AddItemToArray(runs, r);
     }
-    cJSON_AddItemToArray(list, x);
+    cur_close(&rs);
   }
-  int rc = src == SQLITE_DONE ? 0 : store__db_err(e, s->r, "listing events");
-  sqlite3_finalize(ev);
-  sqlite3_finalize(rs);
+  if (!rc && src < 0) rc = ev.ops->err(&ev, e, "listing events");
+  cur_close(&ev);
   read_end(s, began);
   if (rc) {
     cJSON_Delete(list);

@@ -20,6 +20,10 @@ echo "== HTTP: invoke with wait"
 sh "$top/tests/bench/http_invoke.sh"
 echo "== the client path: reads, starts, attach (BASE=commit: before and after)"
 sh "$top/tests/bench/client_path.sh"
+if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  echo "== PostgreSQL: durable steps/s and a lone run's latency, 1 to 3 engines (a private cluster)"
+  python3 "$top/tests/bench/pg_engines.py" "$b/moonloop"
+fi
 for extra in "$top"/tests/bench/sandbox_*.sh "$top"/tests/bench/bench_sidecar*.sh; do
   [ -f "$extra" ] || continue
   echo "== $(basename "$extra" .sh)"

@@ -18,7 +18,6 @@ import json
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -210,11 +209,7 @@ class IdempotentStartTest(SkillsTestCase):
         return call(port, "POST", "/v1/skills/%s/invoke" % skill, body, timeout=timeout)
 
     def runs_with_key(self, key):
-        con = sqlite3.connect(self.w.db)
-        try:
-            return [r[0] for r in con.execute("SELECT id FROM runs WHERE idem = ?", (key,))]
-        finally:
-            con.close()
+        return [r[0] for r in self.w.sql("SELECT id FROM runs WHERE idem = ?", (key,))]
 
     def test_a_repeated_key_answers_the_first_run(self):
         p = self.serve()

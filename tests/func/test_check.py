@@ -1,7 +1,6 @@
 """moonloop check: strict validation with errors that name the file, the line and the key."""
 import json
 import os
-import sqlite3
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
@@ -278,13 +277,10 @@ class StaticCheckTest(TestCase):
         p = self.w.start("run", "w.lua")
         run = wait_until(lambda: self.w.runs(status="waiting"), what="the run to wait")[0]
         kill9(p)
-        db = sqlite3.connect(self.w.db)
-        (src,) = db.execute("SELECT source FROM versions WHERE version = ?", (run["version"],)).fetchone()
+        (src,) = self.w.sql("SELECT source FROM versions WHERE version = ?", (run["version"],))[0]
         old = src.replace("return e.data", 'if not e then return ctx.step.run("x", function() '
                           'return http.post("u", {}) end) end\n  return e.data')
-        db.execute("UPDATE versions SET source = ? WHERE version = ?", (old, run["version"]))
-        db.commit()
-        db.close()
+        self.w.sql("UPDATE versions SET source = ? WHERE version = ?", (old, run["version"]))
         self.assertIn("http.post is not a function", self.check(old).stderr)  # refused as a new file
         p = self.w.start("run", "--resume", run["id"])
         self.w.ml("send", "go", "--data", '{"ok": true}', check=0)
@@ -299,10 +295,7 @@ class StaticCheckTest(TestCase):
         p = self.w.start("run", "w.lua")
         run = wait_until(lambda: self.w.runs(status="waiting"), what="the run to wait")[0]
         kill9(p)
-        db = sqlite3.connect(self.w.db)
-        db.execute("UPDATE versions SET source = 'return {' WHERE version = ?", (run["version"],))
-        db.commit()
-        db.close()
+        self.w.sql("UPDATE versions SET source = 'return {' WHERE version = ?", (run["version"],))
         r = self.w.ml("run", "--resume", run["id"], check=1)
         self.assertIn("cannot load version %s of skill 'w'" % run["version"][:12], r.stderr)
         self.assertEqual(self.w.runs()[0]["status"], "failed")

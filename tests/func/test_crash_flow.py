@@ -2,7 +2,6 @@
 children, while events queue, during cron ticks; and eviction of parked runs."""
 import json
 import os
-import sqlite3
 import sys
 import threading
 import time
@@ -369,8 +368,6 @@ end }""")
         p = self.w.serve("--workspace", "skills", env={"MOONLOOP_FAULT": "commit=300"})
         rid = self.w.ml("invoke", "w", check=0).stdout.strip()
         wait_until(lambda: self.w.trace(rid)["status"] == "waiting", what="the wait")
-        db = sqlite3.connect(self.w.db, timeout=10)
-        self.addCleanup(db.close)
 
         def ended_not_completed():
             # The step still waits, and the wait's end is durable: its row is
@@ -378,14 +375,14 @@ end }""")
             # the engine handed over after the delivery landed: each commit
             # renews the lease (15 s) from the moment it is handed over, and
             # nothing else commits here meanwhile.
-            s = db.execute("SELECT status FROM steps WHERE run_id = ? AND seq = 1", (rid,)).fetchone()
-            if s is None or s[0] != "waiting":
+            s = self.w.sql("SELECT status FROM steps WHERE run_id = ? AND seq = 1", (rid,))
+            if not s or s[0][0] != "waiting":
                 return False
-            w = db.execute("SELECT delivered_at FROM waits WHERE run_id = ? AND seq = 1", (rid,)).fetchone()
-            if w is None:
+            w = self.w.sql("SELECT delivered_at FROM waits WHERE run_id = ? AND seq = 1", (rid,))
+            if not w:
                 return True
-            lease = db.execute("SELECT max(expires_at) FROM leases").fetchone()[0] or 0
-            return w[0] is not None and lease - 15000 > w[0]
+            lease = self.w.sql("SELECT max(expires_at) FROM leases")[0][0] or 0
+            return w[0][0] is not None and lease - 15000 > w[0][0]
         self.w.ml("send", "go", "--data", '{"v": 7}', check=0)
         wait_until(ended_not_completed, interval=0.005, what="the wait ended, its step not completed")
         kill9(p)

@@ -245,17 +245,12 @@ return t
         self.assertIn("5 passed, 0 failed", r.stdout, r.stdout + r.stderr)
 
     def test_a_replayed_branch_keeps_its_invokes_timeout(self):
-        import sqlite3
         self.skill("child", CHILD)
         self.skill("fan", FAN)
 
         def timeouts(rid):
-            db = sqlite3.connect(self.w.db)
-            try:
-                return db.execute("SELECT seq, timeout_at, owner FROM waits WHERE run_id = ? AND kind = 'child'"
-                                  " ORDER BY seq", (rid,)).fetchall()
-            finally:
-                db.close()
+            return self.w.sql("SELECT seq, timeout_at, owner FROM waits WHERE run_id = ? AND kind = 'child'"
+                              " ORDER BY seq", (rid,))
         p = self.serve()
         rid = self.w.ml("invoke", "fan", "--data", json.dumps({"n": 2, "nap": "1h", "timeout": "1h"}),
                         check=0).stdout.strip()

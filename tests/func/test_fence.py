@@ -4,14 +4,13 @@ step body or send a request once it resumes (SIGCONT)."""
 import json
 import os
 import signal
-import sqlite3
 import sys
 import threading
 import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import SkillsTestCase, wait_until  # noqa: E402
+from mltest import SkillsTestCase, sqlite_only, wait_until  # noqa: E402
 
 
 def metric(url, name):
@@ -29,12 +28,10 @@ class FenceTest(SkillsTestCase):
         """SIGSTOP p while its commit thread waits for the database's write
         lock (held here for `hold` seconds), so that commit is in flight when
         p resumes, and what p wrote meanwhile waits in its open group."""
-        lock = sqlite3.connect(self.w.db, timeout=10, isolation_level=None)
-        lock.execute("BEGIN IMMEDIATE")
+        release = self.w.hold_writes()
         time.sleep(hold)  # p renews its lease every 2s/3: its commit now waits for the lock
         os.kill(p.pid, signal.SIGSTOP)
-        lock.execute("ROLLBACK")
-        lock.close()
+        release()
         time.sleep(3)  # past p's lease
 
     def status_history(self, rid, seconds):
@@ -186,13 +183,11 @@ end }""")
         pa = self.serve()
         rid = self.w.ml("invoke", "par", check=0).stdout.strip()
         wait_until(lambda: self.si.count("/p") == 2, what="A's two calls")
-        lock = sqlite3.connect(self.w.db, timeout=10, isolation_level=None)
-        lock.execute("BEGIN IMMEDIATE")
+        release = self.w.hold_writes()
         go.set()
         time.sleep(0.5)  # the branches' results wait in A's commit for the lock
         os.kill(pa.pid, signal.SIGSTOP)
-        lock.execute("ROLLBACK")
-        lock.close()
+        release()
         time.sleep(3)  # past A's lease
         pb = self.serve()
         wait_until(lambda: self.w.trace(rid)["status"] == "completed", timeout=30, what="B ends the run")
@@ -227,20 +222,17 @@ end }""")
         p = self.serve()
         rid = self.w.ml("invoke", "w", check=0).stdout.strip()
         wait_until(lambda: self.w.trace(rid)["status"] == "waiting", what="the wait")
-        db = sqlite3.connect(self.w.db, timeout=10, isolation_level=None)
-        self.addCleanup(db.close)
-        owner = db.execute("SELECT owner FROM runs WHERE id = ?", (rid,)).fetchone()[0]
-        db.execute("BEGIN IMMEDIATE")
-        db.execute("DELETE FROM leases WHERE owner = ?", (owner,))
-        db.execute("UPDATE runs SET owner = NULL WHERE owner = ?", (owner,))
-        db.execute("COMMIT")
+        def owner_of():
+            return self.w.sql("SELECT owner FROM runs WHERE id = ?", (rid,))[0][0]
+        owner = owner_of()
+        self.w.sql_tx([("DELETE FROM leases WHERE owner = ?", (owner,)),
+                       ("UPDATE runs SET owner = NULL WHERE owner = ?", (owner,))])
         wait_until(lambda: any("lease lost" in l.lower() for l in p.stderr_lines), timeout=20,
                    what="the engine to find its lease gone")
-        wait_until(lambda: (db.execute("SELECT owner FROM runs WHERE id = ?", (rid,)).fetchone()[0] or "")
-                   not in ("", owner), timeout=20,
+        wait_until(lambda: (owner_of() or "") not in ("", owner), timeout=20,
                    what=lambda: "the run claimed under the new lease: %s" % "".join(p.stderr_lines))
-        new = db.execute("SELECT owner FROM runs WHERE id = ?", (rid,)).fetchone()[0]
-        self.assertEqual(db.execute("SELECT count(*) FROM leases WHERE owner = ?", (new,)).fetchone()[0], 1)
+        new = owner_of()
+        self.assertEqual(self.w.sql("SELECT count(*) FROM leases WHERE owner = ?", (new,))[0][0], 1)
         self.w.ml("send", "go", "--data", '{"v": 5}', check=0)
         wait_until(lambda: self.w.trace(rid)["status"] == "completed", timeout=20, what="the run's end")
         self.assertEqual(self.w.trace(rid)["output"], 5)
@@ -248,6 +240,8 @@ end }""")
         self.assertEqual(p.wait(timeout=20), 0)
 
 
+@sqlite_only("SQLite's write lock, found in its -shm file; PostgreSQL ends the idle transaction "
+             "of a frozen holder itself (idle_in_transaction_session_timeout)")
 class FrozenLockHolderTest(SkillsTestCase):
     def test_an_engine_waits_for_a_write_lock_held_by_a_frozen_one_and_says_so(self):
         import fcntl

@@ -169,13 +169,9 @@ end }""")
 
     def _enqueue_many(self, n):
         """Queue n runs directly, as `moonloop invoke` does (one transaction)."""
-        import sqlite3
-        db = sqlite3.connect(self.w.db, timeout=10)
-        version = db.execute("SELECT version FROM skills WHERE id='slow'").fetchone()[0]
+        version = self.w.sql("SELECT version FROM skills WHERE id='slow'")[0][0]
         now = int(time.time() * 1000)
-        with db:
-            for i in range(n):
-                db.execute("INSERT INTO runs(id, skill, version, status, trigger, input, created_at)"
-                           " VALUES(?,?,?,?,?,?,?)",
-                           ("01ZZZZ%020d" % i, "slow", version, "queued", '{"kind":"invoke"}', "null", now))
-        db.close()
+        values = ",".join("('01ZZZZ%020d', 'slow', '%s', 'queued', '{\"kind\":\"invoke\"}', 'null', %d)"
+                          % (i, version, now) for i in range(n))
+        self.w.sql("INSERT INTO runs(id, skill, version, status, trigger, input, created_at)"
+                   " VALUES" + values)

@@ -22,7 +22,7 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import BIN, SRC  # noqa: E402
+from mltest import BIN, SRC, sqlite_only  # noqa: E402
 
 BUILD = os.path.dirname(os.path.abspath(BIN))
 
@@ -60,6 +60,8 @@ def parsed_tables():
     return commands, options
 
 
+@sqlite_only("installing the binary and building its package use no database of the suite's: "
+             "run once, on the SQLite pass")
 class InstallTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -160,6 +162,8 @@ class InstallTest(unittest.TestCase):
         self.assertEqual((r.returncode, r.stdout + r.stderr), (0, ""))
 
 
+@sqlite_only("installing the binary and building its package use no database of the suite's: "
+             "run once, on the SQLite pass")
 class DebianPackageTest(unittest.TestCase):
     """scripts/deb.sh (make deb): a Release build in build/deb, staged, packaged."""
 

@@ -7,7 +7,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import SkillsTestCase, kill9, wait_until  # noqa: E402
+from mltest import PG, SkillsTestCase, kill9, wait_until  # noqa: E402
 
 APPROVAL = """
 return { id = "approval",
@@ -108,7 +108,6 @@ return { id = "badc", cancel_on = { { event = "x", match = { ["data.a"] = { 1, 2
         # A database whose waits still have match_path and match_value (the
         # schema before migration 7), with a pending wait on "event.data.k":
         # the upgrade carries it over and the run gets its event.
-        import sqlite3
         self.skill("w", """
 return { id = "w", run = function(ctx)
   local ev = ctx.step.wait_for_event("go", { event = "go", match = "data.k" })
@@ -118,28 +117,37 @@ end }""")
         rid = self.w.ml("invoke", "w", "--data", json.dumps({"k": "x"}), check=0).stdout.strip()
         wait_until(lambda: self.w.trace(rid)["status"] == "waiting", what="the wait")
         kill9(p)
-        db = sqlite3.connect(self.w.db)
-        (match,) = db.execute("SELECT match_json FROM waits WHERE run_id = ?", (rid,)).fetchone()
+        ((match,),) = self.w.sql("SELECT match_json FROM waits WHERE run_id = ?", (rid,))
         self.assertEqual(json.loads(match), {"data.k": "x"})
-        db.executescript("ALTER TABLE waits ADD COLUMN match_path TEXT; ALTER TABLE waits ADD COLUMN match_value TEXT;"
-                         "UPDATE waits SET match_path = 'event.data.k', match_value = '\"x\"', match_json = NULL;"
-                         "ALTER TABLE waits DROP COLUMN match_json;"
-                         # and migration 8 (flow control) undone, so both run again
-                         "DROP INDEX runs_granted; DROP INDEX slot_queue_order;"
-                         "ALTER TABLE runs DROP COLUMN queued; ALTER TABLE runs DROP COLUMN slot_granted;"
-                         "ALTER TABLE runs DROP COLUMN flow_at; ALTER TABLE slot_queue DROP COLUMN lim;"
-                         "ALTER TABLE slot_queue DROP COLUMN prio;"
-                         "DROP TABLE flow_gcra; DROP TABLE flow_once; DROP TABLE flow_skips; DROP TABLE flow_batch;"
-                         "PRAGMA user_version = 6;")
-        db.close()
+        back = ("ALTER TABLE waits ADD COLUMN match_path TEXT; ALTER TABLE waits ADD COLUMN match_value TEXT;"
+                "UPDATE waits SET match_path = 'event.data.k', match_value = '\"x\"', match_json = NULL;"
+                "ALTER TABLE waits DROP COLUMN match_json;"
+                # and migration 8 (flow control) undone, so both run again
+                "DROP INDEX runs_granted; DROP INDEX slot_queue_order;"
+                "ALTER TABLE runs DROP COLUMN queued; ALTER TABLE runs DROP COLUMN slot_granted;"
+                "ALTER TABLE runs DROP COLUMN flow_at; ALTER TABLE slot_queue DROP COLUMN lim;"
+                "ALTER TABLE slot_queue DROP COLUMN prio;"
+                "DROP TABLE flow_gcra; DROP TABLE flow_once; DROP TABLE flow_skips; DROP TABLE flow_batch;")
+        if PG:
+            # PostgreSQL's 9 (events.n) and 7's helper too.
+            self.w.sql("BEGIN; " + back + "DROP FUNCTION moonloop_json_or_null(TEXT);"
+                       "DROP INDEX events_n; ALTER TABLE events DROP COLUMN n;"
+                       "DELETE FROM moonloop_schema; INSERT INTO moonloop_schema VALUES(6); COMMIT")
+        else:
+            import sqlite3
+            db = sqlite3.connect(self.w.db)
+            db.executescript(back + "PRAGMA user_version = 6;")
+            db.close()
         self.w.ml("send", "go", "--data", json.dumps({"k": "y", "v": "no"}), check=0)
         self.w.ml("send", "go", "--data", json.dumps({"k": "x", "v": "yes"}), check=0)
         self.serve()
         wait_until(lambda: self.w.trace(rid)["status"] == "completed", what="the wait after the upgrade")
         self.assertEqual(self.w.trace(rid)["output"], "yes")
-        db = sqlite3.connect(self.w.db)
-        cols = [r[1] for r in db.execute("PRAGMA table_info(waits)")]
-        db.close()
+        if PG:
+            cols = [r[0] for r in self.w.sql("SELECT column_name FROM information_schema.columns"
+                                             " WHERE table_name = 'waits'")]
+        else:
+            cols = [r[1] for r in self.w.sql("PRAGMA table_info(waits)")]
         self.assertIn("match_json", cols)
         self.assertNotIn("match_path", cols)
 

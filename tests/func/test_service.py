@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import socket
-import sqlite3
 import sys
 import tempfile
 import time
@@ -51,11 +50,7 @@ class NotifyTest(TestCase):
         return s, where
 
     def registered(self):
-        con = sqlite3.connect(self.w.db, timeout=10)
-        try:
-            return con.execute("SELECT count(*) FROM skills WHERE version IS NOT NULL").fetchone()[0]
-        finally:
-            con.close()
+        return self.w.sql("SELECT count(*) FROM skills WHERE version IS NOT NULL")[0][0]
 
     def start(self, where):
         return self.w.start("serve", "--workspace", "skills", env={"NOTIFY_SOCKET": where})
@@ -104,7 +99,8 @@ class NotifyTest(TestCase):
         line = p.stderr.readline()
         self.assertIn("telling systemd READY=1 through %s" % os.path.join(self.sockdir, "nobody"), line)
         p = self.w.start("serve", "--workspace", "skills", "--listen", "127.0.0.1:0",
-                         env={"NOTIFY_SOCKET": "relative/path", "MOONLOOP_DB": self.w.db + "2"})
+                         env={"NOTIFY_SOCKET": "relative/path",
+                              "MOONLOOP_DB": os.path.join(self.w.path, "other.db")})
         self.port_of(p)
         self.assertIn("NOTIFY_SOCKET 'relative/path' is not a socket path", p.stderr.readline())
 

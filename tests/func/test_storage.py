@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import SkillsTestCase, wait_until  # noqa: E402
+from mltest import SkillsTestCase, sqlite_only, wait_until  # noqa: E402
 
 
 def http(method, url, body=None, timeout=10):
@@ -49,6 +49,8 @@ return { id = "s", triggers = { { event = "go" } }, run = function(ctx)
 end }"""
 
 
+@sqlite_only("a full tmpfs under the SQLite file (test_pg.py has PostgreSQL's own: the server "
+             "killed, restarted, unreachable)")
 class DiskCase(SkillsTestCase):
     """A workdir whose database lives on a 4 MB tmpfs that a test can fill."""
 
@@ -194,6 +196,8 @@ class FullDiskRequestsTest(DiskCase):
         self.assertEqual(p.wait(timeout=20), 0)
 
 
+@sqlite_only("the SQLite file deleted or moved under a running engine; a PostgreSQL database is "
+             "not a file the engine has open")
 class DatabaseFileGoneTest(SkillsTestCase):
     def test_a_deleted_database_refuses_writes_loudly_and_a_new_one_is_not_created_under_it(self):
         self.si.route_prefix("/a/", lambda h, b, n: (200, {"n": 1}))

@@ -2,7 +2,6 @@
 slept, waited, invoked and were cancelled; engine notes; prune; runs --follow."""
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 import time
@@ -131,17 +130,12 @@ end }""")
         p.terminate()
         p.wait(timeout=10)
         # Age everything by a week.
-        db = sqlite3.connect(self.w.db)
-        with db:
-            db.execute("UPDATE runs SET created_at = created_at - 7*86400000,"
-                       " ended_at = ended_at - 7*86400000, started_at = started_at - 7*86400000")
-        db.close()
+        self.w.sql("UPDATE runs SET created_at = created_at - 7*86400000,"
+                   " ended_at = ended_at - 7*86400000, started_at = started_at - 7*86400000")
         self.assertIn("pruned 3 runs", self.w.ml("prune", "--older-than", "2d", check=0).stdout)
         runs = self.w.runs()
         self.assertEqual([r["id"] for r in runs], [live])  # the live run stays, whatever its age
-        db = sqlite3.connect(self.w.db)
-        self.assertEqual(db.execute("SELECT count(*) FROM steps WHERE run_id != ?", (live,)).fetchone()[0], 0)
-        db.close()
+        self.assertEqual(self.w.sql("SELECT count(*) FROM steps WHERE run_id != ?", (live,))[0][0], 0)
         self.assertEqual(self.w.ml("prune", "--older-than", "soon", check=2).returncode, 2)
 
     def follow_a_run(self, *flags):

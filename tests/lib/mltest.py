@@ -3,6 +3,12 @@
 The tests drive the real binary (MOONLOOP_BIN) in a fresh temporary folder
 each, against a real SQLite file, and talk to small local HTTP stand-ins for
 the outside world (StandIn below). Standard library only.
+
+With MOONLOOP_TEST_BACKEND=pg (and MOONLOOP_TEST_PG, the folder of a
+cluster that pgcluster.py started), each Workdir's database is instead a
+fresh database of that PostgreSQL cluster: the same tests run against the
+PostgreSQL store. Tests that cannot apply there skip with the reason
+(sqlite_only).
 """
 import json
 import os
@@ -14,11 +20,25 @@ import tempfile
 import threading
 import time
 import unittest
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pgcluster
 
 BIN = os.environ.get("MOONLOOP_BIN") or os.path.join(
     os.path.dirname(__file__), "..", "..", "build", "moonloop")
 SRC = os.environ.get("MOONLOOP_SRC") or os.path.join(os.path.dirname(__file__), "..", "..")
+
+# The PostgreSQL cluster the tests run against (pgcluster.py's description),
+# or None: SQLite files.
+PG = pgcluster.load(os.environ["MOONLOOP_TEST_PG"]) \
+    if os.environ.get("MOONLOOP_TEST_BACKEND") == "pg" else None
+
+
+def sqlite_only(reason):
+    """Skip a test (or a class) under PostgreSQL, saying why it applies to
+    SQLite's file only."""
+    return unittest.skipIf(PG is not None, "SQLite only: " + reason)
 
 
 def wait_until(pred, timeout=10.0, interval=0.02, what="condition"):
@@ -169,7 +189,14 @@ class Workdir:
 
     def __init__(self, env_names=(), config=None):
         self.path = tempfile.mkdtemp(prefix="mltest-")
-        self.db = os.path.join(self.path, "moonloop.db")
+        self.pgdb = None
+        if PG:
+            # A database of its own in the shared cluster (tests run side by side).
+            self.pgdb = "ml_" + uuid.uuid4().hex[:16]
+            pgcluster.psql(PG, 'CREATE DATABASE "%s"' % self.pgdb)
+            self.db = "%s/%s" % (PG["url"], self.pgdb)
+        else:
+            self.db = os.path.join(self.path, "moonloop.db")
         self.env = dict(os.environ)
         self.env.pop("MOONLOOP_URL", None)
         self.env["MOONLOOP_DB"] = self.db
@@ -192,6 +219,93 @@ class Workdir:
             lines.append("  %s = %s," % (k, v))
         lines.append("}")
         self.write("moonloop.conf.lua", "\n".join(lines) + "\n")
+
+    def sql(self, query, params=()):
+        """Run one SQL statement on the workdir's database, whichever the
+        backend (for tests that set up or look at rows directly); ? marks a
+        parameter. Returns the rows as tuples; under PostgreSQL whole
+        numbers come back as ints, other values as strings, NULL as None."""
+        if not PG:
+            import sqlite3
+            con = sqlite3.connect(self.db, timeout=10)
+            try:
+                with con:
+                    return [tuple(r) for r in con.execute(query, params)]
+            finally:
+                con.close()
+        parts = query.split("?")
+        if len(parts) - 1 != len(params):
+            raise ValueError("%d parameters for %d ?" % (len(params), len(parts) - 1))
+        text = parts[0]
+        for v, rest in zip(params, parts[1:]):
+            if v is None:
+                lit = "NULL"
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                lit = repr(v)
+            else:
+                lit = "'" + str(v).replace("'", "''") + "'"
+            text += lit + rest
+        out = pgcluster.psql(PG, text, db=self.pgdb, raw=True)
+        rows = []
+        for line in out.split("\x1e"):
+            if not line.strip("\n"):
+                continue
+            row = []
+            for f in line.strip("\n").split("\x1f"):
+                row.append(None if f == "\x01" else int(f) if re.fullmatch(r"-?\d+", f) else f)
+            rows.append(tuple(row))
+        return rows
+
+    def sql_tx(self, statements):
+        """Run [(query, params)] on the workdir's database in one
+        transaction, as sql() runs one."""
+        if not PG:
+            import sqlite3
+            con = sqlite3.connect(self.db, timeout=10, isolation_level=None)
+            try:
+                con.execute("BEGIN IMMEDIATE")
+                for q, params in statements:
+                    con.execute(q, params)
+                con.execute("COMMIT")
+            finally:
+                con.close()
+            return
+        self.sql("BEGIN; " + "; ".join(q for q, _ in statements) + "; COMMIT",
+                 tuple(v for _, params in statements for v in params))
+
+    def hold_writes(self):
+        """Take the database's write lock from outside, as a process inside a
+        commit holds it (SQLite: BEGIN IMMEDIATE; PostgreSQL: the store's
+        advisory lock); returns a function that lets it go."""
+        if not PG:
+            import sqlite3
+            con = sqlite3.connect(self.db, timeout=10, isolation_level=None)
+            con.execute("BEGIN IMMEDIATE")
+
+            def release():
+                con.execute("ROLLBACK")
+                con.close()
+            return release
+        p = subprocess.Popen([os.path.join(PG["bindir"], "psql"), "-X", "-q", "-h", "127.0.0.1",
+                              "-p", str(PG["port"]), "-U", PG["user"], "-d", self.pgdb,
+                              "-A", "-t", "-v", "ON_ERROR_STOP=1"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env=pgcluster.env_of(PG))
+        # store_pg_db.h's PG_WRITE_LOCK; the echo says the lock is held.
+        p.stdin.write("BEGIN; SELECT pg_advisory_xact_lock(%d); \\echo held\n" % 0x6d6c6f6f70)
+        p.stdin.flush()
+        for line in p.stdout:
+            if line.strip() == "held":
+                break
+        else:
+            raise AssertionError("could not take PostgreSQL's write lock")
+
+        def release():
+            p.stdin.write("ROLLBACK;\n")
+            p.stdin.close()
+            p.wait(timeout=10)
+            p.stdout.close()
+        return release
 
     def write(self, name, text):
         p = os.path.join(self.path, name)
@@ -273,6 +387,9 @@ class Workdir:
             for f in (p.stdout, p.stderr):
                 if f:
                     f.close()
+        if self.pgdb:
+            # Dropped in the background: the cluster goes at the end anyway.
+            pgcluster.drop_later(PG, self.pgdb)
         found = []
         for name in sorted(os.listdir(self.reports)):
             with open(os.path.join(self.reports, name), errors="replace") as f:
@@ -291,27 +408,46 @@ def kill9(p):
     p.wait(timeout=10)
 
 
-def freeze_between_commits(pid, db, timeout=10.0):
-    """SIGSTOP a process at a moment it holds no write transaction on the
-    SQLite file db, so a test that stops an engine to see another take over
-    never stops it in the middle of a commit (which would hold the write
-    lock until it is continued, and stall every other writer)."""
+# The key of the PostgreSQL store's write lock (store_pg_db.h's PG_WRITE_LOCK).
+PG_WRITE_LOCK = 0x6d6c6f6f70
+
+
+def _write_lock_free(db):
+    """Whether the database db's write lock is free at this moment: SQLite's
+    (BEGIN IMMEDIATE succeeds at once), or PostgreSQL's (the store's
+    advisory lock can be taken whole: no transaction holds it, shared or
+    whole)."""
+    if PG and db.startswith(("postgresql://", "postgres://")):
+        got = pgcluster.psql(PG, "SELECT pg_try_advisory_xact_lock(%d)" % PG_WRITE_LOCK,
+                             db=db.rsplit("/", 1)[1])
+        return got.strip() == "t"
     import sqlite3
+    con = sqlite3.connect(db, timeout=0)
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        con.rollback()
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        con.close()
+
+
+def freeze_between_commits(pid, db, timeout=10.0):
+    """SIGSTOP a process at a moment it holds no write transaction on db
+    (a SQLite file or a PostgreSQL URL), so a test that stops an engine to
+    see another take over never stops it in the middle of a commit (which
+    would hold the write lock until it is continued, and stall every other
+    writer)."""
     deadline = time.time() + timeout
     while True:
         os.kill(pid, signal.SIGSTOP)
-        con = sqlite3.connect(db, timeout=0)
-        try:
-            con.execute("BEGIN IMMEDIATE")
-            con.rollback()
+        if _write_lock_free(db):
             return
-        except sqlite3.OperationalError:
-            os.kill(pid, signal.SIGCONT)
-            if time.time() > deadline:
-                raise AssertionError("the process kept its write lock for %ds" % timeout)
-            time.sleep(0.02)
-        finally:
-            con.close()
+        os.kill(pid, signal.SIGCONT)
+        if time.time() > deadline:
+            raise AssertionError("the process kept its write lock for %ds" % timeout)
+        time.sleep(0.02)
 
 
 class TestCase(unittest.TestCase):
