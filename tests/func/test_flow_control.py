@@ -252,6 +252,7 @@ class PerPeriodTest(SkillsTestCase):
                       self.w.ml("runs", check=0).stdout)
         wait_until(lambda: len(starts) >= 4, what="some starts")
         kill9(p)  # the reservations are in the store: the next engine keeps to them
+        killed_at = time.time()
         self.serve()
         wait_until(lambda: len(self.runs_of("thr", "completed")) == 13, timeout=60, what="thirteen runs")
         from datetime import datetime
@@ -259,9 +260,13 @@ class PerPeriodTest(SkillsTestCase):
                    for r in self.runs_of("thr")}
         for k in "ab":
             # Started in creation order, and never more than limit + burst
-            # in a period.
+            # in a period while one engine runs them. (Runs admitted while
+            # no engine was up start together when the next one comes up:
+            # the throttle paces admissions, which are durable; see
+            # docs/skills.md.)
             self.assertEqual(sorted(ids[k], key=lambda r: started[r]), ids[k])
-            self.assertLessEqual(self.most_in_a_window([started[r] for r in ids[k]], 1.0), 3, k)
+            before = [started[r] for r in ids[k] if started[r] < killed_at]
+            self.assertLessEqual(self.most_in_a_window(before, 1.0), 3, k)
         # b's runs did not wait behind a's.
         self.assertLess(max(starts[r][0] for r in ids["b"]), starts[ids["a"][-1]][0])
         # Spread over at least (10 - 3) / 2 periods: the throttle held them.
