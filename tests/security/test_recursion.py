@@ -175,6 +175,13 @@ class RecursionServeTest(TestCase):
         super().setUp()
         os.makedirs(os.path.join(self.w.path, "skills"))
         self.w.write("skills/good.lua", GOOD)
+        # A slice long enough that the C stack guard, not the time between
+        # yields, is what stops each case, even on a loaded machine (a case
+        # that recursed for 1 s under load was stopped by the slice instead).
+        with open(os.path.join(self.w.path, "moonloop.conf.lua")) as f:
+            conf = f.read()
+        self.w.write("moonloop.conf.lua", conf.replace(
+            "return {", "return {\n  limits = { run_seconds_between_yields = 20 },", 1))
         self.p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0")
 
     def assert_serving(self):
