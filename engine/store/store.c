@@ -63,9 +63,17 @@ int store_count_crash(store_t *s, const char *run_id, err_t *e) {
   return store__ops(s)->count_crash(s, run_id, e);
 }
 
+/* Claimed rows in id order, whichever backend claimed them. */
+static int cmp_rows(const void *a, const void *b) {
+  return strcmp(((const struct run_row *)a)->id, ((const struct run_row *)b)->id);
+}
+
+/* See store.h: the backend claims, the rows come back sorted by id. */
 int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows, size_t *n,
                 err_t *e) {
-  return store__ops(s)->claim(s, owner, limit, rows, n, e);
+  int rc = store__ops(s)->claim(s, owner, limit, rows, n, e);
+  if (!rc && *n > 1) qsort(*rows, *n, sizeof **rows, cmp_rows);
+  return rc;
 }
 
 int store_take_run(store_t *s, const char *run_id, const char *owner, const char *host,

@@ -1133,11 +1133,6 @@ static int lease_live(struct pg_store *s, const char *owner, int64_t now, err_t 
   return 0;
 }
 
-/* qsort's order of run rows: by id (ULIDs: by creation). */
-static int cmp_rows(const void *a, const void *b) {
-  return strcmp(((const struct run_row *)a)->id, ((const struct run_row *)b)->id);
-}
-
 /* Rows of STORE_CLAIM_COLS from res into a malloc'd array. */
 static void rows_of(PGresult *res, struct run_row **rows, size_t *n) {
   int k = PQntuples(res);
@@ -1179,7 +1174,6 @@ static int pg_claim(store_t *st, const char *owner, int limit, struct run_row **
     *n = 0;
     return e->code;
   }
-  if (*n > 1) qsort(*rows, *n, sizeof **rows, cmp_rows);
   return 0;
 }
 

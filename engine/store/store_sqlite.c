@@ -1071,11 +1071,6 @@ static void row_from_stmt(sqlite3_stmt *st, struct run_row *r) {
   store__run_row(&c, r, 1);
 }
 
-/* qsort's order of run rows: by id (ULIDs: by creation). */
-static int cmp_rows(const void *a, const void *b) {
-  return strcmp(((const struct run_row *)a)->id, ((const struct run_row *)b)->id);
-}
-
 /* 0 when owner holds a live lease (its row exists and has not expired at
 ** now), inside the open write transaction: what every write that takes
 ** runs for owner requires, so a process whose lease is gone cannot take
@@ -1137,7 +1132,6 @@ static int sqlite_claim(store_t *s, const char *owner, int limit, struct run_row
     *n = 0;
     return e->code;
   }
-  if (*n > 1) qsort(*rows, *n, sizeof **rows, cmp_rows);
   return 0;
 }
 
