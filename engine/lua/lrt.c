@@ -131,13 +131,22 @@ void lrt__kill_time(lrt_t *r) {
 
 static void *l_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
 
+/* See lrt_int.h. */
+int lrt__slice_over(lrt_t *r) {
+  if (lrt__coarse_ns() <= r->deadline_ns) return 0;
+  uint64_t budget = (uint64_t)r->slice_ms * 1000000u, used = lrt__cpu_ns() - r->cpu_start_ns;
+  if (used >= budget) return 1;
+  r->deadline_ns = lrt__coarse_ns() + (budget - used);
+  return 0;
+}
+
 /* See lrt.h. */
 int lrt_time_up(lua_State *L) {
   void *ud;
   if (lua_getallocf(L, &ud) != l_alloc) return 0;
   lrt_t *r = ud;
   if (r->killed) return 1;
-  if (!r->in_slice || lrt__coarse_ns() <= r->deadline_ns) return 0;
+  if (!r->in_slice || !lrt__slice_over(r)) return 0;
   lrt__kill_time(r);
   return 1;
 }
@@ -348,7 +357,7 @@ static void l_hook(lua_State *L, lua_Debug *ar) {
     snprintf(r->kill_reason, sizeof r->kill_reason, "interrupted");
     lrt__raise_kill(L, 0);
   }
-  if (lrt__coarse_ns() > r->deadline_ns) {
+  if (lrt__slice_over(r)) {
     lrt__kill_time(r);
     lrt__raise_kill(L, 0);
   }
@@ -383,6 +392,7 @@ static void slice_begin(lrt_t *r, int in_run) {
   r->mem_over = 0;
   r->kill_reason[0] = 0;
   r->deadline_ns = lrt__coarse_ns() + (uint64_t)r->slice_ms * 1000000u;
+  r->cpu_start_ns = lrt__cpu_ns();
   r->mem_base = r->mem_used;
   r->judge_at = r->mem_limit;
   if (r->cur) {

@@ -74,6 +74,7 @@ struct lrt {
   int mem_over;  /* grew past judge_at: the hook collects, then judges */
   int hook_fast; /* the hook runs at every instruction until it judged */
   uint64_t deadline_ns;
+  uint64_t cpu_start_ns;   /* the thread's CPU time when the slice began */
   size_t mem_base, mem_limit;
   size_t judge_at; /* heap size past which the memory is judged again */
   int64_t slice_ms;
@@ -92,6 +93,20 @@ static inline uint64_t lrt__coarse_ns(void) {
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
+
+/* The CPU time this thread has used: a system call (no vDSO), so read at
+** a slice's start and when the coarse clock says its time may be up. */
+static inline uint64_t lrt__cpu_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Whether the running slice has used its time. The coarse wall clock says
+** when to look; the thread's CPU time decides, so a slice is not charged
+** for time the machine gave to other processes (its deadline moves on by
+** what it has left). */
+int lrt__slice_over(lrt_t *r);
 
 /* Mark the slice killed for running past its time (sets kill_reason). */
 void lrt__kill_time(lrt_t *r);

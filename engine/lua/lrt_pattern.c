@@ -48,7 +48,7 @@ typedef struct {
 static void pat_tick(pat_state *ms) {
   if ((++ms->steps & PAT_CHECK) != 0) return;
   lrt_t *r = ms->r;
-  if (r->in_slice && !r->killed && lrt__coarse_ns() > r->deadline_ns) {
+  if (r->in_slice && !r->killed && lrt__slice_over(r)) {
     lrt__kill_time(r);
     lrt__raise_kill(ms->L, 1);
   }

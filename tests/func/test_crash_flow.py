@@ -72,7 +72,9 @@ end }""")
     def test_parent_waiting_on_a_child_survives_kills(self):
         self.skill("child", """
 return { id = "child", run = function(ctx)
-  ctx.step.sleep("nap", "1s")
+  -- Asleep through both kills (a kill while "work" is in flight would run
+  -- it again: a step that had not completed), even on a loaded machine.
+  ctx.step.sleep("nap", "5s")
   return ctx.step.run("work", function() return http.get_json(env.STANDIN .. "/child").n end)
 end }""")
         self.skill("parent", """

@@ -269,7 +269,7 @@ return { id = "slow", run = function(ctx) ctx.step.sleep("nap", "300ms") return 
         self.w.write("w.lua", """
 return { id = "w", run = function(ctx)
   local a = ctx.step.wait_for_event("a", { event = "a", timeout = "30s" })
-  ctx.step.sleep("nap", "500ms")
+  ctx.step.sleep("nap", "3s")  -- long enough for a loaded machine's polls to see it
   local b = ctx.step.wait_for_event("b", { event = "b", timeout = "30s" })
   local c = ctx.step.wait_for_event("c", { event = "c", timeout = "30s" })
   return { a.data, b.data, c.data }
