@@ -252,6 +252,59 @@ class ServerFaultTest(OwnClusterCase):
         self.assertEqual(p.poll(), None)
 
 
+    def server_processes(self):
+        """The postmaster and every process it started."""
+        pm = self.postmaster()
+        kids = []
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open("/proc/%s/stat" % d) as f:
+                        if int(f.read().rsplit(")", 1)[1].split()[1]) == pm:
+                            kids.append(int(d))
+                except (OSError, ValueError, IndexError):
+                    pass
+        return [pm] + kids
+
+    def test_a_server_that_stops_answering_gets_503s_not_a_stalled_engine(self):
+        # A server stopped (SIGSTOP) keeps its connections open: the kernel
+        # answers for it, so only a deadline on each round trip tells the
+        # engine it is gone (MOONLOOP_PG_TIMEOUT: 2 s here, 30 by default).
+        p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0",
+                         env={"MOONLOOP_PG_TIMEOUT": "2"})
+        self.assertEqual(post(p.url + "/v1/events", {"name": "go", "data": {"i": 0}})[0], 202)
+        wait_until(lambda: [r["status"] for r in self.w.runs(skill="s")] == ["completed"],
+                   what="the first run")
+        procs = self.server_processes()
+        for pid in procs:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            # Answered, with the reason, rather than held for as long as the
+            # server is stopped (the client's 60 s only catches a hang).
+            code, body = post(p.url + "/v1/events", {"name": "go", "data": {"i": 1}}, timeout=60)
+            self.assertEqual(code, 503, body)
+            self.assertIn("did not answer within 2 s", body["error"]["message"])
+            self.assertIn("nothing was stored", body["error"]["message"])
+            code, body = post(p.url + "/v1/events", {"name": "go", "data": {"i": 2}}, timeout=60)
+            self.assertEqual(code, 503, body)
+            # Reads too: the loop answers instead of waiting on the server.
+            try:
+                with urllib.request.urlopen(p.url + "/v1/runs", timeout=60) as r:
+                    code = r.status
+            except urllib.error.HTTPError as e:
+                code = e.code
+            self.assertEqual(code, 503)
+        finally:
+            for pid in procs:
+                os.kill(pid, signal.SIGCONT)
+        wait_until(lambda: any("the database is writable again" in l for l in p.stderr_lines),
+                   timeout=60, what=lambda: "the engine to write again: %s" % "".join(p.stderr_lines))
+        wait_until(lambda: post(p.url + "/v1/events", {"name": "go", "data": {"i": 3}})[0] == 202,
+                   timeout=30, what="an event accepted again")
+        self.check_every_acknowledged_event_ran_once([0, 3], [1, 2])
+        self.assertEqual(p.poll(), None)
+
+
 # A run with every step kind: a body (an outside call), a sleep, parallel
 # bodies, an event it sends itself and waits for, a child run.
 PARENT = """
