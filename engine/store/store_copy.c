@@ -128,9 +128,9 @@ static int in_names(char **l, int n, const char *name) {
 
 /* Run sql, made on the fly (so not prepared: store__pg_run keys its
 ** statements by their text's address), on the destination's writer: the
-** result, or NULL with e filled. */
+** result of a query, or NULL with e filled. */
 static PGresult *pg_query(struct copy *c, const char *sql, const char *what, err_t *e) {
-  PGresult *r = PQexec(c->dst->w.c, sql);
+  PGresult *r = store__pg_exec_raw(&c->dst->w, sql);
   if (PQresultStatus(r) == PGRES_TUPLES_OK) return r;
   store__pg_err(c->dst, &c->dst->w, r, what, e);
   PQclear(r);
@@ -310,7 +310,7 @@ static void copy_value(buf_t *b, sqlite3_stmt *st, int k) {
     /* A whole number that SQLite holds as a float goes into an integer
     ** column as the integer it is. */
     double d = sqlite3_column_double(st, k);
-    if (d == (double)(long long)d) buf_printf(b, "%lld", (long long)d);
+    if (d > -9e18 && d < 9e18 && d == (double)(long long)d) buf_printf(b, "%lld", (long long)d);
     else buf_printf(b, "%.17g", d);
     break;
   }
@@ -348,7 +348,7 @@ static int copy_table(struct copy *c, struct ctable *t, err_t *e) {
   sqlite3_stmt *st = store__prep(c->src->w, buf_str(&sel), e);
   int rc = st ? 0 : e->code;
   if (!rc) {
-    PGresult *r = PQexec(c->dst->w.c, buf_str(&cp));
+    PGresult *r = store__pg_exec_raw(&c->dst->w, buf_str(&cp));
     if (PQresultStatus(r) != PGRES_COPY_IN) rc = store__pg_err(c->dst, &c->dst->w, r, "copying rows", e);
     PQclear(r);
   }
