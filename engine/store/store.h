@@ -73,6 +73,13 @@ int store_check_file(store_t *s, err_t *e);
 ** entry's index). See store_sqlite.c's fencing. */
 int store_commit(store_t *s, const journal_t *j, err_t *e);
 
+/* How the message of a failed store_commit begins when the store cannot
+** tell yet whether an earlier try of this group committed (its COMMIT went
+** out and the answer was lost with the connection, PostgreSQL's): its
+** writers must not hear that nothing was stored. The store finds out
+** before it commits anything else. */
+#define STORE_IN_DOUBT "in doubt: "
+
 /* A process's lease: while it is held, the runs it owns are its to run. */
 struct lease {
   const char *owner; /* unique per process */

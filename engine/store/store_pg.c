@@ -1028,7 +1028,9 @@ static int pg_commit(store_t *st, const journal_t *j, err_t *e) {
   struct pg_store *s = pg_of(st);
   if (s->doubt_xid) {
     int done = xid_outcome(s, s->doubt_xid, 0, e);
-    if (done < 0) return e->code;
+    if (done < 0)
+      return err_prefix(e, STORE_IN_DOUBT "whether the last commit went through is not known "
+                        "yet (its answer was lost)");
     int same = s->doubt_j == j;
     s->doubt_xid = 0;
     s->doubt_j = NULL;
@@ -1083,7 +1085,7 @@ static int pg_commit(store_t *st, const journal_t *j, err_t *e) {
     if (done < 0) {
       s->doubt_xid = xid;
       s->doubt_j = j;
-      err_set(e, ERR_IO, "store: committing: the connection to PostgreSQL (%s) was lost while "
+      err_set(e, ERR_IO, STORE_IN_DOUBT "store: committing: the connection to PostgreSQL (%s) was lost while "
               "committing, and whether it committed is not known yet (it is looked up before "
               "the next commit): %s", s->shown, e2.msg);
       goto fail_done;
