@@ -294,8 +294,8 @@ class ServerFaultTest(OwnClusterCase):
             self.assertIn("PostgreSQL", body["error"]["message"])
             # The writer's first failure was the deadline (later tries may
             # find the server taking no new connection: "timeout expired").
-            self.assertTrue(any("did not answer within 2 s" in l for l in p.stderr_lines),
-                            "".join(p.stderr_lines))
+            wait_until(lambda: any("did not answer within 2 s" in l for l in p.stderr_lines),
+                       what=lambda: "the deadline said: %s" % "".join(p.stderr_lines))
             code, body = post(p.url + "/v1/events", {"name": "go", "data": {"i": 2}}, timeout=60)
             self.assertEqual(code, 503, body)
             # Reads too: the loop answers instead of waiting on the server.
