@@ -47,6 +47,7 @@ int cli_prune(struct cli *c);
 int cli_stats(struct cli *c); /* cli_stats.c */
 int cli_repl(struct cli *c); /* cli_repl.c */
 int cli_new(struct cli *c);  /* cli_new.c */
+int cli_db(struct cli *c);   /* cli_db.c: db copy */
 
 /* Print "moonloop: message" to stderr and return status. */
 int cli_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -25,7 +25,8 @@ enum {
   C_VERSION = 1 << 16, /* moonloop version, moonloop --version (here) */
   C_NEW = 1 << 17, /* moonloop new (cli_new.c) */
   C_REPLAY = 1 << 18, /* moonloop replay (cli_replay.c) */
-  C_ALL = 0x7ffff,
+  C_DB = 1 << 19, /* moonloop db copy (cli_db.c) */
+  C_ALL = 0xfffff,
 };
 
 static const struct command commands[] = {
@@ -74,6 +75,12 @@ static const struct command commands[] = {
    "Watch a workspace as a separate process and send its skill files to an engine's API."},
   {"repl", C_REPL, cli_repl, "repl [--workspace DIR]", 0,
    "Interactive Lua with the engine inside: load, run and step through skills."},
+  {"db", C_DB, cli_db, "db copy SRC DST", 3,
+   "Copy a SQLite database (SRC, a file) into an empty PostgreSQL database (DST, a "
+   "postgresql:// URL) in one transaction: runs, steps, versions, skills, events, waits, "
+   "cron and flow control state, idempotency keys. Refused while a process holds SRC, or "
+   "when DST has rows or another schema version; nothing is written then. Progress on a "
+   "terminal; the rows copied per table at the end."},
   {"version", C_VERSION, NULL, "version (or --version)", 0,
    "Print the version of moonloop."},
   {NULL, 0, NULL, NULL, 0, NULL},

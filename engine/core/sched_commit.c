@@ -300,8 +300,11 @@ static void commit_failed(sched_t *s, struct job *j) {
   s->retry = j->g;
   memset(&j->g, 0, sizeof j->g);
   s->retry_at = now + s->fail.delay;
-  /* Writers waiting on these groups hear now, not when the disk has room. */
-  fail_requests(&s->retry, s->fail.msg);
+  /* Writers waiting on these groups hear now, not when the disk has room;
+  ** but those of a group whose commit is in doubt (it may have been stored)
+  ** wait for the store to find out, then hear what became of it. */
+  if (strncmp(j->err.msg, STORE_IN_DOUBT, strlen(STORE_IN_DOUBT)))
+    fail_requests(&s->retry, s->fail.msg);
   fail_requests(&s->open, s->fail.msg);
 }
 

@@ -73,6 +73,13 @@ int store_check_file(store_t *s, err_t *e);
 ** entry's index). See store_sqlite.c's fencing. */
 int store_commit(store_t *s, const journal_t *j, err_t *e);
 
+/* How the message of a failed store_commit begins when the store cannot
+** tell yet whether an earlier try of this group committed (its COMMIT went
+** out and the answer was lost with the connection, PostgreSQL's): its
+** writers must not hear that nothing was stored. The store finds out
+** before it commits anything else. */
+#define STORE_IN_DOUBT "in doubt: "
+
 /* A process's lease: while it is held, the runs it owns are its to run. */
 struct lease {
   const char *owner; /* unique per process */
@@ -266,6 +273,23 @@ int64_t store_cron_last(store_t *s, const char *skill, const char *spec);
 
 /* Whether a live "serve" lease holds this database (for invoke --wait). */
 int store_engine_alive(store_t *s, int64_t now);
+
+/* ---- moving up (store_copy.c) ------------------------------------------ */
+
+/* Told how far the copy of table is: done of its total rows (0 as it
+** starts, total once it is done). */
+typedef void (*store_copy_cb)(void *arg, const char *table, int64_t done, int64_t total);
+
+/* Copy every table of src (a SQLite store) into dst (a PostgreSQL store),
+** in one transaction on dst, reading src in one snapshot that no process
+** can write to meanwhile. Refused, with nothing written: ERR_INVALID when
+** the stores are not SQLite into PostgreSQL, when their schema versions
+** differ or a table or column is on one side only; ERR_CONFLICT when a
+** live lease holds src (an engine serving it) or dst has a row anywhere.
+** *counts (when not NULL) gets {table: rows copied} on success. cb (may
+** be NULL) is told the progress every few thousand rows. */
+int store_copy(store_t *src, store_t *dst, store_copy_cb cb, void *arg, cJSON **counts,
+               err_t *e);
 
 /* A number that changes when another connection commits (PRAGMA data_version). */
 int64_t store_data_version(store_t *s);

@@ -56,10 +56,13 @@
 #include "base/units.h"
 #include "store/store_pg_db.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -239,6 +242,10 @@ int store__pg_err(struct pg_store *s, struct pgconn *pc, const PGresult *res, co
                   err_t *e) {
   char msg[700];
   /* A server that does not answer: waiting may cure it (the API says 503). */
+  if (pc->c && PQstatus(pc->c) == CONNECTION_BAD && pc->silent)
+    return err_set(e, ERR_BUSY, "store: %s: PostgreSQL (%s) did not answer within %d s: the "
+                   "connection was closed (a server stopped or stalled, a network cut off)", what,
+                   s->shown, store__pg_answer_ms / 1000);
   if (pc->c && PQstatus(pc->c) == CONNECTION_BAD) {
     one_line(PQerrorMessage(pc->c), msg, sizeof msg);
     return err_set(e, ERR_BUSY, "store: %s: the connection to PostgreSQL (%s) was lost: %s", what,
@@ -253,6 +260,75 @@ int store__pg_err(struct pg_store *s, struct pgconn *pc, const PGresult *res, co
   if (state && (!strcmp(state, "55P03") || !strcmp(state, "40P01") || !strcmp(state, "40001")))
     return err_set(e, ERR_BUSY, "store: %s: %s", what, msg);
   return err_set(e, ERR_IO, "store: %s: %s", what, *msg ? msg : "PostgreSQL gave no reason");
+}
+
+/* ---- round trips with a deadline ------------------------------------------------
+** libpq waits for an answer for as long as the connection stays up. A
+** server that is stopped (SIGSTOP), stalled on a dead disk, or behind a
+** network that drops packets while the kernel keeps the connection
+** open, would hold the caller that long: the engine's loop on a read,
+** its commit thread on a write, with every request waiting behind them
+** and none refused. So each round trip is sent, then waited for with a
+** deadline; past it the socket is shut down, libpq finds the connection
+** lost, and the caller fails as it does when the server is away (the
+** engine answers 503, backs off, and opens the connection again). A
+** COMMIT caught so is looked up afterwards like any other whose answer was
+** lost (pg_commit). The deadline is generous beside what a statement
+** takes (a lock is waited for 10 s at most, lock_timeout). */
+
+int store__pg_answer_ms = 30000;
+
+/* Wait until pc's answer is in, at most until deadline (ms): 0, or -1
+** when it did not come (the connection is then shut down). */
+static int await_answer(struct pgconn *pc, int64_t deadline) {
+  while (PQisBusy(pc->c)) {
+    int64_t left = deadline - units_now_ms();
+    struct pollfd p = {.fd = PQsocket(pc->c), .events = POLLIN};
+    int n = left > 0 ? poll(&p, 1, (int)left) : 0;
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) {
+      pc->silent = 1;
+      shutdown(PQsocket(pc->c), SHUT_RDWR);
+      PQconsumeInput(pc->c); /* finds the connection closed: CONNECTION_BAD */
+      return -1;
+    }
+    if (!PQconsumeInput(pc->c)) return 0; /* PQgetResult says what broke */
+  }
+  return 0;
+}
+
+/* The results of what was sent on pc, as PQexec gathers them: the first
+** error, else the last result; NULL when the send failed. */
+static PGresult *gather(struct pgconn *pc, int sent) {
+  if (!sent) return NULL;
+  int64_t deadline = units_now_ms() + store__pg_answer_ms;
+  PGresult *keep = NULL, *r;
+  for (;;) {
+    if (await_answer(pc, deadline)) break;
+    if (!(r = PQgetResult(pc->c))) break;
+    ExecStatusType st = PQresultStatus(r);
+    if (keep && PQresultStatus(keep) == PGRES_FATAL_ERROR) PQclear(r);
+    else PQclear(keep), keep = r;
+    if (st == PGRES_COPY_IN || st == PGRES_COPY_OUT || st == PGRES_COPY_BOTH) break;
+    if (PQstatus(pc->c) == CONNECTION_BAD) break;
+  }
+  return keep;
+}
+
+/* See store_pg_db.h. A NULL result (nothing could be sent, the answer
+** never came) is libpq's "no result": PQresultStatus says
+** PGRES_FATAL_ERROR and the connection's status says why. */
+PGresult *store__pg_exec_raw(struct pgconn *pc, const char *sql) {
+  return gather(pc, PQsendQuery(pc->c, sql));
+}
+
+static PGresult *prepare_raw(struct pgconn *pc, const char *name, const char *sql) {
+  return gather(pc, PQsendPrepare(pc->c, name, sql, 0, NULL));
+}
+
+static PGresult *exec_prepared_raw(struct pgconn *pc, const char *name, int n,
+                                   const char *const *v) {
+  return gather(pc, PQsendQueryPrepared(pc->c, name, n, v, NULL, NULL, 0));
 }
 
 /* ---- connections ------------------------------------------------------------ */
@@ -295,6 +371,7 @@ static int conn_open(struct pg_store *s, struct pgconn *pc, err_t *e) {
   const char *vals[] = {"10", app, "UTF8", "10", "5", "3", "30000", s->url, NULL};
   if (pc->c) PQfinish(pc->c);
   pc->nstmts = 0;
+  pc->silent = 0;
   pc->c = PQconnectdbParams(keys, vals, 1);
   if (!pc->c || PQstatus(pc->c) != CONNECTION_OK) {
     char msg[700];
@@ -313,7 +390,7 @@ static int conn_open(struct pg_store *s, struct pgconn *pc, err_t *e) {
              "SET synchronous_commit = %s; SET lock_timeout = '10s';"
              " SET idle_in_transaction_session_timeout = '10s'",
              s->durability == STORE_FULL ? "on" : "off");
-  PGresult *r = PQexec(pc->c, setup);
+  PGresult *r = store__pg_exec_raw(pc, setup);
   int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
   if (!ok) store__pg_err(s, pc, r, "setting up the session", e);
   PQclear(r);
@@ -329,16 +406,21 @@ static int conn_open(struct pg_store *s, struct pgconn *pc, err_t *e) {
 }
 
 /* See store_pg_db.h. A reader that cannot connect tries again at most
-** once a second: it runs on the engine's loop, which must not stall on
-** every read while the server is away. */
+** once a second (or after as long as the failed try took): it runs on the
+** engine's loop, which must not stall on every read while the server is
+** away. */
 int store__pg_ensure(struct pg_store *s, struct pgconn *pc, err_t *e) {
   if (pc->c && PQstatus(pc->c) == CONNECTION_OK) return 0;
   int64_t now = units_now_ms();
   if (pc->reader && now < pc->retry_at)
-    return err_set(e, ERR_BUSY, "cannot connect to PostgreSQL (%s): %s (tried again less than a "
-                   "second ago)", s->shown, pc->why);
+    return err_set(e, ERR_BUSY, "cannot connect to PostgreSQL (%s): %s (tried again in %lld ms)",
+                   s->shown, *pc->why ? pc->why : "no answer", (long long)(pc->retry_at - now));
   if (conn_open(s, pc, e)) {
-    pc->retry_at = now + 1000;
+    /* A server that accepts connections and never answers them holds
+    ** each try for connect_timeout: the loop gets at least as long free
+    ** before the next. */
+    int64_t after = units_now_ms();
+    pc->retry_at = after + 1000 + (after - now);
     return e->code;
   }
   return 0;
@@ -403,13 +485,13 @@ static const char *prepared(struct pg_store *s, struct pgconn *pc, const void *k
     if (pc->stmts[i].key == key) return pc->stmts[i].name;
   if (pc->nstmts == PG_STMTS) {
     /* Only SQL made on the fly could fill the table: start it again. */
-    PGresult *r = PQexec(pc->c, "DEALLOCATE ALL");
+    PGresult *r = store__pg_exec_raw(pc, "DEALLOCATE ALL");
     PQclear(r);
     pc->nstmts = 0;
   }
   int i = pc->nstmts;
   snprintf(pc->stmts[i].name, sizeof pc->stmts[i].name, "s%d", i);
-  PGresult *r = PQprepare(pc->c, pc->stmts[i].name, sql, 0, NULL);
+  PGresult *r = prepare_raw(pc, pc->stmts[i].name, sql);
   int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
   if (!ok) store__pg_err(s, pc, r, what, e);
   PQclear(r);
@@ -431,7 +513,7 @@ PGresult *store__pg_run(struct pg_store *s, struct pgconn *pc, const void *key, 
   if (!name) return NULL;
   struct pgparams p;
   params_of(&p, v, nv);
-  PGresult *r = PQexecPrepared(pc->c, name, nv, p.v, NULL, NULL, 0);
+  PGresult *r = exec_prepared_raw(pc, name, nv, p.v);
   params_free(&p, nv);
   ExecStatusType st = PQresultStatus(r);
   if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) return r;
@@ -454,7 +536,7 @@ int store__pg_do(struct pg_store *s, struct pgconn *pc, const char *sql, const s
 int store__pg_exec(struct pg_store *s, struct pgconn *pc, const char *sql, const char *what,
                    err_t *e) {
   if (store__pg_ensure(s, pc, e)) return e->code;
-  PGresult *r = PQexec(pc->c, sql);
+  PGresult *r = store__pg_exec_raw(pc, sql);
   ExecStatusType st = PQresultStatus(r);
   int rc = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK ? 0 : store__pg_err(s, pc, r, what, e);
   PQclear(r);
@@ -485,7 +567,7 @@ static void lock_holder(struct pg_store *s, char *buf, size_t n) {
            " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
            " ORDER BY a.state_change LIMIT 1",
            (long long)(PG_WRITE_LOCK >> 32), (long long)(PG_WRITE_LOCK & 0xffffffffLL));
-  PGresult *r = PQexec(s->w.c, sql);
+  PGresult *r = store__pg_exec_raw(&s->w, sql);
   if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
     snprintf(buf, n, ", held by %s (PostgreSQL backend %s, %s for %ss)",
              *PQgetvalue(r, 0, 0) ? PQgetvalue(r, 0, 0) : "a client", PQgetvalue(r, 0, 1),
@@ -509,7 +591,7 @@ int store__pg_begin(struct pg_store *s, int lock, err_t *e) {
       "BEGIN; SELECT txid_current(), pg_advisory_xact_lock_shared(" PG_LOCK_TEXT ")",
   };
   if (store__pg_ensure(s, &s->w, e)) return e->code;
-  PGresult *r = PQexec(s->w.c, sql[lock]);
+  PGresult *r = store__pg_exec_raw(&s->w, sql[lock]);
   int ok = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
   const char *state = ok ? NULL : PQresultErrorField(r, PG_DIAG_SQLSTATE);
   int timed_out = state && !strcmp(state, "55P03");
@@ -533,14 +615,14 @@ int store__pg_begin(struct pg_store *s, int lock, err_t *e) {
 void store__pg_rollback(struct pg_store *s) {
   if (!s->w.c || PQstatus(s->w.c) != CONNECTION_OK) return;
   if (PQtransactionStatus(s->w.c) == PQTRANS_IDLE) return;
-  PGresult *r = PQexec(s->w.c, "ROLLBACK");
+  PGresult *r = store__pg_exec_raw(&s->w, "ROLLBACK");
   PQclear(r);
 }
 
 /* See store_pg_db.h. A COMMIT that an aborted transaction answers with
 ** ROLLBACK is a failure too. */
 int store__pg_commit_tx(struct pg_store *s, int notify, err_t *e) {
-  PGresult *r = PQexec(s->w.c, notify ? "NOTIFY moonloop; COMMIT" : "COMMIT");
+  PGresult *r = store__pg_exec_raw(&s->w, notify ? "NOTIFY moonloop; COMMIT" : "COMMIT");
   int ok = PQresultStatus(r) == PGRES_COMMAND_OK && !strcmp(PQcmdStatus(r), "COMMIT");
   if (!ok) {
     if (PQresultStatus(r) == PGRES_COMMAND_OK)
@@ -560,16 +642,18 @@ int store__pg_commit_tx(struct pg_store *s, int notify, err_t *e) {
 ** that does not answer is asked again for up to `patience` tries, half a
 ** second apart (a restart takes a few seconds). */
 static int xid_outcome(struct pg_store *s, int64_t xid, int patience, err_t *e) {
+  int64_t t0 = units_now_ms();
   for (int tries = 0;; tries++) {
     if (store__pg_ensure(s, &s->w, e)) {
-      if (tries >= patience) return -1;
+      /* A try that hangs until connect_timeout counts for its time. */
+      if (tries >= patience || units_now_ms() - t0 >= (int64_t)patience * 500) return -1;
       struct timespec ts = {0, 500 * 1000000L};
       nanosleep(&ts, NULL);
       continue;
     }
     char sql[96];
     snprintf(sql, sizeof sql, "SELECT txid_status(%lld)", (long long)xid);
-    PGresult *r = PQexec(s->w.c, sql);
+    PGresult *r = store__pg_exec_raw(&s->w, sql);
     if (PQresultStatus(r) != PGRES_TUPLES_OK) {
       /* "transaction ID ... is in the future": the server started again
       ** from a WAL that never got that transaction's commit. */
@@ -944,7 +1028,9 @@ static int pg_commit(store_t *st, const journal_t *j, err_t *e) {
   struct pg_store *s = pg_of(st);
   if (s->doubt_xid) {
     int done = xid_outcome(s, s->doubt_xid, 0, e);
-    if (done < 0) return e->code;
+    if (done < 0)
+      return err_prefix(e, STORE_IN_DOUBT "whether the last commit went through is not known "
+                        "yet (its answer was lost)");
     int same = s->doubt_j == j;
     s->doubt_xid = 0;
     s->doubt_j = NULL;
@@ -999,7 +1085,7 @@ static int pg_commit(store_t *st, const journal_t *j, err_t *e) {
     if (done < 0) {
       s->doubt_xid = xid;
       s->doubt_j = j;
-      err_set(e, ERR_IO, "store: committing: the connection to PostgreSQL (%s) was lost while "
+      err_set(e, ERR_IO, STORE_IN_DOUBT "store: committing: the connection to PostgreSQL (%s) was lost while "
               "committing, and whether it committed is not known yet (it is looked up before "
               "the next commit): %s", s->shown, e2.msg);
       goto fail_done;
@@ -1315,7 +1401,7 @@ static void pg_close(store_t *st) {
 static int schema_version(struct pg_store *s, struct pgconn *pc, err_t *e) {
   int v = 0;
   for (int k = 0; k < 2; k++) {
-    PGresult *r = PQexec(pc->c, k ? "SELECT max(version) FROM moonloop_schema"
+    PGresult *r = store__pg_exec_raw(pc, k ? "SELECT max(version) FROM moonloop_schema"
                                   : "SELECT to_regclass('moonloop_schema') IS NOT NULL");
     int ok = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
     if (!ok) v = store__pg_err(s, pc, r, "reading the schema version", e);
@@ -1376,6 +1462,8 @@ static const struct store_ops pg_ops;
 ** version; the writer when there are migrations to make, else at the first
 ** write (a command that only reads never opens it). */
 int store__pg_open(const char *url, enum store_durability d, store_t **out, err_t *e) {
+  const char *t = getenv("MOONLOOP_PG_TIMEOUT");
+  if (t && atoi(t) > 0 && atoi(t) <= 3600) store__pg_answer_ms = atoi(t) * 1000;
   struct pg_store *s = mem_calloc(1, sizeof *s);
   s->base.ops = &pg_ops;
   s->durability = d;

@@ -28,6 +28,7 @@ struct pgconn {
   const char *role;   /* "writer", "reader": in messages */
   int reader;         /* LISTENs for other processes' writes */
   int64_t retry_at;   /* a reader that lost its connection tries again then (ms) */
+  int silent;         /* the last round trip got no answer in time: the connection was closed */
   char why[700];      /* why the last connection failed */
   int nstmts;
   struct { const void *key; char name[12]; } stmts[PG_STMTS];
@@ -62,6 +63,16 @@ static inline struct pg_store *pg_of(store_t *s) { return (struct pg_store *)(vo
 enum { PG_LOCK_NONE, PG_LOCK_ALL, PG_LOCK_SHARED };
 #define PG_WRITE_LOCK 0x6d6c6f6f70LL /* "mloop" */
 #define PG_LOCK_TEXT "469970677616" /* the same, for SQL texts */
+
+/* How long one round trip to the server may take (ms) before the
+** connection is taken for lost: $MOONLOOP_PG_TIMEOUT seconds, 30 by
+** default (store_pg.c's store__pg_result says why). */
+extern int store__pg_answer_ms;
+
+/* PQexec(pc->c, sql), waiting for the answer at most store__pg_answer_ms:
+** past that the connection is closed and the result says it was lost
+** (store__pg_err then says the server did not answer). */
+PGresult *store__pg_exec_raw(struct pgconn *pc, const char *sql);
 
 /* Make sure pc is connected (opening it again if it broke); ERR_IO when
 ** the server cannot be reached, saying why. */

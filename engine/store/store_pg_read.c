@@ -219,6 +219,6 @@ void store__pg_rend(store_t *st, void *conn, int began) {
   (void)conn;
   struct pg_store *s = pg_of(st);
   if (began <= 0 || !s->r.c) return;
-  PGresult *r = PQexec(s->r.c, "COMMIT");
+  PGresult *r = store__pg_exec_raw(&s->r, "COMMIT");
   PQclear(r);
 }

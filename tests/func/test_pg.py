@@ -252,6 +252,102 @@ class ServerFaultTest(OwnClusterCase):
         self.assertEqual(p.poll(), None)
 
 
+    def signal_server(self, procs, sig):
+        """Send sig to each of procs that is still there."""
+        for pid in procs:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def server_processes(self):
+        """The postmaster and every process it started."""
+        pm = self.postmaster()
+        kids = []
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open("/proc/%s/stat" % d) as f:
+                        if int(f.read().rsplit(")", 1)[1].split()[1]) == pm:
+                            kids.append(int(d))
+                except (OSError, ValueError, IndexError):
+                    pass
+        return [pm] + kids
+
+    def test_a_server_that_stops_answering_gets_503s_not_a_stalled_engine(self):
+        # A server stopped (SIGSTOP) keeps its connections open: the kernel
+        # answers for it, so only a deadline on each round trip tells the
+        # engine it is gone (MOONLOOP_PG_TIMEOUT: 2 s here, 30 by default).
+        p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0",
+                         env={"MOONLOOP_PG_TIMEOUT": "2"})
+        self.assertEqual(post(p.url + "/v1/events", {"name": "go", "data": {"i": 0}})[0], 202)
+        wait_until(lambda: [r["status"] for r in self.w.runs(skill="s")] == ["completed"],
+                   what="the first run")
+        procs = self.server_processes()
+        self.signal_server(procs, signal.SIGSTOP)
+        try:
+            # Answered, with the reason, rather than held for as long as the
+            # server is stopped (the client's 60 s only catches a hang).
+            code, body = post(p.url + "/v1/events", {"name": "go", "data": {"i": 1}}, timeout=60)
+            self.assertEqual(code, 503, body)
+            self.assertIn("nothing was stored", body["error"]["message"])
+            self.assertIn("PostgreSQL", body["error"]["message"])
+            # The writer's first failure was the deadline (later tries may
+            # find the server taking no new connection: "timeout expired").
+            wait_until(lambda: any("did not answer within 2 s" in l for l in p.stderr_lines),
+                       what=lambda: "the deadline said: %s" % "".join(p.stderr_lines))
+            code, body = post(p.url + "/v1/events", {"name": "go", "data": {"i": 2}}, timeout=60)
+            self.assertEqual(code, 503, body)
+            # Reads too: the loop answers instead of waiting on the server.
+            try:
+                with urllib.request.urlopen(p.url + "/v1/runs", timeout=60) as r:
+                    code = r.status
+            except urllib.error.HTTPError as e:
+                code = e.code
+            self.assertEqual(code, 503)
+        finally:
+            self.signal_server(procs, signal.SIGCONT)
+        wait_until(lambda: any("the database is writable again" in l for l in p.stderr_lines),
+                   timeout=60, what=lambda: "the engine to write again: %s" % "".join(p.stderr_lines))
+        wait_until(lambda: post(p.url + "/v1/events", {"name": "go", "data": {"i": 3}})[0] == 202,
+                   timeout=30, what="an event accepted again")
+        self.check_every_acknowledged_event_ran_once([0, 3], [1, 2])
+        self.assertEqual(p.poll(), None)
+
+
+    def test_a_commit_whose_answer_was_lost_is_answered_once_the_server_says_what_became_of_it(self):
+        # The server is stopped (SIGSTOP) while the event's transaction waits
+        # to commit (commit=1500: each commit holds 1.5 s before COMMIT):
+        # the COMMIT goes out, no answer comes (the 2 s deadline closes the
+        # connection), and the stopped backend still holds it. When the
+        # server is continued it commits: the writer must then hear 202,
+        # not "nothing was stored" for an event that runs.
+        p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0",
+                         env={"MOONLOOP_PG_TIMEOUT": "2", "MOONLOOP_FAULT": "commit=1500"})
+        answers = []
+        t = threading.Thread(target=lambda: answers.append(
+            post(p.url + "/v1/events", {"name": "go", "data": {"i": 0}}, timeout=120)), daemon=True)
+        t.start()
+
+        def in_event_commit():
+            rows = pgcluster.psql(self.pg, "SELECT count(*) FROM pg_stat_activity WHERE"
+                                  " application_name LIKE 'moonloop writer%' AND state ="
+                                  " 'idle in transaction' AND query LIKE '%events%'", db="t")
+            return rows.strip() == "1"
+        wait_until(in_event_commit, timeout=30, interval=0.01, what="the event's commit")
+        procs = self.server_processes()
+        self.signal_server(procs, signal.SIGSTOP)
+        try:
+            wait_until(lambda: any("in doubt" in l for l in p.stderr_lines), timeout=60,
+                       what=lambda: "the commit in doubt: %s" % "".join(p.stderr_lines))
+            self.assertEqual(answers, [])  # told nothing yet: it may have been stored
+        finally:
+            self.signal_server(procs, signal.SIGCONT)
+        t.join(timeout=120)
+        self.assertEqual(answers and answers[0][0], 202, answers)
+        self.check_every_acknowledged_event_ran_once([0], [])
+
+
 # A run with every step kind: a body (an outside call), a sleep, parallel
 # bodies, an event it sends itself and waits for, a child run.
 PARENT = """
