@@ -70,8 +70,8 @@
 
 #define TOP_STEPS 10          /* slowest and most failing steps listed */
 #define MAX_STEP_IDS 2000     /* distinct step ids tracked; more go to "(other)" */
-#define STEP_SAMPLE 5000      /* ended runs whose step durations are read, at most */
-#define FAILING_SAMPLE 20000  /* runs with a failed step or a retry read, at most */
+#define STEP_SAMPLE 2000      /* ended runs whose step durations are read, at most */
+#define FAILING_SAMPLE 5000   /* runs with a failed step or a retry read, at most */
 #define EVENT_DATA_MAX 4096   /* event data shown in the stream, in bytes */
 #define RUN_ID_MAX 43         /* longer run ids (never made by moonloop) have no step figures */
 #define AUTO_INTERVALS 60     /* intervals an automatic interval gives at most */
@@ -445,16 +445,20 @@ static void ulid_time(int64_t ms, char out[11]) {
 ** runs_status (status, id) and their rows. A run's id is a ULID of its
 ** creation time (or later, when ids.c keeps them increasing), so those
 ** created since `since` are the ids from since's ULID time on: parked runs
-** of older windows are not even looked at. st's columns are count_run's,
-** then the skill. */
+** of older windows are not even looked at; nor those of later ones (the
+** window before's pass stops an hour past its end: an id's time is its
+** run's creation time, or a few milliseconds past it). st's columns are
+** count_run's, then the skill. */
 static int open_pass(store_t *s, const char *skill, int64_t since, int64_t until,
                      void (*each)(void *arg, const struct store_cur *st, const char *skill),
                      void *arg, err_t *e) {
-  char from[11];
+  char from[11], to[11];
   ulid_time(since, from);
-  struct store_val v[4] = {SV_INT(since), SV_INT(until), SV_TEXT(skill), SV_TEXT(from)};
+  ulid_time(until + ROLLUP_MS, to);
+  struct store_val v[5] = {SV_INT(since), SV_INT(until), SV_TEXT(skill), SV_TEXT(from),
+                           SV_TEXT(to)};
   struct store_cur st;
-  if (store__rq(s, NULL, RQ_OPEN, v, 4, &st, e)) return e->code;
+  if (store__rq(s, NULL, RQ_OPEN, v, 5, &st, e)) return e->code;
   int rc = 0, src = 0;
   while ((src = cur_next(&st)) == 1) each(arg, &st, cur_text(&st, 9));
   if (src < 0) rc = st.ops->err(&st, e, "reading unfinished runs for the figures");

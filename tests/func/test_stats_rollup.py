@@ -153,13 +153,15 @@ class RollupTest(TestCase):
         for _ in range(3):
             self.w.ml("run", "skills/flaky.lua", check=0)
             self.w.ml("run", "skills/bad.lua", check=1)
-        time.sleep(1.2)
+        time.sleep(2.5)
         self.w.ml("run", "skills/flaky.lua", check=0)
         self.w.ml("run", "skills/bad.lua", check=1)
-        out = self.w.ml("prune", "--older-than", "1s", check=0).stdout
-        self.assertIn("pruned 6 runs", out)
+        out = self.w.ml("prune", "--older-than", "2s", check=0).stdout
+        # The first six at least (the last two too on a slow machine).
+        pruned = int(out.split()[1])
+        self.assertGreaterEqual(pruned, 6, out)
         want = self.assert_rollup_agrees()
-        self.assertEqual(sum(sum(v[0][:3]) for v in want.values()), 2)
+        self.assertEqual(sum(sum(v[0][:3]) for v in want.values()), 8 - pruned)
         self.assert_stats_agree(["flaky", "bad"])
 
     def test_migration_builds_it_for_an_older_database(self):
