@@ -136,9 +136,8 @@ enum store_rq {
                       ** steps, failed_steps, retries, tokens, id: ended runs of that status */
   RQ_ENDED,           /* the same parameters -> created_at, 0, started_at, ended_at */
   RQ_COUNT_ENDED,     /* the same parameters -> count */
-  RQ_OPEN,            /* since, until, skill or NULL, the ULID times of since and of an
-                      ** hour past until -> created_at, 0, started_at, ended_at, NULL x4,
-                      ** id, skill: unfinished runs */
+  RQ_OPEN,            /* since, until, skill or NULL, the ULID time of since -> created_at,
+                      ** 0, started_at, ended_at, NULL x4, id, skill: unfinished runs */
   RQ_RUN_STEP_TIMES,  /* run_id -> id, kind, status, attempts, started_at, ended_at */
   RQ_VERSIONS_IN,     /* skill, since, until -> version, loaded_at; as loaded */
   RQ_VERSION_BEFORE,  /* skill, since -> version, loaded_at: the last one loaded before */

@@ -78,8 +78,7 @@ static const char *const rsql[RQ_COUNT] = {
   [RQ_OPEN] =
     "SELECT created_at, 0, started_at, ended_at, NULL, NULL, NULL, NULL, id, skill"
     " FROM runs WHERE status IN ('queued','running','sleeping','waiting')"
-    " AND id >= $4 AND id < $5 AND created_at >= $1 AND created_at < $2"
-    " AND ($3::text IS NULL OR skill = $3)",
+    " AND id >= $4 AND created_at >= $1 AND created_at < $2 AND ($3::text IS NULL OR skill = $3)",
   [RQ_RUN_STEP_TIMES] =
     "SELECT id, kind, status, attempts, started_at, ended_at FROM steps WHERE run_id = $1",
   [RQ_VERSIONS_IN] =

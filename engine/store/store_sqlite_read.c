@@ -98,12 +98,11 @@ static const char *const rsql[RQ_COUNT] = {
     " AND (status = 'completed' OR status = 'failed' OR status = 'cancelled')"
     " AND created_at >= ?2 AND created_at < ?3",
   /* The runs not ended yet, through runs_status (status, id) from the
-  ** window's first ULID to a ULID time past its end. */
+  ** window's first ULID on. */
   [RQ_OPEN] =
     "SELECT created_at, 0, started_at, ended_at, NULL, NULL, NULL, NULL, id, skill"
     " FROM runs INDEXED BY runs_status WHERE status IN ('queued','running','sleeping','waiting')"
-    " AND id >= ?4 AND id < ?5 AND created_at >= ?1 AND created_at < ?2"
-    " AND (?3 IS NULL OR skill = ?3)",
+    " AND id >= ?4 AND created_at >= ?1 AND created_at < ?2 AND (?3 IS NULL OR skill = ?3)",
   [RQ_RUN_STEP_TIMES] =
     "SELECT id, kind, status, attempts, started_at, ended_at FROM steps WHERE run_id = ?1",
   [RQ_VERSIONS_IN] =

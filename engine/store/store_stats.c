@@ -445,20 +445,17 @@ static void ulid_time(int64_t ms, char out[11]) {
 ** runs_status (status, id) and their rows. A run's id is a ULID of its
 ** creation time (or later, when ids.c keeps them increasing), so those
 ** created since `since` are the ids from since's ULID time on: parked runs
-** of older windows are not even looked at; nor those of later ones (the
-** window before's pass stops an hour past its end: an id's time is its
-** run's creation time, or a few milliseconds past it). st's columns are
-** count_run's, then the skill. */
+** of older windows are not even looked at. (No upper bound: an id's time
+** may run ahead of its creation time, when the clock stepped back.) st's
+** columns are count_run's, then the skill. */
 static int open_pass(store_t *s, const char *skill, int64_t since, int64_t until,
                      void (*each)(void *arg, const struct store_cur *st, const char *skill),
                      void *arg, err_t *e) {
-  char from[11], to[11];
+  char from[11];
   ulid_time(since, from);
-  ulid_time(until + ROLLUP_MS, to);
-  struct store_val v[5] = {SV_INT(since), SV_INT(until), SV_TEXT(skill), SV_TEXT(from),
-                           SV_TEXT(to)};
+  struct store_val v[4] = {SV_INT(since), SV_INT(until), SV_TEXT(skill), SV_TEXT(from)};
   struct store_cur st;
-  if (store__rq(s, NULL, RQ_OPEN, v, 5, &st, e)) return e->code;
+  if (store__rq(s, NULL, RQ_OPEN, v, 4, &st, e)) return e->code;
   int rc = 0, src = 0;
   while ((src = cur_next(&st)) == 1) each(arg, &st, cur_text(&st, 9));
   if (src < 0) rc = st.ops->err(&st, e, "reading unfinished runs for the figures");
