@@ -100,7 +100,9 @@ static void hist_put(struct hist *h, int64_t k, int64_t n) {
   h->v[h->n++] = (struct hent){k, n};
 }
 
-/* Read text into h (keys as written: values, or buckets when coarse). */
+/* Read text into h (keys as written: values, or buckets when coarse).
+** A text holds each key once (hist_text and migration 10 write it so):
+** its entries are taken as they come, without looking for their key. */
 static void hist_read(struct hist *h, const char *text) {
   memset(h, 0, sizeof *h);
   if (!text) return;
@@ -116,7 +118,11 @@ static void hist_read(struct hist *h, const char *text) {
     long long n = strtoll(p, &end, 10);
     if (end == p) break;
     p = end;
-    hist_put(h, k, n);
+    if (h->n == h->cap) {
+      h->cap = h->cap ? h->cap * 2 : 16;
+      h->v = mem_realloc(h->v, h->cap * sizeof *h->v);
+    }
+    h->v[h->n++] = (struct hent){k, n};
   }
 }
 
