@@ -33,7 +33,6 @@
 #include "base/mem.h"
 #include "store/store_backend.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -87,22 +86,37 @@ struct hist {
   int coarse;
 };
 
+/* Add n to key k's entry of h (kept in key order), made when new. */
 static void hist_put(struct hist *h, int64_t k, int64_t n) {
-  for (size_t i = 0; i < h->n; i++)
-    if (h->v[i].k == k) {
-      h->v[i].n += n;
-      return;
-    }
+  size_t lo = 0, hi = h->n;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (h->v[mid].k < k) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo < h->n && h->v[lo].k == k) {
+    h->v[lo].n += n;
+    return;
+  }
   if (h->n == h->cap) {
     h->cap = h->cap ? h->cap * 2 : 16;
     h->v = mem_realloc(h->v, h->cap * sizeof *h->v);
   }
-  h->v[h->n++] = (struct hent){k, n};
+  memmove(h->v + lo + 1, h->v + lo, (h->n - lo) * sizeof *h->v);
+  h->v[lo] = (struct hent){k, n};
+  h->n++;
 }
 
-/* Read text into h (keys as written: values, or buckets when coarse).
-** A text holds each key once (hist_text and migration 10 write it so):
-** its entries are taken as they come, without looking for their key. */
+static int by_key(const void *a, const void *b) {
+  int64_t x = ((const struct hent *)a)->k, y = ((const struct hent *)b)->k;
+  return x < y ? -1 : x > y;
+}
+
+/* Read text into h (keys as written: values, or buckets when coarse), in
+** key order. A text holds each key once (hist_text and migration 10 write
+** it so), in order but for SQLite's migration (group_concat promises no
+** order): its entries are taken as they come, sorted only when out of
+** order. */
 static void hist_read(struct hist *h, const char *text) {
   memset(h, 0, sizeof *h);
   if (!text) return;
@@ -124,23 +138,37 @@ static void hist_read(struct hist *h, const char *text) {
     }
     h->v[h->n++] = (struct hent){k, n};
   }
+  for (size_t i = 1; i < h->n; i++)
+    if (h->v[i - 1].k >= h->v[i].k) {
+      qsort(h->v, h->n, sizeof *h->v, by_key);
+      break;
+    }
 }
 
-static int by_key(const void *a, const void *b) {
-  int64_t x = ((const struct hent *)a)->k, y = ((const struct hent *)b)->k;
-  return x < y ? -1 : x > y;
+/* x (0 or more) in decimal at t; the number of digits. (snprintf's
+** parsing of its format was most of a run end's cost here.) */
+static size_t put_num(char *t, int64_t x) {
+  char d[24];
+  size_t n = 0;
+  uint64_t u = x > 0 ? (uint64_t)x : 0;
+  do d[n++] = (char)('0' + u % 10);
+  while (u /= 10);
+  for (size_t i = 0; i < n; i++) t[i] = d[n - 1 - i];
+  return n;
 }
 
-/* h as text (malloc'd), smallest first, without the entries counted to 0. */
-static char *hist_text(struct hist *h) {
-  qsort(h->v, h->n, sizeof *h->v, by_key);
+/* h (in key order) as text (malloc'd), without the entries counted to 0. */
+static char *hist_text(const struct hist *h) {
   size_t cap = 2 + h->n * 42, len = 0;
   char *t = mem_alloc(cap);
   if (h->coarse) t[len++] = '~';
-  for (size_t i = 0; i < h->n; i++)
-    if (h->v[i].n > 0)
-      len += (size_t)snprintf(t + len, cap - len, "%s%lld:%lld", len > (size_t)h->coarse ? " " : "",
-                              (long long)h->v[i].k, (long long)h->v[i].n);
+  for (size_t i = 0; i < h->n; i++) {
+    if (h->v[i].n <= 0) continue;
+    if (len > (size_t)h->coarse) t[len++] = ' ';
+    len += put_num(t + len, h->v[i].k);
+    t[len++] = ':';
+    len += put_num(t + len, h->v[i].n);
+  }
   t[len] = 0;
   return t;
 }
