@@ -143,6 +143,11 @@ enum store_rq {
   RQ_VERSION_BEFORE,  /* skill, since -> version, loaded_at: the last one loaded before */
   RQ_SKILL_KNOWN,     /* skill -> a row when registered or ever run */
   RQ_SKILL_NAMES,     /* -> skill, registered (0/1): registered and run skills, by name */
+  RQ_ROLLUP,          /* skill, from, until -> hour, completed, failed, cancelled, unstarted,
+                      ** steps, failed_steps, retries, tokens, dur, wait: the rollup's hours
+                      ** in [from, until) (store_rollup.c) */
+  RQ_ENDED_REFS,      /* skill, since, until, status -> created_at, id, failed_steps, retries:
+                      ** ended runs of that status, for the step sample */
   RQ_EVENTS,          /* limit -> id, name, data, ts, dispatched, length(data); newest first */
   RQ_EVENTS_BEFORE,   /* before, limit -> the same, ids below before */
   RQ_EVENT_RUNS,      /* event id -> id, skill, status: runs it started; by id */
@@ -267,6 +272,26 @@ int store__write_slot(store_t *s, const struct jentry *je, err_t *e);
 ** queued behind it; the ids of the runs granted a slot are added to
 ** granted (a cJSON array) when it is not NULL. */
 int store__slots_free(store_t *s, const char *run_id, cJSON *granted, err_t *e);
+
+/* ---- the figures' rollup (store_rollup.c), inside a write transaction ---- */
+
+/* Add run_id's part to the rollup (delta 1: the run has just ended, its
+** summary written) or take it out (delta -1: before retention deletes
+** it). Nothing for a run not ended, or gone. */
+int store__rollup_run(store_t *s, const char *run_id, int delta, err_t *e);
+/* Take out of the rollup each run whose id is a row of ids (run with
+** v[0..nv)): before retention deletes them. */
+int store__rollup_forget(store_t *s, const struct store_wq *ids, const struct store_val *v, int nv,
+                         err_t *e);
+/* A duration's histogram bucket (its 7 highest bits: exact below 128),
+** and the smallest value of a bucket. */
+int64_t store__hist_key(int64_t v);
+int64_t store__hist_floor(int64_t key);
+/* Each (value, count) of a histogram's text (coarse buckets give their
+** smallest value): 0, or -1 when the text is damaged (what was read before
+** it has been given). */
+int store__hist_each(const char *text, void (*each)(void *arg, int64_t value, int64_t n),
+                     void *arg);
 
 /* ---- fencing's memory (store_fence.c) ----------------------------------------
 ** The runs a store knows to be one owner's, across commits (see

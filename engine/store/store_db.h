@@ -28,7 +28,7 @@ enum {
 #define STORE_FLOW_STMTS 40
 #define STORE_MAX_FIELDS 32 /* fields of a journal entry's kind (journal.h) */
 
-#define STORE_CACHED_STMTS 64
+#define STORE_CACHED_STMTS 96 /* the writer's statements store__cached keeps (flow control, the rollup) */
 #define STORE_FILTER_SHAPES 128 /* a run filter's seven optional conditions */
 
 /* The summary of a run's steps kept on an ended run (steps, failed_steps,

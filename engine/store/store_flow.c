@@ -427,10 +427,13 @@ int store__run_ended(store_t *s, const char *run_id, const char *status, err_t *
   };
   /* A completed run has no open steps, and got its summary with its
   ** status (W_RUN_SET); the others get it once their steps are ended. */
-  if (vocab_run_status(status) == RUN_COMPLETED)
-    return store__exec_bound(s, sql, 1, run_id, "cleaning up after a run", e);
-  if (store__exec_bound(s, sql, 2, run_id, "cleaning up after a run", e)) return e->code;
-  return store__exec_bound(s, summary, 1, run_id, "summing up a run's steps", e);
+  int completed = vocab_run_status(status) == RUN_COMPLETED;
+  if (store__exec_bound(s, sql, completed ? 1 : 2, run_id, "cleaning up after a run", e))
+    return e->code;
+  if (!completed && store__exec_bound(s, summary, 1, run_id, "summing up a run's steps", e))
+    return e->code;
+  /* The run, summed up, goes into the figures' rollup in this transaction. */
+  return store__rollup_run(s, run_id, 1, e);
 }
 
 /* Start the runs of skills triggered by this event. */

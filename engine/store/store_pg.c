@@ -199,6 +199,37 @@ static const char *const migrations[] = {
   ** order their transactions commit (SQLite's 9 does nothing) */
   "ALTER TABLE events ADD COLUMN n BIGINT GENERATED ALWAYS AS IDENTITY;"
   "CREATE UNIQUE INDEX events_n ON events(n);",
+  /* 10: the figures' rollup (store_sqlite.c's 10 says what it is);
+  ** moonloop_hist_key is store_rollup.c's store__hist_key (the bit length
+  ** of v, less 7, is e). */
+  "CREATE TABLE stats_rollup(skill " TX " NOT NULL, hour BIGINT NOT NULL,"
+  "  completed BIGINT NOT NULL, failed BIGINT NOT NULL, cancelled BIGINT NOT NULL,"
+  "  unstarted BIGINT NOT NULL, steps BIGINT NOT NULL, failed_steps BIGINT NOT NULL,"
+  "  retries BIGINT NOT NULL, tokens BIGINT NOT NULL, dur " TX " NOT NULL, wait " TX " NOT NULL,"
+  "  PRIMARY KEY(skill, hour));"
+  "CREATE FUNCTION moonloop_hist_key(v BIGINT) RETURNS BIGINT LANGUAGE sql IMMUTABLE AS $$"
+  " SELECT CASE WHEN v < 128 THEN v ELSE (length(ltrim(v::bit(64)::text, '0')) - 7) * 64"
+  " + (v >> (length(ltrim(v::bit(64)::text, '0')) - 7)) END $$;"
+  "INSERT INTO stats_rollup SELECT skill, created_at / 3600000 * 3600000 AS h,"
+  "  count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status = 'failed'),"
+  "  count(*) FILTER (WHERE status = 'cancelled'),"
+  "  count(*) FILTER (WHERE started_at IS NULL OR started_at = 0), coalesce(sum(steps), 0),"
+  "  coalesce(sum(failed_steps), 0), coalesce(sum(retries), 0), coalesce(sum(tokens), 0), '', ''"
+  "  FROM runs WHERE status IN ('completed','failed','cancelled') GROUP BY skill, h;"
+  "UPDATE stats_rollup r SET dur = x.t FROM (SELECT skill, h,"
+  "  '~' || string_agg(k || ':' || n, ' ' ORDER BY k) AS t FROM"
+  "  (SELECT skill, created_at / 3600000 * 3600000 AS h,"
+  "   moonloop_hist_key(ended_at - started_at) AS k, count(*) AS n FROM runs"
+  "   WHERE status IN ('completed','failed','cancelled') AND started_at != 0 AND ended_at != 0"
+  "   AND ended_at >= started_at GROUP BY 1, 2, 3) g GROUP BY 1, 2) x"
+  "  WHERE r.skill = x.skill AND r.hour = x.h;"
+  "UPDATE stats_rollup r SET wait = x.t FROM (SELECT skill, h,"
+  "  '~' || string_agg(k || ':' || n, ' ' ORDER BY k) AS t FROM"
+  "  (SELECT skill, created_at / 3600000 * 3600000 AS h,"
+  "   moonloop_hist_key(started_at - created_at) AS k, count(*) AS n FROM runs"
+  "   WHERE status IN ('completed','failed','cancelled') AND started_at != 0"
+  "   AND started_at >= created_at GROUP BY 1, 2, 3) g GROUP BY 1, 2) x"
+  "  WHERE r.skill = x.skill AND r.hour = x.h;",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 

@@ -338,7 +338,8 @@ int store__pg_run_ended(struct pg_store *s, const char *run_id, const char *stat
     if (wdo(s, sql[i], v, 1, NULL, i < 2 ? "cleaning up after a run" : "summing up a run's steps",
             e))
       return e->code;
-  return 0;
+  /* The run, summed up, goes into the figures' rollup in this transaction. */
+  return store__rollup_run((store_t *)(void *)s, run_id, 1, e);
 }
 
 /* Start the runs of skills triggered by this event (the event name in
@@ -528,6 +529,9 @@ static int prune_batch(struct pg_store *s, int64_t before, err_t *e) {
   int n = (int)store__pg_i64(r, 0, 1);
   int rc = 0;
   struct store_val ids[1] = {SV_TEXT(n ? PQgetvalue(r, 0, 0) : NULL)};
+  /* The runs leave the figures' rollup in the transaction that deletes them. */
+  static const struct store_wq each = {NULL, "SELECT unnest($1::text[])"};
+  if (n) rc = store__rollup_forget((store_t *)(void *)s, &each, ids, 1, e);
   for (size_t i = 0; !rc && n && i < sizeof del / sizeof *del; i++)
     rc = wdo(s, del[i], ids, 1, NULL, "pruning history", e);
   PQclear(r);

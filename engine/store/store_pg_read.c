@@ -69,6 +69,12 @@ static const char *const rsql[RQ_COUNT] = {
   [RQ_COUNT_ENDED] =
     "SELECT count(*) FROM runs WHERE skill = $1 AND status = $4"
     " AND status IN ('completed','failed','cancelled') AND created_at >= $2 AND created_at < $3",
+  [RQ_ROLLUP] =
+    "SELECT hour, completed, failed, cancelled, unstarted, steps, failed_steps, retries, tokens,"
+    " dur, wait FROM stats_rollup WHERE skill = $1 AND hour >= $2 AND hour < $3",
+  [RQ_ENDED_REFS] =
+    "SELECT created_at, id, failed_steps, retries FROM runs WHERE skill = $1 AND status = $4"
+    " AND status IN ('completed','failed','cancelled') AND created_at >= $2 AND created_at < $3",
   [RQ_OPEN] =
     "SELECT created_at, 0, started_at, ended_at, NULL, NULL, NULL, NULL, id, skill"
     " FROM runs WHERE status IN ('queued','running','sleeping','waiting')"

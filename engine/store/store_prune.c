@@ -38,6 +38,9 @@ static int prune_batch(store_t *s, int64_t before, err_t *e) {
       sqlite3_finalize(st);
     }
   }
+  /* The runs leave the figures' rollup in the transaction that deletes them. */
+  static const struct store_wq ids = {"SELECT id FROM temp.prune_ids", NULL};
+  if (!rc && n) rc = store__rollup_forget(s, &ids, NULL, 0, e);
   for (size_t i = 0; !rc && n && i < sizeof del / sizeof *del; i++) rc = store__exec(s->w, del[i], e);
   if (rc) {
     store__exec(s->w, "ROLLBACK", NULL);

@@ -72,6 +72,21 @@
 #include <time.h>
 #include <unistd.h>
 
+/* store_rollup.c's store__hist_key of d, in SQL without a logarithm:
+** ROLLUP_E counts the powers of two from 128 to 2^46 at or below d (e),
+** and the key is e * 64 + (d >> e) from 128 on. */
+#define ROLLUP_GE(k) "(d >= 1 << " #k ")"
+#define ROLLUP_E \
+  "(" ROLLUP_GE(7) "+" ROLLUP_GE(8) "+" ROLLUP_GE(9) "+" ROLLUP_GE(10) "+" ROLLUP_GE(11) "+" \
+  ROLLUP_GE(12) "+" ROLLUP_GE(13) "+" ROLLUP_GE(14) "+" ROLLUP_GE(15) "+" ROLLUP_GE(16) "+" \
+  ROLLUP_GE(17) "+" ROLLUP_GE(18) "+" ROLLUP_GE(19) "+" ROLLUP_GE(20) "+" ROLLUP_GE(21) "+" \
+  ROLLUP_GE(22) "+" ROLLUP_GE(23) "+" ROLLUP_GE(24) "+" ROLLUP_GE(25) "+" ROLLUP_GE(26) "+" \
+  ROLLUP_GE(27) "+" ROLLUP_GE(28) "+" ROLLUP_GE(29) "+" ROLLUP_GE(30) "+" ROLLUP_GE(31) "+" \
+  ROLLUP_GE(32) "+" ROLLUP_GE(33) "+" ROLLUP_GE(34) "+" ROLLUP_GE(35) "+" ROLLUP_GE(36) "+" \
+  ROLLUP_GE(37) "+" ROLLUP_GE(38) "+" ROLLUP_GE(39) "+" ROLLUP_GE(40) "+" ROLLUP_GE(41) "+" \
+  ROLLUP_GE(42) "+" ROLLUP_GE(43) "+" ROLLUP_GE(44) "+" ROLLUP_GE(45) "+" ROLLUP_GE(46) ")"
+#define ROLLUP_KEY "CASE WHEN d < 128 THEN d ELSE " ROLLUP_E " * 64 + (d >> " ROLLUP_E ") END"
+
 static const char *const migrations[] = {
   /* 1: the durable core */
   "CREATE TABLE skills("
@@ -212,6 +227,39 @@ static const char *const migrations[] = {
   ** committed, which SQLite's rowid is already; kept so both dialects
   ** count their migrations alike */
   "",
+  /* 10: the figures' rollup (store_rollup.c): per skill and hour of
+  ** creation, the ended runs' counts, summaries and histograms, kept as
+  ** runs end; built here from the runs that ended before, with coarse
+  ** histograms ("~" then key:count, ROLLUP_KEY's keys). */
+  "CREATE TABLE stats_rollup(skill TEXT NOT NULL, hour INTEGER NOT NULL,"
+  "  completed INTEGER NOT NULL, failed INTEGER NOT NULL, cancelled INTEGER NOT NULL,"
+  "  unstarted INTEGER NOT NULL, steps INTEGER NOT NULL, failed_steps INTEGER NOT NULL,"
+  "  retries INTEGER NOT NULL, tokens INTEGER NOT NULL, dur TEXT NOT NULL, wait TEXT NOT NULL,"
+  "  PRIMARY KEY(skill, hour)) WITHOUT ROWID;"
+  "INSERT INTO stats_rollup SELECT skill, created_at / 3600000 * 3600000 AS h,"
+  "  sum(status = 'completed'), sum(status = 'failed'), sum(status = 'cancelled'),"
+  "  sum(started_at IS NULL OR started_at = 0), coalesce(sum(steps), 0),"
+  "  coalesce(sum(failed_steps), 0), coalesce(sum(retries), 0), coalesce(sum(tokens), 0), '', ''"
+  "  FROM runs WHERE status IN ('completed','failed','cancelled') GROUP BY skill, h;"
+  /* the histograms in one pass over the runs: keys counted per skill,
+  ** hour and kind (0: durations, 1: waits), then written out per row */
+  "CREATE TEMP TABLE rollup_keys(skill TEXT NOT NULL, hour INTEGER NOT NULL,"
+  "  kind INTEGER NOT NULL, k INTEGER NOT NULL, n INTEGER NOT NULL,"
+  "  PRIMARY KEY(skill, hour, kind, k)) WITHOUT ROWID;"
+  "INSERT INTO temp.rollup_keys SELECT skill, h, kind, " ROLLUP_KEY " AS k, count(*) FROM"
+  "  (SELECT skill, created_at / 3600000 * 3600000 AS h, 0 AS kind, ended_at - started_at AS d"
+  "   FROM runs WHERE status IN ('completed','failed','cancelled') AND started_at != 0"
+  "   AND ended_at != 0 AND ended_at >= started_at"
+  "   UNION ALL SELECT skill, created_at / 3600000 * 3600000, 1, started_at - created_at"
+  "   FROM runs WHERE status IN ('completed','failed','cancelled') AND started_at != 0"
+  "   AND started_at >= created_at)"
+  "  GROUP BY skill, h, kind, k;"
+  "UPDATE stats_rollup SET"
+  "  dur = coalesce((SELECT '~' || group_concat(k || ':' || n, ' ') FROM temp.rollup_keys t"
+  "    WHERE t.skill = stats_rollup.skill AND t.hour = stats_rollup.hour AND t.kind = 0), ''),"
+  "  wait = coalesce((SELECT '~' || group_concat(k || ':' || n, ' ') FROM temp.rollup_keys t"
+  "    WHERE t.skill = stats_rollup.skill AND t.hour = stats_rollup.hour AND t.kind = 1), '');"
+  "DROP TABLE temp.rollup_keys;",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 

@@ -89,6 +89,14 @@ static const char *const rsql[RQ_COUNT] = {
     "SELECT count(*) FROM runs INDEXED BY runs_ended WHERE skill = ?1 AND status = ?4"
     " AND (status = 'completed' OR status = 'failed' OR status = 'cancelled')"
     " AND created_at >= ?2 AND created_at < ?3",
+  [RQ_ROLLUP] =
+    "SELECT hour, completed, failed, cancelled, unstarted, steps, failed_steps, retries, tokens,"
+    " dur, wait FROM stats_rollup WHERE skill = ?1 AND hour >= ?2 AND hour < ?3",
+  [RQ_ENDED_REFS] =
+    "SELECT created_at, id, failed_steps, retries"
+    " FROM runs INDEXED BY runs_ended WHERE skill = ?1 AND status = ?4"
+    " AND (status = 'completed' OR status = 'failed' OR status = 'cancelled')"
+    " AND created_at >= ?2 AND created_at < ?3",
   /* The runs not ended yet, through runs_status (status, id) from the
   ** window's first ULID on. */
   [RQ_OPEN] =

@@ -70,14 +70,19 @@
 
 #define TOP_STEPS 10          /* slowest and most failing steps listed */
 #define MAX_STEP_IDS 2000     /* distinct step ids tracked; more go to "(other)" */
-#define STEP_SAMPLE 5000      /* ended runs whose step durations are read, at most */
-#define FAILING_SAMPLE 20000  /* runs with a failed step or a retry read, at most */
+#define STEP_SAMPLE 2000      /* ended runs whose step durations are read, at most */
+#define FAILING_SAMPLE 5000   /* runs with a failed step or a retry read, at most */
 #define EVENT_DATA_MAX 4096   /* event data shown in the stream, in bytes */
 #define RUN_ID_MAX 43         /* longer run ids (never made by moonloop) have no step figures */
 #define AUTO_INTERVALS 60     /* intervals an automatic interval gives at most */
 
+#define ROLLUP_MS 3600000     /* the rollup's time bucket, an hour (store_rollup.c) */
+#define NOW_SLACK 60000       /* a window ending this close to now ends now */
+
 /* For tests: read the steps of every n-th run (n > 0) instead of the sample. */
 int store__stats_steps_mode = 0;
+/* For tests: 0 reads every ended run instead of the rollup. */
+int store__stats_rollup = 1;
 
 /* ---- values in groups, and their percentiles ----------------------------- */
 
@@ -246,6 +251,43 @@ static void count_into(struct counts *c, const struct runrow *r) {
   c->tokens += r->tokens;
 }
 
+/* Keep an ended run's id (in interval k; problem: its summary has a
+** failed step or a retry) for the step sample. */
+static void add_ref(struct runagg *a, const char *id, uint32_t k, int problem) {
+  size_t len = id ? strlen(id) : 0;
+  if (!len || len > RUN_ID_MAX) return;
+  if (a->nrefs == a->caprefs) {
+    a->caprefs = a->caprefs ? a->caprefs * 2 : 1024;
+    a->refs = mem_realloc(a->refs, a->caprefs * sizeof *a->refs);
+  }
+  struct runref *ref = &a->refs[a->nrefs++];
+  memcpy(ref->id, id, len + 1);
+  ref->bucket = k;
+  ref->problem = problem;
+  a->nproblem += problem;
+}
+
+/* The interval of a that time t falls in (0 without a series). */
+static uint32_t bucket_of(const struct runagg *a, int64_t t) {
+  if (!a->nb) return 0;
+  int64_t k = (t - a->since) / a->iv;
+  return k < 0 ? 0 : k >= a->nb ? a->nb - 1 : (uint32_t)k;
+}
+
+/* Add the counts of x to c. */
+static void counts_add(struct counts *c, const struct counts *x) {
+  c->started += x->started;
+  c->completed += x->completed;
+  c->failed += x->failed;
+  c->cancelled += x->cancelled;
+  c->active += x->active;
+  c->queued += x->queued;
+  c->steps += x->steps;
+  c->failed_steps += x->failed_steps;
+  c->retries += x->retries;
+  c->tokens += x->tokens;
+}
+
 /* Count one run with outcome ('c'ompleted, 'f'ailed, 'x' cancelled,
 ** 'a'ctive): the current row of st, whose columns are created_at, (a
 ** column not read), started_at, ended_at, steps, failed_steps, retries,
@@ -262,44 +304,129 @@ static void count_run(struct runagg *a, const struct store_cur *st, char outcome
   r.failed_steps = r.summed ? cur_i64(st, 5) : 0;
   r.retries = r.summed ? cur_i64(st, 6) : 0;
   r.tokens = r.summed ? cur_i64(st, 7) : 0;
-  uint32_t k = a->nb ? (uint32_t)((r.created - a->since) / a->iv) : 0;
-  if (a->nb && k >= a->nb) k = a->nb - 1;
+  uint32_t k = bucket_of(a, r.created);
   count_into(&a->tot, &r);
   if (a->nb) count_into(&a->b[k], &r);
   if (r.started && r.ended >= r.started && r.ended) vals_add(&a->dur, k, r.ended - r.started);
   if (a->waits && r.started && r.started >= r.created) vals_add(&a->wait, k, r.started - r.created);
   if (!a->want_refs || r.outcome == 'a') return;
-  const char *id = cur_text(st, 8);
-  size_t len = id ? strlen(id) : 0;
-  if (!len || len > RUN_ID_MAX) return;
-  if (a->nrefs == a->caprefs) {
-    a->caprefs = a->caprefs ? a->caprefs * 2 : 1024;
-    a->refs = mem_realloc(a->refs, a->caprefs * sizeof *a->refs);
-  }
-  struct runref *ref = &a->refs[a->nrefs++];
-  memcpy(ref->id, id, len + 1);
-  ref->bucket = k;
-  ref->problem = r.failed_steps > 0 || r.retries > 0;
-  a->nproblem += ref->problem;
+  add_ref(a, cur_text(st, 8), k, r.failed_steps > 0 || r.retries > 0);
 }
 
-/* The ended runs of skill created in [a->since, until) into a (on conn, or
-** the reader): one query per ended status, which the query says (the
-** status is not read). */
-static int ended_pass(store_t *s, void *conn, const char *skill, int64_t until, struct runagg *a,
-                      err_t *e) {
+/* The ended runs of skill created in [from, until) into a (on conn, or
+** the reader), read run by run: one query per ended status, which the
+** query says (the status is not read). */
+static int ended_pass(store_t *s, void *conn, const char *skill, int64_t from, int64_t until,
+                      struct runagg *a, err_t *e) {
   if (a->nb && !a->b) a->b = mem_calloc(a->nb, sizeof *a->b);
   static const struct { const char *status; char outcome; } ended[] = {
     {"completed", 'c'}, {"failed", 'f'}, {"cancelled", 'x'}};
   int rc = 0, src = 0;
   for (int i = 0; i < 3 && !rc && src == 0; i++) {
-    struct store_val v[4] = {SV_TEXT(skill), SV_INT(a->since), SV_INT(until),
+    struct store_val v[4] = {SV_TEXT(skill), SV_INT(from), SV_INT(until),
                              SV_TEXT(ended[i].status)};
     struct store_cur st;
     /* Each column read costs on every row: the overview reads only three. */
     if (store__rq(s, conn, a->sums ? RQ_ENDED_SUMS : RQ_ENDED, v, 4, &st, e)) return e->code;
     while ((src = cur_next(&st)) == 1) count_run(a, &st, ended[i].outcome);
     if (src < 0) rc = st.ops->err(&st, e, "reading runs for the figures");
+    cur_close(&st);
+  }
+  return rc;
+}
+
+/* store__hist_each's each: n copies of value into a group's values. */
+struct hist_into {
+  struct vals *x;
+  uint32_t k;
+};
+static void hist_into(void *arg, int64_t value, int64_t n) {
+  struct hist_into *h = arg;
+  for (int64_t i = 0; i < n; i++) vals_add(h->x, h->k, value);
+}
+
+/* The rollup's hours of skill in [from, until) into a (on conn, or the
+** reader): counts, the step sums when a has them, and the durations and
+** waits from the histograms (hists; each value as many times as counted).
+** An hour goes to the interval it starts in: whole, as a's intervals are
+** whole hours (rollup_fits). */
+static int rollup_pass(store_t *s, void *conn, const char *skill, int64_t from, int64_t until,
+                       struct runagg *a, int hists, err_t *e) {
+  if (a->nb && !a->b) a->b = mem_calloc(a->nb, sizeof *a->b);
+  struct store_val v[3] = {SV_TEXT(skill), SV_INT(from), SV_INT(until)};
+  struct store_cur st;
+  if (store__rq(s, conn, RQ_ROLLUP, v, 3, &st, e)) return e->code;
+  int src, rc = 0;
+  while ((src = cur_next(&st)) == 1) {
+    uint32_t k = bucket_of(a, cur_i64(&st, 0));
+    struct counts c = {0};
+    c.completed = cur_i64(&st, 1);
+    c.failed = cur_i64(&st, 2);
+    c.cancelled = cur_i64(&st, 3);
+    c.started = c.completed + c.failed + c.cancelled;
+    if (hists) c.queued = cur_i64(&st, 4);
+    if (a->sums) {
+      c.steps = cur_i64(&st, 5);
+      c.failed_steps = cur_i64(&st, 6);
+      c.retries = cur_i64(&st, 7);
+      c.tokens = cur_i64(&st, 8);
+    }
+    counts_add(&a->tot, &c);
+    if (a->nb) counts_add(&a->b[k], &c);
+    if (!hists) continue;
+    struct hist_into d = {&a->dur, k}, w = {&a->wait, k};
+    if (store__hist_each(cur_text(&st, 9), hist_into, &d) ||
+        (a->waits && store__hist_each(cur_text(&st, 10), hist_into, &w))) {
+      rc = err_set(e, ERR_IO, "store: the figures' rollup of '%s' is damaged (hour %lld)", skill,
+                   (long long)cur_i64(&st, 0));
+      break;
+    }
+  }
+  if (!rc && src < 0) rc = st.ops->err(&st, e, "reading the figures' rollup");
+  cur_close(&st);
+  return rc;
+}
+
+/* Whether a's figures may come from the rollup: its intervals, if any,
+** are whole hours. */
+static int rollup_fits(const struct runagg *a) {
+  return store__stats_rollup &&
+         (!a->nb || (a->iv % ROLLUP_MS == 0 && a->since % ROLLUP_MS == 0));
+}
+
+/* The ended runs of skill created in [from, until) into a: the whole
+** hours from the rollup when it fits (hists: with durations and waits),
+** the part hours at either end run by run. A window that ends now (within
+** NOW_SLACK: until is taken before the store is asked) takes its last hour
+** whole from the rollup: no run was created after it yet. */
+static int ended_runs(store_t *s, void *conn, const char *skill, int64_t from, int64_t until,
+                      struct runagg *a, int hists, err_t *e) {
+  if (!rollup_fits(a) || from < 0) return ended_pass(s, conn, skill, from, until, a, e);
+  int64_t h0 = (from + ROLLUP_MS - 1) / ROLLUP_MS * ROLLUP_MS;
+  int64_t h1 = until / ROLLUP_MS * ROLLUP_MS;
+  if (h1 < until && until >= units_now_ms() - NOW_SLACK) h1 += ROLLUP_MS;
+  if (h1 <= h0) return ended_pass(s, conn, skill, from, until, a, e);
+  if (from < h0 && ended_pass(s, conn, skill, from, h0, a, e)) return e->code;
+  if (rollup_pass(s, conn, skill, h0, h1, a, hists, e)) return e->code;
+  if (h1 < until && ended_pass(s, conn, skill, h1, until, a, e)) return e->code;
+  return 0;
+}
+
+/* The ended runs' ids of skill created in [a->since, until) into a's refs
+** (the step sample), from runs_ended, reading their ids and summaries only. */
+static int refs_pass(store_t *s, const char *skill, int64_t until, struct runagg *a, err_t *e) {
+  static const char *const ended[] = {"completed", "failed", "cancelled"};
+  int rc = 0, src = 0;
+  for (int i = 0; i < 3 && !rc; i++) {
+    struct store_val v[4] = {SV_TEXT(skill), SV_INT(a->since), SV_INT(until), SV_TEXT(ended[i])};
+    struct store_cur st;
+    if (store__rq(s, NULL, RQ_ENDED_REFS, v, 4, &st, e)) return e->code;
+    while ((src = cur_next(&st)) == 1) {
+      int problem = (!cur_null(&st, 2) && cur_i64(&st, 2) > 0) ||
+                    (!cur_null(&st, 3) && cur_i64(&st, 3) > 0);
+      add_ref(a, cur_text(&st, 1), bucket_of(a, cur_i64(&st, 0)), problem);
+    }
+    if (src < 0) rc = st.ops->err(&st, e, "reading runs for the step figures");
     cur_close(&st);
   }
   return rc;
@@ -318,8 +445,9 @@ static void ulid_time(int64_t ms, char out[11]) {
 ** runs_status (status, id) and their rows. A run's id is a ULID of its
 ** creation time (or later, when ids.c keeps them increasing), so those
 ** created since `since` are the ids from since's ULID time on: parked runs
-** of older windows are not even looked at. st's columns are count_run's,
-** then the skill. */
+** of older windows are not even looked at. (No upper bound: an id's time
+** may run ahead of its creation time, when the clock stepped back.) st's
+** columns are count_run's, then the skill. */
 static int open_pass(store_t *s, const char *skill, int64_t since, int64_t until,
                      void (*each)(void *arg, const struct store_cur *st, const char *skill),
                      void *arg, err_t *e) {
@@ -341,9 +469,17 @@ static void open_into(void *arg, const struct store_cur *st, const char *skill) 
   count_run(arg, st, 'a');
 }
 
-/* Every run of skill created in [a->since, until) into a. */
+/* Every run of skill created in [a->since, until) into a. The step
+** sample's ids, when the rollup gives the figures, are read on their own. */
 static int run_pass(store_t *s, const char *skill, int64_t until, struct runagg *a, err_t *e) {
-  if (ended_pass(s, NULL, skill, until, a, e)) return e->code;
+  int refs = a->want_refs && rollup_fits(a);
+  if (refs) a->want_refs = 0;
+  int rc = ended_runs(s, NULL, skill, a->since, until, a, 1, e);
+  if (refs) {
+    a->want_refs = 1;
+    if (!rc) rc = refs_pass(s, skill, until, a, e);
+  }
+  if (rc) return rc;
   return open_pass(s, skill, a->since, until, open_into, a, e);
 }
 
@@ -369,6 +505,25 @@ static int count_pass(store_t *s, void *conn, const char *skill, int64_t since, 
     cur_close(&st);
   }
   return rc;
+}
+
+/* The ended runs of skill created in [since, until) by status into c: the
+** whole hours counted by the rollup, the part hours by count_pass. */
+static int prev_counts(store_t *s, void *conn, const char *skill, int64_t since, int64_t until,
+                       struct counts *c, err_t *e) {
+  if (!store__stats_rollup) return count_pass(s, conn, skill, since, until, c, e);
+  struct runagg a = {.since = since};
+  int64_t h0 = (since + ROLLUP_MS - 1) / ROLLUP_MS * ROLLUP_MS, h1 = until / ROLLUP_MS * ROLLUP_MS;
+  if (since < 0 || h1 <= h0) return count_pass(s, conn, skill, since, until, c, e);
+  if (since < h0 && count_pass(s, conn, skill, since, h0, c, e)) return e->code;
+  if (rollup_pass(s, conn, skill, h0, h1, &a, 0, e)) return e->code;
+  c->started += a.tot.started;
+  c->completed += a.tot.completed;
+  c->failed += a.tot.failed;
+  c->cancelled += a.tot.cancelled;
+  runagg_free(&a);
+  if (h1 < until && count_pass(s, conn, skill, h1, until, c, e)) return e->code;
+  return 0;
 }
 
 /* The counts of c into o (the run counts; with the step sums when steps). */
@@ -850,8 +1005,8 @@ static void *ov_passes(void *arg) {
   }
   for (size_t i = h->from; i < h->ov->n && !h->rc; i += h->step) {
     struct ovskill *x = &h->ov->v[i];
-    h->rc = ended_pass(h->s, conn, x->skill, h->until, &x->a, &h->e);
-    if (!h->rc) h->rc = count_pass(h->s, conn, x->skill, h->prev_since, h->since, &x->prev, &h->e);
+    h->rc = ended_runs(h->s, conn, x->skill, x->a.since, h->until, &x->a, 1, &h->e);
+    if (!h->rc) h->rc = prev_counts(h->s, conn, x->skill, h->prev_since, h->since, &x->prev, &h->e);
   }
   if (h->own) {
     ops->rend(h->s, conn, 1);

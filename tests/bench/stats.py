@@ -10,10 +10,15 @@ that fails in the failed runs); about 1% of the runs are parked (sleeping
 or waiting), the last few hundred still running; three versions of each
 skill were loaded over the period (deploy markers).
 
+The rows go in underneath the engine, so its rollup of the figures
+(store_rollup.c) is then built as an older database's is: by migration 10,
+run by the next command (timed and printed).
+
 Then it times the commands an operator runs, as they run them (a process
 start included): median of 7, in ms. The target is under 200 ms for
 `moonloop stats` over the 7-day default window. Usage:
-  stats.py [RUNS] [BIN] [DAYS]        (KEEP=1 keeps the database and prints where)
+  stats.py [RUNS] [BIN] [DAYS]        (KEEP=1 keeps the database and prints where;
+                                       DB=path times a kept one instead of filling)
 """
 import os
 import random
@@ -31,11 +36,13 @@ DAYS = float(sys.argv[3]) if len(sys.argv) > 3 else 30
 SKILLS = ["skill-%d" % i for i in range(10)]
 CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
-d = tempfile.mkdtemp(prefix="ml-stats-bench-")
-db = os.path.join(d, "moonloop.db")
+REUSE = os.environ.get("DB")
+d = os.path.dirname(os.path.abspath(REUSE)) if REUSE else tempfile.mkdtemp(prefix="ml-stats-bench-")
+db = os.path.abspath(REUSE) if REUSE else os.path.join(d, "moonloop.db")
 env = dict(os.environ, MOONLOOP_DB=db, NO_COLOR="1")
 env.pop("MOONLOOP_URL", None)
-subprocess.run([BIN, "runs"], env=env, cwd=d, check=True, capture_output=True)
+if not REUSE:
+    subprocess.run([BIN, "runs"], env=env, cwd=d, check=True, capture_output=True)
 
 rnd = random.Random(1)
 
@@ -95,40 +102,54 @@ def rows():
                created, started, ended) + summary, steps
 
 
-con = sqlite3.connect(db)
-t0 = time.time()
-with con:
-    batch_runs, batch_steps = [], []
-    for run, steps in rows():
-        batch_runs.append(run)
-        batch_steps.extend(steps)
-        if len(batch_runs) >= 20000:
+def fill():
+    con = sqlite3.connect(db)
+    t0 = time.time()
+    with con:
+        batch_runs, batch_steps = [], []
+        for run, steps in rows():
+            batch_runs.append(run)
+            batch_steps.extend(steps)
+            if len(batch_runs) >= 20000:
+                con.executemany("INSERT INTO runs(id, skill, version, status, trigger, input, output, error,"
+                                " created_at, started_at, ended_at, steps, failed_steps, retries, tokens)"
+                                " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", batch_runs)
+                con.executemany("INSERT INTO steps(run_id, seq, id, kind, status, usage, attempts,"
+                                " started_at, ended_at) VALUES(?,?,?,?,?,?,?,?,?)", batch_steps)
+                batch_runs, batch_steps = [], []
+        if batch_runs:
             con.executemany("INSERT INTO runs(id, skill, version, status, trigger, input, output, error,"
                             " created_at, started_at, ended_at, steps, failed_steps, retries, tokens)"
-                            " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", batch_runs)
+                                " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", batch_runs)
             con.executemany("INSERT INTO steps(run_id, seq, id, kind, status, usage, attempts,"
                             " started_at, ended_at) VALUES(?,?,?,?,?,?,?,?,?)", batch_steps)
-            batch_runs, batch_steps = [], []
-    if batch_runs:
-        con.executemany("INSERT INTO runs(id, skill, version, status, trigger, input, output, error,"
-                        " created_at, started_at, ended_at, steps, failed_steps, retries, tokens)"
-                            " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", batch_runs)
-        con.executemany("INSERT INTO steps(run_id, seq, id, kind, status, usage, attempts,"
-                        " started_at, ended_at) VALUES(?,?,?,?,?,?,?,?,?)", batch_steps)
-    for s in SKILLS:
-        for k in range(3):
-            src = "-- %s version %d\nreturn { id = %r, run = function() end }\n" % (s, k, s)
-            v = "%064x" % rnd.getrandbits(256)
-            con.execute("INSERT INTO versions(version, skill, source, file, loaded_at) VALUES(?,?,?,?,?)",
-                        (v, s, src, "/srv/skills/%s.lua" % s, start + (k + 1) * span // 4))
-        con.execute("INSERT INTO skills(id, version, file, description, triggers, updated_at)"
-                    " VALUES(?,?,?,?,?,?)", (s, v, "/srv/skills/%s.lua" % s, "", "[]", now))
-con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-con.close()
-size = os.path.getsize(db) / 1048576
-print("filled %d runs of %d skills over %g days (about %d runs, %d steps in the last 7 days)"
-      " in %.0f s; the file is %.0f MB" % (N, len(SKILLS), DAYS, min(N, N * 7 / DAYS),
-                                           3 * min(N, N * 7 / DAYS), time.time() - t0, size))
+        for s in SKILLS:
+            for k in range(3):
+                src = "-- %s version %d\nreturn { id = %r, run = function() end }\n" % (s, k, s)
+                v = "%064x" % rnd.getrandbits(256)
+                con.execute("INSERT INTO versions(version, skill, source, file, loaded_at) VALUES(?,?,?,?,?)",
+                            (v, s, src, "/srv/skills/%s.lua" % s, start + (k + 1) * span // 4))
+            con.execute("INSERT INTO skills(id, version, file, description, triggers, updated_at)"
+                        " VALUES(?,?,?,?,?,?)", (s, v, "/srv/skills/%s.lua" % s, "", "[]", now))
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    size = os.path.getsize(db) / 1048576
+    print("filled %d runs of %d skills over %g days (about %d runs, %d steps in the last 7 days)"
+          " in %.0f s; the file is %.0f MB" % (N, len(SKILLS), DAYS, min(N, N * 7 / DAYS),
+                                               3 * min(N, N * 7 / DAYS), time.time() - t0, size))
+    # The rollup as migration 10 builds it for an older database: the
+    # version set back to 9, the next command migrates.
+    con = sqlite3.connect(db)
+    con.execute("DROP TABLE IF EXISTS stats_rollup")
+    con.execute("PRAGMA user_version = 9")
+    con.close()
+    t = time.time()
+    subprocess.run([BIN, "runs"], env=env, cwd=d, check=True, capture_output=True)
+    print("migration 10 (the figures' rollup of %d runs) took %.1f s" % (N, time.time() - t))
+
+
+if not REUSE:
+    fill()
 
 
 def timed(*args):
@@ -147,7 +168,7 @@ for args in (["stats"], ["stats", "skill-3"], ["stats", "skill-7", "--json"],
              ["stats", "--since", "24h"], ["stats", "skill-3", "--since", "1h"],
              ["stats", "--since", "%gd" % DAYS], ["stats", "skill-3", "--since", "%gd" % DAYS]):
     print("moonloop %-34s median %6.1f ms (best %.1f)" % (" ".join(args), *timed(*args)))
-if os.environ.get("KEEP"):
+if os.environ.get("KEEP") or REUSE:
     print("kept the database: MOONLOOP_DB=%s" % db)
 else:
     subprocess.run(["rm", "-rf", d])

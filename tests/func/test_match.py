@@ -127,10 +127,13 @@ end }""")
                 "ALTER TABLE runs DROP COLUMN queued; ALTER TABLE runs DROP COLUMN slot_granted;"
                 "ALTER TABLE runs DROP COLUMN flow_at; ALTER TABLE slot_queue DROP COLUMN lim;"
                 "ALTER TABLE slot_queue DROP COLUMN prio;"
-                "DROP TABLE flow_gcra; DROP TABLE flow_once; DROP TABLE flow_skips; DROP TABLE flow_batch;")
+                "DROP TABLE flow_gcra; DROP TABLE flow_once; DROP TABLE flow_skips; DROP TABLE flow_batch;"
+                # and migration 10 (the figures' rollup)
+                "DROP TABLE stats_rollup;")
         if PG:
-            # PostgreSQL's 9 (events.n) and 7's helper too.
+            # PostgreSQL's 9 (events.n) and 7's and 10's helpers too.
             self.w.sql("BEGIN; " + back + "DROP FUNCTION moonloop_json_or_null(TEXT);"
+                       "DROP FUNCTION moonloop_hist_key(BIGINT);"
                        "DROP INDEX events_n; ALTER TABLE events DROP COLUMN n;"
                        "DELETE FROM moonloop_schema; INSERT INTO moonloop_schema VALUES(6); COMMIT")
         else:

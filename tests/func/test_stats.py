@@ -383,6 +383,7 @@ class StatsMigrationTest(TestCase):
                           "ALTER TABLE waits ADD COLUMN match_path TEXT;"  # (migration 7)
                           "ALTER TABLE waits ADD COLUMN match_value TEXT;"
                           "ALTER TABLE waits DROP COLUMN match_json;"
+                          "DROP TABLE stats_rollup;"  # (migration 10)
                           "PRAGMA user_version = 3;")
         con.close()
         t = self.w.json("stats", "bad", "--since", "1h")["totals"]

@@ -1,7 +1,8 @@
 /* Unit tests for the health figures (store_stats.c): percentiles by
 ** selection against a sort, counts per interval, the window's alignment,
 ** the step sums kept on ended runs, the step sample and the failing list,
-** unfinished runs in the overview and its window before. Runs are written
+** unfinished runs in the overview and its window before, the rollup's
+** bounded percentiles against every run's exact ones. Runs are written
 ** through store_commit, with ULIDs of their creation time, as the engine
 ** writes them. */
 #include "base/ids.h"
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 extern int store__stats_steps_mode;
+extern int store__stats_rollup;
 
 static char dir[] = "/tmp/mlstats-XXXXXX";
 static char path[256];
@@ -168,13 +170,13 @@ TEST(percentiles_and_counts_match_a_sort) {
   store_close(s);
 }
 
-/* 6,000 runs with two steps: the sums are exact; the durations come from
-** every second run (the sample), the failing list from every run with a
-** retry or a failure. */
+/* 3,000 runs with two steps: the sums are exact; the durations come from
+** every second run (the sample: at most 2,000), the failing list from
+** every run with a retry or a failure (at most 5,000). */
 TEST(step_sums_sample_and_failing_steps) {
   store_t *s = open_db("steps");
   journal_t *j = journal_new();
-  enum { N = 6000 };
+  enum { N = 3000 };
   for (int i = 0; i < N; i++) {
     struct made m;
     int64_t c = T0 + i * 1000LL;
@@ -264,6 +266,62 @@ TEST(overview_with_unfinished_runs) {
   store_close(s);
 }
 
+/* p's percentiles from the rollup (got) against the exact ones (want):
+** never above, below by less than 1/64. */
+static void check_bounded(const cJSON *got, const cJSON *want, const char *what) {
+  static const char *const names[3] = {"p50", "p95", "p99"};
+  CHECK_INT_EQ(num(got, "n"), num(want, "n"));
+  for (int i = 0; i < 3; i++) {
+    double g = num(got, names[i]), x = num(want, names[i]);
+    if (g > x || (g != x && g <= x - x / 64)) FAILF("%s: %s %g from the rollup, %g exact", what, names[i], g, x);
+  }
+}
+
+/* 3,000 runs over six hours, 500 an hour, with durations and waits spread
+** over four decades: the rollup's histograms turn to buckets, and every
+** percentile is within its bound of the exact one (read with the rollup
+** turned off); the counts and sums are the same. */
+TEST(rollup_percentiles_are_bounded) {
+  store_t *s = open_db("rollup");
+  journal_t *j = journal_new();
+  srand(11);
+  for (int i = 0; i < 3000; i++) {
+    struct made m;
+    int64_t c = T0 + (int64_t)i * (6 * HOUR / 3000);
+    int64_t w = i % 3 ? 0 : rand() % 100000, d = 10 + (int64_t)rand() * rand() % 3000000;
+    add_run(j, &m, "r", c, c + w, c + w + d, i % 4 ? "completed" : "failed", 2, 1 + i % 3, 5);
+  }
+  commit(s, j);
+  struct stats_query q = {.skill = "r", .since = T0, .until = T0 + 6 * HOUR, .interval = HOUR};
+  cJSON *a, *b;
+  err_t e;
+  CHECK(store_stats_skill(s, &q, &a, &e) == 0);
+  store__stats_rollup = 0;
+  CHECK(store_stats_skill(s, &q, &b, &e) == 0);
+  store__stats_rollup = 1;
+  cJSON *ta = cJSON_GetObjectItem(a, "totals"), *tb = cJSON_GetObjectItem(b, "totals");
+  static const char *const exact[] = {"started", "completed", "failed", "cancelled", "queued",
+                                      "steps", "failed_steps", "retries", "tokens"};
+  for (size_t i = 0; i < sizeof exact / sizeof *exact; i++)
+    if (num(ta, exact[i]) != num(tb, exact[i]))
+      FAILF("%s: %g from the rollup, %g from the runs", exact[i], num(ta, exact[i]), num(tb, exact[i]));
+  check_bounded(cJSON_GetObjectItem(ta, "duration_ms"), cJSON_GetObjectItem(tb, "duration_ms"), "duration");
+  check_bounded(cJSON_GetObjectItem(ta, "queue_wait_ms"), cJSON_GetObjectItem(tb, "queue_wait_ms"), "wait");
+  cJSON *sa = cJSON_GetObjectItem(a, "series"), *sb = cJSON_GetObjectItem(b, "series");
+  CHECK_INT_EQ(cJSON_GetArraySize(sa), 6);
+  for (int h = 0; h < 6; h++) {
+    cJSON *pa = cJSON_GetArrayItem(sa, h), *pb = cJSON_GetArrayItem(sb, h);
+    CHECK_INT_EQ(num(pa, "started"), num(pb, "started"));
+    CHECK(num(pa, "p95") <= num(pb, "p95") && num(pa, "p95") > num(pb, "p95") * 63 / 64);
+  }
+  /* The rollup's rows did turn to buckets: some value is not exact. */
+  CHECK(num(cJSON_GetObjectItem(ta, "duration_ms"), "p50") != num(cJSON_GetObjectItem(tb, "duration_ms"), "p50") ||
+        num(cJSON_GetObjectItem(ta, "duration_ms"), "p95") != num(cJSON_GetObjectItem(tb, "duration_ms"), "p95"));
+  cJSON_Delete(a);
+  cJSON_Delete(b);
+  store_close(s);
+}
+
 int main(void) {
   if (!mkdtemp(dir)) {
     perror("mkdtemp");
@@ -272,6 +330,7 @@ int main(void) {
   RUN(percentiles_and_counts_match_a_sort);
   RUN(step_sums_sample_and_failing_steps);
   RUN(overview_with_unfinished_runs);
+  RUN(rollup_percentiles_are_bounded);
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
