@@ -260,10 +260,8 @@ class PerPeriodTest(SkillsTestCase):
                    for r in self.runs_of("thr")}
         for k in "ab":
             # Started in creation order, and never more than limit + burst
-            # in a period while one engine runs them. (Runs admitted while
-            # no engine was up start together when the next one comes up:
-            # the throttle paces admissions, which are durable; see
-            # docs/skills.md.)
+            # in a period while one engine runs them (the starts after the
+            # kill: see the test below).
             self.assertEqual(sorted(ids[k], key=lambda r: started[r]), ids[k])
             before = [started[r] for r in ids[k] if started[r] < killed_at]
             self.assertLessEqual(self.most_in_a_window(before, 1.0), 3, k)
@@ -272,6 +270,36 @@ class PerPeriodTest(SkillsTestCase):
         # Spread over at least (10 - 3) / 2 periods: the throttle held them.
         a = sorted(starts[r][0] for r in ids["a"])
         self.assertGreaterEqual(a[-1] - a[0], 3.0)
+
+    def test_throttle_spaces_runs_whose_start_times_came_while_no_engine_was_up(self):
+        # One start a second: six runs reserved one a second, then the
+        # engine is killed and is down until every reserved time has passed.
+        self.skill("thr", STARTER % {"id": "thr", "flow": 'throttle = { limit = 1, period = "1s" }'})
+        starts = self.record_starts()
+        p = self.serve()
+        ids = [self.w.ml("invoke", "thr", "--data", json.dumps({"k": i}), check=0).stdout.strip()
+               for i in range(6)]
+        wait_until(lambda: (self.w.trace(ids[-1])["queued"] or {}).get("reason") == "throttle",
+                   what="the last run throttled")
+        wait_until(lambda: len(starts) >= 1, what="the first start")
+        kill9(p)
+        killed_at = time.time()
+        from datetime import datetime
+
+        def ts(t):
+            return datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp()
+        until = ts(self.w.trace(ids[-1])["queued"]["until"])
+        time.sleep(max(0.0, until - time.time()) + 0.5)
+        self.serve()
+        wait_until(lambda: len(self.runs_of("thr", "completed")) == 6, timeout=60, what="six runs")
+        started = {r["id"]: ts(r["started_at"]) for r in self.runs_of("thr")}
+        late = sorted(started[r] for r in ids if started[r] > killed_at)
+        self.assertGreaterEqual(len(late), 4)
+        # Spaced again, one a second (half a period of slack for a loaded
+        # machine; unspaced, they would all start within a few ms)...
+        self.assertEqual(self.most_in_a_window(late, 0.5), 1, late)
+        # ...and in creation order.
+        self.assertEqual(sorted(ids, key=lambda r: started[r]), ids)
 
     def test_rate_limit_skips_the_excess_and_records_each_skip(self):
         self.skill("rl", STARTER % {"id": "rl", "flow": 'triggers = { { event = "svc.alert" } }, '
