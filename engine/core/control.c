@@ -242,7 +242,8 @@ static int start_and_answer(sched_t *s, struct skill *sk, const char *trigger, c
   iv->trigger = mem_strdup(trigger);
   iv->input = input ? mem_strdup(input) : NULL;
   iv->at = units_now_ms();
-  iv->deadline_at = sk->timeout_ms ? iv->at + sk->timeout_ms : 0;
+  /* With limits, the timeout counts from the grant (flowctl.c). */
+  iv->deadline_at = sk->timeout_ms && !sk->nlimits ? iv->at + sk->timeout_ms : 0;
   ids_ulid(iv->at, iv->r.run_id);
   struct run_row row = {
     .id = iv->r.run_id, .skill = sk->id, .version = sk->version,

@@ -136,6 +136,15 @@ static void on_flow_timer(struct stimer *tm) {
   if (!r->aborted && !r->finished && !r->dormant) flowctl_gate(r->sched, r);
 }
 
+/* r starts executing (its started_at set): its timeout counts from here,
+** so time spent queued does not shorten it. A run that started before
+** (it parked and asked again) keeps its deadline. */
+static void run_deadline(struct run *r) {
+  if (r->deadline_at || !r->skill->timeout_ms) return;
+  r->deadline_at = r->started_at + r->skill->timeout_ms;
+  sched__timer_start(r->sched, &r->deadline, r->deadline_at);
+}
+
 /* The store answered r's acquire: "1", the slots are r's; otherwise r is
 ** queued in the store, and waits here with nothing armed until a release
 ** hands it the slots (flowctl_granted). */
@@ -157,6 +166,7 @@ static void on_acquired(void *arg, const struct jentry *je) {
       r->slot_held = r->slot_ever = 1;
       /* Its executing time starts here (the store set started_at the same). */
       if (!r->started_at) r->started_at = units_now_ms();
+      run_deadline(r);
       sched__ready(r->sched, &r->main);
     } else if (!r->slot_ever) {
       /* Queued before it ever executed (a cron or on_failure run made as
@@ -204,6 +214,7 @@ static void on_released(void *arg, const struct jentry *je) {
       continue;
     r->slot_held = r->slot_ever = 1;
     if (!r->started_at) r->started_at = units_now_ms();
+    run_deadline(r);
     sched__ready(s, &r->main);
   }
   cJSON_Delete(ids);

@@ -146,6 +146,57 @@ class FlowControlTest(SkillsTestCase):
         self.assertGreaterEqual(b["started_at"], a["ended_at"])
         self.assertLess(b["created_at"], a["ended_at"])
 
+    def test_a_runs_timeout_counts_from_its_start_not_its_time_queued(self):
+        self.skill("slow", """
+return { id = "slow", timeout = "2s", concurrency = { limit = 1 }, run = function(ctx)
+  return ctx.step.run("call", function()
+    return http.get_json(env.STANDIN .. "/hold/" .. tostring(ctx.input.n)).ok
+  end)
+end }""")
+        release = threading.Event()
+
+        def hold(h, b, n):
+            if h.path.endswith("/0"):
+                release.wait(30)  # the first run holds the slot past its timeout
+            else:
+                time.sleep(1.0)  # half the second's timeout: more than it has left counted from creation
+            return 200, {"ok": True}
+        self.si.route_prefix("/hold/", hold)
+        try:
+            self.serve()
+            first = self.w.ml("invoke", "slow", "--data", '{"n": 0}', check=0).stdout.strip()
+            wait_until(lambda: self.w.trace(first)["status"] == "running", what="the first run")
+            second = self.w.ml("invoke", "slow", "--data", '{"n": 1}', check=0).stdout.strip()
+            wait_until(lambda: self.w.trace(first)["status"] == "failed", timeout=30, what="the first's timeout")
+            self.assertEqual(self.w.trace(first)["error"]["message"], "the run timed out after 2.0s (its timeout)")
+            # The second waited queued about as long as the timeout, then
+            # had its whole timeout to run in.
+            wait_until(lambda: self.w.trace(second)["status"] in ("completed", "failed"), timeout=30,
+                       what="the second's end")
+            t = self.w.trace(second)
+            self.assertEqual(t["status"], "completed", t.get("error"))
+        finally:
+            release.set()
+
+    def test_a_queued_runs_timeout_holds_across_kill_9(self):
+        self.skill("slow", """
+return { id = "slow", timeout = "3s", concurrency = { limit = 1 }, run = function(ctx)
+  return ctx.step.run("call", function() return http.get_json(env.STANDIN .. "/hold").ok end)
+end }""")
+        release = threading.Event()
+        self.si.routes["/hold"] = lambda h, b, n: (release.wait(30), (200, {"ok": True}))[1]
+        try:
+            p = self.serve()
+            run = self.w.ml("invoke", "slow", "--data", "{}", check=0).stdout.strip()
+            wait_until(lambda: self.si.count("/hold") >= 1, what="the run's call")
+            kill9(p)
+            self.serve()  # takes it over: its deadline is its start plus its timeout
+            wait_until(lambda: self.w.trace(run)["status"] == "failed", timeout=30, what="the timeout")
+            t = self.w.trace(run)
+            self.assertEqual(t["error"]["message"], "the run timed out after 3.0s (its timeout)")
+        finally:
+            release.set()
+
     def test_limits_hold_across_kill_9_and_two_engines(self):
         self.skill("one", CALLER % {"id": "one", "tag": "one",
                                     "conc": '{ {limit = 2, scope = "shared"}, {limit = 1, key = "event.data.k"} }'})
