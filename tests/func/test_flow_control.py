@@ -146,6 +146,53 @@ class FlowControlTest(SkillsTestCase):
         self.assertGreaterEqual(b["started_at"], a["ended_at"])
         self.assertLess(b["created_at"], a["ended_at"])
 
+    def test_runs_blocked_on_one_key_do_not_hold_up_other_keys_or_skills(self):
+        # one: 2 at once across the scope "api", 1 per key; two: the scope only.
+        self.skill("one", CALLER % {"id": "one", "tag": "one",
+                                    "conc": '{ {limit = 2, scope = "api"}, {limit = 1, key = "event.data.k"} }'})
+        self.skill("two", CALLER % {"id": "two", "tag": "two", "conc": '{limit = 2, scope = "api"}'})
+        lock = threading.Lock()
+        started = []
+        hold = {k: threading.Event() for k in "abc"}
+
+        def call(h, b, n):
+            path, _, query = h.path.partition("?")
+            k = query.partition("=")[2]
+            with lock:
+                started.append(path.rsplit("/", 1)[1])
+            hold[k].wait(30)
+            return 200, {"ok": True}
+        self.si.route_prefix("/svc/", call)
+        try:
+            self.serve()
+
+            def invoke(skill, k):
+                return self.w.ml("invoke", skill, "--data", json.dumps({"k": k}), check=0).stdout.strip()
+            a1 = invoke("one", "a")
+            wait_until(lambda: a1 in started, what="a1's call")
+            a2, a3 = invoke("one", "a"), invoke("one", "a")
+            wait_until(lambda: self.w.trace(a3)["status"] == "queued", what="a3 queued")
+            # Key a is full, the scope is not: b1 starts at once, past a2 and a3.
+            b1 = invoke("one", "b")
+            wait_until(lambda: b1 in started, what="b1 started while a's runs wait")
+            b2, c1 = invoke("one", "b"), invoke("two", "c")
+            wait_until(lambda: self.w.trace(c1)["status"] == "queued", what="c1 queued")
+            self.assertEqual(self.w.trace(c1)["queued"]["scope"], "api")
+            # b1's end frees a place in the scope: a2 and a3 still cannot
+            # have key a, so b2 (then, after b2, c1 of the other skill) goes.
+            hold["b"].set()
+            hold["c"].set()
+            wait_until(lambda: self.w.trace(c1)["status"] == "completed", timeout=30, what="c1's end")
+            self.assertEqual(self.w.trace(b2)["status"], "completed")
+            self.assertNotIn(a2, started)
+            self.assertEqual([self.w.trace(r)["status"] for r in (a1, a2, a3)], ["running", "queued", "queued"])
+            hold["a"].set()
+            wait_until(lambda: len(self.runs_of("one", "completed")) == 5, timeout=30, what="every run of one")
+            self.assertEqual([r for r in started if r in (a1, a2, a3)], [a1, a2, a3])
+        finally:
+            for ev in hold.values():
+                ev.set()
+
     def test_a_runs_timeout_counts_from_its_start_not_its_time_queued(self):
         self.skill("slow", """
 return { id = "slow", timeout = "2s", concurrency = { limit = 1 }, run = function(ctx)
