@@ -284,6 +284,36 @@ end }""")
         self.assertEqual([s[2] for s in g.starts], ids)
         self.assertEqual(g.most["all"], 1)
 
+    def test_a_scope_given_two_limits_is_refused_naming_the_other_skill(self):
+        self.skill("one", CALLER % {"id": "one", "tag": "one", "conc": '{limit = 2, scope = "api"}'})
+        self.skill("two", CALLER % {"id": "two", "tag": "two", "conc": '{limit = 3, scope = "api"}'})
+        self.serve()
+
+        def skills():
+            return {x["id"]: x for x in self.w.json("skills", "--json")}
+
+        def refused():
+            return [x for x in skills().values() if x.get("error")]
+        wait_until(lambda: len(skills()) == 2 and refused(), what="a refusal")
+        bad = refused()
+        self.assertEqual(len(bad), 1)
+        other, mine = ("one", 3) if bad[0]["id"] == "two" else ("two", 2)
+        self.assertIn("concurrency scope 'api' has limit %d here, but skill '%s'" % (mine, other),
+                      bad[0]["error"]["message"])
+        self.assertIn("every skill naming a scope must give it the same limit", bad[0]["error"]["message"])
+        # Both files changed to one new limit: both load, whichever goes first.
+        self.skill("one", CALLER % {"id": "one", "tag": "one", "conc": '{limit = 4, scope = "api"}'})
+        self.skill("two", CALLER % {"id": "two", "tag": "two", "conc": '{limit = 4, scope = "api"}'})
+        wait_until(lambda: len(skills()) == 2 and not refused() and all(
+            x.get("version") for x in skills().values()), what="both loaded", timeout=20)
+        g = Gauge(hold=0.3)
+        self.si.route_prefix("/svc/", g.handler(lambda tag, k: ["api"]))
+        for i in range(5):
+            self.w.ml("invoke", "one", "--data", "{}", check=0)
+            self.w.ml("invoke", "two", "--data", "{}", check=0)
+        wait_until(lambda: len(self.w.runs(status="completed")) == 10, timeout=30, what="ten runs")
+        self.assertEqual(g.most["api"], 4)
+
     def test_bad_limits_are_refused_naming_the_fix(self):
         cases = [
             ('{ {limit = 1}, {limit = 2} }', "concurrency 2 repeats the skill's own limit without a key"),
