@@ -46,6 +46,7 @@ static const char *status_color(const char *st) {
   case RUN_COMPLETED: return GREEN;
   case RUN_FAILED: return RED;
   case RUN_CANCELLED: return DIM;
+  case RUN_SKIPPED: return DIM;
   case RUN_RUNNING: return YELLOW;
   default: break;
   }
@@ -58,6 +59,7 @@ static const char *status_mark(const char *st) {
   case RUN_COMPLETED: return "\xe2\x9c\x93";
   case RUN_FAILED: return "\xe2\x9c\x97";
   case RUN_CANCELLED: return "-";
+  case RUN_SKIPPED: return "-";
   case RUN_SLEEPING: return "z";
   case RUN_WAITING: return "\xe2\x80\xa6";
   default: break;

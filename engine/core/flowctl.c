@@ -158,9 +158,10 @@ static void on_acquired(void *arg, const struct jentry *je) {
       r->flow_timer.fn = on_flow_timer;
       sched__timer_start(r->sched, &r->flow_timer, strtoll(je->result + 5, NULL, 10));
     } else if (je->result && !strncmp(je->result, "skip:", 5)) {
-      /* Over its rate limit: it ends at once, saying so, no code run. */
+      /* Turned away (rate limit, singleton, idempotency, debounce, batch):
+      ** it ends skipped at once, saying why, no code run. */
       char *ej = jsontext_message(je->result + 5);
-      run_abort(r, "cancelled", ej);
+      run_abort(r, "skipped", ej);
       free(ej);
     } else if (je->result) {
       r->slot_held = r->slot_ever = 1;

@@ -178,6 +178,7 @@ void sched__run_done(sched_t *s, struct run *r, const char *status, const char *
   case RUN_COMPLETED: s->stats.runs_completed++; break;
   case RUN_FAILED: s->stats.runs_failed++; break;
   case RUN_CANCELLED: s->stats.runs_cancelled++; break;
+  case RUN_SKIPPED: s->stats.runs_skipped++; break;
   default: break; /* "abandoned": dropped here without an end */
   }
   if (strcmp(status, "abandoned"))

@@ -245,7 +245,7 @@ static inline int store__rq(store_t *s, void *conn, enum store_rq q, const struc
 /* Fill r from a row of STORE_RUN_COLS (and STORE_CLAIM_COLS's three more
 ** when the cursor has them: with_claim); strings are malloc'd. */
 void store__run_row(const struct store_cur *c, struct run_row *r, int with_claim);
-/* Whether a run status is final (completed, failed, cancelled); NULL is not. */
+/* Whether a run status is final (completed, failed, cancelled, skipped); NULL is not. */
 int store__is_terminal(const char *status);
 /* Whether a lease is dead: expired, or its process is gone on this host. */
 int store__lease_dead(const char *lease_host, long pid, long long pid_start, int64_t expires,

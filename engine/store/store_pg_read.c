@@ -10,6 +10,7 @@
 ** never fails once its query succeeded. A snapshot is a REPEATABLE READ,
 ** READ ONLY transaction: a run record's queries see one state.
 */
+#include "base/vocab.h"
 #include "store/store_pg_db.h"
 
 #include <stdio.h>
@@ -31,7 +32,7 @@ static const char *const rsql[RQ_COUNT] = {
   [RQ_RUN_STATUS] = "SELECT status FROM runs WHERE id = $1",
   [RQ_RUNS_ENDED] =
     "SELECT id FROM runs WHERE id IN (SELECT json_array_elements_text($1::json))"
-    " AND status IN ('completed','failed','cancelled')",
+    " AND status IN (" VOCAB_RUN_ENDED_SQL ")",
   [RQ_LIVE_VERSION] = "SELECT version FROM skills WHERE id = $1",
   [RQ_STEP_JOURNAL] =
     "SELECT seq, id, kind, status, output, error, attempts, started_at, ended_at, wake_at,"
@@ -52,7 +53,7 @@ static const char *const rsql[RQ_COUNT] = {
     " WHERE w.result IS NOT NULL AND w.kind != 'cancel' AND r.owner = $1",
   [RQ_POLL_CANCELS] =
     "SELECT id, cancel_reason FROM runs WHERE owner = $1 AND cancel_requested = 1"
-    " AND status NOT IN ('completed','failed','cancelled')",
+    " AND status NOT IN (" VOCAB_RUN_ENDED_SQL ")",
   [RQ_POLL_GRANTS] = "SELECT id FROM runs WHERE owner = $1 AND slot_granted = 1",
   [RQ_CRON_LAST] = "SELECT last_tick FROM cron_state WHERE skill = $1 AND spec = $2",
   [RQ_SERVE_LEASES] =
@@ -61,14 +62,14 @@ static const char *const rsql[RQ_COUNT] = {
   [RQ_ENDED_SUMS] =
     "SELECT created_at, 0, started_at, ended_at, steps, failed_steps, retries, tokens, id"
     " FROM runs WHERE skill = $1 AND status = $4"
-    " AND status IN ('completed','failed','cancelled') AND created_at >= $2 AND created_at < $3",
+    " AND status IN (" VOCAB_RUN_ENDED_SQL ") AND created_at >= $2 AND created_at < $3",
   [RQ_ENDED] =
     "SELECT created_at, 0, started_at, ended_at"
     " FROM runs WHERE skill = $1 AND status = $4"
-    " AND status IN ('completed','failed','cancelled') AND created_at >= $2 AND created_at < $3",
+    " AND status IN (" VOCAB_RUN_ENDED_SQL ") AND created_at >= $2 AND created_at < $3",
   [RQ_COUNT_ENDED] =
     "SELECT count(*) FROM runs WHERE skill = $1 AND status = $4"
-    " AND status IN ('completed','failed','cancelled') AND created_at >= $2 AND created_at < $3",
+    " AND status IN (" VOCAB_RUN_ENDED_SQL ") AND created_at >= $2 AND created_at < $3",
   [RQ_OPEN] =
     "SELECT created_at, 0, started_at, ended_at, NULL, NULL, NULL, NULL, id, skill"
     " FROM runs WHERE status IN ('queued','running','sleeping','waiting')"

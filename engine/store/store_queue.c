@@ -42,7 +42,7 @@
 ** its start time and the core wakes it then). An acquire's result says
 ** what came of it: "1" (slots held), NULL (queued for slots), "wait:MS"
 ** (admitted, to start at MS) or "skip:MESSAGE" (the run is to end,
-** cancelled, with that message; counted in flow_skips).
+** skipped, with that message; counted in flow_skips).
 **
 ** Both backends run this file: each statement is written in both dialects
 ** (struct store_wq: SQLite's, then PostgreSQL's) and run on the writer
@@ -55,6 +55,7 @@
 */
 #include "base/mem.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "store/store_backend.h"
 
 #include <stdio.h>
@@ -93,10 +94,10 @@ WQ(OWNER_SQL, "SELECT owner FROM runs WHERE id = ?1", "SELECT owner FROM runs WH
 WQ(QUEUED_SQL,
    "UPDATE runs SET status = 'queued', queued = ?2, slot_granted = 0, started_at = CASE WHEN EXISTS"
    " (SELECT 1 FROM steps WHERE run_id = ?1) THEN started_at END WHERE id = ?1"
-   " AND status NOT IN ('completed','failed','cancelled')",
+   " AND status NOT IN (" VOCAB_RUN_ENDED_SQL ")",
    "UPDATE runs SET status = 'queued', queued = $2, slot_granted = 0, started_at = CASE WHEN EXISTS"
    " (SELECT 1 FROM steps WHERE run_id = $1) THEN started_at END WHERE id = $1"
-   " AND status NOT IN ('completed','failed','cancelled')");
+   " AND status NOT IN (" VOCAB_RUN_ENDED_SQL ")");
 WQ(PLACES_SQL, "SELECT skill, key, since, lim FROM slot_queue WHERE run_id = ?1",
    "SELECT skill, key, since, lim FROM slot_queue WHERE run_id = $1");
 WQ(PAIRS_SQL,
@@ -131,9 +132,13 @@ WQ(SET_ONCE_SQL,
    " ON CONFLICT(q, key) DO UPDATE SET run_id = excluded.run_id, until = excluded.until");
 WQ(REPLACE_SQL,
    "UPDATE runs SET cancel_requested = 1, cancel_reason = ?2 WHERE id = ?1"
-   " AND status NOT IN ('completed','failed','cancelled') AND cancel_requested = 0",
+   " AND status NOT IN (" VOCAB_RUN_ENDED_SQL ") AND cancel_requested = 0",
    "UPDATE runs SET cancel_requested = 1, cancel_reason = $2 WHERE id = $1"
-   " AND status NOT IN ('completed','failed','cancelled') AND cancel_requested = 0");
+   " AND status NOT IN (" VOCAB_RUN_ENDED_SQL ") AND cancel_requested = 0");
+/* A debounced run superseded: its owner asks again at once (store_poll's
+** grants), and is told it is skipped. */
+WQ(SUPERSEDE_SQL, "UPDATE runs SET slot_granted = 1 WHERE id = ?1 AND status = 'queued'",
+   "UPDATE runs SET slot_granted = 1 WHERE id = $1 AND status = 'queued'");
 WQ(DEBOUNCE_SQL,
    "SELECT o.run_id, o.until, r.status = 'queued' AND r.started_at IS NULL FROM flow_once o"
    " LEFT JOIN runs r ON r.id = o.run_id WHERE o.q = ?1 AND o.key = ?2",
@@ -355,8 +360,8 @@ static int once_set(store_t *s, const struct lim *l, const char *run_id, int64_t
 
 /* Debounce limit l for the run of je: the key's latest run. First asking
 ** (first): the run becomes the key's latest; a latest run still waiting
-** is superseded (flagged for cancellation: it would be skipped when it
-** asks again anyway), and the burst it began carries on; the run's start
+** is superseded (its owner is told to ask again at once, and asking
+** again it is skipped), and the burst it began carries on; the run's start
 ** is period after now, but no later than max_wait after the burst began.
 ** *start gets it. Asking again: a run that is no longer the key's latest
 ** is skipped (0, the result says why). 1: go on; -1: error. */
@@ -385,9 +390,7 @@ static int debounce(store_t *s, const struct jentry *je, const struct lim *l, in
     return r;
   }
   if (latest && strcmp(latest, self) && waiting) {
-    char why[400];
-    snprintf(why, sizeof why, "debounced: a later event started run %s", self);
-    if (exec_run(s, &REPLACE_SQL, latest, why, "superseding a debounced run", e)) r = -1;
+    if (exec_run(s, &SUPERSEDE_SQL, latest, NULL, "superseding a debounced run", e)) r = -1;
   } else {
     began = now; /* a new burst */
   }

@@ -191,7 +191,7 @@ static void add_ratio(cJSON *o, const char *key, int64_t num, int64_t den) {
 /* Counts over a window or one interval. The step sums come from the
 ** summaries of ended runs. */
 struct counts {
-  int64_t started, completed, failed, cancelled, active, queued;
+  int64_t started, completed, failed, cancelled, skipped, active, queued;
   int64_t steps, failed_steps, retries, tokens;
 };
 
@@ -227,7 +227,7 @@ static void runagg_free(struct runagg *a) {
 struct runrow {
   int64_t created, started, ended, steps, failed_steps, retries, tokens;
   int queued, summed; /* no start yet; the summary is there (the run ended) */
-  char outcome;       /* 'c'ompleted, 'f'ailed, 'x' cancelled, 'a'ctive */
+  char outcome;       /* 'c'ompleted, 'f'ailed, 'x' cancelled, 's'kipped, 'a'ctive */
 };
 
 /* Add a run to c. */
@@ -237,6 +237,7 @@ static void count_into(struct counts *c, const struct runrow *r) {
   case 'c': c->completed++; break;
   case 'f': c->failed++; break;
   case 'x': c->cancelled++; break;
+  case 's': c->skipped++; break;
   default: c->active++; break;
   }
   c->queued += r->queued;
@@ -247,7 +248,7 @@ static void count_into(struct counts *c, const struct runrow *r) {
 }
 
 /* Count one run with outcome ('c'ompleted, 'f'ailed, 'x' cancelled,
-** 'a'ctive): the current row of st, whose columns are created_at, (a
+** 's'kipped, 'a'ctive): the current row of st, whose columns are created_at, (a
 ** column not read), started_at, ended_at, steps, failed_steps, retries,
 ** tokens, id. */
 static void count_run(struct runagg *a, const struct store_cur *st, char outcome) {
@@ -290,9 +291,9 @@ static int ended_pass(store_t *s, void *conn, const char *skill, int64_t until, 
                       err_t *e) {
   if (a->nb && !a->b) a->b = mem_calloc(a->nb, sizeof *a->b);
   static const struct { const char *status; char outcome; } ended[] = {
-    {"completed", 'c'}, {"failed", 'f'}, {"cancelled", 'x'}};
+    {"completed", 'c'}, {"failed", 'f'}, {"cancelled", 'x'}, {"skipped", 's'}};
   int rc = 0, src = 0;
-  for (int i = 0; i < 3 && !rc && src == 0; i++) {
+  for (int i = 0; i < 4 && !rc && src == 0; i++) {
     struct store_val v[4] = {SV_TEXT(skill), SV_INT(a->since), SV_INT(until),
                              SV_TEXT(ended[i].status)};
     struct store_cur st;
@@ -351,9 +352,9 @@ static int run_pass(store_t *s, const char *skill, int64_t until, struct runagg 
 ** counted without reading an entry (on conn, or the reader). */
 static int count_pass(store_t *s, void *conn, const char *skill, int64_t since, int64_t until,
                       struct counts *c, err_t *e) {
-  static const char *const ended[] = {"completed", "failed", "cancelled"};
+  static const char *const ended[] = {"completed", "failed", "cancelled", "skipped"};
   int rc = 0;
-  for (int i = 0; i < 3 && !rc; i++) {
+  for (int i = 0; i < 4 && !rc; i++) {
     struct store_val v[4] = {SV_TEXT(skill), SV_INT(since), SV_INT(until), SV_TEXT(ended[i])};
     struct store_cur st;
     if (store__rq(s, conn, RQ_COUNT_ENDED, v, 4, &st, e)) return e->code;
@@ -364,7 +365,7 @@ static int count_pass(store_t *s, void *conn, const char *skill, int64_t since, 
     } else {
       int64_t n = cur_i64(&st, 0);
       c->started += n;
-      *(i == 0 ? &c->completed : i == 1 ? &c->failed : &c->cancelled) += n;
+      *(i == 0 ? &c->completed : i == 1 ? &c->failed : i == 2 ? &c->cancelled : &c->skipped) += n;
     }
     cur_close(&st);
   }
@@ -377,6 +378,7 @@ static void add_counts(cJSON *o, const struct counts *c, int steps) {
   cJSON_AddNumberToObject(o, "completed", (double)c->completed);
   cJSON_AddNumberToObject(o, "failed", (double)c->failed);
   cJSON_AddNumberToObject(o, "cancelled", (double)c->cancelled);
+  cJSON_AddNumberToObject(o, "skipped", (double)c->skipped);
   cJSON_AddNumberToObject(o, "active", (double)c->active);
   cJSON_AddNumberToObject(o, "queued", (double)c->queued);
   add_ratio(o, "failure_rate", c->failed, c->completed + c->failed);

@@ -436,16 +436,16 @@ class PerPeriodTest(SkillsTestCase):
         p = self.serve()
         for k in ["a", "a", "a", "b", "a"]:
             self.w.ml("send", "svc.alert", "--data", json.dumps({"k": k}), check=0)
-        wait_until(lambda: len([r for r in self.runs_of("rl") if r["status"] in ("completed", "cancelled")]) == 5,
+        wait_until(lambda: len([r for r in self.runs_of("rl") if r["status"] in ("completed", "skipped")]) == 5,
                    what="five runs ended")
         kill9(p)  # the count is in the store
         self.serve()
         self.w.ml("send", "svc.alert", "--data", json.dumps({"k": "a"}), check=0)
-        wait_until(lambda: len([r for r in self.runs_of("rl") if r["status"] in ("completed", "cancelled")]) == 6,
+        wait_until(lambda: len([r for r in self.runs_of("rl") if r["status"] in ("completed", "skipped")]) == 6,
                    what="six runs ended")
         runs = self.runs_of("rl")
         done = [r for r in runs if r["status"] == "completed"]
-        skipped = [r for r in runs if r["status"] == "cancelled"]
+        skipped = [r for r in runs if r["status"] == "skipped"]
         self.assertEqual(sorted(r["input"]["k"] for r in done), ["a", "a", "b"])
         self.assertEqual(len(skipped), 3)
         for r in skipped:
@@ -455,7 +455,22 @@ class PerPeriodTest(SkillsTestCase):
             self.assertEqual(r["trigger"]["event"]["name"], "svc.alert")  # which event was skipped
         self.assertEqual(len(starts), 3)  # no code of a skipped run ran
         with urllib.request.urlopen(self.w.procs[-1].url + "/metrics", timeout=10) as m:
-            self.assertIn('moonloop_runs_skipped_total{skill="rl",reason="rate_limit"} 3', m.read().decode())
+            metrics = m.read().decode()
+        self.assertIn('moonloop_runs_skipped_total{skill="rl",reason="rate_limit"} 3', metrics)
+        # The skip after the kill ended in this process: a finished run of its own status.
+        self.assertIn('moonloop_runs_finished_total{status="skipped"} 1', metrics)
+        self.assertIn('moonloop_runs_finished_total{status="cancelled"} 0', metrics)
+        # Skips are not cancellations: they have a status of their own in
+        # the CLI's filter, the API's and the figures.
+        self.assertEqual(len(self.w.json("runs", "--status", "skipped")), 3)
+        self.assertEqual(self.w.json("runs", "--status", "cancelled"), [])
+        with urllib.request.urlopen(self.w.procs[-1].url + "/v1/runs?status=skipped", timeout=10) as r:
+            self.assertEqual(len(json.loads(r.read())["runs"]), 3)
+        t = self.w.json("stats", "rl", "--since", "1h")["totals"]
+        self.assertEqual((t["started"], t["completed"], t["cancelled"], t["skipped"], t["failure_rate"]),
+                         (6, 3, 0, 3, 0))
+        self.assertIn("3 completed, 0 failed, 0 cancelled, 3 skipped, 0 active",
+                      self.w.ml("stats", "rl", "--since", "1h", check=0).stdout)
 
     def test_bad_throttle_and_rate_limit_are_refused_naming_the_fix(self):
         cases = [
@@ -476,7 +491,7 @@ class PerPeriodTest(SkillsTestCase):
 
 class OnceTest(SkillsTestCase):
     def ended(self, skill, n):
-        wait_until(lambda: len([r for r in self.runs_of(skill) if r["status"] in ("completed", "cancelled")]) == n,
+        wait_until(lambda: len([r for r in self.runs_of(skill) if r["status"] in ("completed", "cancelled", "skipped")]) == n,
                    what="%d runs of %s ended" % (n, skill))
         return self.runs_of(skill)
 
@@ -493,7 +508,7 @@ class OnceTest(SkillsTestCase):
         self.w.ml("send", "order.paid", "--data", json.dumps({"k": "o1"}), check=0)
         runs = self.ended("pay", 4)
         self.assertEqual(sorted(r["input"]["k"] for r in runs if r["status"] == "completed"), ["o1", "o2"])
-        skipped = [r for r in runs if r["status"] == "cancelled"]
+        skipped = [r for r in runs if r["status"] == "skipped"]
         self.assertEqual(len(skipped), 2)
         for r in skipped:
             self.assertEqual(r["error"]["message"], 'skipped by idempotency: run %s already started for key '
@@ -509,7 +524,7 @@ class OnceTest(SkillsTestCase):
         time.sleep(1.1)
         self.w.ml("invoke", "pay", "--data", '{"k": "x"}', check=0)
         runs = self.ended("pay", 3)
-        self.assertEqual(sorted(r["status"] for r in runs), ["cancelled", "completed", "completed"])
+        self.assertEqual(sorted(r["status"] for r in runs), ["completed", "completed", "skipped"])
 
     def singleton(self, mode):
         self.skill("one", CALLER % {"id": "one", "tag": "one", "conc": "nil, singleton = { key = \"event.data.k\", "
@@ -527,7 +542,7 @@ class OnceTest(SkillsTestCase):
 
     def test_singleton_skip(self):
         g, first, second, other = self.singleton("skip")
-        wait_until(lambda: self.w.trace(second)["status"] == "cancelled", what="the second skipped")
+        wait_until(lambda: self.w.trace(second)["status"] == "skipped", what="the second skipped")
         self.assertEqual(self.w.trace(second)["error"]["message"],
                          'skipped by singleton: run %s is running for key event.data.k="a"' % first)
         g.release.set()
@@ -589,13 +604,13 @@ class DebounceTest(SkillsTestCase):
             send(p, {"name": "inc.update", "data": {"k": "a", "n": i}})
             time.sleep(0.1)
         send(p, {"name": "inc.update", "data": {"k": "b", "n": 9}})
-        wait_until(lambda: len([r for r in self.runs_of("deb") if r["status"] in ("completed", "cancelled")]) == 6,
+        wait_until(lambda: len([r for r in self.runs_of("deb") if r["status"] in ("completed", "skipped")]) == 6,
                    what="six runs ended")
         runs = self.runs_of("deb")
         done = [r for r in runs if r["status"] == "completed"]
         self.assertEqual(sorted((r["input"]["k"], r["input"]["n"]) for r in done), [("a", 4), ("b", 9)])
         for r in runs:
-            if r["status"] == "cancelled":
+            if r["status"] == "skipped":
                 self.assertRegex(r["error"]["message"], r"debounced: a later event started run \w+")
                 self.assertIsNone(r["started_at"])
         self.assertEqual(len(starts), 2)
@@ -676,14 +691,14 @@ return { id = "bat", triggers = { { event = "row.new" } },
         for i in range(7):
             self.w.ml("send", "row.new", "--data", json.dumps({"t": "a", "n": i}), check=0)
         self.w.ml("send", "row.new", "--data", json.dumps({"t": "b", "n": 100}), check=0)
-        wait_until(lambda: len([r for r in self.runs_of("bat") if r["status"] in ("completed", "cancelled")]) == 8,
+        wait_until(lambda: len([r for r in self.runs_of("bat") if r["status"] in ("completed", "skipped")]) == 8,
                    timeout=20, what="eight runs ended")
         runs = self.runs_of("bat")
         done = sorted((r["output"]["t"], r["output"]["ns"]) for r in runs if r["status"] == "completed")
         # Two full batches at once, then the rest when the timeout passed.
         self.assertEqual(done, [("a", [0, 1, 2]), ("a", [3, 4, 5]), ("a", [6]), ("b", [100])])
         for r in runs:
-            if r["status"] == "cancelled":
+            if r["status"] == "skipped":
                 self.assertRegex(r["error"]["message"], r"^batched into run \w+$")
         last = [r for r in runs if r["status"] == "completed" and r["output"]["ns"] == [6]][0]
         from datetime import datetime
