@@ -116,13 +116,15 @@ static void queued_text(const cJSON *q, char *out, size_t n) {
   const char *why = str(q, "reason"), *scope = str(q, "scope"), *skill = str(q, "skill");
   const char *key = str(q, "key");
   const char *period = str(q, "period"), *until = str(q, "until");
-  const cJSON *lim = cJSON_GetObjectItem(q, "limit");
-  char amount[64] = "";
+  const cJSON *lim = cJSON_GetObjectItem(q, "limit"), *pos = cJSON_GetObjectItem(q, "position");
+  char amount[64] = "", place[48] = "";
   if (cJSON_IsNumber(lim)) snprintf(amount, sizeof amount, " limit %g%s", lim->valuedouble, period ? " per" : "");
-  snprintf(out, n, "%s%s%s%s of %s %s%s%s%s%s", why ? why : "?", amount, period ? " " : "",
+  /* The run record's own (one run read), not a list's. */
+  if (cJSON_IsNumber(pos)) snprintf(place, sizeof place, ", number %g in the queue", pos->valuedouble);
+  snprintf(out, n, "%s%s%s%s of %s %s%s%s%s%s%s", why ? why : "?", amount, period ? " " : "",
            period ? period : "",
            scope ? "scope" : "skill", scope ? scope : skill ? skill : "?", key ? ", key " : "",
-           key ? key : "", until ? ", until " : "", until ? until : "");
+           key ? key : "", until ? ", until " : "", until ? until : "", place);
 }
 
 void trace_print_runs(FILE *f, const cJSON *runs, int color, int64_t now) {

@@ -150,6 +150,7 @@ enum store_rq {
   RQ_FLOW_QUEUED,     /* -> reason ("engine" when none), count: queued runs by reason */
   RQ_FLOW_SKIPS,      /* -> skill, reason, n: runs skipped by flow control */
   RQ_BATCH_EVENTS,    /* run_id -> a JSON list of its batch's events (oldest first), count */
+  RQ_QUEUE_AHEAD,     /* run_id, queue, key -> count: the places ahead of the run's in that queue */
   RQ_COUNT
 };
 

@@ -105,6 +105,13 @@ static const char *const rsql[RQ_COUNT] = {
   [RQ_FLOW_SKIPS] = "SELECT skill, reason, n FROM flow_skips ORDER BY skill, reason",
   [RQ_BATCH_EVENTS] =
     "SELECT json_agg(event::json ORDER BY seq)::text, count(*) FROM flow_batch WHERE run_id = $1",
+  /* In the queue's order (slot_queue_order): priority, then since, then id. */
+  [RQ_QUEUE_AHEAD] =
+    "SELECT count(*) FROM slot_queue me JOIN slot_queue a"
+    " ON a.skill = me.skill AND a.key = me.key"
+    " AND (a.prio > me.prio OR (a.prio = me.prio AND (a.since < me.since"
+    "  OR (a.since = me.since AND a.run_id < me.run_id))))"
+    " WHERE me.run_id = $1 AND me.skill = $2 AND me.key = $3",
 };
 
 /* ---- cursors over results ------------------------------------------------------ */

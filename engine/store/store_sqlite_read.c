@@ -130,6 +130,13 @@ static const char *const rsql[RQ_COUNT] = {
   [RQ_BATCH_EVENTS] =
     "SELECT json_group_array(json(event)), count(*) FROM (SELECT event FROM flow_batch"
     " WHERE run_id = ?1 ORDER BY seq)",
+  /* In the queue's order (slot_queue_order): priority, then since, then id. */
+  [RQ_QUEUE_AHEAD] =
+    "SELECT count(*) FROM slot_queue me JOIN slot_queue a INDEXED BY slot_queue_order"
+    " ON a.skill = me.skill AND a.key = me.key"
+    " AND (a.prio > me.prio OR (a.prio = me.prio AND (a.since < me.since"
+    "  OR (a.since = me.since AND a.run_id < me.run_id))))"
+    " WHERE me.run_id = ?1 AND me.skill = ?2 AND me.key = ?3",
 };
 
 /* ---- cursors over statements ------------------------------------------------ */

@@ -115,22 +115,28 @@ class FlowControlTest(SkillsTestCase):
         # The record: status queued, no started_at, the reason.
         rec = self.w.trace(second)
         self.assertIsNone(rec["started_at"])
+        # The record of one run also says its place in the queue (1: next).
         self.assertEqual(rec["queued"], {"reason": "concurrency", "scope": "llm",
-                                         "key": 'event.data.k="x"', "limit": 1})
+                                         "key": 'event.data.k="x"', "limit": 1, "position": 1})
         self.assertIsNone(self.w.trace(first)["queued"])
+        third = self.w.ml("invoke", "one", "--data", '{"k": "x"}', check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(third)["queued"] is not None, what="the third run queued")
+        self.assertEqual(self.w.trace(third)["queued"]["position"], 2)
+        self.assertIn('queued   waiting: concurrency limit 1 of scope llm, key event.data.k="x", number 2 in the queue',
+                      self.w.ml("trace", third, check=0).stdout)
         # The API, `moonloop runs` and `moonloop trace` say so too.
         self.assertEqual(self.api(p, "/v1/runs/" + second)["queued"]["scope"], "llm")
         listed = {r["id"]: r for r in self.api(p, "/v1/runs?skill=one")["runs"]}
         self.assertEqual(listed[second]["status"], "queued")
         self.assertEqual(listed[second]["queued"]["limit"], 1)
         with urllib.request.urlopen(p.url + "/metrics", timeout=10) as m:
-            self.assertIn('moonloop_runs_queued{reason="concurrency"} 1', m.read().decode())
+            self.assertIn('moonloop_runs_queued{reason="concurrency"} 2', m.read().decode())
         table = self.w.ml("runs", "--skill", "one", check=0).stdout
         line = [ln for ln in table.splitlines() if ln.startswith(second)][0]
         self.assertIn("queued", line)
         self.assertIn('waiting: concurrency limit 1 of scope llm, key event.data.k="x"', line)
         text = self.w.ml("trace", second, check=0).stdout
-        self.assertIn('queued   waiting: concurrency limit 1 of scope llm, key event.data.k="x"', text)
+        self.assertIn('queued   waiting: concurrency limit 1 of scope llm, key event.data.k="x", number 1 in the queue', text)
         self.assertIn("started  not yet", text)
         # Another key is not held up.
         other = self.w.ml("invoke", "one", "--data", '{"k": "y"}', check=0).stdout.strip()
@@ -192,6 +198,35 @@ class FlowControlTest(SkillsTestCase):
         finally:
             for ev in hold.values():
                 ev.set()
+
+    def test_a_fan_out_to_itself_under_limit_1_fails_saying_why_instead_of_waiting_forever(self):
+        self.skill("fan", """
+return { id = "fan", concurrency = { limit = 1 }, run = function(ctx)
+  if ctx.input.depth > 0 then return "leaf" end
+  return ctx.step.parallel("kids", {
+    function() return ctx.step.invoke("a", { skill = "fan", data = { depth = 1 } }) end,
+    function() return ctx.step.invoke("b", { skill = "fan", data = { depth = 1 } }) end,
+  })
+end }""")
+        self.skill("solo", """
+return { id = "solo", concurrency = { limit = 1 }, run = function(ctx)
+  if ctx.input.depth > 0 then return "leaf" end
+  return ctx.step.invoke("one", { skill = "solo", data = { depth = 1 } })
+end }""")
+        self.serve()
+        parent = self.w.ml("invoke", "fan", "--data", '{"depth": 0}', check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(parent)["status"] == "failed", timeout=30, what="the parent's end")
+        kids = [r for r in self.runs_of("fan") if r["id"] != parent]
+        self.assertTrue(kids)
+        for k in kids:
+            self.assertEqual(k["status"], "failed")
+            self.assertIn("cannot start: its parent run %s holds the only slot of concurrency limit 1 of skill fan"
+                          % parent, k["error"]["message"])
+        self.assertIn("cannot start", json.dumps(self.w.trace(parent)["error"]))
+        # A plain step.invoke parks, giving its slot back: the child runs.
+        solo = self.w.ml("invoke", "solo", "--data", '{"depth": 0}', check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(solo)["status"] == "completed", timeout=30, what="solo's end")
+        self.assertEqual(self.w.trace(solo)["output"], "leaf")
 
     def test_a_runs_timeout_counts_from_its_start_not_its_time_queued(self):
         self.skill("slow", """
