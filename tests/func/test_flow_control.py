@@ -341,12 +341,19 @@ end }""")
         self.skill("two", CALLER % {"id": "two", "tag": "two", "conc": '{limit = 4, scope = "api"}'})
         wait_until(lambda: len(skills()) == 2 and not refused() and all(
             x.get("version") for x in skills().values()), what="both loaded", timeout=20)
-        g = Gauge(hold=0.3)
+        g = Gauge()
+        g.release = threading.Event()
         self.si.route_prefix("/svc/", g.handler(lambda tag, k: ["api"]))
-        for i in range(5):
-            self.w.ml("invoke", "one", "--data", "{}", check=0)
-            self.w.ml("invoke", "two", "--data", "{}", check=0)
-        wait_until(lambda: len(self.w.runs(status="completed")) == 10, timeout=30, what="ten runs")
+        try:
+            for i in range(3):
+                self.w.ml("invoke", "one", "--data", "{}", check=0)
+                self.w.ml("invoke", "two", "--data", "{}", check=0)
+            # Four run at once, across both skills; the other two wait.
+            wait_until(lambda: g.most.get("api", 0) >= 4 and len(self.w.runs(status="queued")) == 2,
+                       timeout=30, what="four running, two queued")
+        finally:
+            g.release.set()
+        wait_until(lambda: len(self.w.runs(status="completed")) == 6, timeout=30, what="six runs")
         self.assertEqual(g.most["api"], 4)
 
     def test_bad_limits_are_refused_naming_the_fix(self):
