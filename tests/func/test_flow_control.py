@@ -447,8 +447,16 @@ class PerPeriodTest(SkillsTestCase):
         self.skill("thr", STARTER % {"id": "thr", "flow": 'throttle = { limit = 1, period = "1s" }'})
         starts = self.record_starts()
         p = self.serve()
-        ids = [self.w.ml("invoke", "thr", "--data", json.dumps({"k": i}), check=0).stdout.strip()
-               for i in range(6)]
+
+        def invoke(i):
+            # Over HTTP, all six within far less than a period (a CLI
+            # process each may take longer on a loaded machine).
+            req = urllib.request.Request(p.url + "/v1/skills/thr/invoke", method="POST",
+                                         data=json.dumps({"data": {"k": i}}).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return json.loads(r.read())["run_id"]
+        ids = [invoke(i) for i in range(6)]
         wait_until(lambda: (self.w.trace(ids[-1])["queued"] or {}).get("reason") == "throttle",
                    what="the last run throttled")
         wait_until(lambda: len(starts) >= 1, what="the first start")
@@ -464,7 +472,7 @@ class PerPeriodTest(SkillsTestCase):
         wait_until(lambda: len(self.runs_of("thr", "completed")) == 6, timeout=60, what="six runs")
         started = {r["id"]: ts(r["started_at"]) for r in self.runs_of("thr")}
         late = sorted(started[r] for r in ids if started[r] > killed_at)
-        self.assertGreaterEqual(len(late), 4)
+        self.assertGreaterEqual(len(late), 3)
         # Spaced again, one a second (half a period of slack for a loaded
         # machine; unspaced, they would all start within a few ms)...
         self.assertEqual(self.most_in_a_window(late, 0.5), 1, late)
