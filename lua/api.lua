@@ -135,7 +135,7 @@ M.skill_keys = {
   { name = "throttle", takes = "{limit=, period=, key=, burst=}",
     doc = "at most limit run starts per period (per value of key); the excess is queued, in order; burst: extra starts at once" },
   { name = "rate_limit", takes = "{limit=, period=, key=}",
-    doc = "at most limit runs per period (per value of key); the excess is skipped: the run ends cancelled, saying so" },
+    doc = "at most limit runs per period (per value of key); the excess is skipped: the run ends skipped, saying so" },
   { name = "singleton", takes = "{key=, mode=}",
     doc = "at most one run at a time (per value of key); a new one is skipped (mode \"skip\") or cancels the running one (\"cancel\")" },
   { name = "idempotency", takes = "path, or {key=, period=}",

@@ -374,7 +374,7 @@
     if (!q || typeof q !== 'object') return '';
     const of = q.scope ? 'scope ' + q.scope : 'skill ' + (q.skill || '?');
     const amount = q.limit !== undefined ? ` limit ${q.limit}${q.period ? ' per' : ''}` : '';
-    return `${q.reason || '?'}${amount}${q.period ? ' ' + q.period : ''} of ${of}${q.key ? ', key ' + q.key : ''}${q.until ? ', until ' + q.until : ''}`;
+    return `${q.reason || '?'}${amount}${q.period ? ' ' + q.period : ''} of ${of}${q.key ? ', key ' + q.key : ''}${q.until ? ', until ' + q.until : ''}${q.position ? ', number ' + q.position + ' in the queue' : ''}`;
   }
 
   /* ---- the run list ------------------------------------------------------- */

@@ -198,7 +198,7 @@
           tokens: t.tokens, steps: t.steps, since: st.since, until: st.until, interval: st.interval,
           intervalMs: st.interval_ms } },
       k.h('dt', null, 'Runs'), k.h('dd', null, `${count(t.started)} started · ${count(t.completed)} completed · `,
-        k.h('span', { class: t.failed ? 'bad' : '' }, `${count(t.failed)} failed`), ` · ${count(t.cancelled)} cancelled · ${count(t.active)} active`),
+        k.h('span', { class: t.failed ? 'bad' : '' }, `${count(t.failed)} failed`), ` · ${count(t.cancelled)} cancelled${t.skipped ? ` · ${count(t.skipped)} skipped` : ''} · ${count(t.active)} active`),
       k.h('dt', null, 'Failure rate'), k.h('dd', null, pct(t.failure_rate), k.h('span', { class: 'sub' }, `the ${w} before: ${pct(p.failure_rate)}`)),
       k.h('dt', null, 'Duration'), k.h('dd', null, `p50 ${ms(d.p50 ?? NaN)} · p95 ${ms(d.p95 ?? NaN)} · p99 ${ms(d.p99 ?? NaN)}`,
         k.h('span', { class: 'sub' }, `the ${w} before: p95 ${ms((p.duration_ms || {}).p95 ?? NaN)}`)),

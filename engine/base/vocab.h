@@ -12,6 +12,9 @@
 **   queued -> running -> (sleeping | waiting -> running)* -> completed
 **                                                          | failed
 **                                                          | cancelled
+**   queued -> skipped  (flow control turned it away before any of its code
+**                       ran: rate limit, singleton, idempotency, debounce,
+**                       batch; its error says why)
 **
 ** X(NAME, "word", ended): ended is 1 for the terminal statuses.
 */
@@ -26,7 +29,8 @@
   X(WAITING, "waiting", 0)       \
   X(COMPLETED, "completed", 1)   \
   X(FAILED, "failed", 1)         \
-  X(CANCELLED, "cancelled", 1)
+  X(CANCELLED, "cancelled", 1)   \
+  X(SKIPPED, "skipped", 1)
 
 /* A step's status: X(NAME, "word", ended). */
 #define VOCAB_STEP_STATUS_LIST(X) \
@@ -93,7 +97,7 @@ int vocab_trigger_kind(const char *s);
 int vocab_is_run_status(const char *s);
 int vocab_is_trigger_kind(const char *s);
 
-/* Whether s is a terminal run status (completed, failed, cancelled). */
+/* Whether s is a terminal run status (completed, failed, cancelled, skipped). */
 int vocab_run_ended(const char *s);
 
 /* A list's words as "a, b, c", for messages (a string constant: the
@@ -102,5 +106,13 @@ int vocab_run_ended(const char *s);
 #define VOCAB_RUN_STATUSES (VOCAB_RUN_STATUS_LIST(VOCAB_JOIN) + 2)
 #define VOCAB_TRIGGER_KINDS (VOCAB_TRIGGER_KIND_LIST(VOCAB_JOIN) + 2)
 #define VOCAB_STEP_KINDS (VOCAB_STEP_KIND_LIST(VOCAB_JOIN) + 2)
+
+/* The terminal run statuses as SQL string literals, for `status IN (...)`
+** and `NOT IN`: "'','completed','failed',..." (a leading '' that no run's
+** status is, so that the list is one string constant). */
+#define VOCAB_SQL_ENDED_1(w) ",'" w "'"
+#define VOCAB_SQL_ENDED_0(w)
+#define VOCAB_SQL_ENDED(N, w, end) VOCAB_SQL_ENDED_##end(w)
+#define VOCAB_RUN_ENDED_SQL "''" VOCAB_RUN_STATUS_LIST(VOCAB_SQL_ENDED)
 
 #endif

@@ -82,7 +82,7 @@ void cli_paths_free(struct cli_paths *l);
 
 struct engine;
 
-/* File mode: wait until run_id has ended (completed, failed, cancelled) or
+/* File mode: wait until run_id has ended (completed, failed, cancelled, skipped) or
 ** deadline_ms passes (0: none), looking at the run only when another
 ** process committed (PRAGMA data_version, asked every 20 ms). Returns 0
 ** once it ended, 1 at the deadline, or a negative code with e (an unknown

@@ -272,8 +272,15 @@ static void print_skill(FILE *f, const cJSON *st, int color) {
   fmt_rate(num(t, "failure_rate"), g, sizeof g);
   char was[32];
   fmt_rate(num(p, "failure_rate"), was, sizeof was);
-  fprintf(f, "  %-12s %s started, %s completed, %s%s failed%s, %s cancelled, %s active\n", "runs", a,
-          b, color && num(t, "failed") > 0 ? RED : "", c, color ? RESET : "", d1, e1);
+  /* Runs that flow control turned away, when there are any. */
+  char sk[48] = "";
+  if (num(t, "skipped") > 0) {
+    char n[32];
+    fmt_count(num(t, "skipped"), n, sizeof n);
+    snprintf(sk, sizeof sk, ", %s skipped", n);
+  }
+  fprintf(f, "  %-12s %s started, %s completed, %s%s failed%s, %s cancelled%s, %s active\n", "runs", a,
+          b, color && num(t, "failed") > 0 ? RED : "", c, color ? RESET : "", d1, sk, e1);
   fprintf(f, "  %-12s %s (window before: %s)\n", "failure rate", g, was);
   fmt_ms(num(d, "p50"), a, sizeof a);
   fmt_ms(num(d, "p95"), b, sizeof b);

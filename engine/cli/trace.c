@@ -46,6 +46,7 @@ static const char *status_color(const char *st) {
   case RUN_COMPLETED: return GREEN;
   case RUN_FAILED: return RED;
   case RUN_CANCELLED: return DIM;
+  case RUN_SKIPPED: return DIM;
   case RUN_RUNNING: return YELLOW;
   default: break;
   }
@@ -58,6 +59,7 @@ static const char *status_mark(const char *st) {
   case RUN_COMPLETED: return "\xe2\x9c\x93";
   case RUN_FAILED: return "\xe2\x9c\x97";
   case RUN_CANCELLED: return "-";
+  case RUN_SKIPPED: return "-";
   case RUN_SLEEPING: return "z";
   case RUN_WAITING: return "\xe2\x80\xa6";
   default: break;
@@ -114,13 +116,15 @@ static void queued_text(const cJSON *q, char *out, size_t n) {
   const char *why = str(q, "reason"), *scope = str(q, "scope"), *skill = str(q, "skill");
   const char *key = str(q, "key");
   const char *period = str(q, "period"), *until = str(q, "until");
-  const cJSON *lim = cJSON_GetObjectItem(q, "limit");
-  char amount[64] = "";
+  const cJSON *lim = cJSON_GetObjectItem(q, "limit"), *pos = cJSON_GetObjectItem(q, "position");
+  char amount[64] = "", place[48] = "";
   if (cJSON_IsNumber(lim)) snprintf(amount, sizeof amount, " limit %g%s", lim->valuedouble, period ? " per" : "");
-  snprintf(out, n, "%s%s%s%s of %s %s%s%s%s%s", why ? why : "?", amount, period ? " " : "",
+  /* The run record's own (one run read), not a list's. */
+  if (cJSON_IsNumber(pos)) snprintf(place, sizeof place, ", number %g in the queue", pos->valuedouble);
+  snprintf(out, n, "%s%s%s%s of %s %s%s%s%s%s%s", why ? why : "?", amount, period ? " " : "",
            period ? period : "",
            scope ? "scope" : "skill", scope ? scope : skill ? skill : "?", key ? ", key " : "",
-           key ? key : "", until ? ", until " : "", until ? until : "");
+           key ? key : "", until ? ", until " : "", until ? until : "", place);
 }
 
 void trace_print_runs(FILE *f, const cJSON *runs, int color, int64_t now) {

@@ -242,7 +242,8 @@ static int start_and_answer(sched_t *s, struct skill *sk, const char *trigger, c
   iv->trigger = mem_strdup(trigger);
   iv->input = input ? mem_strdup(input) : NULL;
   iv->at = units_now_ms();
-  iv->deadline_at = sk->timeout_ms ? iv->at + sk->timeout_ms : 0;
+  /* With limits, the timeout counts from the grant (flowctl.c). */
+  iv->deadline_at = sk->timeout_ms && !sk->nlimits ? iv->at + sk->timeout_ms : 0;
   ids_ulid(iv->at, iv->r.run_id);
   struct run_row row = {
     .id = iv->r.run_id, .skill = sk->id, .version = sk->version,
@@ -467,6 +468,89 @@ static int id_line(const char *src, size_t len) {
   return 0;
 }
 
+/* The limit skill other (its limits JSON) gives scope with key path key
+** (NULL: none), or 0 when it names no such scope. */
+static int scope_limit(const char *limits, const char *scope, const char *key) {
+  cJSON *list = limits ? cJSON_Parse(limits) : NULL;
+  int lim = 0;
+  const cJSON *l;
+  cJSON_ArrayForEach(l, list) {
+    const char *sc = cJSON_GetStringValue(cJSON_GetObjectItem(l, "scope"));
+    const char *k = cJSON_GetStringValue(cJSON_GetObjectItem(l, "key"));
+    if (sc && !strcmp(sc, scope) && (k ? key && !strcmp(k, key) : !key))
+      lim = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(l, "limit"));
+  }
+  cJSON_Delete(list);
+  return lim;
+}
+
+/* The limit that the file of a live skill gives (scope, key) as the file
+** reads now (a change on its way to being loaded), or 0 (no such file or
+** scope, or it does not load). */
+static int scope_limit_on_disk(sched_t *s, const char *file, const char *scope, const char *key) {
+  char *src;
+  size_t len;
+  struct skill_error se;
+  struct skill *sk;
+  if (!strncmp(file, "//", 2) || skills_read_file(file, &src, &len, &se.err)) return 0;
+  int rc = skills_load(sched__opts(s)->skills, src, len, file, &sk, &se);
+  free(src);
+  return rc ? 0 : scope_limit(sk->limits, scope, key);
+}
+
+/* Whether sk names a concurrency scope that another live skill gives
+** another limit (a run would start while the scope holds fewer runs than
+** its own skill's limit says, so the skills would not share one limit):
+** e says which skill and what limit. A skill whose file already says the
+** new limit (both files changed, one loaded before the other) is not in
+** the way. */
+static int scope_clash(sched_t *s, const struct skill *sk, const char *file, err_t *e) {
+  cJSON *mine = sk->limits ? cJSON_Parse(sk->limits) : NULL, *all = NULL;
+  err_t le;
+  int rc = 0;
+  if (!mine || store_list_skills(sched__opts(s)->store, &all, &le)) {
+    cJSON_Delete(mine);
+    return 0;
+  }
+  /* The registrations of the open group (a workspace's files load in
+  ** one turn) count as live already. */
+  journal_t *j = sched__journal(s);
+  for (size_t i = 0; i < journal_count(j); i++) {
+    const struct jentry *je = journal_entry(j, i);
+    if (je->dropped || je->kind != J_SKILL || je->u.skill.op != SKILL_PUT) continue;
+    cJSON *x = cJSON_CreateObject();
+    cJSON_AddStringToObject(x, "id", je->u.skill.id);
+    cJSON_AddStringToObject(x, "version", je->u.skill.version);
+    if (je->u.skill.file) cJSON_AddStringToObject(x, "file", je->u.skill.file);
+    cJSON_AddItemToArray(all, x);
+  }
+  const cJSON *l;
+  cJSON_ArrayForEach(l, mine) {
+    const char *scope = cJSON_GetStringValue(cJSON_GetObjectItem(l, "scope"));
+    const char *key = cJSON_GetStringValue(cJSON_GetObjectItem(l, "key"));
+    int want = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(l, "limit"));
+    const cJSON *k;
+    if (!scope) continue;
+    cJSON_ArrayForEach(k, all) {
+      const char *id = cJSON_GetStringValue(cJSON_GetObjectItem(k, "id"));
+      const char *v = cJSON_GetStringValue(cJSON_GetObjectItem(k, "version"));
+      const char *f = cJSON_GetStringValue(cJSON_GetObjectItem(k, "file"));
+      struct skill *other;
+      if (!id || !v || !strcmp(id, sk->id) || sched__version_skill(s, v, &other, &le)) continue;
+      int has = scope_limit(other->limits, scope, key);
+      if (!has || has == want || (f && scope_limit_on_disk(s, f, scope, key) == want)) continue;
+      rc = err_set(e, ERR_CONFLICT, "%s: concurrency scope '%s'%s%s has limit %d here, but skill '%s' "
+                   "(%s) gives it limit %d: every skill naming a scope must give it the same limit",
+                   file, scope, key ? ", key " : "", key ? key : "", want, id, f ? f : "?", has);
+      break;
+    }
+    if (rc) break;
+  }
+  cJSON_Delete(all);
+  cJSON_Delete(mine);
+  return rc;
+}
+
 /* Register (or reject) source as the file's skill; answer through cb. */
 static int put_source(sched_t *s, const char *file, const char *want_id, const char *source,
                       size_t len, sched_reply_cb cb, void *arg, err_t *e) {
@@ -497,6 +581,7 @@ static int put_source(sched_t *s, const char *file, const char *want_id, const c
     rc = err_set(&se.err, ERR_CONFLICT, "%s: skill id '%s' is already defined by %s", where,
                  sk->id, other);
   }
+  if (!rc) rc = scope_clash(s, sk, file, &se.err);
   if (rc) {
     /* Keep the error on the skill's record; its live version stays. */
     char *id = want_id ? mem_strdup(want_id) : skill_of_file(s, file);

@@ -136,6 +136,52 @@ static void on_flow_timer(struct stimer *tm) {
   if (!r->aborted && !r->finished && !r->dormant) flowctl_gate(r->sched, r);
 }
 
+/* r starts executing (its started_at set): its timeout counts from here,
+** so time spent queued does not shorten it. A run that started before
+** (it parked and asked again) keeps its deadline. */
+static void run_deadline(struct run *r) {
+  if (r->deadline_at || !r->skill->timeout_ms) return;
+  r->deadline_at = r->started_at + r->skill->timeout_ms;
+  sched__timer_start(r->sched, &r->deadline, r->deadline_at);
+}
+
+/* Whether queued r can never start: its parent run lives here, is inside
+** a step.parallel (whose branches never give the run's slots back) and
+** holds the only slot of a limit r waits on, so the parent waits for r
+** and r for the parent. msg gets why. Only the certain case: a limit of
+** 1 (with more, another run may free a slot). */
+static int parent_deadlock(struct run *r, char *msg, size_t n) {
+  struct run *p = r->parent_id ? sched__find(r->sched, r->parent_id) : NULL;
+  if (!p || !p->slot_held || !p->limits || !r->limits || p->main.kids_left <= 0) return 0;
+  cJSON *mine = cJSON_Parse(r->limits), *theirs = cJSON_Parse(p->limits);
+  const cJSON *a, *b;
+  int found = 0;
+  cJSON_ArrayForEach(a, mine) {
+    const char *kind = cJSON_GetStringValue(cJSON_GetObjectItem(a, "kind"));
+    const char *q = cJSON_GetStringValue(cJSON_GetObjectItem(a, "q"));
+    const char *key = cJSON_GetStringValue(cJSON_GetObjectItem(a, "key"));
+    if ((kind && strcmp(kind, "concurrency")) || !q || !key ||
+        cJSON_GetNumberValue(cJSON_GetObjectItem(a, "limit")) != 1)
+      continue;
+    cJSON_ArrayForEach(b, theirs) {
+      const char *bq = cJSON_GetStringValue(cJSON_GetObjectItem(b, "q"));
+      const char *bk = cJSON_GetStringValue(cJSON_GetObjectItem(b, "key"));
+      if (bq && bk && !strcmp(q, bq) && !strcmp(key, bk)) found = 1;
+    }
+    if (found) {
+      snprintf(msg, n, "cannot start: its parent run %s holds the only slot of concurrency limit 1 "
+               "of %s %s%s%s while it waits for this run inside step.parallel (a parallel's "
+               "branches keep the run's slots), so neither could ever go on; invoke it with "
+               "step.invoke outside step.parallel (a parked run gives its slots back), or raise the limit",
+               p->id, q[0] == '@' ? "scope" : "skill", q[0] == '@' ? q + 1 : q, key[0] ? ", key " : "",
+               key);
+      break;
+    }
+  }
+  cJSON_Delete(mine), cJSON_Delete(theirs);
+  return found;
+}
+
 /* The store answered r's acquire: "1", the slots are r's; otherwise r is
 ** queued in the store, and waits here with nothing armed until a release
 ** hands it the slots (flowctl_granted). */
@@ -149,19 +195,28 @@ static void on_acquired(void *arg, const struct jentry *je) {
       r->flow_timer.fn = on_flow_timer;
       sched__timer_start(r->sched, &r->flow_timer, strtoll(je->result + 5, NULL, 10));
     } else if (je->result && !strncmp(je->result, "skip:", 5)) {
-      /* Over its rate limit: it ends at once, saying so, no code run. */
+      /* Turned away (rate limit, singleton, idempotency, debounce, batch):
+      ** it ends skipped at once, saying why, no code run. */
       char *ej = jsontext_message(je->result + 5);
-      run_abort(r, "cancelled", ej);
+      run_abort(r, "skipped", ej);
       free(ej);
     } else if (je->result) {
       r->slot_held = r->slot_ever = 1;
       /* Its executing time starts here (the store set started_at the same). */
       if (!r->started_at) r->started_at = units_now_ms();
+      run_deadline(r);
       sched__ready(r->sched, &r->main);
-    } else if (!r->slot_ever) {
+    } else {
       /* Queued before it ever executed (a cron or on_failure run made as
       ** running): the store cleared its started_at too. */
-      r->started_at = 0;
+      if (!r->slot_ever) r->started_at = 0;
+      char msg[900];
+      if (!r->slot_ever && parent_deadlock(r, msg, sizeof msg)) {
+        /* It would wait forever: it fails at once, saying why. */
+        char *ej = jsontext_message(msg);
+        run_abort(r, "failed", ej);
+        free(ej);
+      }
     }
   }
   run_unref(r);
@@ -204,6 +259,7 @@ static void on_released(void *arg, const struct jentry *je) {
       continue;
     r->slot_held = r->slot_ever = 1;
     if (!r->started_at) r->started_at = units_now_ms();
+    run_deadline(r);
     sched__ready(s, &r->main);
   }
   cJSON_Delete(ids);

@@ -178,6 +178,7 @@ void sched__run_done(sched_t *s, struct run *r, const char *status, const char *
   case RUN_COMPLETED: s->stats.runs_completed++; break;
   case RUN_FAILED: s->stats.runs_failed++; break;
   case RUN_CANCELLED: s->stats.runs_cancelled++; break;
+  case RUN_SKIPPED: s->stats.runs_skipped++; break;
   default: break; /* "abandoned": dropped here without an end */
   }
   if (strcmp(status, "abandoned"))
@@ -199,7 +200,9 @@ static struct run *run_new(sched_t *s, struct skill *skill, const char *id, cons
   r->created_at = now;
   /* A run with limits starts executing when it holds their slots. */
   r->started_at = skill->nlimits ? 0 : now;
-  r->deadline_at = skill->timeout_ms ? now + skill->timeout_ms : 0;
+  /* The timeout counts from the start: a queued run's from its grant
+  ** (flowctl.c), time spent queued not counted. */
+  r->deadline_at = skill->timeout_ms && !skill->nlimits ? now + skill->timeout_ms : 0;
   return r;
 }
 
@@ -334,6 +337,10 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
     return 0;
   }
   r->skill = skill;
+  /* A run with limits has its deadline from when it started executing
+  ** (not stored: its skill's timeout after its started_at). */
+  if (!r->deadline_at && skill->timeout_ms && skill->nlimits && row->started_at)
+    r->deadline_at = row->started_at + skill->timeout_ms;
   int st = vocab_run_status(row->status);
   /* A queued run that started before (it gave its slots back while
   ** parked) is replayed like a running one. */
@@ -348,7 +355,8 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
     journal_log(s->open.j, &l);
   }
   if (st == RUN_QUEUED && !row->started_at) {
-    if (!r->deadline_at && skill->timeout_ms) r->deadline_at = r->started_at + skill->timeout_ms;
+    if (!r->deadline_at && skill->timeout_ms && !skill->nlimits)
+      r->deadline_at = r->started_at + skill->timeout_ms;
     if (skill->nlimits) {
       /* Queued for its limits' slots: the grant starts it (flowctl.c). */
       r->started_at = 0;

@@ -67,7 +67,7 @@ struct sched_opts {
 /* What a finished run reports to whoever waits for it. */
 struct sched_result {
   const char *run_id;
-  const char *status; /* completed, failed, cancelled */
+  const char *status; /* completed, failed, cancelled, skipped */
   const char *output; /* JSON text, or NULL */
   const char *error;  /* JSON text {message, step, ...}, or NULL */
 };
@@ -234,7 +234,7 @@ struct sched_stats {
   uint64_t step_buckets[SCHED_STEP_BUCKETS]; /* steps ended, by duration (not cumulative) */
   uint64_t step_count;
   double step_sum_ms;
-  uint64_t runs_completed, runs_failed, runs_cancelled;
+  uint64_t runs_completed, runs_failed, runs_cancelled, runs_skipped;
   uint64_t takeovers;   /* runs resumed that another process had started */
   uint64_t replays;     /* runs booted from a journal with steps in it (takeovers, wakes after an eviction) */
   uint64_t leases_lost; /* times this process found its lease gone (fenced) */

@@ -421,9 +421,10 @@ static void metrics(server_t *srv, h2o_req_t *req) {
              "# TYPE moonloop_runs_finished_total counter\n"
              "moonloop_runs_finished_total{status=\"completed\"} %llu\n"
              "moonloop_runs_finished_total{status=\"failed\"} %llu\n"
-             "moonloop_runs_finished_total{status=\"cancelled\"} %llu\n",
+             "moonloop_runs_finished_total{status=\"cancelled\"} %llu\n"
+             "moonloop_runs_finished_total{status=\"skipped\"} %llu\n",
           (unsigned long long)st->runs_completed, (unsigned long long)st->runs_failed,
-          (unsigned long long)st->runs_cancelled);
+          (unsigned long long)st->runs_cancelled, (unsigned long long)st->runs_skipped);
   fprintf(f, "# HELP moonloop_step_duration_seconds Time from a step's start to its end.\n"
              "# TYPE moonloop_step_duration_seconds histogram\n");
   uint64_t cum = 0;

@@ -160,7 +160,7 @@ int store_run_json(store_t *s, const char *id, int with_steps, buf_t *out, err_t
 int store_run_status(store_t *s, const char *id, char *status, size_t n, err_t *e);
 
 /* Which of the runs ids_json names (a JSON array of run ids) have ended
-** (completed, failed, cancelled): cb(arg, id) for each, in one indexed
+** (completed, failed, cancelled, skipped): cb(arg, id) for each, in one indexed
 ** query. Returns how many, or a negative code. */
 int store_runs_ended(store_t *s, const char *ids_json, void (*cb)(void *arg, const char *id),
                      void *arg, err_t *e);

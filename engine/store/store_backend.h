@@ -155,6 +155,7 @@ enum store_rq {
   RQ_FLOW_QUEUED,     /* -> reason ("engine" when none), count: queued runs by reason */
   RQ_FLOW_SKIPS,      /* -> skill, reason, n: runs skipped by flow control */
   RQ_BATCH_EVENTS,    /* run_id -> a JSON list of its batch's events (oldest first), count */
+  RQ_QUEUE_AHEAD,     /* run_id, queue, key -> count: the places ahead of the run's in that queue */
   RQ_COUNT
 };
 
@@ -250,7 +251,7 @@ static inline int store__rq(store_t *s, void *conn, enum store_rq q, const struc
 /* Fill r from a row of STORE_RUN_COLS (and STORE_CLAIM_COLS's three more
 ** when the cursor has them: with_claim); strings are malloc'd. */
 void store__run_row(const struct store_cur *c, struct run_row *r, int with_claim);
-/* Whether a run status is final (completed, failed, cancelled); NULL is not. */
+/* Whether a run status is final (completed, failed, cancelled, skipped); NULL is not. */
 int store__is_terminal(const char *status);
 /* Whether a lease is dead: expired, or its process is gone on this host. */
 int store__lease_dead(const char *lease_host, long pid, long long pid_start, int64_t expires,

@@ -56,7 +56,7 @@ static const char *const fsql[F_COUNT] = {
                    " WHERE kind = 'child' AND name = ?1 AND result IS NULL AND delivered_at IS NULL",
   [F_RUN_OUTCOME] = "SELECT id, status, output, error FROM runs WHERE id = ?1",
   [F_CANCEL_FLAG] = "UPDATE runs SET cancel_requested = 1, cancel_reason = ?2 WHERE id = ?1"
-                    " AND status NOT IN ('completed','failed','cancelled') AND cancel_requested = 0",
+                    " AND status NOT IN (" VOCAB_RUN_ENDED_SQL ") AND cancel_requested = 0",
   [F_CRON_GET] = "SELECT last_tick FROM cron_state WHERE skill = ?1 AND spec = ?2",
   [F_CRON_SET] = "INSERT INTO cron_state(skill, spec, last_tick) VALUES(?1,?2,?3)"
                  " ON CONFLICT(skill, spec) DO UPDATE SET last_tick = ?3",

@@ -99,7 +99,7 @@ static int insert_wait(struct pg_store *s, const struct wait_row *w, const char 
 static int flag_cancel(struct pg_store *s, const char *run_id, const char *reason, err_t *e) {
   struct store_val v[2] = {SV_TEXT(run_id), SV_TEXT(reason)};
   return wdo(s, "UPDATE runs SET cancel_requested = 1, cancel_reason = $2 WHERE id = $1"
-             " AND status NOT IN ('completed','failed','cancelled') AND cancel_requested = 0",
+             " AND status NOT IN (" VOCAB_RUN_ENDED_SQL ") AND cancel_requested = 0",
              v, 2, NULL,
              "flagging a cancellation", e);
 }
@@ -520,7 +520,7 @@ static int prune_batch(struct pg_store *s, int64_t before, err_t *e) {
   if (store__pg_begin(s, PG_LOCK_ALL, e)) return e->code;
   struct store_val v[2] = {SV_INT(before), SV_INT(PRUNE_BATCH)};
   PGresult *r = wrun(s, "SELECT array_agg(id), count(*) FROM (SELECT id FROM runs WHERE status IN"
-                     " ('completed','failed','cancelled') AND ended_at < $1 LIMIT $2) x", v, 2,
+                     " (" VOCAB_RUN_ENDED_SQL ") AND ended_at < $1 LIMIT $2) x", v, 2,
                      "choosing runs to prune", e);
   if (!r) {
     store__pg_rollback(s);

@@ -10,6 +10,7 @@
 ** never fails once its query succeeded. A snapshot is a REPEATABLE READ,
 ** READ ONLY transaction: a run record's queries see one state.
 */
+#include "base/vocab.h"
 #include "store/store_pg_db.h"
 
 #include <stdio.h>
@@ -31,7 +32,7 @@ static const char *const rsql[RQ_COUNT] = {
   [RQ_RUN_STATUS] = "SELECT status FROM runs WHERE id = $1",
   [RQ_RUNS_ENDED] =
     "SELECT id FROM runs WHERE id IN (SELECT json_array_elements_text($1::json))"
-    " AND status IN ('completed','failed','cancelled')",
+    " AND status IN (" VOCAB_RUN_ENDED_SQL ")",
   [RQ_LIVE_VERSION] = "SELECT version FROM skills WHERE id = $1",
   [RQ_STEP_JOURNAL] =
     "SELECT seq, id, kind, status, output, error, attempts, started_at, ended_at, wake_at,"
@@ -52,7 +53,7 @@ static const char *const rsql[RQ_COUNT] = {
     " WHERE w.result IS NOT NULL AND w.kind != 'cancel' AND r.owner = $1",
   [RQ_POLL_CANCELS] =
     "SELECT id, cancel_reason FROM runs WHERE owner = $1 AND cancel_requested = 1"
-    " AND status NOT IN ('completed','failed','cancelled')",
+    " AND status NOT IN (" VOCAB_RUN_ENDED_SQL ")",
   [RQ_POLL_GRANTS] = "SELECT id FROM runs WHERE owner = $1 AND slot_granted = 1",
   [RQ_CRON_LAST] = "SELECT last_tick FROM cron_state WHERE skill = $1 AND spec = $2",
   [RQ_SERVE_LEASES] =
@@ -61,20 +62,20 @@ static const char *const rsql[RQ_COUNT] = {
   [RQ_ENDED_SUMS] =
     "SELECT created_at, 0, started_at, ended_at, steps, failed_steps, retries, tokens, id"
     " FROM runs WHERE skill = $1 AND status = $4"
-    " AND status IN ('completed','failed','cancelled') AND created_at >= $2 AND created_at < $3",
+    " AND status IN (" VOCAB_RUN_ENDED_SQL ") AND created_at >= $2 AND created_at < $3",
   [RQ_ENDED] =
     "SELECT created_at, 0, started_at, ended_at"
     " FROM runs WHERE skill = $1 AND status = $4"
-    " AND status IN ('completed','failed','cancelled') AND created_at >= $2 AND created_at < $3",
+    " AND status IN (" VOCAB_RUN_ENDED_SQL ") AND created_at >= $2 AND created_at < $3",
   [RQ_COUNT_ENDED] =
     "SELECT count(*) FROM runs WHERE skill = $1 AND status = $4"
-    " AND status IN ('completed','failed','cancelled') AND created_at >= $2 AND created_at < $3",
+    " AND status IN (" VOCAB_RUN_ENDED_SQL ") AND created_at >= $2 AND created_at < $3",
   [RQ_ROLLUP] =
-    "SELECT hour, completed, failed, cancelled, unstarted, steps, failed_steps, retries, tokens,"
-    " dur, wait FROM stats_rollup WHERE skill = $1 AND hour >= $2 AND hour < $3",
+    "SELECT hour, completed, failed, cancelled, skipped, unstarted, steps, failed_steps, retries,"
+    " tokens, dur, wait FROM stats_rollup WHERE skill = $1 AND hour >= $2 AND hour < $3",
   [RQ_ENDED_REFS] =
     "SELECT created_at, id, failed_steps, retries FROM runs WHERE skill = $1 AND status = $4"
-    " AND status IN ('completed','failed','cancelled') AND created_at >= $2 AND created_at < $3",
+    " AND status IN (" VOCAB_RUN_ENDED_SQL ") AND created_at >= $2 AND created_at < $3",
   [RQ_OPEN] =
     "SELECT created_at, 0, started_at, ended_at, NULL, NULL, NULL, NULL, id, skill"
     " FROM runs WHERE status IN ('queued','running','sleeping','waiting')"
@@ -110,6 +111,13 @@ static const char *const rsql[RQ_COUNT] = {
   [RQ_FLOW_SKIPS] = "SELECT skill, reason, n FROM flow_skips ORDER BY skill, reason",
   [RQ_BATCH_EVENTS] =
     "SELECT json_agg(event::json ORDER BY seq)::text, count(*) FROM flow_batch WHERE run_id = $1",
+  /* In the queue's order (slot_queue_order): priority, then since, then id. */
+  [RQ_QUEUE_AHEAD] =
+    "SELECT count(*) FROM slot_queue me JOIN slot_queue a"
+    " ON a.skill = me.skill AND a.key = me.key"
+    " AND (a.prio > me.prio OR (a.prio = me.prio AND (a.since < me.since"
+    "  OR (a.since = me.since AND a.run_id < me.run_id))))"
+    " WHERE me.run_id = $1 AND me.skill = $2 AND me.key = $3",
 };
 
 /* ---- cursors over results ------------------------------------------------------ */

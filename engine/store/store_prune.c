@@ -5,6 +5,7 @@
 ** for long, and dispatched events accepted before that time. Runs that
 ** have not ended are never touched, whatever their age.
 */
+#include "base/vocab.h"
 #include "store/store_db.h"
 
 #define PRUNE_BATCH 2000
@@ -28,7 +29,7 @@ static int prune_batch(store_t *s, int64_t before, err_t *e) {
   if (!rc) {
     sqlite3_stmt *st = store__prep(s->w,
       "INSERT INTO temp.prune_ids SELECT id FROM runs WHERE status IN"
-      " ('completed','failed','cancelled') AND ended_at < ?1 LIMIT ?2", e);
+      " (" VOCAB_RUN_ENDED_SQL ") AND ended_at < ?1 LIMIT ?2", e);
     if (!st) rc = e->code;
     else {
       sqlite3_bind_int64(st, 1, before);

@@ -42,7 +42,7 @@
 ** its start time and the core wakes it then). An acquire's result says
 ** what came of it: "1" (slots held), NULL (queued for slots), "wait:MS"
 ** (admitted, to start at MS) or "skip:MESSAGE" (the run is to end,
-** cancelled, with that message; counted in flow_skips).
+** skipped, with that message; counted in flow_skips).
 **
 ** Both backends run this file: each statement is written in both dialects
 ** (struct store_wq: SQLite's, then PostgreSQL's) and run on the writer
@@ -55,6 +55,7 @@
 */
 #include "base/mem.h"
 #include "base/units.h"
+#include "base/vocab.h"
 #include "store/store_backend.h"
 
 #include <stdio.h>
@@ -93,10 +94,10 @@ WQ(OWNER_SQL, "SELECT owner FROM runs WHERE id = ?1", "SELECT owner FROM runs WH
 WQ(QUEUED_SQL,
    "UPDATE runs SET status = 'queued', queued = ?2, slot_granted = 0, started_at = CASE WHEN EXISTS"
    " (SELECT 1 FROM steps WHERE run_id = ?1) THEN started_at END WHERE id = ?1"
-   " AND status NOT IN ('completed','failed','cancelled')",
+   " AND status NOT IN (" VOCAB_RUN_ENDED_SQL ")",
    "UPDATE runs SET status = 'queued', queued = $2, slot_granted = 0, started_at = CASE WHEN EXISTS"
    " (SELECT 1 FROM steps WHERE run_id = $1) THEN started_at END WHERE id = $1"
-   " AND status NOT IN ('completed','failed','cancelled')");
+   " AND status NOT IN (" VOCAB_RUN_ENDED_SQL ")");
 WQ(PLACES_SQL, "SELECT skill, key, since, lim FROM slot_queue WHERE run_id = ?1",
    "SELECT skill, key, since, lim FROM slot_queue WHERE run_id = $1");
 WQ(PAIRS_SQL,
@@ -109,7 +110,8 @@ WQ(HEAD_SQL,
    " ORDER BY prio DESC, since, run_id LIMIT ?3 OFFSET ?4",
    "SELECT run_id FROM slot_queue WHERE skill = $1 AND key = $2"
    " ORDER BY prio DESC, since, run_id LIMIT $3 OFFSET $4");
-WQ(FLOW_AT_SQL, "SELECT flow_at FROM runs WHERE id = ?1", "SELECT flow_at FROM runs WHERE id = $1");
+WQ(FLOW_AT_SQL, "SELECT flow_at, started_at FROM runs WHERE id = ?1",
+   "SELECT flow_at, started_at FROM runs WHERE id = $1");
 WQ(SET_FLOW_AT_SQL, "UPDATE runs SET flow_at = ?2 WHERE id = ?1",
    "UPDATE runs SET flow_at = $2 WHERE id = $1");
 WQ(TAT_SQL, "SELECT tat FROM flow_gcra WHERE q = ?1 AND key = ?2",
@@ -130,9 +132,13 @@ WQ(SET_ONCE_SQL,
    " ON CONFLICT(q, key) DO UPDATE SET run_id = excluded.run_id, until = excluded.until");
 WQ(REPLACE_SQL,
    "UPDATE runs SET cancel_requested = 1, cancel_reason = ?2 WHERE id = ?1"
-   " AND status NOT IN ('completed','failed','cancelled') AND cancel_requested = 0",
+   " AND status NOT IN (" VOCAB_RUN_ENDED_SQL ") AND cancel_requested = 0",
    "UPDATE runs SET cancel_requested = 1, cancel_reason = $2 WHERE id = $1"
-   " AND status NOT IN ('completed','failed','cancelled') AND cancel_requested = 0");
+   " AND status NOT IN (" VOCAB_RUN_ENDED_SQL ") AND cancel_requested = 0");
+/* A debounced run superseded: its owner asks again at once (store_poll's
+** grants), and is told it is skipped. */
+WQ(SUPERSEDE_SQL, "UPDATE runs SET slot_granted = 1 WHERE id = ?1 AND status = 'queued'",
+   "UPDATE runs SET slot_granted = 1 WHERE id = $1 AND status = 'queued'");
 WQ(DEBOUNCE_SQL,
    "SELECT o.run_id, o.until, r.status = 'queued' AND r.started_at IS NULL FROM flow_once o"
    " LEFT JOIN runs r ON r.id = o.run_id WHERE o.q = ?1 AND o.key = ?2",
@@ -354,8 +360,8 @@ static int once_set(store_t *s, const struct lim *l, const char *run_id, int64_t
 
 /* Debounce limit l for the run of je: the key's latest run. First asking
 ** (first): the run becomes the key's latest; a latest run still waiting
-** is superseded (flagged for cancellation: it would be skipped when it
-** asks again anyway), and the burst it began carries on; the run's start
+** is superseded (its owner is told to ask again at once, and asking
+** again it is skipped), and the burst it began carries on; the run's start
 ** is period after now, but no later than max_wait after the burst began.
 ** *start gets it. Asking again: a run that is no longer the key's latest
 ** is skipped (0, the result says why). 1: go on; -1: error. */
@@ -384,9 +390,7 @@ static int debounce(store_t *s, const struct jentry *je, const struct lim *l, in
     return r;
   }
   if (latest && strcmp(latest, self) && waiting) {
-    char why[400];
-    snprintf(why, sizeof why, "debounced: a later event started run %s", self);
-    if (exec_run(s, &REPLACE_SQL, latest, why, "superseding a debounced run", e)) r = -1;
+    if (exec_run(s, &SUPERSEDE_SQL, latest, NULL, "superseding a debounced run", e)) r = -1;
   } else {
     began = now; /* a new burst */
   }
@@ -453,6 +457,55 @@ static int batch_join(store_t *s, const struct jentry *je, const struct lim *l, 
   return 1;
 }
 
+/* The throttles of l (n limits) at the start of a run admitted to start
+** at *at (ms; reserved: by this function, before), now: a second GCRA per
+** key, on the starts themselves ("start:" rows in flow_gcra). The
+** admission's reservations space the runs while an engine runs them; runs
+** whose start times came while no engine was up would otherwise all start
+** when the next one comes up. A run on time (less than one interval late)
+** counts from its reserved time, so the steady state adds nothing; a late
+** one counts from now, and when the starts' row says it is too soon, it
+** reserves the next free start time (*at; the row counts it, and it starts
+** then without asking the row again, unless late again). 1: the run
+** starts now; 0: *at is its start time (flow_at to write, negative:
+** reserved here); -1: error. */
+static int throttle_start(store_t *s, const struct lim *l, int n, int64_t now, int64_t *at,
+                          int reserved, err_t *e) {
+  int64_t now_us = now * 1000, start = now_us, base[8];
+  char q[8][300];
+  int64_t tat[8], T[8];
+  int nt = 0, ontime = 1;
+  for (int i = 0; i < n && nt < 8; i++) {
+    if (strcmp(l[i].kind, "throttle")) continue;
+    struct lim t = l[i];
+    t.kind = "start:throttle";
+    T[nt] = t.period * 1000 / t.limit;
+    tat[nt] = tat_of(s, &t, q[nt], e);
+    if (tat[nt] < 0) return -1;
+    ontime &= now_us - *at * 1000 < T[nt];
+    nt++;
+  }
+  if (reserved && ontime) return 1;
+  for (int i = 0, k = 0; i < n && k < nt; i++) {
+    if (strcmp(l[i].kind, "throttle")) continue;
+    base[k] = !reserved && now_us - *at * 1000 < T[k] ? *at * 1000 : now_us;
+    if (tat[k] > base[k]) base[k] = tat[k];
+    int64_t first = base[k] - l[i].burst * T[k];
+    if (first > start) start = first;
+    k++;
+  }
+  for (int i = 0, k = 0; i < n && k < nt; i++) {
+    if (strcmp(l[i].kind, "throttle")) continue;
+    struct lim t = l[i];
+    t.kind = "start:throttle";
+    if (set_tat(s, &t, q[k], base[k] + T[k], e)) return -1;
+    k++;
+  }
+  if (start <= now_us) return 1;
+  *at = (start + 999) / 1000;
+  return 0;
+}
+
 /* Admit the run of je to start: once per run (runs.flow_at keeps when),
 ** through its rate limits (refused: the result is "skip:" and why) and
 ** its throttle (a start time reserved, in order: GCRA, whose row keeps
@@ -471,6 +524,10 @@ static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_
   if (rc < 0) return -1;
   int have = rc == 1 && !cur_null(&c, 0);
   int64_t at = have ? cur_i64(&c, 0) : 0;
+  /* Negative: a start time reserved by throttle_start. */
+  int reserved = at < 0;
+  if (reserved) at = -at;
+  int started = rc == 1 && !cur_null(&c, 1);
   if (rc == 1) cur_close(&c);
   int64_t now = units_now_ms();
   char q[300];
@@ -543,6 +600,15 @@ static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_
       if (!strcmp(l[i].kind, "debounce") && debounce(s, je, &l[i], 0, now, &unused, e) <= 0)
         return je->result ? 0 : -1;
     }
+  if (at <= now && (!have || !started)) {
+    /* About to start: the throttle's spacing holds for the starts too. */
+    int r = throttle_start(s, l, n, now, &at, reserved, e);
+    if (r < 0) return -1;
+    if (!r) {
+      struct store_val f[2] = {SV_TEXT(sl->run_id), SV_INT(-at)};
+      if (wq_do(s, &SET_FLOW_AT_SQL, f, 2, "admitting a run", e)) return -1;
+    }
+  }
   if (at <= now) return 1;
   /* Its start time has not come: queued, with the debounce's or the
   ** throttle's words. */

@@ -77,8 +77,9 @@ static void put_time(buf_t *b, const struct store_cur *st, int i) {
 #define PUT1(b, k, fn, ...) (KEY1(b, k), fn(b, __VA_ARGS__))
 
 /* The fields of a run record without steps, from a row of STORE_RUN_COLS,
-** after its opening brace (the caller closes it). */
-static void put_record_fields(buf_t *b, const struct store_cur *st) {
+** after its opening brace (the caller closes it); position > 0: the run's
+** place in the queue its `queued` names, added to that object. */
+static void put_record_fields(buf_t *b, const struct store_cur *st, int64_t position) {
   PUT1(b, "id", put_text, st, 0);
   PUT(b, "skill", put_text, st, 1);
   PUT(b, "version", put_text, st, 2);
@@ -94,7 +95,43 @@ static void put_record_fields(buf_t *b, const struct store_cur *st) {
   if (!cur_null(st, 13)) PUT(b, "deadline_at", put_time, st, 13);
   if (!cur_null(st, 14)) PUT(b, "wake_at", put_time, st, 14);
   /* Why it waits to start (flow control: store_queue.c), while it does. */
-  PUT(b, "queued", put_json, st, 16);
+  const char *q = cur_text(st, 16);
+  size_t qn = q ? strlen(q) : 0;
+  if (position > 0 && qn > 2 && q[qn - 1] == '}') {
+    KEY(b, "queued");
+    buf_add(b, q, qn - 1);
+    BUF_LIT(b, ",\"position\":");
+    jsontext_put_int(b, position);
+    buf_add(b, "}", 1);
+  } else {
+    PUT(b, "queued", put_json, st, 16);
+  }
+}
+
+/* A queued run's place (1: next) in the concurrency queue its reason
+** (queued_json) names, or 0 (another reason, none, or an error: the
+** record goes without). Counted when read, through slot_queue_order, so
+** as exact as the read; one query per record, so not in lists. */
+static int64_t queue_position(store_t *s, const char *run_id, const char *queued_json) {
+  cJSON *q = queued_json ? cJSON_Parse(queued_json) : NULL;
+  const char *reason = cJSON_GetStringValue(cJSON_GetObjectItem(q, "reason"));
+  const char *scope = cJSON_GetStringValue(cJSON_GetObjectItem(q, "scope"));
+  const char *skill = cJSON_GetStringValue(cJSON_GetObjectItem(q, "skill"));
+  const char *key = cJSON_GetStringValue(cJSON_GetObjectItem(q, "key"));
+  int64_t pos = 0;
+  if (reason && !strcmp(reason, "concurrency") && (scope || skill)) {
+    char *name = scope ? mem_printf("@%s", scope) : mem_strdup(skill);
+    struct store_val v[3] = {SV_TEXT(run_id), SV_TEXT(name), SV_TEXT(key ? key : "")};
+    struct store_cur c;
+    err_t e;
+    if (!store__rq(s, NULL, RQ_QUEUE_AHEAD, v, 3, &c, &e)) {
+      if (cur_next(&c) == 1) pos = cur_i64(&c, 0) + 1;
+      cur_close(&c);
+    }
+    free(name);
+  }
+  cJSON_Delete(q);
+  return pos;
 }
 
 /* Append the rows of the log cursor lg (seq, ts, level, msg) that belong
@@ -257,7 +294,9 @@ int store_run_json(store_t *s, const char *id, int with_steps, buf_t *out, err_t
   }
   size_t at = out->len;
   buf_add(out, "{", 1);
-  put_record_fields(out, &st);
+  const char *status = cur_text(&st, 3);
+  int64_t pos = status && !strcmp(status, "queued") ? queue_position(s, id, cur_text(&st, 16)) : 0;
+  put_record_fields(out, &st, pos);
   /* The run's cursor stays open while the steps are read: one snapshot,
   ** so the steps are those of the same commit as the run. */
   rc = with_steps ? put_steps(s, out, id, e) : 0;
@@ -374,7 +413,7 @@ int store_list_runs_json(store_t *s, const struct run_filter *f, buf_t *out, cha
       break;
     }
     buf_add(out, n ? ",{" : "{", n ? 2 : 1);
-    put_record_fields(out, &c);
+    put_record_fields(out, &c, 0);
     buf_add(out, "}", 1);
     const char *id = cur_text(&c, 0);
     size_t idl = cur_bytes(&c, 0);

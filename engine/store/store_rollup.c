@@ -210,21 +210,21 @@ WQ(LOCK_SQL, "SELECT 1", "SELECT pg_advisory_xact_lock(469970677617)");
 WQ(ROW_SQL, "SELECT dur, wait FROM stats_rollup WHERE skill = ?1 AND hour = ?2",
    "SELECT dur, wait FROM stats_rollup WHERE skill = $1 AND hour = $2");
 WQ(NEW_SQL,
-   "INSERT INTO stats_rollup(skill, hour, completed, failed, cancelled, unstarted, steps,"
+   "INSERT INTO stats_rollup(skill, hour, completed, failed, cancelled, skipped, unstarted, steps,"
    " failed_steps, retries, tokens, dur, wait) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10,"
-   " ?11, ?12)",
-   "INSERT INTO stats_rollup(skill, hour, completed, failed, cancelled, unstarted, steps,"
+   " ?11, ?12, ?13)",
+   "INSERT INTO stats_rollup(skill, hour, completed, failed, cancelled, skipped, unstarted, steps,"
    " failed_steps, retries, tokens, dur, wait) VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,"
-   " $11, $12)");
+   " $11, $12, $13)");
 WQ(SET_SQL,
    "UPDATE stats_rollup SET completed = completed + ?3, failed = failed + ?4,"
-   " cancelled = cancelled + ?5, unstarted = unstarted + ?6, steps = steps + ?7,"
-   " failed_steps = failed_steps + ?8, retries = retries + ?9, tokens = tokens + ?10,"
-   " dur = ?11, wait = ?12 WHERE skill = ?1 AND hour = ?2",
+   " cancelled = cancelled + ?5, skipped = skipped + ?6, unstarted = unstarted + ?7,"
+   " steps = steps + ?8, failed_steps = failed_steps + ?9, retries = retries + ?10,"
+   " tokens = tokens + ?11, dur = ?12, wait = ?13 WHERE skill = ?1 AND hour = ?2",
    "UPDATE stats_rollup SET completed = completed + $3, failed = failed + $4,"
-   " cancelled = cancelled + $5, unstarted = unstarted + $6, steps = steps + $7,"
-   " failed_steps = failed_steps + $8, retries = retries + $9, tokens = tokens + $10,"
-   " dur = $11, wait = $12 WHERE skill = $1 AND hour = $2");
+   " cancelled = cancelled + $5, skipped = skipped + $6, unstarted = unstarted + $7,"
+   " steps = steps + $8, failed_steps = failed_steps + $9, retries = retries + $10,"
+   " tokens = tokens + $11, dur = $12, wait = $13 WHERE skill = $1 AND hour = $2");
 
 /* Run q to its end. */
 static int wq_do(store_t *s, const struct store_wq *q, const struct store_val *v, int nv,
@@ -242,7 +242,8 @@ static int wq_do(store_t *s, const struct store_wq *q, const struct store_val *v
 /* A run's part of the rollup, as store__rollup_run reads it. */
 struct part {
   char *skill;
-  int64_t hour, n[8]; /* completed, failed, cancelled, unstarted, steps, failed_steps, retries, tokens */
+  int64_t hour, n[9]; /* completed, failed, cancelled, skipped, unstarted, steps, failed_steps,
+                       ** retries, tokens */
   int has_dur, has_wait;
   int64_t dur, wait;
 };
@@ -259,7 +260,7 @@ static int read_part(store_t *s, const char *run_id, struct part *p, err_t *e) {
   if (rc == 1) {
     const char *status = cur_text(&c, 4);
     int k = status ? !strcmp(status, "completed") ? 0 : !strcmp(status, "failed") ? 1
-                   : !strcmp(status, "cancelled") ? 2 : -1 : -1;
+                   : !strcmp(status, "cancelled") ? 2 : !strcmp(status, "skipped") ? 3 : -1 : -1;
     if (k < 0) rc = 0;
     else {
       const char *skill = cur_text(&c, 0);
@@ -269,8 +270,8 @@ static int read_part(store_t *s, const char *run_id, struct part *p, err_t *e) {
       int64_t ended = cur_null(&c, 3) ? 0 : cur_i64(&c, 3);
       p->hour = (created < 0 ? 0 : created) / ROLLUP_HOUR * ROLLUP_HOUR;
       p->n[k] = 1;
-      p->n[3] = !started;
-      for (int i = 0; i < 4; i++) p->n[4 + i] = cur_null(&c, 5 + i) ? 0 : cur_i64(&c, 5 + i);
+      p->n[4] = !started;
+      for (int i = 0; i < 4; i++) p->n[5 + i] = cur_null(&c, 5 + i) ? 0 : cur_i64(&c, 5 + i);
       /* The same conditions as store_stats.c's count_run. */
       p->has_dur = started && ended && ended >= started;
       p->dur = ended - started;
@@ -308,11 +309,11 @@ int store__rollup_run(store_t *s, const char *run_id, int delta, err_t *e) {
   if (!rc) {
     char *nd = p.has_dur ? hist_add(dur, p.dur, delta) : mem_strdup(dur ? dur : "");
     char *nw = p.has_wait ? hist_add(wait, p.wait, delta) : mem_strdup(wait ? wait : "");
-    struct store_val v[12] = {SV_TEXT(p.skill), SV_INT(p.hour)};
-    for (int i = 0; i < 8; i++) v[2 + i] = SV_INT(p.n[i] * delta);
-    v[10] = SV_TEXT(nd);
-    v[11] = SV_TEXT(nw);
-    rc = wq_do(s, found ? &SET_SQL : &NEW_SQL, v, 12, what, e);
+    struct store_val v[13] = {SV_TEXT(p.skill), SV_INT(p.hour)};
+    for (int i = 0; i < 9; i++) v[2 + i] = SV_INT(p.n[i] * delta);
+    v[11] = SV_TEXT(nd);
+    v[12] = SV_TEXT(nw);
+    rc = wq_do(s, found ? &SET_SQL : &NEW_SQL, v, 13, what, e);
     free(nd);
     free(nw);
   }

@@ -14,6 +14,7 @@
 ** never holds a read transaction between calls unless a snapshot was
 ** begun (store__sqlite_rbegin).
 */
+#include "base/vocab.h"
 #include "store/store_db.h"
 
 #include <sqlite3.h>
@@ -38,7 +39,7 @@ static const char *const rsql[RQ_COUNT] = {
   ** by the primary key. */
   [RQ_RUNS_ENDED] =
     "SELECT id FROM runs WHERE id IN (SELECT value FROM json_each(?1))"
-    " AND status IN ('completed','failed','cancelled')",
+    " AND status IN (" VOCAB_RUN_ENDED_SQL ")",
   [RQ_LIVE_VERSION] = "SELECT version FROM skills WHERE id = ?1",
   /* A step in flight when its process stopped also says how many of its
   ** attempts were interrupted so far (they do not count against its
@@ -65,7 +66,7 @@ static const char *const rsql[RQ_COUNT] = {
     " ON r.id = w.run_id WHERE w.result IS NOT NULL AND w.kind != 'cancel' AND r.owner = ?1",
   [RQ_POLL_CANCELS] =
     "SELECT id, cancel_reason FROM runs WHERE owner = ?1 AND cancel_requested = 1"
-    " AND status NOT IN ('completed','failed','cancelled')",
+    " AND status NOT IN (" VOCAB_RUN_ENDED_SQL ")",
   /* Slots handed to its queued runs by other runs' releases. */
   [RQ_POLL_GRANTS] =
     "SELECT id FROM runs INDEXED BY runs_granted WHERE owner = ?1 AND slot_granted = 1",
@@ -78,24 +79,24 @@ static const char *const rsql[RQ_COUNT] = {
   [RQ_ENDED_SUMS] =
     "SELECT created_at, 0, started_at, ended_at, steps, failed_steps, retries, tokens, id"
     " FROM runs INDEXED BY runs_ended WHERE skill = ?1 AND status = ?4"
-    " AND (status = 'completed' OR status = 'failed' OR status = 'cancelled')"
+    " AND status IN (" VOCAB_RUN_ENDED_SQL ")"
     " AND created_at >= ?2 AND created_at < ?3",
   [RQ_ENDED] =
     "SELECT created_at, 0, started_at, ended_at"
     " FROM runs INDEXED BY runs_ended WHERE skill = ?1 AND status = ?4"
-    " AND (status = 'completed' OR status = 'failed' OR status = 'cancelled')"
+    " AND status IN (" VOCAB_RUN_ENDED_SQL ")"
     " AND created_at >= ?2 AND created_at < ?3",
   [RQ_COUNT_ENDED] =
     "SELECT count(*) FROM runs INDEXED BY runs_ended WHERE skill = ?1 AND status = ?4"
-    " AND (status = 'completed' OR status = 'failed' OR status = 'cancelled')"
+    " AND status IN (" VOCAB_RUN_ENDED_SQL ")"
     " AND created_at >= ?2 AND created_at < ?3",
   [RQ_ROLLUP] =
-    "SELECT hour, completed, failed, cancelled, unstarted, steps, failed_steps, retries, tokens,"
-    " dur, wait FROM stats_rollup WHERE skill = ?1 AND hour >= ?2 AND hour < ?3",
+    "SELECT hour, completed, failed, cancelled, skipped, unstarted, steps, failed_steps, retries,"
+    " tokens, dur, wait FROM stats_rollup WHERE skill = ?1 AND hour >= ?2 AND hour < ?3",
   [RQ_ENDED_REFS] =
     "SELECT created_at, id, failed_steps, retries"
     " FROM runs INDEXED BY runs_ended WHERE skill = ?1 AND status = ?4"
-    " AND (status = 'completed' OR status = 'failed' OR status = 'cancelled')"
+    " AND status IN (" VOCAB_RUN_ENDED_SQL ")"
     " AND created_at >= ?2 AND created_at < ?3",
   /* The runs not ended yet, through runs_status (status, id) from the
   ** window's first ULID on. */
@@ -137,6 +138,13 @@ static const char *const rsql[RQ_COUNT] = {
   [RQ_BATCH_EVENTS] =
     "SELECT json_group_array(json(event)), count(*) FROM (SELECT event FROM flow_batch"
     " WHERE run_id = ?1 ORDER BY seq)",
+  /* In the queue's order (slot_queue_order): priority, then since, then id. */
+  [RQ_QUEUE_AHEAD] =
+    "SELECT count(*) FROM slot_queue me JOIN slot_queue a INDEXED BY slot_queue_order"
+    " ON a.skill = me.skill AND a.key = me.key"
+    " AND (a.prio > me.prio OR (a.prio = me.prio AND (a.since < me.since"
+    "  OR (a.since = me.since AND a.run_id < me.run_id))))"
+    " WHERE me.run_id = ?1 AND me.skill = ?2 AND me.key = ?3",
 };
 
 /* ---- cursors over statements ------------------------------------------------ */

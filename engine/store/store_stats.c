@@ -196,7 +196,7 @@ static void add_ratio(cJSON *o, const char *key, int64_t num, int64_t den) {
 /* Counts over a window or one interval. The step sums come from the
 ** summaries of ended runs. */
 struct counts {
-  int64_t started, completed, failed, cancelled, active, queued;
+  int64_t started, completed, failed, cancelled, skipped, active, queued;
   int64_t steps, failed_steps, retries, tokens;
 };
 
@@ -232,7 +232,7 @@ static void runagg_free(struct runagg *a) {
 struct runrow {
   int64_t created, started, ended, steps, failed_steps, retries, tokens;
   int queued, summed; /* no start yet; the summary is there (the run ended) */
-  char outcome;       /* 'c'ompleted, 'f'ailed, 'x' cancelled, 'a'ctive */
+  char outcome;       /* 'c'ompleted, 'f'ailed, 'x' cancelled, 's'kipped, 'a'ctive */
 };
 
 /* Add a run to c. */
@@ -242,6 +242,7 @@ static void count_into(struct counts *c, const struct runrow *r) {
   case 'c': c->completed++; break;
   case 'f': c->failed++; break;
   case 'x': c->cancelled++; break;
+  case 's': c->skipped++; break;
   default: c->active++; break;
   }
   c->queued += r->queued;
@@ -289,7 +290,7 @@ static void counts_add(struct counts *c, const struct counts *x) {
 }
 
 /* Count one run with outcome ('c'ompleted, 'f'ailed, 'x' cancelled,
-** 'a'ctive): the current row of st, whose columns are created_at, (a
+** 's'kipped, 'a'ctive): the current row of st, whose columns are created_at, (a
 ** column not read), started_at, ended_at, steps, failed_steps, retries,
 ** tokens, id. */
 static void count_run(struct runagg *a, const struct store_cur *st, char outcome) {
@@ -320,9 +321,9 @@ static int ended_pass(store_t *s, void *conn, const char *skill, int64_t from, i
                       struct runagg *a, err_t *e) {
   if (a->nb && !a->b) a->b = mem_calloc(a->nb, sizeof *a->b);
   static const struct { const char *status; char outcome; } ended[] = {
-    {"completed", 'c'}, {"failed", 'f'}, {"cancelled", 'x'}};
+    {"completed", 'c'}, {"failed", 'f'}, {"cancelled", 'x'}, {"skipped", 's'}};
   int rc = 0, src = 0;
-  for (int i = 0; i < 3 && !rc && src == 0; i++) {
+  for (int i = 0; i < 4 && !rc && src == 0; i++) {
     struct store_val v[4] = {SV_TEXT(skill), SV_INT(from), SV_INT(until),
                              SV_TEXT(ended[i].status)};
     struct store_cur st;
@@ -363,20 +364,21 @@ static int rollup_pass(store_t *s, void *conn, const char *skill, int64_t from, 
     c.completed = cur_i64(&st, 1);
     c.failed = cur_i64(&st, 2);
     c.cancelled = cur_i64(&st, 3);
-    c.started = c.completed + c.failed + c.cancelled;
-    if (hists) c.queued = cur_i64(&st, 4);
+    c.skipped = cur_i64(&st, 4);
+    c.started = c.completed + c.failed + c.cancelled + c.skipped;
+    if (hists) c.queued = cur_i64(&st, 5);
     if (a->sums) {
-      c.steps = cur_i64(&st, 5);
-      c.failed_steps = cur_i64(&st, 6);
-      c.retries = cur_i64(&st, 7);
-      c.tokens = cur_i64(&st, 8);
+      c.steps = cur_i64(&st, 6);
+      c.failed_steps = cur_i64(&st, 7);
+      c.retries = cur_i64(&st, 8);
+      c.tokens = cur_i64(&st, 9);
     }
     counts_add(&a->tot, &c);
     if (a->nb) counts_add(&a->b[k], &c);
     if (!hists) continue;
     struct hist_into d = {&a->dur, k}, w = {&a->wait, k};
-    if (store__hist_each(cur_text(&st, 9), hist_into, &d) ||
-        (a->waits && store__hist_each(cur_text(&st, 10), hist_into, &w))) {
+    if (store__hist_each(cur_text(&st, 10), hist_into, &d) ||
+        (a->waits && store__hist_each(cur_text(&st, 11), hist_into, &w))) {
       rc = err_set(e, ERR_IO, "store: the figures' rollup of '%s' is damaged (hour %lld)", skill,
                    (long long)cur_i64(&st, 0));
       break;
@@ -415,6 +417,7 @@ static int ended_runs(store_t *s, void *conn, const char *skill, int64_t from, i
 /* The ended runs' ids of skill created in [a->since, until) into a's refs
 ** (the step sample), from runs_ended, reading their ids and summaries only. */
 static int refs_pass(store_t *s, const char *skill, int64_t until, struct runagg *a, err_t *e) {
+  /* (skipped runs ran no step: the sample has nothing to take from them) */
   static const char *const ended[] = {"completed", "failed", "cancelled"};
   int rc = 0, src = 0;
   for (int i = 0; i < 3 && !rc; i++) {
@@ -487,9 +490,9 @@ static int run_pass(store_t *s, const char *skill, int64_t until, struct runagg 
 ** counted without reading an entry (on conn, or the reader). */
 static int count_pass(store_t *s, void *conn, const char *skill, int64_t since, int64_t until,
                       struct counts *c, err_t *e) {
-  static const char *const ended[] = {"completed", "failed", "cancelled"};
+  static const char *const ended[] = {"completed", "failed", "cancelled", "skipped"};
   int rc = 0;
-  for (int i = 0; i < 3 && !rc; i++) {
+  for (int i = 0; i < 4 && !rc; i++) {
     struct store_val v[4] = {SV_TEXT(skill), SV_INT(since), SV_INT(until), SV_TEXT(ended[i])};
     struct store_cur st;
     if (store__rq(s, conn, RQ_COUNT_ENDED, v, 4, &st, e)) return e->code;
@@ -500,7 +503,7 @@ static int count_pass(store_t *s, void *conn, const char *skill, int64_t since, 
     } else {
       int64_t n = cur_i64(&st, 0);
       c->started += n;
-      *(i == 0 ? &c->completed : i == 1 ? &c->failed : &c->cancelled) += n;
+      *(i == 0 ? &c->completed : i == 1 ? &c->failed : i == 2 ? &c->cancelled : &c->skipped) += n;
     }
     cur_close(&st);
   }
@@ -521,6 +524,7 @@ static int prev_counts(store_t *s, void *conn, const char *skill, int64_t since,
   c->completed += a.tot.completed;
   c->failed += a.tot.failed;
   c->cancelled += a.tot.cancelled;
+  c->skipped += a.tot.skipped;
   runagg_free(&a);
   if (h1 < until && count_pass(s, conn, skill, h1, until, c, e)) return e->code;
   return 0;
@@ -532,6 +536,7 @@ static void add_counts(cJSON *o, const struct counts *c, int steps) {
   cJSON_AddNumberToObject(o, "completed", (double)c->completed);
   cJSON_AddNumberToObject(o, "failed", (double)c->failed);
   cJSON_AddNumberToObject(o, "cancelled", (double)c->cancelled);
+  cJSON_AddNumberToObject(o, "skipped", (double)c->skipped);
   cJSON_AddNumberToObject(o, "active", (double)c->active);
   cJSON_AddNumberToObject(o, "queued", (double)c->queued);
   add_ratio(o, "failure_rate", c->failed, c->completed + c->failed);

@@ -11,7 +11,8 @@
  * opens with its error, its failing step's attempts and a link to the source
  * of its version; rerun (confirmed) starts a new run that shows and appears
  * in the list; a parent lists its child; the skills page shows versions and
- * the last load error. A screenshot of the failed run goes to
+ * the last load error; a run queued behind a concurrency limit says why it
+ * waits and its place in the queue, in the list and on its page. A screenshot of the failed run goes to
  * tests/artifacts/dashboard.png (ARTIFACTS_DIR overrides the folder).
  *
  * Environment: MOONLOOP_BIN (the binary), CHROMIUM (default /usr/bin/chromium).
@@ -59,6 +60,21 @@ return {
     end)
     return t
   end,
+}
+`,
+  /* One at a time: the first run holds the slot while its child waits
+   * for an event (inside step.parallel, which keeps the run's slots), so
+   * the next ones wait queued. */
+  'gate.lua': `return {
+  id = "gate", description = "one at a time", concurrency = { limit = 1 },
+  run = function(ctx)
+    return ctx.step.parallel("hold", { function() return ctx.step.invoke("go", { skill = "hold" }) end })
+  end,
+}
+`,
+  'hold.lua': `return {
+  id = "hold", description = "waits for gate.go",
+  run = function(ctx) return ctx.step.wait_for_event("go", { event = "gate.go" }) end,
 }
 `,
   'parent.lua': `return {
@@ -306,6 +322,23 @@ async function main() {
     assert.match(await page.locator('main .empty').innerText(), /no run with id 'NOSUCHRUN1'/);
     await page.goto(url + '/#/runs?since=yesterday');
     await until('the error banner', async () => /since: expected a duration/.test(await page.locator('#banner').innerText()));
+  });
+
+  await check('a queued run says why it waits, and its place in the queue', async () => {
+    await call(url, 'POST', '/v1/skills/gate/invoke', { data: { n: 1 } });
+    await until('the first gate run to hold the slot', async () => (await call(url, 'GET', '/v1/runs?skill=hold')).json.runs.length === 1);
+    const second = (await call(url, 'POST', '/v1/skills/gate/invoke', { data: { n: 2 } })).json.run_id;
+    const third = (await call(url, 'POST', '/v1/skills/gate/invoke', { data: { n: 3 } })).json.run_id;
+    await until('the third queued', async () => ((await call(url, 'GET', '/v1/runs/' + third)).json.queued || {}).position === 2);
+    await page.goto(url + '/#/runs?skill=gate');
+    const row = page.locator(`table.runs tr[data-id="${second}"]`);
+    await until('the queued row', async () => /waiting: concurrency limit 1 of skill gate/.test(await row.innerText().catch(() => '')));
+    assert.equal(await row.getAttribute('data-status'), 'queued');
+    await page.goto(url + '/#/runs/' + third);
+    const why = page.locator('#queued-reason');
+    await why.waitFor();
+    assert.equal(await why.innerText(), 'waiting: concurrency limit 1 of skill gate, number 2 in the queue');
+    await call(url, 'POST', '/v1/events', { name: 'gate.go', data: {} });
   });
 
   await check('the page fetched nothing from elsewhere and raised no error', async () => {

@@ -140,9 +140,9 @@ class DashboardHttpTest(unittest.TestCase):
         self.assertEqual(h["content-type"], "text/javascript; charset=utf-8")
         text = body.decode()
         self.assertIn("runStatuses: ['queued', 'running', 'sleeping', 'waiting', 'completed', 'failed', "
-                      "'cancelled']", text)
+                      "'cancelled', 'skipped']", text)
         self.assertIn("triggerKinds: ['event', 'cron', 'invoke', 'rerun', 'on_failure']", text)
-        self.assertIn("ended: ['completed', 'failed', 'cancelled']", text)
+        self.assertIn("ended: ['completed', 'failed', 'cancelled', 'skipped']", text)
         page = web_file("index.html").decode()
         self.assertLess(page.index('"/vocab.js"'), page.index('"/app.js"'))
         app = web_file("app.js").decode()

@@ -122,7 +122,7 @@ class DbCopyTest(SkillsTestCase):
             for r in self.src_json("runs", "--limit", "1000"):
                 by.setdefault(r["skill"], []).append(r["status"])
             want = {"done": ["completed"] * 3, "bad": ["failed"], "sleeper": ["sleeping"],
-                    "waiter": ["waiting"], "limited": ["queued", "running"], "once": ["cancelled", "completed"]}
+                    "waiter": ["waiting"], "limited": ["queued", "running"], "once": ["completed", "skipped"]}
             return all(sorted(by.get(k, [])) == v for k, v in want.items()) and by
         wait_until(settled, timeout=60, what=lambda: "runs of every kind: %s" % [
             (r["skill"], r["status"]) for r in self.src_json("runs")])
@@ -194,7 +194,7 @@ class DbCopyTest(SkillsTestCase):
         # the queued one gets the slot when it ends.
         self.assertEqual(post(p.url + "/v1/events", {"name": "resume", "data": {"v": 7}})[0], 202)
         self.held.set()
-        wait_until(lambda: all(x["status"] in ("completed", "failed", "cancelled") for x in self.w.runs()),
+        wait_until(lambda: all(x["status"] in ("completed", "failed", "cancelled", "skipped") for x in self.w.runs()),
                    timeout=60, what=lambda: [(x["skill"], x["status"]) for x in self.w.runs()])
         out = {x["skill"]: x["output"] for x in self.w.runs()}
         self.assertEqual(out["sleeper"], {"sum": 2})
@@ -220,10 +220,10 @@ class DbCopyTest(SkillsTestCase):
         wait_until(lambda: self.w.sql("SELECT count(*) FROM events WHERE dispatched = 0") == [(0,)],
                    what="the event dispatched")
         # The repeat of the invoke key made no run; the skill's key skipped
-        # the new event's run (a skipped run ends cancelled).
+        # the new event's run (it ends skipped).
         self.assertEqual(len(self.w.runs(skill="done")), 3)
         self.assertEqual(sorted(x["status"] for x in self.w.runs(skill="once")),
-                         ["cancelled", "cancelled", "completed"])
+                         ["completed", "skipped", "skipped"])
         self.assertEqual(len(self.w.runs()), n + 1)
 
         # Into a database with rows: refused.

@@ -115,22 +115,28 @@ class FlowControlTest(SkillsTestCase):
         # The record: status queued, no started_at, the reason.
         rec = self.w.trace(second)
         self.assertIsNone(rec["started_at"])
+        # The record of one run also says its place in the queue (1: next).
         self.assertEqual(rec["queued"], {"reason": "concurrency", "scope": "llm",
-                                         "key": 'event.data.k="x"', "limit": 1})
+                                         "key": 'event.data.k="x"', "limit": 1, "position": 1})
         self.assertIsNone(self.w.trace(first)["queued"])
+        third = self.w.ml("invoke", "one", "--data", '{"k": "x"}', check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(third)["queued"] is not None, what="the third run queued")
+        self.assertEqual(self.w.trace(third)["queued"]["position"], 2)
+        self.assertIn('queued   waiting: concurrency limit 1 of scope llm, key event.data.k="x", number 2 in the queue',
+                      self.w.ml("trace", third, check=0).stdout)
         # The API, `moonloop runs` and `moonloop trace` say so too.
         self.assertEqual(self.api(p, "/v1/runs/" + second)["queued"]["scope"], "llm")
         listed = {r["id"]: r for r in self.api(p, "/v1/runs?skill=one")["runs"]}
         self.assertEqual(listed[second]["status"], "queued")
         self.assertEqual(listed[second]["queued"]["limit"], 1)
         with urllib.request.urlopen(p.url + "/metrics", timeout=10) as m:
-            self.assertIn('moonloop_runs_queued{reason="concurrency"} 1', m.read().decode())
+            self.assertIn('moonloop_runs_queued{reason="concurrency"} 2', m.read().decode())
         table = self.w.ml("runs", "--skill", "one", check=0).stdout
         line = [ln for ln in table.splitlines() if ln.startswith(second)][0]
         self.assertIn("queued", line)
         self.assertIn('waiting: concurrency limit 1 of scope llm, key event.data.k="x"', line)
         text = self.w.ml("trace", second, check=0).stdout
-        self.assertIn('queued   waiting: concurrency limit 1 of scope llm, key event.data.k="x"', text)
+        self.assertIn('queued   waiting: concurrency limit 1 of scope llm, key event.data.k="x", number 1 in the queue', text)
         self.assertIn("started  not yet", text)
         # Another key is not held up.
         other = self.w.ml("invoke", "one", "--data", '{"k": "y"}', check=0).stdout.strip()
@@ -145,6 +151,133 @@ class FlowControlTest(SkillsTestCase):
         # It started when the first ended, not when it was created.
         self.assertGreaterEqual(b["started_at"], a["ended_at"])
         self.assertLess(b["created_at"], a["ended_at"])
+
+    def test_runs_blocked_on_one_key_do_not_hold_up_other_keys_or_skills(self):
+        # one: 2 at once across the scope "api", 1 per key; two: the scope only.
+        self.skill("one", CALLER % {"id": "one", "tag": "one",
+                                    "conc": '{ {limit = 2, scope = "api"}, {limit = 1, key = "event.data.k"} }'})
+        self.skill("two", CALLER % {"id": "two", "tag": "two", "conc": '{limit = 2, scope = "api"}'})
+        lock = threading.Lock()
+        started = []
+        hold = {k: threading.Event() for k in "abc"}
+
+        def call(h, b, n):
+            path, _, query = h.path.partition("?")
+            k = query.partition("=")[2]
+            with lock:
+                started.append(path.rsplit("/", 1)[1])
+            hold[k].wait(30)
+            return 200, {"ok": True}
+        self.si.route_prefix("/svc/", call)
+        try:
+            self.serve()
+
+            def invoke(skill, k):
+                return self.w.ml("invoke", skill, "--data", json.dumps({"k": k}), check=0).stdout.strip()
+            a1 = invoke("one", "a")
+            wait_until(lambda: a1 in started, what="a1's call")
+            a2, a3 = invoke("one", "a"), invoke("one", "a")
+            wait_until(lambda: self.w.trace(a3)["status"] == "queued", what="a3 queued")
+            # Key a is full, the scope is not: b1 starts at once, past a2 and a3.
+            b1 = invoke("one", "b")
+            wait_until(lambda: b1 in started, what="b1 started while a's runs wait")
+            b2, c1 = invoke("one", "b"), invoke("two", "c")
+            wait_until(lambda: self.w.trace(c1)["status"] == "queued", what="c1 queued")
+            self.assertEqual(self.w.trace(c1)["queued"]["scope"], "api")
+            # b1's end frees a place in the scope: a2 and a3 still cannot
+            # have key a, so b2 (then, after b2, c1 of the other skill) goes.
+            hold["b"].set()
+            hold["c"].set()
+            wait_until(lambda: self.w.trace(c1)["status"] == "completed", timeout=30, what="c1's end")
+            self.assertEqual(self.w.trace(b2)["status"], "completed")
+            self.assertNotIn(a2, started)
+            self.assertEqual([self.w.trace(r)["status"] for r in (a1, a2, a3)], ["running", "queued", "queued"])
+            hold["a"].set()
+            wait_until(lambda: len(self.runs_of("one", "completed")) == 5, timeout=30, what="every run of one")
+            self.assertEqual([r for r in started if r in (a1, a2, a3)], [a1, a2, a3])
+        finally:
+            for ev in hold.values():
+                ev.set()
+
+    def test_a_fan_out_to_itself_under_limit_1_fails_saying_why_instead_of_waiting_forever(self):
+        self.skill("fan", """
+return { id = "fan", concurrency = { limit = 1 }, run = function(ctx)
+  if ctx.input.depth > 0 then return "leaf" end
+  return ctx.step.parallel("kids", {
+    function() return ctx.step.invoke("a", { skill = "fan", data = { depth = 1 } }) end,
+    function() return ctx.step.invoke("b", { skill = "fan", data = { depth = 1 } }) end,
+  })
+end }""")
+        self.skill("solo", """
+return { id = "solo", concurrency = { limit = 1 }, run = function(ctx)
+  if ctx.input.depth > 0 then return "leaf" end
+  return ctx.step.invoke("one", { skill = "solo", data = { depth = 1 } })
+end }""")
+        self.serve()
+        parent = self.w.ml("invoke", "fan", "--data", '{"depth": 0}', check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(parent)["status"] == "failed", timeout=30, what="the parent's end")
+        kids = [r for r in self.runs_of("fan") if r["id"] != parent]
+        self.assertTrue(kids)
+        for k in kids:
+            self.assertEqual(k["status"], "failed")
+            self.assertIn("cannot start: its parent run %s holds the only slot of concurrency limit 1 of skill fan"
+                          % parent, k["error"]["message"])
+        self.assertIn("cannot start", json.dumps(self.w.trace(parent)["error"]))
+        # A plain step.invoke parks, giving its slot back: the child runs.
+        solo = self.w.ml("invoke", "solo", "--data", '{"depth": 0}', check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(solo)["status"] == "completed", timeout=30, what="solo's end")
+        self.assertEqual(self.w.trace(solo)["output"], "leaf")
+
+    def test_a_runs_timeout_counts_from_its_start_not_its_time_queued(self):
+        self.skill("slow", """
+return { id = "slow", timeout = "2s", concurrency = { limit = 1 }, run = function(ctx)
+  return ctx.step.run("call", function()
+    return http.get_json(env.STANDIN .. "/hold/" .. tostring(ctx.input.n)).ok
+  end)
+end }""")
+        release = threading.Event()
+
+        def hold(h, b, n):
+            if h.path.endswith("/0"):
+                release.wait(30)  # the first run holds the slot past its timeout
+            else:
+                time.sleep(1.0)  # half the second's timeout: more than it has left counted from creation
+            return 200, {"ok": True}
+        self.si.route_prefix("/hold/", hold)
+        try:
+            self.serve()
+            first = self.w.ml("invoke", "slow", "--data", '{"n": 0}', check=0).stdout.strip()
+            wait_until(lambda: self.w.trace(first)["status"] == "running", what="the first run")
+            second = self.w.ml("invoke", "slow", "--data", '{"n": 1}', check=0).stdout.strip()
+            wait_until(lambda: self.w.trace(first)["status"] == "failed", timeout=30, what="the first's timeout")
+            self.assertEqual(self.w.trace(first)["error"]["message"], "the run timed out after 2.0s (its timeout)")
+            # The second waited queued about as long as the timeout, then
+            # had its whole timeout to run in.
+            wait_until(lambda: self.w.trace(second)["status"] in ("completed", "failed"), timeout=30,
+                       what="the second's end")
+            t = self.w.trace(second)
+            self.assertEqual(t["status"], "completed", t.get("error"))
+        finally:
+            release.set()
+
+    def test_a_queued_runs_timeout_holds_across_kill_9(self):
+        self.skill("slow", """
+return { id = "slow", timeout = "3s", concurrency = { limit = 1 }, run = function(ctx)
+  return ctx.step.run("call", function() return http.get_json(env.STANDIN .. "/hold").ok end)
+end }""")
+        release = threading.Event()
+        self.si.routes["/hold"] = lambda h, b, n: (release.wait(30), (200, {"ok": True}))[1]
+        try:
+            p = self.serve()
+            run = self.w.ml("invoke", "slow", "--data", "{}", check=0).stdout.strip()
+            wait_until(lambda: self.si.count("/hold") >= 1, what="the run's call")
+            kill9(p)
+            self.serve()  # takes it over: its deadline is its start plus its timeout
+            wait_until(lambda: self.w.trace(run)["status"] == "failed", timeout=30, what="the timeout")
+            t = self.w.trace(run)
+            self.assertEqual(t["error"]["message"], "the run timed out after 3.0s (its timeout)")
+        finally:
+            release.set()
 
     def test_limits_hold_across_kill_9_and_two_engines(self):
         self.skill("one", CALLER % {"id": "one", "tag": "one",
@@ -185,6 +318,43 @@ class FlowControlTest(SkillsTestCase):
         wait_until(lambda: len(self.runs_of("one", "completed")) == 8, timeout=30, what="eight runs")
         self.assertEqual([s[2] for s in g.starts], ids)
         self.assertEqual(g.most["all"], 1)
+
+    def test_a_scope_given_two_limits_is_refused_naming_the_other_skill(self):
+        self.skill("one", CALLER % {"id": "one", "tag": "one", "conc": '{limit = 2, scope = "api"}'})
+        self.skill("two", CALLER % {"id": "two", "tag": "two", "conc": '{limit = 3, scope = "api"}'})
+        self.serve()
+
+        def skills():
+            return {x["id"]: x for x in self.w.json("skills", "--json")}
+
+        def refused():
+            return [x for x in skills().values() if x.get("error")]
+        wait_until(lambda: len(skills()) == 2 and refused(), what="a refusal")
+        bad = refused()
+        self.assertEqual(len(bad), 1)
+        other, mine = ("one", 3) if bad[0]["id"] == "two" else ("two", 2)
+        self.assertIn("concurrency scope 'api' has limit %d here, but skill '%s'" % (mine, other),
+                      bad[0]["error"]["message"])
+        self.assertIn("every skill naming a scope must give it the same limit", bad[0]["error"]["message"])
+        # Both files changed to one new limit: both load, whichever goes first.
+        self.skill("one", CALLER % {"id": "one", "tag": "one", "conc": '{limit = 4, scope = "api"}'})
+        self.skill("two", CALLER % {"id": "two", "tag": "two", "conc": '{limit = 4, scope = "api"}'})
+        wait_until(lambda: len(skills()) == 2 and not refused() and all(
+            x.get("version") for x in skills().values()), what="both loaded", timeout=20)
+        g = Gauge()
+        g.release = threading.Event()
+        self.si.route_prefix("/svc/", g.handler(lambda tag, k: ["api"]))
+        try:
+            for i in range(3):
+                self.w.ml("invoke", "one", "--data", "{}", check=0)
+                self.w.ml("invoke", "two", "--data", "{}", check=0)
+            # Four run at once, across both skills; the other two wait.
+            wait_until(lambda: g.most.get("api", 0) >= 4 and len(self.w.runs(status="queued")) == 2,
+                       timeout=30, what="four running, two queued")
+        finally:
+            g.release.set()
+        wait_until(lambda: len(self.w.runs(status="completed")) == 6, timeout=30, what="six runs")
+        self.assertEqual(g.most["api"], 4)
 
     def test_bad_limits_are_refused_naming_the_fix(self):
         cases = [
@@ -260,10 +430,8 @@ class PerPeriodTest(SkillsTestCase):
                    for r in self.runs_of("thr")}
         for k in "ab":
             # Started in creation order, and never more than limit + burst
-            # in a period while one engine runs them. (Runs admitted while
-            # no engine was up start together when the next one comes up:
-            # the throttle paces admissions, which are durable; see
-            # docs/skills.md.)
+            # in a period while one engine runs them (the starts after the
+            # kill: see the test below).
             self.assertEqual(sorted(ids[k], key=lambda r: started[r]), ids[k])
             before = [started[r] for r in ids[k] if started[r] < killed_at]
             self.assertLessEqual(self.most_in_a_window(before, 1.0), 3, k)
@@ -273,6 +441,44 @@ class PerPeriodTest(SkillsTestCase):
         a = sorted(starts[r][0] for r in ids["a"])
         self.assertGreaterEqual(a[-1] - a[0], 3.0)
 
+    def test_throttle_spaces_runs_whose_start_times_came_while_no_engine_was_up(self):
+        # One start a second: six runs reserved one a second, then the
+        # engine is killed and is down until every reserved time has passed.
+        self.skill("thr", STARTER % {"id": "thr", "flow": 'throttle = { limit = 1, period = "1s" }'})
+        starts = self.record_starts()
+        p = self.serve()
+
+        def invoke(i):
+            # Over HTTP, all six within far less than a period (a CLI
+            # process each may take longer on a loaded machine).
+            req = urllib.request.Request(p.url + "/v1/skills/thr/invoke", method="POST",
+                                         data=json.dumps({"data": {"k": i}}).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return json.loads(r.read())["run_id"]
+        ids = [invoke(i) for i in range(6)]
+        wait_until(lambda: (self.w.trace(ids[-1])["queued"] or {}).get("reason") == "throttle",
+                   what="the last run throttled")
+        wait_until(lambda: len(starts) >= 1, what="the first start")
+        kill9(p)
+        killed_at = time.time()
+        from datetime import datetime
+
+        def ts(t):
+            return datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp()
+        until = ts(self.w.trace(ids[-1])["queued"]["until"])
+        time.sleep(max(0.0, until - time.time()) + 0.5)
+        self.serve()
+        wait_until(lambda: len(self.runs_of("thr", "completed")) == 6, timeout=60, what="six runs")
+        started = {r["id"]: ts(r["started_at"]) for r in self.runs_of("thr")}
+        late = sorted(started[r] for r in ids if started[r] > killed_at)
+        self.assertGreaterEqual(len(late), 3)
+        # Spaced again, one a second (half a period of slack for a loaded
+        # machine; unspaced, they would all start within a few ms)...
+        self.assertEqual(self.most_in_a_window(late, 0.5), 1, late)
+        # ...and in creation order.
+        self.assertEqual(sorted(ids, key=lambda r: started[r]), ids)
+
     def test_rate_limit_skips_the_excess_and_records_each_skip(self):
         self.skill("rl", STARTER % {"id": "rl", "flow": 'triggers = { { event = "svc.alert" } }, '
                                                         'rate_limit = { limit = 2, period = "1h", key = "event.data.k" }'})
@@ -280,16 +486,16 @@ class PerPeriodTest(SkillsTestCase):
         p = self.serve()
         for k in ["a", "a", "a", "b", "a"]:
             self.w.ml("send", "svc.alert", "--data", json.dumps({"k": k}), check=0)
-        wait_until(lambda: len([r for r in self.runs_of("rl") if r["status"] in ("completed", "cancelled")]) == 5,
+        wait_until(lambda: len([r for r in self.runs_of("rl") if r["status"] in ("completed", "skipped")]) == 5,
                    what="five runs ended")
         kill9(p)  # the count is in the store
         self.serve()
         self.w.ml("send", "svc.alert", "--data", json.dumps({"k": "a"}), check=0)
-        wait_until(lambda: len([r for r in self.runs_of("rl") if r["status"] in ("completed", "cancelled")]) == 6,
+        wait_until(lambda: len([r for r in self.runs_of("rl") if r["status"] in ("completed", "skipped")]) == 6,
                    what="six runs ended")
         runs = self.runs_of("rl")
         done = [r for r in runs if r["status"] == "completed"]
-        skipped = [r for r in runs if r["status"] == "cancelled"]
+        skipped = [r for r in runs if r["status"] == "skipped"]
         self.assertEqual(sorted(r["input"]["k"] for r in done), ["a", "a", "b"])
         self.assertEqual(len(skipped), 3)
         for r in skipped:
@@ -299,7 +505,22 @@ class PerPeriodTest(SkillsTestCase):
             self.assertEqual(r["trigger"]["event"]["name"], "svc.alert")  # which event was skipped
         self.assertEqual(len(starts), 3)  # no code of a skipped run ran
         with urllib.request.urlopen(self.w.procs[-1].url + "/metrics", timeout=10) as m:
-            self.assertIn('moonloop_runs_skipped_total{skill="rl",reason="rate_limit"} 3', m.read().decode())
+            metrics = m.read().decode()
+        self.assertIn('moonloop_runs_skipped_total{skill="rl",reason="rate_limit"} 3', metrics)
+        # The skip after the kill ended in this process: a finished run of its own status.
+        self.assertIn('moonloop_runs_finished_total{status="skipped"} 1', metrics)
+        self.assertIn('moonloop_runs_finished_total{status="cancelled"} 0', metrics)
+        # Skips are not cancellations: they have a status of their own in
+        # the CLI's filter, the API's and the figures.
+        self.assertEqual(len(self.w.json("runs", "--status", "skipped")), 3)
+        self.assertEqual(self.w.json("runs", "--status", "cancelled"), [])
+        with urllib.request.urlopen(self.w.procs[-1].url + "/v1/runs?status=skipped", timeout=10) as r:
+            self.assertEqual(len(json.loads(r.read())["runs"]), 3)
+        t = self.w.json("stats", "rl", "--since", "1h")["totals"]
+        self.assertEqual((t["started"], t["completed"], t["cancelled"], t["skipped"], t["failure_rate"]),
+                         (6, 3, 0, 3, 0))
+        self.assertIn("3 completed, 0 failed, 0 cancelled, 3 skipped, 0 active",
+                      self.w.ml("stats", "rl", "--since", "1h", check=0).stdout)
 
     def test_bad_throttle_and_rate_limit_are_refused_naming_the_fix(self):
         cases = [
@@ -320,7 +541,7 @@ class PerPeriodTest(SkillsTestCase):
 
 class OnceTest(SkillsTestCase):
     def ended(self, skill, n):
-        wait_until(lambda: len([r for r in self.runs_of(skill) if r["status"] in ("completed", "cancelled")]) == n,
+        wait_until(lambda: len([r for r in self.runs_of(skill) if r["status"] in ("completed", "cancelled", "skipped")]) == n,
                    what="%d runs of %s ended" % (n, skill))
         return self.runs_of(skill)
 
@@ -337,7 +558,7 @@ class OnceTest(SkillsTestCase):
         self.w.ml("send", "order.paid", "--data", json.dumps({"k": "o1"}), check=0)
         runs = self.ended("pay", 4)
         self.assertEqual(sorted(r["input"]["k"] for r in runs if r["status"] == "completed"), ["o1", "o2"])
-        skipped = [r for r in runs if r["status"] == "cancelled"]
+        skipped = [r for r in runs if r["status"] == "skipped"]
         self.assertEqual(len(skipped), 2)
         for r in skipped:
             self.assertEqual(r["error"]["message"], 'skipped by idempotency: run %s already started for key '
@@ -353,7 +574,7 @@ class OnceTest(SkillsTestCase):
         time.sleep(1.1)
         self.w.ml("invoke", "pay", "--data", '{"k": "x"}', check=0)
         runs = self.ended("pay", 3)
-        self.assertEqual(sorted(r["status"] for r in runs), ["cancelled", "completed", "completed"])
+        self.assertEqual(sorted(r["status"] for r in runs), ["completed", "completed", "skipped"])
 
     def singleton(self, mode):
         self.skill("one", CALLER % {"id": "one", "tag": "one", "conc": "nil, singleton = { key = \"event.data.k\", "
@@ -371,7 +592,7 @@ class OnceTest(SkillsTestCase):
 
     def test_singleton_skip(self):
         g, first, second, other = self.singleton("skip")
-        wait_until(lambda: self.w.trace(second)["status"] == "cancelled", what="the second skipped")
+        wait_until(lambda: self.w.trace(second)["status"] == "skipped", what="the second skipped")
         self.assertEqual(self.w.trace(second)["error"]["message"],
                          'skipped by singleton: run %s is running for key event.data.k="a"' % first)
         g.release.set()
@@ -433,13 +654,13 @@ class DebounceTest(SkillsTestCase):
             send(p, {"name": "inc.update", "data": {"k": "a", "n": i}})
             time.sleep(0.1)
         send(p, {"name": "inc.update", "data": {"k": "b", "n": 9}})
-        wait_until(lambda: len([r for r in self.runs_of("deb") if r["status"] in ("completed", "cancelled")]) == 6,
+        wait_until(lambda: len([r for r in self.runs_of("deb") if r["status"] in ("completed", "skipped")]) == 6,
                    what="six runs ended")
         runs = self.runs_of("deb")
         done = [r for r in runs if r["status"] == "completed"]
         self.assertEqual(sorted((r["input"]["k"], r["input"]["n"]) for r in done), [("a", 4), ("b", 9)])
         for r in runs:
-            if r["status"] == "cancelled":
+            if r["status"] == "skipped":
                 self.assertRegex(r["error"]["message"], r"debounced: a later event started run \w+")
                 self.assertIsNone(r["started_at"])
         self.assertEqual(len(starts), 2)
@@ -520,14 +741,14 @@ return { id = "bat", triggers = { { event = "row.new" } },
         for i in range(7):
             self.w.ml("send", "row.new", "--data", json.dumps({"t": "a", "n": i}), check=0)
         self.w.ml("send", "row.new", "--data", json.dumps({"t": "b", "n": 100}), check=0)
-        wait_until(lambda: len([r for r in self.runs_of("bat") if r["status"] in ("completed", "cancelled")]) == 8,
+        wait_until(lambda: len([r for r in self.runs_of("bat") if r["status"] in ("completed", "skipped")]) == 8,
                    timeout=20, what="eight runs ended")
         runs = self.runs_of("bat")
         done = sorted((r["output"]["t"], r["output"]["ns"]) for r in runs if r["status"] == "completed")
         # Two full batches at once, then the rest when the timeout passed.
         self.assertEqual(done, [("a", [0, 1, 2]), ("a", [3, 4, 5]), ("a", [6]), ("b", [100])])
         for r in runs:
-            if r["status"] == "cancelled":
+            if r["status"] == "skipped":
                 self.assertRegex(r["error"]["message"], r"^batched into run \w+$")
         last = [r for r in runs if r["status"] == "completed" and r["output"]["ns"] == [6]][0]
         from datetime import datetime

@@ -57,7 +57,7 @@ return { id = "review", run = function(ctx)
 end }""")
         out = json.loads(self.w.ml("run", "review.lua", check=0).stdout)
         keys = "; the keys are skill, status, trigger, parent, since, until and limit"
-        statuses = "queued, running, sleeping, waiting, completed, failed, cancelled"
+        statuses = "queued, running, sleeping, waiting, completed, failed, cancelled, skipped"
         kinds = "event, cron, invoke, rerun, on_failure"
         self.assertEqual(out, [
             "review.lua:7: runs.list: unknown key 'skil' (did you mean 'skill'?)" + keys,

@@ -31,6 +31,10 @@ BAD = """return { id = "bad", retries = 1, backoff = "5ms", run = function(ctx)
   ctx.step.run("boom", function() error("nope") end)
 end }
 """
+ONCE = """return { id = "once", rate_limit = { limit = 1, period = "1h" }, run = function(ctx)
+  ctx.step.run("only", function() return 1 end)
+end }
+"""
 NAP = """return { id = "nap", run = function(ctx)
   ctx.step.sleep("long", "1h")
 end }
@@ -43,7 +47,7 @@ STEPS = """return { id = "steps", run = function(ctx)
 end }
 """
 HOUR = 3600000
-ENDED = ("completed", "failed", "cancelled")
+ENDED = ("completed", "failed", "cancelled", "skipped")
 
 
 def hist_key(v):
@@ -68,13 +72,13 @@ def expected(w):
     out = {}
     for (skill, created, started, ended, status, steps, fsteps, retries, tokens) in w.sql(
             "SELECT skill, created_at, started_at, ended_at, status, steps, failed_steps, retries,"
-            " tokens FROM runs WHERE status IN ('completed','failed','cancelled')"):
+            " tokens FROM runs WHERE status IN ('completed','failed','cancelled','skipped')"):
         key = (skill, created // HOUR * HOUR)
-        c, d, wt = out.setdefault(key, ([0] * 8, [], []))
+        c, d, wt = out.setdefault(key, ([0] * 9, [], []))
         c[ENDED.index(status)] += 1
-        c[3] += not started
+        c[4] += not started
         for i, x in enumerate((steps, fsteps, retries, tokens)):
-            c[4 + i] += int(x or 0)
+            c[5 + i] += int(x or 0)
         if started and ended and ended >= started:
             d.append(ended - started)
         if started and started >= created:
@@ -87,12 +91,12 @@ class RollupTest(TestCase):
         """Every row of stats_rollup is what the runs make of it."""
         want = expected(self.w)
         got = {}
-        for row in self.w.sql("SELECT skill, hour, completed, failed, cancelled, unstarted, steps,"
-                              " failed_steps, retries, tokens, dur, wait FROM stats_rollup"):
-            got[(row[0], int(row[1]))] = ([int(x) for x in row[2:10]], row[10], row[11])
+        for row in self.w.sql("SELECT skill, hour, completed, failed, cancelled, skipped, unstarted,"
+                              " steps, failed_steps, retries, tokens, dur, wait FROM stats_rollup"):
+            got[(row[0], int(row[1]))] = ([int(x) for x in row[2:11]], row[11], row[12])
         for key in set(want) | set(got):
-            c, d, wt = want.get(key, ([0] * 8, [], []))
-            gc, gd, gw = got.get(key, ([0] * 8, "", ""))
+            c, d, wt = want.get(key, ([0] * 9, [], []))
+            gc, gd, gw = got.get(key, ([0] * 9, "", ""))
             self.assertEqual(gc, c, "counts of %s" % (key,))
             for text, values in ((gd, d), (gw, wt)):
                 coarse, hist = parse_hist(text)
@@ -105,14 +109,14 @@ class RollupTest(TestCase):
         want = expected(self.w)
         for skill in skills:
             t = self.w.json("stats", skill, "--since", "30d")["totals"]
-            c = [sum(v[0][i] for k, v in want.items() if k[0] == skill) for i in range(8)]
-            self.assertEqual([t[k] for k in ("completed", "failed", "cancelled", "steps", "failed_steps",
-                                             "retries", "tokens")], c[:3] + c[4:], skill)
+            c = [sum(v[0][i] for k, v in want.items() if k[0] == skill) for i in range(9)]
+            self.assertEqual([t[k] for k in ("completed", "failed", "cancelled", "skipped", "steps",
+                                             "failed_steps", "retries", "tokens")], c[:4] + c[5:], skill)
             durs = sorted(v for k, x in want.items() if k[0] == skill for v in x[1])
             self.assertEqual(t["duration_ms"]["n"], len(durs), skill)
 
     def test_runs_that_end_every_way(self):
-        for name, src in (("ok", OK), ("flaky", FLAKY), ("bad", BAD), ("nap", NAP)):
+        for name, src in (("ok", OK), ("flaky", FLAKY), ("bad", BAD), ("nap", NAP), ("once", ONCE)):
             self.w.write("skills/%s.lua" % name, src)
         for i in range(3):
             self.w.ml("run", "skills/ok.lua", "--data", '{"n": %d}' % i, check=0)
@@ -120,6 +124,11 @@ class RollupTest(TestCase):
             self.w.ml("run", "skills/flaky.lua", check=0)
             self.w.ml("run", "skills/bad.lua", check=1)
         self.w.serve("--workspace", "skills")
+        # One run of "once" an hour: the other two are skipped (rate_limit).
+        for _ in range(3):
+            self.w.ml("invoke", "once", check=0)
+        wait_until(lambda: sorted(r["status"] for r in self.w.runs(skill="once")) ==
+                   ["completed", "skipped", "skipped"], what="one run of once, two skipped")
         ids = [self.w.ml("invoke", "nap", check=0).stdout.strip() for _ in range(2)]
         wait_until(lambda: all(r["status"] == "sleeping" for r in self.w.runs(skill="nap")) and
                    len(self.w.runs(skill="nap")) == 2, what="the naps to sleep")
