@@ -13,14 +13,15 @@ database (durability "full") and measures:
             start until every run has ended (a skill with no step: the
             start and the run's own overhead; and a one-step skill)
   keyed     the same with a unique idempotency key per request
-  attach    learning that a run ended: 3,000 runs that sleep 2 s, each
+  attach    learning that a run ended: 3,000 runs that sleep 12 s, each
             with a client waiting on GET /v1/runs/{id}?wait=30 over a
             connection it already has (a build without attach answers at
             once: the client then polls every 100 ms, as clients had to);
-            the engine CPU of the same window without any client is
-            subtracted (median of three); and attaches whose 0.2 s wait
-            runs out on runs asleep for a minute, where nothing else
-            happens in the window
+            the engine CPU of the same window set up the same way (the
+            connections open, every run asleep) without the attaches is
+            subtracted (median of five pairs, with their range); and
+            attaches whose 0.2 s wait runs out on runs asleep for a
+            minute, where nothing else happens in the window
   lone      one client, one 10-step run at a time: start to result
             (POST invoke {"wait": 30}), median and p90
   flow      1,000 runs x 10 steps, 50 in flight, each started then
@@ -249,23 +250,34 @@ async def start_naps(srv, n, secs):
     return ids
 
 
-async def attach_window(srv, n, attach):
-    """Start n runs sleeping 2 s (not measured), then measure the engine's
-    CPU from just after the starts until all have ended: with a client
-    attached to each run, or with none."""
-    ids = await start_naps(srv, n, 2)
-    conns = [Conn(srv) for _ in ids] if attach else []
+async def attach_window(srv, n, attach, secs=12):
+    """Start n runs sleeping secs (not measured), then measure the engine's
+    CPU from before the attaches until all have ended: with a client
+    attached to each run, or with none. Both windows are set up alike, so
+    that only the attaches differ: the n connections are opened and used
+    once either way (accepting them is not counted: clients attach over
+    connections they already have), every run is asleep before the window
+    opens (the tail of the starts, their sleeps' commits, would otherwise
+    fall in one window and not the other), and the window closes at the
+    same time after the starts (then settles: every run has ended)."""
+    begun = time.time()
+    ids = await start_naps(srv, n, secs)
+    conns = [Conn(srv) for _ in ids]
     await asyncio.gather(*(c.open() for c in conns))
-    # Each connection answers one request first, so accepting it is not
-    # counted: clients attach over connections they already have.
     await asyncio.gather(*(c.call("GET", "/v1/skills/nap") for c in conns))
+    end = time.time() + 60
+    while srv.counts().get("running", 0) or srv.counts().get("queued", 0):
+        if time.time() > end:
+            raise SystemExit("bench: the naps did not fall asleep")
+        await asyncio.sleep(0.02)
+    if time.time() > begun + secs - 0.5:
+        raise SystemExit("bench: the attach window's setup took longer than its runs sleep")
     t0, c0 = time.time(), srv.cpu()
     requests = 0
     if attach:
         res = await asyncio.gather(*(wait_for_end(c, i, 0.1) for c, i in zip(conns, ids)))
         requests = sum(r[1] for r in res)
-    # The same window either way: until every run has ended, then 0.5 s more.
-    while time.time() < t0 + 2.5:
+    while time.time() < begun + secs + 1.5:
         await asyncio.sleep(0.05)
     srv.settle()
     c1 = srv.cpu()
@@ -339,14 +351,20 @@ def bench(binary):
             srv.settle()
             rows[name] = (r["seconds"], (srv.cpu() - c0) / r["requests"], r["errors"],
                           r["requests"])
-        # Attach: the median of three pairs of windows.
+        # Attach: the median of five pairs of windows (each pair's order
+        # alternates, so a drift of the machine's load favours neither).
         n = 1000 if QUICK else 3000
         pairs = []
-        for _ in range(3):
-            base, _, _ = asyncio.run(attach_window(srv, n, False))
-            with_clients, secs, reqs = asyncio.run(attach_window(srv, n, True))
+        for k in range(5):
+            if k % 2:
+                with_clients, secs, reqs = asyncio.run(attach_window(srv, n, True))
+                base, _, _ = asyncio.run(attach_window(srv, n, False))
+            else:
+                base, _, _ = asyncio.run(attach_window(srv, n, False))
+                with_clients, secs, reqs = asyncio.run(attach_window(srv, n, True))
             pairs.append(((with_clients - base) / n, reqs / n))
-        rows["attach"] = sorted(pairs)[1]
+        pairs.sort()
+        rows["attach"] = (pairs[2][0], pairs[2][1], pairs[0][0], pairs[-1][0])
         # One 10-step run at a time, start to result.
         r = wrk(srv, "/v1/skills/ten/invoke", 1, 1, "3s" if QUICK else "5s", "POST",
                 '{"data":{},"wait":30}')
@@ -392,9 +410,10 @@ def main():
             s = r[k]
             print("   %-8s %d single-run starts (%s), 100 connections: %.2f s (%.0f/s)  "
                   "engine %s us/start  errors %d" % (k, s[3], what, s[0], s[3] / s[0], us(s[1]), s[2]))
-        print("   attach   engine %s us per run waited for until it ended (%.1f requests per run); "
-              "%s us per attach whose wait ran out" % (us(r["attach"][0]), r["attach"][1],
-                                                       us(r["attach_timeout"])))
+        print("   attach   engine %s us per run waited for until it ended (pairs %s..%s; "
+              "%.1f requests per run); %s us per attach whose wait ran out"
+              % (us(r["attach"][0]), us(r["attach"][2]), us(r["attach"][3]), r["attach"][1],
+                 us(r["attach_timeout"])))
         print("   lone     one 10-step run, start to result: p50 %.2f ms  p90 %.2f ms  errors %d"
               % r["lone"])
         print("   flow     runs x 10 steps, 50 in flight: %.0f steps/s  engine %s us/step  "
