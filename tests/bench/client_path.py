@@ -13,13 +13,14 @@ database (durability "full") and measures:
             start until every run has ended (a skill with no step: the
             start and the run's own overhead; and a one-step skill)
   keyed     the same with a unique idempotency key per request
-  attach    learning that a run ended: 3,000 runs that sleep 12 s, each
-            with a client waiting on GET /v1/runs/{id}?wait=30 over a
+  attach    learning that a run ended: 3,000 runs waiting for an event,
+            each with a client waiting on GET /v1/runs/{id}?wait=30 over a
             connection it already has (a build without attach answers at
-            once: the client then polls every 100 ms, as clients had to);
-            the engine CPU of the same window set up the same way (the
-            connections open, every run asleep) without the attaches is
-            subtracted (median of five pairs, with their range); and
+            once: the client then polls every 100 ms, as clients had to),
+            until one event ends them all; the engine CPU of the same
+            window set up the same way (the connections open, every run
+            waiting, the same event) without the attaches is subtracted
+            (median of five pairs, with their range); and
             attaches whose 0.2 s wait runs out on runs asleep for a
             minute, where nothing else happens in the window
   lone      one client, one 10-step run at a time: start to result
@@ -60,6 +61,10 @@ end }''',
   local n = 0
   for i = 1, 10 do n = n + ctx.step.run("s" .. i, function() return i end) end
   return n
+end }''',
+    "hold": '''return { id = "hold", run = function(ctx)
+  ctx.step.wait_for_event("go", { event = "go." .. ctx.input.k })
+  return "released"
 end }''',
     "nap": '''return { id = "nap", run = function(ctx)
   ctx.step.sleep("nap", ctx.input and ctx.input.s or 2)
@@ -235,14 +240,14 @@ async def wait_for_end(c, run_id, poll_s):
         await asyncio.sleep(poll_s)
 
 
-async def start_naps(srv, n, secs):
+async def start_runs(srv, n, skill, data):
     conns = [Conn(srv) for _ in range(50)]
     await asyncio.gather(*(c.open() for c in conns))
     ids = []
 
     async def worker(c, k):
         for _ in range(k):
-            st, ans = await c.call("POST", "/v1/skills/nap/invoke", {"data": {"s": secs}})
+            st, ans = await c.call("POST", "/v1/skills/%s/invoke" % skill, {"data": data})
             ids.append(ans["run_id"])
     await asyncio.gather(*(worker(c, n // len(conns)) for c in conns))
     for c in conns:
@@ -250,40 +255,60 @@ async def start_naps(srv, n, secs):
     return ids
 
 
-async def attach_window(srv, n, attach, secs=12):
-    """Start n runs sleeping secs (not measured), then measure the engine's
-    CPU from before the attaches until all have ended: with a client
-    attached to each run, or with none. Both windows are set up alike, so
-    that only the attaches differ: the n connections are opened and used
-    once either way (accepting them is not counted: clients attach over
-    connections they already have), every run is asleep before the window
-    opens (the tail of the starts, their sleeps' commits, would otherwise
-    fall in one window and not the other), and the window closes at the
-    same time after the starts (then settles: every run has ended)."""
-    begun = time.time()
-    ids = await start_naps(srv, n, secs)
+async def start_naps(srv, n, secs):
+    return await start_runs(srv, n, "nap", {"s": secs})
+
+
+async def attach_window(srv, n, attach, k):
+    """Start n runs that wait for the event go.K (not measured), then
+    measure the engine's CPU from before the attaches until all have ended:
+    with a client attached to each run, or with none. Both windows are set
+    up alike, so that only the attaches differ: the n connections are
+    opened and used once either way (accepting them is not counted: clients
+    attach over connections they already have), every run is waiting before
+    the window opens, and the same one event ends them all, sent once the
+    engine is idle again after the attaches were sent (each is registered),
+    or at once without them; the window closes when every run has ended."""
+    ids = await start_runs(srv, n, "hold", {"k": k})
     conns = [Conn(srv) for _ in ids]
     await asyncio.gather(*(c.open() for c in conns))
-    await asyncio.gather(*(c.call("GET", "/v1/skills/nap") for c in conns))
-    end = time.time() + 60
-    while srv.counts().get("running", 0) or srv.counts().get("queued", 0):
+    await asyncio.gather(*(c.call("GET", "/v1/skills/hold") for c in conns))
+    ev = Conn(srv)
+    await ev.open()
+    end = time.time() + 120
+    while any(srv.counts().get(st, 0) for st in ("queued", "running", "sleeping")):
         if time.time() > end:
-            raise SystemExit("bench: the naps did not fall asleep")
-        await asyncio.sleep(0.02)
-    if time.time() > begun + secs - 0.5:
-        raise SystemExit("bench: the attach window's setup took longer than its runs sleep")
+            raise SystemExit("bench: the runs did not reach their wait")
+        await asyncio.sleep(0.05)
+    await quiet(srv)
     t0, c0 = time.time(), srv.cpu()
     requests = 0
+    waits = None
     if attach:
-        res = await asyncio.gather(*(wait_for_end(c, i, 0.1) for c, i in zip(conns, ids)))
+        waits = asyncio.gather(*(wait_for_end(c, i, 0.1) for c, i in zip(conns, ids)))
+        await asyncio.sleep(0.1)
+        await quiet(srv)
+    st, _ = await ev.call("POST", "/v1/events", {"name": "go.%d" % k, "data": {}})
+    assert st == 202, st
+    if waits:
+        res = await waits
         requests = sum(r[1] for r in res)
-    while time.time() < begun + secs + 1.5:
-        await asyncio.sleep(0.05)
     srv.settle()
     c1 = srv.cpu()
-    for c in conns:
+    for c in conns + [ev]:
         c.close()
     return c1 - c0, time.time() - t0, requests
+
+
+async def quiet(srv, idle=0.003):
+    """Until the engine spends under idle s of CPU in 0.1 s."""
+    end = time.time() + 60
+    c = srv.cpu()
+    while time.time() < end:
+        await asyncio.sleep(0.1)
+        c, was = srv.cpu(), c
+        if c - was < idle:
+            return
 
 
 async def attach_timeouts(srv, n):
@@ -357,11 +382,11 @@ def bench(binary):
         pairs = []
         for k in range(5):
             if k % 2:
-                with_clients, secs, reqs = asyncio.run(attach_window(srv, n, True))
-                base, _, _ = asyncio.run(attach_window(srv, n, False))
+                with_clients, secs, reqs = asyncio.run(attach_window(srv, n, True, 2 * k))
+                base, _, _ = asyncio.run(attach_window(srv, n, False, 2 * k + 1))
             else:
-                base, _, _ = asyncio.run(attach_window(srv, n, False))
-                with_clients, secs, reqs = asyncio.run(attach_window(srv, n, True))
+                base, _, _ = asyncio.run(attach_window(srv, n, False, 2 * k))
+                with_clients, secs, reqs = asyncio.run(attach_window(srv, n, True, 2 * k + 1))
             pairs.append(((with_clients - base) / n, reqs / n))
         pairs.sort()
         rows["attach"] = (pairs[2][0], pairs[2][1], pairs[0][0], pairs[-1][0])
