@@ -106,8 +106,10 @@ class Serve:
         for name, src in SKILLS.items():
             with open(os.path.join(self.dir, "skills", name + ".lua"), "w") as f:
                 f.write(src)
+        # Clients here keep thousands of connections idle while the runs
+        # get ready (longer than the default 10 s on a loaded machine).
         env = dict(os.environ, MOONLOOP_DB=os.path.join(self.dir, "bench.db"),
-                   MOONLOOP_DURABILITY="full", NO_COLOR="1")
+                   MOONLOOP_DURABILITY="full", NO_COLOR="1", MOONLOOP_HTTP_TIMEOUT="120s")
         env.pop("MOONLOOP_URL", None)
         self.err = open(os.path.join(self.dir, "serve.log"), "w+")
         self.p = subprocess.Popen([binary, "serve", "--workspace", "skills", "--listen",
