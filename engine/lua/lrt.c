@@ -915,9 +915,16 @@ int lrt_boot(lrt_t *r, err_t *e) {
   return 0;
 }
 
-/* See lrt.h. */
+/* See lrt.h. A module loaded already is taken from package.loaded (the
+** registry's _LOADED, which require itself reads first) without the call
+** through require: every run's start asks for "run". */
 int lrt_require(lrt_t *r, const char *name, err_t *e) {
   lua_State *L = r->L;
+  lua_getfield(L, LUA_REGISTRYINDEX, "_LOADED");
+  lua_getfield(L, -1, name);
+  lua_remove(L, -2);
+  if (lua_toboolean(L, -1)) return 0;
+  lua_pop(L, 1);
   lua_pushcfunction(L, traceback_handler);
   lua_getglobal(L, "require");
   lua_pushstring(L, name);

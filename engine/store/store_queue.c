@@ -826,8 +826,11 @@ int store__slots_free(store_t *s, const char *run_id, cJSON *granted, err_t *e) 
       cur_close(&c);
     }
   }
-  if (!err) err = exec_run(s, &DROP_SQL, run_id, NULL, "releasing a slot", e);
-  if (!err) err = exec_run(s, &LEAVE_SQL, run_id, NULL, "leaving a slot queue", e);
+  /* Without a pair the run holds no slot and no queue place (PAIRS_SQL
+  ** reads both tables): nothing to delete. Most runs end so (their skill
+  ** has no limits), and every run's end comes here. */
+  if (!err && n) err = exec_run(s, &DROP_SQL, run_id, NULL, "releasing a slot", e);
+  if (!err && n) err = exec_run(s, &LEAVE_SQL, run_id, NULL, "leaving a slot queue", e);
   for (int i = 0; i < n && !err; i++) err = hand_on(s, pairs[i][0], pairs[i][1], owner, granted, e);
   free(owner);
   for (int i = 0; i < n; i++) free(pairs[i][0]), free(pairs[i][1]);
