@@ -536,6 +536,11 @@ ctx_mt.__index = function(ctx, k)
 end
 
 local function main(R, def, err_arg)
+  -- A run of a skill with flow control is made before it is granted its
+  -- slots (started_at 0) and first resumed once it has them: its clock
+  -- starts now, or its first sleep or wait timeout would count from 1970
+  -- and be over at once. (A run that ever started has its started_at.)
+  if not R.now or R.now == 0 then R.now = now_ms() end
   local ctx = setmetatable({}, ctx_mt)
   ctx_runs[ctx] = R
   local fn = R.entry == "on_failure" and def.on_failure or def.run

@@ -11,7 +11,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import SkillsTestCase, kill9, wait_until  # noqa: E402
+from mltest import SkillsTestCase, kill9, ms, wait_until  # noqa: E402
 
 # A skill whose one step calls the stand-in at /svc/<tag>/<run id>: the
 # stand-in sees which runs are in flight at once.
@@ -259,6 +259,26 @@ end }""")
             self.assertEqual(t["status"], "completed", t.get("error"))
         finally:
             release.set()
+
+    def test_a_limited_runs_first_sleep_and_wait_last_as_long_as_asked(self):
+        # Such a run is made before it has its slot: its clock must start
+        # when it starts, not at 0 (the sleep and the wait's timeout were
+        # over at once). Lower bounds only: a loaded machine lengthens them.
+        self.skill("nap", """
+return { id = "nap", concurrency = { limit = 1 }, run = function(ctx)
+  local e = ctx.step.wait_for_event("w", { event = "never.sent", timeout = "1500ms" })
+  ctx.step.sleep("s", "1500ms")
+  return e == nil
+end }""")
+        self.serve()
+        rid = self.w.ml("invoke", "nap", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["status"] == "completed", timeout=30, what="the nap")
+        t = self.w.trace(rid)
+        self.assertIs(t["output"], True)
+        for s in t["steps"]:
+            self.assertIsNotNone(s["started_at"], s)  # (it was 0, 1970, and shown as none)
+            took = ms(s["ended_at"]) - ms(s["started_at"])
+            self.assertGreaterEqual(took, 1500, "%s took %d ms" % (s["id"], took))
 
     def test_a_queued_runs_timeout_holds_across_kill_9(self):
         self.skill("slow", """

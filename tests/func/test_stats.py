@@ -21,7 +21,7 @@ import urllib.request
 from datetime import datetime, timezone
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import BIN, StandIn, TestCase, Workdir, sqlite_only, wait_until  # noqa: E402
+from mltest import BIN, StandIn, TestCase, Workdir, ms, sqlite_only, wait_until  # noqa: E402
 from pty_driver import Pty  # noqa: E402
 
 OK = """return { id = "ok", description = "fetches and thinks", run = function(ctx)
@@ -44,10 +44,6 @@ LOOP = """return { id = "loop", run = function(ctx)
   for i = 1, 3 do ctx.step.run("poll", function() return i end) end
 end }
 """
-
-
-def ms(iso):
-    return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000 + 0.5)
 
 
 def rfc(t):

@@ -5,12 +5,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import TestCase, kill9, wait_until  # noqa: E402
-
-
-def ms(rfc):
-    from datetime import datetime
-    return datetime.fromisoformat(rfc.replace("Z", "+00:00")).timestamp() * 1000
+from mltest import TestCase, kill9, ms, wait_until  # noqa: E402
 
 
 class StepsTest(TestCase):

@@ -41,6 +41,12 @@ def sqlite_only(reason):
     return unittest.skipIf(PG is not None, "SQLite only: " + reason)
 
 
+def ms(iso):
+    """A record's time ("2026-12-02T06:40:00.123Z") in ms since the epoch."""
+    from datetime import datetime
+    return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000 + 0.5)
+
+
 def wait_until(pred, timeout=10.0, interval=0.02, what="condition"):
     """Poll pred() until it returns a true value; fail after timeout. what
     names the condition in the failure (a callable: called then, to show the
