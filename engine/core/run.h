@@ -166,6 +166,10 @@ void run_child_ended(struct task *t, int ok, const char *value);
 void run__park(struct task *t, int waits);
 /* A task's timer (a sleep, a backoff, a delay) fired: one completion. */
 void run__on_timer(struct stimer *tm);
+/* Park t and, at time at, decode the op still on its coroutine's stack and
+** run it again: for an op that found the store away for a moment (a
+** PostgreSQL restart) before it changed anything. */
+void run__op_again(struct task *t, int64_t at);
 void run__complete(struct task *t);
 void run__wait_durable(struct task *t);
 void run__task_cancel(struct task *t);

@@ -379,6 +379,16 @@ static void invoke_failed(struct task *t, const char *msg) {
 void run_op_invoke(struct task *t, const struct op_invoke *a) {
   struct run *r = t->run;
   sched_t *s = r->sched;
+  struct skill *sk = NULL;
+  err_t le;
+  int lrc = a->child ? 0 : sched__live_skill(s, a->skill, &sk, &le);
+  if (lrc == ERR_IO || lrc == ERR_BUSY) {
+    /* The store could not say which version is live (it is away for a
+    ** moment): that is no answer about the skill, so the step does not
+    ** fail; it asks again in a second, nothing changed meanwhile. */
+    run__op_again(t, units_now_ms() + 1000);
+    return;
+  }
   set_wait(t, a->seq, a->id, "invoke", a->timeout_at, a->started);
   char *skill_id = mem_strdup(a->skill);
   char *data = mem_strdup(a->data);
@@ -396,11 +406,10 @@ void run_op_invoke(struct task *t, const struct op_invoke *a) {
     return;
   }
   if (!t->wait_child) {
-    struct skill *sk;
     err_t e;
-    if (sched__live_skill(s, skill_id, &sk, &e)) {
+    if (lrc) {
       char msg[1200];
-      snprintf(msg, sizeof msg, "cannot invoke '%s': %s", skill_id, e.msg);
+      snprintf(msg, sizeof msg, "cannot invoke '%s': %s", skill_id, le.msg);
       invoke_failed(t, msg);
       free(skill_id), free(data);
       return;

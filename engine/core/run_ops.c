@@ -18,6 +18,7 @@
 #include "core/run.h"
 #include "lua/json.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -293,6 +294,39 @@ static void task_finished(struct task *t, int rc) {
   free(payload);
 }
 
+/* Decode the op on t's coroutine's stack and run its handler. Every op is
+** checked against its row of the op table (op.h) before its handler reads
+** it: a malformed one fails the run, saying why. */
+static void dispatch(struct task *t) {
+  struct op op;
+  err_t e;
+  if (op_decode(t->co, &op, &e)) {
+    lua_settop(t->co, 0);
+    char *ej = jsontext_message(e.msg);
+    run__finish(t->run, "failed", NULL, ej);
+    free(ej);
+    return;
+  }
+  op_dispatch(t, &op);
+}
+
+/* run__op_again's timer: the op again, if the run still waits for it. */
+static void on_op_again(struct stimer *tm) {
+  struct task *t = (struct task *)((char *)tm - offsetof(struct task, timer));
+  t->timer.fn = run__on_timer; /* the task's timer serves sleeps and delays too */
+  struct run *r = t->run;
+  if (r->aborted || r->finished || t->state != T_PARKED) return;
+  t->state = T_RUNNING;
+  dispatch(t);
+}
+
+/* See run.h. */
+void run__op_again(struct task *t, int64_t at) {
+  run__park(t, 1);
+  t->timer.fn = on_op_again;
+  sched__timer_start(t->run->sched, &t->timer, at);
+}
+
 /* See run.h: a run that is stopping or was interrupted is dropped instead. */
 void run_resume(struct task *t) {
   struct run *r = t->run;
@@ -324,16 +358,5 @@ void run_resume(struct task *t) {
     task_finished(t, rc);
     return;
   }
-  /* Every op is checked against its row of the op table (op.h) before
-  ** its handler reads it: a malformed one fails the run, saying why. */
-  struct op op;
-  err_t e;
-  if (op_decode(t->co, &op, &e)) {
-    lua_settop(t->co, 0);
-    char *ej = jsontext_message(e.msg);
-    run__finish(r, "failed", NULL, ej);
-    free(ej);
-    return;
-  }
-  op_dispatch(t, &op);
+  dispatch(t);
 }

@@ -103,11 +103,9 @@ class OwnClusterCase(SkillsTestCase):
         with open(os.path.join(self.pg["data"], "postmaster.pid")) as f:
             return int(f.readline())
 
-    def crash(self):
-        """kill -9 the postmaster and every process it started, as a crash of
-        the server (the backends would go on their own, a moment later)."""
+    def server_processes(self):
+        """The postmaster and every process it started."""
         pm = self.postmaster()
-        os.kill(pm, signal.SIGSTOP)  # no new backend from here on: they are all listed
         kids = []
         for d in os.listdir("/proc"):
             if d.isdigit():
@@ -117,14 +115,21 @@ class OwnClusterCase(SkillsTestCase):
                             kids.append(int(d))
                 except (OSError, ValueError, IndexError):
                     pass
-        for pid in [pm] + kids:
+        return [pm] + kids
+
+    def crash(self):
+        """kill -9 the postmaster and every process it started, as a crash of
+        the server (the backends would go on their own, a moment later)."""
+        os.kill(self.postmaster(), signal.SIGSTOP)  # no new backend from here on: they are all listed
+        procs = self.server_processes()
+        for pid in procs:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
         def gone():
-            for pid in [pm] + kids:
+            for pid in procs:
                 try:
                     with open("/proc/%d/stat" % pid) as f:
                         if f.read().rsplit(")", 1)[1].split()[0] != "Z":
@@ -251,7 +256,6 @@ class ServerFaultTest(OwnClusterCase):
         # was noticed by the engine (LISTEN after the reconnection).
         self.assertEqual(p.poll(), None)
 
-
     def signal_server(self, procs, sig):
         """Send sig to each of procs that is still there."""
         for pid in procs:
@@ -259,20 +263,6 @@ class ServerFaultTest(OwnClusterCase):
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-
-    def server_processes(self):
-        """The postmaster and every process it started."""
-        pm = self.postmaster()
-        kids = []
-        for d in os.listdir("/proc"):
-            if d.isdigit():
-                try:
-                    with open("/proc/%s/stat" % d) as f:
-                        if int(f.read().rsplit(")", 1)[1].split()[1]) == pm:
-                            kids.append(int(d))
-                except (OSError, ValueError, IndexError):
-                    pass
-        return [pm] + kids
 
     def test_a_server_that_stops_answering_gets_503s_not_a_stalled_engine(self):
         # A server stopped (SIGSTOP) keeps its connections open: the kernel
@@ -313,7 +303,6 @@ class ServerFaultTest(OwnClusterCase):
                    timeout=30, what="an event accepted again")
         self.check_every_acknowledged_event_ran_once([0, 3], [1, 2])
         self.assertEqual(p.poll(), None)
-
 
     def test_a_commit_whose_answer_was_lost_is_answered_once_the_server_says_what_became_of_it(self):
         # The server is stopped (SIGSTOP) while the event's transaction waits
