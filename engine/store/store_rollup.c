@@ -31,6 +31,7 @@
 ** doubling of the values.
 */
 #include "base/mem.h"
+#include "base/vocab.h"
 #include "store/store_backend.h"
 
 #include <stdlib.h>
@@ -239,6 +240,11 @@ static int wq_do(store_t *s, const struct store_wq *q, const struct store_val *v
   return rc < 0 ? e->code : 0;
 }
 
+/* Its count columns, one per ended status (vocab.h), in the table's order. */
+_Static_assert(RUN_FAILED == RUN_COMPLETED + 1 && RUN_CANCELLED == RUN_COMPLETED + 2 &&
+                   RUN_SKIPPED == RUN_COMPLETED + 3,
+               "stats_rollup counts completed, failed, cancelled, skipped in vocab.h's order");
+
 /* A run's part of the rollup, as store__rollup_run reads it. */
 struct part {
   char *skill;
@@ -258,9 +264,9 @@ static int read_part(store_t *s, const char *run_id, struct part *p, err_t *e) {
   int rc = cur_next(&c);
   if (rc < 0) c.ops->err(&c, e, what);
   if (rc == 1) {
-    const char *status = cur_text(&c, 4);
-    int k = status ? !strcmp(status, "completed") ? 0 : !strcmp(status, "failed") ? 1
-                   : !strcmp(status, "cancelled") ? 2 : !strcmp(status, "skipped") ? 3 : -1 : -1;
+    /* The count columns are vocab.h's ended statuses, in its order. */
+    int st = vocab_run_status(cur_text(&c, 4));
+    int k = st >= RUN_COMPLETED && st <= RUN_SKIPPED ? st - RUN_COMPLETED : -1;
     if (k < 0) rc = 0;
     else {
       const char *skill = cur_text(&c, 0);
