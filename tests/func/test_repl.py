@@ -20,7 +20,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import BIN, SRC, TestCase, lines_match  # noqa: E402
+from mltest import BIN, SRC, TestCase, lines_match, wait_until  # noqa: E402
 from pty_driver import Pty  # noqa: E402
 
 DOC = os.path.join(SRC, "docs", "repl.md")
@@ -105,6 +105,11 @@ class ReplCase(TestCase):
         return r.returncode, r.stdout, r.stderr
 
     def leave(self, p):
+        # Ctrl-D only once the prompt is up: libedit puts the terminal in
+        # raw mode before it prints it, and a ^D typed while the terminal is
+        # still cooked (the REPL printing the last answer) can be lost in the
+        # switch, leaving the REPL waiting (seen once under load).
+        wait_until(lambda: p.text().endswith("> "), timeout=15, what="the prompt before Ctrl-D")
         p.send("\x04")
         self.assertEqual(p.wait(), 0)
 
