@@ -232,19 +232,30 @@ static void runagg_free(struct runagg *a) {
 struct runrow {
   int64_t created, started, ended, steps, failed_steps, retries, tokens;
   int queued, summed; /* no start yet; the summary is there (the run ended) */
-  char outcome;       /* 'c'ompleted, 'f'ailed, 'x' cancelled, 's'kipped, 'a'ctive */
+  int outcome;        /* its status (enum run_status): an ended one, or any other for active */
 };
+
+/* The count of c that a run in status st adds to: one per ended status,
+** active for the others. The switch names every status of vocab.h, so a
+** status added there fails the build (-Wswitch) until it is counted here. */
+static int64_t *count_of(struct counts *c, enum run_status st) {
+  switch (st) {
+  case RUN_COMPLETED: return &c->completed;
+  case RUN_FAILED: return &c->failed;
+  case RUN_CANCELLED: return &c->cancelled;
+  case RUN_SKIPPED: return &c->skipped;
+  case RUN_QUEUED:
+  case RUN_RUNNING:
+  case RUN_SLEEPING:
+  case RUN_WAITING: break;
+  }
+  return &c->active;
+}
 
 /* Add a run to c. */
 static void count_into(struct counts *c, const struct runrow *r) {
   c->started++;
-  switch (r->outcome) {
-  case 'c': c->completed++; break;
-  case 'f': c->failed++; break;
-  case 'x': c->cancelled++; break;
-  case 's': c->skipped++; break;
-  default: c->active++; break;
-  }
+  (*count_of(c, (enum run_status)r->outcome))++;
   c->queued += r->queued;
   c->steps += r->steps;
   c->failed_steps += r->failed_steps;
@@ -281,6 +292,7 @@ static void counts_add(struct counts *c, const struct counts *x) {
   c->completed += x->completed;
   c->failed += x->failed;
   c->cancelled += x->cancelled;
+  c->skipped += x->skipped;
   c->active += x->active;
   c->queued += x->queued;
   c->steps += x->steps;
@@ -289,11 +301,11 @@ static void counts_add(struct counts *c, const struct counts *x) {
   c->tokens += x->tokens;
 }
 
-/* Count one run with outcome ('c'ompleted, 'f'ailed, 'x' cancelled,
-** 's'kipped, 'a'ctive): the current row of st, whose columns are created_at, (a
+/* Count one run with outcome (its status, enum run_status; RUN_RUNNING
+** for any run not ended): the current row of st, whose columns are created_at, (a
 ** column not read), started_at, ended_at, steps, failed_steps, retries,
 ** tokens, id. */
-static void count_run(struct runagg *a, const struct store_cur *st, char outcome) {
+static void count_run(struct runagg *a, const struct store_cur *st, int outcome) {
   struct runrow r;
   r.outcome = outcome;
   r.created = cur_i64(st, 0);
@@ -310,7 +322,7 @@ static void count_run(struct runagg *a, const struct store_cur *st, char outcome
   if (a->nb) count_into(&a->b[k], &r);
   if (r.started && r.ended >= r.started && r.ended) vals_add(&a->dur, k, r.ended - r.started);
   if (a->waits && r.started && r.started >= r.created) vals_add(&a->wait, k, r.started - r.created);
-  if (!a->want_refs || r.outcome == 'a') return;
+  if (!a->want_refs || !vocab_run_ended(vocab_run_statuses[r.outcome])) return;
   add_ref(a, cur_text(st, 8), k, r.failed_steps > 0 || r.retries > 0);
 }
 
@@ -320,16 +332,15 @@ static void count_run(struct runagg *a, const struct store_cur *st, char outcome
 static int ended_pass(store_t *s, void *conn, const char *skill, int64_t from, int64_t until,
                       struct runagg *a, err_t *e) {
   if (a->nb && !a->b) a->b = mem_calloc(a->nb, sizeof *a->b);
-  static const struct { const char *status; char outcome; } ended[] = {
-    {"completed", 'c'}, {"failed", 'f'}, {"cancelled", 'x'}, {"skipped", 's'}};
   int rc = 0, src = 0;
-  for (int i = 0; i < 4 && !rc && src == 0; i++) {
+  for (int i = 0; vocab_run_statuses[i] && !rc && src == 0; i++) {
+    if (!vocab_run_ended(vocab_run_statuses[i])) continue;
     struct store_val v[4] = {SV_TEXT(skill), SV_INT(from), SV_INT(until),
-                             SV_TEXT(ended[i].status)};
+                             SV_TEXT(vocab_run_statuses[i])};
     struct store_cur st;
     /* Each column read costs on every row: the overview reads only three. */
     if (store__rq(s, conn, a->sums ? RQ_ENDED_SUMS : RQ_ENDED, v, 4, &st, e)) return e->code;
-    while ((src = cur_next(&st)) == 1) count_run(a, &st, ended[i].outcome);
+    while ((src = cur_next(&st)) == 1) count_run(a, &st, i);
     if (src < 0) rc = st.ops->err(&st, e, "reading runs for the figures");
     cur_close(&st);
   }
@@ -417,11 +428,12 @@ static int ended_runs(store_t *s, void *conn, const char *skill, int64_t from, i
 /* The ended runs' ids of skill created in [a->since, until) into a's refs
 ** (the step sample), from runs_ended, reading their ids and summaries only. */
 static int refs_pass(store_t *s, const char *skill, int64_t until, struct runagg *a, err_t *e) {
-  /* (skipped runs ran no step: the sample has nothing to take from them) */
-  static const char *const ended[] = {"completed", "failed", "cancelled"};
   int rc = 0, src = 0;
-  for (int i = 0; i < 3 && !rc; i++) {
-    struct store_val v[4] = {SV_TEXT(skill), SV_INT(a->since), SV_INT(until), SV_TEXT(ended[i])};
+  for (int i = 0; vocab_run_statuses[i] && !rc; i++) {
+    /* (skipped runs ran no step: the sample has nothing to take from them) */
+    if (!vocab_run_ended(vocab_run_statuses[i]) || i == RUN_SKIPPED) continue;
+    struct store_val v[4] = {SV_TEXT(skill), SV_INT(a->since), SV_INT(until),
+                             SV_TEXT(vocab_run_statuses[i])};
     struct store_cur st;
     if (store__rq(s, NULL, RQ_ENDED_REFS, v, 4, &st, e)) return e->code;
     while ((src = cur_next(&st)) == 1) {
@@ -469,7 +481,7 @@ static int open_pass(store_t *s, const char *skill, int64_t since, int64_t until
 /* open_pass's each for one skill's window: arg is a runagg. */
 static void open_into(void *arg, const struct store_cur *st, const char *skill) {
   (void)skill;
-  count_run(arg, st, 'a');
+  count_run(arg, st, RUN_RUNNING);
 }
 
 /* Every run of skill created in [a->since, until) into a. The step
@@ -490,10 +502,11 @@ static int run_pass(store_t *s, const char *skill, int64_t until, struct runagg 
 ** counted without reading an entry (on conn, or the reader). */
 static int count_pass(store_t *s, void *conn, const char *skill, int64_t since, int64_t until,
                       struct counts *c, err_t *e) {
-  static const char *const ended[] = {"completed", "failed", "cancelled", "skipped"};
   int rc = 0;
-  for (int i = 0; i < 4 && !rc; i++) {
-    struct store_val v[4] = {SV_TEXT(skill), SV_INT(since), SV_INT(until), SV_TEXT(ended[i])};
+  for (int i = 0; vocab_run_statuses[i] && !rc; i++) {
+    if (!vocab_run_ended(vocab_run_statuses[i])) continue;
+    struct store_val v[4] = {SV_TEXT(skill), SV_INT(since), SV_INT(until),
+                             SV_TEXT(vocab_run_statuses[i])};
     struct store_cur st;
     if (store__rq(s, conn, RQ_COUNT_ENDED, v, 4, &st, e)) return e->code;
     int src = cur_next(&st);
@@ -503,7 +516,7 @@ static int count_pass(store_t *s, void *conn, const char *skill, int64_t since, 
     } else {
       int64_t n = cur_i64(&st, 0);
       c->started += n;
-      *(i == 0 ? &c->completed : i == 1 ? &c->failed : i == 2 ? &c->cancelled : &c->skipped) += n;
+      *count_of(c, (enum run_status)i) += n;
     }
     cur_close(&st);
   }
@@ -971,7 +984,7 @@ static void open_overview(void *arg, const struct store_cur *st, const char *ski
     int c = strcmp(o->v[mid].skill, skill ? skill : "");
     if (!c) {
       struct ovskill *x = &o->v[mid];
-      if (cur_i64(st, 0) >= o->since) count_run(&x->a, st, 'a');
+      if (cur_i64(st, 0) >= o->since) count_run(&x->a, st, RUN_RUNNING);
       else x->prev.started++, x->prev.active++;
       return;
     }

@@ -72,7 +72,8 @@ end }''',
 end }''',
 }
 
-TERMINAL = ("completed", "failed", "cancelled")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from vocab import RUN_ENDED as TERMINAL  # noqa: E402
 
 
 def cpu(pid):

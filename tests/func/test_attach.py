@@ -25,7 +25,7 @@ import time
 import http.client
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import BIN, SkillsTestCase, kill9, wait_until  # noqa: E402
+from mltest import BIN, RUN_ENDED, SkillsTestCase, kill9, wait_until  # noqa: E402
 
 SLEEPER = """
 return { id = "sleeper", run = function(ctx)
@@ -40,7 +40,7 @@ OTHER = """
 return { id = "other", run = function(ctx) return "other" end }
 """
 
-TERMINAL = ("completed", "failed", "cancelled")
+TERMINAL = RUN_ENDED
 
 
 def call(port, method, path, body=None, timeout=60):

@@ -17,7 +17,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 import pgcluster  # noqa: E402
-from mltest import PG, SkillsTestCase, kill9, wait_until  # noqa: E402
+from mltest import PG, RUN_ENDED, SkillsTestCase, kill9, wait_until  # noqa: E402
 
 pg_only = unittest.skipUnless(PG, "PostgreSQL only: run with MOONLOOP_TEST_BACKEND=pg "
                               "(make test runs it as func-pg/test_db_copy)")
@@ -194,7 +194,7 @@ class DbCopyTest(SkillsTestCase):
         # the queued one gets the slot when it ends.
         self.assertEqual(post(p.url + "/v1/events", {"name": "resume", "data": {"v": 7}})[0], 202)
         self.held.set()
-        wait_until(lambda: all(x["status"] in ("completed", "failed", "cancelled", "skipped") for x in self.w.runs()),
+        wait_until(lambda: all(x["status"] in RUN_ENDED for x in self.w.runs()),
                    timeout=60, what=lambda: [(x["skill"], x["status"]) for x in self.w.runs()])
         out = {x["skill"]: x["output"] for x in self.w.runs()}
         self.assertEqual(out["sleeper"], {"sum": 2})

@@ -16,7 +16,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import TestCase, wait_until  # noqa: E402
+from mltest import RUN_ENDED, TestCase, wait_until  # noqa: E402
 
 # Lua: ATTEMPTS is a list of {name, where, fn}; `where` is "all", "run"
 # (orchestration and step body: after the globals are frozen), "orch" or
@@ -417,7 +417,7 @@ class CrossSkillTest(TestCase):
 
         def done():
             t = self.w.trace(run_id)
-            return t if t["status"] in ("completed", "failed", "cancelled") else None
+            return t if t["status"] in RUN_ENDED else None
         return wait_until(done, timeout=15, what="run of " + skill)
 
     def test_what_one_skill_changes_another_does_not_see(self):

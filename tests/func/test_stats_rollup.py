@@ -14,7 +14,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import PG, TestCase, kill9, wait_until  # noqa: E402
+from mltest import PG, RUN_ENDED, RUN_ENDED_SQL, TestCase, kill9, wait_until  # noqa: E402
 
 OK = """return { id = "ok", run = function(ctx)
   ctx.step.run("fetch", function() return { n = ctx.input.n } end)
@@ -47,7 +47,7 @@ STEPS = """return { id = "steps", run = function(ctx)
 end }
 """
 HOUR = 3600000
-ENDED = ("completed", "failed", "cancelled", "skipped")
+ENDED = RUN_ENDED  # in the rollup's column order (store_rollup.c asserts it)
 
 
 def hist_key(v):
@@ -72,7 +72,7 @@ def expected(w):
     out = {}
     for (skill, created, started, ended, status, steps, fsteps, retries, tokens) in w.sql(
             "SELECT skill, created_at, started_at, ended_at, status, steps, failed_steps, retries,"
-            " tokens FROM runs WHERE status IN ('completed','failed','cancelled','skipped')"):
+            " tokens FROM runs WHERE status IN " + RUN_ENDED_SQL):
         key = (skill, created // HOUR * HOUR)
         c, d, wt = out.setdefault(key, ([0] * 9, [], []))
         c[ENDED.index(status)] += 1
@@ -138,7 +138,7 @@ class RollupTest(TestCase):
                    what="the naps to be cancelled")
         want = self.assert_rollup_agrees()
         self.assertEqual(sum(v[0][2] for v in want.values()), 2)  # the cancelled ones are there
-        self.assert_stats_agree(["ok", "flaky", "bad", "nap"])
+        self.assert_stats_agree(["ok", "flaky", "bad", "nap", "once"])
 
     def test_kill9_in_the_middle_of_runs(self):
         self.w.write("skills/steps.lua", STEPS)

@@ -37,7 +37,7 @@ import time
 import urllib.error
 import urllib.request
 
-from gen import TERMINAL, early_events
+from gen import RUN_ENDED_SQL, TERMINAL, early_events
 from standin import StandIn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -483,7 +483,7 @@ class Case:
             self.durable.setdefault("%s:%s" % (rid, sid), seen)
         rows = self.query(
             "SELECT r.id, r.skill, r.input, s.id FROM runs r JOIN steps s ON s.run_id = r.id"
-            " WHERE r.status NOT IN ('completed','failed','cancelled') AND s.status = 'waiting'"
+            " WHERE r.status NOT IN " + RUN_ENDED_SQL + " AND s.status = 'waiting'"
             " AND s.kind = 'wait'") or []
         for rid, skill, inp, sid in rows:
             try:
@@ -507,7 +507,7 @@ class Case:
     def unfinished(self):
         """(runs not ended but the ballast, events not dispatched), or None
         when the database cannot be read now."""
-        a = self.query("SELECT count(*) FROM runs WHERE status NOT IN ('completed','failed','cancelled')"
+        a = self.query("SELECT count(*) FROM runs WHERE status NOT IN " + RUN_ENDED_SQL +
                        " AND skill != 'zb'")
         b = self.query("SELECT count(*) FROM events WHERE dispatched = 0")
         if not a or not b:
@@ -562,7 +562,7 @@ class Case:
             for q in self.live():
                 self.kill(q, "with everything")
             for _ in range(rng.randint(1, 2)):
-                rows = self.query("SELECT id FROM runs WHERE status NOT IN ('completed','failed','cancelled')"
+                rows = self.query("SELECT id FROM runs WHERE status NOT IN " + RUN_ENDED_SQL +
                                   " AND skill != 'zb' ORDER BY id") or []
                 picks = rng.sample(rows, min(len(rows), rng.randint(1, 2)))
                 resumers = [self.resume(r[0]) for r in picks]
@@ -651,7 +651,7 @@ class Case:
                     self.act("%.0f s after the last fault, runs have not ended" % bound)
                     result["stuck"] = self.query(
                         "SELECT id, skill, status, json_extract(input, '$.tag') FROM runs"
-                        " WHERE status NOT IN ('completed','failed','cancelled')")
+                        " WHERE status NOT IN " + RUN_ENDED_SQL)
                     u = self.unfinished()
                     result["stuck_events"] = u[1] if u else None
                     self.harness_errors.append("at the bound: worker on %s, %d requests queued" % (
@@ -734,8 +734,8 @@ class Case:
             # Every engine has stopped and released its runs: an unfinished
             # run that still has an owner is owned by a lease that is gone.
             result["orphans"] = dict(con.execute(
-                "SELECT id, owner FROM runs WHERE owner IS NOT NULL AND status NOT IN"
-                " ('completed','failed','cancelled') AND owner NOT IN (SELECT owner FROM leases)").fetchall())
+                "SELECT id, owner FROM runs WHERE owner IS NOT NULL AND status NOT IN "
+                + RUN_ENDED_SQL + " AND owner NOT IN (SELECT owner FROM leases)").fetchall())
             # Events a wait took (a delivery) that its step never got.
             result["lost_deliveries"] = con.execute(
                 "SELECT d.run_id, s.id, d.event_id, s.status FROM deliveries d JOIN steps s"

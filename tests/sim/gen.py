@@ -31,9 +31,12 @@ maps a number back to what the generator drew there (kind, failures,
 retries), which the checks use for the expected number of calls.
 """
 import json
+import os
 import random
+import sys
 
-TERMINAL = ("completed", "failed", "cancelled")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from vocab import RUN_ENDED as TERMINAL, RUN_ENDED_SQL  # noqa: E402,F401
 
 
 def lua_str(s):
