@@ -20,21 +20,13 @@
  */
 'use strict';
 const assert = require('node:assert/strict');
-const { spawn } = require('node:child_process');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const { chromium } = require('playwright-core');
+const lib = require('./lib.js');
+const { startEngine, until, check, report, cleanups, launch, ARTIFACTS } = lib;
 
-const ROOT = path.resolve(__dirname, '..', '..');
-const BIN = process.env.MOONLOOP_BIN || path.join(ROOT, 'build', 'moonloop');
-const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
-const ARTIFACTS = process.env.ARTIFACTS_DIR || path.join(ROOT, 'tests', 'artifacts');
 const TOKEN = 'dash-test-token-' + process.pid;
-const WAIT = 15000; /* the longest any one expectation may take */
-
-let passed = 0, failed = 0;
-const cleanups = [];
 
 /* ---- the engine ------------------------------------------------------------ */
 
@@ -87,54 +79,8 @@ return {
 `,
 };
 
-function startEngine(dir) {
-  return new Promise((resolve, reject) => {
-    const env = { ...process.env, MOONLOOP_TOKEN: TOKEN, NO_COLOR: '1' };
-    delete env.MOONLOOP_URL;
-    const p = spawn(BIN, ['serve', '--workspace', path.join(dir, 'skills'), '--listen', '127.0.0.1:0',
-      '--db', path.join(dir, 'moonloop.db')], { cwd: dir, env, stdio: ['ignore', 'ignore', 'pipe'] });
-    let err = '';
-    const timer = setTimeout(() => reject(new Error('moonloop serve did not listen within 10 s: ' + err)), 10000);
-    p.stderr.on('data', (b) => {
-      err += b.toString();
-      const m = /listening on (http:\/\/[0-9.:]+)/.exec(err);
-      if (m) { clearTimeout(timer); resolve({ proc: p, url: m[1], log: () => err }); }
-    });
-    p.on('exit', (code) => { clearTimeout(timer); reject(new Error(`moonloop serve exited ${code}: ${err}`)); });
-  });
-}
-
-/* A request to the API with the token; returns the decoded JSON. PUT
-** takes Lua source (text/x-lua), every other body is JSON. */
-async function call(url, method, p, body) {
-  const res = await fetch(url + p, {
-    method, headers: { Authorization: 'Bearer ' + TOKEN, 'Content-Type': method === 'PUT' ? 'text/x-lua' : 'application/json' },
-    body: body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body),
-  });
-  const text = await res.text();
-  return { status: res.status, json: text ? JSON.parse(text) : null };
-}
-
-async function until(what, fn, ms = WAIT) {
-  const end = Date.now() + ms;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > end) throw new Error('timed out waiting for ' + what);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-
-async function check(name, fn) {
-  try {
-    await fn();
-    passed++;
-    console.log('ok - ' + name);
-  } catch (e) {
-    failed++;
-    console.log('not ok - ' + name + '\n    ' + String(e && e.stack || e).split('\n').join('\n    '));
-  }
-}
+/* A request to the API with the token: {status, json}. */
+const call = (url, method, p, body) => lib.call(url, TOKEN, method, p, body);
 
 /* ---- the test -------------------------------------------------------------- */
 
@@ -144,8 +90,7 @@ async function main() {
   fs.mkdirSync(path.join(dir, 'skills'));
   for (const [f, src] of Object.entries(SKILLS)) fs.writeFileSync(path.join(dir, 'skills', f), src);
 
-  const eng = await startEngine(dir);
-  cleanups.unshift(() => { try { process.kill(eng.proc.pid, 'SIGKILL'); } catch (e) { /* gone */ } });
+  const eng = await startEngine(dir, TOKEN);
   const url = eng.url;
 
   /* The runs to look at, made through the API. */
@@ -165,32 +110,10 @@ async function main() {
   });
   const child = (await call(url, 'GET', '/v1/runs?parent=' + parent)).json.runs[0].id;
 
-  const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'ml-dash-chromium-'));
-  cleanups.push(() => fs.rmSync(profile, { recursive: true, force: true }));
-  const ctx = await chromium.launchPersistentContext(profile, {
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-      '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-    viewport: { width: 1280, height: 900 },
-    timeout: 30000,
-  });
-  cleanups.unshift(() => ctx.close().catch(() => {}));
-  ctx.setDefaultTimeout(WAIT);
-  const page = ctx.pages()[0] || await ctx.newPage();
-
-  /* Nothing but the engine is ever asked for, and the page raises no error. */
-  const problems = [];
-  const origin = new URL(url).origin;
-  page.on('request', (r) => {
-    const u = r.url();
-    if (!u.startsWith(origin + '/') && !u.startsWith('data:')) problems.push('request outside the engine: ' + u);
-  });
-  page.on('pageerror', (e) => problems.push('page error: ' + e.message));
-  page.on('console', (m) => {
-    /* The one expected console error is the 401 of the first fetch, before the token. */
-    if (m.type() === 'error' && !/401/.test(m.text())) problems.push('console error: ' + m.text());
-  });
+  /* Nothing but the engine is ever asked for, and the page raises no error
+  ** (lib.js's launch watches; the one expected console error is the 401 of
+  ** the first fetch, before the token). */
+  const { page, problems } = await launch(url);
 
   await check('the page loads and asks for the token', async () => {
     const res = await page.goto(url + '/');
@@ -319,7 +242,7 @@ async function main() {
 
   await check('an unknown run and a bad filter say what is wrong', async () => {
     await page.goto(url + '/#/runs/NOSUCHRUN1');
-    assert.match(await page.locator('main .empty').innerText(), /no run with id 'NOSUCHRUN1'/);
+    await until('the unknown run\'s message', async () => /no run with id 'NOSUCHRUN1'/.test(await page.locator('main').innerText()));
     await page.goto(url + '/#/runs?since=yesterday');
     await until('the error banner', async () => /since: expected a duration/.test(await page.locator('#banner').innerText()));
   });
@@ -348,11 +271,4 @@ async function main() {
   });
 }
 
-main().catch((e) => {
-  failed++;
-  console.log('not ok - the test could not run\n    ' + String(e && e.stack || e).split('\n').join('\n    '));
-}).finally(async () => {
-  for (const f of cleanups) { try { await f(); } catch (e) { /* best effort */ } }
-  console.log(`${passed} passed, ${failed} failed`);
-  process.exit(failed ? 1 : 0);
-});
+main().catch((e) => report.fail('the test could not run', e)).finally(report.end);

@@ -41,10 +41,10 @@ function startEngine(dir, token) {
 }
 
 /* A request to the API with the token; {status, json}. A string body goes
- * as it is (Lua source for PUT), anything else as JSON. */
+ * as it is (Lua source for PUT, sent as text/x-lua), anything else as JSON. */
 async function call(url, token, method, p, body) {
   const res = await fetch(url + p, {
-    method, headers: { Authorization: 'Bearer ' + token, 'Content-Type': 'application/json' },
+    method, headers: { Authorization: 'Bearer ' + token, 'Content-Type': method === 'PUT' ? 'text/x-lua' : 'application/json' },
     body: body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body),
   });
   const text = await res.text();
