@@ -392,7 +392,7 @@ static void after_work_cb(uv_work_t *w, int status) {
         if (sched_adopt(s, &j->rows[i], &e))
           term_printf(stderr, "moonloop: cannot resume run %s: %s\n", j->rows[i].id, e.msg);
       }
-      if (j->nrows == CLAIM_BATCH) s->claim_wanted = 1;
+      if (j->nrows >= CLAIM_BATCH) s->claim_wanted = 1;
       store_rows_free(j->rows, j->nrows);
     }
     break;

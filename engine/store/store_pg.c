@@ -1269,9 +1269,28 @@ static void rows_of(PGresult *res, struct run_row **rows, size_t *n) {
   /* c is not closed: res stays the caller's */
 }
 
+/* Add the ids of rows[0..n) to s->claim_doubt (a JSON array of run ids). */
+static void doubt_add(struct pg_store *s, const struct run_row *rows, size_t n) {
+  if (!n) return;
+  cJSON *ids = s->claim_doubt ? cJSON_Parse(s->claim_doubt) : NULL;
+  if (!cJSON_IsArray(ids)) cJSON_Delete(ids), ids = cJSON_CreateArray();
+  for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(ids, cJSON_CreateString(rows[i].id));
+  free(s->claim_doubt);
+  s->claim_doubt = cJSON_PrintUnformatted(ids);
+  cJSON_Delete(ids);
+}
+
 /* See store.h: unowned unfinished runs, oldest first, locked with SKIP
 ** LOCKED so engines claiming at once take disjoint runs, without the
-** write lock; only for a live lease of owner (lease_live). */
+** write lock; only for a live lease of owner (lease_live).
+**
+** A claim whose COMMIT got no answer (the server crashed or stopped
+** answering just then) may have committed: its runs are then owner's in
+** the database, though the caller heard the claim fail and holds none of
+** them, and no other engine takes a run from a live lease. Left so, they
+** would stay queued for as long as owner lives. Their ids are kept
+** (s->claim_doubt), and the next claims hand back those that owner holds
+** in the database, until a claim commits with its answer. */
 static int pg_claim(store_t *st, const char *owner, int limit, struct run_row **rows, size_t *n,
                     err_t *e) {
   struct pg_store *s = pg_of(st);
@@ -1282,23 +1301,54 @@ static int pg_claim(store_t *st, const char *owner, int limit, struct run_row **
     store__pg_rollback(s);
     return e->code;
   }
+  struct run_row *kept = NULL;
+  size_t nkept = 0;
+  if (s->claim_doubt) {
+    /* Those of a claim in doubt that turned out to be owner's (read
+    ** before this claim makes more runs owner's). */
+    struct store_val dv[2] = {SV_TEXT(owner), SV_TEXT(s->claim_doubt)};
+    PGresult *r = store__pg_run(s, &s->w, NULL,
+      "SELECT " STORE_CLAIM_COLS " FROM runs WHERE owner = $1"
+      " AND status IN ('queued','running','sleeping','waiting')"
+      " AND id IN (SELECT json_array_elements_text($2::json))", dv, 2, "claiming runs", e);
+    if (!r) {
+      store__pg_rollback(s);
+      return e->code;
+    }
+    rows_of(r, &kept, &nkept);
+    PQclear(r);
+  }
   struct store_val v[2] = {SV_TEXT(owner), SV_INT(limit)};
   PGresult *r = store__pg_run(s, &s->w, NULL,
     "UPDATE runs SET owner = $1 WHERE id IN (SELECT id FROM runs WHERE owner IS NULL"
     " AND status IN ('queued','running','sleeping','waiting') ORDER BY id LIMIT $2"
     " FOR UPDATE SKIP LOCKED) RETURNING " STORE_CLAIM_COLS, v, 2, "claiming runs", e);
   if (!r) {
+    store_rows_free(kept, nkept);
     store__pg_rollback(s);
     return e->code;
   }
   rows_of(r, rows, n);
   PQclear(r);
+  fault_delay(FAULT_CLAIM);
   if (store__pg_commit_tx(s, 0, e)) {
+    /* Whether it committed is not known here (a server that answered
+    ** with an error did not): whatever it took may be owner's now. */
+    doubt_add(s, *rows, *n);
     store_rows_free(*rows, *n);
+    store_rows_free(kept, nkept);
     *rows = NULL;
     *n = 0;
     return e->code;
   }
+  if (nkept) {
+    *rows = mem_realloc(*rows, (*n + nkept) * sizeof **rows);
+    memcpy(*rows + *n, kept, nkept * sizeof *kept);
+    *n += nkept;
+    free(kept);
+  }
+  free(s->claim_doubt);
+  s->claim_doubt = NULL;
   return 0;
 }
 
@@ -1429,6 +1479,7 @@ static void pg_close(store_t *st) {
   if (s->w.c) PQfinish(s->w.c);
   if (s->r.c) PQfinish(s->r.c);
   store__fence_free(&s->fence);
+  free(s->claim_doubt);
   buf_free(&s->base.scratch);
   free(s->url);
   free(s->shown);

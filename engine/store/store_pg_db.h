@@ -47,6 +47,8 @@ struct pg_store {
   int64_t xid;                 /* the write transaction in progress (txid_current) */
   int64_t doubt_xid;           /* a commit whose outcome is unknown (0: none) */
   const journal_t *doubt_j;    /* the group it was */
+  char *claim_doubt;           /* runs a claim took whose COMMIT went unanswered: a JSON array
+                                  of ids, or NULL (pg_claim) */
   char filter_keys[2][PG_FILTER_SHAPES]; /* keys of the run list statements */
 };
 

@@ -336,6 +336,41 @@ class ServerFaultTest(OwnClusterCase):
         self.assertEqual(answers and answers[0][0], 202, answers)
         self.check_every_acknowledged_event_ran_once([0], [])
 
+    def test_a_claim_whose_answer_was_lost_still_starts_its_runs(self):
+        # The server is stopped (SIGSTOP) while the claim that took the
+        # event's run waits to commit (claim=1500 holds each claim that
+        # long before COMMIT): the COMMIT goes out, no answer comes (the 2 s
+        # deadline closes the connection), and the stopped backend still
+        # has it. Continued, the server commits the claim: the run is the
+        # engine's in the database, though the engine heard the claim
+        # fail. It must start all the same, not stay queued under a live
+        # lease that no other engine may take it from (found by the three
+        # engines' crash test: six runs queued for good).
+        p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0",
+                         env={"MOONLOOP_PG_TIMEOUT": "2", "MOONLOOP_FAULT": "claim=1500"})
+        self.assertEqual(post(p.url + "/v1/events", {"name": "go", "data": {"i": 0}})[0], 202)
+
+        def claim_holds_the_run():
+            # Queued and unowned as committed, yet locked: a claim has it.
+            rows = pgcluster.psql(self.pg, "SELECT (SELECT count(*) FROM runs WHERE owner IS NULL"
+                                  " AND status = 'queued'), (SELECT count(*) FROM (SELECT id FROM"
+                                  " runs WHERE owner IS NULL AND status = 'queued'"
+                                  " FOR UPDATE SKIP LOCKED) x)", db="t")
+            return rows.strip() == "1|0"
+        wait_until(claim_holds_the_run, timeout=30, interval=0.01, what="a claim holding the run")
+        procs = self.server_processes()
+        self.signal_server(procs, signal.SIGSTOP)
+        try:
+            wait_until(lambda: any("claiming runs failed" in l for l in p.stderr_lines), timeout=60,
+                       what=lambda: "the claim to fail: %s" % "".join(p.stderr_lines))
+        finally:
+            self.signal_server(procs, signal.SIGCONT)
+        # The claim committed after all (the engine holds the run in the
+        # database), and the run starts and completes (60 s only catches a
+        # run left queued).
+        self.check_every_acknowledged_event_ran_once([0], [])
+        self.assertEqual(p.poll(), None)
+
 
 # A run with every step kind: a body (an outside call), a sleep, parallel
 # bodies, an event it sends itself and waits for, a child run.
