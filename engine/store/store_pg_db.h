@@ -30,6 +30,8 @@ struct pgconn {
   int64_t retry_at;   /* a reader that lost its connection tries again then (ms) */
   int silent;         /* the last round trip got no answer in time: the connection was closed */
   char why[700];      /* why the last connection failed */
+  int opened;         /* it was open once: opened again on a thread when it breaks */
+  struct opening *opening; /* being opened again on a thread (store_pg.c's reopen) */
   int nstmts;
   struct { const void *key; char name[12]; } stmts[PG_STMTS];
 };
@@ -76,7 +78,7 @@ extern int store__pg_answer_ms;
 ** (store__pg_err then says the server did not answer). */
 PGresult *store__pg_exec_raw(struct pgconn *pc, const char *sql);
 
-/* Make sure pc is connected (opening it again if it broke); ERR_IO when
+/* Make sure pc is connected (opening it again if it broke); ERR_BUSY when
 ** the server cannot be reached, saying why. */
 int store__pg_ensure(struct pg_store *s, struct pgconn *pc, err_t *e);
 
