@@ -60,6 +60,12 @@
 #include <unistd.h>
 
 #define CLAIM_BATCH 500
+/* Runs are claimed when another process's write may have made some
+** claimable (a notification, a reconnection: sched.c's notice_writes), and
+** at least this often whatever was noticed (ms): a wake-up that was lost
+** (a notification sent while the connection was down, a claim that took
+** runs and failed) costs a run this long at most. */
+#define CLAIM_EVERY_MS 2000
 
 enum job_kind { JOB_COMMIT, JOB_CLAIM, JOB_REAP, JOB_DISPATCH, JOB_DELIVER, JOB_PRUNE };
 
@@ -367,6 +373,14 @@ static void commit_done(sched_t *s, struct job *j) {
   }
 }
 
+/* A dispatch (or delivery) failed: its events are still there, and
+** nothing else may ask for them again (another process's write, which
+** wakes this one, may never come): try again a second later. */
+static void dispatch_later(sched_t *s) {
+  s->dispatch_wanted = 1;
+  s->dispatch_at = units_now_ms() + 1000;
+}
+
 /* The loop thread, once a job is back: act on its result, free it, and
 ** start the next job. */
 static void after_work_cb(uv_work_t *w, int status) {
@@ -408,6 +422,7 @@ static void after_work_cb(uv_work_t *w, int status) {
   case JOB_DELIVER:
     if (j->rc < 0) {
       fprintf(stderr, "moonloop: delivering events failed: %s\n", j->err.msg);
+      dispatch_later(s);
     } else {
       s->deliver_cursor = j->cursor;
       if (j->rc == 200) s->dispatch_wanted = 1; /* more are waiting */
@@ -417,6 +432,7 @@ static void after_work_cb(uv_work_t *w, int status) {
   case JOB_DISPATCH:
     if (j->rc < 0) {
       fprintf(stderr, "moonloop: dispatching events failed: %s\n", j->err.msg);
+      dispatch_later(s);
     } else {
       if (j->rc == 200) s->dispatch_wanted = 1; /* more are waiting */
       if (j->nrows) s->claim_wanted = 1;
@@ -430,6 +446,7 @@ static void after_work_cb(uv_work_t *w, int status) {
 
 /* Hand j to the commit thread; j is freed if that fails. */
 static void submit(sched_t *s, struct job *j) {
+  if (j->kind != JOB_COMMIT) s->last_job_ms = units_now_ms();
   j->s = s;
   j->work.data = j;
   s->inflight = j;
@@ -481,7 +498,16 @@ void sched__maybe_submit(sched_t *s) {
   ** or when the lease is getting short (commits are slow) or in doubt. */
   int renew = s->handles_open && (now - s->last_commit_ms > ttl / 3 ||
                                   s->lease_until - now < ttl / 2 || s->lease_doubt);
-  if (!sched__group_empty(&s->open) || renew) {
+  int serve = s->o.mode == SCHED_SERVE && !s->stopping;
+  int dispatch = s->dispatch_wanted && !s->stopping && now >= s->dispatch_at;
+  int reap = serve && now - s->last_reap_ms > ttl / 2;
+  int claim = serve && (s->claim_wanted || now - s->last_claim_ms > CLAIM_EVERY_MS);
+  /* A busy engine has a group to commit each time the pipeline is free:
+  ** the other jobs still get their turn, a second after the last at the
+  ** latest, so that events are dispatched and runs claimed in bounded
+  ** time however busy it is. */
+  int starved = !s->fail.since && (dispatch || reap || claim) && now - s->last_job_ms >= 1000;
+  if ((!sched__group_empty(&s->open) || renew) && !starved) {
     j = mem_calloc(1, sizeof *j);
     j->kind = JOB_COMMIT;
     j->g = s->open;
@@ -491,7 +517,7 @@ void sched__maybe_submit(sched_t *s) {
     return;
   }
   if (s->fail.since) return; /* the failed group's next try comes first */
-  if (s->dispatch_wanted && !s->stopping) {
+  if (dispatch) {
     /* Only an engine whose registry holds the live triggers (serve, once
     ** its workspace is registered) starts the runs events trigger and
     ** marks events dispatched; any other only hands events to the waits
@@ -512,11 +538,11 @@ void sched__maybe_submit(sched_t *s) {
     submit_new(s, JOB_PRUNE);
     return;
   }
-  if (now - s->last_reap_ms > ttl / 2) {
+  if (reap) {
     submit_new(s, JOB_REAP);
     return;
   }
-  if (s->claim_wanted || now - s->last_claim_ms > 2000) {
+  if (claim) {
     s->claim_wanted = 0;
     submit_new(s, JOB_CLAIM);
   }

@@ -91,6 +91,8 @@ struct sched {
   int stopping;
   int claim_wanted;
   int dispatch_wanted;
+  int64_t dispatch_at;       /* a dispatch (or delivery) that failed goes again then (ms) */
+  int64_t last_job_ms;       /* when the pipeline last took a job other than a commit */
   int poll_wanted;
   int poll_failing; /* the last poll could not read the store: the next tick polls again */
   struct run **map; /* live runs by id: open addressing, NULL or TOMBSTONE */

@@ -119,6 +119,25 @@ class CommitFaultTest(FaultCase):
         self.check_integrity()
 
 
+class DispatchFaultTest(FaultCase):
+    def test_a_failed_dispatch_is_tried_again_and_the_event_starts_its_run(self):
+        # An engine alone and idle: no other process's write wakes it to
+        # look at the events again (on PostgreSQL, not even its own lease
+        # renewals do), so the dispatch that failed must be tried again.
+        # Twice: the event's own commit may wake it once more (its NOTIFY).
+        p = self.serve_with("", MOONLOOP_FAULT="dispatch_fail=2")
+        code, body = http("POST", p.url + "/v1/events", {"name": "go", "data": {}})
+        self.assertEqual(code, 202, body)
+        wait_until(lambda: self.said(p, "dispatching events failed: store: dispatching events: the "
+                                     "transaction failed (fault injected: dispatch_fail)"),
+                   what=lambda: "the dispatch to fail: %s" % "".join(p.stderr_lines))
+        # (60 s only catches an event left undispatched)
+        wait_until(lambda: [r["status"] for r in self.w.runs(skill="s")] == ["completed"], timeout=60,
+                   what=lambda: "the event's run: %s" % self.w.runs(skill="s"))
+        p.terminate()
+        self.assertEqual(p.wait(timeout=20), 0)
+
+
 @sqlite_only("disk_full fails the writes of SQLite's files (a VFS); PostgreSQL's are the server's")
 class DiskFullTest(FaultCase):
     def test_writers_hear_the_disk_is_full_at_once_and_nothing_is_lost(self):
