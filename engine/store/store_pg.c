@@ -37,9 +37,10 @@
 **
 ** Connections: two per store, the writer (the commit thread) and the
 ** reader (the loop thread, the CLI). A broken connection (the server
-** restarted, the network was lost) is opened again by the next call that
-** needs it; until the server answers, writes fail with the reason (the
-** engine answers 503 and tries again) and reads fail likewise. A commit
+** restarted, the network was lost) is opened again on a thread of its own
+** (reopen), which the reader does not wait for and the writer a second at
+** most; until the server answers, writes fail with the reason (the engine
+** answers 503 and tries again) and reads fail likewise. A commit
 ** whose COMMIT was sent but not answered is looked up by its transaction
 ** id once the server answers again (txid_status), so a group is never
 ** written twice nor taken for lost when it committed.

@@ -10,7 +10,8 @@
 ** writes), s->r the reader (the loop thread, the CLI), as in the SQLite
 ** store. Each keeps its own prepared statements (by the address of their
 ** SQL text, or a key of the caller's) and is opened again after it breaks
-** (a restarted server, a lost network): the next call reconnects.
+** (a restarted server, a lost network): the next call starts that on a
+** thread (store_pg.c's reopen), and a later one finds it open.
 */
 #ifndef ML_STORE_PG_DB_H
 #define ML_STORE_PG_DB_H
