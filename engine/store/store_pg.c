@@ -585,7 +585,7 @@ static int reopen(struct pg_store *s, struct pgconn *pc, err_t *e) {
     }
   }
   int done = o->done;
-  PGconn *c = o->c;
+  PGconn *c = done ? o->c : NULL; /* the thread's to write until done */
   if (done) o->c = NULL;
   pthread_mutex_unlock(&o->mu);
   if (!done)
