@@ -373,6 +373,39 @@ static void commit_done(sched_t *s, struct job *j) {
   }
 }
 
+/* Adopt the claimed runs rows[0..n). One whose skill version cannot be
+** read just now (the database away) is this process's in the database
+** all the same, and no other would take it: it is kept (moved out of
+** rows) and adopted again a second later, rather than left unstarted. */
+static void adopt_rows(sched_t *s, struct run_row *rows, size_t n) {
+  for (size_t i = 0; i < n && !s->stopping; i++) {
+    err_t e;
+    if (!sched_adopt(s, &rows[i], &e)) continue;
+    if (e.code != ERR_BUSY) {
+      term_printf(stderr, "moonloop: cannot resume run %s: %s\n", rows[i].id, e.msg);
+      continue;
+    }
+    if (!s->nlater)
+      term_printf(stderr, "moonloop: cannot resume run %s yet, trying again in 1s: %s\n",
+                  rows[i].id, e.msg);
+    s->later = mem_realloc(s->later, (s->nlater + 1) * sizeof *s->later);
+    s->later[s->nlater++] = rows[i];
+    memset(&rows[i], 0, sizeof rows[i]);
+    s->later_at = units_now_ms() + 1000;
+  }
+}
+
+/* See sched_int.h. */
+void sched__adopt_later(sched_t *s) {
+  if (!s->nlater || units_now_ms() < s->later_at || s->stopping) return;
+  struct run_row *rows = s->later;
+  size_t n = s->nlater;
+  s->later = NULL;
+  s->nlater = 0;
+  adopt_rows(s, rows, n);
+  store_rows_free(rows, n);
+}
+
 /* A dispatch (or delivery) failed: its events are still there, and
 ** nothing else may ask for them again (another process's write, which
 ** wakes this one, may never come): try again a second later. */
@@ -401,11 +434,7 @@ static void after_work_cb(uv_work_t *w, int status) {
     } else if (j->rc) {
       fprintf(stderr, "moonloop: claiming runs failed: %s\n", j->err.msg);
     } else {
-      for (size_t i = 0; i < j->nrows && !s->stopping; i++) {
-        err_t e;
-        if (sched_adopt(s, &j->rows[i], &e))
-          term_printf(stderr, "moonloop: cannot resume run %s: %s\n", j->rows[i].id, e.msg);
-      }
+      adopt_rows(s, j->rows, j->nrows);
       if (j->nrows >= CLAIM_BATCH) s->claim_wanted = 1;
       store_rows_free(j->rows, j->nrows);
     }
@@ -650,6 +679,10 @@ static void lease_lost(sched_t *s, const char *why) {
           "write for them not yet committed.\n", why, ttl, n, n == 1 ? "" : "s");
   s->stats.leases_lost++;
   while (s->runs) run_abort(s->runs, NULL, NULL);
+  /* Claimed under the lease lost: whoever reaped it released them. */
+  store_rows_free(s->later, s->nlater);
+  s->later = NULL;
+  s->nlater = 0;
   fence_group(&s->retry, lost);
   fence_group(&s->open, lost);
   /* Long-lived engines go on with a new lease (the REPL too: its next

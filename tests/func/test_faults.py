@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import BIN, PG, SkillsTestCase, sqlite_only, wait_until  # noqa: E402
+from mltest import BIN, PG, SkillsTestCase, kill9, sqlite_only, wait_until  # noqa: E402
 
 
 def faults_compiled():
@@ -240,6 +240,39 @@ class ReaderBusyTest(FaultCase):
         wait_until(lambda: self.w.trace(waiter)["status"] == "completed", timeout=20, what="the waiter")
         self.assertEqual(self.w.trace(waiter)["output"], 7)
         self.assertEqual(http("GET", p.url + "/v1/runs/" + rid)[0], 200)
+        p.terminate()
+        self.assertEqual(p.wait(timeout=20), 0)
+
+
+SLEEPER = """
+return { id = "s", run = function(ctx)
+  ctx.step.sleep("nap", "1s")
+  return "VERSION"
+end }"""
+
+
+class TakeoverReaderBusyTest(FaultCase):
+    def test_a_run_taken_over_while_its_version_cannot_be_read_starts_later_not_failed(self):
+        # The first engine dies while the run sleeps; the next has another
+        # version of the skill in its workspace, so it reads the run's own
+        # version from the database to take the run over, and its reads
+        # fail for the first 5 s (reader_busy): the database's moment, not
+        # the version's fault. The run is taken over a second later, where
+        # it used to be failed ("cannot load version").
+        self.skill("s", SLEEPER.replace("VERSION", "one"))
+        p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0")
+        rid = self.w.ml("invoke", "s", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["status"] == "sleeping", what="the run to sleep")
+        kill9(p)
+        self.skill("s", SLEEPER.replace("VERSION", "two"))
+        p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0",
+                         env={"MOONLOOP_FAULT": "reader_busy=5000"})
+        wait_until(lambda: self.w.trace(rid)["status"] in ("completed", "failed"), timeout=60,
+                   what="the run to end")
+        t = self.w.trace(rid)
+        self.assertEqual((t["status"], t["output"]), ("completed", "one"), t)
+        self.assertTrue(self.said(p, "cannot resume run %s yet, trying again in 1s" % rid),
+                        p.stderr_lines)
         p.terminate()
         self.assertEqual(p.wait(timeout=20), 0)
 
