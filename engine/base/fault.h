@@ -34,6 +34,10 @@
 #define FAULT_POINTS(_) \
   _(COMMIT, "commit", FAULT_DELAY, \
     "store_commit, inside the transaction before COMMIT: it holds the write lock that long") \
+  _(CLAIM, "claim", FAULT_DELAY, \
+    "store_claim, inside the transaction before COMMIT: the runs it took stay locked that long") \
+  _(DISPATCH_FAIL, "dispatch_fail", FAULT_COUNT, \
+    "store_dispatch, once it found events to dispatch: the transaction fails and is rolled back") \
   _(COMMIT_FAIL, "commit_fail", FAULT_COUNT, \
     "store_commit, before COMMIT: the transaction fails and is rolled back") \
   _(FSYNC_FAIL, "fsync_fail", FAULT_COUNT, \

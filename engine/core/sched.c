@@ -296,7 +296,8 @@ static void adopt_end(sched_t *s, struct run *r, const char *status, const char 
 
 /* See sched.h: a queued run starts; a parked one waits dormant; one that
 ** was running is replayed from its steps. A version that cannot be loaded
-** fails the run, saying why. Before any of its code runs: a run whose
+** fails the run, saying why (one that cannot be read just now is tried
+** again by the caller). Before any of its code runs: a run whose
 ** cancellation was asked for while its owner could not act on it (an
 ** engine that died, `moonloop cancel` with no engine running) ends
 ** cancelled, and a run that was executing each time its process died,
@@ -332,6 +333,12 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
   }
   err_t le;
   if (sched__version_skill(s, row->version, &skill, &le)) {
+    if (le.code == ERR_BUSY || le.code == ERR_IO) {
+      /* The database could not be read just now (a server away): the
+      ** run is not this version's fault. The caller may try again. */
+      run_unref(r);
+      return err_set(e, ERR_BUSY, "%s", le.msg);
+    }
     /* The version cannot run here any more: the run fails, saying why. */
     adopt_end(s, r, "failed", le.msg);
     return 0;
@@ -533,6 +540,7 @@ static void wake_arm(sched_t *s) {
 static void tick_cb(uv_timer_t *h) {
   sched_t *s = h->data;
   notice_writes(s);
+  sched__adopt_later(s);
   wake_arm(s);
   int64_t now = units_now_ms();
   if (now - s->last_file_check_ms >= 1000) {
@@ -711,5 +719,6 @@ void sched_free(sched_t *s) {
   free(s->retry.w);
   free(s->heap);
   free(s->map);
+  store_rows_free(s->later, s->nlater);
   free(s);
 }

@@ -90,7 +90,9 @@ int sched_run_new(sched_t *s, struct skill *skill, const char *trigger, const ch
 ** journal, then run live. A run whose code was executing each time its
 ** process crashed (core/crash.h: a crash, never a kill), SCHED_MAX_CRASHES
 ** times since its last checkpoint, is failed instead (quarantined); one
-** whose cancellation is pending ends cancelled. */
+** whose cancellation is pending ends cancelled. ERR_BUSY when its skill
+** version could not be read just now (the database away): nothing was
+** done, and the caller may try again. */
 #define SCHED_MAX_CRASHES 3
 int sched_adopt(sched_t *s, const struct run_row *row, err_t *e);
 

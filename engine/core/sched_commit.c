@@ -60,6 +60,12 @@
 #include <unistd.h>
 
 #define CLAIM_BATCH 500
+/* Runs are claimed when another process's write may have made some
+** claimable (a notification, a reconnection: sched.c's notice_writes), and
+** at least this often whatever was noticed (ms): a wake-up that was lost
+** (a notification sent while the connection was down, a claim that took
+** runs and failed) costs a run this long at most. */
+#define CLAIM_EVERY_MS 2000
 
 enum job_kind { JOB_COMMIT, JOB_CLAIM, JOB_REAP, JOB_DISPATCH, JOB_DELIVER, JOB_PRUNE };
 
@@ -367,6 +373,47 @@ static void commit_done(sched_t *s, struct job *j) {
   }
 }
 
+/* Adopt the claimed runs rows[0..n). One whose skill version cannot be
+** read just now (the database away) is this process's in the database
+** all the same, and no other would take it: it is kept (moved out of
+** rows) and adopted again a second later, rather than left unstarted. */
+static void adopt_rows(sched_t *s, struct run_row *rows, size_t n) {
+  for (size_t i = 0; i < n && !s->stopping; i++) {
+    err_t e;
+    if (!sched_adopt(s, &rows[i], &e)) continue;
+    if (e.code != ERR_BUSY) {
+      term_printf(stderr, "moonloop: cannot resume run %s: %s\n", rows[i].id, e.msg);
+      continue;
+    }
+    if (!s->nlater)
+      term_printf(stderr, "moonloop: cannot resume run %s yet, trying again in 1s: %s\n",
+                  rows[i].id, e.msg);
+    s->later = mem_realloc(s->later, (s->nlater + 1) * sizeof *s->later);
+    s->later[s->nlater++] = rows[i];
+    memset(&rows[i], 0, sizeof rows[i]);
+    s->later_at = units_now_ms() + 1000;
+  }
+}
+
+/* See sched_int.h. */
+void sched__adopt_later(sched_t *s) {
+  if (!s->nlater || units_now_ms() < s->later_at || s->stopping) return;
+  struct run_row *rows = s->later;
+  size_t n = s->nlater;
+  s->later = NULL;
+  s->nlater = 0;
+  adopt_rows(s, rows, n);
+  store_rows_free(rows, n);
+}
+
+/* A dispatch (or delivery) failed: its events are still there, and
+** nothing else may ask for them again (another process's write, which
+** wakes this one, may never come): try again a second later. */
+static void dispatch_later(sched_t *s) {
+  s->dispatch_wanted = 1;
+  s->dispatch_at = units_now_ms() + 1000;
+}
+
 /* The loop thread, once a job is back: act on its result, free it, and
 ** start the next job. */
 static void after_work_cb(uv_work_t *w, int status) {
@@ -387,12 +434,8 @@ static void after_work_cb(uv_work_t *w, int status) {
     } else if (j->rc) {
       fprintf(stderr, "moonloop: claiming runs failed: %s\n", j->err.msg);
     } else {
-      for (size_t i = 0; i < j->nrows && !s->stopping; i++) {
-        err_t e;
-        if (sched_adopt(s, &j->rows[i], &e))
-          term_printf(stderr, "moonloop: cannot resume run %s: %s\n", j->rows[i].id, e.msg);
-      }
-      if (j->nrows == CLAIM_BATCH) s->claim_wanted = 1;
+      adopt_rows(s, j->rows, j->nrows);
+      if (j->nrows >= CLAIM_BATCH) s->claim_wanted = 1;
       store_rows_free(j->rows, j->nrows);
     }
     break;
@@ -408,6 +451,7 @@ static void after_work_cb(uv_work_t *w, int status) {
   case JOB_DELIVER:
     if (j->rc < 0) {
       fprintf(stderr, "moonloop: delivering events failed: %s\n", j->err.msg);
+      dispatch_later(s);
     } else {
       s->deliver_cursor = j->cursor;
       if (j->rc == 200) s->dispatch_wanted = 1; /* more are waiting */
@@ -417,6 +461,7 @@ static void after_work_cb(uv_work_t *w, int status) {
   case JOB_DISPATCH:
     if (j->rc < 0) {
       fprintf(stderr, "moonloop: dispatching events failed: %s\n", j->err.msg);
+      dispatch_later(s);
     } else {
       if (j->rc == 200) s->dispatch_wanted = 1; /* more are waiting */
       if (j->nrows) s->claim_wanted = 1;
@@ -430,6 +475,7 @@ static void after_work_cb(uv_work_t *w, int status) {
 
 /* Hand j to the commit thread; j is freed if that fails. */
 static void submit(sched_t *s, struct job *j) {
+  if (j->kind != JOB_COMMIT) s->last_job_ms = units_now_ms();
   j->s = s;
   j->work.data = j;
   s->inflight = j;
@@ -481,7 +527,16 @@ void sched__maybe_submit(sched_t *s) {
   ** or when the lease is getting short (commits are slow) or in doubt. */
   int renew = s->handles_open && (now - s->last_commit_ms > ttl / 3 ||
                                   s->lease_until - now < ttl / 2 || s->lease_doubt);
-  if (!sched__group_empty(&s->open) || renew) {
+  int serve = s->o.mode == SCHED_SERVE && !s->stopping;
+  int dispatch = s->dispatch_wanted && !s->stopping && now >= s->dispatch_at;
+  int reap = serve && now - s->last_reap_ms > ttl / 2;
+  int claim = serve && (s->claim_wanted || now - s->last_claim_ms > CLAIM_EVERY_MS);
+  /* A busy engine has a group to commit each time the pipeline is free:
+  ** the other jobs still get their turn, a second after the last at the
+  ** latest, so that events are dispatched and runs claimed in bounded
+  ** time however busy it is. */
+  int starved = !s->fail.since && (dispatch || reap || claim) && now - s->last_job_ms >= 1000;
+  if ((!sched__group_empty(&s->open) || renew) && !starved) {
     j = mem_calloc(1, sizeof *j);
     j->kind = JOB_COMMIT;
     j->g = s->open;
@@ -491,7 +546,7 @@ void sched__maybe_submit(sched_t *s) {
     return;
   }
   if (s->fail.since) return; /* the failed group's next try comes first */
-  if (s->dispatch_wanted && !s->stopping) {
+  if (dispatch) {
     /* Only an engine whose registry holds the live triggers (serve, once
     ** its workspace is registered) starts the runs events trigger and
     ** marks events dispatched; any other only hands events to the waits
@@ -512,11 +567,11 @@ void sched__maybe_submit(sched_t *s) {
     submit_new(s, JOB_PRUNE);
     return;
   }
-  if (now - s->last_reap_ms > ttl / 2) {
+  if (reap) {
     submit_new(s, JOB_REAP);
     return;
   }
-  if (s->claim_wanted || now - s->last_claim_ms > 2000) {
+  if (claim) {
     s->claim_wanted = 0;
     submit_new(s, JOB_CLAIM);
   }
@@ -624,6 +679,10 @@ static void lease_lost(sched_t *s, const char *why) {
           "write for them not yet committed.\n", why, ttl, n, n == 1 ? "" : "s");
   s->stats.leases_lost++;
   while (s->runs) run_abort(s->runs, NULL, NULL);
+  /* Claimed under the lease lost: whoever reaped it released them. */
+  store_rows_free(s->later, s->nlater);
+  s->later = NULL;
+  s->nlater = 0;
   fence_group(&s->retry, lost);
   fence_group(&s->open, lost);
   /* Long-lived engines go on with a new lease (the REPL too: its next

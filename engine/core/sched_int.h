@@ -91,6 +91,11 @@ struct sched {
   int stopping;
   int claim_wanted;
   int dispatch_wanted;
+  int64_t dispatch_at;       /* a dispatch (or delivery) that failed goes again then (ms) */
+  int64_t last_job_ms;       /* when the pipeline last took a job other than a commit */
+  struct run_row *later;     /* claimed runs whose version could not be read just now, */
+  size_t nlater;             /* adopted again at later_at (sched__adopt_later) */
+  int64_t later_at;
   int poll_wanted;
   int poll_failing; /* the last poll could not read the store: the next tick polls again */
   struct run **map; /* live runs by id: open addressing, NULL or TOMBSTONE */
@@ -116,6 +121,10 @@ struct sched {
 };
 
 /* ---- sched_commit.c ---- */
+
+/* Adopt again, once their second is up, the claimed runs whose skill
+** version could not be read (the tick). */
+void sched__adopt_later(sched_t *s);
 
 /* Make g an empty group with a new journal. */
 void sched__group_init(struct group *g);

@@ -109,7 +109,10 @@ int store_count_crash(store_t *s, const char *run_id, err_t *e);
 ** *rows gets an array of n runs (free with store_rows_free). Only for an
 ** owner whose lease is live, checked in the same transaction: ERR_CONFLICT
 ** ("lease lost") when its lease row is gone, ERR_BUSY when it expired and
-** was not renewed yet. */
+** was not renewed yet. A claim that failed may have taken runs all the
+** same (PostgreSQL: its COMMIT went unanswered); the next claims hand
+** those back too, as many as the database shows are owner's, so n may
+** exceed limit. */
 int store_claim(store_t *s, const char *owner, int limit, struct run_row **rows, size_t *n,
                 err_t *e);
 

@@ -16,6 +16,7 @@
 ** ({"data.service": "api", "data.version": "2"}); the event's value at
 ** each path, as compact JSON, must equal that value's.
 */
+#include "base/fault.h"
 #include "base/ids.h"
 #include "base/jsontext.h"
 #include "base/mem.h"
@@ -544,6 +545,9 @@ int store__sqlite_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t 
     n++;
   }
   sqlite3_finalize(st);
+  if (!err && n && fault_hit(FAULT_DISPATCH_FAIL))
+    err = err_set(e, ERR_IO, "store: dispatching events: the transaction failed (fault injected: "
+                  "dispatch_fail)");
   if (err || store__exec(s->w, "COMMIT", e)) {
     store__exec(s->w, "ROLLBACK", NULL);
     *runs = 0;

@@ -37,9 +37,10 @@
 **
 ** Connections: two per store, the writer (the commit thread) and the
 ** reader (the loop thread, the CLI). A broken connection (the server
-** restarted, the network was lost) is opened again by the next call that
-** needs it; until the server answers, writes fail with the reason (the
-** engine answers 503 and tries again) and reads fail likewise. A commit
+** restarted, the network was lost) is opened again on a thread of its own
+** (reopen), which the reader does not wait for and the writer a second at
+** most; until the server answers, writes fail with the reason (the engine
+** answers 503 and tries again) and reads fail likewise. A commit
 ** whose COMMIT was sent but not answered is looked up by its transaction
 ** id once the server answers again (txid_status), so a group is never
 ** written twice nor taken for lost when it committed.
@@ -397,72 +398,217 @@ static char *url_shown(const char *url) {
   return out;
 }
 
-/* Open pc's connection: the URL's own parameters win over these defaults
-** (keywords are read in order, dbname last). Then the session's settings:
-** the writer's durability and lock wait, the reader's LISTEN. */
-static int conn_open(struct pg_store *s, struct pgconn *pc, err_t *e) {
-  char app[96];
-  snprintf(app, sizeof app, "moonloop %s (pid %ld on %s)", pc->role, (long)getpid(),
-           proc_hostname());
+/* What opening one connection needs and gives, apart from the store: a
+** connection that broke is opened again on a thread of its own (reopen),
+** which may outlive the store. */
+struct opening {
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* signalled when done */
+  int refs;       /* the thread's, and the store's until it takes the result */
+  int done;       /* the thread is through: c or why says how it went */
+  char *url;
+  char app[96];   /* application_name */
+  int reader;
+  enum store_durability durability;
+  PGconn *c;      /* the connection, set up; NULL when it failed */
+  int setup;      /* it failed setting up the session (else connecting) */
+  int code;       /* then: ERR_BUSY (waiting may cure it) or ERR_IO */
+  char why[700];  /* why it failed, on one line */
+};
+
+/* Open a connection as o says and set its session up: the URL's own
+** parameters win over these defaults (keywords are read in order, dbname
+** last); then the writer's durability and lock wait, or the reader's
+** LISTEN. Fills o->c, or o->why. Blocks for as long as the server takes:
+** connect_timeout for the connection, the answer deadline for the setup. */
+static void conn_make(struct opening *o) {
   const char *keys[] = {"connect_timeout", "fallback_application_name", "client_encoding",
                         "keepalives_idle", "keepalives_interval", "keepalives_count",
                         "tcp_user_timeout", "dbname", NULL};
-  const char *vals[] = {"10", app, "UTF8", "10", "5", "3", "30000", s->url, NULL};
-  if (pc->c) PQfinish(pc->c);
-  pc->nstmts = 0;
-  pc->silent = 0;
-  pc->c = PQconnectdbParams(keys, vals, 1);
-  if (!pc->c || PQstatus(pc->c) != CONNECTION_OK) {
-    char msg[700];
-    one_line(pc->c ? PQerrorMessage(pc->c) : "out of memory", msg, sizeof msg);
-    if (pc->c) PQfinish(pc->c);
-    pc->c = NULL;
-    snprintf(pc->why, sizeof pc->why, "%s", msg);
-    return err_set(e, ERR_BUSY, "cannot connect to PostgreSQL (%s): %s", s->shown, msg);
+  const char *vals[] = {"10", o->app, "UTF8", "10", "5", "3", "30000", o->url, NULL};
+  PGconn *c = PQconnectdbParams(keys, vals, 1);
+  if (!c || PQstatus(c) != CONNECTION_OK) {
+    one_line(c ? PQerrorMessage(c) : "out of memory", o->why, sizeof o->why);
+    if (c) PQfinish(c);
+    o->code = ERR_BUSY;
+    return;
   }
-  PQsetNoticeProcessor(pc->c, no_notices, NULL);
+  PQsetNoticeProcessor(c, no_notices, NULL);
   char setup[256];
-  if (pc->reader)
+  if (o->reader)
     snprintf(setup, sizeof setup, "LISTEN moonloop");
   else
     snprintf(setup, sizeof setup,
              "SET synchronous_commit = %s; SET lock_timeout = '10s';"
              " SET idle_in_transaction_session_timeout = '10s'",
-             s->durability == STORE_FULL ? "on" : "off");
+             o->durability == STORE_FULL ? "on" : "off");
+  struct pgconn *pc = mem_calloc(1, sizeof *pc);
+  pc->c = c;
   PGresult *r = store__pg_exec_raw(pc, setup);
-  int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
-  if (!ok) store__pg_err(s, pc, r, "setting up the session", e);
-  PQclear(r);
-  if (!ok) {
-    PQfinish(pc->c);
-    pc->c = NULL;
-    return e->code;
+  if (PQresultStatus(r) == PGRES_COMMAND_OK) {
+    o->c = c;
+  } else {
+    o->setup = 1;
+    o->code = PQstatus(c) == CONNECTION_BAD ? ERR_BUSY : ERR_IO;
+    one_line(r ? PQresultErrorMessage(r) : PQerrorMessage(c), o->why, sizeof o->why);
+    PQfinish(c);
   }
-  /* Whatever was sent while the reader was away counts as news. */
-  if (pc->reader) s->notified++, s->others++;
-  else atomic_store(&s->writer_pid, PQbackendPID(pc->c));
-  return 0;
+  PQclear(r);
+  free(pc);
 }
 
-/* See store_pg_db.h. A reader that cannot connect tries again at most
-** once a second (or after as long as the failed try took): it runs on the
-** engine's loop, which must not stall on every read while the server is
-** away. */
+/* A new opening of pc's connection (one reference, the caller's). */
+static struct opening *opening_new(struct pg_store *s, struct pgconn *pc) {
+  struct opening *o = mem_calloc(1, sizeof *o);
+  pthread_mutex_init(&o->mu, NULL);
+  pthread_cond_init(&o->cv, NULL);
+  o->refs = 1;
+  o->url = mem_strdup(s->url);
+  snprintf(o->app, sizeof o->app, "moonloop %s (pid %ld on %s)", pc->role, (long)getpid(),
+           proc_hostname());
+  o->reader = pc->reader;
+  o->durability = s->durability;
+  return o;
+}
+
+/* Drop a reference to o; the last frees it (and a connection no one took). */
+static void opening_drop(struct opening *o) {
+  pthread_mutex_lock(&o->mu);
+  int last = --o->refs == 0;
+  pthread_mutex_unlock(&o->mu);
+  if (!last) return;
+  if (o->c) PQfinish(o->c);
+  pthread_mutex_destroy(&o->mu);
+  pthread_cond_destroy(&o->cv);
+  free(o->url);
+  free(o);
+}
+
+/* Put the connection c (set up) in place as pc's. */
+static void conn_install(struct pg_store *s, struct pgconn *pc, PGconn *c) {
+  if (pc->c) PQfinish(pc->c);
+  pc->c = c;
+  pc->opened = 1;
+  pc->nstmts = 0;
+  pc->silent = 0;
+  pc->why[0] = 0;
+  /* Whatever was sent while the reader was away counts as news. */
+  if (pc->reader) s->notified++, s->others++;
+  else atomic_store(&s->writer_pid, PQbackendPID(c));
+}
+
+/* The error of an opening that failed, into e (its reason kept in pc->why). */
+static int opening_err(struct pg_store *s, struct pgconn *pc, const struct opening *o, err_t *e) {
+  snprintf(pc->why, sizeof pc->why, "%s", o->why);
+  if (o->setup)
+    return err_set(e, o->code, "store: setting up the session on PostgreSQL (%s): %s", s->shown,
+                   o->why);
+  return err_set(e, ERR_BUSY, "cannot connect to PostgreSQL (%s): %s", s->shown, o->why);
+}
+
+/* Open pc's connection here and now (conn_make). */
+static int conn_open(struct pg_store *s, struct pgconn *pc, err_t *e) {
+  struct opening *o = opening_new(s, pc);
+  if (pc->c) PQfinish(pc->c);
+  pc->c = NULL;
+  conn_make(o);
+  int rc = 0;
+  if (o->c) conn_install(s, pc, o->c), o->c = NULL;
+  else rc = opening_err(s, pc, o, e);
+  opening_drop(o);
+  return rc;
+}
+
+/* The thread that opens a connection again (reopen). */
+static void *opening_main(void *arg) {
+  struct opening *o = arg;
+  conn_make(o);
+  pthread_mutex_lock(&o->mu);
+  o->done = 1;
+  pthread_cond_broadcast(&o->cv);
+  pthread_mutex_unlock(&o->mu);
+  opening_drop(o);
+  return NULL;
+}
+
+/* How long the writer waits for its connection being opened again before
+** its caller hears the server cannot be reached (ms): a server that is up
+** answers well within it, so a commit after a restart goes through; one
+** that does not answer leaves the commit thread free for the next try. */
+#define PG_WRITER_WAIT_MS 1000
+
+/* store__pg_ensure for a connection that was open and broke. Opening it
+** again can take connect_timeout (10 s) when the server accepts
+** connections and does not answer them (a stopped or overloaded
+** postmaster, a network dropping packets): the reader serves the engine's
+** loop (the API's reads, LISTEN), which must never wait that long, and
+** the writer's commit thread must not either, or the writes waiting for it
+** would hear nothing until then. So it is opened on a thread of its own:
+** the reader does not wait for it, the writer PG_WRITER_WAIT_MS at most,
+** and until it is open every call fails at once, saying the database
+** cannot be reached (the API answers 503); the call that finds it open
+** puts it in place. The reader tries again a second after a failed try at
+** the soonest (the writer's callers have their own back-off). */
+static int reopen(struct pg_store *s, struct pgconn *pc, err_t *e) {
+  struct opening *o = pc->opening;
+  int64_t now = units_now_ms();
+  if (!o) {
+    if (pc->reader && now < pc->retry_at)
+      return err_set(e, ERR_BUSY, "cannot connect to PostgreSQL (%s): %s (tried again in %lld ms)",
+                     s->shown, *pc->why ? pc->why : "no answer", (long long)(pc->retry_at - now));
+    if (pc->c) PQfinish(pc->c); /* broken */
+    pc->c = NULL;
+    o = opening_new(s, pc);
+    o->refs = 2;
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int failed = pthread_create(&t, &attr, opening_main, o);
+    pthread_attr_destroy(&attr);
+    if (failed) {
+      /* No thread to be had: open it here. */
+      opening_drop(o);
+      opening_drop(o);
+      return conn_open(s, pc, e);
+    }
+    pc->opening = o;
+  }
+  pthread_mutex_lock(&o->mu);
+  if (!pc->reader && !o->done) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += PG_WRITER_WAIT_MS / 1000;
+    until.tv_nsec += (PG_WRITER_WAIT_MS % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    while (!o->done && pthread_cond_timedwait(&o->cv, &o->mu, &until) != ETIMEDOUT) {
+    }
+  }
+  int done = o->done;
+  PGconn *c = done ? o->c : NULL; /* the thread's to write until done */
+  if (done) o->c = NULL;
+  pthread_mutex_unlock(&o->mu);
+  if (!done)
+    return err_set(e, ERR_BUSY, "cannot connect to PostgreSQL (%s): %s", s->shown,
+                   *pc->why ? pc->why : "the connection was lost, and is being opened again");
+  pc->opening = NULL;
+  int rc = 0;
+  if (c) {
+    conn_install(s, pc, c);
+  } else {
+    rc = opening_err(s, pc, o, e);
+    pc->retry_at = units_now_ms() + 1000; /* the writer's tries are paced by its callers */
+  }
+  opening_drop(o);
+  return rc;
+}
+
+/* See store_pg_db.h. The first connection is opened here and now (a
+** command waits for it); one that broke, on a thread (reopen). */
 int store__pg_ensure(struct pg_store *s, struct pgconn *pc, err_t *e) {
   if (pc->c && PQstatus(pc->c) == CONNECTION_OK) return 0;
-  int64_t now = units_now_ms();
-  if (pc->reader && now < pc->retry_at)
-    return err_set(e, ERR_BUSY, "cannot connect to PostgreSQL (%s): %s (tried again in %lld ms)",
-                   s->shown, *pc->why ? pc->why : "no answer", (long long)(pc->retry_at - now));
-  if (conn_open(s, pc, e)) {
-    /* A server that accepts connections and never answers them holds
-    ** each try for connect_timeout: the loop gets at least as long free
-    ** before the next. */
-    int64_t after = units_now_ms();
-    pc->retry_at = after + 1000 + (after - now);
-    return e->code;
-  }
-  return 0;
+  if (pc->opened) return reopen(s, pc, e);
+  return conn_open(s, pc, e);
 }
 
 /* A statement's parameters as libpq takes them: numbers printed into num,
@@ -1269,9 +1415,28 @@ static void rows_of(PGresult *res, struct run_row **rows, size_t *n) {
   /* c is not closed: res stays the caller's */
 }
 
+/* Add the ids of rows[0..n) to s->claim_doubt (a JSON array of run ids). */
+static void doubt_add(struct pg_store *s, const struct run_row *rows, size_t n) {
+  if (!n) return;
+  cJSON *ids = s->claim_doubt ? cJSON_Parse(s->claim_doubt) : NULL;
+  if (!cJSON_IsArray(ids)) cJSON_Delete(ids), ids = cJSON_CreateArray();
+  for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(ids, cJSON_CreateString(rows[i].id));
+  free(s->claim_doubt);
+  s->claim_doubt = cJSON_PrintUnformatted(ids);
+  cJSON_Delete(ids);
+}
+
 /* See store.h: unowned unfinished runs, oldest first, locked with SKIP
 ** LOCKED so engines claiming at once take disjoint runs, without the
-** write lock; only for a live lease of owner (lease_live). */
+** write lock; only for a live lease of owner (lease_live).
+**
+** A claim whose COMMIT got no answer (the server crashed or stopped
+** answering just then) may have committed: its runs are then owner's in
+** the database, though the caller heard the claim fail and holds none of
+** them, and no other engine takes a run from a live lease. Left so, they
+** would stay queued for as long as owner lives. Their ids are kept
+** (s->claim_doubt), and the next claims hand back those that owner holds
+** in the database, until a claim commits with its answer. */
 static int pg_claim(store_t *st, const char *owner, int limit, struct run_row **rows, size_t *n,
                     err_t *e) {
   struct pg_store *s = pg_of(st);
@@ -1282,23 +1447,54 @@ static int pg_claim(store_t *st, const char *owner, int limit, struct run_row **
     store__pg_rollback(s);
     return e->code;
   }
+  struct run_row *kept = NULL;
+  size_t nkept = 0;
+  if (s->claim_doubt) {
+    /* Those of a claim in doubt that turned out to be owner's (read
+    ** before this claim makes more runs owner's). */
+    struct store_val dv[2] = {SV_TEXT(owner), SV_TEXT(s->claim_doubt)};
+    PGresult *r = store__pg_run(s, &s->w, NULL,
+      "SELECT " STORE_CLAIM_COLS " FROM runs WHERE owner = $1"
+      " AND status IN ('queued','running','sleeping','waiting')"
+      " AND id IN (SELECT json_array_elements_text($2::json))", dv, 2, "claiming runs", e);
+    if (!r) {
+      store__pg_rollback(s);
+      return e->code;
+    }
+    rows_of(r, &kept, &nkept);
+    PQclear(r);
+  }
   struct store_val v[2] = {SV_TEXT(owner), SV_INT(limit)};
   PGresult *r = store__pg_run(s, &s->w, NULL,
     "UPDATE runs SET owner = $1 WHERE id IN (SELECT id FROM runs WHERE owner IS NULL"
     " AND status IN ('queued','running','sleeping','waiting') ORDER BY id LIMIT $2"
     " FOR UPDATE SKIP LOCKED) RETURNING " STORE_CLAIM_COLS, v, 2, "claiming runs", e);
   if (!r) {
+    store_rows_free(kept, nkept);
     store__pg_rollback(s);
     return e->code;
   }
   rows_of(r, rows, n);
   PQclear(r);
+  fault_delay(FAULT_CLAIM);
   if (store__pg_commit_tx(s, 0, e)) {
+    /* Whether it committed is not known here (a server that answered
+    ** with an error did not): whatever it took may be owner's now. */
+    doubt_add(s, *rows, *n);
     store_rows_free(*rows, *n);
+    store_rows_free(kept, nkept);
     *rows = NULL;
     *n = 0;
     return e->code;
   }
+  if (nkept) {
+    *rows = mem_realloc(*rows, (*n + nkept) * sizeof **rows);
+    memcpy(*rows + *n, kept, nkept * sizeof *kept);
+    *n += nkept;
+    free(kept);
+  }
+  free(s->claim_doubt);
+  s->claim_doubt = NULL;
   return 0;
 }
 
@@ -1428,7 +1624,11 @@ static void pg_close(store_t *st) {
   struct pg_store *s = pg_of(st);
   if (s->w.c) PQfinish(s->w.c);
   if (s->r.c) PQfinish(s->r.c);
+  /* A connection being opened again: its thread frees it. */
+  if (s->w.opening) opening_drop(s->w.opening);
+  if (s->r.opening) opening_drop(s->r.opening);
   store__fence_free(&s->fence);
+  free(s->claim_doubt);
   buf_free(&s->base.scratch);
   free(s->url);
   free(s->shown);

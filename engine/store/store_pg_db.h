@@ -10,7 +10,8 @@
 ** writes), s->r the reader (the loop thread, the CLI), as in the SQLite
 ** store. Each keeps its own prepared statements (by the address of their
 ** SQL text, or a key of the caller's) and is opened again after it breaks
-** (a restarted server, a lost network): the next call reconnects.
+** (a restarted server, a lost network): the next call starts that on a
+** thread (store_pg.c's reopen), and a later one finds it open.
 */
 #ifndef ML_STORE_PG_DB_H
 #define ML_STORE_PG_DB_H
@@ -30,6 +31,8 @@ struct pgconn {
   int64_t retry_at;   /* a reader that lost its connection tries again then (ms) */
   int silent;         /* the last round trip got no answer in time: the connection was closed */
   char why[700];      /* why the last connection failed */
+  int opened;         /* it was open once: opened again on a thread when it breaks */
+  struct opening *opening; /* being opened again on a thread (store_pg.c's reopen) */
   int nstmts;
   struct { const void *key; char name[12]; } stmts[PG_STMTS];
 };
@@ -47,6 +50,8 @@ struct pg_store {
   int64_t xid;                 /* the write transaction in progress (txid_current) */
   int64_t doubt_xid;           /* a commit whose outcome is unknown (0: none) */
   const journal_t *doubt_j;    /* the group it was */
+  char *claim_doubt;           /* runs a claim took whose COMMIT went unanswered: a JSON array
+                                  of ids, or NULL (pg_claim) */
   char filter_keys[2][PG_FILTER_SHAPES]; /* keys of the run list statements */
 };
 
@@ -74,7 +79,7 @@ extern int store__pg_answer_ms;
 ** (store__pg_err then says the server did not answer). */
 PGresult *store__pg_exec_raw(struct pgconn *pc, const char *sql);
 
-/* Make sure pc is connected (opening it again if it broke); ERR_IO when
+/* Make sure pc is connected (opening it again if it broke); ERR_BUSY when
 ** the server cannot be reached, saying why. */
 int store__pg_ensure(struct pg_store *s, struct pgconn *pc, err_t *e);
 

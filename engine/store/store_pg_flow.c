@@ -11,6 +11,7 @@
 ** run under the store's write lock (store_pg.c), so, as on SQLite, the
 ** second sees the first and no event slips between them.
 */
+#include "base/fault.h"
 #include "base/ids.h"
 #include "base/jsontext.h"
 #include "base/mem.h"
@@ -427,6 +428,9 @@ int store__pg_dispatch(store_t *st, int64_t now, int limit, int *runs, err_t *e)
     n++;
   }
   PQclear(r);
+  if (!err && n && fault_hit(FAULT_DISPATCH_FAIL))
+    err = err_set(e, ERR_IO, "store: dispatching events: the transaction failed (fault injected: "
+                  "dispatch_fail)");
   if (err) {
     store__pg_rollback(s);
     *runs = 0;

@@ -1182,6 +1182,7 @@ static int sqlite_claim(store_t *s, const char *owner, int limit, struct run_row
     row_from_stmt(st, &(*rows)[(*n)++]);
   }
   sqlite3_finalize(st);
+  if (rc == SQLITE_DONE) fault_delay(FAULT_CLAIM);
   if (rc != SQLITE_DONE || store__exec(s->w, "COMMIT", e)) {
     if (rc != SQLITE_DONE) store__db_err(e, s->w, "claiming runs");
     store__exec(s->w, "ROLLBACK", NULL);

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import BIN, PG, SkillsTestCase, sqlite_only, wait_until  # noqa: E402
+from mltest import BIN, PG, SkillsTestCase, kill9, sqlite_only, wait_until  # noqa: E402
 
 
 def faults_compiled():
@@ -117,6 +117,25 @@ class CommitFaultTest(FaultCase):
         p.terminate()
         self.assertEqual(p.wait(timeout=20), 0)
         self.check_integrity()
+
+
+class DispatchFaultTest(FaultCase):
+    def test_a_failed_dispatch_is_tried_again_and_the_event_starts_its_run(self):
+        # An engine alone and idle: no other process's write wakes it to
+        # look at the events again (on PostgreSQL, not even its own lease
+        # renewals do), so the dispatch that failed must be tried again.
+        # Twice: the event's own commit may wake it once more (its NOTIFY).
+        p = self.serve_with("", MOONLOOP_FAULT="dispatch_fail=2")
+        code, body = http("POST", p.url + "/v1/events", {"name": "go", "data": {}})
+        self.assertEqual(code, 202, body)
+        wait_until(lambda: self.said(p, "dispatching events failed: store: dispatching events: the "
+                                     "transaction failed (fault injected: dispatch_fail)"),
+                   what=lambda: "the dispatch to fail: %s" % "".join(p.stderr_lines))
+        # (60 s only catches an event left undispatched)
+        wait_until(lambda: [r["status"] for r in self.w.runs(skill="s")] == ["completed"], timeout=60,
+                   what=lambda: "the event's run: %s" % self.w.runs(skill="s"))
+        p.terminate()
+        self.assertEqual(p.wait(timeout=20), 0)
 
 
 @sqlite_only("disk_full fails the writes of SQLite's files (a VFS); PostgreSQL's are the server's")
@@ -221,6 +240,39 @@ class ReaderBusyTest(FaultCase):
         wait_until(lambda: self.w.trace(waiter)["status"] == "completed", timeout=20, what="the waiter")
         self.assertEqual(self.w.trace(waiter)["output"], 7)
         self.assertEqual(http("GET", p.url + "/v1/runs/" + rid)[0], 200)
+        p.terminate()
+        self.assertEqual(p.wait(timeout=20), 0)
+
+
+SLEEPER = """
+return { id = "s", run = function(ctx)
+  ctx.step.sleep("nap", "1s")
+  return "VERSION"
+end }"""
+
+
+class TakeoverReaderBusyTest(FaultCase):
+    def test_a_run_taken_over_while_its_version_cannot_be_read_starts_later_not_failed(self):
+        # The first engine dies while the run sleeps; the next has another
+        # version of the skill in its workspace, so it reads the run's own
+        # version from the database to take the run over, and its reads
+        # fail for the first 5 s (reader_busy): the database's moment, not
+        # the version's fault. The run is taken over a second later, where
+        # it used to be failed ("cannot load version").
+        self.skill("s", SLEEPER.replace("VERSION", "one"))
+        p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0")
+        rid = self.w.ml("invoke", "s", check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(rid)["status"] == "sleeping", what="the run to sleep")
+        kill9(p)
+        self.skill("s", SLEEPER.replace("VERSION", "two"))
+        p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0",
+                         env={"MOONLOOP_FAULT": "reader_busy=5000"})
+        wait_until(lambda: self.w.trace(rid)["status"] in ("completed", "failed"), timeout=60,
+                   what="the run to end")
+        t = self.w.trace(rid)
+        self.assertEqual((t["status"], t["output"]), ("completed", "one"), t)
+        self.assertTrue(self.said(p, "cannot resume run %s yet, trying again in 1s" % rid),
+                        p.stderr_lines)
         p.terminate()
         self.assertEqual(p.wait(timeout=20), 0)
 

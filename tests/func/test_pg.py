@@ -336,6 +336,92 @@ class ServerFaultTest(OwnClusterCase):
         self.assertEqual(answers and answers[0][0], 202, answers)
         self.check_every_acknowledged_event_ran_once([0], [])
 
+    def test_a_connection_that_cannot_be_opened_again_holds_no_answer_of_the_engine(self):
+        # The postmaster is stopped (SIGSTOP) and the engine's backends end
+        # (SIGTERM): its connections are lost, and a new one waits for
+        # connect_timeout (60 s here, from the URL) for a server that
+        # accepts it and never answers. Meanwhile the engine answers:
+        # what needs no database as ever, reads and writes with a 503
+        # saying the database cannot be reached, never after the whole
+        # connect_timeout (the 20 s of each request only catch that).
+        url = self.w.db + "?connect_timeout=60"
+        p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0", "--db", url)
+        self.assertEqual(post(p.url + "/v1/events", {"name": "go", "data": {"i": 0}})[0], 202)
+        wait_until(lambda: [r["status"] for r in self.w.runs(skill="s")] == ["completed"],
+                   what="the first run")
+        backends = [int(x) for x in pgcluster.psql(
+            self.pg, "SELECT pid FROM pg_stat_activity WHERE application_name LIKE"
+            " 'moonloop %% (pid %d on %%'" % p.pid, db="t").split()]
+        self.assertEqual(len(backends), 2)  # the writer and the reader
+        pm = self.postmaster()
+        os.kill(pm, signal.SIGSTOP)
+        try:
+            self.signal_server(backends, signal.SIGTERM)
+
+            def get(path):
+                try:
+                    with urllib.request.urlopen(p.url + path, timeout=20) as r:
+                        return r.status, r.read().decode()
+                except urllib.error.HTTPError as e:
+                    return e.code, e.read().decode()
+            # Reads: refused at once, saying why (the loop found its
+            # connection lost and opens it again off the loop).
+            wait_until(lambda: get("/v1/runs")[0] == 503, what="a read refused")
+            code, body = get("/v1/runs")
+            self.assertEqual(code, 503, body)
+            self.assertIn("cannot connect to PostgreSQL", body)
+            for _ in range(3):  # while connections are being tried, and after
+                self.assertEqual(get("/metrics")[0], 200)
+                self.assertEqual(get("/v1/runs")[0], 503)
+                time.sleep(1)
+            code, body = post(p.url + "/v1/events", {"name": "go", "data": {"i": 1}}, timeout=20)
+            self.assertEqual(code, 503, body)
+            self.assertIn("nothing was stored", body["error"]["message"])
+            self.assertIn("PostgreSQL", body["error"]["message"])
+            self.assertEqual(get("/metrics")[0], 200)
+        finally:
+            os.kill(pm, signal.SIGCONT)
+        # The server answers again: the engine carries on.
+        wait_until(lambda: post(p.url + "/v1/events", {"name": "go", "data": {"i": 2}})[0] == 202,
+                   timeout=90, what=lambda: "an event accepted again: %s" % "".join(p.stderr_lines))
+        self.check_every_acknowledged_event_ran_once([0, 2], [1])
+        self.assertEqual(p.poll(), None)
+
+    def test_a_claim_whose_answer_was_lost_still_starts_its_runs(self):
+        # The server is stopped (SIGSTOP) while the claim that took the
+        # event's run waits to commit (claim=1500 holds each claim that
+        # long before COMMIT): the COMMIT goes out, no answer comes (the 2 s
+        # deadline closes the connection), and the stopped backend still
+        # has it. Continued, the server commits the claim: the run is the
+        # engine's in the database, though the engine heard the claim
+        # fail. It must start all the same, not stay queued under a live
+        # lease that no other engine may take it from (found by the three
+        # engines' crash test: six runs queued for good).
+        p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0",
+                         env={"MOONLOOP_PG_TIMEOUT": "2", "MOONLOOP_FAULT": "claim=1500"})
+        self.assertEqual(post(p.url + "/v1/events", {"name": "go", "data": {"i": 0}})[0], 202)
+
+        def claim_holds_the_run():
+            # Queued and unowned as committed, yet locked: a claim has it.
+            rows = pgcluster.psql(self.pg, "SELECT (SELECT count(*) FROM runs WHERE owner IS NULL"
+                                  " AND status = 'queued'), (SELECT count(*) FROM (SELECT id FROM"
+                                  " runs WHERE owner IS NULL AND status = 'queued'"
+                                  " FOR UPDATE SKIP LOCKED) x)", db="t")
+            return rows.strip() == "1|0"
+        wait_until(claim_holds_the_run, timeout=30, interval=0.01, what="a claim holding the run")
+        procs = self.server_processes()
+        self.signal_server(procs, signal.SIGSTOP)
+        try:
+            wait_until(lambda: any("claiming runs failed" in l for l in p.stderr_lines), timeout=60,
+                       what=lambda: "the claim to fail: %s" % "".join(p.stderr_lines))
+        finally:
+            self.signal_server(procs, signal.SIGCONT)
+        # The claim committed after all (the engine holds the run in the
+        # database), and the run starts and completes (60 s only catches a
+        # run left queued).
+        self.check_every_acknowledged_event_ran_once([0], [])
+        self.assertEqual(p.poll(), None)
+
 
 # A run with every step kind: a body (an outside call), a sleep, parallel
 # bodies, an event it sends itself and waits for, a child run.
