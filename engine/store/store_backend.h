@@ -216,9 +216,13 @@ struct store_ops {
 };
 
 /* What every backend's store begins with. */
+struct rollup_batch;
 struct store_base {
   const struct store_ops *ops;
   buf_t scratch; /* the reader's, reused: a record's run-level logs */
+  /* store_rollup.c's: the run ends of the group being written, while the
+  ** store gathers them (store__rollup_gather); NULL otherwise */
+  struct rollup_batch *rollup;
 };
 
 static inline const struct store_ops *store__ops(const store_t *s) {
@@ -280,6 +284,14 @@ int store__slots_free(store_t *s, const char *run_id, cJSON *granted, err_t *e);
 ** summary written) or take it out (delta -1: before retention deletes
 ** it). Nothing for a run not ended, or gone. */
 int store__rollup_run(store_t *s, const char *run_id, int delta, err_t *e);
+/* A journal group's transaction: from store__rollup_gather on, the runs
+** that end (store__rollup_run, delta 1) are summed up per skill and hour,
+** and store__rollup_flush writes each sum once (before the commit);
+** store__rollup_drop forgets them (the transaction failed). Either ends
+** the gathering. */
+void store__rollup_gather(store_t *s);
+int store__rollup_flush(store_t *s, err_t *e);
+void store__rollup_drop(store_t *s);
 /* Take out of the rollup each run whose id is a row of ids (run with
 ** v[0..nv)): before retention deletes them. */
 int store__rollup_forget(store_t *s, const struct store_wq *ids, const struct store_val *v, int nv,

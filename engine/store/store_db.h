@@ -21,7 +21,7 @@
 /* The writer's prepared statements. */
 enum {
   W_BEGIN, W_COMMIT, W_ROLLBACK, W_LEASE_RENEW,
-  W_RUN_NEW, W_RUN_SET, W_STEP, W_ATTEMPT, W_LOG, W_VERSION, W_SKILL,
+  W_RUN_NEW, W_RUN_SET, W_RUN_END, W_STEP, W_ATTEMPT, W_LOG, W_VERSION, W_SKILL,
   W_COUNT
 };
 

@@ -100,11 +100,14 @@ WQ(QUEUED_SQL,
    " AND status NOT IN (" VOCAB_RUN_ENDED_SQL ")");
 WQ(PLACES_SQL, "SELECT skill, key, since, lim FROM slot_queue WHERE run_id = ?1",
    "SELECT skill, key, since, lim FROM slot_queue WHERE run_id = $1");
+/* UNION ALL: the pairs are made distinct by store__slots_free (SQLite's
+** UNION builds a temporary b-tree each time, and every run's end reads
+** this). */
 WQ(PAIRS_SQL,
    "SELECT skill, key FROM slots WHERE run_id = ?1"
-   " UNION SELECT skill, key FROM slot_queue WHERE run_id = ?1",
+   " UNION ALL SELECT skill, key FROM slot_queue WHERE run_id = ?1",
    "SELECT skill, key FROM slots WHERE run_id = $1"
-   " UNION SELECT skill, key FROM slot_queue WHERE run_id = $1");
+   " UNION ALL SELECT skill, key FROM slot_queue WHERE run_id = $1");
 WQ(HEAD_SQL,
    "SELECT run_id FROM slot_queue INDEXED BY slot_queue_order WHERE skill = ?1 AND key = ?2"
    " ORDER BY prio DESC, since, run_id LIMIT ?3 OFFSET ?4",
@@ -810,6 +813,12 @@ int store__slots_free(store_t *s, const char *run_id, cJSON *granted, err_t *e) 
   char *pairs[32][2];
   int n = 0, rc;
   while (n < 32 && (rc = cur_next(&c)) == 1) {
+    const char *sk = cur_text(&c, 0), *k = cur_text(&c, 1);
+    int seen = 0;
+    for (int i = 0; i < n && !seen; i++)
+      seen = !strcmp(pairs[i][0] ? pairs[i][0] : "", sk ? sk : "") &&
+             !strcmp(pairs[i][1] ? pairs[i][1] : "", k ? k : "");
+    if (seen) continue;
     pairs[n][0] = col_dup(&c, 0);
     pairs[n][1] = col_dup(&c, 1);
     n++;

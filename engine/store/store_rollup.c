@@ -174,26 +174,33 @@ static char *hist_text(const struct hist *h) {
   return t;
 }
 
-/* Add delta (1 or -1) of value v to the histogram text (NULL: empty); the
-** new text, malloc'd. An exact one that would hold more than HIST_EXACT
-** distinct values becomes coarse. */
-static char *hist_add(const char *text, int64_t v, int delta) {
-  struct hist h;
-  hist_read(&h, text);
-  if (!h.coarse) {
+/* Add delta (1 or -1) of value v to h (read by hist_read). An exact
+** histogram that would hold more than HIST_EXACT distinct values becomes
+** coarse. */
+static void hist_step(struct hist *h, int64_t v, int delta) {
+  if (!h->coarse) {
     int found = 0;
-    for (size_t i = 0; i < h.n && !found; i++) found = h.v[i].k == v && h.v[i].n > 0;
+    for (size_t i = 0; i < h->n && !found; i++) found = h->v[i].k == v && h->v[i].n > 0;
     size_t live = 0;
-    for (size_t i = 0; i < h.n; i++) live += h.v[i].n > 0;
+    for (size_t i = 0; i < h->n; i++) live += h->v[i].n > 0;
     if (!found && delta > 0 && live >= HIST_EXACT) {
       /* Into buckets: each value to its key, counts merged. */
       struct hist c = {.coarse = 1};
-      for (size_t i = 0; i < h.n; i++) hist_put(&c, store__hist_key(h.v[i].k), h.v[i].n);
-      free(h.v);
-      h = c;
+      for (size_t i = 0; i < h->n; i++) hist_put(&c, store__hist_key(h->v[i].k), h->v[i].n);
+      free(h->v);
+      *h = c;
     }
   }
-  hist_put(&h, h.coarse ? store__hist_key(v) : v, delta);
+  hist_put(h, h->coarse ? store__hist_key(v) : v, delta);
+}
+
+/* Add delta of each of the n values v to the histogram text (NULL:
+** empty); the new text, malloc'd. The text is read and written once for
+** all of them. */
+static char *hist_add(const char *text, const int64_t *v, size_t n, int delta) {
+  struct hist h;
+  hist_read(&h, text);
+  for (size_t i = 0; i < n; i++) hist_step(&h, v[i], delta);
   char *t = hist_text(&h);
   free(h.v);
   return t;
@@ -290,12 +297,48 @@ static int read_part(store_t *s, const char *run_id, struct part *p, err_t *e) {
 }
 
 /* See store_backend.h. */
-int store__rollup_run(store_t *s, const char *run_id, int delta, err_t *e) {
+/* The parts of runs of one skill and hour, summed up: the counts, and
+** the values for the two histograms. */
+struct sum {
+  char *skill;
+  int64_t hour, n[9];
+  int64_t *dur, *wait;
+  size_t ndur, nwait, capdur, capwait;
+};
+
+/* The run ends of the open transaction, summed up per skill and hour
+** while the store gathers them (store__rollup_gather). */
+struct rollup_batch {
+  struct sum *v;
+  size_t n, cap;
+};
+
+static void push(int64_t **v, size_t *n, size_t *cap, int64_t x) {
+  if (*n == *cap) {
+    *cap = *cap ? *cap * 2 : 16;
+    *v = mem_realloc(*v, *cap * sizeof **v);
+  }
+  (*v)[(*n)++] = x;
+}
+
+/* Add p's run to sum (its counts times delta; its values once each). */
+static void sum_add(struct sum *m, const struct part *p, int delta) {
+  for (int i = 0; i < 9; i++) m->n[i] += p->n[i] * delta;
+  if (p->has_dur) push(&m->dur, &m->ndur, &m->capdur, p->dur);
+  if (p->has_wait) push(&m->wait, &m->nwait, &m->capwait, p->wait);
+}
+
+static void sum_free(struct sum *m) {
+  free(m->skill);
+  free(m->dur);
+  free(m->wait);
+}
+
+/* Write m into the rollup (its row made when new): the counts added,
+** each value added to (delta 1) or taken from (delta -1) its histogram. */
+static int sum_write(store_t *s, const struct sum *m, int delta, err_t *e) {
   static const char *const what = "keeping the figures' rollup";
-  struct part p;
-  int r = read_part(s, run_id, &p, e);
-  if (r <= 0) return r < 0 ? e->code : 0;
-  struct store_val key[2] = {SV_TEXT(p.skill), SV_INT(p.hour)};
+  struct store_val key[2] = {SV_TEXT(m->skill), SV_INT(m->hour)};
   struct store_cur c;
   int rc = wq_do(s, &LOCK_SQL, NULL, 0, what, e);
   int found = 0;
@@ -313,10 +356,10 @@ int store__rollup_run(store_t *s, const char *run_id, int delta, err_t *e) {
     cur_close(&c);
   }
   if (!rc) {
-    char *nd = p.has_dur ? hist_add(dur, p.dur, delta) : mem_strdup(dur ? dur : "");
-    char *nw = p.has_wait ? hist_add(wait, p.wait, delta) : mem_strdup(wait ? wait : "");
-    struct store_val v[13] = {SV_TEXT(p.skill), SV_INT(p.hour)};
-    for (int i = 0; i < 9; i++) v[2 + i] = SV_INT(p.n[i] * delta);
+    char *nd = m->ndur ? hist_add(dur, m->dur, m->ndur, delta) : mem_strdup(dur ? dur : "");
+    char *nw = m->nwait ? hist_add(wait, m->wait, m->nwait, delta) : mem_strdup(wait ? wait : "");
+    struct store_val v[13] = {SV_TEXT(m->skill), SV_INT(m->hour)};
+    for (int i = 0; i < 9; i++) v[2 + i] = SV_INT(m->n[i]);
     v[11] = SV_TEXT(nd);
     v[12] = SV_TEXT(nw);
     rc = wq_do(s, found ? &SET_SQL : &NEW_SQL, v, 13, what, e);
@@ -325,7 +368,66 @@ int store__rollup_run(store_t *s, const char *run_id, int delta, err_t *e) {
   }
   free(dur);
   free(wait);
-  free(p.skill);
+  return rc;
+}
+
+/* See store_backend.h. While the store gathers (a journal group's
+** transaction), a run's end is added to the batch: a group that ends 50
+** runs of a skill reads and writes its row and histograms once, not 50
+** times (each a parse and a print of two texts of up to a few hundred
+** entries: most of a run end's cost). */
+int store__rollup_run(store_t *s, const char *run_id, int delta, err_t *e) {
+  struct part p;
+  int r = read_part(s, run_id, &p, e);
+  if (r <= 0) return r < 0 ? e->code : 0;
+  struct rollup_batch *b = store__base(s)->rollup;
+  if (b && delta > 0) {
+    struct sum *m = NULL;
+    for (size_t i = 0; i < b->n && !m; i++)
+      if (b->v[i].hour == p.hour && !strcmp(b->v[i].skill, p.skill)) m = &b->v[i];
+    if (!m) {
+      if (b->n == b->cap) {
+        b->cap = b->cap ? b->cap * 2 : 4;
+        b->v = mem_realloc(b->v, b->cap * sizeof *b->v);
+      }
+      m = &b->v[b->n++];
+      *m = (struct sum){.skill = p.skill, .hour = p.hour};
+      p.skill = NULL;
+    }
+    sum_add(m, &p, 1);
+    free(p.skill);
+    return 0;
+  }
+  struct sum m = {.skill = p.skill, .hour = p.hour};
+  sum_add(&m, &p, delta);
+  int rc = sum_write(s, &m, delta, e);
+  sum_free(&m);
+  return rc;
+}
+
+/* See store_backend.h. */
+void store__rollup_gather(store_t *s) {
+  store__rollup_drop(s);
+  store__base(s)->rollup = mem_calloc(1, sizeof(struct rollup_batch));
+}
+
+/* See store_backend.h. */
+void store__rollup_drop(store_t *s) {
+  struct rollup_batch *b = store__base(s)->rollup;
+  if (!b) return;
+  for (size_t i = 0; i < b->n; i++) sum_free(&b->v[i]);
+  free(b->v);
+  free(b);
+  store__base(s)->rollup = NULL;
+}
+
+/* See store_backend.h: in the order the batch first met each skill and
+** hour. */
+int store__rollup_flush(store_t *s, err_t *e) {
+  struct rollup_batch *b = store__base(s)->rollup;
+  int rc = 0;
+  for (size_t i = 0; b && i < b->n && !rc; i++) rc = sum_write(s, &b->v[i], 1, e);
+  store__rollup_drop(s);
   return rc;
 }
 

@@ -79,16 +79,16 @@ static const char *const rsql[RQ_COUNT] = {
   [RQ_ENDED_SUMS] =
     "SELECT created_at, 0, started_at, ended_at, steps, failed_steps, retries, tokens, id"
     " FROM runs INDEXED BY runs_ended WHERE skill = ?1 AND status = ?4"
-    " AND status IN (" VOCAB_RUN_ENDED_SQL ")"
+    " AND " VOCAB_RUN_ENDED_OR
     " AND created_at >= ?2 AND created_at < ?3",
   [RQ_ENDED] =
     "SELECT created_at, 0, started_at, ended_at"
     " FROM runs INDEXED BY runs_ended WHERE skill = ?1 AND status = ?4"
-    " AND status IN (" VOCAB_RUN_ENDED_SQL ")"
+    " AND " VOCAB_RUN_ENDED_OR
     " AND created_at >= ?2 AND created_at < ?3",
   [RQ_COUNT_ENDED] =
     "SELECT count(*) FROM runs INDEXED BY runs_ended WHERE skill = ?1 AND status = ?4"
-    " AND status IN (" VOCAB_RUN_ENDED_SQL ")"
+    " AND " VOCAB_RUN_ENDED_OR
     " AND created_at >= ?2 AND created_at < ?3",
   [RQ_ROLLUP] =
     "SELECT hour, completed, failed, cancelled, skipped, unstarted, steps, failed_steps, retries,"
@@ -96,7 +96,7 @@ static const char *const rsql[RQ_COUNT] = {
   [RQ_ENDED_REFS] =
     "SELECT created_at, id, failed_steps, retries"
     " FROM runs INDEXED BY runs_ended WHERE skill = ?1 AND status = ?4"
-    " AND status IN (" VOCAB_RUN_ENDED_SQL ")"
+    " AND " VOCAB_RUN_ENDED_OR
     " AND created_at >= ?2 AND created_at < ?3",
   /* The runs not ended yet, through runs_status (status, id) from the
   ** window's first ULID on. */

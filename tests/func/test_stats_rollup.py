@@ -171,7 +171,9 @@ class RollupTest(TestCase):
         self.assertGreaterEqual(pruned, 6, out)
         want = self.assert_rollup_agrees()
         self.assertEqual(sum(sum(v[0][:3]) for v in want.values()), 8 - pruned)
-        self.assert_stats_agree(["flaky", "bad"])
+        # A skill whose runs were all pruned (a slow machine) is unknown to
+        # `moonloop stats`: these runs never registered it.
+        self.assert_stats_agree([k for k in ("flaky", "bad") if self.w.runs(skill=k)])
 
     def test_migration_builds_it_for_an_older_database(self):
         for name, src in (("ok", OK), ("flaky", FLAKY), ("bad", BAD)):
