@@ -47,7 +47,7 @@ class CrashTest(TestCase):
 
     def calls_per_step(self):
         out = {}
-        for path, n in self.si.calls.items():
+        for path, n in self.si.all_calls().items():
             if path.startswith("/call/"):
                 out[path[len("/call/"):]] = n
         return out

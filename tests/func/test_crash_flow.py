@@ -426,7 +426,7 @@ end }""")
         b = self.w.serve("--workspace", "skills")  # a second engine on the same database
         for _ in range(6):
             self.w.ml("invoke", "one", "--data", '{"service": "a"}', check=0)
-        wait_until(lambda: sum(v for k, v in self.si.calls.items() if k.startswith("/svc/a/")) >= 2,
+        wait_until(lambda: sum(v for k, v in self.si.all_calls().items() if k.startswith("/svc/a/")) >= 2,
                    what="some calls")
         kill9(a)  # the slot holder may die: the limit holds, and the runs go on
         c = self.w.serve("--workspace", "skills")

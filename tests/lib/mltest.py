@@ -170,6 +170,12 @@ class StandIn:
         with self.lock:
             return self.calls.get(path, 0)
 
+    def all_calls(self):
+        """A copy of {path: calls so far}: the server's threads add to the
+        live one while a test reads it."""
+        with self.lock:
+            return dict(self.calls)
+
     def track(self, key):
         """Context for a handler: counts requests in flight under key."""
         standin = self
