@@ -190,20 +190,34 @@ class ServerFaultTest(OwnClusterCase):
                          env={"MOONLOOP_FAULT": "commit=30"})
         acked, refused, answers = [], [], []
         stop = threading.Event()
+        lock = threading.Lock()
+
+        def send(i):
+            code, body = post(p.url + "/v1/events", {"name": "go", "data": {"i": i}}, timeout=120)
+            with lock:
+                (acked if code == 202 else refused).append(i)
+                answers.append((code, body))
+
+        # Each event is sent on a thread of its own: an event whose commit was
+        # in flight when the server died is answered only once the restarted
+        # server says whether it was stored, and must not hold the others.
+        senders = []
 
         def sender():
             i = 0
             while not stop.is_set():
-                code, body = post(p.url + "/v1/events", {"name": "go", "data": {"i": i}})
-                (acked if code == 202 else refused).append(i)
-                answers.append((code, body))
+                s = threading.Thread(target=send, args=(i,), daemon=True)
+                s.start()
+                senders.append(s)
                 i += 1
                 time.sleep(0.02)
         t = threading.Thread(target=sender, daemon=True)
         t.start()
         wait_until(lambda: len(acked) >= 20, what="events accepted before the crash")
         self.crash()
-        wait_until(lambda: len(refused) >= 3, timeout=30, what="writes refused while the server is down")
+        wait_until(lambda: len(refused) >= 3, timeout=30,
+                   what=lambda: "writes refused while the server is down: %d answered, the last %s; "
+                   "the engine said: %s" % (len(answers), answers[-3:], "".join(p.stderr_lines)))
         time.sleep(1)
         self.restart()
         n = len(acked)
@@ -212,6 +226,8 @@ class ServerFaultTest(OwnClusterCase):
                        answers[-3:], "".join(p.stderr_lines)))
         stop.set()
         t.join(timeout=30)
+        for s in senders:
+            s.join(timeout=130)
         refusals = [b for c, b in answers if c != 202]
         self.assertTrue(all(c == 503 for c, _ in answers if c != 202), answers)
         for b in refusals:
