@@ -199,7 +199,9 @@ int store_list_runs_json(store_t *s, const struct run_filter *f, buf_t *out, cha
 /* How many runs match f (its limit and paging are ignored). */
 int store_count_runs(store_t *s, const struct run_filter *f, int64_t *n, err_t *e);
 
-/* Runs by status, {"completed": 12, "failed": 1, ...}, for /metrics. */
+/* Runs by status, {"completed": 12, "failed": 1, ...}, for /metrics: the
+** ended statuses summed from the figures' rollup (vocab.h's
+** VOCAB_RUN_COUNTS_SQL), so a scrape reads hundreds of rows, not every run. */
 int store_count_by_status(store_t *s, cJSON **out, err_t *e);
 
 /* Flow control's figures (store_queue.c): queued runs by reason

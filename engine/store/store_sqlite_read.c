@@ -53,7 +53,7 @@ static const char *const rsql[RQ_COUNT] = {
     " CASE WHEN status = 'running' THEN (SELECT a.retry_at FROM attempts a WHERE"
     "  a.run_id = steps.run_id AND a.seq = steps.seq AND a.n = steps.attempts - 1) END"
     " FROM steps WHERE run_id = ?1 ORDER BY seq",
-  [RQ_COUNT_BY_STATUS] = "SELECT status, count(*) FROM runs GROUP BY status",
+  [RQ_COUNT_BY_STATUS] = VOCAB_RUN_COUNTS_SQL,
   [RQ_VERSION] = "SELECT source, skill, file FROM versions WHERE version = ?1",
   [RQ_SKILL] = "SELECT id, version, file, description, triggers, error FROM skills WHERE id = ?1",
   [RQ_SKILLS] = "SELECT id, version, file, description, triggers, error FROM skills ORDER BY id",

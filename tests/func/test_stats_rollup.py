@@ -14,7 +14,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import PG, RUN_ENDED, RUN_ENDED_SQL, TestCase, kill9, wait_until  # noqa: E402
+from mltest import PG, RUN_ENDED, RUN_ENDED_SQL, RUN_STATUSES, TestCase, kill9, wait_until  # noqa: E402
 
 OK = """return { id = "ok", run = function(ctx)
   ctx.step.run("fetch", function() return { n = ctx.input.n } end)
@@ -115,6 +115,21 @@ class RollupTest(TestCase):
             durs = sorted(v for k, x in want.items() if k[0] == skill for v in x[1])
             self.assertEqual(t["duration_ms"]["n"], len(durs), skill)
 
+    def assert_metrics_agree(self, p):
+        """/metrics' moonloop_runs{status} (the ended statuses summed from the
+        rollup) is the runs table's count of each status."""
+        import urllib.request
+        text = urllib.request.urlopen(p.url + "/metrics", timeout=30).read().decode()
+        got = {}
+        for line in text.splitlines():
+            if line.startswith("moonloop_runs{status="):
+                k, v = line.rsplit(" ", 1)
+                got[k.split('"')[1]] = int(float(v))
+        want = dict.fromkeys(RUN_STATUSES, 0)
+        for status, n in self.w.sql("SELECT status, count(*) FROM runs GROUP BY status"):
+            want[status] = int(n)
+        self.assertEqual(got, want, text)
+
     def test_runs_that_end_every_way(self):
         for name, src in (("ok", OK), ("flaky", FLAKY), ("bad", BAD), ("nap", NAP), ("once", ONCE)):
             self.w.write("skills/%s.lua" % name, src)
@@ -123,7 +138,7 @@ class RollupTest(TestCase):
         for _ in range(2):
             self.w.ml("run", "skills/flaky.lua", check=0)
             self.w.ml("run", "skills/bad.lua", check=1)
-        self.w.serve("--workspace", "skills")
+        p = self.w.serve("--workspace", "skills")
         # One run of "once" an hour: the other two are skipped (rate_limit).
         for _ in range(3):
             self.w.ml("invoke", "once", check=0)
@@ -139,6 +154,10 @@ class RollupTest(TestCase):
         want = self.assert_rollup_agrees()
         self.assertEqual(sum(v[0][2] for v in want.values()), 2)  # the cancelled ones are there
         self.assert_stats_agree(["ok", "flaky", "bad", "nap", "once"])
+        self.w.ml("invoke", "nap", check=0)  # and one run not ended
+        wait_until(lambda: "sleeping" in [r["status"] for r in self.w.runs(skill="nap")],
+                   what="a nap to sleep")
+        self.assert_metrics_agree(p)
 
     def test_kill9_in_the_middle_of_runs(self):
         self.w.write("skills/steps.lua", STEPS)
@@ -155,6 +174,7 @@ class RollupTest(TestCase):
         want = self.assert_rollup_agrees()
         self.assertEqual(sum(v[0][0] for v in want.values()), 8)
         self.assert_stats_agree(["steps"])
+        self.assert_metrics_agree(p)
 
     def test_retention_takes_runs_out(self):
         for name, src in (("flaky", FLAKY), ("bad", BAD)):
@@ -174,6 +194,7 @@ class RollupTest(TestCase):
         # A skill whose runs were all pruned (a slow machine) is unknown to
         # `moonloop stats`: these runs never registered it.
         self.assert_stats_agree([k for k in ("flaky", "bad") if self.w.runs(skill=k)])
+        self.assert_metrics_agree(self.w.serve("--workspace", "skills"))
 
     def test_migration_builds_it_for_an_older_database(self):
         for name, src in (("ok", OK), ("flaky", FLAKY), ("bad", BAD)):

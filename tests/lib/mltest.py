@@ -24,7 +24,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pgcluster
-from vocab import RUN_ENDED, RUN_ENDED_SQL  # noqa: F401 (for the tests)
+from vocab import RUN_ENDED, RUN_ENDED_SQL, RUN_STATUSES  # noqa: F401 (for the tests)
 
 BIN = os.environ.get("MOONLOOP_BIN") or os.path.join(
     os.path.dirname(__file__), "..", "..", "build", "moonloop")
