@@ -195,9 +195,14 @@ static void add_ratio(cJSON *o, const char *key, int64_t num, int64_t den) {
 
 /* Counts over a window or one interval. The step sums come from the
 ** summaries of ended runs. */
+/* The counts of a window, each also its name in the answer: X(field). The
+** runs' counts, then the sums of their steps' summaries. */
+#define COUNTS_RUNS(X) X(started) X(completed) X(failed) X(cancelled) X(skipped) X(active) X(queued)
+#define COUNTS_STEPS(X) X(steps) X(failed_steps) X(retries) X(tokens)
+#define COUNTS_FIELD(f) int64_t f;
 struct counts {
-  int64_t started, completed, failed, cancelled, skipped, active, queued;
-  int64_t steps, failed_steps, retries, tokens;
+  COUNTS_RUNS(COUNTS_FIELD)
+  COUNTS_STEPS(COUNTS_FIELD)
 };
 
 /* An ended run whose steps may be read. */
@@ -288,17 +293,10 @@ static uint32_t bucket_of(const struct runagg *a, int64_t t) {
 
 /* Add the counts of x to c. */
 static void counts_add(struct counts *c, const struct counts *x) {
-  c->started += x->started;
-  c->completed += x->completed;
-  c->failed += x->failed;
-  c->cancelled += x->cancelled;
-  c->skipped += x->skipped;
-  c->active += x->active;
-  c->queued += x->queued;
-  c->steps += x->steps;
-  c->failed_steps += x->failed_steps;
-  c->retries += x->retries;
-  c->tokens += x->tokens;
+#define COUNTS_ADD(f) c->f += x->f;
+  COUNTS_RUNS(COUNTS_ADD)
+  COUNTS_STEPS(COUNTS_ADD)
+#undef COUNTS_ADD
 }
 
 /* Count one run with outcome (its status, enum run_status; RUN_RUNNING
@@ -545,19 +543,12 @@ static int prev_counts(store_t *s, void *conn, const char *skill, int64_t since,
 
 /* The counts of c into o (the run counts; with the step sums when steps). */
 static void add_counts(cJSON *o, const struct counts *c, int steps) {
-  cJSON_AddNumberToObject(o, "started", (double)c->started);
-  cJSON_AddNumberToObject(o, "completed", (double)c->completed);
-  cJSON_AddNumberToObject(o, "failed", (double)c->failed);
-  cJSON_AddNumberToObject(o, "cancelled", (double)c->cancelled);
-  cJSON_AddNumberToObject(o, "skipped", (double)c->skipped);
-  cJSON_AddNumberToObject(o, "active", (double)c->active);
-  cJSON_AddNumberToObject(o, "queued", (double)c->queued);
+#define COUNTS_JSON(f) cJSON_AddNumberToObject(o, #f, (double)c->f);
+  COUNTS_RUNS(COUNTS_JSON)
   add_ratio(o, "failure_rate", c->failed, c->completed + c->failed);
   if (!steps) return;
-  cJSON_AddNumberToObject(o, "steps", (double)c->steps);
-  cJSON_AddNumberToObject(o, "failed_steps", (double)c->failed_steps);
-  cJSON_AddNumberToObject(o, "retries", (double)c->retries);
-  cJSON_AddNumberToObject(o, "tokens", (double)c->tokens);
+  COUNTS_STEPS(COUNTS_JSON)
+#undef COUNTS_JSON
 }
 
 /* The window's figures: counts, failure rate, step sums, duration and wait
