@@ -143,9 +143,12 @@ class ProtocolTest(TestCase):
         finally:
             w.close()
 
-    def under_test(self, src, mocks):
+    def under_test(self, src, mocks, at=None):
         """The record of the skill's run under `moonloop test`, with the
-        same answers as mocks (and mocks for the steps in mocks)."""
+        same answers as mocks (and mocks for the steps in mocks), its
+        virtual clock starting at `at` (the real run's start: an example
+        that reads the clock outside a step, as testing.md's greeting does
+        on purpose, takes the same branch on both sides)."""
         w, names, urls = self.workdir(src)
         try:
             w.write("skill.lua", src)
@@ -159,6 +162,8 @@ class ProtocolTest(TestCase):
             ]
             for sid, value in mocks.items():
                 lines.append('  c:mock(%s, %s)' % (json.dumps(sid), lua_literal(value)))
+            if at:
+                lines.append('  c:at(%s)' % json.dumps(at))
             lines += ['  c:run(%s)' % lua_literal(INPUT),
                       '  c:ok(false, "keep the database")',  # its run is read below
                       'end)', 'return t']
@@ -195,7 +200,7 @@ class ProtocolTest(TestCase):
                 recorded = {s["id"]: s for s in real.get("steps", [])}
                 mocks = {}
                 while True:
-                    tested = self.under_test(src, mocks)
+                    tested = self.under_test(src, mocks, real.get("started_at"))
                     more = {s["id"] for s in tested.get("steps", [])
                             if "is not available in skill tests" in str(s.get("error"))
                             and s["id"] not in mocks and recorded.get(s["id"], {}).get("status") == "completed"}
