@@ -54,6 +54,7 @@
 #include "base/units.h"
 #include "core/sched_int.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +83,11 @@ struct job {
   size_t nrows;
   int64_t cursor; /* JOB_DELIVER: the events looked at so far (store_deliver) */
 };
+
+/* The hold of the open group is over (holding): submit it. */
+static void hold_over(struct stimer *t) {
+  sched__maybe_submit((sched_t *)((char *)t - offsetof(sched_t, hold)));
+}
 
 /* ---- journal groups ---- */
 
@@ -139,6 +145,7 @@ void sched__after_request(sched_t *s, size_t first,
   w->efn = ok;
   w->fail = fail;
   w->arg = arg;
+  s->open.nreq++;
   w->first = first;
   w->idx = n ? n - 1 : 0;
 }
@@ -255,6 +262,20 @@ static void note_commit_failure(struct group *g, const char *why) {
   }
 }
 
+/* Call what the engine itself waits for in the group g (the waiters that
+** are not requests from outside), in order, and forget them: the runs
+** that go on write their next entries into the open group before it is
+** handed to the commit thread. */
+static void group_resume_runs(struct group *g) {
+  for (size_t i = 0; i < g->nw; i++) {
+    struct gwait *w = &g->w[i];
+    if (w->fail) continue;
+    if (w->efn) w->efn(w->arg, journal_entry(g->j, w->idx));
+    else if (w->fn) w->fn(w->arg);
+    w->efn = NULL, w->fn = NULL;
+  }
+}
+
 /* Call what waits for the group g, in order, then free the group. */
 static void group_done(struct group *g) {
   for (size_t i = 0; i < g->nw; i++) {
@@ -334,8 +355,9 @@ static void run_fenced(sched_t *s, struct job *j, long idx) {
 /* A commit job came back: on success, note what the group asks for next
 ** (a dispatch, a poll), show it to the observer and call its waiters; when
 ** fenced, drop the run or (lease lost) the runs first; on another failure,
-** keep the group to commit again first, after a back-off. */
-static void commit_done(sched_t *s, struct job *j) {
+** keep the group to commit again first, after a back-off. A committed
+** group whose requests are still to be answered goes to *answers. */
+static void commit_done(sched_t *s, struct job *j, struct group *answers) {
   if (j->rc == 0) {
     int64_t until;
     journal_owner(j->g.j, &until);
@@ -359,7 +381,12 @@ static void commit_done(sched_t *s, struct job *j) {
     if (s->observer)
       for (size_t i = 0, n = journal_count(j->g.j); i < n; i++)
         s->observer(journal_entry(j->g.j, i), s->observer_arg);
-    group_done(&j->g);
+    /* The runs go on first; the requests from outside are answered once
+    ** the next group is on its way (after_work_cb): the commit thread
+    ** does not sit idle while the loop writes the answers. */
+    group_resume_runs(&j->g);
+    *answers = j->g;
+    memset(&j->g, 0, sizeof j->g);
   } else if (j->rc == ERR_CONFLICT && journal_fenced(j->g.j) >= 0) {
     run_fenced(s, j, journal_fenced(j->g.j));
   } else if (j->rc == ERR_CONFLICT) {
@@ -414,16 +441,58 @@ static void dispatch_later(sched_t *s) {
   s->dispatch_at = units_now_ms() + 1000;
 }
 
+/* A commit came back: its time goes into the smoothed figure. */
+static void note_commit_time(sched_t *s) {
+  uint64_t t = uv_hrtime() / 1000 - s->submit_us;
+  s->commit_us = s->commit_us ? (3 * s->commit_us + t) / 4 : t;
+}
+
+/* A committed group answered nreq requests from outside: their clients
+** are likely to send the next ones at once. With enough of them, the next
+** group waits for three quarters as many requests, at most a commit's time
+** (HOLD_MAX_US), instead of committing at once what the runs wrote
+** meanwhile (their ends, typically) in a sync of its own: a group costs a
+** sync whatever its size, so under load starts then take one commit each
+** instead of two. A lone client never waits (fewer than HOLD_MIN_REQS). */
+#define HOLD_MIN_REQS 16
+#define HOLD_MAX_US 10000
+static void hold_for(sched_t *s, size_t nreq) {
+  s->expect_reqs = nreq >= HOLD_MIN_REQS ? nreq : 0;
+  if (!s->expect_reqs) return;
+  uint64_t d = s->commit_us < HOLD_MAX_US ? s->commit_us : HOLD_MAX_US;
+  s->hold_until_us = uv_hrtime() / 1000 + d;
+}
+
+/* Whether the open group should wait for the requests expected
+** (hold_for); if so, a timer submits it when the hold is over. */
+static int holding(sched_t *s) {
+  if (!s->expect_reqs || s->stopping) return 0;
+  uint64_t now = uv_hrtime() / 1000;
+  if (s->open.nreq >= s->expect_reqs * 3 / 4 || now >= s->hold_until_us) {
+    s->expect_reqs = 0;
+    if (s->hold.idx) sched__timer_stop(s, &s->hold);
+    return 0;
+  }
+  if (!s->hold.idx) {
+    s->hold.fn = hold_over;
+    sched__timer_start(s, &s->hold, units_now_ms() + (int64_t)((s->hold_until_us - now + 999) / 1000));
+  }
+  return 1;
+}
+
 /* The loop thread, once a job is back: act on its result, free it, and
 ** start the next job. */
 static void after_work_cb(uv_work_t *w, int status) {
   struct job *j = w->data;
   sched_t *s = j->s;
+  struct group answers = {0};
   s->inflight = NULL;
   if (status == UV_ECANCELED) j->rc = err_set(&j->err, ERR_BUSY, "cancelled");
   switch (j->kind) {
   case JOB_COMMIT:
-    commit_done(s, j);
+    note_commit_time(s);
+    commit_done(s, j, &answers);
+    if (answers.j) hold_for(s, answers.nreq);
     break;
   case JOB_CLAIM:
     s->last_claim_ms = units_now_ms();
@@ -471,11 +540,13 @@ static void after_work_cb(uv_work_t *w, int status) {
   }
   free(j);
   sched__maybe_submit(s);
+  if (answers.j) group_done(&answers);
 }
 
 /* Hand j to the commit thread; j is freed if that fails. */
 static void submit(sched_t *s, struct job *j) {
   if (j->kind != JOB_COMMIT) s->last_job_ms = units_now_ms();
+  else s->submit_us = uv_hrtime() / 1000;
   j->s = s;
   j->work.data = j;
   s->inflight = j;
@@ -537,6 +608,7 @@ void sched__maybe_submit(sched_t *s) {
   ** time however busy it is. */
   int starved = !s->fail.since && (dispatch || reap || claim) && now - s->last_job_ms >= 1000;
   if ((!sched__group_empty(&s->open) || renew) && !starved) {
+    if (!renew && holding(s)) return;
     j = mem_calloc(1, sizeof *j);
     j->kind = JOB_COMMIT;
     j->g = s->open;
