@@ -389,7 +389,7 @@ static int check_name(const cJSON *v, int optional, size_t max) {
 /* The bytes of v as compact JSON, and over-the-limit check. */
 static int check_size(const cJSON *v, int64_t limit, const char *where, const char *what,
                       char **text, int *status, err_t *e) {
-  char *s = v ? cJSON_PrintUnformatted(v) : mem_strdup("null");
+  char *s = v ? jsontext_print_text(v) : mem_strdup("null");
   int64_t n = (int64_t)strlen(s);
   if (limit > 0 && n > limit) {
     char a[32], b[32];
