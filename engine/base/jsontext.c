@@ -324,9 +324,31 @@ char *jsontext_run_outcome(const char *run_id, const char *status, const char *o
 
 /* ---- writing JSON text ------------------------------------------------ */
 
+/* Append the escape of c ('"', '\\' or a control character) as cJSON
+** writes it. */
+static void put_escape(buf_t *b, unsigned char c) {
+  static const char hex[] = "0123456789abcdef";
+  char esc[6] = {'\\', 0};
+  size_t el = 2;
+  switch (c) {
+  case '"': esc[1] = '"'; break;
+  case '\\': esc[1] = '\\'; break;
+  case '\b': esc[1] = 'b'; break;
+  case '\f': esc[1] = 'f'; break;
+  case '\n': esc[1] = 'n'; break;
+  case '\r': esc[1] = 'r'; break;
+  case '\t': esc[1] = 't'; break;
+  default:
+    memcpy(esc + 1, "u00", 3);
+    esc[4] = hex[c >> 4];
+    esc[5] = hex[c & 15];
+    el = 6;
+  }
+  buf_add(b, esc, el);
+}
+
 /* See jsontext.h: runs of bytes that need nothing are copied whole. */
 void jsontext_put_string(buf_t *b, const char *str, size_t n) {
-  static const char hex[] = "0123456789abcdef";
   const unsigned char *s = (const unsigned char *)str;
   buf_add(b, "\"", 1);
   size_t i = 0;
@@ -354,23 +376,7 @@ void jsontext_put_string(buf_t *b, const char *str, size_t n) {
       else buf_add(b, "\xEF\xBF\xBD", 3), i++;
       continue;
     }
-    char esc[6] = {'\\', 0};
-    size_t el = 2;
-    switch (c) {
-    case '"': esc[1] = '"'; break;
-    case '\\': esc[1] = '\\'; break;
-    case '\b': esc[1] = 'b'; break;
-    case '\f': esc[1] = 'f'; break;
-    case '\n': esc[1] = 'n'; break;
-    case '\r': esc[1] = 'r'; break;
-    case '\t': esc[1] = 't'; break;
-    default:
-      memcpy(esc + 1, "u00", 3);
-      esc[4] = hex[c >> 4];
-      esc[5] = hex[c & 15];
-      el = 6;
-    }
-    buf_add(b, esc, el);
+    put_escape(b, c);
     i++;
   }
   buf_add(b, "\"", 1);
@@ -455,7 +461,6 @@ void jsontext_put_int(buf_t *b, int64_t v) {
 /* Append s as cJSON prints a string: quoted, '"', '\\' and control
 ** characters escaped, every other byte as it is. */
 static void print_string(buf_t *b, const char *str) {
-  static const char hex[] = "0123456789abcdef";
   const unsigned char *s = (const unsigned char *)str;
   buf_add(b, "\"", 1);
   for (size_t i = 0;;) {
@@ -464,23 +469,7 @@ static void print_string(buf_t *b, const char *str) {
     if (j > i) buf_add(b, s + i, j - i);
     if (!s[j]) break;
     unsigned char c = s[j];
-    char esc[6] = {'\\', 0};
-    size_t el = 2;
-    switch (c) {
-    case '"': esc[1] = '"'; break;
-    case '\\': esc[1] = '\\'; break;
-    case '\b': esc[1] = 'b'; break;
-    case '\f': esc[1] = 'f'; break;
-    case '\n': esc[1] = 'n'; break;
-    case '\r': esc[1] = 'r'; break;
-    case '\t': esc[1] = 't'; break;
-    default:
-      memcpy(esc + 1, "u00", 3);
-      esc[4] = hex[c >> 4];
-      esc[5] = hex[c & 15];
-      el = 6;
-    }
-    buf_add(b, esc, el);
+    put_escape(b, c);
     i = j + 1;
   }
   buf_add(b, "\"", 1);

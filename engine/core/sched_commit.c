@@ -58,6 +58,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define CLAIM_BATCH 500
@@ -82,7 +83,15 @@ struct job {
   struct run_row *rows;
   size_t nrows;
   int64_t cursor; /* JOB_DELIVER: the events looked at so far (store_deliver) */
+  uint64_t cpu_us; /* JOB_COMMIT: the commit thread's CPU time for it */
 };
+
+/* The calling thread's CPU time (us), 0 if the clock cannot be read. */
+static uint64_t thread_cpu_us(void) {
+  struct timespec t;
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t)) return 0;
+  return (uint64_t)t.tv_sec * 1000000 + (uint64_t)t.tv_nsec / 1000;
+}
 
 /* The hold of the open group is over (holding): submit it. */
 static void hold_over(struct stimer *t) {
@@ -205,9 +214,12 @@ static void work_cb(uv_work_t *w) {
   struct job *j = w->data;
   sched_t *s = j->s;
   switch (j->kind) {
-  case JOB_COMMIT:
+  case JOB_COMMIT: {
+    uint64_t c0 = thread_cpu_us();
     j->rc = store_commit(s->o.store, j->g.j, &j->err);
+    j->cpu_us = thread_cpu_us() - c0;
     break;
+  }
   case JOB_CLAIM:
     j->rc = store_claim(s->o.store, s->owner, CLAIM_BATCH, &j->rows, &j->nrows, &j->err);
     break;
@@ -441,23 +453,30 @@ static void dispatch_later(sched_t *s) {
   s->dispatch_at = units_now_ms() + 1000;
 }
 
-/* A commit came back: its time goes into the smoothed figure. */
-static void note_commit_time(sched_t *s) {
-  uint64_t t = uv_hrtime() / 1000 - s->submit_us;
+/* A commit j came back: what it cost beyond the commit thread's CPU (the
+** sync, the hand-offs, waiting for a core) goes into the smoothed figure. */
+static void note_commit_time(sched_t *s, const struct job *j) {
+  uint64_t wall = uv_hrtime() / 1000 - s->submit_us;
+  uint64_t t = wall > j->cpu_us ? wall - j->cpu_us : 0;
   s->commit_us = s->commit_us ? (3 * s->commit_us + t) / 4 : t;
 }
 
 /* A committed group answered nreq requests from outside: their clients
 ** are likely to send the next ones at once. With enough of them, the next
-** group waits for three quarters as many requests, at most a commit's time
-** (HOLD_MAX_US), instead of committing at once what the runs wrote
-** meanwhile (their ends, typically) in a sync of its own: a group costs a
-** sync whatever its size, so under load starts then take one commit each
-** instead of two. A lone client never waits (fewer than HOLD_MIN_REQS). */
+** group waits for three quarters as many requests, at most what a commit
+** costs beyond its CPU (the sync, mostly; HOLD_MAX_US at most), instead of
+** committing at once what the runs wrote meanwhile (their ends,
+** typically) in a sync of its own. The wait pays when the sync is slower
+** than the clients' next requests (a disk shared with other writers:
+** starts then take one commit each instead of two); on a fast disk it is
+** none: a wait under HOLD_MIN_US (the loop's timers count milliseconds)
+** is not worth its wake-up. A lone client never waits (fewer than
+** HOLD_MIN_REQS). */
 #define HOLD_MIN_REQS 16
+#define HOLD_MIN_US 1000
 #define HOLD_MAX_US 10000
 static void hold_for(sched_t *s, size_t nreq) {
-  s->expect_reqs = nreq >= HOLD_MIN_REQS ? nreq : 0;
+  s->expect_reqs = nreq >= HOLD_MIN_REQS && s->commit_us >= HOLD_MIN_US ? nreq : 0;
   if (!s->expect_reqs) return;
   uint64_t d = s->commit_us < HOLD_MAX_US ? s->commit_us : HOLD_MAX_US;
   s->hold_until_us = uv_hrtime() / 1000 + d;
@@ -490,7 +509,7 @@ static void after_work_cb(uv_work_t *w, int status) {
   if (status == UV_ECANCELED) j->rc = err_set(&j->err, ERR_BUSY, "cancelled");
   switch (j->kind) {
   case JOB_COMMIT:
-    note_commit_time(s);
+    note_commit_time(s, j);
     commit_done(s, j, &answers);
     if (answers.j) hold_for(s, answers.nreq);
     break;

@@ -86,7 +86,7 @@ struct sched {
   ** requests expects their clients back; the next group waits for them a
   ** little, rather than commit the runs' ends alone. */
   uint64_t submit_us;        /* when the commit in flight was handed over */
-  uint64_t commit_us;        /* a commit's time, smoothed */
+  uint64_t commit_us;        /* a commit's time beyond its CPU (the sync), smoothed */
   size_t expect_reqs;        /* requests the last commit answered */
   uint64_t hold_until_us;
   struct stimer hold;
