@@ -54,11 +54,9 @@
 #include "base/units.h"
 #include "core/sched_int.h"
 
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #define CLAIM_BATCH 500
@@ -83,20 +81,7 @@ struct job {
   struct run_row *rows;
   size_t nrows;
   int64_t cursor; /* JOB_DELIVER: the events looked at so far (store_deliver) */
-  uint64_t cpu_us; /* JOB_COMMIT: the commit thread's CPU time for it */
 };
-
-/* The calling thread's CPU time (us), 0 if the clock cannot be read. */
-static uint64_t thread_cpu_us(void) {
-  struct timespec t;
-  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t)) return 0;
-  return (uint64_t)t.tv_sec * 1000000 + (uint64_t)t.tv_nsec / 1000;
-}
-
-/* The hold of the open group is over (holding): submit it. */
-static void hold_over(struct stimer *t) {
-  sched__maybe_submit((sched_t *)((char *)t - offsetof(sched_t, hold)));
-}
 
 /* ---- journal groups ---- */
 
@@ -154,7 +139,6 @@ void sched__after_request(sched_t *s, size_t first,
   w->efn = ok;
   w->fail = fail;
   w->arg = arg;
-  s->open.nreq++;
   w->first = first;
   w->idx = n ? n - 1 : 0;
 }
@@ -214,12 +198,9 @@ static void work_cb(uv_work_t *w) {
   struct job *j = w->data;
   sched_t *s = j->s;
   switch (j->kind) {
-  case JOB_COMMIT: {
-    uint64_t c0 = thread_cpu_us();
+  case JOB_COMMIT:
     j->rc = store_commit(s->o.store, j->g.j, &j->err);
-    j->cpu_us = thread_cpu_us() - c0;
     break;
-  }
   case JOB_CLAIM:
     j->rc = store_claim(s->o.store, s->owner, CLAIM_BATCH, &j->rows, &j->nrows, &j->err);
     break;
@@ -453,52 +434,6 @@ static void dispatch_later(sched_t *s) {
   s->dispatch_at = units_now_ms() + 1000;
 }
 
-/* A commit j came back: what it cost beyond the commit thread's CPU (the
-** sync, the hand-offs, waiting for a core) goes into the smoothed figure. */
-static void note_commit_time(sched_t *s, const struct job *j) {
-  uint64_t wall = uv_hrtime() / 1000 - s->submit_us;
-  uint64_t t = wall > j->cpu_us ? wall - j->cpu_us : 0;
-  s->commit_us = s->commit_us ? (3 * s->commit_us + t) / 4 : t;
-}
-
-/* A committed group answered nreq requests from outside: their clients
-** are likely to send the next ones at once. With enough of them, the next
-** group waits for three quarters as many requests, at most what a commit
-** costs beyond its CPU (the sync, mostly; HOLD_MAX_US at most), instead of
-** committing at once what the runs wrote meanwhile (their ends,
-** typically) in a sync of its own. The wait pays when the sync is slower
-** than the clients' next requests (a disk shared with other writers:
-** starts then take one commit each instead of two); on a fast disk it is
-** none: a wait under HOLD_MIN_US (the loop's timers count milliseconds)
-** is not worth its wake-up. A lone client never waits (fewer than
-** HOLD_MIN_REQS). */
-#define HOLD_MIN_REQS 16
-#define HOLD_MIN_US 1000
-#define HOLD_MAX_US 10000
-static void hold_for(sched_t *s, size_t nreq) {
-  s->expect_reqs = nreq >= HOLD_MIN_REQS && s->commit_us >= HOLD_MIN_US ? nreq : 0;
-  if (!s->expect_reqs) return;
-  uint64_t d = s->commit_us < HOLD_MAX_US ? s->commit_us : HOLD_MAX_US;
-  s->hold_until_us = uv_hrtime() / 1000 + d;
-}
-
-/* Whether the open group should wait for the requests expected
-** (hold_for); if so, a timer submits it when the hold is over. */
-static int holding(sched_t *s) {
-  if (!s->expect_reqs || s->stopping) return 0;
-  uint64_t now = uv_hrtime() / 1000;
-  if (s->open.nreq >= s->expect_reqs * 3 / 4 || now >= s->hold_until_us) {
-    s->expect_reqs = 0;
-    if (s->hold.idx) sched__timer_stop(s, &s->hold);
-    return 0;
-  }
-  if (!s->hold.idx) {
-    s->hold.fn = hold_over;
-    sched__timer_start(s, &s->hold, units_now_ms() + (int64_t)((s->hold_until_us - now + 999) / 1000));
-  }
-  return 1;
-}
-
 /* The loop thread, once a job is back: act on its result, free it, and
 ** start the next job. */
 static void after_work_cb(uv_work_t *w, int status) {
@@ -509,9 +444,7 @@ static void after_work_cb(uv_work_t *w, int status) {
   if (status == UV_ECANCELED) j->rc = err_set(&j->err, ERR_BUSY, "cancelled");
   switch (j->kind) {
   case JOB_COMMIT:
-    note_commit_time(s, j);
     commit_done(s, j, &answers);
-    if (answers.j) hold_for(s, answers.nreq);
     break;
   case JOB_CLAIM:
     s->last_claim_ms = units_now_ms();
@@ -565,7 +498,6 @@ static void after_work_cb(uv_work_t *w, int status) {
 /* Hand j to the commit thread; j is freed if that fails. */
 static void submit(sched_t *s, struct job *j) {
   if (j->kind != JOB_COMMIT) s->last_job_ms = units_now_ms();
-  else s->submit_us = uv_hrtime() / 1000;
   j->s = s;
   j->work.data = j;
   s->inflight = j;
@@ -627,7 +559,6 @@ void sched__maybe_submit(sched_t *s) {
   ** time however busy it is. */
   int starved = !s->fail.since && (dispatch || reap || claim) && now - s->last_job_ms >= 1000;
   if ((!sched__group_empty(&s->open) || renew) && !starved) {
-    if (!renew && holding(s)) return;
     j = mem_calloc(1, sizeof *j);
     j->kind = JOB_COMMIT;
     j->g = s->open;

@@ -44,7 +44,6 @@ struct group {
   journal_t *j;
   struct gwait *w;
   size_t nw, cap;
-  size_t nreq; /* waiters that are requests from outside (sched__after_request) */
   int noted;
 };
 
@@ -82,14 +81,6 @@ struct sched {
     char msg[1024];
   } fail;
   struct job *inflight;
-  /* Group commit's hold (sched_commit.c): a commit that answered many
-  ** requests expects their clients back; the next group waits for them a
-  ** little, rather than commit the runs' ends alone. */
-  uint64_t submit_us;        /* when the commit in flight was handed over */
-  uint64_t commit_us;        /* a commit's time beyond its CPU (the sync), smoothed */
-  size_t expect_reqs;        /* requests the last commit answered */
-  uint64_t hold_until_us;
-  struct stimer hold;
   struct task *ready_head, *ready_tail;
   struct stimer **heap;
   size_t heap_n, heap_cap;
