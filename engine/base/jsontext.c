@@ -6,6 +6,7 @@
 #include "base/jsontext.h"
 #include "base/mem.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -113,8 +114,18 @@ static size_t find_nul_escape(const char *s, size_t len) {
   return len;
 }
 
-/* Write to out the path of the first number in v that is not finite (cJSON
-** reads 1e400 as infinity); 1 if there is one. */
+/* Whether v holds a number that is not finite (cJSON reads 1e400 as
+** infinity). */
+static int has_infinite(const cJSON *v) {
+  if (cJSON_IsNumber(v)) return !isfinite(v->valuedouble);
+  for (const cJSON *c = v->child; c; c = c->next)
+    if (has_infinite(c)) return 1;
+  return 0;
+}
+
+/* Write to out (cap bytes, used so far) the path of the first number in
+** v that is not finite; 1 if there is one. Only called once has_infinite found one: the
+** paths cost a format per value. */
 static int find_infinite(const cJSON *v, char *out, size_t cap, size_t used) {
   if (cJSON_IsNumber(v)) return !isfinite(v->valuedouble);
   int i = 0;
@@ -154,7 +165,7 @@ int jsontext_parse(const char *s, size_t len, cJSON **out, err_t *e) {
     return syntax_error(s, len, pos, "\\u0000 (NUL) in strings is not supported", e);
   }
   char path[PATH_SHOW_BYTES] = "$";
-  if (find_infinite(root, path, sizeof path, 1)) {
+  if (has_infinite(root) && find_infinite(root, path, sizeof path, 1)) {
     cJSON_Delete(root);
     return err_set(e, ERR_INVALID, "invalid JSON: the number at %s is out of range "
                    "(a double reaches about 1.8e308)", path);
@@ -274,14 +285,21 @@ void jsontext_cancel_message(const char *reason, char *out, size_t n) {
   cJSON_Delete(ev);
 }
 
+static void print_string(buf_t *b, const char *str);
+
 /* See jsontext.h. */
 int jsontext_invoke_trigger(const char *by, const char *key, char *out, size_t n) {
-  cJSON *t = cJSON_CreateObject();
-  cJSON_AddStringToObject(t, "kind", "invoke");
-  cJSON_AddStringToObject(t, "by", by);
-  if (key) cJSON_AddStringToObject(t, "key", key);
-  int ok = cJSON_PrintPreallocated(t, out, (int)n, 0);
-  cJSON_Delete(t);
+  buf_t b = BUF_INIT;
+  buf_puts(&b, "{\"kind\":\"invoke\",\"by\":");
+  print_string(&b, by);
+  if (key) {
+    buf_puts(&b, ",\"key\":");
+    print_string(&b, key);
+  }
+  buf_add(&b, "}", 1);
+  int ok = b.len < n;
+  if (ok) memcpy(out, b.p, b.len), out[b.len] = 0;
+  buf_free(&b);
   return ok ? 0 : -1;
 }
 
@@ -306,9 +324,31 @@ char *jsontext_run_outcome(const char *run_id, const char *status, const char *o
 
 /* ---- writing JSON text ------------------------------------------------ */
 
+/* Append the escape of c ('"', '\\' or a control character) as cJSON
+** writes it. */
+static void put_escape(buf_t *b, unsigned char c) {
+  static const char hex[] = "0123456789abcdef";
+  char esc[6] = {'\\', 0};
+  size_t el = 2;
+  switch (c) {
+  case '"': esc[1] = '"'; break;
+  case '\\': esc[1] = '\\'; break;
+  case '\b': esc[1] = 'b'; break;
+  case '\f': esc[1] = 'f'; break;
+  case '\n': esc[1] = 'n'; break;
+  case '\r': esc[1] = 'r'; break;
+  case '\t': esc[1] = 't'; break;
+  default:
+    memcpy(esc + 1, "u00", 3);
+    esc[4] = hex[c >> 4];
+    esc[5] = hex[c & 15];
+    el = 6;
+  }
+  buf_add(b, esc, el);
+}
+
 /* See jsontext.h: runs of bytes that need nothing are copied whole. */
 void jsontext_put_string(buf_t *b, const char *str, size_t n) {
-  static const char hex[] = "0123456789abcdef";
   const unsigned char *s = (const unsigned char *)str;
   buf_add(b, "\"", 1);
   size_t i = 0;
@@ -336,23 +376,7 @@ void jsontext_put_string(buf_t *b, const char *str, size_t n) {
       else buf_add(b, "\xEF\xBF\xBD", 3), i++;
       continue;
     }
-    char esc[6] = {'\\', 0};
-    size_t el = 2;
-    switch (c) {
-    case '"': esc[1] = '"'; break;
-    case '\\': esc[1] = '\\'; break;
-    case '\b': esc[1] = 'b'; break;
-    case '\f': esc[1] = 'f'; break;
-    case '\n': esc[1] = 'n'; break;
-    case '\r': esc[1] = 'r'; break;
-    case '\t': esc[1] = 't'; break;
-    default:
-      memcpy(esc + 1, "u00", 3);
-      esc[4] = hex[c >> 4];
-      esc[5] = hex[c & 15];
-      el = 6;
-    }
-    buf_add(b, esc, el);
+    put_escape(b, c);
     i++;
   }
   buf_add(b, "\"", 1);
@@ -430,4 +454,87 @@ void jsontext_put_int(buf_t *b, int64_t v) {
   } while (u);
   if (v < 0) tmp[--i] = '-';
   buf_add(b, tmp + i, sizeof tmp - (size_t)i);
+}
+
+/* ---- printing a cJSON tree compactly ---- */
+
+/* Append s as cJSON prints a string: quoted, '"', '\\' and control
+** characters escaped, every other byte as it is. */
+static void print_string(buf_t *b, const char *str) {
+  const unsigned char *s = (const unsigned char *)str;
+  buf_add(b, "\"", 1);
+  for (size_t i = 0;;) {
+    size_t j = i;
+    while (s[j] >= 32 && s[j] != '"' && s[j] != '\\') j++;
+    if (j > i) buf_add(b, s + i, j - i);
+    if (!s[j]) break;
+    unsigned char c = s[j];
+    put_escape(b, c);
+    i = j + 1;
+  }
+  buf_add(b, "\"", 1);
+}
+
+/* Append d as cJSON prints a number: whole numbers below 1e15 as digits
+** (what its format gives them; -0 stays "-0"), others with 15 significant
+** digits, or 17 when 15 do not read back the same; NaN and infinities as
+** null. */
+static void print_number(buf_t *b, double d) {
+  if (isnan(d) || isinf(d)) {
+    buf_add(b, "null", 4);
+    return;
+  }
+  if (d > -1e15 && d < 1e15 && d == (double)(int64_t)d && !(d == 0 && signbit(d))) {
+    jsontext_put_int(b, (int64_t)d);
+    return;
+  }
+  char tmp[32];
+  int n = snprintf(tmp, sizeof tmp, "%1.15g", d);
+  double back = strtod(tmp, NULL);
+  double big = fabs(back) > fabs(d) ? fabs(back) : fabs(d);
+  if (!(fabs(back - d) <= big * DBL_EPSILON)) n = snprintf(tmp, sizeof tmp, "%1.17g", d);
+  buf_add(b, tmp, (size_t)n);
+}
+
+/* See jsontext.h. */
+int jsontext_print(buf_t *b, const cJSON *v) {
+  if (!v) return -1;
+  switch (v->type & 0xFF) {
+  case cJSON_NULL: buf_add(b, "null", 4); return 0;
+  case cJSON_False: buf_add(b, "false", 5); return 0;
+  case cJSON_True: buf_add(b, "true", 4); return 0;
+  case cJSON_Number: print_number(b, v->valuedouble); return 0;
+  case cJSON_String: print_string(b, v->valuestring ? v->valuestring : ""); return 0;
+  case cJSON_Raw:
+    if (!v->valuestring) return -1;
+    buf_puts(b, v->valuestring);
+    return 0;
+  case cJSON_Array:
+  case cJSON_Object: {
+    int obj = (v->type & 0xFF) == cJSON_Object;
+    buf_add(b, obj ? "{" : "[", 1);
+    for (const cJSON *c = v->child; c; c = c->next) {
+      if (obj) {
+        if (!c->string) return -1;
+        print_string(b, c->string);
+        buf_add(b, ":", 1);
+      }
+      if (jsontext_print(b, c)) return -1;
+      if (c->next) buf_add(b, ",", 1);
+    }
+    buf_add(b, obj ? "}" : "]", 1);
+    return 0;
+  }
+  default: return -1;
+  }
+}
+
+/* See jsontext.h. */
+char *jsontext_print_text(const cJSON *v) {
+  buf_t b = BUF_INIT;
+  if (jsontext_print(&b, v)) {
+    buf_free(&b);
+    return NULL;
+  }
+  return buf_take(&b);
 }

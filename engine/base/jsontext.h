@@ -54,6 +54,16 @@ void jsontext_put_key(buf_t *b, const char *key);
 /* Append a whole number. */
 void jsontext_put_int(buf_t *b, int64_t v);
 
+/* Append the value v (with its children) as compact JSON text, the text
+** cJSON_PrintUnformatted gives, byte for byte, without its number
+** formatting for whole numbers: -1 (b holds part of it) for a tree
+** cJSON cannot print either (an invalid item, a string without text). */
+int jsontext_print(buf_t *b, const cJSON *v);
+
+/* v as compact JSON text (malloc'd), as cJSON_PrintUnformatted; NULL
+** where it gives NULL. */
+char *jsontext_print_text(const cJSON *v);
+
 /* ---- the engine's own JSON values (the run context and the store share them) ---- */
 
 /* The value at a dotted path of keys in v ("data.request_id"), or NULL when

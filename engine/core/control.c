@@ -171,8 +171,10 @@ static void answer_started(struct invoke *iv, int started_here) {
     if (rc == 1) reply_outcome(r, 1);
     else answer(r, rc, e.msg, NULL);
   } else {
-    char js[64];
-    snprintf(js, sizeof js, "{\"run_id\":\"%s\"}", r->run_id);
+    char js[64] = "{\"run_id\":\"";
+    size_t n = strlen(js), idl = strlen(r->run_id);
+    memcpy(js + n, r->run_id, idl);
+    memcpy(js + n + idl, "\"}", 3);
     answer(r, 0, NULL, js);
   }
   free(iv->trigger), free(iv->input);

@@ -463,7 +463,10 @@ static void register_cancel_on(struct run *r) {
 ** answer sent right after the event must count), or its creation. */
 static int64_t events_since(struct run *r) {
   int64_t since = r->created_at;
-  cJSON *trig = r->trigger ? cJSON_Parse(r->trigger) : NULL;
+  /* Most runs are not started by an event (an invoke, a cron tick): no
+  ** parse for those. */
+  if (!r->trigger || !strstr(r->trigger, "\"event\"")) return since;
+  cJSON *trig = cJSON_Parse(r->trigger);
   const cJSON *ev = cJSON_GetObjectItem(trig, "event");
   const cJSON *ts = cJSON_GetObjectItem(ev, "ts"), *id = cJSON_GetObjectItem(ev, "id");
   int64_t ms;

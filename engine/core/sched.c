@@ -190,7 +190,8 @@ void sched__run_done(sched_t *s, struct run *r, const char *status, const char *
 static struct run *run_new(sched_t *s, struct skill *skill, const char *id, const char *trigger,
                            const char *input, const char *parent_id, int64_t now) {
   struct run *r = mem_calloc(1, sizeof *r);
-  snprintf(r->id, sizeof r->id, "%s", id);
+  size_t idl = strnlen(id, sizeof r->id - 1);
+  memcpy(r->id, id, idl); /* (zeroed past it) */
   r->sched = s;
   r->skill = skill;
   r->entry = "run";

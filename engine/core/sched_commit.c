@@ -255,6 +255,20 @@ static void note_commit_failure(struct group *g, const char *why) {
   }
 }
 
+/* Call what the engine itself waits for in the group g (the waiters that
+** are not requests from outside), in order, and forget them: the runs
+** that go on write their next entries into the open group before it is
+** handed to the commit thread. */
+static void group_resume_runs(struct group *g) {
+  for (size_t i = 0; i < g->nw; i++) {
+    struct gwait *w = &g->w[i];
+    if (w->fail) continue;
+    if (w->efn) w->efn(w->arg, journal_entry(g->j, w->idx));
+    else if (w->fn) w->fn(w->arg);
+    w->efn = NULL, w->fn = NULL;
+  }
+}
+
 /* Call what waits for the group g, in order, then free the group. */
 static void group_done(struct group *g) {
   for (size_t i = 0; i < g->nw; i++) {
@@ -334,8 +348,9 @@ static void run_fenced(sched_t *s, struct job *j, long idx) {
 /* A commit job came back: on success, note what the group asks for next
 ** (a dispatch, a poll), show it to the observer and call its waiters; when
 ** fenced, drop the run or (lease lost) the runs first; on another failure,
-** keep the group to commit again first, after a back-off. */
-static void commit_done(sched_t *s, struct job *j) {
+** keep the group to commit again first, after a back-off. A committed
+** group whose requests are still to be answered goes to *answers. */
+static void commit_done(sched_t *s, struct job *j, struct group *answers) {
   if (j->rc == 0) {
     int64_t until;
     journal_owner(j->g.j, &until);
@@ -359,7 +374,12 @@ static void commit_done(sched_t *s, struct job *j) {
     if (s->observer)
       for (size_t i = 0, n = journal_count(j->g.j); i < n; i++)
         s->observer(journal_entry(j->g.j, i), s->observer_arg);
-    group_done(&j->g);
+    /* The runs go on first; the requests from outside are answered once
+    ** the next group is on its way (after_work_cb): the commit thread
+    ** does not sit idle while the loop writes the answers. */
+    group_resume_runs(&j->g);
+    *answers = j->g;
+    memset(&j->g, 0, sizeof j->g);
   } else if (j->rc == ERR_CONFLICT && journal_fenced(j->g.j) >= 0) {
     run_fenced(s, j, journal_fenced(j->g.j));
   } else if (j->rc == ERR_CONFLICT) {
@@ -419,11 +439,12 @@ static void dispatch_later(sched_t *s) {
 static void after_work_cb(uv_work_t *w, int status) {
   struct job *j = w->data;
   sched_t *s = j->s;
+  struct group answers = {0};
   s->inflight = NULL;
   if (status == UV_ECANCELED) j->rc = err_set(&j->err, ERR_BUSY, "cancelled");
   switch (j->kind) {
   case JOB_COMMIT:
-    commit_done(s, j);
+    commit_done(s, j, &answers);
     break;
   case JOB_CLAIM:
     s->last_claim_ms = units_now_ms();
@@ -471,6 +492,7 @@ static void after_work_cb(uv_work_t *w, int status) {
   }
   free(j);
   sched__maybe_submit(s);
+  if (answers.j) group_done(&answers);
 }
 
 /* Hand j to the commit thread; j is freed if that fails. */

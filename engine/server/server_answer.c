@@ -190,9 +190,11 @@ static void pending_free(struct pending *p) {
   free(p);
 }
 
-/* Whether an invoke answer says the run has ended. */
+/* Whether an invoke answer says the run has ended ({"run_id"} alone, the
+** answer of a start that does not wait, says nothing of it). */
 static int terminal_status(const char *json) {
-  cJSON *v = json ? cJSON_Parse(json) : NULL;
+  if (!json || !strstr(json, "\"status\"")) return 0;
+  cJSON *v = cJSON_Parse(json);
   cJSON *st = cJSON_GetObjectItemCaseSensitive(v, "status");
   int t = vocab_run_ended(cJSON_GetStringValue(st));
   cJSON_Delete(v);

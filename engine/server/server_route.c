@@ -389,7 +389,7 @@ static int check_name(const cJSON *v, int optional, size_t max) {
 /* The bytes of v as compact JSON, and over-the-limit check. */
 static int check_size(const cJSON *v, int64_t limit, const char *where, const char *what,
                       char **text, int *status, err_t *e) {
-  char *s = v ? cJSON_PrintUnformatted(v) : mem_strdup("null");
+  char *s = v ? jsontext_print_text(v) : mem_strdup("null");
   int64_t n = (int64_t)strlen(s);
   if (limit > 0 && n > limit) {
     char a[32], b[32];
@@ -993,19 +993,23 @@ int server_route(const char *method, size_t mlen, const char *target, size_t tle
   /* The route of the path and method; the path's other methods make the
   ** Allow header of a 405. */
   const struct route *rt = NULL, *path = NULL;
-  for (size_t k = 0; k < NROUTES; k++) {
-    if (!path_matches(routes[k].pattern, segs, nseg)) continue;
-    if (path && strcmp(path->pattern, routes[k].pattern)) continue; /* only one path matches */
+  for (size_t k = 0; k < NROUTES && !rt; k++) {
+    if (path ? strcmp(path->pattern, routes[k].pattern) /* only one path matches */
+             : !path_matches(routes[k].pattern, segs, nseg))
+      continue;
     if (!path) path = &routes[k];
-    size_t at = strlen(p->allow);
-    snprintf(p->allow + at, sizeof p->allow - at, "%s%s%s", at ? ", " : "", routes[k].method,
-             strcmp(routes[k].method, "GET") ? "" : ", HEAD");
-    if (!rt && takes_method(routes[k].method, method, mlen)) rt = &routes[k];
+    if (takes_method(routes[k].method, method, mlen)) rt = &routes[k];
   }
   if (!path)
     return fail(status, 404, e, ERR_NOTFOUND, "no such path: '%s' (the API is under /v1: "
                 "runs, events, skills, versions, stats)", shown);
   if (!rt) {
+    for (const struct route *k = path; k < routes + NROUTES; k++) {
+      if (strcmp(path->pattern, k->pattern)) continue;
+      size_t at = strlen(p->allow);
+      snprintf(p->allow + at, sizeof p->allow - at, "%s%s%s", at ? ", " : "", k->method,
+               strcmp(k->method, "GET") ? "" : ", HEAD");
+    }
     char m[80];
     printable(m, sizeof m, method, mlen);
     return fail(status, 405, e, ERR_INVALID, "%s is not allowed on %s (allowed: %s)", m,

@@ -643,8 +643,35 @@ TEST(jsontext_writer) {
   buf_free(&b);
 }
 
+/* jsontext_print writes what cJSON_PrintUnformatted writes, byte for
+** byte (the HTTP routes and json.encode print with it): numbers whole and
+** not, in and out of an int's range, negative zero, the 15/17-digit rule,
+** escapes, nesting; and an invoke's trigger as cJSON printed it. */
+TEST(jsontext_print_is_cjsons) {
+  static const char *const docs[] = {
+    "0", "-0", "1", "-1", "2147483647", "2147483648", "-2147483649", "3e9", "123456789012345",
+    "999999999999999", "1e15", "-1e15", "9007199254740993", "1.5", "0.1", "-0.3", "1e-7",
+    "1.7976931348623157e308", "5e-324", "0.30000000000000004", "12345.678901234567",
+    "\"a\\\"b\\\\c\\n\\u0001/\u00e9\\u001f\\t\\b\\f\\r\"", "\"\"", "true", "false", "null",
+    "[]", "{}", "[1,[2,[3,{\"k\":[]}]],\"x\"]", "{\"a\":{\"b\\n\":[1.25,null,true]},\"\":0}",
+  };
+  for (size_t i = 0; i < sizeof docs / sizeof docs[0]; i++) {
+    cJSON *v = cJSON_Parse(docs[i]);
+    CHECK(v != NULL);
+    char *want = cJSON_PrintUnformatted(v), *got = jsontext_print_text(v);
+    CHECK_STR_EQ(got, want);
+    free(want), free(got);
+    cJSON_Delete(v);
+  }
+  char trig[128];
+  CHECK_INT_EQ(jsontext_invoke_trigger("http", "order \"42\"\n", trig, sizeof trig), 0);
+  CHECK_STR_EQ(trig, "{\"kind\":\"invoke\",\"by\":\"http\",\"key\":\"order \\\"42\\\"\\n\"}");
+  CHECK_INT_EQ(jsontext_invoke_trigger("http", NULL, trig, 20), -1);
+}
+
 int main(void) {
   RUN(jsontext_writer);
+  RUN(jsontext_print_is_cjsons);
   RUN(encode_scalars);
   RUN(encode_numbers_are_exact);
   RUN(encode_large_integers);
