@@ -89,7 +89,7 @@ struct server_plan {
   size_t source_len;
   char file[SERVER_FILE_MAX + 1];  /* PUT_SKILL, DELETE_SKILL: ?file=, "" when absent */
   enum server_body body;           /* the route's body kind */
-  char allow[48];                  /* the methods the path takes (the Allow header of a 405) */
+  char allow[48];                  /* a 405: the methods the path takes (its Allow header) */
   struct stats_query stats;        /* STATS, SKILL_STATS: since (default 7d), until, interval */
   struct event_filter evf;         /* LIST_EVENTS: before points into before[] */
 };

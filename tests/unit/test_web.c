@@ -139,7 +139,8 @@ TEST(routes_and_allowed_methods) {
     int rc = server_route(cases[i].method, strlen(cases[i].method), cases[i].target,
                           strlen(cases[i].target), NULL, 0, NULL, 1764000000000LL, &p, &status, &e);
     if (!rc) status = 200;
-    if (status != cases[i].status || p.op != cases[i].op || strcmp(p.allow, cases[i].allow))
+    if (status != cases[i].status || p.op != cases[i].op ||
+        (status == 405 && strcmp(p.allow, cases[i].allow)))
       FAILF("%s %s: %d op %d allow '%s' (%s)", cases[i].method, cases[i].target, status, (int)p.op,
             p.allow, e.msg);
     if (status == 405) CHECK_CONTAINS(e.msg, cases[i].allow);
