@@ -527,7 +527,8 @@ static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_
   if (rc < 0) return -1;
   int have = rc == 1 && !cur_null(&c, 0);
   int64_t at = have ? cur_i64(&c, 0) : 0;
-  /* Negative: a start time reserved by throttle_start. */
+  /* Negative: a start time reserved by throttle_start; 0: its start
+  ** counted by throttle_start (see below). */
   int reserved = at < 0;
   if (reserved) at = -at;
   int started = rc == 1 && !cur_null(&c, 1);
@@ -603,12 +604,19 @@ static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_
       if (!strcmp(l[i].kind, "debounce") && debounce(s, je, &l[i], 0, now, &unused, e) <= 0)
         return je->result ? 0 : -1;
     }
-  if (at <= now && (!have || !started)) {
+  /* 0: its start was counted already (it waits for its slots only). */
+  int counted = have && at == 0;
+  if (at <= now && (!have || !started) && !counted) {
     /* About to start: the throttle's spacing holds for the starts too. */
     int r = throttle_start(s, l, n, now, &at, reserved, e);
     if (r < 0) return -1;
-    if (!r) {
-      struct store_val f[2] = {SV_TEXT(sl->run_id), SV_INT(-at)};
+    int throttled = 0;
+    for (int i = 0; i < n; i++) throttled |= !strcmp(l[i].kind, "throttle");
+    if (!r || throttled) {
+      /* Reserved for later (negative), or counted now (0): a run that
+      ** asks again (taken over, or its engine restarted, while it waits
+      ** for a concurrency slot) must not be counted a second time. */
+      struct store_val f[2] = {SV_TEXT(sl->run_id), SV_INT(r ? 0 : -at)};
       if (wq_do(s, &SET_FLOW_AT_SQL, f, 2, "admitting a run", e)) return -1;
     }
   }

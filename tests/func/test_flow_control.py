@@ -502,6 +502,49 @@ class PerPeriodTest(SkillsTestCase):
         # ...and in creation order.
         self.assertEqual(sorted(ids, key=lambda r: started[r]), ids)
 
+    def test_a_throttled_run_waiting_for_its_slot_is_not_counted_again_when_taken_over(self):
+        # One start per 4 s and one at a time: b passes the throttle at its
+        # time and waits for a's slot; c's time is one interval after b's.
+        # a's engine dies and another takes the runs over: b asks again
+        # and must not be counted a second time (which pushed c back a
+        # whole interval, and b itself behind c's time).
+        self.skill("thc", CALLER % {"id": "thc", "tag": "thc", "conc": '{limit = 1}, '
+                                    'throttle = { limit = 1, period = "4s" }'})
+        g = Gauge()
+        g.release = threading.Event()
+        self.si.route_prefix("/svc/", g.handler(lambda tag, k: ["all"]))
+        a = self.serve()
+        b = self.serve()  # the engine that takes a's runs over
+
+        def invoke(i):
+            req = urllib.request.Request(a.url + "/v1/skills/thc/invoke", method="POST",
+                                         data=json.dumps({"data": {"k": i}}).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return json.loads(r.read())["run_id"]
+        try:
+            r1, r2, r3 = [invoke(i) for i in range(3)]
+
+            def queued(run):
+                return self.w.trace(run)["queued"] or {}
+            wait_until(lambda: queued(r2).get("reason") == "concurrency", timeout=20,
+                       what=lambda: "b past its throttle, waiting for a's slot: %s" % queued(r2))
+            before = queued(r3)
+            self.assertEqual(before.get("reason"), "throttle")
+            kill9(a)
+            # c asks when its time comes (b asked when it was taken over).
+            wait_until(lambda: queued(r3) != before, timeout=30,
+                       what=lambda: "c asked again: %s" % queued(r3))
+            self.assertEqual(queued(r3).get("reason"), "concurrency", queued(r3))
+            self.assertEqual(queued(r2).get("reason"), "concurrency", queued(r2))
+        finally:
+            g.release.set()
+        wait_until(lambda: len(self.runs_of("thc", "completed")) == 3, timeout=30, what="three runs")
+        started = {r["id"]: r["started_at"] for r in self.runs_of("thc")}
+        self.assertEqual(sorted([r1, r2, r3], key=lambda r: started[r]), [r1, r2, r3])
+        self.assertEqual(g.most["all"], 1)
+        b.terminate()
+
     def test_rate_limit_skips_the_excess_and_records_each_skip(self):
         self.skill("rl", STARTER % {"id": "rl", "flow": 'triggers = { { event = "svc.alert" } }, '
                                                         'rate_limit = { limit = 2, period = "1h", key = "event.data.k" }'})
