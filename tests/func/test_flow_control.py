@@ -379,6 +379,43 @@ end }""")
         wait_until(lambda: len(self.w.runs(status="completed")) == 6, timeout=30, what="six runs")
         self.assertEqual(g.most["api"], 4)
 
+    def test_a_scope_given_two_limits_through_two_engines_at_once_is_refused_by_the_store(self):
+        # Each engine checks the registry before it writes; with every
+        # commit held 2 s, both PUTs pass that check before either is
+        # written. The store judges when it writes: one of them is refused.
+        faults = {"MOONLOOP_FAULT": "commit=2000"}
+        a = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0", env=faults)
+        b = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0", env=faults)
+        answers = {}
+
+        def put(p, sid, limit):
+            src = CALLER % {"id": sid, "tag": sid, "conc": '{limit = %d, scope = "api"}' % limit}
+            req = urllib.request.Request(p.url + "/v1/skills/" + sid, method="PUT", data=src.encode(),
+                                         headers={"Content-Type": "text/x-lua"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    answers[sid] = (r.status, json.loads(r.read()))
+            except urllib.error.HTTPError as err:
+                answers[sid] = (err.code, json.loads(err.read()))
+        ts = [threading.Thread(target=put, args=x) for x in ((a, "one", 2), (b, "two", 3))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        codes = sorted(c for c, _ in answers.values())
+        self.assertEqual(codes, [200, 409], answers)
+        bad = [sid for sid, (c, _) in answers.items() if c == 409][0]
+        other, mine = ("two", 2) if bad == "one" else ("one", 3)
+        msg = answers[bad][1]["error"]["message"]
+        self.assertIn("concurrency scope 'api' has limit %d here, but skill '%s' gives it limit %d"
+                      % (mine, other, 5 - mine), msg)
+        self.assertIn("every skill naming a scope must give it the same limit", msg)
+        # The refused skill has no live version, and says why.
+        skills = {x["id"]: x for x in self.w.json("skills", "--json")}
+        self.assertIsNone(skills[bad].get("version"))
+        self.assertIn("every skill naming a scope must give it the same limit", skills[bad]["error"]["message"])
+        self.assertTrue(skills[other].get("version"))
+
     def test_bad_limits_are_refused_naming_the_fix(self):
         cases = [
             ('{ {limit = 1}, {limit = 2} }', "concurrency 2 repeats the skill's own limit without a key"),
