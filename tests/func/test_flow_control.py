@@ -442,6 +442,16 @@ return { id = "%(id)s", %(flow)s, run = function(ctx)
 end }"""
 
 
+def invoke_http(p, skill, k):
+    """Invoke skill with {k} over engine p's HTTP API (faster than a CLI
+    process each): the run's id."""
+    req = urllib.request.Request(p.url + "/v1/skills/%s/invoke" % skill, method="POST",
+                                 data=json.dumps({"data": {"k": k}}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())["run_id"]
+
+
 class PerPeriodTest(SkillsTestCase):
     def record_starts(self):
         starts = {}  # run id -> (first start time, k)
@@ -508,15 +518,9 @@ class PerPeriodTest(SkillsTestCase):
         starts = self.record_starts()
         p = self.serve()
 
-        def invoke(i):
-            # Over HTTP, all six within far less than a period (a CLI
-            # process each may take longer on a loaded machine).
-            req = urllib.request.Request(p.url + "/v1/skills/thr/invoke", method="POST",
-                                         data=json.dumps({"data": {"k": i}}).encode(),
-                                         headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=10) as r:
-                return json.loads(r.read())["run_id"]
-        ids = [invoke(i) for i in range(6)]
+        # Over HTTP, all six within far less than a period (a CLI process
+        # each may take longer on a loaded machine).
+        ids = [invoke_http(p, "thr", i) for i in range(6)]
         wait_until(lambda: (self.w.trace(ids[-1])["queued"] or {}).get("reason") == "throttle",
                    what="the last run throttled")
         wait_until(lambda: len(starts) >= 1, what="the first start")
@@ -552,15 +556,8 @@ class PerPeriodTest(SkillsTestCase):
         self.si.route_prefix("/svc/", g.handler(lambda tag, k: ["all"]))
         a = self.serve()
         b = self.serve()  # the engine that takes a's runs over
-
-        def invoke(i):
-            req = urllib.request.Request(a.url + "/v1/skills/thc/invoke", method="POST",
-                                         data=json.dumps({"data": {"k": i}}).encode(),
-                                         headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=10) as r:
-                return json.loads(r.read())["run_id"]
         try:
-            r1, r2, r3 = [invoke(i) for i in range(3)]
+            r1, r2, r3 = [invoke_http(a, "thc", i) for i in range(3)]
 
             def queued(run):
                 return self.w.trace(run)["queued"] or {}
