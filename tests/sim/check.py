@@ -303,6 +303,13 @@ def check(world, mode, result, ref):
                 idem, eid, "holds %s" % result["events"][idem] if idem in result["events"] else "does not have it"),
                 tree_of_idem(idem)))
 
+    # -- an invoke with a key, sent again, answered the first run --
+    for root in world.roots:
+        ids = set(result.get("run_ids", {}).get(root["tag"], []))
+        if root.get("key") and len(ids) > 1:
+            V.append(Violation("event-once", "invokes of %s with key %s answered %d runs: %s" % (
+                root["tag"], root["key"], len(ids), sorted(ids)), root["tag"]))
+
     # -- accepted events started their runs once --
     by_event = {}
     for t in traces.values():

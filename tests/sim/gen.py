@@ -638,8 +638,14 @@ class Gen:
                 idem += rng.random() < 0.6
                 data["idem"] = "k%d" % max(idem, 1)
             start = "event" if rng.random() < 0.6 else "invoke"
-            self.w.roots.append({"tag": data["tag"], "skills": [spec["id"]], "start": start,
-                                 "event": "sim.flow." + spec["id"], "data": data, "flow": True})
+            root = {"tag": data["tag"], "skills": [spec["id"]], "start": start,
+                    "event": "sim.flow." + spec["id"], "data": data, "flow": True}
+            if start == "invoke" and rng.random() < 0.6:
+                # A caller-chosen run key: a retried (or repeated) invoke
+                # starts one run.
+                root["key"] = "start:" + data["tag"]
+                root["twice"] = rng.random() < 0.5
+            self.w.roots.append(root)
         for r in self.w.roots[n0:]:
             rng.choice(self.w.batches)["tags"].append(r["tag"])
 
