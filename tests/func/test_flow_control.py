@@ -866,6 +866,47 @@ return { id = "bat", triggers = { { event = "row.new" } },
         kill9(p)
         self.assertEqual(self.w.ml("replay", last["id"], check=0).returncode, 0)
 
+    def test_a_debounce_and_a_batch_whose_engine_died_start_on_the_engine_that_takes_over(self):
+        # Their start times are in the store, not only in the dead
+        # engine's timers: the engine that takes the runs over arms them.
+        self.skill("deb", STARTER % {"id": "deb", "flow": 'triggers = { { event = "inc.update" } }, '
+                                                          'debounce = { period = "4s", key = "event.data.k" }'})
+        self.skill("bat", """
+return { id = "bat", triggers = { { event = "row.new" } },
+  batch = { max = 10, timeout = "4s" },
+  run = function(ctx)
+    local ns = {}
+    for i, ev in ipairs(ctx.events) do ns[i] = ev.data.n end
+    return ctx.step.run("take", function() return { ns = ns } end)
+  end }""")
+        self.si.route_prefix("/start/", lambda h, b, n: (200, {"ok": True}))
+        a = self.serve()
+
+        def send(name, data):
+            req = urllib.request.Request(a.url + "/v1/events", data=json.dumps({"name": name, "data": data}).encode(),
+                                         headers={"Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=10).read()
+        for i in range(3):
+            send("inc.update", {"k": "a", "n": i})
+            send("row.new", {"n": i})
+        # Every run is a's, waiting on a's timers: the debounce's latest
+        # and the batch's run queued, the others skipped.
+        wait_until(lambda: len([r for r in self.runs_of("deb") + self.runs_of("bat")
+                                if r["status"] in ("queued", "skipped")]) == 6, what="six runs queued or skipped")
+        kill9(a)
+        killed_at = time.time()
+        b = self.serve()  # started after: the runs were a's
+        wait_until(lambda: len(self.runs_of("deb", "completed")) == 1 and len(self.runs_of("bat", "completed")) == 1,
+                   timeout=30, what="the debounced run and the batch's run completed on b")
+        self.assertEqual(self.runs_of("deb", "completed")[0]["input"]["n"], 2)  # the last event's data
+        self.assertEqual(self.runs_of("bat", "completed")[0]["output"]["ns"], [0, 1, 2])
+        self.assertEqual(len(self.runs_of("deb", "skipped")) + len(self.runs_of("bat", "skipped")), 4)
+        from datetime import datetime
+        for r in self.runs_of("deb", "completed") + self.runs_of("bat", "completed"):
+            # Started by b, once a was gone (4 s after the events).
+            self.assertGreater(datetime.fromisoformat(r["started_at"].replace("Z", "+00:00")).timestamp(), killed_at)
+        b.terminate()
+
     def test_bad_batch_is_refused_naming_the_fix(self):
         for flow, want in [('batch = { max = 0, timeout = "1s" }', "'batch.max' must be a whole number from 1 to 10000"),
                            ('batch = { max = 10 }', "'batch' needs a 'timeout' such as \"5s\""),
