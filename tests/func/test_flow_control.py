@@ -327,6 +327,26 @@ end }""")
         self.assertEqual(g.most["one:b"], 1)
         c.terminate()
 
+    def test_a_slot_held_by_a_run_cancelled_while_its_engine_is_dead_goes_to_the_next_run(self):
+        self.skill("one", CALLER % {"id": "one", "tag": "one", "conc": '{limit = 1}'})
+        g = Gauge()
+        g.release = threading.Event()
+        self.si.route_prefix("/svc/", g.handler(lambda tag, k: ["all"]))
+        a = self.serve()
+        r1 = self.w.ml("invoke", "one", "--data", "{}", check=0).stdout.strip()
+        r2 = self.w.ml("invoke", "one", "--data", "{}", check=0).stdout.strip()
+        wait_until(lambda: len(g.starts) == 1 and self.w.trace(r2)["status"] == "queued", what="r1 in, r2 queued")
+        kill9(a)
+        g.release.set()  # the dead engine's call ends, answered to nobody
+        wait_until(lambda: not g.inflight.get("all"), what="the call ended")
+        # Cancelled with no engine up: r1's end hands its slot to r2.
+        self.assertEqual(self.w.ml("cancel", r1, check=0).returncode, 0)
+        self.assertEqual(self.w.trace(r1)["status"], "cancelled")
+        self.serve()
+        wait_until(lambda: self.w.trace(r2)["status"] == "completed", timeout=30, what="r2 completed")
+        self.assertEqual(g.most["all"], 1)
+        self.assertEqual([s[2] for s in g.starts], [r1, r2])
+
     def test_queued_runs_keep_their_order(self):
         self.skill("one", CALLER % {"id": "one", "tag": "one", "conc": '{limit = 1}'})
         g = Gauge(hold=0.05)
