@@ -359,12 +359,18 @@ static void on_put_failed(void *arg, const char *msg) {
 }
 
 static void on_put(void *arg, const struct jentry *last) {
-  (void)last;
   struct put_ctx *p = arg;
   sched__live_forget(p->r->s);
   sched__skills_changed(p->r->s);
   cJSON *rec;
   err_t e;
+  if (!p->rc && last && last->kind == J_SKILL && last->result && !strncmp(last->result, "conflict:", 9)) {
+    /* The store refused it (a scope's limit clashes with a skill another
+    ** engine registered meanwhile): kept as the skill's error. */
+    free(p->message);
+    p->message = mem_strdup(last->result + 9);
+    p->rc = ERR_CONFLICT;
+  }
   if (p->rc) {
     answer(p->r, p->rc, p->message, NULL);
   } else if (store_get_skill(sched__opts(p->r->s)->store, p->id, &rec, &e)) {
@@ -505,8 +511,10 @@ static int scope_limit_on_disk(sched_t *s, const char *file, const char *scope, 
 ** its own skill's limit says, so the skills would not share one limit):
 ** e says which skill and what limit. A skill whose file already says the
 ** new limit (both files changed, one loaded before the other) is not in
-** the way. */
-static int scope_clash(sched_t *s, const struct skill *sk, const char *file, err_t *e) {
+** the way: its id goes to ok (a cJSON array), for the store, which judges
+** again when it writes (store_queue.c's store__scope_clash: another
+** engine may register a skill meanwhile). */
+static int scope_clash(sched_t *s, const struct skill *sk, const char *file, cJSON *ok, err_t *e) {
   cJSON *mine = sk->limits ? cJSON_Parse(sk->limits) : NULL, *all = NULL;
   err_t le;
   int rc = 0;
@@ -540,7 +548,11 @@ static int scope_clash(sched_t *s, const struct skill *sk, const char *file, err
       struct skill *other;
       if (!id || !v || !strcmp(id, sk->id) || sched__version_skill(s, v, &other, &le)) continue;
       int has = scope_limit(other->limits, scope, key);
-      if (!has || has == want || (f && scope_limit_on_disk(s, f, scope, key) == want)) continue;
+      if (!has || has == want) continue;
+      if (f && scope_limit_on_disk(s, f, scope, key) == want) {
+        cJSON_AddItemToArray(ok, cJSON_CreateString(id));
+        continue;
+      }
       rc = err_set(e, ERR_CONFLICT, "%s: concurrency scope '%s'%s%s has limit %d here, but skill '%s' "
                    "(%s) gives it limit %d: every skill naming a scope must give it the same limit",
                    file, scope, key ? ", key " : "", key ? key : "", want, id, f ? f : "?", has);
@@ -583,7 +595,8 @@ static int put_source(sched_t *s, const char *file, const char *want_id, const c
     rc = err_set(&se.err, ERR_CONFLICT, "%s: skill id '%s' is already defined by %s", where,
                  sk->id, other);
   }
-  if (!rc) rc = scope_clash(s, sk, file, &se.err);
+  cJSON *scopes_ok = cJSON_CreateArray();
+  if (!rc) rc = scope_clash(s, sk, file, scopes_ok, &se.err);
   if (rc) {
     /* Keep the error on the skill's record; its live version stays. */
     char *id = want_id ? mem_strdup(want_id) : skill_of_file(s, file);
@@ -616,13 +629,17 @@ static int put_source(sched_t *s, const char *file, const char *want_id, const c
   } else {
     struct version_row v = {.version = sk->version, .skill = sk->id, .source = sk->source,
                             .file = file, .loaded_at = now, .triggers = sk->triggers};
+    char *scopes = skills_scopes(sk);
+    char *ok = cJSON_GetArraySize(scopes_ok) ? cJSON_PrintUnformatted(scopes_ok) : NULL;
     struct skill_row k = {.op = SKILL_PUT, .id = sk->id, .version = sk->version, .file = file,
                           .description = sk->description, .triggers = sk->triggers,
-                          .updated_at = now};
+                          .updated_at = now, .scopes = scopes, .scopes_ok = ok};
     journal_version(j, &v);
     journal_skill(j, &k);
+    free(scopes), free(ok);
     p->id = mem_strdup(sk->id);
   }
+  cJSON_Delete(scopes_ok);
   sched__after_request(s, first, on_put, on_put_failed, p);
   return 0;
 }

@@ -159,10 +159,12 @@ int engine_load_file(struct engine *en, const char *path, int register_it, struc
                           .file = path, .loaded_at = now, .triggers = s->triggers};
   journal_version(j, &v);
   if (register_it) {
+    char *scopes = skills_scopes(s);
     struct skill_row k = {.id = s->id, .version = s->version, .file = path,
                           .description = s->description, .triggers = s->triggers,
-                          .updated_at = now};
+                          .updated_at = now, .scopes = scopes};
     journal_skill(j, &k);
+    free(scopes);
   }
   rc = store_commit(en->store, j, &se->err);
   journal_free(j);

@@ -79,6 +79,27 @@ struct skill *skills_find(skills_t *c, const char *version) {
   return NULL;
 }
 
+/* See skill.h. */
+char *skills_scopes(const struct skill *sk) {
+  cJSON *list = sk->limits ? cJSON_Parse(sk->limits) : NULL, *out = NULL;
+  const cJSON *l;
+  cJSON_ArrayForEach(l, list) {
+    const char *scope = cJSON_GetStringValue(cJSON_GetObjectItem(l, "scope"));
+    const char *key = cJSON_GetStringValue(cJSON_GetObjectItem(l, "key"));
+    if (!scope) continue;
+    cJSON *x = cJSON_CreateObject();
+    cJSON_AddStringToObject(x, "scope", scope);
+    if (key) cJSON_AddStringToObject(x, "key", key);
+    cJSON_AddNumberToObject(x, "limit", cJSON_GetNumberValue(cJSON_GetObjectItem(l, "limit")));
+    if (!out) out = cJSON_CreateArray();
+    cJSON_AddItemToArray(out, x);
+  }
+  cJSON_Delete(list);
+  char *js = out ? cJSON_PrintUnformatted(out) : NULL;
+  cJSON_Delete(out);
+  return js;
+}
+
 void skills_default_id(const char *file, char *out, size_t n) {
   const char *base = strrchr(file, '/');
   base = base ? base + 1 : file;

@@ -83,6 +83,11 @@ int skills_check_warnings(skills_t *c, const char *source, size_t len, const cha
 /* The cached version with this hash, or NULL. */
 struct skill *skills_find(skills_t *c, const char *version);
 
+/* The concurrency limits sk shares with other skills (scope), as the
+** store judges them (journal.h's skill_row.scopes): a JSON list of
+** {"scope", "key"?, "limit"}, or NULL when it names no scope (malloc'd). */
+char *skills_scopes(const struct skill *sk);
+
 /* The default id for a file: its base name without ".lua", '_' as '-'. */
 void skills_default_id(const char *file, char *out, size_t n);
 

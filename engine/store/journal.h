@@ -98,12 +98,18 @@
 /* A change to a skill's registry record:
 **   SKILL_PUT     the live version (and file, description, triggers); error as given
 **   SKILL_ERROR   only the last rejected load of its file (JSON); the live version stays
-**   SKILL_REMOVE  no live version any more (its file was deleted); the error is cleared */
+**   SKILL_REMOVE  no live version any more (its file was deleted); the error is cleared
+** scopes: a PUT's concurrency limits shared with other skills (skill.h's
+** skills_scopes), NULL for none. The store judges them in the PUT's
+** transaction: when another live skill gives one of those scopes another
+** limit (one in scopes_ok, a JSON list of ids whose files already say
+** the new limit, aside), it writes the PUT as a SKILL_ERROR instead, and
+** the entry's result is "conflict:" and the message. */
 enum skill_op { SKILL_PUT, SKILL_ERROR, SKILL_REMOVE };
 #define JOURNAL_SKILL_ROW(_, S) \
   _(S, ARG, OP, op) _(S, COL, TEXT, id) _(S, COL, TEXT, version) _(S, COL, TEXT, file) \
   _(S, COL, TEXT, description) _(S, COL, TEXT, triggers) _(S, COL, TEXT, error) \
-  _(S, COL, I64, updated_at)
+  _(S, COL, I64, updated_at) _(S, COL, TEXT, scopes) _(S, ARG, TEXT, scopes_ok)
 
 /* An accepted event. A repeat of an idempotency key is ignored; the
 ** entry's result is then the first event's id. by_run: the run whose

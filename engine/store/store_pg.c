@@ -243,6 +243,8 @@ static const char *const migrations[] = {
   ** IN lists, which PostgreSQL evaluates in place; kept so both dialects
   ** count their migrations alike (an empty statement is an error here) */
   "SELECT 1",
+  /* 13: see SQLite's 13 */
+  "ALTER TABLE skills ADD COLUMN scopes TEXT;",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -899,7 +901,8 @@ static const struct pgwrow {
    NULL},
   {J_SKILL, "INSERT INTO skills", NULL,
    " ON CONFLICT(id) DO UPDATE SET version = :version, file = COALESCE(:file, skills.file),"
-   " description = :description, triggers = :triggers, error = :error, updated_at = :updated_at",
+   " description = :description, triggers = :triggers, error = :error, updated_at = :updated_at,"
+   " scopes = :scopes",
    NULL},
 };
 #define NPGWROWS (sizeof pgwrows / sizeof pgwrows[0])
@@ -1085,6 +1088,13 @@ static int write_entry(struct pg_store *s, const struct jentry *je, err_t *e) {
   case J_VERSION: return write_row(s, J_VERSION, &je->u.version, "recording a skill version", e);
   case J_SKILL:
     if (je->u.skill.op != SKILL_PUT) return store__pg_skill_change(s, &je->u.skill, e);
+    {
+      /* A scope another live skill gives another limit: refused here. */
+      struct skill_row refused;
+      char why[1600];
+      int clash = store__scope_clash((store_t *)(void *)s, je, &refused, why, sizeof why, e);
+      if (clash) return clash < 0 ? e->code : store__pg_skill_change(s, &refused, e);
+    }
     return write_row(s, J_SKILL, &je->u.skill, "registering a skill", e);
   default:
     return store__pg_write_flow(s, je, e);
@@ -1176,7 +1186,12 @@ static int group_mode(const journal_t *j) {
     case J_RUN_NEW:
       if (je->u.run.idem) return PG_LOCK_ALL;
       break;
-    case J_RUN_SET: case J_STEP: case J_ATTEMPT: case J_LOG: case J_VERSION: case J_SKILL: break;
+    case J_SKILL:
+      /* Scopes are judged against the other skills' (store__scope_clash):
+      ** two engines registering at once must not both pass. */
+      if (je->u.skill.op == SKILL_PUT && je->u.skill.scopes) return PG_LOCK_ALL;
+      break;
+    case J_RUN_SET: case J_STEP: case J_ATTEMPT: case J_LOG: case J_VERSION: break;
     default: return PG_LOCK_ALL;
     }
   }

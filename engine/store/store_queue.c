@@ -527,7 +527,8 @@ static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_
   if (rc < 0) return -1;
   int have = rc == 1 && !cur_null(&c, 0);
   int64_t at = have ? cur_i64(&c, 0) : 0;
-  /* Negative: a start time reserved by throttle_start. */
+  /* Negative: a start time reserved by throttle_start; 0: its start
+  ** counted by throttle_start (see below). */
   int reserved = at < 0;
   if (reserved) at = -at;
   int started = rc == 1 && !cur_null(&c, 1);
@@ -603,12 +604,19 @@ static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_
       if (!strcmp(l[i].kind, "debounce") && debounce(s, je, &l[i], 0, now, &unused, e) <= 0)
         return je->result ? 0 : -1;
     }
-  if (at <= now && (!have || !started)) {
+  /* 0: its start was counted already (it waits for its slots only). */
+  int counted = have && at == 0;
+  if (at <= now && (!have || !started) && !counted) {
     /* About to start: the throttle's spacing holds for the starts too. */
     int r = throttle_start(s, l, n, now, &at, reserved, e);
     if (r < 0) return -1;
-    if (!r) {
-      struct store_val f[2] = {SV_TEXT(sl->run_id), SV_INT(-at)};
+    int throttled = 0;
+    for (int i = 0; i < n; i++) throttled |= !strcmp(l[i].kind, "throttle");
+    if (!r || throttled) {
+      /* Reserved for later (negative), or counted now (0): a run that
+      ** asks again (taken over, or its engine restarted, while it waits
+      ** for a concurrency slot) must not be counted a second time. */
+      struct store_val f[2] = {SV_TEXT(sl->run_id), SV_INT(r ? 0 : -at)};
       if (wq_do(s, &SET_FLOW_AT_SQL, f, 2, "admitting a run", e)) return -1;
     }
   }
@@ -854,6 +862,86 @@ int store__write_slot(store_t *s, const struct jentry *je, err_t *e) {
   if (!err && cJSON_GetArraySize(granted) > 0) journal_set_result(je, cJSON_PrintUnformatted(granted));
   cJSON_Delete(granted);
   return err;
+}
+
+WQ(SCOPES_SQL,
+   "SELECT id, scopes FROM skills WHERE id <> ?1 AND version IS NOT NULL AND scopes IS NOT NULL",
+   "SELECT id, scopes FROM skills WHERE id <> $1 AND version IS NOT NULL AND scopes IS NOT NULL");
+
+/* The limit the JSON list scopes (skills_scopes') gives (scope, key), or 0. */
+static int64_t scope_limit_of(const cJSON *scopes, const char *scope, const char *key) {
+  const cJSON *x;
+  cJSON_ArrayForEach(x, scopes) {
+    const char *sc = cJSON_GetStringValue(cJSON_GetObjectItem(x, "scope"));
+    const char *k = cJSON_GetStringValue(cJSON_GetObjectItem(x, "key"));
+    if (sc && !strcmp(sc, scope) && (k ? key && !strcmp(k, key) : !key))
+      return (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(x, "limit"));
+  }
+  return 0;
+}
+
+/* Whether id is in the JSON list ok (of ids). */
+static int listed(const cJSON *ok, const char *id) {
+  const cJSON *x;
+  cJSON_ArrayForEach(x, ok)
+    if (cJSON_IsString(x) && !strcmp(x->valuestring, id)) return 1;
+  return 0;
+}
+
+/* See store_backend.h. The engine checked the registry before it journaled
+** the PUT, but another engine (or a PUT through one) may have registered a
+** clashing skill since: the store, whose write transactions are one at a
+** time for this (PostgreSQL: the whole lock, store_pg.c's group_mode), is
+** the judge. The skills registered earlier in the same transaction count. */
+int store__scope_clash(store_t *s, const struct jentry *je, struct skill_row *refused, char *why,
+                       size_t n, err_t *e) {
+  const struct skill_row *k = &je->u.skill;
+  if (!k->scopes) return 0;
+  cJSON *mine = cJSON_Parse(k->scopes), *ok = k->scopes_ok ? cJSON_Parse(k->scopes_ok) : NULL;
+  struct store_val v[1] = {SV_TEXT(k->id)};
+  struct store_cur c;
+  char msg[1200] = "";
+  int rc = 0;
+  if (wq_open(s, &SCOPES_SQL, v, 1, &c, "reading skills' scopes", e)) {
+    cJSON_Delete(mine), cJSON_Delete(ok);
+    return -1;
+  }
+  while (!msg[0] && (rc = cur_next(&c)) == 1) {
+    const char *other = cur_text(&c, 0);
+    cJSON *theirs = cJSON_Parse(cur_text(&c, 1) ? cur_text(&c, 1) : "[]");
+    const cJSON *x;
+    cJSON_ArrayForEach(x, mine) {
+      const char *scope = cJSON_GetStringValue(cJSON_GetObjectItem(x, "scope"));
+      const char *key = cJSON_GetStringValue(cJSON_GetObjectItem(x, "key"));
+      int64_t want = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(x, "limit"));
+      int64_t has = scope ? scope_limit_of(theirs, scope, key) : 0;
+      if (!has || has == want || !other || listed(ok, other)) continue;
+      snprintf(msg, sizeof msg, "%s: concurrency scope '%s'%s%s has limit %lld here, but skill "
+               "'%s' gives it limit %lld (registered meanwhile through another engine): every "
+               "skill naming a scope must give it the same limit", k->file ? k->file : k->id,
+               scope, key ? ", key " : "", key ? key : "", (long long)want, other, (long long)has);
+      break;
+    }
+    cJSON_Delete(theirs);
+  }
+  if (!msg[0] && rc < 0) c.ops->err(&c, e, "reading skills' scopes");
+  cur_close(&c);
+  cJSON_Delete(mine), cJSON_Delete(ok);
+  if (!msg[0]) return rc < 0 ? -1 : 0;
+  cJSON *ej = cJSON_CreateObject();
+  char at[40];
+  units_rfc3339(k->updated_at, at, sizeof at);
+  cJSON_AddStringToObject(ej, "message", msg);
+  if (k->file) cJSON_AddStringToObject(ej, "file", k->file);
+  cJSON_AddNullToObject(ej, "line");
+  cJSON_AddStringToObject(ej, "at", at);
+  if (!cJSON_PrintPreallocated(ej, why, (int)n, 0)) snprintf(why, n, "{\"message\": \"scope clash\"}");
+  cJSON_Delete(ej);
+  *refused = *k;
+  refused->op = SKILL_ERROR;
+  refused->error = why;
+  journal_set_result(je, mem_printf("conflict:%s", msg));
+  return 1;
 }
 
 /* See store.h. */

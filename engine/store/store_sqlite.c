@@ -281,6 +281,10 @@ static const char *const migrations[] = {
   "  WHERE " VOCAB_RUN_ENDED_OR ";"
   "DROP INDEX runs_unowned;"
   "CREATE INDEX runs_unowned ON runs(id) WHERE owner IS NULL AND " VOCAB_RUN_UNENDED_OR ";",
+  /* 13: a live skill's concurrency limits shared with other skills
+  ** (journal.h's skill_row.scopes), which the store judges when another
+  ** skill is registered (store_queue.c's store__scope_clash) */
+  "ALTER TABLE skills ADD COLUMN scopes TEXT;",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -332,7 +336,8 @@ static const struct wrow {
    " ON CONFLICT(version) DO UPDATE SET triggers = COALESCE(excluded.triggers, triggers)", NULL},
   {W_SKILL, J_SKILL, "INSERT INTO skills",
    " ON CONFLICT(id) DO UPDATE SET version = :version, file = COALESCE(:file, file),"
-   " description = :description, triggers = :triggers, error = :error, updated_at = :updated_at",
+   " description = :description, triggers = :triggers, error = :error, updated_at = :updated_at,"
+   " scopes = :scopes",
    NULL},
 };
 #define NWROWS (sizeof wrows / sizeof wrows[0])
@@ -895,6 +900,13 @@ static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
                        "recording a skill version");
   case J_SKILL:
     if (je->u.skill.op != SKILL_PUT) return store__skill_change(s, &je->u.skill, e);
+    {
+      /* A scope another live skill gives another limit: refused here. */
+      struct skill_row refused;
+      char why[1600];
+      int clash = store__scope_clash(s, je, &refused, why, sizeof why, e);
+      if (clash) return clash < 0 ? e->code : store__skill_change(s, &refused, e);
+    }
     return store__step(s, bind_row(s, W_SKILL, J_SKILL, &je->u.skill), e, "registering a skill");
   default:
     return store__write_flow(s, je, e);

@@ -327,6 +327,26 @@ end }""")
         self.assertEqual(g.most["one:b"], 1)
         c.terminate()
 
+    def test_a_slot_held_by_a_run_cancelled_while_its_engine_is_dead_goes_to_the_next_run(self):
+        self.skill("one", CALLER % {"id": "one", "tag": "one", "conc": '{limit = 1}'})
+        g = Gauge()
+        g.release = threading.Event()
+        self.si.route_prefix("/svc/", g.handler(lambda tag, k: ["all"]))
+        a = self.serve()
+        r1 = self.w.ml("invoke", "one", "--data", "{}", check=0).stdout.strip()
+        r2 = self.w.ml("invoke", "one", "--data", "{}", check=0).stdout.strip()
+        wait_until(lambda: len(g.starts) == 1 and self.w.trace(r2)["status"] == "queued", what="r1 in, r2 queued")
+        kill9(a)
+        g.release.set()  # the dead engine's call ends, answered to nobody
+        wait_until(lambda: not g.inflight.get("all"), what="the call ended")
+        # Cancelled with no engine up: r1's end hands its slot to r2.
+        self.assertEqual(self.w.ml("cancel", r1, check=0).returncode, 0)
+        self.assertEqual(self.w.trace(r1)["status"], "cancelled")
+        self.serve()
+        wait_until(lambda: self.w.trace(r2)["status"] == "completed", timeout=30, what="r2 completed")
+        self.assertEqual(g.most["all"], 1)
+        self.assertEqual([s[2] for s in g.starts], [r1, r2])
+
     def test_queued_runs_keep_their_order(self):
         self.skill("one", CALLER % {"id": "one", "tag": "one", "conc": '{limit = 1}'})
         g = Gauge(hold=0.05)
@@ -379,6 +399,43 @@ end }""")
         wait_until(lambda: len(self.w.runs(status="completed")) == 6, timeout=30, what="six runs")
         self.assertEqual(g.most["api"], 4)
 
+    def test_a_scope_given_two_limits_through_two_engines_at_once_is_refused_by_the_store(self):
+        # Each engine checks the registry before it writes; with every
+        # commit held 2 s, both PUTs pass that check before either is
+        # written. The store judges when it writes: one of them is refused.
+        faults = {"MOONLOOP_FAULT": "commit=2000"}
+        a = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0", env=faults)
+        b = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0", env=faults)
+        answers = {}
+
+        def put(p, sid, limit):
+            src = CALLER % {"id": sid, "tag": sid, "conc": '{limit = %d, scope = "api"}' % limit}
+            req = urllib.request.Request(p.url + "/v1/skills/" + sid, method="PUT", data=src.encode(),
+                                         headers={"Content-Type": "text/x-lua"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    answers[sid] = (r.status, json.loads(r.read()))
+            except urllib.error.HTTPError as err:
+                answers[sid] = (err.code, json.loads(err.read()))
+        ts = [threading.Thread(target=put, args=x) for x in ((a, "one", 2), (b, "two", 3))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        codes = sorted(c for c, _ in answers.values())
+        self.assertEqual(codes, [200, 409], answers)
+        bad = [sid for sid, (c, _) in answers.items() if c == 409][0]
+        other, mine = ("two", 2) if bad == "one" else ("one", 3)
+        msg = answers[bad][1]["error"]["message"]
+        self.assertIn("concurrency scope 'api' has limit %d here, but skill '%s' gives it limit %d"
+                      % (mine, other, 5 - mine), msg)
+        self.assertIn("every skill naming a scope must give it the same limit", msg)
+        # The refused skill has no live version, and says why.
+        skills = {x["id"]: x for x in self.w.json("skills", "--json")}
+        self.assertIsNone(skills[bad].get("version"))
+        self.assertIn("every skill naming a scope must give it the same limit", skills[bad]["error"]["message"])
+        self.assertTrue(skills[other].get("version"))
+
     def test_bad_limits_are_refused_naming_the_fix(self):
         cases = [
             ('{ {limit = 1}, {limit = 2} }', "concurrency 2 repeats the skill's own limit without a key"),
@@ -403,6 +460,16 @@ return { id = "%(id)s", %(flow)s, run = function(ctx)
     return http.get_json(env.STANDIN .. "/start/" .. ctx.run_id .. "?k=" .. tostring(ctx.input.k)).ok
   end)
 end }"""
+
+
+def invoke_http(p, skill, k):
+    """Invoke skill with {k} over engine p's HTTP API (faster than a CLI
+    process each): the run's id."""
+    req = urllib.request.Request(p.url + "/v1/skills/%s/invoke" % skill, method="POST",
+                                 data=json.dumps({"data": {"k": k}}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())["run_id"]
 
 
 class PerPeriodTest(SkillsTestCase):
@@ -471,15 +538,9 @@ class PerPeriodTest(SkillsTestCase):
         starts = self.record_starts()
         p = self.serve()
 
-        def invoke(i):
-            # Over HTTP, all six within far less than a period (a CLI
-            # process each may take longer on a loaded machine).
-            req = urllib.request.Request(p.url + "/v1/skills/thr/invoke", method="POST",
-                                         data=json.dumps({"data": {"k": i}}).encode(),
-                                         headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=10) as r:
-                return json.loads(r.read())["run_id"]
-        ids = [invoke(i) for i in range(6)]
+        # Over HTTP, all six within far less than a period (a CLI process
+        # each may take longer on a loaded machine).
+        ids = [invoke_http(p, "thr", i) for i in range(6)]
         wait_until(lambda: (self.w.trace(ids[-1])["queued"] or {}).get("reason") == "throttle",
                    what="the last run throttled")
         wait_until(lambda: len(starts) >= 1, what="the first start")
@@ -501,6 +562,42 @@ class PerPeriodTest(SkillsTestCase):
         self.assertEqual(self.most_in_a_window(late, 0.5), 1, late)
         # ...and in creation order.
         self.assertEqual(sorted(ids, key=lambda r: started[r]), ids)
+
+    def test_a_throttled_run_waiting_for_its_slot_is_not_counted_again_when_taken_over(self):
+        # One start per 4 s and one at a time: b passes the throttle at its
+        # time and waits for a's slot; c's time is one interval after b's.
+        # a's engine dies and another takes the runs over: b asks again
+        # and must not be counted a second time (which pushed c back a
+        # whole interval, and b itself behind c's time).
+        self.skill("thc", CALLER % {"id": "thc", "tag": "thc", "conc": '{limit = 1}, '
+                                    'throttle = { limit = 1, period = "4s" }'})
+        g = Gauge()
+        g.release = threading.Event()
+        self.si.route_prefix("/svc/", g.handler(lambda tag, k: ["all"]))
+        a = self.serve()
+        b = self.serve()  # the engine that takes a's runs over
+        try:
+            r1, r2, r3 = [invoke_http(a, "thc", i) for i in range(3)]
+
+            def queued(run):
+                return self.w.trace(run)["queued"] or {}
+            wait_until(lambda: queued(r2).get("reason") == "concurrency", timeout=20,
+                       what=lambda: "b past its throttle, waiting for a's slot: %s" % queued(r2))
+            before = queued(r3)
+            self.assertEqual(before.get("reason"), "throttle")
+            kill9(a)
+            # c asks when its time comes (b asked when it was taken over).
+            wait_until(lambda: queued(r3) != before, timeout=30,
+                       what=lambda: "c asked again: %s" % queued(r3))
+            self.assertEqual(queued(r3).get("reason"), "concurrency", queued(r3))
+            self.assertEqual(queued(r2).get("reason"), "concurrency", queued(r2))
+        finally:
+            g.release.set()
+        wait_until(lambda: len(self.runs_of("thc", "completed")) == 3, timeout=30, what="three runs")
+        started = {r["id"]: r["started_at"] for r in self.runs_of("thc")}
+        self.assertEqual(sorted([r1, r2, r3], key=lambda r: started[r]), [r1, r2, r3])
+        self.assertEqual(g.most["all"], 1)
+        b.terminate()
 
     def test_rate_limit_skips_the_excess_and_records_each_skip(self):
         self.skill("rl", STARTER % {"id": "rl", "flow": 'triggers = { { event = "svc.alert" } }, '
@@ -788,6 +885,47 @@ return { id = "bat", triggers = { { event = "row.new" } },
         # Replayed after a kill, a batch run sees the same events.
         kill9(p)
         self.assertEqual(self.w.ml("replay", last["id"], check=0).returncode, 0)
+
+    def test_a_debounce_and_a_batch_whose_engine_died_start_on_the_engine_that_takes_over(self):
+        # Their start times are in the store, not only in the dead
+        # engine's timers: the engine that takes the runs over arms them.
+        self.skill("deb", STARTER % {"id": "deb", "flow": 'triggers = { { event = "inc.update" } }, '
+                                                          'debounce = { period = "4s", key = "event.data.k" }'})
+        self.skill("bat", """
+return { id = "bat", triggers = { { event = "row.new" } },
+  batch = { max = 10, timeout = "4s" },
+  run = function(ctx)
+    local ns = {}
+    for i, ev in ipairs(ctx.events) do ns[i] = ev.data.n end
+    return ctx.step.run("take", function() return { ns = ns } end)
+  end }""")
+        self.si.route_prefix("/start/", lambda h, b, n: (200, {"ok": True}))
+        a = self.serve()
+
+        def send(name, data):
+            req = urllib.request.Request(a.url + "/v1/events", data=json.dumps({"name": name, "data": data}).encode(),
+                                         headers={"Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=10).read()
+        for i in range(3):
+            send("inc.update", {"k": "a", "n": i})
+            send("row.new", {"n": i})
+        # Every run is a's, waiting on a's timers: the debounce's latest
+        # and the batch's run queued, the others skipped.
+        wait_until(lambda: len([r for r in self.runs_of("deb") + self.runs_of("bat")
+                                if r["status"] in ("queued", "skipped")]) == 6, what="six runs queued or skipped")
+        kill9(a)
+        killed_at = time.time()
+        b = self.serve()  # started after: the runs were a's
+        wait_until(lambda: len(self.runs_of("deb", "completed")) == 1 and len(self.runs_of("bat", "completed")) == 1,
+                   timeout=30, what="the debounced run and the batch's run completed on b")
+        self.assertEqual(self.runs_of("deb", "completed")[0]["input"]["n"], 2)  # the last event's data
+        self.assertEqual(self.runs_of("bat", "completed")[0]["output"]["ns"], [0, 1, 2])
+        self.assertEqual(len(self.runs_of("deb", "skipped")) + len(self.runs_of("bat", "skipped")), 4)
+        from datetime import datetime
+        for r in self.runs_of("deb", "completed") + self.runs_of("bat", "completed"):
+            # Started by b, once a was gone (4 s after the events).
+            self.assertGreater(datetime.fromisoformat(r["started_at"].replace("Z", "+00:00")).timestamp(), killed_at)
+        b.terminate()
 
     def test_bad_batch_is_refused_naming_the_fix(self):
         for flow, want in [('batch = { max = 0, timeout = "1s" }', "'batch.max' must be a whole number from 1 to 10000"),

@@ -345,7 +345,10 @@ class Case:
                 eng = None if cli else self.pick()
                 if eng:
                     try:
-                        st, body = http("POST", eng.url + "/v1/skills/%s/invoke" % skill, {"data": root["data"]},
+                        req = {"data": root["data"]}
+                        if root.get("key"):
+                            req["key"] = root["key"]
+                        st, body = http("POST", eng.url + "/v1/skills/%s/invoke" % skill, req,
                                         timeout=30 * SLOW)
                         if 200 <= st < 300:
                             self.act("invoked %s over HTTP to %s" % (root["tag"], eng.name))
@@ -358,11 +361,14 @@ class Case:
                         end = time.monotonic() + 3 * SLOW
                         while eng.alive() and time.monotonic() < end and not self.stopping:
                             time.sleep(0.05)
+                        if root.get("key"):
+                            continue  # an invoke with a key is retried as it is: one run whatever
                         rid = self.root_run(tag, skill)
                         if rid:
                             return self.confirm(root, rid)
                         continue
-                r = self.cli("invoke", skill, "--data", json.dumps(root["data"]))
+                r = self.cli("invoke", skill, "--data", json.dumps(root["data"]),
+                             *(("--key", root["key"]) if root.get("key") else ()))
                 if r.returncode == 0:
                     self.act("invoked %s with moonloop invoke" % root["tag"])
                     return self.confirm(root, r.stdout.strip())
@@ -424,6 +430,9 @@ class Case:
                 self.start_runner(root)
             else:
                 self.queue.put(self.invoke(root, root["skills"][0], cli=cli))
+                if root.get("key") and root.get("twice"):
+                    # The same key again: the answer is the first run's.
+                    self.queue.put(self.invoke(root, root["skills"][0], cli=not cli))
         if evs:
             ev_roots = [self.roots[t] for t in b["tags"] if self.roots[t]["start"] == "event"]
             extra = [e for r in ev_roots for e in early_events(self.w, r)]
@@ -753,6 +762,7 @@ class Case:
         result["durable"] = dict(self.durable)
         result["actions"] = list(self.actions)
         result["accepted"] = dict(self.accepted)
+        result["run_ids"] = {tag: list(r.get("run_ids", [])) for tag, r in self.roots.items()}
         result["harness_errors"] = list(self.harness_errors)
         result["engine_errors"] = list(self.engine_errors)
         result["engines"] = {p.name: {"kind": p.kind, "fault": p.fault} for p in self.procs}

@@ -39,6 +39,15 @@ Checks (each violation names its class):
   sanitizer      no sanitizer report; engine: no engine exited by itself
   harness        the harness's own requests behaved (an event id accepted
                  twice as two events, ...)
+  flow-limit     never more runs of a flow skill in flight (its first step's
+                 start to its last step's end, from the trace) per key or
+                 scope than the limit; a singleton's key: one
+  flow-admitted  every run of a flow skill completes, or was skipped by its
+                 idempotency key or singleton (throttled runs all run)
+  flow-idempotency
+                 one run ran per idempotency key; which one may differ from
+                 mode a, as may which runs a singleton skipped (the outcome
+                 check lets those differ, and only those)
 
 Known classes (SIM_KNOWN, comma-separated) turn violations that a known,
 not yet fixed bug explains into "known" ones, counted and shown but not
@@ -138,6 +147,105 @@ def quarantined(traces, result):
     return trees, V
 
 
+def flow_of(world, skill):
+    """The flow control spec of a generated skill (gen.py's flow()), or None."""
+    sk = world.skills.get(skill)
+    return getattr(sk, "flow", None) if sk else None
+
+
+def flow_either(world, key, a, b):
+    """Whether two outcomes of a flow skill's run may differ: which run of an
+    idempotency key or of a singleton's key is the one that runs depends on
+    timing (check_flow judges those by invariants); a run that ran in both
+    modes must still end the same."""
+    spec = flow_of(world, key[1])
+    if not spec or not ("idempotency" in spec or "singleton" in spec):
+        return False
+    return "skipped" in (a["status"], b["status"])
+
+
+def in_flight(traces):
+    """run id -> (start, end) ms of a run that executed: its first step's
+    start to its last step's end. A flow skill's run only runs steps, so it
+    held its slots over that whole span."""
+    out = {}
+    for t in traces.values():
+        st = [iso_ms(s.get("started_at")) for s in t.get("steps") or []]
+        en = [iso_ms(s.get("ended_at")) for s in t.get("steps") or []]
+        st, en = [x for x in st if x], [x for x in en if x]
+        if st and en:
+            out[t["id"]] = (min(st), max(en))
+    return out
+
+
+def most_at_once(spans):
+    """The most spans (start, end) open at one moment (an end at the
+    moment another starts does not overlap it)."""
+    ev = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda x: (x[0], x[1]))
+    n = most = 0
+    for _, d in ev:
+        n += d
+        most = max(most, n)
+    return most
+
+
+def check_flow(world, traces):
+    """Flow control's invariants, judged from the runs' records in every
+    mode: never more runs in flight per key or scope than the limit; every
+    admitted run completes (throttled runs all run: nothing is skipped but
+    by idempotency or a singleton); one run per idempotency key; a
+    singleton's key never has two runs in flight."""
+    V = []
+    flow = [t for t in traces.values() if flow_of(world, t["skill"])]
+    if not flow:
+        return V
+    spans = in_flight({t["id"]: t for t in flow})
+    groups = {}  # (what, limit) -> [span]
+    for t in flow:
+        spec = flow_of(world, t["skill"])
+        span = spans.get(t["id"])
+        if span is None:
+            continue
+        g = (t.get("input") or {}).get("g")
+        for c in spec.get("conc", []):
+            if "scope" in c:
+                groups.setdefault(("scope " + c["scope"], c["limit"]), []).append((span, t))
+            elif "key" in c:
+                groups.setdefault(("%s key g=%s" % (t["skill"], g), c["limit"]), []).append((span, t))
+            else:
+                groups.setdefault((t["skill"], c["limit"]), []).append((span, t))
+        if "singleton" in spec:
+            groups.setdefault(("%s singleton g=%s" % (t["skill"], g), 1), []).append((span, t))
+    for (what, limit), xs in sorted(groups.items()):
+        most = most_at_once([sp for sp, _ in xs])
+        if most > limit:
+            V.append(Violation("flow-limit", "%s: %d runs in flight at once, limit %d: %s" % (
+                what, most, limit, ", ".join("%s %s %.0f..%.0f" % (t["id"], (t.get("input") or {}).get("tag"),
+                                                                   sp[0] % 1e6, sp[1] % 1e6)
+                                             for sp, t in sorted(xs, key=lambda x: x[0])))))
+    by_idem = {}
+    for t in flow:
+        spec = flow_of(world, t["skill"])
+        tag = (t.get("input") or {}).get("tag")
+        err = ((t.get("error") or {}).get("message") or "") if isinstance(t.get("error"), dict) else ""
+        ok_skip = ("idempotency" in spec and err.startswith("skipped by idempotency")) or \
+                  ("singleton" in spec and err.startswith("skipped by singleton"))
+        if t["status"] == "skipped" and not ok_skip:
+            V.append(Violation("flow-admitted", "run %s (%s, %s) was skipped, which its limits never do: %s" % (
+                t["id"], t["skill"], tag, err), tag))
+        elif t["status"] not in ("completed", "skipped"):
+            V.append(Violation("flow-admitted", "run %s (%s, %s) was admitted but ended %s: %s" % (
+                t["id"], t["skill"], tag, t["status"], err), tag))
+        if "idempotency" in spec:
+            by_idem.setdefault((t["skill"], (t.get("input") or {}).get("idem")), []).append(t)
+    for (skill, key), ts in sorted(by_idem.items(), key=str):
+        ran = [t for t in ts if t["status"] != "skipped"]
+        if len(ran) != 1:
+            V.append(Violation("flow-idempotency", "%s idempotency key %s: %d runs ran (one expected): %s" % (
+                skill, key, len(ran), [(t["id"], (t.get("input") or {}).get("tag"), t["status"]) for t in ts])))
+    return V
+
+
 def check(world, mode, result, ref):
     """The violations of one case; ref is mode (a)'s outcomes (None for (a))."""
     V = []
@@ -174,10 +282,12 @@ def check(world, mode, result, ref):
                 V.append(Violation("missing-run", "no run %s, which (a) had: %s" % (key, ref[key][0]), tree_of(key[0])))
             elif key not in ref:
                 V.append(Violation("extra-run", "run %s, which (a) did not have: %s" % (key, mine[key][0]), tree_of(key[0])))
-            elif mine[key][0] != ref[key][0]:
+            elif mine[key][0] != ref[key][0] and not flow_either(world, key, ref[key][0], mine[key][0]):
                 V.append(Violation("outcome", "run %s ended differently:\n      (a):  %s\n      (%s):  %s" % (
                     key, json.dumps(ref[key][0], sort_keys=True), mode, json.dumps(mine[key][0], sort_keys=True)),
                     tree_of(key[0])))
+
+    V += check_flow(world, traces)
 
     # -- without a crash or an eviction, no run is replayed --
     # (the engine counts the runs it replayed from their journals:
@@ -192,6 +302,13 @@ def check(world, mode, result, ref):
             V.append(Violation("event-lost", "event %s was accepted as %s, the database %s" % (
                 idem, eid, "holds %s" % result["events"][idem] if idem in result["events"] else "does not have it"),
                 tree_of_idem(idem)))
+
+    # -- an invoke with a key, sent again, answered the first run --
+    for root in world.roots:
+        ids = set(result.get("run_ids", {}).get(root["tag"], []))
+        if root.get("key") and len(ids) > 1:
+            V.append(Violation("event-once", "invokes of %s with key %s answered %d runs: %s" % (
+                root["tag"], root["key"], len(ids), sorted(ids)), root["tag"]))
 
     # -- accepted events started their runs once --
     by_event = {}

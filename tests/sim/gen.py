@@ -579,7 +579,96 @@ class Gen:
             self.w.batches.append({"at": round(t, 2), "tags": p, "resend": rng.random() < 0.35,
                                    "cli": rng.random() < 0.3})
             t += rng.uniform(0.3, 1.5)
+        self.flow()
         return self.w
+
+    # ---- flow control ---------------------------------------------------------
+
+    def flow(self):
+        """Flow control, in some worlds (drawn from a stream of its own, so
+        the other draws of every seed stay as they were): skills under
+        concurrency limits (per key, and a scope shared by two skills),
+        throttle, singleton and idempotency, and the roots that start them
+        (events and invokes, added to the batches). Their bodies only run
+        steps (no sleeps or waits: a run holds its slots from its first
+        step to its last, so the steps' times in the trace show who was in
+        flight). Which root of an idempotency key or of a singleton's key
+        runs depends on timing: the checks judge those by invariants
+        (check.py's flow checks), not by comparing outcomes with mode a."""
+        rng = random.Random(self.w.seed * 104729 + 3)
+        if rng.random() < 0.5:
+            return
+        scope = rng.randint(1, 3)
+        specs = []
+        f1 = {"id": "f1", "conc": [{"limit": rng.randint(1, 2), "key": "event.data.g"},
+                                   {"limit": scope, "scope": "simflow"}]}
+        if rng.random() < 0.5:
+            f1["throttle"] = {"limit": rng.randint(1, 3), "period": rng.choice(("1s", "2s"))}
+        if rng.random() < 0.6:
+            f1["idempotency"] = "event.data.idem"
+        specs.append(f1)
+        f2 = {"id": "f2", "conc": [{"limit": scope, "scope": "simflow"}]}
+        if rng.random() < 0.6:
+            f2["throttle"] = {"limit": rng.randint(1, 2), "period": "1s", "burst": rng.randint(0, 1)}
+        specs.append(f2)
+        if rng.random() < 0.6:
+            specs.append({"id": "fs", "singleton": {"key": "event.data.g", "mode": "skip"}})
+        for spec in specs:
+            sk = Skill(spec["id"], "flow")
+            sk.flow = spec
+            sk.retries = 2
+            sk.triggers = ["sim.flow." + spec["id"]]
+            self.w.skills[sk.id] = sk
+            lines = []
+            for _ in range(rng.randint(1, 3)):
+                fail = 1 if rng.random() < 0.2 else 0
+                s = self.new_site("run", fail=fail, retries=sk.retries)
+                s.features = {"step.run", "flow control: %s" % ", ".join(self.flow_kinds(spec))}
+                lines.append("    note(out, ctx.step.run(\"run%d\", function() return call(ctx, out.acc + %d, %d, %d, false)"
+                             " end))" % (s.n, s.n, fail, rng.choice((80, 150, 300))))
+            sk.lines = lines
+            sk.source = self.source(sk).replace("  run = function(ctx)", self.flow_options(spec) + "  run = function(ctx)")
+        # Roots: several per skill, a few keys each, so limits bind.
+        n0 = len(self.w.roots)
+        idem = 0
+        for i in range(rng.randint(6, 12)):
+            spec = rng.choice(specs)
+            data = {"tag": "q%d" % (i + 1), "g": rng.choice(("a", "b"))}
+            if "idempotency" in spec:
+                idem += rng.random() < 0.6
+                data["idem"] = "k%d" % max(idem, 1)
+            start = "event" if rng.random() < 0.6 else "invoke"
+            root = {"tag": data["tag"], "skills": [spec["id"]], "start": start,
+                    "event": "sim.flow." + spec["id"], "data": data, "flow": True}
+            if start == "invoke" and rng.random() < 0.6:
+                # A caller-chosen run key: a retried (or repeated) invoke
+                # starts one run.
+                root["key"] = "start:" + data["tag"]
+                root["twice"] = rng.random() < 0.5
+            self.w.roots.append(root)
+        for r in self.w.roots[n0:]:
+            rng.choice(self.w.batches)["tags"].append(r["tag"])
+
+    @staticmethod
+    def flow_kinds(spec):
+        return [k for k in ("conc", "throttle", "idempotency", "singleton") if k in spec]
+
+    @staticmethod
+    def flow_options(spec):
+        """The skill's flow control options, as Lua."""
+        def tbl(d):
+            return "{ " + ", ".join("%s = %s" % (k, lua_str(v) if isinstance(v, str) else v)
+                                    for k, v in d.items()) + " }"
+        out = []
+        if "conc" in spec:
+            out.append("  concurrency = { %s }," % ", ".join(tbl(c) for c in spec["conc"]))
+        if "throttle" in spec:
+            out.append("  throttle = %s," % tbl(spec["throttle"]))
+        if "idempotency" in spec:
+            out.append("  idempotency = %s," % lua_str(spec["idempotency"]))
+        if "singleton" in spec:
+            out.append("  singleton = %s," % tbl(spec["singleton"]))
+        return "\n".join(out) + "\n"
 
 
 def generate(seed):

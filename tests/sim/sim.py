@@ -38,7 +38,9 @@ MODE_NAMES = {
 # `make test`'s budget: (seed, modes), about a minute on the normal build.
 # Seed 9 covers most of the grammar (31 of the features listed at the end
 # of a run); seed 16 adds uncaught failures, failing children and parallel
-# branches, events nobody listens to. The sanitized build runs seed 9
+# branches, events nobody listens to. Both have flow control (gen.py's
+# flow(): concurrency per key and a shared scope, throttle, idempotency,
+# singleton), seed 9 with a scope limit of 1. The sanitized build runs seed 9
 # (cases wait on sleeps and the stand-in more than on the CPU, so it takes
 # about as long as on the normal build).
 BUDGET = [(9, "abcde"), (16, "ab")]
