@@ -141,6 +141,7 @@ def fill():
     # version set back to 9, the next command migrates.
     con = sqlite3.connect(db)
     con.execute("DROP TABLE IF EXISTS stats_rollup")
+    con.execute("ALTER TABLE skills DROP COLUMN scopes")  # (migration 13, run again too)
     con.execute("PRAGMA user_version = 9")
     con.close()
     t = time.time()

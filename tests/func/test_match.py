@@ -128,8 +128,8 @@ end }""")
                 "ALTER TABLE runs DROP COLUMN flow_at; ALTER TABLE slot_queue DROP COLUMN lim;"
                 "ALTER TABLE slot_queue DROP COLUMN prio;"
                 "DROP TABLE flow_gcra; DROP TABLE flow_once; DROP TABLE flow_skips; DROP TABLE flow_batch;"
-                # and migration 10 (the figures' rollup)
-                "DROP TABLE stats_rollup;")
+                # and migration 10 (the figures' rollup), 13 (skills' scopes)
+                "DROP TABLE stats_rollup; ALTER TABLE skills DROP COLUMN scopes;")
         if PG:
             # PostgreSQL's 9 (events.n) and 7's and 10's helpers too.
             self.w.sql("BEGIN; " + back + "DROP FUNCTION moonloop_json_or_null(TEXT);"

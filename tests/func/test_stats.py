@@ -382,6 +382,7 @@ class StatsMigrationTest(TestCase):
                           "ALTER TABLE waits ADD COLUMN match_value TEXT;"
                           "ALTER TABLE waits DROP COLUMN match_json;"
                           "DROP TABLE stats_rollup;"  # (migration 10)
+                          "ALTER TABLE skills DROP COLUMN scopes;"  # (migration 13)
                           "PRAGMA user_version = 3;")
         con.close()
         t = self.w.json("stats", "bad", "--since", "1h")["totals"]
