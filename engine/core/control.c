@@ -480,14 +480,7 @@ static int id_line(const char *src, size_t len) {
 ** (NULL: none), or 0 when it names no such scope. */
 static int scope_limit(const char *limits, const char *scope, const char *key) {
   cJSON *list = limits ? cJSON_Parse(limits) : NULL;
-  int lim = 0;
-  const cJSON *l;
-  cJSON_ArrayForEach(l, list) {
-    const char *sc = cJSON_GetStringValue(cJSON_GetObjectItem(l, "scope"));
-    const char *k = cJSON_GetStringValue(cJSON_GetObjectItem(l, "key"));
-    if (sc && !strcmp(sc, scope) && (k ? key && !strcmp(k, key) : !key))
-      lim = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(l, "limit"));
-  }
+  int lim = (int)store_scope_limit(list, scope, key);
   cJSON_Delete(list);
   return lim;
 }

@@ -210,6 +210,11 @@ int store_count_by_status(store_t *s, cJSON **out, err_t *e);
 ** and reason ({"skipped": [{"skill", "reason", "n"}]}). */
 int store_flow_counts(store_t *s, cJSON **out, err_t *e);
 
+/* The limit a list of concurrency limits ([{"scope", "key"?, "limit"}]: a
+** skill's limits, or skills_scopes' list that the store judges) gives
+** (scope, key), or 0 when it names that scope and key nowhere. */
+int64_t store_scope_limit(const cJSON *limits, const char *scope, const char *key);
+
 /* The events batched into run_id (flow control's batch), as a malloc'd
 ** JSON list in *out, oldest first; *out NULL when it has none. */
 int store_batch_events(store_t *s, const char *run_id, char **out, err_t *e);

@@ -868,10 +868,10 @@ WQ(SCOPES_SQL,
    "SELECT id, scopes FROM skills WHERE id <> ?1 AND version IS NOT NULL AND scopes IS NOT NULL",
    "SELECT id, scopes FROM skills WHERE id <> $1 AND version IS NOT NULL AND scopes IS NOT NULL");
 
-/* The limit the JSON list scopes (skills_scopes') gives (scope, key), or 0. */
-static int64_t scope_limit_of(const cJSON *scopes, const char *scope, const char *key) {
+/* See store.h. */
+int64_t store_scope_limit(const cJSON *limits, const char *scope, const char *key) {
   const cJSON *x;
-  cJSON_ArrayForEach(x, scopes) {
+  cJSON_ArrayForEach(x, limits) {
     const char *sc = cJSON_GetStringValue(cJSON_GetObjectItem(x, "scope"));
     const char *k = cJSON_GetStringValue(cJSON_GetObjectItem(x, "key"));
     if (sc && !strcmp(sc, scope) && (k ? key && !strcmp(k, key) : !key))
@@ -914,7 +914,7 @@ int store__scope_clash(store_t *s, const struct jentry *je, struct skill_row *re
       const char *scope = cJSON_GetStringValue(cJSON_GetObjectItem(x, "scope"));
       const char *key = cJSON_GetStringValue(cJSON_GetObjectItem(x, "key"));
       int64_t want = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(x, "limit"));
-      int64_t has = scope ? scope_limit_of(theirs, scope, key) : 0;
+      int64_t has = scope ? store_scope_limit(theirs, scope, key) : 0;
       if (!has || has == want || !other || listed(ok, other)) continue;
       snprintf(msg, sizeof msg, "%s: concurrency scope '%s'%s%s has limit %lld here, but skill "
                "'%s' gives it limit %lld (registered meanwhile through another engine): every "
