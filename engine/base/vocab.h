@@ -114,24 +114,6 @@ int vocab_run_ended(const char *s);
 #define VOCAB_SQL_ENDED_0(w)
 #define VOCAB_SQL_ENDED(N, w, end) VOCAB_SQL_ENDED_##end(w)
 #define VOCAB_RUN_ENDED_SQL "''" VOCAB_RUN_STATUS_LIST(VOCAB_SQL_ENDED)
-#define VOCAB_SQL_UNENDED(N, w, end) VOCAB_SQL_ENDED_##end##_NOT(w)
-#define VOCAB_SQL_ENDED_1_NOT(w)
-#define VOCAB_SQL_ENDED_0_NOT(w) ",'" w "'"
-#define VOCAB_RUN_UNENDED_SQL "''" VOCAB_RUN_STATUS_LIST(VOCAB_SQL_UNENDED)
-
-/* The number of runs in each status, read cheaply: the statuses not ended
-** from the runs table (few rows, through runs_status), each ended one
-** summed from the figures' rollup (stats_rollup, a column per ended
-** status, which retention keeps in step with the runs), not counted over
-** every run the database ever kept. One statement in both dialects
-** (CAST: PostgreSQL's sum of a bigint is a numeric). */
-#define VOCAB_SQL_SUM_1(w) \
-  " UNION ALL SELECT '" w "', CAST(coalesce(sum(" w "), 0) AS BIGINT) FROM stats_rollup"
-#define VOCAB_SQL_SUM_0(w)
-#define VOCAB_SQL_SUM(N, w, end) VOCAB_SQL_SUM_##end(w)
-#define VOCAB_RUN_COUNTS_SQL                                                       \
-  "SELECT status, count(*) FROM runs WHERE status IN (" VOCAB_RUN_UNENDED_SQL ")" \
-  " GROUP BY status" VOCAB_RUN_STATUS_LIST(VOCAB_SQL_SUM)
 
 /* The same sets as one condition on the column status, an OR of
 ** comparisons: "(status = '' OR status = 'completed' OR ...)" (the first
@@ -150,5 +132,20 @@ int vocab_run_ended(const char *s);
 #define VOCAB_SQL_OR_0_NOT(w) " OR status = '" w "'"
 #define VOCAB_RUN_ENDED_OR "(status = ''" VOCAB_RUN_STATUS_LIST(VOCAB_SQL_OR_ENDED) ")"
 #define VOCAB_RUN_UNENDED_OR "(status = ''" VOCAB_RUN_STATUS_LIST(VOCAB_SQL_OR_UNENDED) ")"
+
+/* The number of runs in each status, read cheaply: the statuses not ended
+** from the runs table (few rows, through runs_status), each ended one
+** summed from the figures' rollup (stats_rollup, a column per ended
+** status, which retention keeps in step with the runs), not counted over
+** every run the database ever kept. One statement in both dialects
+** (CAST: PostgreSQL's sum of a bigint is a numeric). */
+#define VOCAB_SQL_SUM_1(w) \
+  " UNION ALL SELECT '" w "', CAST(coalesce(sum(" w "), 0) AS BIGINT) FROM stats_rollup"
+#define VOCAB_SQL_SUM_0(w)
+#define VOCAB_SQL_SUM(N, w, end) VOCAB_SQL_SUM_##end(w)
+
+#define VOCAB_RUN_COUNTS_SQL                                            \
+  "SELECT status, count(*) FROM runs WHERE " VOCAB_RUN_UNENDED_OR \
+  " GROUP BY status" VOCAB_RUN_STATUS_LIST(VOCAB_SQL_SUM)
 
 #endif
