@@ -124,19 +124,19 @@ static int has_infinite(const cJSON *v) {
 }
 
 /* Write to out (cap bytes, used so far) the path of the first number in
-** v that is not finite; 1 if there is one. Only called once has_infinite found one: the
-** paths cost a format per value. */
+** v that is not finite; 1 if there is one. A path is formatted only on the
+** way to that number (has_infinite picks the child), not for every value. */
 static int find_infinite(const cJSON *v, char *out, size_t cap, size_t used) {
   if (cJSON_IsNumber(v)) return !isfinite(v->valuedouble);
   int i = 0;
   for (const cJSON *c = v->child; c; c = c->next, i++) {
+    if (!has_infinite(c)) continue;
     int n;
     if (cJSON_IsArray(v)) n = snprintf(out + used, cap - used, "[%d]", i + 1);
     else n = snprintf(out + used, cap - used, jsontext_is_ident(c->string, strlen(c->string)) ? ".%s" : "[\"%s\"]",
                       c->string);
     size_t next = used + (size_t)n < cap ? used + (size_t)n : cap - 1;
-    if (find_infinite(c, out, cap, next)) return 1;
-    out[used] = 0;
+    return find_infinite(c, out, cap, next);
   }
   return 0;
 }
@@ -165,7 +165,7 @@ int jsontext_parse(const char *s, size_t len, cJSON **out, err_t *e) {
     return syntax_error(s, len, pos, "\\u0000 (NUL) in strings is not supported", e);
   }
   char path[PATH_SHOW_BYTES] = "$";
-  if (has_infinite(root) && find_infinite(root, path, sizeof path, 1)) {
+  if (find_infinite(root, path, sizeof path, 1)) {
     cJSON_Delete(root);
     return err_set(e, ERR_INVALID, "invalid JSON: the number at %s is out of range "
                    "(a double reaches about 1.8e308)", path);
