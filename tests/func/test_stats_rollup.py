@@ -14,7 +14,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import PG, RUN_ENDED, RUN_ENDED_SQL, RUN_STATUSES, TestCase, kill9, wait_until  # noqa: E402
+from mltest import PG, RUN_ENDED, RUN_ENDED_SQL, RUN_STATUSES, TestCase, kill9, metrics, wait_until  # noqa: E402
 
 OK = """return { id = "ok", run = function(ctx)
   ctx.step.run("fetch", function() return { n = ctx.input.n } end)
@@ -118,17 +118,12 @@ class RollupTest(TestCase):
     def assert_metrics_agree(self, p):
         """/metrics' moonloop_runs{status} (the ended statuses summed from the
         rollup) is the runs table's count of each status."""
-        import urllib.request
-        text = urllib.request.urlopen(p.url + "/metrics", timeout=30).read().decode()
-        got = {}
-        for line in text.splitlines():
-            if line.startswith("moonloop_runs{status="):
-                k, v = line.rsplit(" ", 1)
-                got[k.split('"')[1]] = int(float(v))
+        samples = metrics(p.url)
+        got = {k.split('"')[1]: int(v) for k, v in samples.items() if k.startswith("moonloop_runs{status=")}
         want = dict.fromkeys(RUN_STATUSES, 0)
         for status, n in self.w.sql("SELECT status, count(*) FROM runs GROUP BY status"):
             want[status] = int(n)
-        self.assertEqual(got, want, text)
+        self.assertEqual(got, want, samples)
 
     def test_runs_that_end_every_way(self):
         for name, src in (("ok", OK), ("flaky", FLAKY), ("bad", BAD), ("nap", NAP), ("once", ONCE)):

@@ -7,7 +7,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import BIN, TestCase, kill9, wait_until  # noqa: E402
+from mltest import BIN, TestCase, kill9, metrics, wait_until  # noqa: E402
 
 
 class TraceTest(TestCase):
@@ -172,7 +172,6 @@ end }""")
 
 class MetricsTest(TestCase):
     def test_metrics_count_runs_steps_and_takeovers(self):
-        import urllib.request
         os.makedirs(os.path.join(self.w.path, "skills"))
         self.w.write("skills/m.lua", """
 return { id = "m", retries = 0, run = function(ctx)
@@ -183,16 +182,11 @@ end }""")
         url = p.url
         self.w.ml("invoke", "m", "--wait", check=0)
         self.w.ml("invoke", "m", "--data", '{"fail": true}', "--wait", check=1)
-        text = urllib.request.urlopen(url + "/metrics").read().decode()
-        metrics = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                k, v = line.rsplit(" ", 1)
-                metrics[k] = float(v)
-        self.assertEqual(metrics['moonloop_runs{status="completed"}'], 1)
-        self.assertEqual(metrics['moonloop_runs{status="failed"}'], 1)
-        self.assertEqual(metrics['moonloop_runs_finished_total{status="failed"}'], 1)
-        self.assertEqual(metrics["moonloop_step_duration_seconds_count"], 3)
-        self.assertEqual(metrics['moonloop_step_duration_seconds_bucket{le="+Inf"}'], 3)
-        self.assertIn("moonloop_lease_takeovers_total", metrics)
-        self.assertIn("moonloop_ready_tasks", metrics)
+        samples = metrics(url)
+        self.assertEqual(samples['moonloop_runs{status="completed"}'], 1)
+        self.assertEqual(samples['moonloop_runs{status="failed"}'], 1)
+        self.assertEqual(samples['moonloop_runs_finished_total{status="failed"}'], 1)
+        self.assertEqual(samples["moonloop_step_duration_seconds_count"], 3)
+        self.assertEqual(samples['moonloop_step_duration_seconds_bucket{le="+Inf"}'], 3)
+        self.assertIn("moonloop_lease_takeovers_total", samples)
+        self.assertIn("moonloop_ready_tasks", samples)

@@ -63,6 +63,19 @@ def wait_until(pred, timeout=10.0, interval=0.02, what="condition"):
         time.sleep(interval)
 
 
+def metrics(url):
+    """The samples of a serve's /metrics (url: the serve's), by their name
+    with labels ('moonloop_runs{status="failed"}') -> value."""
+    import urllib.request
+    text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
 class StandIn:
     """A scriptable local HTTP server standing in for an outside service.
 
