@@ -142,10 +142,12 @@ static const char *str_of(const cJSON *o, const char *k) {
 static int transient(const err_t *e) { return e->code == ERR_IO || e->code == ERR_BUSY; }
 
 /* Attach: GET /v1/runs/{id}?wait= until the run has ended or wait_ms
-** (-1: no end) has passed; the record then (caller frees), or NULL after
-** printing why. An engine that restarts meanwhile is waited for (up to
-** RETRY_FOR_MS at a time), and attached to again. */
-static cJSON *attach(struct cli *c, const char *id, int64_t wait_ms, int *exit_status) {
+** (-1: no end) has passed; the record then (caller frees), without its
+** steps unless with_steps, or NULL after printing why. An engine that
+** restarts meanwhile is waited for (up to RETRY_FOR_MS at a time), and
+** attached to again. */
+static cJSON *attach(struct cli *c, const char *id, int64_t wait_ms, int with_steps,
+                     int *exit_status) {
   char *esc = url_escape(id);
   int64_t deadline = wait_ms >= 0 ? units_now_ms() + wait_ms : 0, failing_since = 0;
   for (;;) {
@@ -153,7 +155,8 @@ static cJSON *attach(struct cli *c, const char *id, int64_t wait_ms, int *exit_s
     if (left < 0) left = 0;
     if (left > WAIT_MAX_MS) left = WAIT_MAX_MS;
     char path[512];
-    snprintf(path, sizeof path, "/v1/runs/%s?wait=%.3f", esc ? esc : "", (double)left / 1000);
+    snprintf(path, sizeof path, "/v1/runs/%s?wait=%.3f%s", esc ? esc : "", (double)left / 1000,
+             with_steps ? "" : "&steps=false");
     long status;
     cJSON *run = NULL;
     err_t e;
@@ -185,7 +188,7 @@ int client_trace(struct cli *c) {
   int64_t wait_ms = 0;
   if (c->wait_for && cli_wait_arg(c->wait_for, &wait_ms)) return EXIT_USAGE;
   int st = EXIT_OK;
-  cJSON *run = wait_ms > 0 ? attach(c, c->args[0], wait_ms, &st) : get_run(c, c->args[0], &st);
+  cJSON *run = wait_ms > 0 ? attach(c, c->args[0], wait_ms, 1, &st) : get_run(c, c->args[0], &st);
   if (!run) return st;
   if (c->json) print_json(run, 0);
   else trace_print_run(stdout, run, c->color, units_now_ms());
@@ -276,11 +279,12 @@ int client_invoke(struct cli *c) {
   fprintf(stderr, "run %s\n", run_id);
   fflush(stderr);
   /* The answer came when the run ended, or when the wait ran out: then
-  ** attach to the run until it ends. */
+  ** attach to the run until it ends (its output and error are all it
+  ** needs: not its steps). */
   cJSON *rec = ans;
   if (!terminal(str_of(ans, "status"))) {
     int st = EXIT_OK;
-    rec = attach(c, run_id, -1, &st);
+    rec = attach(c, run_id, -1, 0, &st);
     if (!rec) {
       cJSON_Delete(ans);
       return st;

@@ -41,6 +41,7 @@ struct pending {
   enum server_op op;
   struct sched_watch *watch; /* GET_RUN with wait: the attach, until it fires */
   char run_id[SERVER_ID_MAX + 1]; /* GET_RUN: the run attached to */
+  int with_steps;                 /* GET_RUN: answer the record with its steps */
   struct pending *prev, *next;
 };
 
@@ -285,12 +286,13 @@ static void list_runs(server_t *srv, h2o_req_t *req, const struct server_plan *p
   server__respond(srv, req, 200, "application/json", buf_take(&b), len);
 }
 
-/* GET /v1/runs/{id}: the run record with steps, as text from the store. */
-static void get_run(server_t *srv, h2o_req_t *req, const char *id) {
+/* GET /v1/runs/{id}: the run record, with its steps unless ?steps=false,
+** as text from the store. */
+static void get_run(server_t *srv, h2o_req_t *req, const char *id, int with_steps) {
   buf_t b = BUF_INIT;
   err_t e;
-  buf_reserve(&b, 4096);
-  if (store_run_json(srv->en->store, id, 1, &b, &e)) {
+  buf_reserve(&b, with_steps ? 4096 : 1024);
+  if (store_run_json(srv->en->store, id, with_steps, &b, &e)) {
     buf_free(&b);
     respond_err(srv, req, &e);
     return;
@@ -307,10 +309,11 @@ static void on_attach(void *arg, int ended) {
   char id[SERVER_ID_MAX + 1];
   (void)ended;
   memcpy(id, p->run_id, sizeof id);
+  int with_steps = p->with_steps;
   p->watch = NULL;
   h2o_req_t *req = pending_detach(p);
   pending_free(p);
-  if (req) get_run(srv, req, id);
+  if (req) get_run(srv, req, id, with_steps);
 }
 
 /* GET /v1/runs/{id}?wait=SECONDS: a run that has ended (or an unknown one)
@@ -319,11 +322,12 @@ static void on_attach(void *arg, int ended) {
 static void attach(server_t *srv, h2o_req_t *req, const struct server_plan *pl) {
   struct pending *p = pending_new(srv, req, pl->op);
   snprintf(p->run_id, sizeof p->run_id, "%s", pl->id);
+  p->with_steps = !pl->no_steps;
   err_t e = {0};
   int rc = sched_watch(srv->en->sched, pl->id, pl->wait_ms, on_attach, p, &p->watch, &e);
   if (rc == 0) return;
   pending_free(p);
-  if (rc == 1) get_run(srv, req, pl->id);
+  if (rc == 1) get_run(srv, req, pl->id, !pl->no_steps);
   else respond_err(srv, req, &e);
 }
 
@@ -598,7 +602,7 @@ void server__answer(server_t *srv, h2o_req_t *req, const struct server_plan *pl)
   case SERVER_OP_LIST_RUNS: list_runs(srv, req, pl); break;
   case SERVER_OP_GET_RUN:
     if (pl->wait_ms > 0 && !srv->stopping) attach(srv, req, pl);
-    else get_run(srv, req, pl->id);
+    else get_run(srv, req, pl->id, !pl->no_steps);
     break;
   case SERVER_OP_LIST_SKILLS: list_skills(srv, req); break;
   case SERVER_OP_GET_SKILL: get_skill(srv, req, pl->id); break;

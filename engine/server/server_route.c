@@ -619,9 +619,11 @@ static int route_list(const struct req *r, struct server_plan *p, int *status, e
 
 /* ---- GET /v1/runs/{id} query ------------------------------------------ */
 
-/* The only parameter: wait, seconds from 0 to 300 (attach: answer once
-** the run has ended, or when the wait runs out). */
-static int route_run_wait(const struct req *r, struct server_plan *p, int *status, err_t *e) {
+/* Its parameters: wait, seconds from 0 to 300 (attach: answer once the
+** run has ended, or when the wait runs out), and steps, true (the default)
+** or false: false answers the record as the run list has it, without its
+** steps, logs and children, one indexed read instead of five. */
+static int route_run_query(const struct req *r, struct server_plan *p, int *status, err_t *e) {
   const char *q = r->q;
   size_t qlen = r->qlen;
   size_t i = 0;
@@ -634,10 +636,23 @@ static int route_run_wait(const struct req *r, struct server_plan *p, int *statu
       i = j + 1;
       continue;
     }
-    if (eq - i != 4 || memcmp(q + i, "wait", 4))
+    int is_wait = eq - i == 4 && !memcmp(q + i, "wait", 4);
+    int is_steps = eq - i == 5 && !memcmp(q + i, "steps", 5);
+    if (!is_wait && !is_steps)
       return fail(status, 400, e, ERR_INVALID, "unknown parameter '%s' (GET /v1/runs/{id} "
-                  "takes only wait)", shown);
+                  "takes only wait and steps)", shown);
     long vl = eq < j ? pct_decode(q + eq + 1, j - eq - 1, val, sizeof val, 1) : 0;
+    if (is_steps) {
+      int yes = vl > 0 && (!strcmp(val, "true") || !strcmp(val, "1"));
+      int no = vl > 0 && (!strcmp(val, "false") || !strcmp(val, "0"));
+      if (!yes && !no) {
+        printable(shown, sizeof shown, q + eq + 1, eq < j ? j - eq - 1 : 0);
+        return fail(status, 400, e, ERR_INVALID, "steps must be true or false, got '%s'", shown);
+      }
+      p->no_steps = no;
+      i = j + 1;
+      continue;
+    }
     char *end = NULL;
     double secs = vl > 0 ? strtod(val, &end) : -1;
     if (vl <= 0 || !end || *end || !isfinite(secs) || secs < 0 ||
@@ -887,7 +902,7 @@ static const struct route {
   {"GET", "/", ID_NONE, SERVER_OP_INDEX, SERVER_BODY_NONE, NULL},
   {"GET", "/metrics", ID_NONE, SERVER_OP_METRICS, SERVER_BODY_NONE, NULL},
   {"GET", "/v1/runs", ID_NONE, SERVER_OP_LIST_RUNS, SERVER_BODY_NONE, route_list},
-  {"GET", "/v1/runs/{id}", ID_RUN, SERVER_OP_GET_RUN, SERVER_BODY_NONE, route_run_wait},
+  {"GET", "/v1/runs/{id}", ID_RUN, SERVER_OP_GET_RUN, SERVER_BODY_NONE, route_run_query},
   {"POST", "/v1/runs/{id}/cancel", ID_RUN, SERVER_OP_CANCEL, SERVER_BODY_JSON, NULL},
   {"POST", "/v1/runs/{id}/rerun", ID_RUN, SERVER_OP_RERUN, SERVER_BODY_JSON, NULL},
   {"GET", "/v1/events", ID_NONE, SERVER_OP_LIST_EVENTS, SERVER_BODY_NONE, route_events_list},

@@ -84,6 +84,7 @@ struct server_plan {
   int nevents;
   char *data;                      /* INVOKE: the input as JSON text (owned) */
   int64_t wait_ms;                 /* INVOKE: 0 answers once queued; GET_RUN: ?wait= (attach) */
+  int no_steps;                    /* GET_RUN: ?steps=false: the record without its steps */
   char key[SERVER_NAME_MAX + 1];   /* INVOKE: the idempotency key, "" when none */
   const char *source;              /* PUT_SKILL: the Lua source (the body) */
   size_t source_len;

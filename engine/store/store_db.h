@@ -58,6 +58,7 @@ struct store {
   sqlite3_stmt *rq[RQ_COUNT];
   sqlite3_stmt *rfilter[2][STORE_FILTER_SHAPES];
   sqlite3_stmt *dv; /* PRAGMA data_version */
+  sqlite3_stmt *rtx[2]; /* the reader's BEGIN and COMMIT (store__sqlite_rbegin) */
   char *path;
   dev_t dev;  /* the file opened at path */
   ino_t ino;

@@ -280,16 +280,32 @@ int store__sqlite_rfilter(store_t *s, const struct run_filter *f, int count, int
   return 0;
 }
 
+/* Run the reader's BEGIN (k 0) or COMMIT (k 1) from a statement kept for
+** it: a record read is a snapshot, and parsing the two words at every read
+** cost as much as one of its queries. */
+static int reader_tx(store_t *s, int k, err_t *e) {
+  static const char *const sql[2] = {"BEGIN", "COMMIT"};
+  if (!s->rtx[k] &&
+      sqlite3_prepare_v3(s->r, sql[k], -1, SQLITE_PREPARE_PERSISTENT, &s->rtx[k], NULL) != SQLITE_OK)
+    return e ? store__db_err(e, s->r, "preparing a read transaction") : ERR_IO;
+  int rc = sqlite3_step(s->rtx[k]);
+  sqlite3_reset(s->rtx[k]);
+  if (rc != SQLITE_DONE) return e ? store__db_err(e, s->r, sql[k]) : ERR_IO;
+  return 0;
+}
+
 /* See store_backend.h: a read transaction (none when one is open). */
 int store__sqlite_rbegin(store_t *s, void *conn, err_t *e) {
   sqlite3 *db = conn ? conn : s->r;
   if (!sqlite3_get_autocommit(db)) return 0;
-  if (store__exec(db, "BEGIN", e)) return e->code;
+  if (db == s->r ? reader_tx(s, 0, e) : store__exec(db, "BEGIN", e)) return e->code;
   return 1;
 }
 
 void store__sqlite_rend(store_t *s, void *conn, int began) {
-  if (began > 0) store__exec(conn ? conn : s->r, "COMMIT", NULL);
+  if (began <= 0) return;
+  if (!conn || conn == s->r) reader_tx(s, 1, NULL);
+  else store__exec(conn, "COMMIT", NULL);
 }
 
 /* See store_backend.h: a read-only connection of its own to the file. */
@@ -315,6 +331,7 @@ void store__sqlite_reader_close(store_t *s, void *conn) {
 void store__sqlite_read_close(store_t *s) {
   for (int i = 0; i < RQ_COUNT; i++) sqlite3_finalize(s->rq[i]);
   sqlite3_finalize(s->dv);
+  for (int k = 0; k < 2; k++) sqlite3_finalize(s->rtx[k]);
   for (int k = 0; k < 2; k++)
     for (int i = 0; i < STORE_FILTER_SHAPES; i++) sqlite3_finalize(s->rfilter[k][i]);
 }

@@ -130,6 +130,10 @@ class Serve:
             raise SystemExit("bench: serve did not start: " + open(self.err.name).read())
         self.host, self.port = self.url[7:].rsplit(":", 1)
         self.port = int(self.port)
+        # Whether this build answers a record without its steps (?steps=
+        # false, 2026-12-02 on): 404 for an unknown run, 400 before.
+        st, _ = self.call("GET", "/v1/runs/01J00000000000000000000000?steps=false")
+        self.lean = "&steps=false" if st == 404 else ""
 
     def cpu(self):
         return cpu(self.p.pid)
@@ -230,13 +234,13 @@ class Conn:
             self.w.close()
 
 
-async def wait_for_end(c, run_id, poll_s):
-    """Attach (GET ?wait=30); when an answer is not final (a build without
-    attach answers at once), poll every poll_s. Returns the record and the
-    number of requests made."""
+async def wait_for_end(c, run_id, poll_s, query=""):
+    """Attach (GET ?wait=30, with query after it: "&steps=false"); when an
+    answer is not final (a build without attach answers at once), poll
+    every poll_s. Returns the record and the number of requests made."""
     n = 0
     while True:
-        st, rec = await c.call("GET", "/v1/runs/%s?wait=30" % run_id)
+        st, rec = await c.call("GET", "/v1/runs/%s?wait=30%s" % (run_id, query))
         n += 1
         if rec and rec.get("status") in TERMINAL:
             return rec, n
@@ -262,7 +266,7 @@ async def start_naps(srv, n, secs):
     return await start_runs(srv, n, "nap", {"s": secs})
 
 
-async def attach_window(srv, n, attach, k):
+async def attach_window(srv, n, attach, k, query=""):
     """Start n runs that wait for the event go.K (not measured), then
     measure the engine's CPU from before the attaches until all have ended:
     with a client attached to each run, or with none. Both windows are set
@@ -288,7 +292,7 @@ async def attach_window(srv, n, attach, k):
     requests = 0
     waits = None
     if attach:
-        waits = asyncio.gather(*(wait_for_end(c, i, 0.1) for c, i in zip(conns, ids)))
+        waits = asyncio.gather(*(wait_for_end(c, i, 0.1, query) for c, i in zip(conns, ids)))
         await asyncio.sleep(0.1)
         await quiet(srv)
     st, _ = await ev.call("POST", "/v1/events", {"name": "go.%d" % k, "data": {}})
@@ -341,7 +345,7 @@ async def flow(srv, runs, inflight, poll_s):
     async def worker(c, k):
         for _ in range(k):
             st, ans = await c.call("POST", "/v1/skills/ten/invoke", {"data": {}})
-            rec, n = await wait_for_end(c, ans["run_id"], poll_s)
+            rec, n = await wait_for_end(c, ans["run_id"], poll_s, srv.lean)
             requests[0] += 1 + n
             assert rec["output"] == 55, rec
     await asyncio.gather(*(worker(c, runs // inflight) for c in conns))
@@ -380,19 +384,25 @@ def bench(binary):
             rows[name] = (r["seconds"], (srv.cpu() - c0) / r["requests"], r["errors"],
                           r["requests"])
         # Attach: the median of five pairs of windows (each pair's order
-        # alternates, so a drift of the machine's load favours neither).
+        # alternates, so a drift of the machine's load favours neither),
+        # answered with the record's steps, then without (?steps=false).
         n = 1000 if QUICK else 3000
-        pairs = []
-        for k in range(5):
-            if k % 2:
-                with_clients, secs, reqs = asyncio.run(attach_window(srv, n, True, 2 * k))
-                base, _, _ = asyncio.run(attach_window(srv, n, False, 2 * k + 1))
-            else:
-                base, _, _ = asyncio.run(attach_window(srv, n, False, 2 * k))
-                with_clients, secs, reqs = asyncio.run(attach_window(srv, n, True, 2 * k + 1))
-            pairs.append(((with_clients - base) / n, reqs / n))
-        pairs.sort()
-        rows["attach"] = (pairs[2][0], pairs[2][1], pairs[0][0], pairs[-1][0])
+        for name, query in (("attach", ""), ("attach_lean", srv.lean)):
+            if name == "attach_lean" and not query:
+                continue
+            pairs = []
+            for k in range(5):
+                key = 2 * k + (10 if query else 0)
+                if k % 2:
+                    with_clients, secs, reqs = asyncio.run(attach_window(srv, n, True, key, query))
+                    base, _, _ = asyncio.run(attach_window(srv, n, False, key + 1))
+                else:
+                    base, _, _ = asyncio.run(attach_window(srv, n, False, key))
+                    with_clients, secs, reqs = asyncio.run(attach_window(srv, n, True, key + 1,
+                                                                         query))
+                pairs.append(((with_clients - base) / n, reqs / n))
+            pairs.sort()
+            rows[name] = (pairs[2][0], pairs[2][1], pairs[0][0], pairs[-1][0])
         # One 10-step run at a time, start to result.
         r = wrk(srv, "/v1/skills/ten/invoke", 1, 1, "3s" if QUICK else "5s", "POST",
                 '{"data":{},"wait":30}')
@@ -400,7 +410,7 @@ def bench(binary):
         # 1,000 runs x 10 steps, 50 in flight.
         runs = 300 if QUICK else 1000
         secs, c, reqs = asyncio.run(flow(srv, runs, 50, 0.005))
-        rows["flow"] = (runs * 10 / secs, c / (runs * 10), reqs / runs)
+        rows["flow"] = (runs * 10 / secs, c / (runs * 10), reqs / runs, srv.lean)
         # Attaches whose wait runs out, last (their runs sleep on).
         n = 1000 if QUICK else 3000
         rows["attach_timeout"] = asyncio.run(attach_timeouts(srv, n)) / n
@@ -442,10 +452,15 @@ def main():
               "%.1f requests per run); %s us per attach whose wait ran out"
               % (us(r["attach"][0]), us(r["attach"][2]), us(r["attach"][3]), r["attach"][1],
                  us(r["attach_timeout"])))
+        if "attach_lean" in r:
+            a = r["attach_lean"]
+            print("   attach   ?steps=false: engine %s us per run (pairs %s..%s; %.1f requests per run)"
+                  % (us(a[0]), us(a[2]), us(a[3]), a[1]))
         print("   lone     one 10-step run, start to result: p50 %.2f ms  p90 %.2f ms  errors %d"
               % r["lone"])
         print("   flow     runs x 10 steps, 50 in flight: %.0f steps/s  engine %s us/step  "
-              "%.1f requests per run" % (r["flow"][0], us(r["flow"][1]), r["flow"][2]))
+              "%.1f requests per run  (attach%s)" % (r["flow"][0], us(r["flow"][1]), r["flow"][2],
+                                                     " ?steps=false" if r["flow"][3] else ""))
         print("   sleeping %d runs asleep at once: peak %.0f MB (%.0f MB at start)"
               % (r["sleeping"][2], r["sleeping"][1], r["sleeping"][0]))
 

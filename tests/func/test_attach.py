@@ -146,6 +146,40 @@ class AttachTest(SkillsTestCase):
         st, _, b = call(self.p.port, "GET", "/v1/runs/%s?since=1" % run_id)
         self.assertEqual(st, 400, b)
 
+    def test_steps_false_answers_the_record_as_the_list_has_it(self):
+        run_id = self.start(s=0.5)
+        st, _, rec = call(self.p.port, "GET", "/v1/runs/%s?wait=60&steps=false" % run_id,
+                          timeout=90)
+        self.assertEqual(st, 200, rec)
+        self.assertEqual(rec["status"], "completed")
+        self.assertEqual(rec["output"], {"slept": 0.5})
+        for key in ("steps", "logs", "children"):
+            self.assertNotIn(key, rec)
+        # The same fields as the run list's entry, and as the full record
+        # without its steps, logs and children.
+        _, _, page = call(self.p.port, "GET", "/v1/runs?limit=50")
+        self.assertEqual(rec, [r for r in page["runs"] if r["id"] == run_id][0])
+        _, _, full = call(self.p.port, "GET", "/v1/runs/" + run_id)
+        self.assertEqual(rec, {k: v for k, v in full.items() if k not in ("steps", "logs", "children")})
+        for q in ("steps=0", "steps=false&wait=0"):
+            st, _, b = call(self.p.port, "GET", "/v1/runs/%s?%s" % (run_id, q))
+            self.assertEqual((st, b), (200, rec), q)
+        for q in ("steps=true", "steps=1", "wait=1&steps=true"):
+            st, _, b = call(self.p.port, "GET", "/v1/runs/%s?%s" % (run_id, q))
+            self.assertEqual((st, b), (200, full), q)
+        # A wait that runs out: the record as it stands, still without steps.
+        sleeping = self.start(s=600)
+        wait_until(lambda: self.status(sleeping) == "sleeping", what="the run asleep")
+        st, _, b = call(self.p.port, "GET", "/v1/runs/%s?steps=false&wait=0.3" % sleeping)
+        self.assertEqual((st, b["status"]), (200, "sleeping"), b)
+        self.assertNotIn("steps", b)
+        for bad in ("maybe", "", "FALSE", "2"):
+            st, _, b = call(self.p.port, "GET", "/v1/runs/%s?steps=%s" % (run_id, bad))
+            self.assertEqual(st, 400, b)
+            self.assertIn("steps must be true or false", b["error"]["message"])
+        st, _, b = call(self.p.port, "GET", "/v1/runs/01J00000000000000000000000?steps=false")
+        self.assertEqual(st, 404, b)
+
     def test_many_clients_attach_to_one_run_and_one_gives_up(self):
         run_id = self.start(s=1.5)
         gone = socket.create_connection(("127.0.0.1", self.p.port))
