@@ -43,7 +43,9 @@ int engine_open(struct engine *en, const struct config *cfg, enum sched_mode mod
                 err_t *e);
 
 /* Load a skill file, and journal its version (and, if register, make it
-** the skill's live version in the registry). */
+** the skill's live version in the registry; ERR_CONFLICT, saying why, when
+** the registry refuses it: a concurrency scope it names has another limit
+** in another live skill). */
 int engine_load_file(struct engine *en, const char *path, int register_it, struct skill **out,
                      struct skill_error *se);
 

@@ -917,7 +917,8 @@ int store__scope_clash(store_t *s, const struct jentry *je, struct skill_row *re
       int64_t has = scope ? store_scope_limit(theirs, scope, key) : 0;
       if (!has || has == want || !other || listed(ok, other)) continue;
       snprintf(msg, sizeof msg, "%s: concurrency scope '%s'%s%s has limit %lld here, but skill "
-               "'%s' gives it limit %lld (registered meanwhile through another engine): every "
+               "'%s' gives it limit %lld in the registry (the database judges: a skill registered "
+               "through another engine counts too): every "
                "skill naming a scope must give it the same limit", k->file ? k->file : k->id,
                scope, key ? ", key " : "", key ? key : "", (long long)want, other, (long long)has);
       break;

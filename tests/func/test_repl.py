@@ -386,6 +386,23 @@ class PipeTest(ReplCase):
         ev = self.w.ml("runs", "--json", check=0)
         self.assertEqual(len(json.loads(ev.stdout)), 2)
 
+    def test_a_scope_the_registry_refuses_is_said_not_counted(self):
+        # Two workspace files give one concurrency scope two limits: the
+        # registry (the store, as it judges for every engine) keeps the
+        # first and refuses the second; the REPL says so.
+        self.w.write("skills/a.lua", 'return { id = "a", concurrency = { limit = 2, scope = "api" },'
+                     ' run = function(ctx) return 1 end }')
+        self.w.write("skills/b.lua", 'return { id = "b", concurrency = { limit = 3, scope = "api" },'
+                     ' run = function(ctx) return 2 end }')
+        status, out, err = self.pipe('print(#runs{})\n', timeout=60)
+        self.assertEqual(status, 0, err)
+        self.assertIn("workspace skills: 1 skill registered", err)
+        self.assertRegex(err, r"moonloop: .*scope 'api'")
+        skills = {s["id"]: s for s in json.loads(self.w.ml("skills", "--json", check=0).stdout)}
+        self.assertTrue(skills["a"]["version"])
+        self.assertIn("concurrency scope 'api' has limit 3 here, but skill 'a' gives it limit 2",
+                      skills["b"]["error"]["message"])
+
     def wait_listening(self, serve):
         line = ""
         while "listening on" not in line:
