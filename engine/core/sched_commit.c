@@ -298,20 +298,29 @@ static void lease_renewed(sched_t *s, int64_t until) {
 ** again first, after a back-off that grows; say so once per episode. */
 static void commit_failed(sched_t *s, struct job *j) {
   int64_t now = units_now_ms();
+  /* The refusal new writers hear: a commit in doubt is an earlier one's
+  ** (theirs was not sent), which the message must not leave unclear. */
+  char msg[sizeof s->fail.msg];
+  size_t pre = strlen(STORE_IN_DOUBT);
+  if (!strncmp(j->err.msg, STORE_IN_DOUBT, pre))
+    snprintf(msg, sizeof msg, "an earlier commit is in doubt, and is looked up before anything "
+             "else is written (%s)", j->err.msg + pre);
+  else
+    snprintf(msg, sizeof msg, "%s", j->err.msg);
   if (!s->fail.since) {
     s->fail.since = now;
     s->fail.count = 0;
     s->fail.delay = 200;
-    snprintf(s->fail.msg, sizeof s->fail.msg, "%s", j->err.msg);
+    snprintf(s->fail.msg, sizeof s->fail.msg, "%s", msg);
     fprintf(stderr, "moonloop: %s: %s; trying again with a back-off, runs wait, and new writes "
             "are refused meanwhile (HTTP 503)\n", strstr(j->err.msg, "was deleted while") ||
             strstr(j->err.msg, "was replaced by") ? "DATABASE FILE GONE" :
-            "cannot write to the database", j->err.msg);
+            "cannot write to the database", msg);
   } else {
     s->fail.delay = s->fail.delay * 2 > 5000 ? 5000 : s->fail.delay * 2;
-    if (strcmp(s->fail.msg, j->err.msg)) {
-      snprintf(s->fail.msg, sizeof s->fail.msg, "%s", j->err.msg);
-      fprintf(stderr, "moonloop: cannot write to the database: %s\n", j->err.msg);
+    if (strcmp(s->fail.msg, msg)) {
+      snprintf(s->fail.msg, sizeof s->fail.msg, "%s", msg);
+      fprintf(stderr, "moonloop: cannot write to the database: %s\n", msg);
     }
   }
   s->fail.count++;

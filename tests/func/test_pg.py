@@ -346,11 +346,18 @@ class ServerFaultTest(OwnClusterCase):
             wait_until(lambda: any("in doubt" in l for l in p.stderr_lines), timeout=60,
                        what=lambda: "the commit in doubt: %s" % "".join(p.stderr_lines))
             self.assertEqual(answers, [])  # told nothing yet: it may have been stored
+            # A new write meanwhile is refused, told that an earlier
+            # commit is in doubt and that nothing of its own was stored.
+            code, body = post(p.url + "/v1/events", {"name": "go", "data": {"i": 1}}, timeout=60)
+            self.assertEqual(code, 503, body)
+            msg = body["error"]["message"]
+            self.assertIn("an earlier commit is in doubt", msg)
+            self.assertIn("nothing was stored", msg)
         finally:
             self.signal_server(procs, signal.SIGCONT)
         t.join(timeout=120)
         self.assertEqual(answers and answers[0][0], 202, answers)
-        self.check_every_acknowledged_event_ran_once([0], [])
+        self.check_every_acknowledged_event_ran_once([0], [1])
 
     def test_a_connection_that_cannot_be_opened_again_holds_no_answer_of_the_engine(self):
         # The postmaster is stopped (SIGSTOP) and the engine's backends end
