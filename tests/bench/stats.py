@@ -29,6 +29,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import schema  # noqa: E402
+
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 1000000
 BIN = os.path.abspath(sys.argv[2]) if len(sys.argv) > 2 else os.path.join(
     os.path.dirname(__file__), "..", "..", "build", "moonloop")
@@ -140,9 +143,7 @@ def fill():
     # The rollup as migration 10 builds it for an older database: the
     # version set back to 9, the next command migrates.
     con = sqlite3.connect(db)
-    con.execute("DROP TABLE IF EXISTS stats_rollup")
-    con.execute("ALTER TABLE skills DROP COLUMN scopes")  # (migration 13, run again too)
-    con.execute("PRAGMA user_version = 9")
+    schema.sqlite_rewind(con, 9)
     con.close()
     t = time.time()
     subprocess.run([BIN, "runs"], env=env, cwd=d, check=True, capture_output=True)

@@ -366,25 +366,7 @@ class StatsMigrationTest(TestCase):
         self.w.ml("run", "bad.lua", check=1)
         self.w.ml("run", "bad.lua", check=1)
         # Take the database back to schema 3, from before the figures.
-        con = sqlite3.connect(self.w.db)
-        con.executescript("DROP INDEX runs_ended; DROP INDEX runs_event;"
-                          "ALTER TABLE runs DROP COLUMN steps; ALTER TABLE runs DROP COLUMN failed_steps;"
-                          "ALTER TABLE runs DROP COLUMN retries; ALTER TABLE runs DROP COLUMN tokens;"
-                          "ALTER TABLE versions DROP COLUMN triggers;"  # (migration 5)
-                          "ALTER TABLE runs DROP COLUMN crashes;"  # (migration 6)
-                          # (migration 8: flow control)
-                          "DROP INDEX runs_granted; DROP INDEX slot_queue_order;"
-                          "ALTER TABLE runs DROP COLUMN queued; ALTER TABLE runs DROP COLUMN slot_granted;"
-                          "ALTER TABLE runs DROP COLUMN flow_at; ALTER TABLE slot_queue DROP COLUMN lim;"
-                          "ALTER TABLE slot_queue DROP COLUMN prio;"
-                          "DROP TABLE flow_gcra; DROP TABLE flow_once; DROP TABLE flow_skips; DROP TABLE flow_batch;"
-                          "ALTER TABLE waits ADD COLUMN match_path TEXT;"  # (migration 7)
-                          "ALTER TABLE waits ADD COLUMN match_value TEXT;"
-                          "ALTER TABLE waits DROP COLUMN match_json;"
-                          "DROP TABLE stats_rollup;"  # (migration 10)
-                          "ALTER TABLE skills DROP COLUMN scopes;"  # (migration 13)
-                          "PRAGMA user_version = 3;")
-        con.close()
+        self.w.rewind_schema(3)
         t = self.w.json("stats", "bad", "--since", "1h")["totals"]
         self.assertEqual((t["started"], t["failed"], t["steps"], t["retries"], t["failed_steps"]),
                          (2, 2, 4, 2, 2))

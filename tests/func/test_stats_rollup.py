@@ -202,13 +202,7 @@ class RollupTest(TestCase):
         # schema 9, from before the rollup.
         self.w.sql("UPDATE runs SET created_at = created_at - 5 * 3600000, started_at = started_at"
                    " - 5 * 3600000, ended_at = ended_at - 5 * 3600000 WHERE skill = 'flaky'")
-        if PG:
-            self.w.sql("DROP TABLE stats_rollup; DROP FUNCTION moonloop_hist_key(BIGINT);"
-                       " ALTER TABLE skills DROP COLUMN scopes; UPDATE moonloop_schema SET version = 9")
-        else:
-            self.w.sql("DROP TABLE stats_rollup")
-            self.w.sql("ALTER TABLE skills DROP COLUMN scopes")  # (migration 13)
-            self.w.sql("PRAGMA user_version = 9")
+        self.w.rewind_schema(9)
         self.assert_stats_agree(["ok", "flaky", "bad"])  # migrates
         want = self.assert_rollup_agrees()
         self.assertEqual(len({k[1] for k in want}), 2)

@@ -282,6 +282,21 @@ class Workdir:
             rows.append(tuple(row))
         return rows
 
+    def rewind_schema(self, to):
+        """Take the workdir's database back to schema version to, for a
+        test of the migrations after it (tests/lib/schema.py undoes them)."""
+        import schema
+        if not PG:
+            import sqlite3
+            con = sqlite3.connect(self.db, timeout=10)
+            try:
+                schema.sqlite_rewind(con, to)
+            finally:
+                con.close()
+            return
+        ((current,),) = self.sql("SELECT max(version) FROM moonloop_schema")
+        self.sql("BEGIN; " + schema.rewind_sql("pg", current, to) + " COMMIT")
+
     def sql_tx(self, statements):
         """Run [(query, params)] on the workdir's database in one
         transaction, as sql() runs one."""
