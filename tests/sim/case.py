@@ -134,6 +134,8 @@ class Case:
         self.engine_errors = []
         self.roots = {r["tag"]: dict(r, confirmed=False) for r in world.roots}
         self.batches_left = list(world.batches)
+        self.edits_left = sorted(world.edits, key=lambda e: e["at"])
+        self.edits_done = []     # (t, skill, mark): files rewritten
         self.done_late = set()
         self.done_cancel = set()
         self.queue = queue.Queue()
@@ -267,6 +269,19 @@ class Case:
     def status(self, run_id):
         rows = self.query("SELECT status FROM runs WHERE id = ?", (run_id,))
         return rows[0][0] if rows else None
+
+    # ---- live edits -------------------------------------------------------------
+
+    def edit(self, e):
+        """Rewrite a skill file as an agent or an editor does: the whole new
+        text under another name, then renamed over the old (the watchers
+        never see half a file)."""
+        path = os.path.join(self.dir, "skills", e["skill"] + ".lua")
+        with open(path + ".tmp-edit", "w") as f:
+            f.write(self.w.source_of(e["skill"], e["mark"]))
+        os.replace(path + ".tmp-edit", path)
+        self.edits_done.append((self.clock(), e["skill"], e["mark"]))
+        self.act("rewrite skills/%s.lua (MARK %s)" % (e["skill"], e["mark"]))
 
     # ---- the worker: requests to the engine, retried until accepted -------------
 
@@ -621,6 +636,8 @@ class Case:
                 self.act("the workspace is registered: roots start from here")
             while self.ready is not None and self.batches_left and self.batches_left[0]["at"] <= now - self.ready:
                 self.start_batch(self.batches_left.pop(0))
+            while self.ready is not None and self.edits_left and self.edits_left[0]["at"] <= now - self.ready:
+                self.edit(self.edits_left.pop(0))
             for p in list(self.procs):
                 if p.kind == "run" and getattr(p, "kill_at", None) and now >= p.kill_at:
                     p.kill_at = None
@@ -762,6 +779,7 @@ class Case:
         result["durable"] = dict(self.durable)
         result["actions"] = list(self.actions)
         result["accepted"] = dict(self.accepted)
+        result["edits"] = list(self.edits_done)
         result["run_ids"] = {tag: list(r.get("run_ids", [])) for tag, r in self.roots.items()}
         result["harness_errors"] = list(self.harness_errors)
         result["engine_errors"] = list(self.engine_errors)

@@ -56,6 +56,7 @@ is none at the moment; the classes found and fixed so far are listed in
 docs/simulation.md.
 """
 import datetime
+import hashlib
 import json
 import re
 
@@ -69,7 +70,7 @@ KNOWN_CLASSES = ()
 
 def norm(v):
     if isinstance(v, dict):
-        return {k: norm(x) for k, x in v.items() if k not in ("c", "n")}
+        return {k: norm(x) for k, x in v.items() if k not in ("c", "n", "ver")}
     if isinstance(v, list):
         return [norm(x) for x in v]
     if isinstance(v, str):
@@ -246,6 +247,35 @@ def check_flow(world, traces):
     return V
 
 
+def check_versions(world, traces):
+    """Guarantee 5 under faults: a run executes the version it started on,
+    to its end, whichever engine replays it and whatever was written to its
+    file meanwhile. Each source the harness wrote has its MARK, which the
+    run's output carries as `ver`: it must be the mark of the version its
+    record names, and that version one the harness wrote for its skill."""
+    V = []
+    marks = {}
+    for sid in world.skills:
+        for mark in {"e0"} | {e["mark"] for e in world.edits if e["skill"] == sid}:
+            src = world.source_of(sid, mark).encode()
+            marks[hashlib.sha256(src).hexdigest()] = (sid, mark)
+    for rid, t in sorted(traces.items()):
+        if t["skill"] == "zb":
+            continue
+        have = marks.get(t.get("version"))
+        if not have or have[0] != t["skill"]:
+            V.append(Violation("version", "run %s of %s names version %s, which the harness never wrote"
+                               " for that skill" % (rid, t["skill"], t.get("version")),
+                               tree_of((t.get("input") or {}).get("tag") if isinstance(t.get("input"), dict) else None)))
+            continue
+        out = t.get("output")
+        if isinstance(out, dict) and "ver" in out and out["ver"] != have[1]:
+            V.append(Violation("version", "run %s of %s started on the source with MARK %s, but the code"
+                               " that ended it had MARK %s" % (rid, t["skill"], have[1], out["ver"]),
+                               tree_of(out.get("tag"))))
+    return V
+
+
 def check(world, mode, result, ref):
     """The violations of one case; ref is mode (a)'s outcomes (None for (a))."""
     V = []
@@ -288,6 +318,7 @@ def check(world, mode, result, ref):
                     tree_of(key[0])))
 
     V += check_flow(world, traces)
+    V += check_versions(world, traces)
 
     # -- without a crash or an eviction, no run is replayed --
     # (the engine counts the runs it replayed from their journals:

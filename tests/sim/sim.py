@@ -24,7 +24,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import case as casemod  # noqa: E402
-from check import KNOWN_CLASSES, check, classify, outcomes  # noqa: E402
+from check import KNOWN_CLASSES, check, classify, iso_ms, outcomes  # noqa: E402
 from gen import generate  # noqa: E402
 
 MODES = "abcde"
@@ -40,10 +40,13 @@ MODE_NAMES = {
 # of a run); seed 16 adds uncaught failures, failing children and parallel
 # branches, events nobody listens to. Both have flow control (gen.py's
 # flow(): concurrency per key and a shared scope, throttle, idempotency,
-# singleton), seed 9 with a scope limit of 1. The sanitized build runs seed 9
-# (cases wait on sleeps and the stand-in more than on the CPU, so it takes
-# about as long as on the normal build).
-BUDGET = [(9, "abcde"), (16, "ab")]
+# singleton), seed 9 with a scope limit of 1. Seeds 9 and 2 rewrite skill
+# files while runs are in flight (gen.py's live_edits()); in seed 2's mode
+# b, runs of an edited skill are replayed after kills (a build that
+# replayed them on the live version failed it). The sanitized build runs
+# seed 9 (cases wait on sleeps and the stand-in more than on the CPU, so it
+# takes about as long as on the normal build).
+BUDGET = [(9, "abcde"), (16, "ab"), (2, "ab")]
 BUDGET_ASAN = [(9, "abcde")]
 
 
@@ -164,6 +167,15 @@ def covered(world, mode, res):
         out.add("event batches sent twice (same ids)")
     if any("while the engine is down" in a for _, a in res["actions"]):
         out.add("events sent while the engine is down")
+    # Live edits: runs on a rewritten file's version, and runs in flight
+    # (created before, ended after) while their skill's file was rewritten.
+    if any(isinstance(t.get("output"), dict) and t["output"].get("ver") not in (None, "e0") for t in traces):
+        out.add("runs on a rewritten skill file's version")
+    for at, sid, _ in res.get("edits", []):
+        w = (res["t0_wall"] + at) * 1000
+        if any(t["skill"] == sid and iso_ms(t.get("created_at")) and iso_ms(t.get("ended_at")) and
+               iso_ms(t["created_at"]) < w < iso_ms(t["ended_at"]) for t in traces):
+            out.add("a run in flight while its skill file was rewritten")
     return out
 
 
