@@ -60,10 +60,11 @@ deb:
 # uninterrupted, killed, evicted, resumed and taken over, compared case by
 # case. SEED=N replays one seed (MODE=b: that mode, after the reference
 # mode a); without SEED, random seeds for SIM_TIME seconds. SIM_KNOWN
-# lists failure classes to report without failing.
+# lists failure classes to report without failing. PG=1: every case on a
+# PostgreSQL database of a private cluster.
 SIM_TIME ?= 300
 sim: build
-	@SIM_KNOWN="$(SIM_KNOWN)" python3 tests/sim/sim.py $(if $(SEED),--seed $(SEED),--time $(SIM_TIME)) $(if $(MODE),--mode $(MODE))
+	@SIM_KNOWN="$(SIM_KNOWN)" python3 tests/sim/sim.py $(if $(SEED),--seed $(SEED),--time $(SIM_TIME)) $(if $(MODE),--mode $(MODE)) $(if $(PG),--pg)
 
 clean:
 	rm -rf $(BUILD)

@@ -28,7 +28,6 @@ import random
 import re
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ import time
 import urllib.error
 import urllib.request
 
+from db import Db
 from gen import RUN_ENDED_SQL, TERMINAL, early_events
 from standin import StandIn
 
@@ -124,7 +124,7 @@ class Case:
         self.rng = random.Random(world.seed * 1009 + ord(mode))
         self.t0 = time.monotonic()
         self.dir = tempfile.mkdtemp(prefix="mlsim-%d%s-" % (world.seed, mode))
-        self.db = os.path.join(self.dir, "moonloop.db")
+        self.db = Db(self.dir, getattr(opts, "cluster", None), "%d%s" % (world.seed, mode))
         self.lock = threading.RLock()
         self.procs = []
         self.interrupts = []     # (t, what, engine): kills and freezes
@@ -151,7 +151,7 @@ class Case:
         for k in list(self.env):
             if k.startswith("MOONLOOP_"):
                 del self.env[k]
-        self.env.update({"MOONLOOP_DB": self.db, "MOONLOOP_LISTEN": "127.0.0.1:0", "NO_COLOR": "1"})
+        self.env.update({"MOONLOOP_DB": self.db.url, "MOONLOOP_LISTEN": "127.0.0.1:0", "NO_COLOR": "1"})
         self.reports = os.path.join(self.dir, ".sanitizer")
         os.makedirs(self.reports)
         for name in ("ASAN_OPTIONS", "UBSAN_OPTIONS"):
@@ -244,23 +244,14 @@ class Case:
     # ---- the database, read-only, to see what the harness must answer ----------
 
     def query(self, sql, args=()):
-        if not os.path.exists(self.db):
-            return []
-        try:
-            con = sqlite3.connect("file:%s?mode=ro" % self.db, uri=True, timeout=5)
-            try:
-                return con.execute(sql, args).fetchall()
-            finally:
-                con.close()
-        except sqlite3.Error:
-            return None
+        return self.db.rows(sql, args)
 
     def root_run(self, tag, skill):
         """The id of the root run with this tag, or None when there is none
         (the database is read again until it answers)."""
         for _ in range(100):
             rows = self.query("SELECT id FROM runs WHERE skill = ? AND parent_id IS NULL AND entry = 'run'"
-                              " AND json_extract(input, '$.tag') = ?", (skill, tag))
+                              " AND " + self.db.tag("input") + " = ?", (skill, tag))
             if rows is not None:
                 return rows[0][0] if rows else None
             time.sleep(0.1)
@@ -676,7 +667,7 @@ class Case:
                 if plan_done and now - plan_end > bound:
                     self.act("%.0f s after the last fault, runs have not ended" % bound)
                     result["stuck"] = self.query(
-                        "SELECT id, skill, status, json_extract(input, '$.tag') FROM runs"
+                        "SELECT id, skill, status, " + self.db.tag("input") + " FROM runs"
                         " WHERE status NOT IN " + RUN_ENDED_SQL)
                     u = self.unfinished()
                     result["stuck_events"] = u[1] if u else None
@@ -753,23 +744,25 @@ class Case:
             t.join(timeout=30)
         self.standin.close()
         result["calls"] = self.standin.snapshot()
-        con = sqlite3.connect(self.db)
-        try:
-            result["integrity"] = [r[0] for r in con.execute("PRAGMA integrity_check").fetchall()]
-            result["events"] = dict(con.execute("SELECT idem, id FROM events WHERE idem IS NOT NULL").fetchall())
-            # Every engine has stopped and released its runs: an unfinished
-            # run that still has an owner is owned by a lease that is gone.
-            result["orphans"] = dict(con.execute(
-                "SELECT id, owner FROM runs WHERE owner IS NOT NULL AND status NOT IN "
-                + RUN_ENDED_SQL + " AND owner NOT IN (SELECT owner FROM leases)").fetchall())
-            # Events a wait took (a delivery) that its step never got.
-            result["lost_deliveries"] = con.execute(
-                "SELECT d.run_id, s.id, d.event_id, s.status FROM deliveries d JOIN steps s"
-                " ON s.run_id = d.run_id AND s.seq = d.seq WHERE s.kind = 'wait'"
-                " AND (s.status != 'completed' OR s.output IS NULL OR s.output = 'null')"
-                " AND NOT EXISTS (SELECT 1 FROM waits w WHERE w.run_id = d.run_id AND w.seq = d.seq)").fetchall()
-        finally:
-            con.close()
+        def rows(sql, what):
+            got = self.db.rows(sql, writable=True)
+            if got is None:
+                self.harness_errors.append("reading %s from the database failed" % what)
+            return got or []
+        result["integrity"] = self.db.integrity()
+        result["events"] = dict(rows("SELECT idem, id FROM events WHERE idem IS NOT NULL", "the events"))
+        # Every engine has stopped and released its runs: an unfinished
+        # run that still has an owner is owned by a lease that is gone.
+        result["orphans"] = dict(rows(
+            "SELECT id, owner FROM runs WHERE owner IS NOT NULL AND status NOT IN "
+            + RUN_ENDED_SQL + " AND owner NOT IN (SELECT owner FROM leases)", "the orphans"))
+        # Events a wait took (a delivery) that its step never got.
+        result["lost_deliveries"] = rows(
+            "SELECT d.run_id, s.id, d.event_id, s.status FROM deliveries d JOIN steps s"
+            " ON s.run_id = d.run_id AND s.seq = d.seq WHERE s.kind = 'wait'"
+            " AND (s.status != 'completed' OR s.output IS NULL OR s.output = 'null')"
+            " AND NOT EXISTS (SELECT 1 FROM waits w WHERE w.run_id = d.run_id AND w.seq = d.seq)",
+            "the deliveries")
         result["fenced"] = {p.name for p in self.procs if "lease lost" in p.text()}
         result["sanitizer"] = []
         for name in sorted(os.listdir(self.reports)):
@@ -803,3 +796,4 @@ class Case:
     def cleanup(self, keep=False):
         if not keep:
             shutil.rmtree(self.dir, ignore_errors=True)
+            self.db.drop()

@@ -47,6 +47,9 @@ MODE_NAMES = {
 # seed 9 (cases wait on sleeps and the stand-in more than on the CPU, so it
 # takes about as long as on the normal build).
 BUDGET = [(9, "abcde"), (16, "ab"), (2, "ab")]
+# On PostgreSQL (ctest's sim-pg/budget, on the cluster of the func-pg
+# tests): seed 2 killed and taken over, about 30 s.
+BUDGET_PG = [(2, "abe")]
 BUDGET_ASAN = [(9, "abcde")]
 
 
@@ -233,6 +236,8 @@ def main():
     ap.add_argument("--known", default=os.environ.get("SIM_KNOWN", ""),
                     help="known failure classes, comma-separated: " + ", ".join(KNOWN_CLASSES))
     ap.add_argument("--keep", action="store_true", help="keep every case's folder")
+    ap.add_argument("--pg", action="store_true",
+                    help="every case on a PostgreSQL database (a private cluster the run starts)")
     ap.add_argument("-v", "--verbose", action="count", default=0)
     opts = ap.parse_args()
     opts.known = {k.strip() for k in opts.known.split(",") if k.strip()}
@@ -247,18 +252,34 @@ def main():
         sys.exit("sim: no binary at %s (make build)" % casemod.BIN)
     tot = Totals()
     t0 = time.monotonic()
-    print("sim: %s%s" % (casemod.BIN, "; known classes skipped: " + ",".join(sorted(opts.known)) if opts.known else ""),
+    opts.cluster = None  # the PostgreSQL cluster's description (pgcluster.py), with --pg
+    pgdir = None
+    if opts.pg:
+        import tempfile
+        import pgcluster
+        if os.environ.get("MOONLOOP_TEST_PG"):  # ctest's cluster (its pg fixture)
+            opts.cluster = pgcluster.load(os.environ["MOONLOOP_TEST_PG"])
+        else:
+            pgdir = tempfile.mkdtemp(prefix="mlsim-pg-")
+            opts.cluster = pgcluster.start(pgdir)
+    print("sim: %s%s%s" % (casemod.BIN, " on PostgreSQL" if opts.pg else "",
+                           "; known classes skipped: " + ",".join(sorted(opts.known)) if opts.known else ""),
           flush=True)
-    if opts.seed is not None:
-        run_seed(opts.seed, modes, opts, tot)
-    elif opts.budget:
-        for seed, ms in (BUDGET_ASAN if casemod.ASAN else BUDGET):
-            run_seed(seed, ms, opts, tot)
-    else:
-        opts.stop_at = t0 + opts.time
-        rng = random.Random()
-        while time.monotonic() < opts.stop_at:
-            run_seed(rng.randint(1000, 10 ** 6), modes, opts, tot)
+    try:
+        if opts.seed is not None:
+            run_seed(opts.seed, modes, opts, tot)
+        elif opts.budget:
+            for seed, ms in (BUDGET_PG if opts.pg else BUDGET_ASAN if casemod.ASAN else BUDGET):
+                run_seed(seed, ms, opts, tot)
+        else:
+            opts.stop_at = t0 + opts.time
+            rng = random.Random()
+            while time.monotonic() < opts.stop_at:
+                run_seed(rng.randint(1000, 10 ** 6), modes, opts, tot)
+    finally:
+        if pgdir:
+            import pgcluster
+            pgcluster.stop(pgdir)
     summary(tot, time.monotonic() - t0)
     sys.exit(1 if tot.violations else 0)
 
