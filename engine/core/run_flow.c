@@ -31,11 +31,17 @@
 
 /* ---- parking long, and eviction ---- */
 
-/* Drop r's coroutine: it stays dormant until wake_at (0: a delivery). */
+/* Drop r's coroutine: it stays dormant until wake_at (0: a delivery).
+** Its task forgets the wait it parked on: the replay registers it again
+** and finds there what it took. A delivery reported once more after the
+** wake-up (PostgreSQL's notification and the poll can both report one)
+** must not end that old wait, whose result would go to the new
+** coroutine, at whatever op its replay has reached. */
 static void evict(struct run *r, int64_t wake_at) {
   struct task *t = &r->main;
   run__task_cancel(t); /* stops its timer and uncounts it */
   run__task_release(t);
+  t->waiting = 0;
   r->dormant = 1;
   r->wake_at = wake_at;
   if (wake_at) sched__timer_start(r->sched, &r->wake, wake_at);

@@ -48,8 +48,10 @@ MODE_NAMES = {
 # takes about as long as on the normal build).
 BUDGET = [(9, "abcde"), (16, "ab"), (2, "ab")]
 # On PostgreSQL (ctest's sim-pg/budget, on the cluster of the func-pg
-# tests): seed 2 killed and taken over, about 30 s.
-BUDGET_PG = [(2, "abe")]
+# tests): seed 2 killed and taken over, and seed 368181 evicted, whose
+# children were cancelled for the wrong reason in 3 of 4 runs before the
+# fix of `stale-wait` (docs/simulation.md); about 45 s.
+BUDGET_PG = [(2, "abe"), (368181, "c")]
 BUDGET_ASAN = [(9, "abcde")]
 
 
