@@ -364,11 +364,12 @@ static void on_put(void *arg, const struct jentry *last) {
   sched__skills_changed(p->r->s);
   cJSON *rec;
   err_t e;
-  if (!p->rc && last && last->kind == J_SKILL && last->result && !strncmp(last->result, "conflict:", 9)) {
+  const char *refused = p->rc ? NULL : store_skill_refusal(last);
+  if (refused) {
     /* The store refused it (a scope's limit clashes with a skill another
     ** engine registered meanwhile): kept as the skill's error. */
     free(p->message);
-    p->message = mem_strdup(last->result + 9);
+    p->message = mem_strdup(refused);
     p->rc = ERR_CONFLICT;
   }
   if (p->rc) {

@@ -170,10 +170,8 @@ int engine_load_file(struct engine *en, const char *path, int register_it, struc
   /* The store refused the registration (a concurrency scope of the skill
   ** has another limit in another live skill): said, as the API's 409 does,
   ** not taken for a registered skill. */
-  const struct jentry *last = rc ? NULL : journal_entry(j, journal_count(j) - 1);
-  if (register_it && last && last->kind == J_SKILL && last->result &&
-      !strncmp(last->result, "conflict:", 9))
-    rc = err_set(&se->err, ERR_CONFLICT, "%s", last->result + 9);
+  const char *refused = rc ? NULL : store_skill_refusal(journal_entry(j, journal_count(j) - 1));
+  if (refused) rc = err_set(&se->err, ERR_CONFLICT, "%s", refused);
   journal_free(j);
   return rc;
 }

@@ -104,7 +104,7 @@
 ** transaction: when another live skill gives one of those scopes another
 ** limit (one in scopes_ok, a JSON list of ids whose files already say
 ** the new limit, aside), it writes the PUT as a SKILL_ERROR instead, and
-** the entry's result is "conflict:" and the message. */
+** the entry's result says why (store.h's store_skill_refusal). */
 enum skill_op { SKILL_PUT, SKILL_ERROR, SKILL_REMOVE };
 #define JOURNAL_SKILL_ROW(_, S) \
   _(S, ARG, OP, op) _(S, COL, TEXT, id) _(S, COL, TEXT, version) _(S, COL, TEXT, file) \

@@ -215,6 +215,11 @@ int store_flow_counts(store_t *s, cJSON **out, err_t *e);
 ** (scope, key), or 0 when it names that scope and key nowhere. */
 int64_t store_scope_limit(const cJSON *limits, const char *scope, const char *key);
 
+/* Why the store refused a skill's registration (je: a J_SKILL PUT whose
+** scopes clash with another live skill's, store__scope_clash), or NULL when
+** je was written as asked (or is no such entry). */
+const char *store_skill_refusal(const struct jentry *je);
+
 /* The events batched into run_id (flow control's batch), as a malloc'd
 ** JSON list in *out, oldest first; *out NULL when it has none. */
 int store_batch_events(store_t *s, const char *run_id, char **out, err_t *e);

@@ -274,7 +274,7 @@ int store__event_matches(const char *event_json_text, const char *match);
 /* J_SKILL (a PUT): whether its scopes clash with another live skill's
 ** (journal.h's skill_row.scopes): 1, *refused is the SKILL_ERROR to write
 ** instead (its error, the JSON of the message, in why[0..n)) and the
-** entry's result says "conflict:" and why; 0 when they agree; -1 on error. */
+** entry's result says why (store_skill_refusal reads it); 0 when they agree; -1 on error. */
 int store__scope_clash(store_t *s, const struct jentry *je, struct skill_row *refused, char *why,
                        size_t n, err_t *e);
 /* J_SLOT: acquire every limit of a run, or queue it; or release them. */

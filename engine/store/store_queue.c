@@ -880,6 +880,17 @@ int64_t store_scope_limit(const cJSON *limits, const char *scope, const char *ke
   return 0;
 }
 
+/* The start of a refused PUT's entry result; the message follows. */
+#define SCOPE_REFUSED "conflict:"
+
+/* See store.h. */
+const char *store_skill_refusal(const struct jentry *je) {
+  size_t n = sizeof SCOPE_REFUSED - 1;
+  if (!je || je->kind != J_SKILL || !je->result || strncmp(je->result, SCOPE_REFUSED, n))
+    return NULL;
+  return je->result + n;
+}
+
 /* Whether id is in the JSON list ok (of ids). */
 static int listed(const cJSON *ok, const char *id) {
   const cJSON *x;
@@ -941,7 +952,7 @@ int store__scope_clash(store_t *s, const struct jentry *je, struct skill_row *re
   *refused = *k;
   refused->op = SKILL_ERROR;
   refused->error = why;
-  journal_set_result(je, mem_printf("conflict:%s", msg));
+  journal_set_result(je, mem_printf(SCOPE_REFUSED "%s", msg));
   return 1;
 }
 

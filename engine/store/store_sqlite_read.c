@@ -303,9 +303,10 @@ int store__sqlite_rbegin(store_t *s, void *conn, err_t *e) {
 }
 
 void store__sqlite_rend(store_t *s, void *conn, int began) {
+  sqlite3 *db = conn ? conn : s->r;
   if (began <= 0) return;
-  if (!conn || conn == s->r) reader_tx(s, 1, NULL);
-  else store__exec(conn, "COMMIT", NULL);
+  if (db == s->r) reader_tx(s, 1, NULL);
+  else store__exec(db, "COMMIT", NULL);
 }
 
 /* See store_backend.h: a read-only connection of its own to the file. */
