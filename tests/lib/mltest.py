@@ -259,28 +259,7 @@ class Workdir:
                     return [tuple(r) for r in con.execute(query, params)]
             finally:
                 con.close()
-        parts = query.split("?")
-        if len(parts) - 1 != len(params):
-            raise ValueError("%d parameters for %d ?" % (len(params), len(parts) - 1))
-        text = parts[0]
-        for v, rest in zip(params, parts[1:]):
-            if v is None:
-                lit = "NULL"
-            elif isinstance(v, (int, float)) and not isinstance(v, bool):
-                lit = repr(v)
-            else:
-                lit = "'" + str(v).replace("'", "''") + "'"
-            text += lit + rest
-        out = pgcluster.psql(PG, text, db=self.pgdb, raw=True)
-        rows = []
-        for line in out.split("\x1e"):
-            if not line.strip("\n"):
-                continue
-            row = []
-            for f in line.strip("\n").split("\x1f"):
-                row.append(None if f == "\x01" else int(f) if re.fullmatch(r"-?\d+", f) else f)
-            rows.append(tuple(row))
-        return rows
+        return pgcluster.query(PG, query, params, db=self.pgdb)
 
     def rewind_schema(self, to):
         """Take the workdir's database back to schema version to, for a

@@ -16,6 +16,7 @@ import glob
 import json
 import os
 import pwd
+import re
 import shutil
 import socket
 import subprocess
@@ -137,6 +138,31 @@ def psql(info, sql, db="postgres", raw=False):
     if r.returncode:
         raise RuntimeError("psql failed on %r: %s" % (sql, r.stderr.strip()))
     return r.stdout
+
+
+def query(info, sql, params=(), db="postgres"):
+    """The rows of sql on db, as tuples (? marks a parameter, bound as a
+    literal): whole numbers come back as ints, other values as strings,
+    NULL as None. Raises on failure, as psql does."""
+    parts = sql.split("?")
+    if len(parts) - 1 != len(params):
+        raise ValueError("%d parameters for %d ?" % (len(params), len(parts) - 1))
+    text = parts[0]
+    for v, rest in zip(params, parts[1:]):
+        if v is None:
+            lit = "NULL"
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            lit = repr(v)
+        else:
+            lit = "'" + str(v).replace("'", "''") + "'"
+        text += lit + rest
+    rows = []
+    for line in psql(info, text, db=db, raw=True).split("\x1e"):
+        if not line.strip("\n"):
+            continue
+        rows.append(tuple(None if f == "\x01" else int(f) if re.fullmatch(r"-?\d+", f) else f
+                          for f in line.strip("\n").split("\x1f")))
+    return rows
 
 
 def drop_later(info, db):

@@ -46,25 +46,10 @@ class Db:
                     con.close()
             except sqlite3.Error:
                 return None
-        parts = sql.split("?")
-        if len(parts) - 1 != len(args):
-            raise ValueError("%d parameters for %d ?" % (len(args), len(parts) - 1))
-        text = parts[0]
-        for v, rest in zip(args, parts[1:]):
-            lit = "NULL" if v is None else repr(v) if isinstance(v, int) else \
-                "'" + str(v).replace("'", "''") + "'"
-            text += lit + rest
         try:
-            out = pgcluster.psql(self.pg, text, db=self.name, raw=True)
+            return pgcluster.query(self.pg, sql, args, db=self.name)
         except (RuntimeError, OSError):
             return None
-        rows = []
-        for line in out.split("\x1e"):
-            if not line.strip("\n"):
-                continue
-            rows.append(tuple(None if f == "\x01" else int(f) if re.fullmatch(r"-?\d+", f) else f
-                              for f in line.strip("\n").split("\x1f")))
-        return rows
 
     def integrity(self):
         """SQLite's integrity_check (["ok"] when sound); PostgreSQL keeps its
