@@ -646,7 +646,11 @@
     poll(my, async () => {
       let r, c;
       try {
-        [r, c] = await Promise.all([api('/v1/runs/' + enc(id)), api('/v1/runs?parent=' + enc(id) + '&limit=100')]);
+        /* The record first: for an id that is no run id the children's
+         * list is refused (400) too, and when that answer came first the
+         * page showed it instead of "no run with id". */
+        r = await api('/v1/runs/' + enc(id));
+        c = await api('/v1/runs?parent=' + enc(id) + '&limit=100');
       } catch (e) {
         if (e.status === 404 && my === gen) {
           draw(h('div', { class: 'empty' }, e.message, '. ', h('a', { href: '#/runs' }, 'Back to the runs.')));
