@@ -375,13 +375,28 @@ end
 -- http.post_json? (its functions are ...)"). module "step" is ctx.step.
 -- Matching events -------------------------------------------------------------
 
--- A path of an event ("data.order_id"); "event.data.x" is read as
--- "data.x", as in concurrency keys.
-local function match_path(p)
+-- The fields of an event (store.c's store__event_json): every path into
+-- an event starts at one of them.
+M.event_fields = { "data", "name", "id", "ts" }
+local EVENT_FIELDS = set_of(M.event_fields)
+
+-- A path into an event ("data.order_id"; "event.data.x" reads as
+-- "data.x"): the path without "event.", or nil when it is not a path,
+-- and then, for a path that starts at no field of an event, why. Such a
+-- path ("service") is nil in every event, so it compares equal in all of
+-- them: a wait or cancel_on would take any event, a key would hold every
+-- run under one value. lenient (a version registered before, a step
+-- replayed) takes it as before.
+function M.event_path(p, lenient)
   if type(p) ~= "string" or not p:match("^[%a_][%w_]*[%w_.]*$") or p:find("..", 1, true) or p:sub(-1) == "." then
     return nil
   end
-  return (p:gsub("^event%.", ""))
+  local q = p:gsub("^event%.", "")
+  if not lenient and not EVENT_FIELDS[q:match("^[^.]+")] then
+    return nil, ("%q names no field of an event (a path starts at %s): did you mean \"data.%s\"?")
+      :format(p, table.concat(M.event_fields, ", "), q)
+  end
+  return q
 end
 
 -- The `match` of step.wait_for_event and cancel_on (what: where it is,
@@ -392,9 +407,10 @@ end
 -- a table of path = value (a string, number, boolean or json.null), or
 -- a list and pairs at once. Returns the pairs, or nil and a message that
 -- names the fix.
-function M.match_pairs(what, m, null)
+function M.match_pairs(what, m, null, lenient)
   if type(m) == "string" then
-    local p = match_path(m)
+    local p, why = M.event_path(m, lenient)
+    if why then return nil, ("%s: 'match' %s"):format(what, why) end
     if not p then
       return nil, ("%s: 'match' must be a path such as \"data.request_id\" (or a table of path = value), got %q"):format(what, m)
     end
@@ -413,7 +429,8 @@ function M.match_pairs(what, m, null)
   for _, k in ipairs(keys) do
     local v = m[k]
     if type(k) == "number" and k >= 1 and k <= n and k == floor(k) then
-      local p = match_path(v)
+      local p, why = M.event_path(v, lenient)
+      if why then return nil, ("%s: match[%d] %s"):format(what, k, why) end
       if not p then
         return nil, ("%s: match[%d] must be a path such as \"data.service\" (compared with the run's own event), "
           .. "got %s; for a given value write match = { [\"data.service\"] = value }"):format(what, k,
@@ -424,7 +441,8 @@ function M.match_pairs(what, m, null)
       return nil, ("%s: 'match' keys must be paths such as \"data.service\", got a %s key (%s): "
         .. "write match = { [\"data.service\"] = value }"):format(what, type(k), tostring(k))
     else
-      local p = match_path(k)
+      local p, why = M.event_path(k, lenient)
+      if why then return nil, ("%s: match key %s"):format(what, why) end
       if not p then
         return nil, ("%s: match key %q is not a path such as \"data.service\""):format(what, k)
       end

@@ -114,7 +114,8 @@ run.add_step("wait_for_event", function(id, opts)
   local match
   if opts.match ~= nil then
     local err
-    match, err = api.match_pairs("step.wait_for_event", opts.match, null)
+    -- A replay takes what an older engine took when the wait was made.
+    match, err = api.match_pairs("step.wait_for_event", opts.match, null, R.replaying)
     if not match then user_fatal(err) end
   end
   local timeout = opts.timeout ~= nil and to_ms(opts.timeout, "step.wait_for_event: timeout") or nil

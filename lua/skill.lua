@@ -51,6 +51,15 @@ function M.validate(def, file, src, default_id, recorded)
     error({ message = where .. ": " .. fmt:format(...), line = line, key = key }, 0)
   end
 
+  -- A key (concurrency, throttle, singleton, ...): a path into the run's
+  -- event (api.event_path), or nil when optional; else fail at field.
+  local function key_path(field, where, v, example, optional)
+    if v == nil and optional then return end
+    local ok, why = api.event_path(v, recorded)
+    if why then fail(field, "'%s' %s", where, why) end
+    if not ok then fail(field, "'%s' must be a path such as \"%s\", got %s", where, example, show(v)) end
+  end
+
   if type(def) ~= "table" then
     fail(nil, "the file must return a table (the skill definition), got %s", type(def))
   end
@@ -176,9 +185,7 @@ function M.validate(def, file, src, default_id, recorded)
       if type(l.limit) ~= "number" or l.limit < 1 or l.limit ~= math.floor(l.limit) or l.limit > 1e9 then
         fail("limit", "'%s.limit' must be a whole number of at least 1, got %s", where, show(l.limit))
       end
-      if l.key ~= nil and (type(l.key) ~= "string" or not l.key:match("^[%a_][%w_]*[%w_.]*$")) then
-        fail("key", "'%s.key' must be a path such as \"event.data.service\", got %s", where, show(l.key))
-      end
+      key_path("key", where .. ".key", l.key, "event.data.service", true)
       if l.scope ~= nil and (type(l.scope) ~= "string" or not l.scope:match("^[a-z0-9][a-z0-9._-]*$")
           or #l.scope > 100) then
         fail("scope", "'%s.scope' must be a name such as \"openai\" ([a-z0-9][a-z0-9._-]*), shared by every "
@@ -216,9 +223,7 @@ function M.validate(def, file, src, default_id, recorded)
     if t.period == nil then fail(name, "'%s' needs a 'period' such as \"1m\" (%s)", name, shape) end
     local period = duration(name .. ".period", t.period)
     if period < 1 then fail("period", "'%s.period' must be longer than 0", name) end
-    if t.key ~= nil and (type(t.key) ~= "string" or not t.key:match("^[%a_][%w_]*[%w_.]*$")) then
-      fail("key", "'%s.key' must be a path such as \"event.data.team\", got %s", name, show(t.key))
-    end
+    key_path("key", name .. ".key", t.key, "event.data.team", true)
     local burst = 0
     if with_burst and t.burst ~= nil then
       if type(t.burst) ~= "number" or t.burst < 0 or t.burst ~= math.floor(t.burst) or t.burst > 1e6 then
@@ -243,9 +248,7 @@ function M.validate(def, file, src, default_id, recorded)
              type(k) == "string" and suggest(k, keys) or "")
       end
     end
-    if t.key ~= nil and (type(t.key) ~= "string" or not t.key:match("^[%a_][%w_]*[%w_.]*$")) then
-      fail("key", "'singleton.key' must be a path such as \"event.data.service\", got %s", show(t.key))
-    end
+    key_path("key", "singleton.key", t.key, "event.data.service", true)
     if t.mode ~= nil and t.mode ~= "skip" and t.mode ~= "cancel" then
       fail("mode", "'singleton.mode' must be \"skip\" (a new run is skipped while one runs) or \"cancel\" "
            .. "(a new run cancels the one running), got %s", show(t.mode))
@@ -267,9 +270,10 @@ function M.validate(def, file, src, default_id, recorded)
              type(k) == "string" and suggest(k, keys) or "")
       end
     end
-    if type(t.key) ~= "string" or not t.key:match("^[%a_][%w_]*[%w_.]*$") then
-      fail("idempotency", "'idempotency' needs a key: a path such as \"event.data.order_id\", got %s", show(t.key))
+    if t.key == nil then
+      fail("idempotency", "'idempotency' needs a key: a path such as \"event.data.order_id\", got nil")
     end
+    key_path("idempotency", "idempotency.key", t.key, "event.data.order_id")
     local period = t.period ~= nil and duration("idempotency.period", t.period) or 24 * 3600 * 1000
     if period < 1 then fail("period", "'idempotency.period' must be longer than 0") end
     idem = { key = t.key, period = period }
@@ -290,9 +294,7 @@ function M.validate(def, file, src, default_id, recorded)
     if t.period == nil then fail("debounce", "'debounce' needs a 'period' such as \"5s\": how long no newer event must come") end
     local period = duration("debounce.period", t.period)
     if period < 1 then fail("period", "'debounce.period' must be longer than 0") end
-    if t.key ~= nil and (type(t.key) ~= "string" or not t.key:match("^[%a_][%w_]*[%w_.]*$")) then
-      fail("key", "'debounce.key' must be a path such as \"event.data.incident\", got %s", show(t.key))
-    end
+    key_path("key", "debounce.key", t.key, "event.data.incident", true)
     local max_wait = t.max_wait ~= nil and duration("debounce.max_wait", t.max_wait) or nil
     if max_wait and max_wait < period then
       fail("max_wait", "'debounce.max_wait' must be at least the period (%s ms), got %s ms", period, max_wait)
@@ -317,9 +319,7 @@ function M.validate(def, file, src, default_id, recorded)
     end
     if t.timeout == nil then fail("batch", "'batch' needs a 'timeout' such as \"5s\": how long a batch waits to fill") end
     local timeout = duration("batch.timeout", t.timeout)
-    if t.key ~= nil and (type(t.key) ~= "string" or not t.key:match("^[%a_][%w_]*[%w_.]*$")) then
-      fail("key", "'batch.key' must be a path such as \"event.data.tenant\", got %s", show(t.key))
-    end
+    key_path("key", "batch.key", t.key, "event.data.tenant", true)
     batch = { max = t.max, timeout = timeout, key = t.key }
   end
 
@@ -374,7 +374,7 @@ function M.validate(def, file, src, default_id, recorded)
       local match
       if c.match ~= nil then
         local err
-        match, err = api.match_pairs(("cancel_on %d"):format(i), c.match, NULL)
+        match, err = api.match_pairs(("cancel_on %d"):format(i), c.match, NULL, recorded)
         if not match then fail("match", "%s", err) end
       end
       list[#list + 1] = { event = c.event, match = match }

@@ -657,6 +657,11 @@ class PerPeriodTest(SkillsTestCase):
             r = self.w.ml("check", path)
             self.assertEqual(r.returncode, 1, flow)
             self.assertIn(want, r.stderr + r.stdout, flow)
+        for flow in ('concurrency = { limit = 1, key = "event.data.team" }',
+                     'concurrency = { limit = 1, key = "data.team" }',
+                     'singleton = { key = "name" }', 'idempotency = "event.id"'):
+            path = self.w.write("good.lua", 'return { id = "good", %s, run = function() end }' % flow)
+            self.assertEqual(self.w.ml("check", path).returncode, 0, flow)
 
 
 class OnceTest(SkillsTestCase):
@@ -741,6 +746,17 @@ class OnceTest(SkillsTestCase):
             ('singleton = { kye = "x" }', "unknown key 'kye' in 'singleton' (did you mean 'key'?)"),
             ('idempotency = { period = "1h" }', "'idempotency' needs a key: a path such as \"event.data.order_id\""),
             ('idempotency = 5', "'idempotency' must be a path such as \"event.data.order_id\" or a table {key=, period=}"),
+            # A key path that starts at no field of an event holds every
+            # run under one value ("team" for "event.data.team").
+            ('concurrency = { limit = 1, key = "team" }',
+             "'concurrency.key' \"team\" names no field of an event (a path starts at data, name, id, ts): "
+             "did you mean \"data.team\"?"),
+            ('throttle = { limit = 1, period = "1s", key = "event.tenant" }',
+             "'throttle.key' \"event.tenant\" names no field of an event"),
+            ('singleton = { key = "service" }', "'singleton.key' \"service\" names no field of an event"),
+            ('idempotency = "order_id"', "'idempotency.key' \"order_id\" names no field of an event"),
+            ('debounce = { period = "1s", key = "incident" }', "'debounce.key' \"incident\" names no field"),
+            ('batch = { max = 2, timeout = "1s", key = "tenant" }', "'batch.key' \"tenant\" names no field"),
         ]
         for flow, want in cases:
             path = self.w.write("bad.lua", 'return { id = "bad", %s, run = function() end }' % flow)

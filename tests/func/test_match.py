@@ -104,6 +104,47 @@ return { id = "badc", cancel_on = { { event = "x", match = { ["data.a"] = { 1, 2
         r = self.w.ml("check", "skills/badc.lua", check=1)
         self.assertIn("cancel_on 1: match[\"data.a\"] is a table", r.stdout + r.stderr)
 
+    def test_a_path_that_names_no_field_of_an_event_is_refused(self):
+        # "service" for "data.service": nil in every event, so nil == nil
+        # let any "ans" resume a run waiting for its own service's answer,
+        # and one "stop" cancel every run of the skill.
+        self.skill("rootless", """
+return { id = "rootless", run = function(ctx)
+  local path = ctx.input.path
+  local e = ctx.step.wait_for_event("w", { event = "ans", match = path, timeout = "1h" })
+  return e and e.data or "timeout"
+end }""")
+        r = self.w.ml("run", "skills/rootless.lua", "--data", json.dumps({"path": "service"}), check=1)
+        self.assertIn("step.wait_for_event: 'match' \"service\" names no field of an event (a path "
+                      "starts at data, name, id, ts): did you mean \"data.service\"?", r.stderr)
+        cases = [
+            ('wait', 'ctx.step.wait_for_event("w", { event = "e", match = "service" })',
+             "'match' \"service\" names no field of an event"),
+            ('waitlist', 'ctx.step.wait_for_event("w", { event = "e", match = { "data.a", "b" } })',
+             "match[2] \"b\" names no field of an event"),
+            ('waitkey', 'ctx.step.wait_for_event("w", { event = "e", match = { ["event.svc"] = "x" } })',
+             "match key \"event.svc\" names no field of an event (a path starts at data, name, id, ts): "
+             "did you mean \"data.svc\"?"),
+        ]
+        for name, call, want in cases:
+            self.skill(name, 'return { id = "%s", run = function(ctx) return %s end }' % (name, call))
+            r = self.w.ml("check", "skills/%s.lua" % name, check=1)
+            self.assertIn(want, r.stdout + r.stderr, name)
+        self.skill("cancelroot", """
+return { id = "cancelroot", cancel_on = { { event = "stop", match = "order" } },
+  run = function(ctx) return 1 end }""")
+        r = self.w.ml("check", "skills/cancelroot.lua", check=1)
+        self.assertIn("cancel_on 1: 'match' \"order\" names no field of an event", r.stdout + r.stderr)
+        # Every field of an event is a root, with or without "event.".
+        self.skill("roots", """
+return { id = "roots", cancel_on = { { event = "stop", match = { "data.order", "event.name" } } },
+  run = function(ctx)
+    return ctx.step.wait_for_event("w", { event = "e", match = { ["id"] = "x", ["event.ts"] = "y" },
+                                          timeout = 0.05 })
+  end }""")
+        self.w.ml("check", "skills/roots.lua", check=0)
+        self.w.ml("run", "skills/roots.lua", check=0)
+
     def test_a_wait_kept_from_before_the_upgrade_still_matches(self):
         # A database whose waits still have match_path and match_value (the
         # schema before migration 7), with a pending wait on "event.data.k":
