@@ -94,8 +94,11 @@ static void put_record_fields(buf_t *b, const struct store_cur *st, int64_t posi
   PUT(b, "ended_at", put_time, st, 12);
   if (!cur_null(st, 13)) PUT(b, "deadline_at", put_time, st, 13);
   if (!cur_null(st, 14)) PUT(b, "wake_at", put_time, st, 14);
-  /* Why it waits to start (flow control: store_queue.c), while it does. */
-  const char *q = cur_text(st, 16);
+  /* Why it waits to start (flow control: store_queue.c), while it does:
+  ** a queued run that ended (cancelled, skipped) keeps its reason in the
+  ** row, but waits for nothing now. */
+  const char *status = cur_text(st, 3);
+  const char *q = status && vocab_run_status(status) == RUN_QUEUED ? cur_text(st, 16) : NULL;
   size_t qn = q ? strlen(q) : 0;
   if (position > 0 && qn > 2 && q[qn - 1] == '}') {
     KEY(b, "queued");
@@ -103,8 +106,10 @@ static void put_record_fields(buf_t *b, const struct store_cur *st, int64_t posi
     BUF_LIT(b, ",\"position\":");
     jsontext_put_int(b, position);
     buf_add(b, "}", 1);
-  } else {
+  } else if (q) {
     PUT(b, "queued", put_json, st, 16);
+  } else {
+    BUF_LIT(b, ",\"queued\":null");
   }
 }
 

@@ -144,6 +144,13 @@ class FlowControlTest(SkillsTestCase):
         self.assertEqual(self.w.trace(other)["status"], "running")
         time.sleep(0.3)
         self.assertEqual(len(g.starts), 2)  # the queued run did not start
+        # A queued run cancelled waits for nothing: its record, the list and
+        # the trace no longer give a reason to wait.
+        self.w.ml("cancel", third, check=0)
+        wait_until(lambda: self.w.trace(third)["status"] == "cancelled", what="the third run cancelled")
+        self.assertIsNone(self.w.trace(third)["queued"])
+        self.assertIsNone({r["id"]: r for r in self.api(p, "/v1/runs?skill=one")["runs"]}[third]["queued"])
+        self.assertNotIn("waiting:", self.w.ml("trace", third, check=0).stdout)
         g.release.set()
         wait_until(lambda: self.w.trace(second)["status"] == "completed", what="the queued run's end")
         a, b = self.w.trace(first), self.w.trace(second)
