@@ -350,7 +350,11 @@ static void l_hook(lua_State *L, lua_Debug *ar) {
     r->hook_fast = 0;
     lua_sethook(L, l_hook, LUA_MASKCOUNT, HOOK_COUNT);
   }
-  if (!r->in_slice || r->killed) return;
+  if (!r->in_slice) return;
+  /* Killed already, yet running: a nested load (skills.check's, lrt_pcall)
+  ** caught its kill and the caller went on. The slice is over all the
+  ** same: stop it again, or nothing would stop it. */
+  if (r->killed) lrt__raise_kill(L, 0);
   if (r->interrupt) {
     /* Ctrl-C in the REPL: stop whatever runs now (lrt_interrupt). */
     r->killed = 1;

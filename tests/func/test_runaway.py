@@ -86,6 +86,14 @@ CASES = {
     "loop_in_metamethod": (in_step(
         "local t = setmetatable({}, { __index = function(t, k) while true do end end })\nreturn t.x"), TIME),
     "recursion_without_end": (in_step("local function f(n) return f(n + 1) end\nreturn f(1)"), TIME),
+    # skills.check loads a source inside the caller's slice: the kill of
+    # that source's top level came back as its result, and the caller's
+    # loop then ran on unchecked (the hook ignored a slice already killed).
+    "loop_after_a_check_killed_in_step": (in_step('skills.check("while true do end")\nwhile true do end'), TIME),
+    "loop_after_a_check_killed_in_orchestration": (in_orch(
+        'skills.check("while true do end")\nskills.check("while true do end")\nwhile true do end'), TIME),
+    "loop_after_a_check_killed_for_memory": (in_step(
+        'skills.check("local t = {} while true do t[#t + 1] = {} end")\nwhile true do end'), MEMORY),
     "memory_hog_in_step": (in_step(
         'local t = {}\nwhile true do t[#t + 1] = ("x"):rep(1000) .. #t end'), MEMORY),
     "memory_hog_in_orchestration": (in_orch(
@@ -228,6 +236,14 @@ class BudgetDetailsTest(TestCase):
         self.assertEqual(r.returncode, 1, r.stdout)
         self.assertIn(MEMORY, r.stderr)
         self.assertIn("across its steps", r.stderr)
+
+    def test_a_file_that_loops_after_a_check_killed_fails_its_load(self):
+        self.w.write("top.lua", 'skills.check("while true do end")\nwhile true do end\n'
+                     'return { run = function() return 1 end }\n')
+        r, cpu = cpu_of(lambda: self.w.ml("run", "top.lua", timeout=30))
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertLess(cpu, 5)
+        self.assertIn(TIME, r.stdout + r.stderr)
 
     def test_a_killed_step_is_not_retried(self):
         self.w.write("r.lua", 'return { retries = 3, run = function(ctx)\n'
