@@ -473,6 +473,14 @@ function M.unknown(module, key)
     return ("ctx.%s is not a field of ctx%s (the fields are %s)"):format(key,
       near and (": did you mean ctx." .. near .. "?") or "", and_list(names(M.ctx_fields)))
   end
+  if module == "os" then
+    -- The sandbox's os (sandbox.lua) has only the clock: no processes, files or environment.
+    if key == "getenv" then
+      return "os.getenv is not available in a skill: read env.NAME, a variable the configuration grants "
+        .. "(env = { \"NAME\" } in moonloop.conf.lua)"
+    end
+    return ("os.%s is not available in a skill (os has only %s)"):format(key, and_list(M.os_functions))
+  end
   if module == "env" then
     return ("env.%s(...): env holds strings, not functions: it is the variables the configuration grants "
       .. "(env = { \"NAME\" } in moonloop.conf.lua), read as env.NAME"):format(key)
@@ -485,6 +493,13 @@ function M.unknown(module, key)
   return ("%s.%s is not a function of the %s module%s (its functions are %s)"):format(module, key, module,
     near and (": did you mean " .. module .. "." .. near .. "?") or "", and_list(names(m.functions)))
 end
+
+-- The path the llm module posts to under llm.base_url (llm.lua), which a
+-- test's c:llm answers (testing.lua).
+M.llm_path = "/chat/completions"
+
+-- The functions of the sandbox's os (sandbox.lua): the clock only.
+M.os_functions = { "clock", "date", "time" }
 
 -- What agents write when they take env for a module of functions
 -- (env.get("X")): such a name, when it is not granted, is answered with

@@ -29,7 +29,8 @@
 --     the configuration does not grant to the skill.
 -- Warnings (the file loads): code in the run function, outside step bodies,
 -- that is not deterministic: os.time(), os.clock(), os.date() of now,
--- math.random(), and time.now() (the time of the last step there).
+-- math.random(), and time.now() (the time of the last step there); a call
+-- of an os function the sandbox does not have (os.getenv: use env.NAME).
 
 local api = require("api")
 local parser = require("luacheck.parser")
@@ -52,7 +53,7 @@ function Chars:get_length() return #self.s end
 function Chars:find(pattern, from) return self.s:find(pattern, from) end
 
 -- The functions of os that read the clock.
-local CLOCK = { time = true, date = true, clock = true }
+local CLOCK = api.set_of(api.os_functions)
 
 -- The walk -----------------------------------------------------------------------
 
@@ -253,9 +254,11 @@ local function module_call(C, node, mod, fn)
   local args = {}
   for i = 2, #node do args[i - 1] = node[i] end
   local call = mod .. "." .. fn .. "()"
-  -- (What the sandbox lacks, os.execute or io, is refused when it runs:
+  -- (What the sandbox lacks beyond os, io say, is refused when it runs:
   -- the sandbox's own errors, not these checks, say so.)
   if mod == "os" then
+    -- (A warning: the call raises when it runs, which a pcall may expect.)
+    if not CLOCK[fn] then warn(C, node, api.unknown("os", fn)) end
     if CLOCK[fn] and C.direct and not C.body and (fn ~= "date" or #args < 2) then
       warn(C, node, ("%s outside a step body gives another value when the run is replayed after a restart: "
         .. "call it inside a step (local t = ctx.step.run(\"now\", function() return %s end))"):format(call, call))

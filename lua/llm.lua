@@ -21,6 +21,7 @@ local yield = coroutine.yield
 local type, tostring, error, ipairs, pcall, tonumber = type, tostring, error, ipairs, pcall, tonumber
 local encode, decode = core.encode, core.decode
 local user_error = require("run").user_error -- errors at the skill's line
+local LLM_PATH = require("api").llm_path
 
 local MAX_RETRIES = 4
 
@@ -82,7 +83,7 @@ function M.chat(req)
     temperature = req.temperature, max_tokens = req.max_tokens,
   }
   if req.json then body.response_format = { type = "json_object" } end
-  local url = cfg.base_url:gsub("/+$", "") .. "/chat/completions"
+  local url = cfg.base_url:gsub("/+$", "") .. LLM_PATH
   local headers = { ["Content-Type"] = "application/json", Accept = "application/json" }
   if cfg.api_key and cfg.api_key ~= "" then headers.Authorization = "Bearer " .. cfg.api_key end
   local payload, err = encode(body, 0)

@@ -213,6 +213,12 @@ local function need_run(name, id)
       fatal = true,
     }, fatal_mt), 0)
   end
+  -- The id left out: the body (or the seconds, the options) came first.
+  if type(id) ~= "string" then
+    user_error(("%s: the first argument is the step's id, a name such as \"fetch\", got %s%s")
+      :format(name, id == nil and "nil" or ("a " .. type(id)), type(id) == "function"
+        and (": write " .. name .. "(\"fetch\", function() ... end)") or ""))
+  end
   return T.R, T
 end
 M.need_run = need_run

@@ -35,6 +35,7 @@ local setmetatable, getmetatable, rawset, rawget = setmetatable, getmetatable, r
 local raw_getmetatable, raw_setmetatable = debug.getmetatable, debug.setmetatable
 local concat = table.concat
 local run = require("run")
+local api = require("api")
 local user_error = run.user_error -- errors at the skill's line
 local read_only, views, view_names = run.read_only, run.views, run.view_names
 
@@ -252,6 +253,18 @@ local function sb_pairs(t)
   return next, t, nil
 end
 
+-- The sandbox's os: api.os_functions; any other function (os.getenv,
+-- os.execute) is an error at once that says what to use instead, not
+-- "attempt to call a nil value" after the step's retries.
+local function os_lib()
+  -- os.date and os.clock as they are now: a test's virtual clock replaces them.
+  local have, t = { time = os_time, date = os.date, clock = os.clock }, {}
+  for _, name in ipairs(api.os_functions) do t[name] = have[name] end
+  return setmetatable(t, { __index = function(_, k)
+    if type(k) == "string" then run.user_fatal(api.unknown("os", k)) end
+  end })
+end
+
 -- tostring that always gives a string: LuaJIT passes on whatever
 -- __tostring returns, and code that formats a value expects text.
 local function sb_tostring(v)
@@ -294,7 +307,7 @@ function M.new(mods)
     _VERSION = _VERSION,
     string = view(copy(safe_string), "string"), table = view(copy(safe_table), "table"),
     math = view(copy(math, { randomseed = true }), "math"), bit = view(copy(bit), "bit"),
-    os = view({ time = os_time, date = os.date, clock = os.clock }, "os"),
+    os = view(os_lib(), "os"),
   }
   loading[env] = true
   if type(mods.json) == "table" then

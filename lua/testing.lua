@@ -24,6 +24,7 @@
 
 local core = ...
 local run = require("run")
+local skill_api = require("api") -- its llm_path: what c:llm answers
 require("flow")
 local loader = require("loader")
 local sandbox = require("sandbox")
@@ -152,7 +153,7 @@ function api:llm(answer)
   s.llm[#s.llm + 1] = answer
   if s.llm_mocked then return end
   s.llm_mocked = true
-  s.http[#s.http + 1] = { method = "POST", url = "/chat/completions", n = 0, resp = function(req, n)
+  s.http[#s.http + 1] = { method = "POST", url = skill_api.llm_path, n = 0, resp = function(req, n)
     local a = s.llm[n] or s.llm[#s.llm]
     local body = type(req.json) == "table" and req.json or {}
     if type(a) == "function" then a = a(body, n) end

@@ -51,6 +51,7 @@
 
 local core = ...
 local run = require("run")
+local api = require("api")
 local flow = require("flow")
 local report = require("testing_report")
 
@@ -437,6 +438,11 @@ local function handle_http(st, co, T, req)
   if not m then
     local msg = ("%s %s is not mocked in this test: mock the step '%s' with c:mock, or the request with c:http(%s, response)")
       :format(method, url, tostring(rec.step), encode(method .. " " .. url, 0))
+    if method == "POST" and url:sub(-#api.llm_path) == api.llm_path then
+      -- llm.chat's request: c:llm gives the model's answer.
+      msg = ("POST %s (the LLM) is not mocked in this test: give the model's answer with c:llm(answer), "
+        .. "or mock the step '%s' with c:mock"):format(url, tostring(rec.step))
+    end
     C.unmocked[#C.unmocked + 1] = method .. " " .. url
     push(st, co, clock, pack(nil, msg))
     return

@@ -289,6 +289,37 @@ return { run = function() end }
         self.assertIn("execute", r.stderr)
         self.assertFalse(os.path.exists(marker))
 
+    def test_os_getenv_says_to_read_env_and_fails_at_once(self):
+        # What agents reach for first: it said "attempt to call field
+        # 'getenv' (a nil value)" after every retry.
+        self.w.write("g.lua", 'return { retries = 3, run = function(ctx)\n'
+                     '  return ctx.step.run("home", function() local f = "get" .. "env"; '
+                     'return os[f]("HOME") end)\nend }\n')
+        r = self.w.ml("run", "g.lua", check=1)
+        self.assertIn("os.getenv is not available in a skill: read env.NAME, a variable the "
+                      "configuration grants", r.stderr)
+        t = self.w.trace(self.run_id_of(r))
+        self.assertEqual(len(t["steps"][0]["attempts"]), 1)  # not retried
+        # Written out, `moonloop check` warns (the file still loads: a
+        # pcall may expect the error).
+        self.w.write("g2.lua", 'return { run = function(ctx)\n  return ctx.step.run("h", function() '
+                     'return os.getenv("HOME") end)\nend }\n')
+        r = self.w.ml("check", "g2.lua", check=0)
+        self.assertIn("g2.lua:2: warning: os.getenv is not available in a skill", r.stdout + r.stderr)
+        self.w.write("g3.lua", 'return { run = function(ctx) return os.execute("true") end }\n')
+        r = self.w.ml("run", "g3.lua", check=1)
+        self.assertIn("os.execute is not available in a skill (os has only clock, date and time)", r.stderr)
+
+    def test_a_step_without_its_id_says_so(self):
+        self.w.write("n.lua", 'return { run = function(ctx) return ctx.step.run(function() return 1 end) end }\n')
+        r = self.w.ml("run", "n.lua", check=1)
+        self.assertIn('step.run: the first argument is the step\'s id, a name such as "fetch", got a '
+                      'function: write step.run("fetch", function() ... end)', r.stderr)
+        self.w.write("n2.lua", 'return { run = function(ctx) return ctx.step.sleep(5) end }\n')
+        r = self.w.ml("run", "n2.lua", check=1)
+        self.assertIn("step.sleep: the first argument is the step's id, a name such as \"fetch\", got a number",
+                      r.stderr)
+
     def test_error_values_and_tracebacks_do_not_carry_runtime_tables(self):
         self.w.write("e.lua", r'''
 return { run = function(ctx)

@@ -161,6 +161,23 @@ class SkillTestsTest(TestCase):
         self.assertIn("1 passed, 0 failed", r.stdout)
         self.assertEqual(self.si.count("/x"), 0)
 
+    def test_an_unmocked_llm_call_names_c_llm(self):
+        self.w.write("l/ask.lua", 'return { retries = 0, run = function(ctx)\n'
+                     '  return ctx.step.run("ask", function() return llm.chat({ prompt = "hi" }) end)\n'
+                     'end }\n')
+        self.w.write("l/ask_test.lua", 'local t = test.skill("ask.lua")\n'
+                     't:case("unmocked", function(c)\n'
+                     '  c:run()\n'
+                     '  c:err("/chat/completions (the LLM) is not mocked in this test: give the model\'s answer '
+                     'with c:llm(answer), or mock the step \'ask\' with c:mock")\n'
+                     'end)\n'
+                     't:case("mocked", function(c)\n'
+                     '  c:llm("hello")\n'
+                     '  c:eq(c:run().text, "hello")\n'
+                     'end)\nreturn t\n')
+        r = self.w.ml("test", "l", check=0)
+        self.assertIn("2 passed, 0 failed", r.stdout, r.stdout + r.stderr)
+
     def test_the_engine_modules_ask_for_a_mock(self):
         # runs.cancel, like runs.list, would reach outside the test: the
         # step fails asking for its mock, and works mocked.
