@@ -160,18 +160,25 @@ local function unset_env_hint(m)
     #list == 1 and "is" or "are", table.concat(list, ", "), list[1])
 end
 
+-- A message as JSON can hold it: a NUL byte (which JSON text here does
+-- not carry, so the whole error was lost) shown as \0.
+local function visible(m)
+  if type(m) == "string" and m:find("\0", 1, true) then return (m:gsub("%z", "\\0")) end
+  return m
+end
+
 -- Turn any error value into {message=, traceback=, fatal=, step=}.
 local function normalize(e, tb)
   local mt = type(e) == "table" and getmetatable(e)
   if mt == fatal_mt or mt == step_error_mt then
-    return { message = e.message, fatal = e.fatal, step = e.step, traceback = tb or e.traceback }
+    return { message = visible(e.message), fatal = e.fatal, step = e.step, traceback = tb or e.traceback }
   end
   if type(e) == "table" and type(e.message) == "string" then
-    return { message = e.message, traceback = tb }
+    return { message = visible(e.message), traceback = tb }
   end
   local m = tostring(e)
   if type(m) ~= "string" then m = "an error value that is not a string" end
-  return { message = unset_env_hint(m), traceback = tb }
+  return { message = visible(unset_env_hint(m)), traceback = tb }
 end
 
 -- Keep the skill's frames in a traceback and drop the runtime's.
@@ -257,8 +264,9 @@ local function next_step(R, T, id, kind)
   if type(id) ~= "string" or id == "" then
     user_error(("step id must be a non-empty string, got %s"):format(type(id) == "string" and '""' or type(id)))
   end
-  if #id > 200 or id:find("#", 1, true) then
-    user_error(("bad step id '%s': at most 200 characters and no '#'"):format(id:sub(1, 40)))
+  if #id > 200 or id:find("#", 1, true) or id:find("\0", 1, true) then
+    user_error(("bad step id '%s': at most 200 characters, no '#' and no NUL byte")
+      :format((id:sub(1, 40):gsub("%z", "\\0"))))
   end
   local n = (R.ids[id] or 0) + 1
   R.ids[id] = n

@@ -105,7 +105,13 @@ static int get_STR(lua_State *co, int *i, const char *op, const char *name, int 
   *out = NULL;
   if (!need && lua_isnoneornil(co, *i)) return ++*i, 0;
   if (lua_type(co, *i) != LUA_TSTRING) return bad_arg(co, *i, op, name, OPT_STR, e);
-  *out = lua_tostring(co, (*i)++);
+  size_t n;
+  *out = lua_tolstring(co, (*i)++, &n);
+  /* C reads it up to its first NUL: a name cut short there ("a\0b" as
+  ** "a") would name something else. */
+  if (strlen(*out) != n)
+    return err_set(e, ERR_INVALID, "the %s given (op %s) holds a NUL byte (\\0), which names "
+                   "nothing", name, op);
   return 0;
 }
 

@@ -320,6 +320,24 @@ return { run = function() end }
         self.assertIn("step.sleep: the first argument is the step's id, a name such as \"fetch\", got a number",
                       r.stderr)
 
+    def test_nul_bytes_are_refused_or_shown_never_lost(self):
+        # JSON text here carries no NUL: an error holding one was lost
+        # ("(no error recorded)"), a step id holding one was stored cut short
+        # (its run failed on every replay), a skill name was looked up cut.
+        cases = {
+            "err": ('ctx.step.run("s", function() error("bad\\0thing") end)', "bad\\0thing"),
+            "fatal": ('error(fatal("x\\0y"))', "x\\0y"),
+            "id": ('ctx.step.run("fetch\\0x", function() return 1 end)',
+                   "bad step id 'fetch\\0x': at most 200 characters, no '#' and no NUL byte"),
+            "skill": ('ctx.step.invoke("c", { skill = "err\\0x" })',
+                      "the skill given (op INVOKE) holds a NUL byte (\\0), which names nothing"),
+        }
+        for name, (body, want) in cases.items():
+            self.w.write(name + ".lua", 'return { retries = 0, run = function(ctx)\n  %s\nend }\n' % body)
+            r = self.w.ml("run", name + ".lua", check=1)
+            self.assertIn(want, r.stderr, name)
+            self.assertIn(want, self.w.trace(self.run_id_of(r))["error"]["message"], name)
+
     def test_error_values_and_tracebacks_do_not_carry_runtime_tables(self):
         self.w.write("e.lua", r'''
 return { run = function(ctx)
