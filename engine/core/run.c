@@ -225,6 +225,13 @@ void run__finish(struct run *r, const char *status, const char *output, const ch
   /* Its slots go to the runs queued for them in the same group, and to
   ** those living here at once (flowctl.c). */
   run__release_slot(r);
+  if (r->log_dropped) {
+    char note[160];
+    snprintf(note, sizeof note, "%lld log lines were dropped past this run's budget "
+             "(limits.run_logs)", (long long)r->log_dropped);
+    struct log_row l = {.run_id = r->id, .ts = now, .level = "warn", .msg = note};
+    journal_log(j, &l);
+  }
   struct run_set set = {.run_id = r->id, .status = status, .output = output, .error = error,
                         .ended_at = now};
   journal_run_set(j, &set);

@@ -107,6 +107,8 @@ struct run {
                      ** (from the store; cleared at its next durable write) */
   char *limits;      /* its limits with their keys' values (flowctl_limits), once asked */
   int slot_held, slot_pending, slot_ever; /* slots: held, asked for, held once */
+  int64_t log_bytes;   /* bytes of log lines it wrote in this process (run_lua.c's c_log) */
+  int64_t log_dropped; /* lines dropped past limits.run_logs */
   struct stimer flow_timer; /* a throttled run asks again at its start time (flowctl.c) */
   struct run *prev, *next; /* the scheduler's list of live runs */
 };

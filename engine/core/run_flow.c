@@ -353,6 +353,16 @@ void run__wait_stop(struct task *t) {
 
 /* Answer an invoke that could not start its child (or a send_event whose
 ** event is refused): the step fails. */
+/* How deep r is in a chain of runs invoking runs: its trigger's "depth"
+** (1 for a child of a run started otherwise; 0 for that run). */
+static int invoke_depth(const struct run *r) {
+  cJSON *trig = r->trigger ? cJSON_Parse(r->trigger) : NULL;
+  const cJSON *d = cJSON_GetObjectItem(trig, "depth");
+  int n = cJSON_IsNumber(d) && d->valuedouble > 0 && d->valuedouble < 1e6 ? (int)d->valuedouble : 0;
+  cJSON_Delete(trig);
+  return n;
+}
+
 static void invoke_failed(struct task *t, const char *msg) {
   struct run *r = t->run;
   int64_t now = units_now_ms();
@@ -420,10 +430,23 @@ void run_op_invoke(struct task *t, const struct op_invoke *a) {
       free(skill_id), free(data);
       return;
     }
+    /* A chain of runs invoking runs (a skill that invokes itself, say)
+    ** ends at limits.invoke_depth: each child's trigger says how deep it is. */
+    int depth = invoke_depth(r) + 1, most = sched__opts(s)->invoke_depth;
+    if (depth > most) {
+      char msg[600];
+      snprintf(msg, sizeof msg, "cannot invoke '%s': this run is %d deep in runs that invoke runs, "
+               "the most limits.invoke_depth allows (%d); a skill that invokes itself needs an end",
+               skill_id, depth - 1, most);
+      invoke_failed(t, msg);
+      free(skill_id), free(data);
+      return;
+    }
     cJSON *trig = cJSON_CreateObject();
     cJSON_AddStringToObject(trig, "kind", "invoke");
     cJSON_AddStringToObject(trig, "by", "skill");
     cJSON_AddStringToObject(trig, "step", t->wait_id);
+    cJSON_AddNumberToObject(trig, "depth", depth);
     char *tj = cJSON_PrintUnformatted(trig);
     cJSON_Delete(trig);
     /* The child's id comes from this run's id and the step's, at the

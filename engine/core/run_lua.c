@@ -36,13 +36,31 @@ static int c_log(lua_State *L) {
   if (len > 65536) {
     snprintf(cut, sizeof cut, "%.65536s [cut]", msg);
     msg = cut;
+    len = strlen(cut);
   }
   if (!t) {
     term_printf(stderr, "[%s] %s\n", level, msg);
     return 0;
   }
   fault_log(msg); /* tests: a real crash here, or faults armed by the run (base/fault.h) */
-  struct log_row row = {.run_id = t->run->id, .seq = seq, .ts = units_now_ms(), .level = level,
+  /* A run's lines are held until their commit and kept with it: past its
+  ** budget they are dropped (one line says so, run__finish how many). */
+  struct run *r = t->run;
+  int64_t limit = sched__opts(s)->run_log_limit;
+  if (r->log_bytes + (int64_t)len > limit) {
+    if (!r->log_dropped++) {
+      char d[32], note[200];
+      units_fmt_size(limit, d, sizeof d);
+      snprintf(note, sizeof note, "this run logged %s, its budget (limits.run_logs): its further "
+               "log lines are dropped", d);
+      struct log_row over = {.run_id = r->id, .seq = seq, .ts = units_now_ms(), .level = "warn",
+                             .msg = note};
+      journal_log(sched__journal(s), &over);
+    }
+    return 0;
+  }
+  r->log_bytes += (int64_t)len;
+  struct log_row row = {.run_id = r->id, .seq = seq, .ts = units_now_ms(), .level = level,
                         .msg = msg};
   journal_log(sched__journal(s), &row);
   if (sched__opts(s)->verbose) term_printf(stderr, "    %s: %s\n", level, msg);

@@ -574,6 +574,8 @@ int sched_new(const struct sched_opts *o, sched_t **out, err_t *e) {
   if (s->o.backoff_max_ms <= 0) s->o.backoff_max_ms = 600000;
   if (s->o.step_output_limit <= 0) s->o.step_output_limit = 1 << 20;
   if (s->o.event_limit <= 0) s->o.event_limit = 1 << 20;
+  if (s->o.run_log_limit <= 0) s->o.run_log_limit = 16 << 20;
+  if (s->o.invoke_depth <= 0) s->o.invoke_depth = 64;
   if (s->o.max_parked == 0) s->o.max_parked = 10000;
   sched__group_init(&s->open);
   s->data_version = -1;

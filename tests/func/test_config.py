@@ -35,6 +35,10 @@ class ConfigTest(TestCase):
             ("  limits = { parked_runs = 0 },",
              "'limits.parked_runs' must be a whole number from 1 to 10000000, got 0"),
             ("  limits = { parked_runs = 2.5 },", "got 2.5"),
+            ("  limits = { run_logs = \"1KB\" },",
+             "'limits.run_logs' must be a size from 64 KB to 16 GB, got \"1KB\""),
+            ("  limits = { invoke_depth = 0 },",
+             "'limits.invoke_depth' must be a whole number from 1 to 10000, got 0"),
             ("  retry = { backoff = 0 },", "'retry.backoff' must be a duration from 1ms to 1d, got 0"),
             ("  retry = { max_backoff = \"30d\" },", "'retry.max_backoff' must be a duration from 1ms to 7d"),
             ("  lease = \"100ms\",", "'lease' must be a duration from 1s to 1d, got \"100ms\""),
@@ -54,7 +58,7 @@ class ConfigTest(TestCase):
     def test_values_in_range_are_taken(self):
         self.w.write("moonloop.conf.lua", """return {
   limits = { step_output = "1KB", event = "100B", run_seconds_between_yields = 0.2,
-             run_memory = "4MB", parked_runs = 20 },
+             run_memory = "4MB", parked_runs = 20, run_logs = "64KB", invoke_depth = 1 },
   retry = { retries = 0, backoff = "1ms", max_backoff = "7d" },
   lease = "1s", shutdown_grace = 0, retention = 0,
 }
@@ -62,7 +66,7 @@ class ConfigTest(TestCase):
         self.w.ml("skills", check=0)
         self.w.write("moonloop.conf.lua", """return {
   limits = { step_output = "256MB", event = 16, run_seconds_between_yields = "1h",
-             run_memory = "16GB", parked_runs = 10000000 },
+             run_memory = "16GB", parked_runs = 10000000, run_logs = "16GB", invoke_depth = 10000 },
   retry = { retries = 100, backoff = "1d" },
   lease = "1d", shutdown_grace = "1h", retention = "1m",
 }

@@ -100,6 +100,24 @@ end }""")
         failed = [c for c in children if c["status"] == "failed"][0]
         self.assertIn(failed["id"], out["err"])  # the child's run id is named
 
+    def test_a_skill_that_invokes_itself_ends_at_the_invoke_depth(self):
+        # Without an end it made runs at thousands a second, and a cancel of
+        # the first could not catch up with the last.
+        self.w.write("moonloop.conf.lua", "return { limits = { invoke_depth = 5 } }\n")
+        self.skill("chain", """
+return { id = "chain", retries = 0, run = function(ctx)
+  return ctx.step.invoke("down", { skill = "chain", data = {} })
+end }""")
+        self.serve()
+        r = self.w.ml("invoke", "chain", "--wait", check=1)
+        self.assertIn("cannot invoke 'chain': this run is 5 deep in runs that invoke runs, the most "
+                      "limits.invoke_depth allows (5); a skill that invokes itself needs an end", r.stderr)
+        runs = self.runs_of("chain")
+        self.assertEqual(len(runs), 6)  # the first and five below it
+        self.assertEqual({x["status"] for x in runs}, {"failed"})
+        depths = sorted(x["trigger"].get("depth", 0) for x in runs)
+        self.assertEqual(depths, [0, 1, 2, 3, 4, 5])
+
     def test_parallel_and_send_event_fan_out(self):
         self.skill("fan", """
 return { id = "fan", run = function(ctx)

@@ -245,6 +245,26 @@ class BudgetDetailsTest(TestCase):
         self.assertLess(cpu, 5)
         self.assertIn(TIME, r.stdout + r.stderr)
 
+    def test_log_lines_past_the_run_budget_are_dropped_and_counted(self):
+        # Lines wait in memory for their commit and stay in the database: a
+        # run that logged without end filled both (925 MB in 7 s).
+        self.w.write("moonloop.conf.lua", 'return { limits = { run_logs = "64KB" } }\n')
+        self.w.write("l.lua", in_orch('''
+  local s = ("x"):rep(1000)
+  for i = 1, 100 do log.info(s) end
+  ctx.step.run("s", function() for i = 1, 100 do log.info(s) end return 1 end)
+  return "done"'''))
+        r = self.w.ml("run", "l.lua", timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        t = self.w.trace(self.run_id_of(r))
+        logs = t.get("logs", []) + [ln for s in t["steps"] for ln in s.get("logs", [])]
+        kept = [ln for ln in logs if ln["msg"] == "x" * 1000]
+        self.assertEqual(len(kept), 65)  # 65 lines of 1,000 bytes fit 64 KB
+        notes = [ln["msg"] for ln in logs if ln["level"] == "warn"]
+        self.assertEqual(notes, ["this run logged 64.0 KB, its budget (limits.run_logs): its further log lines "
+                                 "are dropped", "135 log lines were dropped past this run's budget "
+                                 "(limits.run_logs)"])
+
     def test_a_killed_step_is_not_retried(self):
         self.w.write("r.lua", 'return { retries = 3, run = function(ctx)\n'
                      '  ctx.step.run("s", function() while true do end end)\nend }\n')
