@@ -49,16 +49,8 @@ int sidecar_start(struct engine *en, const char *workspace,
   cJSON *all = NULL;
   err_t le;
   if (store_list_skills(en->store, &all, &le)) all = NULL;
-  int n = cJSON_GetArraySize(all);
-  struct watcher_known *known = mem_calloc((size_t)n + 1, sizeof *known);
-  size_t nk = 0;
-  const cJSON *k;
-  cJSON_ArrayForEach(k, all) {
-    const cJSON *id = cJSON_GetObjectItem(k, "id"), *f = cJSON_GetObjectItem(k, "file"),
-                *v = cJSON_GetObjectItem(k, "version");
-    if (known && cJSON_IsString(id) && cJSON_IsString(f) && cJSON_IsString(v))
-      known[nk++] = (struct watcher_known){id->valuestring, f->valuestring};
-  }
+  size_t nk;
+  struct watcher_known *known = watcher_known_of(all, &nk);
   struct watcher_opts o = {
     .loop = &en->loop, .root = workspace, .skills = en->skills,
     .sink = {.ud = sc, .submit = submit},

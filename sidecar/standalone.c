@@ -241,15 +241,9 @@ int standalone_run(const struct config *cfg, err_t *e) {
     free(sa.base), free(sa.auth), free(prefix);
     return e->code;
   }
-  const cJSON *skills = cJSON_GetObjectItemCaseSensitive(ans, "skills"), *k;
-  struct watcher_known *known = mem_calloc((size_t)cJSON_GetArraySize(skills) + 1, sizeof *known);
-  size_t nk = 0;
-  cJSON_ArrayForEach(k, skills) {
-    const cJSON *id = cJSON_GetObjectItem(k, "id"), *f = cJSON_GetObjectItem(k, "file"),
-                *v = cJSON_GetObjectItem(k, "version");
-    if (known && cJSON_IsString(id) && cJSON_IsString(f) && cJSON_IsString(v))
-      known[nk++] = (struct watcher_known){id->valuestring, f->valuestring};
-  }
+  const cJSON *skills = cJSON_GetObjectItemCaseSensitive(ans, "skills");
+  size_t nk;
+  struct watcher_known *known = watcher_known_of(skills, &nk);
 
   /* A Lua runtime of our own, to learn each source's id. */
   struct engine rt;

@@ -12,6 +12,7 @@
 #include "sidecar/watcher_int.h"
 #include "base/mem.h"
 
+#include <cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,7 +47,7 @@ int watcher_counts(const char *name) {
 
 /* Free a record and its strings. */
 static void file_free(struct wfile *f) {
-  free(f->rel), free(f->path), free(f->id);
+  free(f->rel), free(f->path), free(f->id), free(f->rejected);
   free(f);
 }
 
@@ -186,4 +187,20 @@ void watcher_free(watcher_t *w) {
   free(w->files);
   free(w->root), free(w->prefix), free(w->log_prefix), free(w->status_prefix);
   free(w);
+}
+
+/* See watcher.h: a refused load's record counts, so that the removal of
+** its file (while no engine ran, too) clears it. */
+struct watcher_known *watcher_known_of(const cJSON *skills, size_t *n) {
+  struct watcher_known *known = mem_calloc((size_t)cJSON_GetArraySize(skills) + 1, sizeof *known);
+  const cJSON *k;
+  *n = 0;
+  cJSON_ArrayForEach(k, skills) {
+    const cJSON *id = cJSON_GetObjectItem(k, "id"), *f = cJSON_GetObjectItem(k, "file"),
+                *v = cJSON_GetObjectItem(k, "version"), *err = cJSON_GetObjectItem(k, "error");
+    if (known && cJSON_IsString(id) && cJSON_IsString(f) &&
+        (cJSON_IsString(v) || (err && !cJSON_IsNull(err))))
+      known[(*n)++] = (struct watcher_known){id->valuestring, f->valuestring};
+  }
+  return known;
 }

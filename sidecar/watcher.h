@@ -75,7 +75,7 @@ struct watcher_op {
   /* LOAD: the id the source declares (NULL when it does not load: the sink
   ** then records the error on fallback_id, the id the file registered
   ** before or its default id). UNLOAD: the id to unregister, only if its
-  ** live version still comes from path. */
+  ** live version (or, with none, its recorded refusal) still comes from path. */
   const char *id, *fallback_id;
   const char *source;      /* LOAD: the whole file */
   size_t len;
@@ -105,6 +105,13 @@ struct watcher_known {
   const char *id;
   const char *path; /* its registered name */
 };
+
+/* The known skills among the registry's records (a cJSON array of skill
+** records, as GET /v1/skills lists them): those with a live version, or a
+** refused load and none, and a file. Their strings point into skills;
+** *n is how many; NULL-terminated, free() it. */
+struct cJSON;
+struct watcher_known *watcher_known_of(const struct cJSON *skills, size_t *n);
 
 struct watcher_opts {
   uv_loop_t *loop;

@@ -157,9 +157,12 @@ static int look(watcher_t *w, struct wfile *f, struct wop *loads, size_t *nloads
   }
   if (rc == -1) {
     f->have_st = 0;
-    if (!f->id) return -1;
+    /* Gone: its skill is unregistered, and so is the record of its
+    ** refusal, which would else be listed for good (the registry clears
+    ** it only while that record still names this file). */
+    if (!f->id && !f->rejected) return -1;
     op->op.kind = WATCHER_UNLOAD;
-    op->id = mem_strdup(f->id);
+    op->id = mem_strdup(f->id ? f->id : f->rejected);
     op->f = f;
     return 1;
   }
@@ -322,6 +325,8 @@ static void handle(struct wop *op, const struct watcher_result *r) {
       if (f->id && strcmp(f->id, id)) watcher__push_stale(w, f->id, f->path);
       free(f->id);
       f->id = mem_strdup(id);
+      free(f->rejected);
+      f->rejected = NULL;
       memcpy(f->version, op->version, sizeof f->version);
       f->conflict = 0;
       f->retries = 0;
@@ -336,6 +341,11 @@ static void handle(struct wop *op, const struct watcher_result *r) {
       if (!w->stopping) watcher__touch(w, f, delay, 0);
     } else {
       memcpy(f->version, op->version, sizeof f->version);
+      /* Where the registry recorded the refusal (watcher.h's fallback_id). */
+      if (!f->id) {
+        free(f->rejected);
+        f->rejected = mem_strdup(op->id ? op->id : op->fallback);
+      }
       f->conflict = r->rc == ERR_CONFLICT;
       f->retries = 0;
       if (!w->ready) w->rejected++;
@@ -358,6 +368,8 @@ static void handle(struct wop *op, const struct watcher_result *r) {
         f->busy = 0;
         free(f->id);
         f->id = NULL;
+        free(f->rejected);
+        f->rejected = NULL;
         f->version[0] = 0;
         if (!f->have_st && !f->due) watcher__remove_file(w, f);
         op->f = NULL;

@@ -48,6 +48,7 @@ struct wstat {
 struct wfile {
   char *rel, *path;  /* relative to the root; the registered name */
   char *id;          /* the id whose live version this file holds, or NULL */
+  char *rejected;    /* else the id its last refused load was recorded on, or NULL */
   char version[65];  /* the last source the registry answered for ("" none) */
   struct wstat st;
   int have_st;       /* st is the file's stat at the last look */

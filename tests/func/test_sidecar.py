@@ -198,6 +198,34 @@ class SidecarTest(TestCase):
         self.assertEqual(srv.version("greet"), sha(good))
         self.assertIsNone(srv.skill("other"))
 
+    def test_a_rejected_file_that_is_deleted_is_no_longer_listed(self):
+        # Its record (no live version, the refusal) stayed for good.
+        srv = Serve(self.w)
+        self.put("broken.lua", 'return {\n  id = "broken",\n  run = function(ctx) return 1 \n}\n')
+        wait_until(lambda: (srv.skill("broken") or {}).get("error"), what="the rejection")
+        os.unlink(os.path.join(self.ws, "broken.lua"))
+        wait_until(lambda: srv.skill("broken") is None, what="the refused file's record cleared")
+        self.assertNotIn("broken", self.w.ml("skills", check=0).stdout)
+        # Deleted while no engine ran: cleared when the next one starts.
+        self.put("later.lua", "return {  -- not finished\n")
+        wait_until(lambda: (srv.skill("later") or {}).get("error"), what="the second rejection")
+        self.assertEqual(srv.stop(), 0)
+        os.unlink(os.path.join(self.ws, "later.lua"))
+        srv = Serve(self.w)
+        wait_until(lambda: srv.skill("later") is None, what="the record cleared at start")
+        # A refused duplicate's record is the live skill's: deleting the
+        # duplicate leaves the skill as it is.
+        good = simple("held", "1")
+        self.put("held.lua", good)
+        self.live(srv, "held", good)
+        self.put("dup.lua", simple("held", "2"))
+        wait_until(lambda: (srv.skill("held")["error"] or {}).get("file") == "skills/dup.lua",
+                   what="dup.lua rejected")
+        os.unlink(os.path.join(self.ws, "dup.lua"))
+        time.sleep(0.5)
+        self.assertEqual(srv.version("held"), sha(good))
+        self.assertEqual(srv.invoke("held")[1]["output"], "1")
+
     def test_a_rejected_duplicate_gets_the_id_once_its_holder_is_deleted(self):
         a = simple("shared", "from a")
         b = simple("shared", "from b")
