@@ -91,10 +91,12 @@ void watcher__arm_due(watcher_t *w) {
 /* Read a file whole, and only if nothing changed it during the read.
 ** Returns 0 with *src (malloc'd) and *st, 1 when it is being written (look
 ** again later), -1 when it is gone or not a regular file, -2 when it is
-** too large. */
+** too large, -3 when it is there but cannot be read (errno says why). */
 static int read_whole(const char *path, char **src, size_t *len, struct wstat *ws) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0) return -1;
+  /* O_NONBLOCK: opening a FIFO named x.lua would wait for a writer,
+  ** holding the engine's loop (the fstat below then refuses it). */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) return errno == ENOENT || errno == ENOTDIR ? -1 : -3;
   struct stat a, b, c;
   if (fstat(fd, &a) || !S_ISREG(a.st_mode)) {
     close(fd);
@@ -168,6 +170,15 @@ static int look(watcher_t *w, struct wfile *f, struct wop *loads, size_t *nloads
   }
   if (rc == -2) {
     if (!f->quiet) log_line(w, "ignored", f->rel, f->path, "larger than 16 MB: not a skill file");
+    f->quiet = 1;
+    return 0;
+  }
+  if (rc == -3) {
+    /* Not gone (permissions, a folder that cannot be read): refused, and
+    ** what was live stays live until it can be read again. */
+    if (!f->quiet)
+      log_line(w, "rejected", f->rel, f->path, "cannot read it: %s%s", strerror(errno),
+               f->id ? "; its live version stays" : "");
     f->quiet = 1;
     return 0;
   }

@@ -482,6 +482,11 @@ static void load_workspace(struct repl *rp, const char *dir) {
   while ((de = readdir(d)) && n < 4096) {
     size_t len = strlen(de->d_name);
     if (de->d_name[0] == '.' || len < 5 || strcmp(de->d_name + len - 4, ".lua")) continue;
+    /* Files only (a FIFO named x.lua would hold the read), as the watcher. */
+    struct stat st;
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+    if (stat(p, &st) || !S_ISREG(st.st_mode)) continue;
     names[n++] = mem_strdup(de->d_name);
   }
   closedir(d);

@@ -6,10 +6,12 @@
 #include "base/mem.h"
 #include "lua/json.h"
 
+#include <fcntl.h>
 #include <lauxlib.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct skills {
   lrt_t *r;
@@ -114,8 +116,18 @@ void skills_default_id(const char *file, char *out, size_t n) {
 }
 
 int skills_read_file(const char *path, char **out, size_t *len, err_t *e) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return err_set(e, ERR_NOTFOUND, "cannot read '%s': %m", path);
+  /* Opened without waiting: a FIFO named x.lua with no writer would block
+  ** the open for good; reading it then ends at once (empty). A pipe that
+  ** has a writer (moonloop check <(...)) is read to its end as before. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  int flags = fd >= 0 ? fcntl(fd, F_GETFL) : -1;
+  if (flags >= 0) fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+  if (!f) {
+    err_set(e, ERR_NOTFOUND, "cannot read '%s': %m", path);
+    if (fd >= 0) close(fd);
+    return e ? e->code : ERR_NOTFOUND;
+  }
   char *buf = NULL;
   size_t n = 0, cap = 0;
   for (;;) {

@@ -226,6 +226,41 @@ class SidecarTest(TestCase):
         self.assertEqual(srv.version("held"), sha(good))
         self.assertEqual(srv.invoke("held")[1]["output"], "1")
 
+    def test_a_fifo_in_the_workspace_holds_nothing_up(self):
+        # Opening a FIFO named x.lua waited for a writer: the engine's loop
+        # (and every restart, which scans the folder first) hung there.
+        os.mkfifo(os.path.join(self.ws, "early.lua"))
+        self.put("fx.lua", simple("fx", "1"))
+        srv = Serve(self.w)
+        self.live(srv, "fx", simple("fx", "1"))
+        os.mkfifo(os.path.join(self.ws, "late.lua"))
+        self.put("fx.lua", simple("fx", "2"))
+        self.live(srv, "fx", simple("fx", "2"))
+        self.assertEqual(srv.invoke("fx")[1]["output"], "2")
+        # The REPL registers the workspace's files, FIFOs left out.
+        r = self.w.ml("repl", "--workspace", "skills", input="1 + 1\n", check=0, timeout=20)
+        self.assertIn("workspace skills: 1 skill registered", r.stderr)
+
+    def test_a_file_that_cannot_be_read_is_refused_and_its_live_version_stays(self):
+        # Unreadable is not gone (permissions, here a symbolic link that
+        # loops): it was unregistered as if deleted, without a word.
+        good = simple("fx", "1")
+        self.put("fx.lua", good)
+        srv = Serve(self.w)
+        self.live(srv, "fx", good)
+        path = os.path.join(self.ws, "fx.lua")
+        os.unlink(path)
+        os.symlink("fx.lua", path)
+        wait_until(lambda: "cannot read it" in srv.log(), what="the refusal")
+        self.assertIn("rejected  skills/fx.lua: cannot read it: Too many levels of symbolic links; its live "
+                      "version stays", srv.log())
+        time.sleep(0.3)
+        self.assertEqual(srv.version("fx"), sha(good))
+        self.assertEqual(srv.invoke("fx")[1]["output"], "1")
+        os.unlink(path)
+        self.put("fx.lua", simple("fx", "2"))
+        self.live(srv, "fx", simple("fx", "2"))
+
     def test_a_rejected_duplicate_gets_the_id_once_its_holder_is_deleted(self):
         a = simple("shared", "from a")
         b = simple("shared", "from b")
