@@ -52,6 +52,11 @@ int cli_db(struct cli *c);   /* cli_db.c: db copy */
 /* Print "moonloop: message" to stderr and return status. */
 int cli_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* The refusal of a command that works on the database file (prune, db
+** copy) when a server is named: how to leave the server out, whether it
+** came from --server or $MOONLOOP_URL. A static buffer. */
+const char *cli_needs_file(const char *cmd, const char *server);
+
 /* Parse --data (default null) into compact JSON text (caller frees), or NULL after printing the problem. */
 char *cli_data_json(const struct cli *c);
 

@@ -173,7 +173,7 @@ int cli_prune(struct cli *c) {
   err_t e;
   if (units_duration(c->older_than, &ms, &e))
     return cli_fail(EXIT_USAGE, "--older-than: %s", e.msg);
-  if (c->cfg.server) return cli_fail(EXIT_USAGE, "prune works on the database file; run it where the database is");
+  if (c->cfg.server) return cli_fail(EXIT_USAGE, "%s", cli_needs_file("prune", c->cfg.server));
   struct engine en;
   int rc = open_store(c, &en);
   if (rc) return rc;

@@ -44,7 +44,7 @@ int cli_db(struct cli *c) {
     return cli_fail(EXIT_USAGE, "db copy copies a SQLite file into PostgreSQL: SRC is the file, "
                     "DST a postgresql:// URL (%s)", usage);
   if (c->cfg.server)
-    return cli_fail(EXIT_USAGE, "db copy works on the databases; run it where the file is");
+    return cli_fail(EXIT_USAGE, "%s", cli_needs_file("db copy", c->cfg.server));
   /* Opening a path that is not there would make a new, empty database. */
   struct stat sb;
   if (stat(src, &sb) || !S_ISREG(sb.st_mode))

@@ -175,6 +175,17 @@ int cli_fail(int status, const char *fmt, ...) {
   return status;
 }
 
+/* See cli.h. */
+const char *cli_needs_file(const char *cmd, const char *server) {
+  static char msg[1200];
+  const char *url = getenv("MOONLOOP_URL");
+  int from_env = url && !strcmp(url, server);
+  snprintf(msg, sizeof msg, "%s works on the database file, not through a server (%s, from %s): "
+           "run it where the database is, %s", cmd, server, from_env ? "$MOONLOOP_URL" : "--server",
+           from_env ? "with MOONLOOP_URL unset (env -u MOONLOOP_URL moonloop ...)" : "without --server");
+  return msg;
+}
+
 #ifndef MOONLOOP_VERSION
 #define MOONLOOP_VERSION "unknown" /* a build without CMakeLists.txt's definition */
 #endif

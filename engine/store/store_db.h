@@ -62,6 +62,9 @@ struct store {
   char *path;
   dev_t dev;  /* the file opened at path */
   ino_t ino;
+  dev_t wal_dev; /* its WAL ("-wal" beside it), once open (wal_known) */
+  ino_t wal_ino;
+  int wal_known;
   struct fence_set fence;
 };
 

@@ -471,6 +471,20 @@ static void lock_holder(const char *path, char *buf, size_t n) {
            "it is continued or killed" : "");
 }
 
+/* What the system said of db's last failed I/O (errno), or 0: SQLite keeps
+** it for some errors only (sqlite3_system_errno); the files keep theirs,
+** the WAL's too (a failed COMMIT writes there). */
+static int system_errno(sqlite3 *db) {
+  int v = sqlite3_system_errno(db);
+  if (v) return v;
+  if (sqlite3_file_control(db, "main", SQLITE_FCNTL_LAST_ERRNO, &v) == SQLITE_OK && v) return v;
+  sqlite3_file *j = NULL;
+  if (sqlite3_file_control(db, "main", SQLITE_FCNTL_JOURNAL_POINTER, &j) == SQLITE_OK && j &&
+      j->pMethods && j->pMethods->xFileControl(j, SQLITE_FCNTL_LAST_ERRNO, &v) == SQLITE_OK)
+    return v;
+  return 0;
+}
+
 /* Report the connection's last error as an ERR_IO with context; a busy
 ** database (ERR_BUSY) says who holds its write lock. */
 int store__db_err(err_t *e, sqlite3 *db, const char *what) {
@@ -481,6 +495,14 @@ int store__db_err(err_t *e, sqlite3 *db, const char *what) {
     return err_set(e, ERR_BUSY, "store: %s: %s: the database's write lock was not free for 10 s%s",
                    what, sqlite3_errmsg(db), who);
   }
+  /* SQLite's "disk I/O error" says neither what the system said nor of
+  ** which file: an operator needs both (a chattr +i, a vanished mount). */
+  int prim = code & 0xff;
+  int sys = prim == SQLITE_IOERR || prim == SQLITE_CANTOPEN || prim == SQLITE_READONLY ||
+            prim == SQLITE_FULL ? system_errno(db) : 0;
+  if (sys)
+    return err_set(e, ERR_IO, "store: %s: %s (%s, on %s or the files beside it)", what,
+                   sqlite3_errmsg(db), strerror(sys), sqlite3_db_filename(db, "main"));
   return err_set(e, ERR_IO, "store: %s: %s", what, sqlite3_errmsg(db));
 }
 
@@ -628,9 +650,33 @@ static void own_fd_of(dev_t dev, ino_t ino, char *buf, size_t n) {
   closedir(d);
 }
 
-/* Whether the path no longer names the file db has open; ERR_IO saying so. */
+/* The WAL's path beside the database's, in buf. */
+static void wal_path(const store_t *s, char *buf, size_t n) { snprintf(buf, n, "%s-wal", s->path); }
+
+/* Whether the WAL's path no longer names the WAL the engine has open (a
+** `rm moonloop.db-wal`: the newest commits, and every one after, would go
+** into a file no one reads again); ERR_IO saying so. */
+static int check_wal_moved(store_t *s, err_t *e) {
+  char wal[PATH_MAX + 8];
+  wal_path(s, wal, sizeof wal);
+  struct stat st;
+  int gone = stat(wal, &st) != 0;
+  if (!s->wal_known || (!gone && st.st_dev == s->wal_dev && st.st_ino == s->wal_ino)) return 0;
+  char fd[64];
+  own_fd_of(s->wal_dev, s->wal_ino, fd, sizeof fd);
+  return err_set(e, ERR_IO, "the database's write-ahead log '%s' was %s while this process had "
+                 "it open: writes are refused from now on (its newest commits are there, and "
+                 "nothing more is acknowledged into a file no one will read)%s%s%s. Stop this "
+                 "process with SIGTERM, not kill -9: a clean stop writes what that file holds "
+                 "into the database", wal, gone ? "deleted" : "replaced by another file",
+                 *fd ? "; it is " : "", fd, *fd ? " while this process runs" : "");
+}
+
+/* Whether the path no longer names the file db has open, or its WAL;
+** ERR_IO saying so. */
 static int check_moved(store_t *s, sqlite3 *db, err_t *e) {
   int moved = 0;
+  if (check_wal_moved(s, e)) return e->code;
   if (sqlite3_file_control(db, "main", SQLITE_FCNTL_HAS_MOVED, &moved) != SQLITE_OK || !moved)
     return 0;
   struct stat st;
@@ -738,6 +784,17 @@ int store__sqlite_open(const char *path, enum store_durability d, store_t **out,
   if (store__exec(s->w, d == STORE_FULL ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL", e))
     goto fail;
   if (migrate(s->w, e)) goto fail;
+  {
+    /* The WAL exists from the first transaction on, as long as the file
+    ** is open: which one it is, for check_wal_moved. */
+    char wal[PATH_MAX + 8];
+    wal_path(s, wal, sizeof wal);
+    if (stat(wal, &st) == 0) {
+      s->wal_dev = st.st_dev;
+      s->wal_ino = st.st_ino;
+      s->wal_known = 1;
+    }
+  }
   if (prepare_writes(s, e)) goto fail;
   if (open_conn(path, &s->r, e)) goto fail;
   /* The reader maps the file instead of copying pages into its cache:

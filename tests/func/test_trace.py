@@ -137,6 +137,15 @@ end }""")
         self.assertEqual([r["id"] for r in runs], [live])  # the live run stays, whatever its age
         self.assertEqual(self.w.sql("SELECT count(*) FROM steps WHERE run_id != ?", (live,))[0][0], 0)
         self.assertEqual(self.w.ml("prune", "--older-than", "soon", check=2).returncode, 2)
+        # Through a server it cannot: the message says how to leave it out.
+        self.w.env["MOONLOOP_URL"] = "http://127.0.0.1:9"
+        r = self.w.ml("prune", "--older-than", "2d", check=2)
+        self.assertIn("prune works on the database file, not through a server (http://127.0.0.1:9, from "
+                      "$MOONLOOP_URL): run it where the database is, with MOONLOOP_URL unset", r.stderr)
+        del self.w.env["MOONLOOP_URL"]
+        r = self.w.ml("prune", "--older-than", "2d", "--server", "http://127.0.0.1:9", check=2)
+        self.assertIn("(http://127.0.0.1:9, from --server): run it where the database is, without --server",
+                      r.stderr)
 
     def follow_a_run(self, *flags):
         """What `moonloop runs --follow FLAGS` printed while a short run ran, and its id."""
