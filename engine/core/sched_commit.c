@@ -313,8 +313,8 @@ static void commit_failed(sched_t *s, struct job *j) {
     s->fail.delay = 200;
     snprintf(s->fail.msg, sizeof s->fail.msg, "%s", msg);
     fprintf(stderr, "moonloop: %s: %s; trying again with a back-off, runs wait, and new writes "
-            "are refused meanwhile (HTTP 503)\n", strstr(j->err.msg, "was deleted while") ||
-            strstr(j->err.msg, "was replaced by") ? "DATABASE FILE GONE" :
+            "are refused meanwhile (HTTP 503)\n", strstr(j->err.msg, STORE_FILE_GONE)
+            ? "DATABASE FILE GONE" :
             "cannot write to the database", msg);
   } else {
     s->fail.delay = s->fail.delay * 2 > 5000 ? 5000 : s->fail.delay * 2;

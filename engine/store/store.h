@@ -80,6 +80,11 @@ int store_commit(store_t *s, const journal_t *j, err_t *e);
 ** before it commits anything else. */
 #define STORE_IN_DOUBT "in doubt: "
 
+/* In the message of a write refused because the database's files are not
+** the ones the process opened (deleted, replaced, damaged in place): the
+** engine says "DATABASE FILE GONE" for it. */
+#define STORE_FILE_GONE "while this process had it open"
+
 /* A process's lease: while it is held, the runs it owns are its to run. */
 struct lease {
   const char *owner; /* unique per process */

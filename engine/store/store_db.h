@@ -62,6 +62,8 @@ struct store {
   char *path;
   dev_t dev;  /* the file opened at path */
   ino_t ino;
+  long page_size; /* its pages' size: its length is a multiple of it */
+  long long seen_size; /* the most its length was at a check (check_damaged) */
   dev_t wal_dev; /* its WAL ("-wal" beside it), once open (wal_known) */
   ino_t wal_ino;
   int wal_known;

@@ -664,26 +664,56 @@ static int check_wal_moved(store_t *s, err_t *e) {
   if (!s->wal_known || (!gone && st.st_dev == s->wal_dev && st.st_ino == s->wal_ino)) return 0;
   char fd[64];
   own_fd_of(s->wal_dev, s->wal_ino, fd, sizeof fd);
-  return err_set(e, ERR_IO, "the database's write-ahead log '%s' was %s while this process had "
-                 "it open: writes are refused from now on (its newest commits are there, and "
-                 "nothing more is acknowledged into a file no one will read)%s%s%s. Stop this "
-                 "process with SIGTERM, not kill -9: a clean stop writes what that file holds "
+  return err_set(e, ERR_IO, "the database's write-ahead log '%s' was %s " STORE_FILE_GONE
+                 ": writes are refused from now on (its newest commits are there, and nothing "
+                 "more is acknowledged into a file no one will read)%s%s%s. Stop this process "
+                 "with SIGTERM, not kill -9: a clean stop writes what that file holds "
                  "into the database", wal, gone ? "deleted" : "replaced by another file",
                  *fd ? "; it is " : "", fd, *fd ? " while this process runs" : "");
 }
 
-/* Whether the path no longer names the file db has open, or its WAL;
-** ERR_IO saying so. */
+/* Whether the file at the path was cut or overwritten in place (a `>
+** moonloop.db`, a copytruncate, a restore written over it: the same inode,
+** so SQLITE_FCNTL_HAS_MOVED cannot tell): a length that is no multiple of
+** its pages, and (head: the tick's check) a first page that is no
+** SQLite's; ERR_IO saying so. */
+static int check_damaged(store_t *s, int head, err_t *e) {
+  struct stat st;
+  if (stat(s->path, &st) || st.st_ino != s->ino || st.st_dev != s->dev) return 0;
+  /* (Empty is a new database's length until its first checkpoint: only
+  ** after it had pages is it cut.) */
+  int bad = (st.st_size == 0 && s->seen_size > 0) || (s->page_size > 0 && st.st_size % s->page_size);
+  if (st.st_size > s->seen_size) s->seen_size = st.st_size;
+  char magic[16] = {0};
+  if (!bad && head && st.st_size > 0) {
+    /* Read through SQLite's own descriptor: closing another one of this
+    ** file would drop every POSIX lock this process holds on it (the
+    ** next process to close would take the WAL away). */
+    sqlite3_file *f = NULL;
+    bad = sqlite3_file_control(s->r, "main", SQLITE_FCNTL_FILE_POINTER, &f) == SQLITE_OK && f &&
+          f->pMethods && (f->pMethods->xRead(f, magic, sizeof magic, 0) != SQLITE_OK ||
+                          memcmp(magic, "SQLite format 3", 16));
+  }
+  if (!bad) return 0;
+  return err_set(e, ERR_IO, "the database file '%s' was %s " STORE_FILE_GONE
+                 " (%lld bytes now): writes are refused from now on (nothing more is "
+                 "acknowledged into a damaged file). Stop this process and put the database "
+                 "back from a backup", s->path,
+                 st.st_size == 0 ? "emptied" : "cut short or overwritten", (long long)st.st_size);
+}
+
+/* Whether the path no longer names the file db has open, or its WAL, or
+** the file was damaged in place; ERR_IO saying so. */
 static int check_moved(store_t *s, sqlite3 *db, err_t *e) {
   int moved = 0;
-  if (check_wal_moved(s, e)) return e->code;
+  if (check_wal_moved(s, e) || check_damaged(s, db == s->r, e)) return e->code;
   if (sqlite3_file_control(db, "main", SQLITE_FCNTL_HAS_MOVED, &moved) != SQLITE_OK || !moved)
     return 0;
   struct stat st;
   int gone = stat(s->path, &st) != 0;
   char fd[64];
   own_fd_of(s->dev, s->ino, fd, sizeof fd);
-  return err_set(e, ERR_IO, "the database file '%s' was %s while this process had it open: "
+  return err_set(e, ERR_IO, "the database file '%s' was %s " STORE_FILE_GONE ": "
                  "writes are refused from now on (nothing more is acknowledged into a file no "
                  "one will read). What was written before is in the file this process still "
                  "has open%s%s%s. Stop this process, put the right file at that path, and start "
@@ -793,6 +823,11 @@ int store__sqlite_open(const char *path, enum store_durability d, store_t **out,
       s->wal_dev = st.st_dev;
       s->wal_ino = st.st_ino;
       s->wal_known = 1;
+    }
+    sqlite3_stmt *ps;
+    if (sqlite3_prepare_v2(s->w, "PRAGMA page_size", -1, &ps, NULL) == SQLITE_OK) {
+      if (sqlite3_step(ps) == SQLITE_ROW) s->page_size = (long)sqlite3_column_int64(ps, 0);
+      sqlite3_finalize(ps);
     }
   }
   if (prepare_writes(s, e)) goto fail;

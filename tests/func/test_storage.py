@@ -302,3 +302,31 @@ class DatabaseFileGoneTest(SkillsTestCase):
         subprocess.run(["chattr", "-i", wal], capture_output=True)
         wait_until(lambda: http("POST", p.url + "/v1/events", {"name": "go"})[0] == 202, timeout=20,
                    what="writes to work again")
+
+    def damage_in_place(self, length):
+        """Serve, commit pages into the file itself, cut it to length, and
+        return the answer to the next write."""
+        self.si.route_prefix("/a/", lambda h, b, n: (200, {"n": 1}))
+        self.si.route_prefix("/b/", lambda h, b, n: (200, {"n": 2}))
+        self.skill("s", SKILL)
+        p = self.serve()
+        self.assertEqual(http("POST", p.url + "/v1/events", {"name": "go"})[0], 202)
+        with sqlite3.connect(self.w.db) as c:
+            c.execute("PRAGMA wal_checkpoint(PASSIVE)")  # pages in the file itself
+        self.assertGreater(os.path.getsize(self.w.db), 0)
+        self.assertEqual(http("POST", p.url + "/v1/events", {"name": "go"})[0], 202)
+        os.truncate(self.w.db, length)
+        code, body = http("POST", p.url + "/v1/events", {"name": "go"})
+        self.assertEqual(code, 503, body)
+        wait_until(lambda: any("DATABASE FILE GONE" in l for l in p.stderr_lines), what="the engine to say so")
+        return body["error"]["message"]
+
+    def test_a_database_cut_short_in_place_refuses_writes(self):
+        # The same inode, so the check of the path could not tell: writes
+        # went on being answered 202 into a file left malformed.
+        self.assertIn("the database file '%s' was cut short or overwritten while this process had it open "
+                      "(1000 bytes now): writes are refused from now on" % self.w.db, self.damage_in_place(1000))
+
+    def test_a_database_emptied_in_place_refuses_writes(self):
+        self.assertIn("the database file '%s' was emptied while this process had it open (0 bytes now)"
+                      % self.w.db, self.damage_in_place(0))
