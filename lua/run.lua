@@ -129,6 +129,16 @@ end
 local step_error_mt = M.error_mt()
 M.step_error_mt = step_error_mt
 
+-- A call of os.getenv, which agents reach for first and the sandbox does
+-- not have: the message says what to use (api.unknown).
+local function absent_hint(m)
+  -- os.getenv, which agents reach for first: the sandbox has none.
+  if m:find("attempt to call field 'getenv' (a nil value)", 1, true) then
+    return m .. ": " .. api.unknown("os", "getenv")
+  end
+  return m
+end
+
 -- A "nil value" error of a run that read a variable the configuration
 -- grants but the engine's environment does not set (env.X read as nil,
 -- modules.lua's make_env) says so: otherwise it reads as a typo. The
@@ -178,7 +188,7 @@ local function normalize(e, tb)
   end
   local m = tostring(e)
   if type(m) ~= "string" then m = "an error value that is not a string" end
-  return { message = visible(unset_env_hint(m)), traceback = tb }
+  return { message = visible(absent_hint(unset_env_hint(m))), traceback = tb }
 end
 
 -- Keep the skill's frames in a traceback and drop the runtime's.

@@ -19,6 +19,7 @@
 #include "core/engine.h"
 
 #include <cJSON.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -64,6 +65,55 @@ static void on_done(const struct sched_result *r, void *arg) {
   o->status = mem_strdup(r->status);
   o->output = r->output ? mem_strdup(r->output) : NULL;
   o->error = r->error ? mem_strdup(r->error) : NULL;
+}
+
+/* SIGINT or SIGTERM while a run runs here: the run stops at its next
+** step (as serve stops), its lease is let go, and the command says how it
+** goes on; before, the signal killed the process without a word and the
+** run waited, sleeping, for a lease to end. */
+struct stopper {
+  uv_signal_t sigint, sigterm;
+  struct engine *en;
+  int signum;
+};
+
+static void on_stop_signal(uv_signal_t *h, int signum) {
+  struct stopper *st = h->data;
+  if (st->signum) {
+    fprintf(stderr, "moonloop: second signal, exiting at once\n");
+    _exit(130);
+  }
+  st->signum = signum;
+  sched_stop(st->en->sched, st->en->cfg->shutdown_grace_ms);
+}
+
+/* Listen for the signals without keeping the loop alive. */
+static void stopper_start(struct stopper *st, struct engine *en) {
+  memset(st, 0, sizeof *st);
+  st->en = en;
+  uv_signal_init(&en->loop, &st->sigint);
+  uv_signal_init(&en->loop, &st->sigterm);
+  st->sigint.data = st->sigterm.data = st;
+  uv_signal_start(&st->sigint, on_stop_signal, SIGINT);
+  uv_signal_start(&st->sigterm, on_stop_signal, SIGTERM);
+  uv_unref((uv_handle_t *)&st->sigint);
+  uv_unref((uv_handle_t *)&st->sigterm);
+}
+
+/* Whether the run ended here: not when the signal stopped it (the stop
+** lets it go: "abandoned"). */
+static int finished(const struct outcome *o, const struct stopper *st) {
+  return o->done && !(st->signum && !strcmp(o->status, "abandoned"));
+}
+
+/* The end of a command whose run did not finish here: stopped by a signal
+** (how it goes on), or not (a failure). */
+static int not_finished(const struct stopper *st, const char *run_id) {
+  if (!st->signum) return cli_fail(EXIT_FAILED, "run %s did not finish", run_id);
+  fprintf(stderr, "moonloop: %s: run %s stopped after its last completed step, which is kept; "
+          "`moonloop run --resume %s` goes on with it, or a serve on this database takes it "
+          "over\n", st->signum == SIGINT ? "interrupted" : "terminated", run_id, run_id);
+  return 128 + st->signum;
 }
 
 /* See cli.h: a run taken over by another process ("abandoned") fails too. */
@@ -128,10 +178,12 @@ static int run_here(struct cli *c, const char *target, const char *data, const c
   fprintf(stderr, "run %s\n", run_id);
   fflush(stderr);
   sched_on_done(en.sched, run_id, on_done, &out);
+  struct stopper st;
+  stopper_start(&st, &en);
   engine_run(&en);
   engine_close(&en);
-  int rc = out.done ? cli_report_run(c, run_id, out.status, out.output, out.error)
-                    : cli_fail(EXIT_FAILED, "run %s did not finish", run_id);
+  int rc = finished(&out, &st) ? cli_report_run(c, run_id, out.status, out.output, out.error)
+                                : not_finished(&st, run_id);
   free(out.status), free(out.output), free(out.error);
   return rc;
 }
@@ -168,10 +220,12 @@ static int resume_id(struct cli *c, const char *id, const char *note, int *held)
     engine_close(&en);
     return cli_fail(EXIT_FAILED, "%s", e.msg);
   }
+  struct stopper st;
+  stopper_start(&st, &en);
   engine_run(&en);
   engine_close(&en);
-  rc = out.done ? cli_report_run(c, run_id, out.status, out.output, out.error)
-                : cli_fail(EXIT_FAILED, "run %s did not finish", run_id);
+  rc = finished(&out, &st) ? cli_report_run(c, run_id, out.status, out.output, out.error)
+                            : not_finished(&st, run_id);
   free(out.status), free(out.output), free(out.error);
   return rc;
 }

@@ -287,6 +287,17 @@ void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
       trace_fmt_ago(time_of(p, "wake_at"), now, w, sizeof w);
       fprintf(f, "  %s   wakes %s\n", cont, w);
     }
+    /* The LLM's tokens of the step (llm.chat's usage, all its attempts). */
+    const cJSON *use = cJSON_GetObjectItem(p, "usage");
+    const cJSON *tot = cJSON_GetObjectItem(use, "total_tokens");
+    if (cJSON_IsNumber(tot)) {
+      const cJSON *pt = cJSON_GetObjectItem(use, "prompt_tokens");
+      const cJSON *ct = cJSON_GetObjectItem(use, "completion_tokens");
+      fprintf(f, "  %s   llm tokens %.0f", cont, tot->valuedouble);
+      if (cJSON_IsNumber(pt) && cJSON_IsNumber(ct))
+        fprintf(f, " (prompt %.0f, completion %.0f)", pt->valuedouble, ct->valuedouble);
+      fputc('\n', f);
+    }
     char indent[64];
     snprintf(indent, sizeof indent, "  %s   log ", cont);
     print_logs(f, cJSON_GetObjectItem(p, "logs"), indent, color);

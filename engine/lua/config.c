@@ -9,6 +9,7 @@
 
 #include <lauxlib.h>
 #include <lua.h>
+#include <luajit.h>
 #include <lualib.h>
 #include <ctype.h>
 #include <math.h>
@@ -524,6 +525,21 @@ static int read_table(struct config *c, lua_State *L, struct cfgsrc *s, err_t *e
   return 0;
 }
 
+/* How long a configuration file may compute (ms): it only builds a table. */
+#define CONFIG_TIME_MS 2000
+
+/* The count hook of a configuration's state: stops a file that computes
+** past CONFIG_TIME_MS (a loop without end would hold every command). */
+static void config_hook(lua_State *L, lua_Debug *ar) {
+  (void)ar;
+  lua_getfield(L, LUA_REGISTRYINDEX, "moonloop.config_until");
+  int64_t until = (int64_t)lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  if (units_now_ms() > until)
+    luaL_error(L, "the file ran for more than %d s: a configuration returns a table, and a loop "
+               "in it must end", CONFIG_TIME_MS / 1000);
+}
+
 /* Run the configuration file at path in a sandbox and read its table into c. */
 static int load_file(struct config *c, const char *path, err_t *e) {
   size_t len = 0;
@@ -541,6 +557,11 @@ static int load_file(struct config *c, const char *path, err_t *e) {
   static const char *const unsafe[] = {"dofile", "loadfile", "load", "loadstring", "require",
                                        "module", "getfenv", "setfenv", "collectgarbage", NULL};
   for (const char *const *u = unsafe; *u; u++) lua_pushnil(L), lua_setglobal(L, *u);
+  /* Interpreted (compiled traces skip count hooks), with a deadline. */
+  luaJIT_setmode(L, 0, LUAJIT_MODE_ENGINE | LUAJIT_MODE_OFF);
+  lua_pushnumber(L, (lua_Number)(units_now_ms() + CONFIG_TIME_MS));
+  lua_setfield(L, LUA_REGISTRYINDEX, "moonloop.config_until");
+  lua_sethook(L, config_hook, LUA_MASKCOUNT, 100000);
   int rc = 0;
   char chunk[1100];
   snprintf(chunk, sizeof chunk, "@%s", path);

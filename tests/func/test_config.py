@@ -55,6 +55,17 @@ class ConfigTest(TestCase):
             with self.subTest(body=body):
                 self.assertIn(want, self.refused(body))
 
+    def test_a_file_that_loops_is_stopped_naming_the_fix(self):
+        # It held every command (serve printed nothing) for good.
+        self.w.write("moonloop.conf.lua", "local n = 0\nwhile true do n = n + 1 end\nreturn {}\n")
+        r = self.w.ml("skills", check=2, timeout=30)
+        self.assertIn("configuration: the file ran for more than 2 s: a configuration returns a table, "
+                      "and a loop in it must end", r.stderr)
+        # A loop that ends is a loop like any other.
+        self.w.write("moonloop.conf.lua", "local t = {}\nfor i = 1, 1e5 do t[i] = i end\n"
+                     "return { retention = #t .. \"s\" }\n")
+        self.w.ml("skills", check=0)
+
     def test_values_in_range_are_taken(self):
         self.w.write("moonloop.conf.lua", """return {
   limits = { step_output = "1KB", event = "100B", run_seconds_between_yields = 0.2,

@@ -36,6 +36,9 @@ class LlmTest(TestCase):
         step = self.w.trace(self.run_id_of(r))["steps"][0]
         self.assertEqual(step["usage"], {"prompt_tokens": 11, "completion_tokens": 7,
                                          "total_tokens": 18, "calls": 1})
+        # The text trace shows them too, under the step (the README says so).
+        text = self.w.ml("trace", self.run_id_of(r), check=0).stdout
+        self.assertIn("llm tokens 18 (prompt 11, completion 7)", text)
 
     def test_messages_system_and_json_mode(self):
         self.si.llm(['```json\n{"health": "degraded", "reasons": ["latency"]}\n```'])

@@ -2,6 +2,8 @@
 import json
 import os
 import re
+import signal
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
@@ -288,3 +290,26 @@ end }""")
         out, err = p.communicate(timeout=20)
         self.assertEqual(p.returncode, 0, err)
         self.assertEqual(json.loads(out), [1, 2, 3])
+
+
+class InterruptTest(TestCase):
+    def test_an_interrupted_run_says_how_it_goes_on_and_goes_on(self):
+        # The signal killed `moonloop run` without a word; the run then
+        # waited, sleeping, for its lease to end.
+        self.w.write("nap.lua", 'return { id = "nap", run = function(ctx)\n'
+                     '  local a = ctx.step.run("a", function() return 1 end)\n'
+                     '  ctx.step.sleep("z", 1.5)\n'
+                     '  return a + ctx.step.run("b", function() return 1 end)\nend }\n')
+        p = self.w.start("run", "nap.lua", stdout=subprocess.PIPE)
+        first = p.stderr.readline()
+        rid = re.search(r"run (\w{26})", first).group(1)
+        wait_until(lambda: self.w.trace(rid)["status"] == "sleeping", what="the nap")
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=20)
+        self.assertEqual(p.returncode, 130, err)
+        self.assertIn("moonloop: interrupted: run %s stopped after its last completed step, which is kept; "
+                      "`moonloop run --resume %s` goes on with it" % (rid, rid), err)
+        t = self.w.trace(rid)
+        self.assertEqual([s["id"] for s in t["steps"] if s["status"] == "completed"], ["a"])
+        r = self.w.ml("run", "--resume", rid, check=0, timeout=30)
+        self.assertEqual(json.loads(r.stdout), 2)
