@@ -614,7 +614,7 @@ static int use_wal(sqlite3 *db, err_t *e) {
       if (rc == SQLITE_OK) return 0;
     }
     if ((rc != SQLITE_BUSY && rc != SQLITE_LOCKED) || tries >= 100)
-      return store__db_err(e, db, "setting WAL mode");
+      return store__db_err(e, db, "reading the file");
     struct timespec ts = {0, 50 * 1000000L};
     nanosleep(&ts, NULL);
   }
@@ -807,6 +807,9 @@ int store__sqlite_open(const char *path, enum store_durability d, store_t **out,
     if ((sqlite3_errcode(s->w) & 0xff) == SQLITE_NOTADB)
       err_set(e, ERR_IO, "'%s' is not a moonloop database (SQLite: %s)", path,
               sqlite3_errmsg(s->w));
+    else if ((sqlite3_errcode(s->w) & 0xff) == SQLITE_CORRUPT)
+      err_set(e, ERR_IO, "'%s' is damaged (SQLite: %s): put it back from a backup; `sqlite3 %s "
+              ".recover` saves what can still be read", path, sqlite3_errmsg(s->w), path);
     else
       err_prefix(e, "cannot use '%s' as a database", path);
     goto fail;

@@ -3,6 +3,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 
@@ -198,11 +199,21 @@ end }""")
     def test_database_paths_that_cannot_work_say_why(self):
         self.w.write("notdb", "hello, I am text\n" * 100)
         self.w.write("afile", "")
+        # A database whose schema page was written over (it said only
+        # "setting WAL mode: database disk image is malformed").
+        self.w.ml("send", "x", "--db", "damaged", check=0)
+        with sqlite3.connect(os.path.join(self.w.path, "damaged")) as c:
+            c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        with open(os.path.join(self.w.path, "damaged"), "r+b") as f:
+            f.seek(100)
+            f.write(b"\xff" * 200)
         cases = [
             ("nodir/x.db", "cannot open database 'nodir/x.db': the folder 'nodir' does not exist"),
             ("afile/x.db", "cannot open database 'afile/x.db': 'afile' is not a folder"),
             (".", "cannot open database '.': it is a folder, not a file"),
             ("notdb", "'notdb' is not a moonloop database (SQLite: file is not a database)"),
+            ("damaged", "'damaged' is damaged (SQLite: database disk image is malformed): put it back "
+                        "from a backup; `sqlite3 damaged .recover` saves what can still be read"),
         ]
         for db, want in cases:
             for cmd in (["runs"], ["send", "e"], ["run", "--resume", "x"]):
