@@ -132,7 +132,6 @@ M.step_error_mt = step_error_mt
 -- A call of os.getenv, which agents reach for first and the sandbox does
 -- not have: the message says what to use (api.unknown).
 local function absent_hint(m)
-  -- os.getenv, which agents reach for first: the sandbox has none.
   if m:find("attempt to call field 'getenv' (a nil value)", 1, true) then
     return m .. ": " .. api.unknown("os", "getenv")
   end
@@ -271,9 +270,8 @@ M.record_at = record_at
 -- Number the next step and check it against the journal. Returns the
 -- numbered id, its seq, and the journal's record for it (during replay).
 local function next_step(R, T, id, kind)
-  if type(id) ~= "string" or id == "" then
-    user_error(("step id must be a non-empty string, got %s"):format(type(id) == "string" and '""' or type(id)))
-  end
+  -- (need_run refused an id that is no string.)
+  if id == "" then user_error('step id must be a non-empty string, got ""') end
   if #id > 200 or id:find("#", 1, true) or id:find("\0", 1, true) then
     user_error(("bad step id '%s': at most 200 characters, no '#' and no NUL byte")
       :format((id:sub(1, 40):gsub("%z", "\\0"))))

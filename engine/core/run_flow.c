@@ -351,8 +351,6 @@ void run__wait_stop(struct task *t) {
   if (t->waiting) wait_end(t);
 }
 
-/* Answer an invoke that could not start its child (or a send_event whose
-** event is refused): the step fails. */
 /* How deep r is in a chain of runs invoking runs: its trigger's "depth"
 ** (1 for a child of a run started otherwise; 0 for that run). */
 static int invoke_depth(const struct run *r) {
@@ -363,6 +361,8 @@ static int invoke_depth(const struct run *r) {
   return n;
 }
 
+/* Answer an invoke that could not start its child (or a send_event whose
+** event is refused): the step fails. */
 static void invoke_failed(struct task *t, const char *msg) {
   struct run *r = t->run;
   int64_t now = units_now_ms();
