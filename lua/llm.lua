@@ -19,7 +19,9 @@ local M = {}
 local OP = core.OP
 local yield = coroutine.yield
 local type, tostring, error, ipairs, pcall, tonumber = type, tostring, error, ipairs, pcall, tonumber
-local encode, decode = core.encode, core.decode
+local encode = core.encode
+-- The provider's answer is text from outside: bounded (core.decode).
+local function decode(s) return core.decode(s, true) end
 local user_error = require("run").user_error -- errors at the skill's line
 local LLM_PATH = require("api").llm_path
 

@@ -14,6 +14,9 @@ local OP = core.OP
 local yield = coroutine.yield
 local type, tostring, select, error, pairs, ipairs, next = type, tostring, select, error, pairs, ipairs, next
 local concat = table.concat
+-- Text from outside the run (a response, the store's records): its JSON
+-- tree counts against the run's memory budget (core.decode's bound).
+local function decode(s) return core.decode(s, true) end
 local current_task, user_error, user_fatal = run.current_task, run.user_error, run.user_fatal
 
 -- Raise at the skill's line when opts (the options table of module
@@ -126,7 +129,7 @@ local function checked(name, req)
 end
 
 local function decode_body(name, resp, req)
-  local ok, v = pcall(core.decode, resp.body)
+  local ok, v = pcall(decode, resp.body)
   if not ok then
     user_error(("%s: %s %s did not answer JSON (%s): %s"):format(name, req.method or "GET", req.url,
       tostring(v):gsub("^json.decode: ", ""), excerpt(resp.body)))
@@ -171,8 +174,9 @@ local function make_http()
     if opts and opts.headers then for k, v in pairs(opts.headers) do req.headers[k] = v end end
     local resp = checked("http.post_json", req)
     if resp.body == "" then return nil end
-    local ok, v = pcall(core.decode, resp.body)
+    local ok, v = pcall(decode, resp.body)
     if ok then return v end
+    if tostring(v):find("limits.run_memory", 1, true) then user_error("http.post_json: " .. tostring(v)) end
     return resp.body
   end
   return http
@@ -292,14 +296,14 @@ local function make_runs()
       parent = f.parent, since = since_ms(f.since, "runs.list: since"),
       ["until"] = since_ms(f["until"], "runs.list: until"), limit = limit }
     if not js then user_error("runs.list: " .. err) end
-    return core.decode(js)
+    return decode(js)
   end
   function runs.get(id)
     if type(id) ~= "string" then user_error("runs.get expects a run id") end
     io_allowed("runs.get")
     local js, err = core.runs_get(id)
     if not js then return nil, err end
-    return core.decode(js)
+    return decode(js)
   end
   -- Cancel a run (and its children) as `moonloop cancel` does, durably;
   -- only for skills the configuration lists in `cancellers`.
@@ -316,7 +320,7 @@ local function make_runs()
     end
     local res, msg = yield(OP.CANCEL, id, reason)
     if not res then return nil, msg end
-    return core.decode(res)
+    return decode(res)
   end
   -- runs.stats{skill=, since=, until=, interval=}: the health figures of
   -- one skill (or of every skill without skill=) over a window, as
@@ -350,7 +354,7 @@ local function make_runs()
       if code == "not_found" then return nil, err end
       user_error("runs.stats: " .. err)
     end
-    return core.decode(js)
+    return decode(js)
   end
   return runs
 end
@@ -364,14 +368,14 @@ local function make_skills()
     io_allowed("skills.list")
     local js, err = core.skills_list()
     if not js then user_error("skills.list: " .. err) end
-    return core.decode(js)
+    return decode(js)
   end
   function skills.get(id)
     if type(id) ~= "string" then user_error("skills.get expects a skill id") end
     io_allowed("skills.get")
     local js, err = core.skills_get(id)
     if not js then return nil, err end
-    return core.decode(js)
+    return decode(js)
   end
   function skills.check(source, name)
     if type(source) ~= "string" then user_error("skills.check expects Lua source (a string)") end
@@ -380,7 +384,7 @@ local function make_skills()
     end
     local ok, id_or_err, line = core.skills_check(source, name)
     -- On success, line is the static checks' warnings (JSON), if any.
-    if ok then return { ok = true, id = id_or_err, warnings = line and core.decode(line) or nil } end
+    if ok then return { ok = true, id = id_or_err, warnings = line and decode(line) or nil } end
     return { ok = false, error = id_or_err, line = line }
   end
   function skills.deploy(id, source)

@@ -80,8 +80,31 @@ char *mem_printf(const char *fmt, ...) {
   return p;
 }
 
-/* cJSON's hook: a block of n bytes. */
-static void *cjson_alloc(size_t n) { return mem_alloc(n); }
+/* The bound on cJSON's allocations of this thread (mem_json_bound). */
+static _Thread_local size_t json_cap, json_used;
+static _Thread_local int json_hit;
+
+/* cJSON's hook: a block of n bytes, or NULL past the bound. A block is
+** counted with the allocator's own 16 bytes of header. */
+static void *cjson_alloc(size_t n) {
+  if (json_cap) {
+    if (json_hit || json_used > json_cap || n + 16 > json_cap - json_used) {
+      json_hit = 1;
+      return NULL;
+    }
+    json_used += n + 16;
+  }
+  return mem_alloc(n);
+}
+
+/* See mem.h. */
+void mem_json_bound(size_t cap) {
+  json_cap = cap;
+  json_used = 0;
+  json_hit = 0;
+}
+
+int mem_json_bound_hit(void) { return json_hit; }
 
 /* See mem.h. cJSON, given hooks, grows its print buffers by copying
 ** instead of realloc: a few bytes copied once per printed value. */

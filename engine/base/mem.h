@@ -53,4 +53,13 @@ _Noreturn void mem_oom(size_t n);
 ** with libcurl's and libuv's, before anything allocates). */
 void mem_init(void);
 
+/* Bound what cJSON may allocate on this thread from now on to cap bytes
+** (0: no bound), with the count at zero: past it, cJSON's allocation
+** fails (cJSON_Parse returns NULL) instead of growing. json.decode sets it
+** around a parse done for a run, so that a small text cannot become a
+** tree of gigabytes outside the run's memory budget; mem_json_bound_hit
+** says whether the bound refused a block since it was set. */
+void mem_json_bound(size_t cap);
+int mem_json_bound_hit(void);
+
 #endif

@@ -181,6 +181,27 @@ int json_decode_push(lua_State *L, const char *s, size_t len, err_t *e) {
   return rc;
 }
 
+/* See json.h. */
+int json_decode_bounded(lua_State *L, const char *s, size_t len, err_t *e) {
+  size_t cap = lrt_json_cap(L);
+  cJSON *root;
+  mem_json_bound(cap);
+  int rc = jsontext_parse(s, len, &root, e);
+  int hit = mem_json_bound_hit();
+  mem_json_bound(0);
+  if (rc && hit) {
+    char max[32];
+    units_fmt_size((int64_t)cap, max, sizeof max);
+    return err_set(e, ERR_TOOBIG, "the text would take more than the run's memory budget of %s "
+                   "while it is read (about %d bytes a value: limits.run_memory)", max,
+                   JSON_TREE_VALUE_BYTES);
+  }
+  if (rc) return rc;
+  rc = json_push(L, root, e);
+  cJSON_Delete(root);
+  return rc;
+}
+
 /* ---- Lua -> JSON ------------------------------------------------------- */
 
 /* One step of the path to the value being encoded. */
@@ -195,6 +216,7 @@ typedef struct enc {
   lua_State *L;
   err_t *e;
   size_t used, budget; /* bytes of text the values met so far would take, and the most allowed */
+  size_t tree_cap;     /* the most the cJSON tree may take (lrt_json_cap), 0: no bound */
   size_t values;
   int nframes;
   int nopen;  /* tables being encoded, outermost first: for cycles and depth */
@@ -489,6 +511,14 @@ static cJSON *enc_value(enc_t *x, int idx) {
     return enc_fail(x, ERR_TOOBIG, "the value is too large to encode",
                     "the value is larger than %s as JSON", max);
   }
+  /* cJSON's tree lives outside the Lua heap: bound it by the run's budget. */
+  if (x->tree_cap && x->values * JSON_TREE_VALUE_BYTES + x->used > x->tree_cap) {
+    char max[32], why[96];
+    units_fmt_size((int64_t)x->tree_cap, max, sizeof max);
+    snprintf(why, sizeof why, "JSON takes about %d bytes a value while it is encoded (limits.run_memory)",
+             JSON_TREE_VALUE_BYTES);
+    return enc_fail(x, ERR_TOOBIG, why, "the value would take more than the run's memory budget of %s", max);
+  }
   switch (lua_type(L, idx)) {
   case LUA_TNIL: v = cJSON_CreateNull(); break;
   case LUA_TBOOLEAN: v = cJSON_CreateBool(lua_toboolean(L, idx)); break;
@@ -525,6 +555,7 @@ static cJSON *from_lua_bounded(lua_State *L, int idx, size_t budget, err_t *e) {
   x->e = e;
   x->used = x->values = 0;
   x->budget = budget ? budget : JSON_MAX_TEXT;
+  x->tree_cap = lrt_json_cap(L);
   x->nframes = x->nopen = 0;
   cJSON *root = enc_value(x, idx);
   free(x);
@@ -597,7 +628,7 @@ static int l_decode(lua_State *L) {
   size_t n;
   const char *s = lua_tolstring(L, 1, &n);
   err_t e;
-  if (json_decode_push(L, s, n, &e)) {
+  if (json_decode_bounded(L, s, n, &e)) {
     lua_pushfstring(L, "json.decode: %s", e.msg);
     return lua_error(L);
   }

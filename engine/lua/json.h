@@ -82,6 +82,18 @@ int json_push(lua_State *L, const cJSON *item, err_t *e);
 ** and an excerpt; nothing is pushed then. */
 int json_decode_push(lua_State *L, const char *s, size_t len, err_t *e);
 
+/* json_decode_push for text a skill hands over (json.decode, an HTTP
+** response's .json): while the running slice is bounded, cJSON's tree
+** may take at most its run's memory budget (lrt_json_cap), as it lives
+** outside the Lua heap: past it, ERR_TOOBIG naming limits.run_memory. The
+** engine's own journal is read with json_decode_push: what it holds was
+** encoded under the same bound. */
+int json_decode_bounded(lua_State *L, const char *s, size_t len, err_t *e);
+
+/* What a JSON tree takes per value besides its strings, as json.c counts
+** it against lrt_json_cap: cJSON's item and the allocator's header. */
+#define JSON_TREE_VALUE_BYTES 80
+
 /* Build a cJSON tree (caller frees with cJSON_Delete) from the Lua value at
 ** idx. On failure returns NULL and e names the path and the reason. L's stack
 ** is left as it was. */

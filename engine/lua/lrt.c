@@ -151,6 +151,14 @@ int lrt_time_up(lua_State *L) {
   return 1;
 }
 
+/* See lrt.h. */
+size_t lrt_json_cap(lua_State *L) {
+  void *ud;
+  if (lua_getallocf(L, &ud) != l_alloc) return 0;
+  lrt_t *r = ud;
+  return r->in_slice ? r->mem_limit : 0;
+}
+
 /* See lrt_int.h. */
 int lrt__raise_kill(lua_State *L, int level) {
   luaL_where(L, level);
@@ -568,12 +576,15 @@ static int c_encode(lua_State *L) {
   return 1;
 }
 
-/* core.decode(s): the value; raises "json.decode: ..." on bad JSON. */
+/* core.decode(s, bounded): the value; raises "json.decode: ..." on bad
+** JSON. bounded: text from outside (an HTTP response), whose tree counts
+** against the run's budget (json_decode_bounded). */
 static int c_decode(lua_State *L) {
   size_t len;
   const char *s = luaL_checklstring(L, 1, &len);
   err_t e;
-  if (json_decode_push(L, s, len, &e)) return luaL_error(L, "json.decode: %s", e.msg);
+  int rc = lua_toboolean(L, 2) ? json_decode_bounded(L, s, len, &e) : json_decode_push(L, s, len, &e);
+  if (rc) return luaL_error(L, "json.decode: %s", e.msg);
   return 1;
 }
 

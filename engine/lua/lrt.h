@@ -109,6 +109,13 @@ const char *lrt_killed(const lrt_t *r);
 ** should stop and fail. 0 for states that are not an lrt's. */
 int lrt_time_up(lua_State *L);
 
+/* For JSON trees C code builds from or for skill data (json.decode's,
+** json.encode's): the most bytes such a tree may take, the run's memory
+** budget (limits.run_memory), as cJSON's tree lives outside the Lua heap
+** and its accounts; 0 outside a bounded slice (the engine's own work, the
+** REPL) and for states that are not an lrt's. */
+size_t lrt_json_cap(lua_State *L);
+
 /* The C stack guard. LuaJIT bounds each coroutine's Lua stack, but not
 ** the C stack: C code that calls back into Lua (string.gsub's function or
 ** table replacement, table.sort's comparator, string.format's __tostring,

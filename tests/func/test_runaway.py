@@ -13,8 +13,9 @@ Known limits (time inside one C call is invisible to the count hook):
   compares in hooked Lua; other C functions are only bounded by the memory
   budget (their input must fit in it) and run in linear or n log n time;
 - json.encode/json.decode (engine/lua/json.c) build a cJSON tree with malloc,
-  outside the Lua allocator and the hook: see
-  test_json_encode_of_shared_subtables_is_bounded;
+  outside the Lua allocator and the hook: the tree is bounded by the run's
+  budget (test_json_trees_count_against_the_run_budget) and the walk by
+  the slice's time (test_json_encode_of_shared_subtables_is_bounded);
 - the memory budget is per run: what a run keeps across its steps counts
   (tests/security/test_memory.py holds it), and a slice may briefly hold
   four budgets inside one C call before it is refused memory ("not enough
@@ -23,12 +24,13 @@ Known limits (time inside one C call is invisible to the count hook):
 import json
 import os
 import resource
+import subprocess
 import sys
 import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import TestCase, wait_until  # noqa: E402
+from mltest import BIN, TestCase, wait_until  # noqa: E402
 
 
 def cpu_of(fn):
@@ -357,6 +359,59 @@ class BudgetDetailsTest(TestCase):
         r = self.w.ml("run", "dag.lua", "--db", os.path.join(self.w.path, "dag.db"), timeout=120)
         self.assertLess(time.time() - t0, 20)
         self.assertEqual(r.returncode, 1)
+
+    def ml_peak(self, *args):
+        """Run moonloop to its end: its result, and the most memory it held
+        (KB, the kernel's count for that one process)."""
+        out, err = (open(os.path.join(self.w.path, n), "w+") for n in ("peak.out", "peak.err"))
+        with out, err:
+            p = subprocess.Popen([BIN] + list(args), cwd=self.w.path, env=self.w.env, stdout=out, stderr=err)
+            _, status, ru = os.wait4(p.pid, 0)
+            p.returncode = os.waitstatus_to_exitcode(status)
+            out.seek(0)
+            err.seek(0)
+            return p.returncode, out.read(), err.read(), ru.ru_maxrss
+
+    def test_json_trees_count_against_the_run_budget(self):
+        """cJSON's tree lives outside the Lua heap: json.decode of an 8 MB
+        array of small numbers built a 320 MB tree (a review's 24 MB text
+        peaked at 1.1 GB), and json.encode of one table referenced 100,000
+        times grew by gigabytes until the slice's time ran out. Each tree
+        may now take the run's budget: past it the call raises an error
+        that names limits.run_memory (a pcall catches it: nothing was kept),
+        and the engine's memory stays near what a trivial run takes."""
+        set_limits(self.w, MEMORY_SLICE, "32MB")
+        self.w.write("small.lua", in_step("return 1"))
+        self.w.write("big.lua", in_orch('''
+  local a, b = ctx.step.run("decode", function()
+    local text = "[" .. ("1,"):rep(4e6) .. "1]"
+    local ok, err = pcall(json.decode, text)
+    return { ok, tostring(err) }
+  end), ctx.step.run("encode", function()
+    local t = {}
+    for i = 1, 1000 do t[i] = i end
+    local big = {}
+    for i = 1, 100000 do big[i] = t end
+    local ok, err = pcall(json.encode, big)
+    return { ok, tostring(err) }
+  end)
+  return { decode = a, encode = b, small = #json.decode("[" .. ("1,"):rep(1000) .. "1]") }'''))
+        db = os.path.join(self.w.path, "peak.db")
+        rc, _, err, base = self.ml_peak("run", "small.lua", "--db", db)
+        self.assertEqual(rc, 0, err)
+        rc, out, err, peak = self.ml_peak("run", "big.lua", "--db", db)
+        self.assertEqual(rc, 0, err)
+        res = json.loads(out)
+        for what in ("decode", "encode"):
+            self.assertEqual(res[what][0], False, res)
+            self.assertIn("json.%s: " % what, res[what][1])
+            self.assertIn("the run's memory budget of 32.0 MB", res[what][1])
+            self.assertIn(MEMORY, res[what][1])
+        self.assertIn("at $[", res["encode"][1])  # where it stopped
+        self.assertEqual(res["small"], 1001)
+        # The text (8 MB) and the tree (at most 32 MB) on top of a trivial
+        # run; without the bound, 320 MB and more.
+        self.assertLess(peak - base, 150 * 1024, (base, peak))
 
     def test_pathological_pattern_with_a_small_input_ends(self):
         # The point is that small inputs end, not that they fit a slice of
