@@ -128,9 +128,18 @@ local function checked(name, req)
   return resp
 end
 
+-- Raise when decoding an answer failed for want of memory (v: the error):
+-- that is no reason to take the answer for text.
+local function check_budget(name, resp, req, v)
+  if not tostring(v):find("limits.run_memory", 1, true) then return end
+  user_error(("%s: %s %s: decoding its answer (%d bytes): %s"):format(name, req.method or "GET", req.url,
+    #resp.body, (tostring(v):gsub("^json.decode: ", ""))))
+end
+
 local function decode_body(name, resp, req)
   local ok, v = pcall(decode, resp.body)
   if not ok then
+    check_budget(name, resp, req, v)
     user_error(("%s: %s %s did not answer JSON (%s): %s"):format(name, req.method or "GET", req.url,
       tostring(v):gsub("^json.decode: ", ""), excerpt(resp.body)))
   end
@@ -176,7 +185,7 @@ local function make_http()
     if resp.body == "" then return nil end
     local ok, v = pcall(decode, resp.body)
     if ok then return v end
-    if tostring(v):find("limits.run_memory", 1, true) then user_error("http.post_json: " .. tostring(v)) end
+    check_budget("http.post_json", resp, req, v)
     return resp.body
   end
   return http

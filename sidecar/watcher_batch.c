@@ -152,6 +152,7 @@ static int look(watcher_t *w, struct wfile *f, struct wop *loads, size_t *nloads
   size_t len = 0;
   struct wstat ws;
   int rc = read_whole(path, &src, &len, &ws);
+  int why = errno; /* -3's reason, before free may change errno */
   free(path);
   if (rc == 1) {
     watcher__touch(w, f, WATCHER_DEBOUNCE_MS, 1);
@@ -177,7 +178,7 @@ static int look(watcher_t *w, struct wfile *f, struct wop *loads, size_t *nloads
     /* Not gone (permissions, a folder that cannot be read): refused, and
     ** what was live stays live until it can be read again. */
     if (!f->quiet)
-      log_line(w, "rejected", f->rel, f->path, "cannot read it: %s%s", strerror(errno),
+      log_line(w, "rejected", f->rel, f->path, "cannot read it: %s%s", strerror(why),
                f->id ? "; its live version stays" : "");
     f->quiet = 1;
     return 0;

@@ -33,6 +33,30 @@ end)""")
         self.assertEqual(out["g"], "/plain")
         self.assertEqual(out["p"], {"b": 2})
 
+    def test_a_json_answer_too_big_to_decode_names_the_budget(self):
+        # 1.5 million zeros (4.5 MB of text) are 120 MB as a JSON tree: over
+        # a 16 MB budget, get_json and post_json raise saying so (post_json
+        # used to hand back the text as if the answer were not JSON), and
+        # http.get of the same answer is fine: a string within the budget.
+        self.w.write("moonloop.conf.lua", 'return { env = {"STANDIN"}, limits = { run_memory = "16MB" } }\n')
+        self.si.routes["/big"] = lambda h, b, n: (200, [0] * 1500000)
+        r = self.run_skill("""
+return ctx.step.run("req", function()
+  local a = { pcall(http.get_json, env.STANDIN .. "/big") }
+  local b = { pcall(http.post_json, env.STANDIN .. "/big", {}) }
+  return { a = a, b = b, n = #http.get(env.STANDIN .. "/big") }
+end)""")
+        out = json.loads(r.stdout)
+        self.assertEqual(out["a"][0], False)
+        self.assertIn("http.get_json: GET %s/big: decoding its answer (4500000 bytes): the text would take more "
+                      "than the run's memory budget of 16.0 MB" % self.si.url, out["a"][1])
+        self.assertEqual(out["b"][0], False)
+        self.assertIn("http.post_json: POST %s/big: decoding its answer (4500000 bytes): the text would take "
+                      "more than the run's memory budget of 16.0 MB" % self.si.url, out["b"][1])
+        for v in (out["a"][1], out["b"][1]):
+            self.assertIn("limits.run_memory", v)
+        self.assertEqual(out["n"], 4500000)
+
     def test_request_sends_a_value_as_json(self):
         # Agents reach for http.request{ json = value }: the key used to be
         # ignored and the request sent with an empty body.
