@@ -269,7 +269,7 @@ const cJSON *jsontext_path(const cJSON *v, const char *path) {
 char *jsontext_message(const char *msg) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "message", msg);
-  char *s = cJSON_PrintUnformatted(o);
+  char *s = jsontext_print_text(o);
   cJSON_Delete(o);
   return s;
 }
@@ -317,7 +317,7 @@ char *jsontext_run_outcome(const char *run_id, const char *status, const char *o
   cJSON_AddStringToObject(o, "status", status);
   cJSON_AddItemToObject(o, "output", parsed_or_null(output));
   cJSON_AddItemToObject(o, "error", parsed_or_null(error));
-  char *s = cJSON_PrintUnformatted(o);
+  char *s = jsontext_print_text(o);
   cJSON_Delete(o);
   return s;
 }
@@ -420,7 +420,7 @@ void jsontext_put_value(buf_t *b, const char *s, size_t n) {
     return;
   }
   jsontext_fix_utf8(v);
-  char *t = cJSON_PrintUnformatted(v);
+  char *t = jsontext_print_text(v);
   cJSON_Delete(v);
   buf_puts(b, t);
   free(t);
@@ -475,10 +475,23 @@ static void print_string(buf_t *b, const char *str) {
   buf_add(b, "\"", 1);
 }
 
-/* Append d as cJSON prints a number: whole numbers below 1e15 as digits
-** (what its format gives them; -0 stays "-0"), others with 15 significant
-** digits, or 17 when 15 do not read back the same; NaN and infinities as
-** null. */
+/* See jsontext.h. For a normal double no shorter text than its %.15g
+** reads back (%g drops trailing zeros), so the search starts there;
+** subnormals have fewer significant digits and start at 1. */
+void jsontext_number_text(double d, char *out, size_t cap) {
+  if (d == floor(d) && fabs(d) < 1e21) {
+    snprintf(out, cap, "%.0f", d);
+    return;
+  }
+  for (int prec = fabs(d) < DBL_MIN ? 1 : 15; prec <= 17; prec++) {
+    snprintf(out, cap, "%.*g", prec, d);
+    if (strtod(out, NULL) == d) return;
+  }
+}
+
+/* Append d exactly (jsontext_number_text), whole numbers below 1e15 as
+** digits without a detour through the format (-0 stays "-0"); NaN and
+** infinities as null, as cJSON prints them. */
 static void print_number(buf_t *b, double d) {
   if (isnan(d) || isinf(d)) {
     buf_add(b, "null", 4);
@@ -488,12 +501,22 @@ static void print_number(buf_t *b, double d) {
     jsontext_put_int(b, (int64_t)d);
     return;
   }
-  char tmp[32];
-  int n = snprintf(tmp, sizeof tmp, "%1.15g", d);
-  double back = strtod(tmp, NULL);
-  double big = fabs(back) > fabs(d) ? fabs(back) : fabs(d);
-  if (!(fabs(back - d) <= big * DBL_EPSILON)) n = snprintf(tmp, sizeof tmp, "%1.17g", d);
-  buf_add(b, tmp, (size_t)n);
+  char tmp[40];
+  jsontext_number_text(d, tmp, sizeof tmp);
+  buf_puts(b, tmp);
+}
+
+/* Make the numbers of v that cJSON would round raw items of their exact
+** text (jsontext_print_pretty). */
+static void exact_numbers(cJSON *v) {
+  for (cJSON *c = v ? v->child : NULL; c; c = c->next) exact_numbers(c);
+  if (!v || (v->type & 0xFF) != cJSON_Number || isnan(v->valuedouble) || isinf(v->valuedouble)) return;
+  char want[40], got[64];
+  jsontext_number_text(v->valuedouble, want, sizeof want);
+  if (cJSON_PrintPreallocated(v, got, (int)sizeof got, 0) && !strcmp(got, want)) return;
+  char *raw = mem_strdup(want);
+  v->type = cJSON_Raw | (v->type & ~0xFF);
+  v->valuestring = raw;
 }
 
 /* See jsontext.h. */
@@ -527,6 +550,12 @@ int jsontext_print(buf_t *b, const cJSON *v) {
   }
   default: return -1;
   }
+}
+
+/* See jsontext.h. */
+char *jsontext_print_pretty(cJSON *v) {
+  exact_numbers(v);
+  return cJSON_Print(v);
 }
 
 /* See jsontext.h. */

@@ -55,14 +55,28 @@ void jsontext_put_key(buf_t *b, const char *key);
 void jsontext_put_int(buf_t *b, int64_t v);
 
 /* Append the value v (with its children) as compact JSON text, the text
-** cJSON_PrintUnformatted gives, byte for byte, without its number
-** formatting for whole numbers: -1 (b holds part of it) for a tree
-** cJSON cannot print either (an invalid item, a string without text). */
+** cJSON_PrintUnformatted gives, byte for byte, except for numbers: each
+** is written exactly (jsontext_number_text), where cJSON writes 15
+** significant digits when they come within an epsilon of the value
+** (0.30000000000000004 came back 0.3, 2^53 as 9.00719925474099e+15).
+** -1 (b holds part of it) for a tree cJSON cannot print either (an
+** invalid item, a string without text). Use it, not cJSON's printers,
+** for any text a user's values pass through. */
 int jsontext_print(buf_t *b, const cJSON *v);
 
-/* v as compact JSON text (malloc'd), as cJSON_PrintUnformatted; NULL
-** where it gives NULL. */
+/* v as compact JSON text (malloc'd), as jsontext_print; NULL where
+** cJSON_PrintUnformatted gives NULL. */
 char *jsontext_print_text(const cJSON *v);
+
+/* The exact text of the finite number d: plain digits for a whole number
+** below 1e21, else the shortest %.<p>g that reads back as d (out: at
+** least 40 bytes). */
+void jsontext_number_text(double d, char *out, size_t cap);
+
+/* v as indented JSON text (malloc'd), as cJSON_Print gives it but with
+** every number exact: those cJSON would round become raw items of v
+** holding their exact text first (v is changed so). */
+char *jsontext_print_pretty(cJSON *v);
 
 /* ---- the engine's own JSON values (the run context and the store share them) ---- */
 

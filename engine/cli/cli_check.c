@@ -8,6 +8,7 @@
 ** names starting with '.' or '#'; folders starting with '.' and symbolic
 ** links to folders are not entered; names in order.
 */
+#include "base/jsontext.h"
 #include "base/mem.h"
 #include "base/term.h"
 #include "cli/cli.h"
@@ -190,7 +191,7 @@ int cli_check(struct cli *c) {
     free(warnings);
   }
   if (c->json) {
-    char *s = cJSON_PrintUnformatted(all);
+    char *s = jsontext_print_text(all);
     printf("%s\n", s);
     free(s);
   }

@@ -4,6 +4,7 @@
 ** exit status 0 means the change is durable, whether an engine runs or not.
 */
 #include "base/ids.h"
+#include "base/jsontext.h"
 #include "base/mem.h"
 #include "base/proc.h"
 #include "base/units.h"
@@ -142,7 +143,7 @@ int cli_rerun(struct cli *c) {
     engine_close(&en);
     return cli_fail(EXIT_FAILED, "%s", e.msg);
   }
-  char *input = cJSON_PrintUnformatted(cJSON_GetObjectItem(run, "input"));
+  char *input = jsontext_print_text(cJSON_GetObjectItem(run, "input"));
   char trig[96], id[27];
   snprintf(trig, sizeof trig, "{\"kind\":\"rerun\",\"run_id\":\"%s\"}", c->args[0]);
   int64_t now = units_now_ms();

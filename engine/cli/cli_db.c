@@ -5,6 +5,7 @@
 ** unfinished runs. Progress goes to stderr while it copies (on a terminal
 ** only), the rows copied per table to stdout at the end.
 */
+#include "base/jsontext.h"
 #include "base/units.h"
 #include "cli/cli.h"
 #include "store/store.h"
@@ -73,7 +74,7 @@ int cli_db(struct cli *c) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "rows", (double)rows);
     cJSON_AddItemToObject(o, "tables", counts);
-    char *text = cJSON_PrintUnformatted(o);
+    char *text = jsontext_print_text(o);
     printf("%s\n", text);
     cJSON_free(text);
     cJSON_Delete(o);

@@ -9,6 +9,7 @@
 ** anything is written, so a bad id or cron spec is refused with the same
 ** message `check` would give. Existing files are never overwritten.
 */
+#include "base/jsontext.h"
 #include "cli/cli.h"
 #include "base/mem.h"
 #include "core/engine.h"
@@ -191,7 +192,7 @@ int cli_new(struct cli *c) {
     cJSON_AddStringToObject(o, "id", id);
     cJSON_AddStringToObject(o, "skill", path);
     cJSON_AddStringToObject(o, "test", test_path);
-    char *s = cJSON_PrintUnformatted(o);
+    char *s = jsontext_print_text(o);
     if (s) printf("%s\n", s);
     free(s);
     cJSON_Delete(o);

@@ -20,6 +20,7 @@
 ** Exit status 0 when every run replayed along its journal, 1 otherwise, 2
 ** for a usage error.
 */
+#include "base/jsontext.h"
 #include "cli/cli.h"
 #include "base/mem.h"
 #include "cli/skilltest.h"
@@ -87,7 +88,7 @@ int cli_replay(struct cli *c) {
     free(msg);
   }
   if (all) {
-    char *s = cJSON_PrintUnformatted(all);
+    char *s = jsontext_print_text(all);
     printf("%s\n", s ? s : "[]");
     free(s);
     cJSON_Delete(all);

@@ -35,7 +35,7 @@ char *cli_data_json(const struct cli *c) {
              end ? (long)(end - c->data) + 1 : 0L, c->data);
     return NULL;
   }
-  char *s = cJSON_PrintUnformatted(v);
+  char *s = jsontext_print_text(v);
   cJSON_Delete(v);
   return s;
 }
@@ -43,7 +43,7 @@ char *cli_data_json(const struct cli *c) {
 /* See cli.h: text that is not JSON is printed as it is (escaped too). */
 void cli_print_json(FILE *f, const char *json, int pretty, int escape) {
   cJSON *v = json ? cJSON_Parse(json) : NULL;
-  char *s = v ? (pretty ? cJSON_Print(v) : cJSON_PrintUnformatted(v)) : NULL;
+  char *s = v ? (pretty ? jsontext_print_pretty(v) : jsontext_print_text(v)) : NULL;
   const char *text = s ? s : json ? json : "null";
   if (escape) term_fputs(text, f, 1);
   else fputs(text, f);
@@ -316,8 +316,8 @@ static int report_stored(struct cli *c, struct engine *en, const char *run_id) {
   if (store_get_run(en->store, run_id, 0, &rec, &e)) return cli_fail(EXIT_FAILED, "%s", e.msg);
   const char *st = cJSON_GetObjectItem(rec, "status")->valuestring;
   cJSON *err = cJSON_GetObjectItem(rec, "error");
-  char *out = cJSON_PrintUnformatted(cJSON_GetObjectItem(rec, "output"));
-  char *ej = cJSON_IsNull(err) ? NULL : cJSON_PrintUnformatted(err);
+  char *out = jsontext_print_text(cJSON_GetObjectItem(rec, "output"));
+  char *ej = cJSON_IsNull(err) ? NULL : jsontext_print_text(err);
   int rc = cli_report_run(c, run_id, st, out, ej);
   free(out), free(ej);
   cJSON_Delete(rec);

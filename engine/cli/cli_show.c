@@ -26,7 +26,7 @@ static int open_store(struct cli *c, struct engine *en) {
 
 static void print_json(cJSON *v, int pretty) {
   jsontext_fix_utf8(v);
-  char *s = pretty ? cJSON_Print(v) : cJSON_PrintUnformatted(v);
+  char *s = pretty ? jsontext_print_pretty(v) : jsontext_print_text(v);
   printf("%s\n", s);
   free(s);
 }

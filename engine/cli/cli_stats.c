@@ -420,7 +420,7 @@ int cli_stats(struct cli *c) {
   }
   if (c->json) {
     jsontext_fix_utf8(st); /* step ids are a skill's strings: any bytes */
-    char *s = cJSON_PrintUnformatted(st);
+    char *s = jsontext_print_text(st);
     printf("%s\n", s ? s : "null");
     free(s);
   } else if (q.skill) {

@@ -18,6 +18,7 @@
 ** and its path is printed, so `moonloop trace RUN_ID --db PATH` shows the
 ** failed runs.
 */
+#include "base/jsontext.h"
 #include "base/term.h"
 #include "base/units.h"
 #include "cli/cli.h"
@@ -197,7 +198,7 @@ int cli_test(struct cli *c) {
     if (keep) cJSON_AddStringToObject(o, "db", db);
     else cJSON_AddNullToObject(o, "db");
     cJSON_AddItemToObject(o, "tests", ty.tests);
-    char *s = cJSON_PrintUnformatted(o);
+    char *s = jsontext_print_text(o);
     printf("%s\n", s ? s : "null");
     free(s);
     cJSON_Delete(o);

@@ -4,6 +4,7 @@
 ** an err_t), then the commands, which print what the file mode prints (trace.c's tables and
 ** trees, the same JSON) and exit with the same statuses.
 */
+#include "base/jsontext.h"
 #include "cli/client.h"
 #include "base/mem.h"
 #include "base/units.h"
@@ -50,8 +51,8 @@ static char *url_escape(const char *s) {
 }
 
 /* Print a JSON value and a newline, as the file mode does. */
-static void print_json(const cJSON *v, int pretty) {
-  char *s = pretty ? cJSON_Print(v) : cJSON_PrintUnformatted(v);
+static void print_json(cJSON *v, int pretty) {
+  char *s = pretty ? jsontext_print_pretty(v) : jsontext_print_text(v);
   printf("%s\n", s ? s : "null");
   free(s);
 }
@@ -221,8 +222,8 @@ int client_skills(struct cli *c) {
 ** exit status. */
 static int report(const struct cli *c, const char *run_id, const char *status,
                   const cJSON *output, const cJSON *error) {
-  char *out = output ? cJSON_PrintUnformatted(output) : NULL;
-  char *err = error && !cJSON_IsNull(error) ? cJSON_PrintUnformatted(error) : NULL;
+  char *out = output ? jsontext_print_text(output) : NULL;
+  char *err = error && !cJSON_IsNull(error) ? jsontext_print_text(error) : NULL;
   int rc = cli_report_run(c, run_id, status, out, err);
   free(out);
   free(err);
@@ -244,7 +245,7 @@ int client_invoke(struct cli *c) {
   cJSON_AddItemToObject(req, "data", d ? d : cJSON_CreateNull());
   if (c->key) cJSON_AddStringToObject(req, "key", c->key);
   if (c->wait) cJSON_AddNumberToObject(req, "wait", WAIT_MAX_MS / 1000);
-  char *body = cJSON_PrintUnformatted(req);
+  char *body = jsontext_print_text(req);
   cJSON_Delete(req);
   char *esc = url_escape(c->args[0]);
   char path[512];
@@ -313,7 +314,7 @@ int client_send(struct cli *c, const char *data) {
   cJSON *d = cJSON_Parse(data);
   cJSON_AddItemToObject(ev, "data", d ? d : cJSON_CreateNull());
   if (c->id) cJSON_AddStringToObject(ev, "id", c->id);
-  char *body = cJSON_PrintUnformatted(ev);
+  char *body = jsontext_print_text(ev);
   cJSON_Delete(ev);
   long status;
   cJSON *ans = NULL;
@@ -350,7 +351,7 @@ static int run_action(struct cli *c, const char *action) {
   }
   const char *run_id = str_of(ans, "run_id"), *st = str_of(ans, "status");
   if (c->json) {
-    char *s = cJSON_PrintUnformatted(ans);
+    char *s = jsontext_print_text(ans);
     printf("%s\n", s);
     free(s);
   } else if (!strcmp(action, "cancel")) {

@@ -36,6 +36,7 @@
 ** child runs that run starts): repl_watch.c, with step_through's question.
 ** The C functions lua/repl.lua calls are in repl_core.c (see repl_int.h).
 */
+#include "base/jsontext.h"
 #include "base/mem.h"
 #include "base/proc.h"
 #include "base/term.h"
@@ -317,8 +318,8 @@ static void on_poll(uv_timer_t *h) {
   if (store_get_run(rp->en.store, rp->wait_id, 0, &rec, &e)) return; /* try again */
   const cJSON *st = cJSON_GetObjectItem(rec, "status");
   if (cJSON_IsString(st) && terminal(st->valuestring)) {
-    char *out = cJSON_PrintUnformatted(cJSON_GetObjectItem(rec, "output"));
-    char *err = cJSON_PrintUnformatted(cJSON_GetObjectItem(rec, "error"));
+    char *out = jsontext_print_text(cJSON_GetObjectItem(rec, "output"));
+    char *err = jsontext_print_text(cJSON_GetObjectItem(rec, "error"));
     char id[27];
     snprintf(id, sizeof id, "%s", rp->wait_id);
     fprintf(stderr, "run %s %s\n", id, st->valuestring);

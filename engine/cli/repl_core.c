@@ -10,6 +10,7 @@
 ** aux connection (one transaction each), never the scheduler's writer.
 */
 #include "base/ids.h"
+#include "base/jsontext.h"
 #include "base/mem.h"
 #include "base/term.h"
 #include "base/units.h"
@@ -130,7 +131,7 @@ static int c_runs(lua_State *L) {
   if (f.limit <= 0) f.limit = 20;
   cJSON *runs;
   if (store_list_runs(rp->en.store, &f, &runs, &e)) return push_fail(L, e.msg);
-  char *js = cJSON_PrintUnformatted(runs);
+  char *js = jsontext_print_text(runs);
   cJSON_Delete(runs);
   lua_pushstring(L, js ? js : "[]");
   free(js);
@@ -143,7 +144,7 @@ static int c_trace(lua_State *L) {
   cJSON *run;
   err_t e;
   if (store_get_run(rp->en.store, luaL_checkstring(L, 1), 1, &run, &e)) return push_fail(L, e.msg);
-  char *js = cJSON_PrintUnformatted(run);
+  char *js = jsontext_print_text(run);
   cJSON_Delete(run);
   lua_pushstring(L, js);
   free(js);

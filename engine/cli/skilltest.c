@@ -3,6 +3,7 @@
 ** opening it, the core functions lua/testing*.lua need, and the loop that
 ** runs a test file's cases with the slice budget applied per slice.
 */
+#include "base/jsontext.h"
 #include "cli/skilltest.h"
 #include "base/ids.h"
 #include "base/mem.h"
@@ -425,8 +426,8 @@ static void push_replay_info(skilltest_t *t, const cJSON *rec, struct skill *sk,
   lua_pushnumber(L, (lua_Number)(c->step_output > 0 ? c->step_output : 1 << 20));
   lua_setfield(L, -2, "output_limit");
   lua_setfield(L, -2, "cfg");
-  char *tj = cJSON_PrintUnformatted(trig);
-  char *ij = cJSON_PrintUnformatted(cJSON_GetObjectItem(rec, "input"));
+  char *tj = jsontext_print_text(trig);
+  char *ij = jsontext_print_text(cJSON_GetObjectItem(rec, "input"));
   lua_pushstring(L, tj ? tj : "{}"), lua_setfield(L, -2, "trigger");
   lua_pushstring(L, ij ? ij : "null"), lua_setfield(L, -2, "input");
   free(tj), free(ij);
@@ -459,7 +460,7 @@ int skilltest_replay(skilltest_t *t, store_t *src, const char *run_id, int *ok, 
   if (!sa) sa = cJSON_GetStringValue(cJSON_GetObjectItem(rec, "created_at"));
   if (sa) units_parse_rfc3339(sa, &started, NULL);
   const char *status = cJSON_GetStringValue(cJSON_GetObjectItem(rec, "status"));
-  char *out = cJSON_PrintUnformatted(cJSON_GetObjectItem(rec, "output"));
+  char *out = jsontext_print_text(cJSON_GetObjectItem(rec, "output"));
   const char *emsg = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(rec, "error"), "message"));
   if ((rc = push_fn(t, "replay", e))) {
     free(out);

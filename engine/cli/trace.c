@@ -4,6 +4,7 @@
 ** outputs), so every one goes through term.h's escaping (T below; JSON
 ** through short_json); only the colours are this file's own escapes.
 */
+#include "base/jsontext.h"
 #include "base/mem.h"
 #include "base/term.h"
 #include "base/units.h"
@@ -90,7 +91,7 @@ void trace_fmt_ago(int64_t then_ms, int64_t now_ms, char *out, size_t n) {
 /* Compact JSON of v, cut to max bytes (at a character's start) with
 ** "...", escaped for the terminal (as JSON: it still reads as JSON). */
 static char *short_json(const cJSON *v, size_t max) {
-  char *s = v ? cJSON_PrintUnformatted(v) : mem_strdup("null");
+  char *s = v ? jsontext_print_text(v) : mem_strdup("null");
   if (s && strlen(s) > max) {
     size_t cut = max - 3;
     while (cut && ((unsigned char)s[cut] & 0xc0) == 0x80) cut--;

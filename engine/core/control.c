@@ -63,7 +63,7 @@ static void on_events(void *arg, const struct jentry *last) {
     const struct jentry *je = last - i;
     cJSON_AddItemToArray(ids, cJSON_CreateString(je->result ? je->result : je->u.event.id));
   }
-  char *js = cJSON_PrintUnformatted(o);
+  char *js = jsontext_print_text(o);
   cJSON_Delete(o);
   answer(r, 0, NULL, js);
   free(js);
@@ -87,7 +87,7 @@ int sched_send_events(sched_t *s, const cJSON *events, sched_reply_cb cb, void *
       return err_set(e, ERR_INVALID, "event %d: 'name' must be a string of 1 to 256 characters", i);
     if (id && !cJSON_IsNull(id) && (!cJSON_IsString(id) || strlen(id->valuestring) > 256))
       return err_set(e, ERR_INVALID, "event %d: 'id' must be a string of at most 256 characters", i);
-    char *data = cJSON_PrintUnformatted(cJSON_GetObjectItem(ev, "data"));
+    char *data = jsontext_print_text(cJSON_GetObjectItem(ev, "data"));
     int64_t len = data ? (int64_t)strlen(data) : 4;
     free(data);
     if (len > limit) {
@@ -104,7 +104,7 @@ int sched_send_events(sched_t *s, const cJSON *events, sched_reply_cb cb, void *
     char id[27];
     ids_ulid(now, id);
     const cJSON *key = cJSON_GetObjectItem(ev, "id");
-    char *data = cJSON_PrintUnformatted(cJSON_GetObjectItem(ev, "data"));
+    char *data = jsontext_print_text(cJSON_GetObjectItem(ev, "data"));
     struct event_row er = {.id = id, .name = cJSON_GetObjectItem(ev, "name")->valuestring,
                            .data = data ? data : "null",
                            .idem = cJSON_IsString(key) ? key->valuestring : NULL, .ts = now};
@@ -144,7 +144,7 @@ static void reply_outcome(struct reply *r, int ended) {
     cJSON_AddStringToObject(o, "status", "running");
   }
   jsontext_fix_utf8(o);
-  char *js = cJSON_PrintUnformatted(o);
+  char *js = jsontext_print_text(o);
   cJSON_Delete(o);
   answer(r, 0, NULL, js);
   free(js);
@@ -326,7 +326,7 @@ int sched_rerun(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, er
     cJSON_Delete(run);
     return rc;
   }
-  char *input = cJSON_PrintUnformatted(cJSON_GetObjectItem(run, "input"));
+  char *input = jsontext_print_text(cJSON_GetObjectItem(run, "input"));
   char trig[96];
   snprintf(trig, sizeof trig, "{\"kind\":\"rerun\",\"run_id\":\"%s\"}", run_id);
   rc = start_and_answer(s, sk, trig, input, NULL, 0, cb, arg, e);
@@ -383,13 +383,13 @@ static void on_put(void *arg, const struct jentry *last) {
       cJSON_AddArrayToObject(o, "triggers");
       cJSON_AddArrayToObject(o, "versions");
       cJSON_AddNullToObject(o, "error");
-      char *js = cJSON_PrintUnformatted(o);
+      char *js = jsontext_print_text(o);
       cJSON_Delete(o);
       answer(p->r, 0, NULL, js);
       free(js);
     }
   } else {
-    char *js = cJSON_PrintUnformatted(rec);
+    char *js = jsontext_print_text(rec);
     answer(p->r, 0, NULL, js);
     free(js);
     cJSON_Delete(rec);
@@ -611,7 +611,7 @@ static int put_source(sched_t *s, const char *file, const char *want_id, const c
     if (se.line) cJSON_AddNumberToObject(ej, "line", se.line);
     else cJSON_AddNullToObject(ej, "line");
     cJSON_AddStringToObject(ej, "at", at);
-    char *ejs = cJSON_PrintUnformatted(ej);
+    char *ejs = jsontext_print_text(ej);
     cJSON_Delete(ej);
     struct skill_row k = {.op = SKILL_ERROR, .id = id, .file = file, .error = ejs,
                           .updated_at = now};
@@ -624,7 +624,7 @@ static int put_source(sched_t *s, const char *file, const char *want_id, const c
     struct version_row v = {.version = sk->version, .skill = sk->id, .source = sk->source,
                             .file = file, .loaded_at = now, .triggers = sk->triggers};
     char *scopes = skills_scopes(sk);
-    char *ok = cJSON_GetArraySize(scopes_ok) ? cJSON_PrintUnformatted(scopes_ok) : NULL;
+    char *ok = cJSON_GetArraySize(scopes_ok) ? jsontext_print_text(scopes_ok) : NULL;
     struct skill_row k = {.op = SKILL_PUT, .id = sk->id, .version = sk->version, .file = file,
                           .description = sk->description, .triggers = sk->triggers,
                           .updated_at = now, .scopes = scopes, .scopes_ok = ok};

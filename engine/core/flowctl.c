@@ -121,7 +121,7 @@ char *flowctl_limits(struct run *r) {
     cJSON_AddItemToArray(out, x);
   }
   cJSON_Delete(list);
-  char *js = cJSON_PrintUnformatted(out);
+  char *js = jsontext_print_text(out);
   cJSON_Delete(out);
   return js;
 }

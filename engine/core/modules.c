@@ -14,6 +14,7 @@
 ** (a third value "fatal" tells lua/modules.lua so): retrying cannot help.
 */
 #include "base/ids.h"
+#include "base/jsontext.h"
 #include "base/mem.h"
 #include "base/units.h"
 #include "base/workspace.h"
@@ -37,7 +38,7 @@ static struct engine *up_engine(lua_State *L) {
 }
 
 static int push_json(lua_State *L, cJSON *v) {
-  char *s = cJSON_PrintUnformatted(v);
+  char *s = jsontext_print_text(v);
   cJSON_Delete(v);
   lua_pushstring(L, s);
   free(s);

@@ -230,7 +230,7 @@ static void on_finish(const struct sched_result *r, void *arg) {
   if (!req) return;
   struct export *x = mem_calloc(1, sizeof *x);
   x->en = en;
-  x->body = cJSON_PrintUnformatted(req);
+  x->body = jsontext_print_text(req);
   cJSON_Delete(req);
   uv_timer_init(&en->loop, &x->timer);
   x->timer.data = x;

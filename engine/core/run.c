@@ -13,6 +13,7 @@
 ** resume with and count the completion (run__complete).
 */
 #include "base/ids.h"
+#include "base/jsontext.h"
 #include "base/mem.h"
 #include "base/term.h"
 #include "base/units.h"
@@ -172,7 +173,7 @@ static void start_on_failure(struct run *r, const char *error, int64_t now) {
   cJSON_AddStringToObject(trig, "run_id", r->id);
   cJSON *ej = error ? cJSON_Parse(error) : NULL;
   cJSON_AddItemToObject(trig, "error", ej ? ej : cJSON_CreateNull());
-  char *tj = cJSON_PrintUnformatted(trig);
+  char *tj = jsontext_print_text(trig);
   cJSON_Delete(trig);
   struct run *f = mem_calloc(1, sizeof *f);
   err_t e;
@@ -414,7 +415,7 @@ char *run__event_value(struct run *r, const char *path) {
   }
   if (!strncmp(path, "event.", 6)) path += 6;
   const cJSON *v = jsontext_path(ev, path);
-  char *val = v ? cJSON_PrintUnformatted(v) : mem_strdup("null");
+  char *val = v ? jsontext_print_text(v) : mem_strdup("null");
   cJSON_Delete(trig);
   cJSON_Delete(made);
   return val;
@@ -441,7 +442,7 @@ static char *cancel_match(struct run *r, const cJSON *pairs) {
     }
     cJSON_AddItemToObject(o, path->valuestring, v ? v : cJSON_CreateNull());
   }
-  char *js = cJSON_PrintUnformatted(o);
+  char *js = jsontext_print_text(o);
   cJSON_Delete(o);
   return js;
 }

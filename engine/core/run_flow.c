@@ -19,6 +19,7 @@
 ** when it wakes. Its journal already holds everything it needs.
 */
 #include "base/ids.h"
+#include "base/jsontext.h"
 #include "base/mem.h"
 #include "base/units.h"
 #include "base/vocab.h"
@@ -447,7 +448,7 @@ void run_op_invoke(struct task *t, const struct op_invoke *a) {
     cJSON_AddStringToObject(trig, "by", "skill");
     cJSON_AddStringToObject(trig, "step", t->wait_id);
     cJSON_AddNumberToObject(trig, "depth", depth);
-    char *tj = cJSON_PrintUnformatted(trig);
+    char *tj = jsontext_print_text(trig);
     cJSON_Delete(trig);
     /* The child's id comes from this run's id and the step's, at the
     ** step's start (a replay's is the same): a replay of this step that
@@ -479,7 +480,7 @@ void run_op_invoke(struct task *t, const struct op_invoke *a) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "run_id", t->wait_child);
   if (t->parent) cJSON_AddStringToObject(o, "step", t->wait_id);
-  char *out = cJSON_PrintUnformatted(o);
+  char *out = jsontext_print_text(o);
   cJSON_Delete(o);
   register_wait(t, "child", t->wait_child, NULL, out);
   free(out), free(skill_id), free(data);
@@ -505,7 +506,7 @@ static void on_sent(void *arg, const struct jentry *last) {
       const struct jentry *je = last - i;
       cJSON_AddItemToArray(ids, cJSON_CreateString(je->result ? je->result : je->u.event.id));
     }
-    char *js = cJSON_PrintUnformatted(ids);
+    char *js = jsontext_print_text(ids);
     cJSON_Delete(ids);
     int64_t now = units_now_ms();
     struct step_row row = {
@@ -544,7 +545,7 @@ void run_op_send(struct task *t, const struct op_send *a) {
     /* Without a key of the caller's, the step's own makes a replay harmless. */
     if (cJSON_IsString(key)) snprintf(idem, sizeof idem, "%s", key->valuestring);
     else snprintf(idem, sizeof idem, "%s:%s:%d", r->id, t->wait_id, n + 1);
-    char *data = cJSON_PrintUnformatted(cJSON_GetObjectItem(ev, "data"));
+    char *data = jsontext_print_text(cJSON_GetObjectItem(ev, "data"));
     if (limit > 0 && data && (int64_t)strlen(data) > limit) {
       char msg[200], sz[32], lim[32];
       units_fmt_over((int64_t)strlen(data), limit, sz, lim, sizeof sz);

@@ -13,6 +13,7 @@
 */
 #include "base/cron.h"
 #include "base/ids.h"
+#include "base/jsontext.h"
 #include "base/mem.h"
 #include "base/term.h"
 #include "base/units.h"
@@ -73,7 +74,7 @@ static void fire(struct cron_entry *c, int64_t tick, int catch_up) {
   if (c->tz) cJSON_AddStringToObject(t, "tz", c->tz);
   cJSON_AddStringToObject(t, "tick", ts);
   if (catch_up) cJSON_AddTrueToObject(t, "catch_up");
-  f->trigger = cJSON_PrintUnformatted(t);
+  f->trigger = jsontext_print_text(t);
   cJSON_Delete(t);
   f->s = s;
   f->skill = mem_strdup(c->skill);

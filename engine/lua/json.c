@@ -309,21 +309,6 @@ static const char *type_phrase(lua_State *L, int idx) {
   }
 }
 
-/* The exact text for d: plain digits for integers below 1e21, else the
-** shortest %.<p>g that reads back as d. For a normal double no shorter text
-** than its %.15g reads back (%g drops trailing zeros), so the search starts
-** there; subnormals have fewer significant digits and start at 1. */
-static void number_text(double d, char *out, size_t cap) {
-  if (d == floor(d) && fabs(d) < 1e21) {
-    snprintf(out, cap, "%.0f", d);
-    return;
-  }
-  for (int prec = fabs(d) < DBL_MIN ? 1 : 15; prec <= 17; prec++) {
-    snprintf(out, cap, "%.*g", prec, d);
-    if (strtod(out, NULL) == d) return;
-  }
-}
-
 static cJSON *enc_number(enc_t *x, double d) {
   if (isnan(d)) return enc_fail(x, ERR_INVALID, NULL, "NaN is not a JSON number");
   if (isinf(d)) return enc_fail(x, ERR_INVALID, NULL, "%s is not a JSON number", d > 0 ? "infinity" : "-infinity");
@@ -332,7 +317,7 @@ static cJSON *enc_number(enc_t *x, double d) {
   ** compare its text with the exact one and swap in a raw item if needed. */
   if (d == floor(d) && fabs(d) < 1e15) return num;
   char want[40], got[64];
-  number_text(d, want, sizeof want);
+  jsontext_number_text(d, want, sizeof want);
   if (cJSON_PrintPreallocated(num, got, (int)sizeof got, 0) && !strcmp(got, want)) return num;
   cJSON_Delete(num);
   cJSON *raw = cJSON_CreateRaw(want);

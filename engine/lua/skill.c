@@ -1,6 +1,7 @@
 /*
 ** skill.c: loading, validating and caching skill versions (see skill.h).
 */
+#include "base/jsontext.h"
 #include "lua/skill.h"
 #include "base/ids.h"
 #include "base/mem.h"
@@ -97,7 +98,7 @@ char *skills_scopes(const struct skill *sk) {
     cJSON_AddItemToArray(out, x);
   }
   cJSON_Delete(list);
-  char *js = out ? cJSON_PrintUnformatted(out) : NULL;
+  char *js = out ? jsontext_print_text(out) : NULL;
   cJSON_Delete(out);
   return js;
 }

@@ -120,7 +120,7 @@ static void respond_json(server_t *srv, h2o_req_t *req, int status, char *json) 
 /* Answer a cJSON tree (consumed). */
 static void respond_cjson(server_t *srv, h2o_req_t *req, int status, cJSON *v) {
   jsontext_fix_utf8(v);
-  char *s = cJSON_PrintUnformatted(v);
+  char *s = jsontext_print_text(v);
   cJSON_Delete(v);
   respond_json(srv, req, status, s);
 }

@@ -150,7 +150,7 @@ char *server_error_json(const char *code, const char *message) {
   cJSON *er = cJSON_AddObjectToObject(o, "error");
   cJSON_AddStringToObject(er, "code", code);
   cJSON_AddStringToObject(er, "message", message);
-  char *s = cJSON_PrintUnformatted(o);
+  char *s = jsontext_print_text(o);
   cJSON_Delete(o);
   return s;
 }

@@ -199,7 +199,7 @@ char *store__event_json(const char *id, const char *name, const char *data, int6
   cJSON *d = data ? cJSON_Parse(data) : NULL;
   cJSON_AddItemToObject(o, "data", d ? d : cJSON_CreateNull());
   cJSON_AddStringToObject(o, "ts", t);
-  char *s = cJSON_PrintUnformatted(o);
+  char *s = jsontext_print_text(o);
   cJSON_Delete(o);
   return s;
 }
@@ -213,8 +213,8 @@ int store__event_matches(const char *event_json_text, const char *match) {
   const cJSON *want;
   for (want = m ? m->child : NULL; ok && want; want = want->next) {
     const cJSON *v = jsontext_path(ev, want->string);
-    char *got = v ? cJSON_PrintUnformatted(v) : mem_strdup("null");
-    char *exp = cJSON_PrintUnformatted(want);
+    char *got = v ? jsontext_print_text(v) : mem_strdup("null");
+    char *exp = jsontext_print_text(want);
     ok = got && exp && !strcmp(got, exp);
     free(got), free(exp);
   }

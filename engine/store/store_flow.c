@@ -448,7 +448,7 @@ static int trigger_runs(store_t *s, const char *ej, const char *name, const char
   cJSON *trig = cJSON_CreateObject();
   cJSON_AddStringToObject(trig, "kind", "event");
   cJSON_AddItemToObject(trig, "event", cJSON_Parse(ej));
-  char *tj = cJSON_PrintUnformatted(trig);
+  char *tj = jsontext_print_text(trig);
   cJSON_Delete(trig);
   int err = 0;
   while (!err && sqlite3_step(st) == SQLITE_ROW) {

@@ -1209,7 +1209,7 @@ static int ends_holding_slots(struct pg_store *s, const journal_t *j, err_t *e) 
     cJSON_AddItemToArray(ids, cJSON_CreateString(je->u.set.run_id));
   }
   if (!ids) return 0;
-  char *list = cJSON_PrintUnformatted(ids);
+  char *list = jsontext_print_text(ids);
   cJSON_Delete(ids);
   struct store_val v[1] = {SV_TEXT(list)};
   PGresult *r = store__pg_run(s, &s->w, NULL,
@@ -1446,7 +1446,7 @@ static void doubt_add(struct pg_store *s, const struct run_row *rows, size_t n) 
   if (!cJSON_IsArray(ids)) cJSON_Delete(ids), ids = cJSON_CreateArray();
   for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(ids, cJSON_CreateString(rows[i].id));
   free(s->claim_doubt);
-  s->claim_doubt = cJSON_PrintUnformatted(ids);
+  s->claim_doubt = jsontext_print_text(ids);
   cJSON_Delete(ids);
 }
 

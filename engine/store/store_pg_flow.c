@@ -357,7 +357,7 @@ static int trigger_runs(struct pg_store *s, const char *ej, const char *name, co
   cJSON *trig = cJSON_CreateObject();
   cJSON_AddStringToObject(trig, "kind", "event");
   cJSON_AddItemToObject(trig, "event", cJSON_Parse(ej));
-  char *tj = cJSON_PrintUnformatted(trig);
+  char *tj = jsontext_print_text(trig);
   cJSON_Delete(trig);
   int err = 0;
   for (int i = 0; i < PQntuples(r) && !err; i++) {

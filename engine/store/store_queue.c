@@ -53,6 +53,7 @@
 ** two engines ever count one (queue, key) at once, as SQLite's one
 ** writer ensures.
 */
+#include "base/jsontext.h"
 #include "base/mem.h"
 #include "base/units.h"
 #include "base/vocab.h"
@@ -271,7 +272,7 @@ static char *reason_json(const struct lim *l) {
   else cJSON_AddStringToObject(o, "skill", l->q);
   if (l->key[0]) cJSON_AddStringToObject(o, "key", l->key);
   cJSON_AddNumberToObject(o, "limit", (double)l->limit);
-  char *js = cJSON_PrintUnformatted(o);
+  char *js = jsontext_print_text(o);
   cJSON_Delete(o);
   return js;
 }
@@ -639,7 +640,7 @@ static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_
     if (!deb) cJSON_AddNumberToObject(o, "limit", (double)l[i].limit);
     cJSON_AddStringToObject(o, "period", d);
     cJSON_AddStringToObject(o, "until", until);
-    char *why = cJSON_PrintUnformatted(o);
+    char *why = jsontext_print_text(o);
     cJSON_Delete(o);
     int err = exec_run(s, &QUEUED_SQL, sl->run_id, why, "queueing a run", e);
     free(why);
@@ -859,7 +860,7 @@ int store__write_slot(store_t *s, const struct jentry *je, err_t *e) {
   if (je->u.slot.acquire) return acquire(s, je, e);
   cJSON *granted = cJSON_CreateArray();
   int err = store__slots_free(s, je->u.slot.run_id, granted, e);
-  if (!err && cJSON_GetArraySize(granted) > 0) journal_set_result(je, cJSON_PrintUnformatted(granted));
+  if (!err && cJSON_GetArraySize(granted) > 0) journal_set_result(je, jsontext_print_text(granted));
   cJSON_Delete(granted);
   return err;
 }
