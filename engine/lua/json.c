@@ -556,7 +556,7 @@ static char *encode_text(lua_State *L, int idx, size_t limit, int pretty, size_t
   ** for it to be an overestimate) the exact check below would fail anyway. */
   cJSON *root = from_lua_bounded(L, idx, limit ? limit * 4 + 4096 : 0, e);
   if (!root) return NULL;
-  char *text = pretty ? cJSON_Print(root) : jsontext_print_text(root);
+  char *text = pretty ? jsontext_print_pretty(root) : jsontext_print_text(root);
   cJSON_Delete(root);
   size_t n = strlen(text);
   if (limit && n > limit) {

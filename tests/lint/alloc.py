@@ -4,8 +4,14 @@ functions never return NULL (the out-of-memory policy, docs/architecture.md
 asprintf or vasprintf in engine/ or sidecar/ would bring back a NULL that no
 caller checks any more. mem.c itself is exempt, and so is a line that says
 why it is not mem.h's with a comment "not mem.h: ..." (the Lua state's own
-allocator, which enforces the budgets). Prints every use and exits 1; exits
-0 when there is none.
+allocator, which enforces the budgets).
+
+It also finds cJSON's printers (cJSON_Print, cJSON_PrintUnformatted,
+cJSON_PrintBuffered) outside engine/base/jsontext.c: they round numbers (15
+significant digits within an epsilon), so every text a user's values pass
+through is printed by jsontext_print_text or jsontext_print_pretty.
+
+Prints every use and exits 1; exits 0 when there is none.
 """
 import os
 import re
@@ -13,6 +19,7 @@ import sys
 
 SRC = os.environ.get("MOONLOOP_SRC") or os.path.join(os.path.dirname(__file__), "..", "..")
 CALL = re.compile(r"(?<![\w.>])(malloc|calloc|realloc|strdup|strndup|v?asprintf)\s*\(")
+PRINT = re.compile(r"\b(cJSON_Print|cJSON_PrintUnformatted|cJSON_PrintBuffered)\s*\(")
 
 
 def code_of(line, in_comment):
@@ -57,9 +64,14 @@ def main():
                         if m and "not mem.h:" not in line:
                             bad.append("%s:%d: %s() instead of base/mem.h's (%s)" % (
                                 os.path.relpath(path, SRC), n, m.group(1), line.strip()))
+                        m = PRINT.search(code)
+                        if m and name != "jsontext.c":
+                            bad.append("%s:%d: %s() rounds numbers: use jsontext_print_text or "
+                                       "jsontext_print_pretty (%s)" % (
+                                           os.path.relpath(path, SRC), n, m.group(1), line.strip()))
     for b in bad:
         print(b)
-    print("alloc: %d plain allocations" % len(bad))
+    print("alloc: %d plain allocations or cJSON printers" % len(bad))
     return 1 if bad else 0
 
 
