@@ -24,7 +24,6 @@ struct reply {
   char run_id[27];
   int64_t wait_ms;
   int replied;
-  int ours;       /* cancel: the run was this process's when asked */
 };
 
 static struct reply *reply_new(sched_t *s, sched_reply_cb cb, void *arg) {
@@ -271,6 +270,42 @@ int sched_invoke(sched_t *s, const char *skill, const char *data_json, const cha
 
 /* ---- cancel and rerun ---- */
 
+/* How long a cancel's answer waits for the run to stop (ms): a run stops
+** at its next step, at once when it sleeps or waits, and one of another
+** engine at that engine's next poll. */
+#define CANCEL_WAIT_MS 5000
+
+/* A cancelled run's end, or the cancel's wait ran out: answer what the run
+** ended as. One that completed (or failed) before the cancel reached it
+** was not cancelled, and the client hears so (409), where it was told
+** "cancelled" whenever the run was still in memory when the cancel
+** committed. */
+static void on_cancel_end(void *arg, int ended) {
+  struct reply *r = arg;
+  cJSON *run = NULL;
+  err_t e;
+  char status[32] = "cancelling";
+  if (ended && !store_get_run(sched__opts(r->s)->store, r->run_id, 0, &run, &e)) {
+    const cJSON *st = cJSON_GetObjectItem(run, "status");
+    if (cJSON_IsString(st)) snprintf(status, sizeof status, "%s", st->valuestring);
+    cJSON_Delete(run);
+  }
+  if (ended && strcmp(status, "cancelled") && strcmp(status, "cancelling")) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "run %s %s before the cancel reached it: nothing was cancelled",
+             r->run_id, status);
+    answer(r, ERR_CONFLICT, msg, NULL);
+  } else {
+    char js[96];
+    snprintf(js, sizeof js, "{\"run_id\":\"%s\",\"status\":\"%s\"}", r->run_id, status);
+    answer(r, 0, NULL, js);
+  }
+  free(r);
+}
+
+/* The cancel is durable: answer at once what the store decided (no such
+** run, ended already, cancelled where no one held it), or, for a run an
+** engine holds ("cancelling": it stops at its next step), once it ended. */
 static void on_cancel(void *arg, const struct jentry *je) {
   struct reply *r = arg;
   const char *st = je->result;
@@ -282,16 +317,18 @@ static void on_cancel(void *arg, const struct jentry *je) {
     char msg[120];
     snprintf(msg, sizeof msg, "run %s is already %s: nothing to cancel", r->run_id, st + 6);
     answer(r, ERR_CONFLICT, msg, NULL);
+  } else if (!strcmp(st, "cancelling")) {
+    /* Ours: stop it now rather than at the next poll. */
+    if (sched__find(r->s, r->run_id)) sched__poll_now(r->s);
+    struct sched_watch *w = NULL;
+    err_t e;
+    int rc = sched_watch(r->s, r->run_id, CANCEL_WAIT_MS, on_cancel_end, r, &w, &e);
+    if (rc == 0) return;
+    on_cancel_end(r, rc == 1);
+    return;
   } else {
-    /* Ours: stop it now rather than at the next poll, with the reason the
-    ** store kept (a cancel asked before this one keeps its own). A run that
-    ** was ours when asked and is gone now was stopped by a poll that came
-    ** between the commit and this answer (the tick noticed the commit). */
-    struct run *run = sched__find(r->s, r->run_id);
-    if (run) sched__poll_now(r->s);
     char js[96];
-    snprintf(js, sizeof js, "{\"run_id\":\"%s\",\"status\":\"%s\"}", r->run_id,
-             run || (r->ours && !strcmp(st, "cancelling")) ? "cancelled" : st);
+    snprintf(js, sizeof js, "{\"run_id\":\"%s\",\"status\":\"%s\"}", r->run_id, st);
     answer(r, 0, NULL, js);
   }
   free(r);
@@ -302,7 +339,6 @@ int sched_cancel(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, e
   if (sched__refuse_write(s, e)) return e->code;
   struct reply *r = reply_new(s, cb, arg);
   snprintf(r->run_id, sizeof r->run_id, "%s", run_id);
-  r->ours = sched__find(s, run_id) != NULL;
   struct cancel_row c = {.run_id = run_id, .reason = "cancelled over HTTP", .at = units_now_ms()};
   size_t first = journal_count(sched__journal(s));
   journal_cancel(sched__journal(s), &c);
