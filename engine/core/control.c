@@ -258,10 +258,30 @@ static int start_and_answer(sched_t *s, struct skill *sk, const char *trigger, c
   return 0;
 }
 
+/* A keyed start of a skill that is not live (deleted, its file removed,
+** failing to load) that repeats an earlier one: answered with the first
+** run, as a repeat of a live skill's is (a client retrying a start while
+** a deploy replaces the skill must not conclude that it never started).
+** 0 when answered; else the caller's error stands. */
+static int keyed_repeat(sched_t *s, const char *skill, const char *key, int64_t wait_ms,
+                        sched_reply_cb cb, void *arg) {
+  char id[27];
+  err_t e;
+  if (store_keyed_run(sched__opts(s)->store, skill, key, id, sizeof id, &e) != 1) return -1;
+  struct invoke *iv = mem_calloc(1, sizeof *iv);
+  iv->r.s = s, iv->r.cb = cb, iv->r.arg = arg, iv->r.wait_ms = wait_ms;
+  snprintf(iv->r.run_id, sizeof iv->r.run_id, "%s", id);
+  answer_started(iv, 0);
+  return 0;
+}
+
 int sched_invoke(sched_t *s, const char *skill, const char *data_json, const char *key,
                  int64_t wait_ms, sched_reply_cb cb, void *arg, err_t *e) {
   struct skill *sk;
-  if (sched__live_skill(s, skill, &sk, e)) return e->code;
+  if (sched__live_skill(s, skill, &sk, e)) {
+    if (key && e->code == ERR_NOTFOUND && !keyed_repeat(s, skill, key, wait_ms, cb, arg)) return 0;
+    return e->code;
+  }
   char trig[SCHED_KEY_MAX * 6 + 96];
   if (jsontext_invoke_trigger("http", key, trig, sizeof trig))
     return err_set(e, ERR_INVALID, "the key is too long (at most %d bytes)", SCHED_KEY_MAX);

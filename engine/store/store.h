@@ -167,6 +167,10 @@ int store_run_json(store_t *s, const char *id, int with_steps, buf_t *out, err_t
 /* A run's status into status (n bytes); ERR_NOTFOUND for an unknown run. */
 int store_run_status(store_t *s, const char *id, char *status, size_t n, err_t *e);
 
+/* The run an idempotent start of skill with key made (runs_idem): 1 and
+** its id in id, 0 when there is none, or a negative code. */
+int store_keyed_run(store_t *s, const char *skill, const char *key, char *id, size_t n, err_t *e);
+
 /* Which of the runs ids_json names (a JSON array of run ids) have ended
 ** (completed, failed, cancelled, skipped): cb(arg, id) for each, in one indexed
 ** query. Returns how many, or a negative code. */

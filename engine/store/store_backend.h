@@ -116,6 +116,7 @@ enum store_rq {
   RQ_LOGS,            /* run_id -> seq, ts, level, msg; by seq, then as written */
   RQ_CHILDREN,        /* run_id -> id, skill, status; by id */
   RQ_RUN_STATUS,      /* id -> status */
+  RQ_KEYED_RUN,       /* skill, idem -> id: the run an idempotent start made */
   RQ_RUNS_ENDED,      /* a JSON array of run ids -> id, of those that ended */
   RQ_LIVE_VERSION,    /* skill -> version */
   RQ_STEP_JOURNAL,    /* run_id -> seq, id, kind, status, output, error, attempts, started_at,

@@ -337,6 +337,17 @@ int store_run_status(store_t *s, const char *id, char *status, size_t n, err_t *
   return found ? 0 : err_set(e, ERR_NOTFOUND, "no run with id '%s'", id);
 }
 
+/* See store.h. */
+int store_keyed_run(store_t *s, const char *skill, const char *key, char *id, size_t n, err_t *e) {
+  struct store_val v[2] = {SV_TEXT(skill), SV_TEXT(key)};
+  char *t;
+  int found;
+  if (first_text(s, RQ_KEYED_RUN, v, 2, &t, &found, e)) return e->code;
+  if (found) snprintf(id, n, "%s", t ? t : "");
+  free(t);
+  return found;
+}
+
 /* See store.h: one indexed query; the ids go in as one JSON array. */
 int store_runs_ended(store_t *s, const char *ids_json, void (*cb)(void *arg, const char *id),
                      void *arg, err_t *e) {

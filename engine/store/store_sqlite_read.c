@@ -35,6 +35,7 @@ static const char *const rsql[RQ_COUNT] = {
   [RQ_LOGS] = "SELECT seq, ts, level, msg FROM logs WHERE run_id = ?1 ORDER BY seq, rowid",
   [RQ_CHILDREN] = "SELECT id, skill, status FROM runs WHERE parent_id = ?1 ORDER BY id",
   [RQ_RUN_STATUS] = "SELECT status FROM runs WHERE id = ?1",
+  [RQ_KEYED_RUN] = "SELECT id FROM runs WHERE skill = ?1 AND idem = ?2",
   /* One indexed query: the ids go in as one JSON array, each looked up
   ** by the primary key. */
   [RQ_RUNS_ENDED] =

@@ -290,6 +290,25 @@ class IdempotentStartTest(SkillsTestCase):
         st, _, e = self.invoke(p.port, "sleeper", {"key": 42})
         self.assertEqual(st, 400, e)
 
+    def test_a_repeated_key_still_answers_once_its_skill_is_gone(self):
+        # A client retrying a keyed start while a deploy removes the skill
+        # got 404 "no live version", and concluded its start never happened.
+        p = self.serve()
+        st, _, a = self.invoke(p.port, "sleeper", {"data": {"s": 1}, "key": "deploy-7"})
+        self.assertEqual(st, 202, a)
+        st, _, b = call(p.port, "DELETE", "/v1/skills/sleeper")
+        self.assertEqual(st, 200, b)
+        st, _, b = self.invoke(p.port, "sleeper", {"data": {"s": 9}, "key": "deploy-7"})
+        self.assertEqual((st, b), (202, {"run_id": a["run_id"]}))
+        st, _, c = self.invoke(p.port, "sleeper", {"key": "deploy-7", "wait": 60})
+        self.assertEqual(st, 200, c)
+        self.assertEqual((c["run_id"], c["status"], c["output"]), (a["run_id"], "completed", {"slept": 1}))
+        # A new key of a skill that is gone is still refused, naming it.
+        st, _, d = self.invoke(p.port, "sleeper", {"key": "deploy-8"})
+        self.assertEqual(st, 404, d)
+        self.assertIn("sleeper", d["error"]["message"])
+        self.assertEqual(len(self.runs_with_key("deploy-7")), 1)
+
     def test_concurrent_repeats_start_one_run(self):
         p = self.serve()
         calls = [Background(lambda: self.invoke(p.port, "sleeper", {"data": {"s": 0}, "key": "same"}))
