@@ -473,6 +473,21 @@ static int route_events(const struct req *r, struct server_plan *p, int *status,
 }
 
 /* POST /v1/skills/{id}/invoke: {data, key?, wait?}; an empty body is {}. */
+/* POST .../cancel and .../rerun act on the run as it is: no body, or an
+** empty object; anything else (malformed JSON, a "data" to rerun with) is
+** refused rather than ignored, so a client is not led to think it took. */
+static int route_no_body(const struct req *r, struct server_plan *p, int *status, err_t *e) {
+  (void)p;
+  if (only_space(r->body, r->blen)) return 0;
+  cJSON *v;
+  if (parse_json(r->body, r->blen, &v, status, e)) return e->code;
+  int empty = cJSON_IsObject(v) && !v->child;
+  cJSON_Delete(v);
+  if (empty) return 0;
+  return fail(status, 400, e, ERR_INVALID, "this request takes no body (or {}): it acts on the run "
+              "as it is (a rerun runs again with the run's own input)");
+}
+
 static int route_invoke(const struct req *r, struct server_plan *p, int *status, err_t *e) {
   const char *body = r->body;
   size_t blen = r->blen;
@@ -903,8 +918,8 @@ static const struct route {
   {"GET", "/metrics", ID_NONE, SERVER_OP_METRICS, SERVER_BODY_NONE, NULL},
   {"GET", "/v1/runs", ID_NONE, SERVER_OP_LIST_RUNS, SERVER_BODY_NONE, route_list},
   {"GET", "/v1/runs/{id}", ID_RUN, SERVER_OP_GET_RUN, SERVER_BODY_NONE, route_run_query},
-  {"POST", "/v1/runs/{id}/cancel", ID_RUN, SERVER_OP_CANCEL, SERVER_BODY_JSON, NULL},
-  {"POST", "/v1/runs/{id}/rerun", ID_RUN, SERVER_OP_RERUN, SERVER_BODY_JSON, NULL},
+  {"POST", "/v1/runs/{id}/cancel", ID_RUN, SERVER_OP_CANCEL, SERVER_BODY_JSON, route_no_body},
+  {"POST", "/v1/runs/{id}/rerun", ID_RUN, SERVER_OP_RERUN, SERVER_BODY_JSON, route_no_body},
   {"GET", "/v1/events", ID_NONE, SERVER_OP_LIST_EVENTS, SERVER_BODY_NONE, route_events_list},
   {"POST", "/v1/events", ID_NONE, SERVER_OP_EVENTS, SERVER_BODY_JSON, route_events},
   {"GET", "/v1/stats", ID_NONE, SERVER_OP_STATS, SERVER_BODY_NONE, route_stats},

@@ -151,6 +151,21 @@ class ApiWriteTest(unittest.TestCase):
         st, _, b = self.post("/v1/runs/01J00000000000000000000000/rerun")
         self.assertEqual(st, 404, b)
 
+    def test_cancel_and_rerun_refuse_a_body_they_would_ignore(self):
+        # A rerun with {"data": ...} ran with the old input, and malformed
+        # JSON was taken: the client was led to think its body counted.
+        first = self.post("/v1/skills/hello/invoke", {"data": {"who": "di"}, "wait": True})[2]
+        for action, body in (("rerun", {"data": {"who": "x"}}), ("rerun", "garbage{"),
+                             ("cancel", {"reason": "x"}), ("cancel", [])):
+            st, _, b = self.post("/v1/runs/%s/%s" % (first["run_id"], action), body)
+            self.assertEqual(st, 400, (action, body, b))
+            self.assertEqual(b["error"]["code"], "invalid")
+            if not isinstance(body, str):
+                self.assertIn("takes no body", b["error"]["message"])
+        st, _, b = self.post("/v1/runs/%s/rerun" % first["run_id"], {})
+        self.assertEqual(st, 202, b)
+        self.assertEqual(self.wait_run(b["run_id"])["input"], {"who": "di"})
+
     # ---- PUT skill ----
 
     def test_put_skill_registers_a_new_version(self):
