@@ -311,6 +311,7 @@ run.add_step("parallel", function(id, fns, opts)
     if crec and (crec.id ~= csid or crec.kind ~= "run") then
       record_at(R, seq + i, csid, "run") -- raises the mismatch
     end
+    if crec then R.replayed = seq + i end
     -- A branch may call step.invoke in its body (branch_invoke): it needs
     -- its record and the parallel's start (its children's ids derive from it).
     local CT = { R = R, branch = true, rec = crec, par_started = started }

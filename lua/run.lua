@@ -15,7 +15,8 @@
 -- While the code reaches steps the journal holds, their recorded results
 -- are returned without running the bodies; the first step past the end of
 -- the journal runs live. A step whose id or kind differs from the journal's
--- at the same position means the code changed under the run: it fails.
+-- at the same position means the code changed under the run: it fails;
+-- so does a run that ends before reaching every record (unreached_records).
 --
 -- State: R is the run's (run_id, journal, seq, ids, now, cfg...); T is a
 -- task's (in_step, attempt, step_seq while a step body runs). The main
@@ -255,10 +256,14 @@ local function mismatch(R, seq, rec, sid, kind)
 end
 
 -- The journal's record at seq, checked against the step the code reached.
+-- A record reached is counted (R.replayed: the steps a replay took as
+-- recorded) and where the code reached it kept (R.replayed_at), for
+-- unreached_records when the run ends.
 local function record_at(R, seq, sid, kind)
   local rec = R.journal[seq]
   if rec then
     if rec.id ~= sid or rec.kind ~= kind then mismatch(R, seq, rec, sid, kind) end
+    R.replayed, R.replayed_at = seq, skill_position()
   else
     R.replaying = false
     R.journal = EMPTY -- past its end: the journal is not needed any more
@@ -557,6 +562,34 @@ ctx_mt.__index = function(ctx, k)
   user_fatal(api.unknown("ctx", k))
 end
 
+-- A run that ended (returned, or failed in its own code) while its journal
+-- still holds records it never reached has left the journal: its code took
+-- a shorter path than the run did (it read the clock outside a step, or a
+-- variable a step's body set, which a replay does not run). Like any divergence, the run fails with why (and a
+-- replay reports it) instead of ending as if all was well. Returns the
+-- message, or nil when the journal was used up. fn: the run function,
+-- whose line is named when no step was reached; how: "returned", "failed".
+local function unreached_records(R, fn, how)
+  local rec = R.journal[R.seq + 1]
+  if not rec or killed() then return nil end
+  -- The line: the last step reached, else where the run function starts.
+  local where, after = R.replayed_at or "", " without reaching any step of it"
+  if R.replayed then
+    local last = R.journal[R.replayed]
+    after = (" after step %d '%s' (the last step it reached, at this line)"):format(R.replayed, tostring(last and last.id))
+  else
+    local info = getinfo(fn, "S")
+    where = info and info.what == "Lua" and ("%s:%d: "):format(info.short_src, info.linedefined) or ""
+  end
+  local e = setmetatable({
+    message = ("%sthe code no longer matches this run's journal: the run %s%s, but the journal goes on to step %d "
+      .. "'%s' (%s)"):format(where, how, after, R.seq + 1, tostring(rec.id), tostring(rec.kind)),
+    fatal = true,
+  }, fatal_mt)
+  R.diverged = e
+  return e.message
+end
+
 local function main(R, def, err_arg)
   -- A run of a skill with flow control is made before it is granted its
   -- slots (started_at 0) and first resumed once it has them: its clock
@@ -567,6 +600,8 @@ local function main(R, def, err_arg)
   ctx_runs[ctx] = R
   local fn = R.entry == "on_failure" and def.on_failure or def.run
   local ok, res = real_xpcall(fn, handler, ctx, err_arg)
+  local left = R.journal ~= EMPTY and not R.diverged and unreached_records(R, fn, ok and "returned" or "failed")
+  if left then return false, encode({ message = left }, 0) end
   if not ok then
     local e = unwrap(res)
     -- A budget stopped the run: say which (an allocation refused by the
