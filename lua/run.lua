@@ -214,6 +214,33 @@ local function unwrap(h)
 end
 M.handler, M.unwrap, M.normalize = handler, unwrap, normalize
 
+-- Whether the running code could yield an op to the engine: not from a
+-- callback of a C function (string.gsub, table.sort), which Lua cannot
+-- yield across. coroutine.isyieldable where this LuaJIT has it; else a
+-- walk down to the step or run body for a C frame other than pcall and
+-- xpcall (LuaJIT yields across those).
+local real_pcall = pcall
+local isyieldable = coroutine.isyieldable or function()
+  for level = 2, 200 do
+    local info = getinfo(level, "Sf")
+    if not info or boundaries[info.func] then return true end
+    if info.what == "C" and info.func ~= real_pcall and info.func ~= real_xpcall then return false end
+  end
+  return true
+end
+
+-- Refuse, before anything runs, a step or a request (name: "step.run",
+-- "http.get") called where it could not yield: otherwise the body would run
+-- and its end fail in the runtime's own code. where: the code to call it
+-- from instead. Fatal: a retry would make the same call.
+local function need_yieldable(name, where)
+  if not isyieldable() then
+    user_fatal(("%s cannot be called from inside a callback of a C function (string.gsub, table.sort, ...): "
+      .. "call it from %s"):format(name, where))
+  end
+end
+M.need_yieldable = need_yieldable
+
 -- Steps ------------------------------------------------------------------
 
 -- The run and task of a step call (name: "step.run"; id: the step id),
@@ -230,6 +257,7 @@ local function need_run(name, id)
       fatal = true,
     }, fatal_mt), 0)
   end
+  need_yieldable(name, "the run function's own code")
   -- The id left out: the body (or the seconds, the options) came first.
   if type(id) ~= "string" then
     user_error(("%s: the first argument is the step's id, a name such as \"fetch\", got %s%s")

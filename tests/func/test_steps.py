@@ -197,6 +197,32 @@ end }""")
         r = self.w.ml("run", "n.lua", check=1)
         self.assertIn("steps cannot be nested", r.stderr)
 
+    def test_a_step_in_a_callback_of_a_c_function_is_refused_before_its_body_runs(self):
+        # Lua cannot yield across string.gsub or table.sort: the step is
+        # refused at the skill's line, its body never run, for every kind.
+        cases = {
+            "gsub": 'local s = ("ab"):gsub("a", function()\n'
+                    '    local v = ctx.step.run("g", function() log.info("BODY RAN") return "z" end)\n'
+                    '    return v\n  end)',
+            "sort": 'table.sort({ 3, 1, 2 }, function(a, b)\n'
+                    '    ctx.step.sleep("s", 0)\n    return a < b\n  end)',
+            "http": 'ctx.step.run("b", function()\n'
+                    '    ("x"):gsub("x", function() http.get("http://127.0.0.1:1/") end)\n  end)',
+        }
+        want = {
+            "gsub": "gsub.lua:4: step.run cannot be called",
+            "sort": "sort.lua:4: step.sleep cannot be called",
+            "http": "step 'b' failed: http.lua:4: http.get cannot be called",
+        }
+        for name, body in cases.items():
+            self.w.write(name + ".lua", "return { retries = 0, run = function(ctx)\n"
+                         "  local x = 1\n  %s\n  return 1\nend }\n" % body)
+            r = self.w.ml("run", name + ".lua", check=1)
+            self.assertIn(want[name] + " from inside a callback of a C function (string.gsub, table.sort, "
+                          "...): call it from the ", r.stderr)
+            self.assertNotIn("moonloop/", r.stderr)
+            self.assertNotIn("BODY RAN", r.stdout + r.stderr)
+
     def test_unknown_step_options_are_errors_naming_them(self):
         # A typo such as retires = 0 must not silently keep the default retries.
         self.w.write("o.lua", """
