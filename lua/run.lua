@@ -177,6 +177,22 @@ local function visible(m)
   return m
 end
 
+-- The text of an error value that is no error value of ours: a table
+-- without __tostring by value (its JSON text when it is JSON: error({code
+-- = 1}) reads {"code":1}), never by its address, which differs between a
+-- run and its replay; nil as "nil".
+local function shown(e)
+  local mt = type(e) == "table" and getmetatable(e)
+  if type(e) == "table" and not (type(mt) == "table" and rawget(mt, "__tostring")) then
+    local ok, js = pcall(encode, e, 4096)
+    if ok and js then return js end
+    return "a table that is not JSON (error() with a string shows its message)"
+  end
+  local m = tostring(e)
+  if type(m) ~= "string" then m = "an error value that is not a string" end
+  return m
+end
+
 -- Turn any error value into {message=, traceback=, fatal=, step=}.
 local function normalize(e, tb)
   local mt = type(e) == "table" and getmetatable(e)
@@ -186,8 +202,7 @@ local function normalize(e, tb)
   if type(e) == "table" and type(e.message) == "string" then
     return { message = visible(e.message), traceback = tb }
   end
-  local m = tostring(e)
-  if type(m) ~= "string" then m = "an error value that is not a string" end
+  local m = shown(e)
   return { message = visible(absent_hint(unset_env_hint(m))), traceback = tb }
 end
 
@@ -203,14 +218,24 @@ local function clean_traceback(tb)
   return "stack traceback:\n" .. table.concat(out, "\n")
 end
 
+-- The handler of the runtime's xpcalls: the error with the skill's
+-- traceback, in a table marked as the handler's (wrapped_mt), so that
+-- unwrap finds any value in it, nil too.
+local wrapped_mt = {}
 local function handler(e)
-  if type(e) == "table" and e.traceback then return e end
-  return { value = e, traceback = clean_traceback(traceback("", 2)) }
+  if type(e) == "table" and rawget(e, "traceback") then return e end
+  return setmetatable({ value = e, traceback = clean_traceback(traceback("", 2)) }, wrapped_mt)
 end
 
+-- The error an xpcall with handler caught, whatever its value.
+local function caught(h)
+  if getmetatable(h) == wrapped_mt then return h.value end
+  return h
+end
+
+-- {message=, traceback=, ...} of what an xpcall with handler caught.
 local function unwrap(h)
-  if type(h) == "table" and h.value ~= nil then return normalize(h.value, h.traceback) end
-  return normalize(h)
+  return normalize(caught(h), type(h) == "table" and h.traceback or nil)
 end
 M.handler, M.unwrap, M.normalize = handler, unwrap, normalize
 
@@ -402,7 +427,7 @@ local function run_body(R, T, seq, sid, rec, fn, opts)
       end
       e = { message = ("result is not a JSON value: %s"):format(err), fatal = true }
     elseif killed() then
-      e = normalize(res.value ~= nil and res.value or res, res.traceback)
+      e = normalize(caught(res), type(res) == "table" and res.traceback or nil)
       e.message = core.kill_reason and core.kill_reason() or e.message
       e.fatal = true
     else
