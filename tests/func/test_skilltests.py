@@ -361,6 +361,21 @@ return t
                       "(as an engine does after a crash) reached step 'extra' and would run it: the run "
                       "had not taken that step there.", r.stdout)
 
+    def test_a_failed_assertion_caught_by_pcall_still_fails_its_case(self):
+        self.w.write("p/s.lua", 'return { run = function(ctx) return 1 end }\n')
+        self.w.write("p/s_test.lua", 'local t = test.skill("s.lua")\n'
+                     't:case("eq caught", function(c) pcall(function() c:eq(1, 2) end) end)\n'
+                     't:case("fail caught", function(c)\n'
+                     '  pcall(c.fail, c, "first")\n'
+                     '  c:fail("second")\n'
+                     'end)\n'
+                     't:case("fine", function(c) c:eq(c:run({}), 1) end)\n'
+                     'return t\n')
+        r = self.w.ml("test", "p", check=1)
+        self.assertEqual(r.stdout.splitlines()[-1], "1 passed, 2 failed", r.stdout)
+        self.assertIn("p/s_test.lua:2: FAIL eq caught: values differ: expected 2, got 1", r.stdout)
+        self.assertIn("p/s_test.lua:4: FAIL fail caught: first", r.stdout)
+
     def test_registered_skill_by_id(self):
         self.w.write("ws/greet.lua", 'return { id = "greet", run = function(ctx)\n'
                      '  return ctx.step.run("hello", function() return "hi " .. ctx.input.name end)\n'
