@@ -181,6 +181,7 @@ local function branch_invoke(T, id, opts)
   if type(id) ~= "string" or id == "" or #id > 200 or id:find("#", 1, true) then
     user_error("step.invoke: the step id must be a non-empty string of at most 200 characters, without '#'")
   end
+  run.need_yieldable("step.invoke", "the branch's function's own code")
   local data, timeout = invoke_opts(opts)
   if T.inv_attempt ~= T.attempt then T.inv_attempt, T.inv_ids = T.attempt, {} end
   local n = (T.inv_ids[id] or 0) + 1
@@ -311,6 +312,7 @@ run.add_step("parallel", function(id, fns, opts)
     if crec and (crec.id ~= csid or crec.kind ~= "run") then
       record_at(R, seq + i, csid, "run") -- raises the mismatch
     end
+    if crec then R.replayed = seq + i end
     -- A branch may call step.invoke in its body (branch_invoke): it needs
     -- its record and the parallel's start (its children's ids derive from it).
     local CT = { R = R, branch = true, rec = crec, par_started = started }

@@ -28,7 +28,7 @@
 --   - (in the loader, which knows the configuration) env.NAME of a name
 --     the configuration does not grant to the skill.
 -- Warnings (the file loads): code in the run function, outside step bodies,
--- that is not deterministic: os.time(), os.clock(), os.date() of now,
+-- that is not deterministic: os.time() and os.date() of now, os.clock(),
 -- math.random(), and time.now() (the time of the last step there); a call
 -- of an os function the sandbox does not have (os.getenv: use env.NAME).
 
@@ -259,7 +259,9 @@ local function module_call(C, node, mod, fn)
   if mod == "os" then
     -- (A warning: the call raises when it runs, which a pcall may expect.)
     if not CLOCK[fn] then warn(C, node, api.unknown("os", fn)) end
-    if CLOCK[fn] and C.direct and not C.body and (fn ~= "date" or #args < 2) then
+    -- Of now only: os.date(fmt, t) and os.time(t) are of a given time.
+    local of_now = (fn ~= "date" or #args < 2) and (fn ~= "time" or #args == 0)
+    if CLOCK[fn] and C.direct and not C.body and of_now then
       warn(C, node, ("%s outside a step body gives another value when the run is replayed after a restart: "
         .. "call it inside a step (local t = ctx.step.run(\"now\", function() return %s end))"):format(call, call))
     end

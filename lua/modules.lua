@@ -57,6 +57,7 @@ local function io_allowed(name)
   if T and not T.in_step then
     user_error(name .. " must be called inside a step body (ctx.step.run) so that its result is checkpointed")
   end
+  if T then run.need_yieldable(name, "the step body's own code") end
   if not T and not core.can_yield() then
     user_error(name .. " can only be called inside a run")
   end

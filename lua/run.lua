@@ -15,7 +15,8 @@
 -- While the code reaches steps the journal holds, their recorded results
 -- are returned without running the bodies; the first step past the end of
 -- the journal runs live. A step whose id or kind differs from the journal's
--- at the same position means the code changed under the run: it fails.
+-- at the same position means the code changed under the run: it fails;
+-- so does a run that ends before reaching every record (unreached_records).
 --
 -- State: R is the run's (run_id, journal, seq, ids, now, cfg...); T is a
 -- task's (in_step, attempt, step_seq while a step body runs). The main
@@ -176,6 +177,22 @@ local function visible(m)
   return m
 end
 
+-- The text of an error value that is no error value of ours: a table
+-- without __tostring by value (its JSON text when it is JSON: error({code
+-- = 1}) reads {"code":1}), never by its address, which differs between a
+-- run and its replay; nil as "nil".
+local function shown(e)
+  local mt = type(e) == "table" and getmetatable(e)
+  if type(e) == "table" and not (type(mt) == "table" and rawget(mt, "__tostring")) then
+    local ok, js = pcall(encode, e, 4096)
+    if ok and js then return js end
+    return "a table that is not JSON (error() with a string shows its message)"
+  end
+  local m = tostring(e)
+  if type(m) ~= "string" then m = "an error value that is not a string" end
+  return m
+end
+
 -- Turn any error value into {message=, traceback=, fatal=, step=}.
 local function normalize(e, tb)
   local mt = type(e) == "table" and getmetatable(e)
@@ -185,8 +202,7 @@ local function normalize(e, tb)
   if type(e) == "table" and type(e.message) == "string" then
     return { message = visible(e.message), traceback = tb }
   end
-  local m = tostring(e)
-  if type(m) ~= "string" then m = "an error value that is not a string" end
+  local m = shown(e)
   return { message = visible(absent_hint(unset_env_hint(m))), traceback = tb }
 end
 
@@ -202,16 +218,53 @@ local function clean_traceback(tb)
   return "stack traceback:\n" .. table.concat(out, "\n")
 end
 
+-- The handler of the runtime's xpcalls: the error with the skill's
+-- traceback, in a table marked as the handler's (wrapped_mt), so that
+-- unwrap finds any value in it, nil too.
+local wrapped_mt = {}
 local function handler(e)
-  if type(e) == "table" and e.traceback then return e end
-  return { value = e, traceback = clean_traceback(traceback("", 2)) }
+  if type(e) == "table" and rawget(e, "traceback") then return e end
+  return setmetatable({ value = e, traceback = clean_traceback(traceback("", 2)) }, wrapped_mt)
 end
 
+-- The error an xpcall with handler caught, whatever its value.
+local function caught(h)
+  if getmetatable(h) == wrapped_mt then return h.value end
+  return h
+end
+
+-- {message=, traceback=, ...} of what an xpcall with handler caught.
 local function unwrap(h)
-  if type(h) == "table" and h.value ~= nil then return normalize(h.value, h.traceback) end
-  return normalize(h)
+  return normalize(caught(h), type(h) == "table" and h.traceback or nil)
 end
 M.handler, M.unwrap, M.normalize = handler, unwrap, normalize
+
+-- Whether the running code could yield an op to the engine: not from a
+-- callback of a C function (string.gsub, table.sort), which Lua cannot
+-- yield across. coroutine.isyieldable where this LuaJIT has it; else a
+-- walk down to the step or run body for a C frame other than pcall and
+-- xpcall (LuaJIT yields across those).
+local real_pcall = pcall
+local isyieldable = coroutine.isyieldable or function()
+  for level = 2, 200 do
+    local info = getinfo(level, "Sf")
+    if not info or boundaries[info.func] then return true end
+    if info.what == "C" and info.func ~= real_pcall and info.func ~= real_xpcall then return false end
+  end
+  return true
+end
+
+-- Refuse, before anything runs, a step or a request (name: "step.run",
+-- "http.get") called where it could not yield: otherwise the body would run
+-- and its end fail in the runtime's own code. where: the code to call it
+-- from instead. Fatal: a retry would make the same call.
+local function need_yieldable(name, where)
+  if not isyieldable() then
+    user_fatal(("%s cannot be called from inside a callback of a C function (string.gsub, table.sort, ...): "
+      .. "call it from %s"):format(name, where))
+  end
+end
+M.need_yieldable = need_yieldable
 
 -- Steps ------------------------------------------------------------------
 
@@ -229,6 +282,7 @@ local function need_run(name, id)
       fatal = true,
     }, fatal_mt), 0)
   end
+  need_yieldable(name, "the run function's own code")
   -- The id left out: the body (or the seconds, the options) came first.
   if type(id) ~= "string" then
     user_error(("%s: the first argument is the step's id, a name such as \"fetch\", got %s%s")
@@ -255,10 +309,14 @@ local function mismatch(R, seq, rec, sid, kind)
 end
 
 -- The journal's record at seq, checked against the step the code reached.
+-- A record reached is counted (R.replayed: the steps a replay took as
+-- recorded) and where the code reached it kept (R.replayed_at), for
+-- unreached_records when the run ends.
 local function record_at(R, seq, sid, kind)
   local rec = R.journal[seq]
   if rec then
     if rec.id ~= sid or rec.kind ~= kind then mismatch(R, seq, rec, sid, kind) end
+    R.replayed, R.replayed_at = seq, skill_position()
   else
     R.replaying = false
     R.journal = EMPTY -- past its end: the journal is not needed any more
@@ -369,7 +427,7 @@ local function run_body(R, T, seq, sid, rec, fn, opts)
       end
       e = { message = ("result is not a JSON value: %s"):format(err), fatal = true }
     elseif killed() then
-      e = normalize(res.value ~= nil and res.value or res, res.traceback)
+      e = normalize(caught(res), type(res) == "table" and res.traceback or nil)
       e.message = core.kill_reason and core.kill_reason() or e.message
       e.fatal = true
     else
@@ -557,6 +615,34 @@ ctx_mt.__index = function(ctx, k)
   user_fatal(api.unknown("ctx", k))
 end
 
+-- A run that ended (returned, or failed in its own code) while its journal
+-- still holds records it never reached has left the journal: its code took
+-- a shorter path than the run did (it read the clock outside a step, or a
+-- variable a step's body set, which a replay does not run). Like any divergence, the run fails with why (and a
+-- replay reports it) instead of ending as if all was well. Returns the
+-- message, or nil when the journal was used up. fn: the run function,
+-- whose line is named when no step was reached; how: "returned", "failed".
+local function unreached_records(R, fn, how)
+  local rec = R.journal[R.seq + 1]
+  if not rec or killed() then return nil end
+  -- The line: the last step reached, else where the run function starts.
+  local where, after = R.replayed_at or "", " without reaching any step of it"
+  if R.replayed then
+    local last = R.journal[R.replayed]
+    after = (" after step %d '%s' (the last step it reached, at this line)"):format(R.replayed, tostring(last and last.id))
+  else
+    local info = getinfo(fn, "S")
+    where = info and info.what == "Lua" and ("%s:%d: "):format(info.short_src, info.linedefined) or ""
+  end
+  local e = setmetatable({
+    message = ("%sthe code no longer matches this run's journal: the run %s%s, but the journal goes on to step %d "
+      .. "'%s' (%s)"):format(where, how, after, R.seq + 1, tostring(rec.id), tostring(rec.kind)),
+    fatal = true,
+  }, fatal_mt)
+  R.diverged = e
+  return e.message
+end
+
 local function main(R, def, err_arg)
   -- A run of a skill with flow control is made before it is granted its
   -- slots (started_at 0) and first resumed once it has them: its clock
@@ -567,6 +653,8 @@ local function main(R, def, err_arg)
   ctx_runs[ctx] = R
   local fn = R.entry == "on_failure" and def.on_failure or def.run
   local ok, res = real_xpcall(fn, handler, ctx, err_arg)
+  local left = R.journal ~= EMPTY and not R.diverged and unreached_records(R, fn, ok and "returned" or "failed")
+  if left then return false, encode({ message = left }, 0) end
   if not ok then
     local e = unwrap(res)
     -- A budget stopped the run: say which (an allocation refused by the

@@ -583,7 +583,7 @@ function M.start(i)
       for _, fn in ipairs(case.suite.before) do fn(handle) end
       case.fn(handle)
     end, case_handler)
-    if not ok then s.failure = e end
+    if not ok and not s.failure then s.failure = e end -- the first failure (report.fail keeps it)
   end)
   return s.driver
 end

@@ -951,7 +951,6 @@ M.exec, M.set_clock, M.rfc3339, M.replay = exec, set_clock, rfc3339, replay
 -- (status, output JSON, error message). Nothing runs: the first op the
 -- replay yields is where it would go on live. Returns ok, and a sentence.
 function M.replay_recorded(def, info, journal, status, output_json, error_message)
-  local n = #journal
   local st = {
     C = { mocks = {}, events = {}, http = {}, children = {}, unmocked = {} }, run_id = info.run_id,
     steps = {}, logs = {}, requests = {}, sent = {}, invoked = {}, kids = {}, queue = {}, qn = 0,
@@ -967,6 +966,8 @@ function M.replay_recorded(def, info, journal, status, output_json, error_messag
   if kill then return false, "the replay was stopped: " .. kill end
   if not r[1] then return false, "the replay failed: " .. message_of(r[2]) end
   if info.diverged then return false, tostring(info.diverged.message) end
+  -- The steps the replay took as recorded (run.lua's record_at counts them).
+  local n = info.replayed or 0
   local steps = ("%d step%s replayed"):format(n, n == 1 and "" or "s")
   if co_status(co) ~= "dead" then
     local T = run.tasks[co]

@@ -122,10 +122,13 @@ local function test_line(from)
 end
 M.test_line = test_line
 
--- Fail the case now, pointing at the test file's line that called.
+-- Fail the case now, pointing at the test file's line that called. The
+-- first failure is kept on the case at once: a pcall in the test code
+-- that catches it does not make the case pass.
 local function fail(msg)
   local C = cur.case
   local f = setmetatable({ message = msg, line = test_line(3) }, failure_mt)
+  if C and not C.failure then C.failure = f end
   -- Raised inside a step body (an assertion in a mock), the error would
   -- only fail that step: keep it, and the driver raises it after the resume.
   if C and running() ~= C.driver then C.pending = C.pending or f end

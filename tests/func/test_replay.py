@@ -4,6 +4,7 @@ running anything."""
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 from mltest import TestCase  # noqa: E402
@@ -63,3 +64,58 @@ end }""")
         kill9(p)
         r = self.w.ml("replay", rid, check=0)
         self.assertEqual(r.stdout.strip(), "%s  ok        2 steps replayed; it goes on live at step 'nap'" % rid)
+
+    def test_a_replay_that_ends_before_its_journal_does_diverged(self):
+        # The step body set a flag the code after it reads: on replay the
+        # body does not run, so the run returns before its second step.
+        flag = self.run_file("flag.lua", """
+return { id = "flag", run = function(ctx)
+  local seen = {}
+  ctx.step.run("collect", function() seen[#seen + 1] = "a"; return true end)
+  if #seen > 0 then ctx.step.run("process", function() return #seen end) end
+  return "done"
+end }""")
+        # Branches on the clock: the run (before the stamp) took a step, the
+        # replay (after it) returns at once.
+        stamp = int(time.time()) + 2
+        early = self.run_file("early.lua", """
+return { id = "early", run = function(ctx)
+  if os.time() <= %d then
+    ctx.step.run("even", function() return 1 end)
+    return "even"
+  end
+  return "odd"
+end }""" % stamp)
+        while time.time() <= stamp + 1:
+            time.sleep(0.2)
+        r = self.w.ml("replay", flag, early, check=1)
+        lines = r.stdout.splitlines()
+        self.assertEqual(lines[0], "%s  diverged  flag.lua:4: the code no longer matches this run's journal: "
+                                   "the run returned after step 1 'collect' (the last step it reached, at this "
+                                   "line), but the journal goes on to step 2 'process' (run)" % flag)
+        self.assertEqual(lines[1], "%s  diverged  early.lua:2: the code no longer matches this run's journal: "
+                                   "the run returned without reaching any step of it, but the journal goes on "
+                                   "to step 1 'even' (run)" % early)
+
+    def test_an_engine_resuming_a_run_that_ends_before_its_journal_fails_it(self):
+        self.w.write("nap.lua", """
+return { id = "nap", run = function(ctx)
+  local seen = false
+  ctx.step.run("a", function() seen = true; return 1 end)
+  if seen then ctx.step.sleep("nap", "3s") end
+  return "woke"
+end }""")
+        p = self.w.start("run", "nap.lua")
+        from mltest import wait_until, kill9
+        wait_until(lambda: self.w.runs(status="sleeping"), what="the nap")
+        rid = self.w.runs()[0]["id"]
+        kill9(p)
+        r = self.w.ml("replay", rid, check=1)
+        self.assertIn("diverged  nap.lua:4: the code no longer matches", r.stdout)
+        # The sleeping run is replayed when its nap is over.
+        self.w.ml("run", "--resume", rid, check=1)
+        run = self.w.trace(rid)
+        self.assertEqual(run["status"], "failed")
+        self.assertIn("nap.lua:4: the code no longer matches this run's journal: the run returned after step 1 "
+                      "'a' (the last step it reached, at this line), but the journal goes on to step 2 'nap' "
+                      "(sleep)", json.dumps(run["error"]))

@@ -333,7 +333,15 @@ return t
                      '  ctx.step.sleep("nap", "1h")\n'
                      '  return { t = t, ok = ok, p = p }\n'
                      'end }\n')
-        for name in ("extra", "clock", "fine"):
+        # A flag set in a step body (which a replay does not run) and read
+        # outside it: the replay returns before the journal's last step.
+        self.w.write("r/short.lua", 'return { run = function(ctx)\n'
+                     '  local seen = {}\n'
+                     '  ctx.step.run("collect", function() seen[#seen + 1] = "a"; return true end)\n'
+                     '  if #seen > 0 then ctx.step.run("process", function() return #seen end) end\n'
+                     '  return "done"\n'
+                     'end }\n')
+        for name in ("extra", "clock", "fine", "short"):
             self.w.write("r/%s_test.lua" % name, 'local t = test.skill("%s.lua")\n'
                          't:case("%s", function(c)\n'
                          '  c:at("2026-01-05T12:00:00Z")\n'
@@ -341,13 +349,32 @@ return t
                          'end)\nreturn t\n' % (name, name))
         r = self.w.ml("test", "r", check=1)
         lines = r.stdout.splitlines()
-        self.assertEqual(lines[-1], "1 passed, 2 failed", r.stdout)
+        self.assertEqual(lines[-1], "1 passed, 3 failed", r.stdout)
+        self.assertIn("r/short_test.lua:4: FAIL short: replaying the run from its journal (as an engine does "
+                      "after a crash): r/short.lua:3: the code no longer matches this run's journal: the run "
+                      "returned after step 1 'collect' (the last step it reached, at this line), but the journal "
+                      "goes on to step 2 'process' (run).", r.stdout)
         self.assertIn('r/clock_test.lua:4: FAIL clock: replaying the run from its journal (as an engine '
                       'does after a crash): the run completed with {"at":1767614400}, the replay '
                       'completed with {"at":1767618000}. Code outside step bodies', r.stdout)
         self.assertIn("r/extra_test.lua:4: FAIL extra: r/extra.lua:4: replaying the run from its journal "
                       "(as an engine does after a crash) reached step 'extra' and would run it: the run "
                       "had not taken that step there.", r.stdout)
+
+    def test_a_failed_assertion_caught_by_pcall_still_fails_its_case(self):
+        self.w.write("p/s.lua", 'return { run = function(ctx) return 1 end }\n')
+        self.w.write("p/s_test.lua", 'local t = test.skill("s.lua")\n'
+                     't:case("eq caught", function(c) pcall(function() c:eq(1, 2) end) end)\n'
+                     't:case("fail caught", function(c)\n'
+                     '  pcall(c.fail, c, "first")\n'
+                     '  c:fail("second")\n'
+                     'end)\n'
+                     't:case("fine", function(c) c:eq(c:run({}), 1) end)\n'
+                     'return t\n')
+        r = self.w.ml("test", "p", check=1)
+        self.assertEqual(r.stdout.splitlines()[-1], "1 passed, 2 failed", r.stdout)
+        self.assertIn("p/s_test.lua:2: FAIL eq caught: values differ: expected 2, got 1", r.stdout)
+        self.assertIn("p/s_test.lua:4: FAIL fail caught: first", r.stdout)
 
     def test_registered_skill_by_id(self):
         self.w.write("ws/greet.lua", 'return { id = "greet", run = function(ctx)\n'

@@ -82,6 +82,36 @@ end }""")
         self.assertFalse(out["ok"])
         self.assertIn("attempt to concatenate a table value", out["bad"])
 
+    def test_a_table_raised_as_an_error_reads_as_its_value_never_its_address(self):
+        self.w.write("t.lua", """
+return { retries = 0, run = function(ctx)
+  local _, a = pcall(ctx.step.run, "x", function() error({ code = 1 }) end)
+  local _, b = pcall(ctx.step.run, "y", function() error(nil) end)
+  local _, c = pcall(ctx.step.run, "z", function() local t = {} t.t = t error(t) end)
+  return { tostring(a), tostring(b), tostring(c) }
+end }""")
+        out = json.loads(self.w.ml("run", "t.lua", check=0).stdout)
+        self.assertEqual(out, ["step 'x' failed: {\"code\":1}", "step 'y' failed: nil",
+                               "step 'z' failed: a table that is not JSON (error() with a string shows its message)"])
+        # Outside a step: the run and its replay fail alike, so the test's
+        # replay check (which compares them) finds nothing to report.
+        self.w.write("u.lua", """
+return { run = function(ctx)
+  ctx.step.run("a", function() return 1 end)
+  error({ 1, 2 })
+end }""")
+        self.w.write("u_test.lua", """local t = test.skill("u.lua")
+t:case("fails alike", function(c)
+  c:run({})
+  c:eq(c:status(), "failed")
+end)
+return t
+""")
+        r = self.w.ml("run", "u.lua", check=1)
+        self.assertIn("failed: [1,2]", r.stderr)
+        r = self.w.ml("test", "u_test.lua", check=0)
+        self.assertEqual(r.stdout.splitlines()[-1], "1 passed, 0 failed", r.stdout)
+
     def test_on_failure_runs_as_its_own_durable_run(self):
         self.w.write("t.lua", """
 return { id = "triage", retries = 1, backoff = "10ms",
@@ -196,6 +226,32 @@ return { run = function(ctx)
 end }""")
         r = self.w.ml("run", "n.lua", check=1)
         self.assertIn("steps cannot be nested", r.stderr)
+
+    def test_a_step_in_a_callback_of_a_c_function_is_refused_before_its_body_runs(self):
+        # Lua cannot yield across string.gsub or table.sort: the step is
+        # refused at the skill's line, its body never run, for every kind.
+        cases = {
+            "gsub": 'local s = ("ab"):gsub("a", function()\n'
+                    '    local v = ctx.step.run("g", function() log.info("BODY RAN") return "z" end)\n'
+                    '    return v\n  end)',
+            "sort": 'table.sort({ 3, 1, 2 }, function(a, b)\n'
+                    '    ctx.step.sleep("s", 0)\n    return a < b\n  end)',
+            "http": 'ctx.step.run("b", function()\n'
+                    '    ("x"):gsub("x", function() http.get("http://127.0.0.1:1/") end)\n  end)',
+        }
+        want = {
+            "gsub": "gsub.lua:4: step.run cannot be called",
+            "sort": "sort.lua:4: step.sleep cannot be called",
+            "http": "step 'b' failed: http.lua:4: http.get cannot be called",
+        }
+        for name, body in cases.items():
+            self.w.write(name + ".lua", "return { retries = 0, run = function(ctx)\n"
+                         "  local x = 1\n  %s\n  return 1\nend }\n" % body)
+            r = self.w.ml("run", name + ".lua", check=1)
+            self.assertIn(want[name] + " from inside a callback of a C function (string.gsub, table.sort, "
+                          "...): call it from the ", r.stderr)
+            self.assertNotIn("moonloop/", r.stderr)
+            self.assertNotIn("BODY RAN", r.stdout + r.stderr)
 
     def test_unknown_step_options_are_errors_naming_them(self):
         # A typo such as retires = 0 must not silently keep the default retries.
