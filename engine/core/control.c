@@ -126,7 +126,9 @@ struct invoke {
 };
 
 /* Answer an invoke that waited: the run's outcome once it ended, else
-** {"run_id", "status": "running"} (still going when the wait ran out). */
+** {"run_id", "status"} with the status it has now (queued, running,
+** sleeping, waiting: still going when the wait ran out), as its record
+** says it. */
 static void reply_outcome(struct reply *r, int ended) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "run_id", r->run_id);
@@ -140,7 +142,9 @@ static void reply_outcome(struct reply *r, int ended) {
     }
     cJSON_Delete(run);
   } else {
-    cJSON_AddStringToObject(o, "status", "running");
+    char st[32];
+    if (store_run_status(sched__opts(r->s)->store, r->run_id, st, sizeof st, &e)) snprintf(st, sizeof st, "running");
+    cJSON_AddStringToObject(o, "status", st);
   }
   jsontext_fix_utf8(o);
   char *js = jsontext_print_text(o);

@@ -128,6 +128,9 @@ static void respond_cjson(server_t *srv, h2o_req_t *req, int status, cJSON *v) {
 /* See server_int.h. */
 void server__respond_error(server_t *srv, h2o_req_t *req, int status, const char *code,
                            const char *message) {
+  /* Every 503 is worth a retry: say when (once, if the caller has not). */
+  if (status == 503 && h2o_find_header(&req->res.headers, H2O_TOKEN_RETRY_AFTER, -1) < 0)
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_RETRY_AFTER, NULL, H2O_STRLIT("1"));
   respond_json(srv, req, status, server_error_json(code, message));
 }
 

@@ -109,10 +109,13 @@ class ApiWriteTest(unittest.TestCase):
         self.assertEqual(b["status"], "failed")
         self.assertIn("the disk is on fire", b["error"]["message"])
 
-    def test_invoke_wait_runs_out_and_says_running(self):
+    def test_invoke_wait_runs_out_and_says_the_runs_status(self):
+        # The status the run's record has (it answered "running" for a run
+        # asleep, which GET /v1/runs/{id} called "sleeping").
         st, _, b = self.post("/v1/skills/nap/invoke", {"data": {"s": 3}, "wait": 0.3})
         self.assertEqual(st, 202, b)
-        self.assertEqual(b["status"], "running")
+        self.assertEqual(b["status"], "sleeping")
+        self.assertEqual(self.get("/v1/runs/" + b["run_id"])[2]["status"], "sleeping")
         self.wait_run(b["run_id"])
 
     def test_invoke_unknown_skill_is_404(self):

@@ -25,16 +25,22 @@ def faults_compiled():
     return json.loads(out).get("faults") is True
 
 
-def http(method, url, body=None, timeout=10):
-    """(status, parsed JSON body); HTTP errors are answers too."""
+def http_h(method, url, body=None, timeout=10):
+    """(status, headers, parsed JSON body); HTTP errors are answers too."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method,
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read() or b"null")
+            return r.status, r.headers, json.loads(r.read() or b"null")
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
+        return e.code, e.headers, json.loads(e.read() or b"null")
+
+
+def http(method, url, body=None, timeout=10):
+    """(status, parsed JSON body)."""
+    st, _, b = http_h(method, url, body, timeout)
+    return st, b
 
 
 def metric(url, name):
@@ -150,8 +156,9 @@ class DiskFullTest(FaultCase):
         self.assertEqual(code, 503, body)
         self.assertIn("database or disk is full", body["error"]["message"])
         self.assertIn("nothing was stored", body["error"]["message"])
-        code, body = http("POST", p.url + "/v1/skills/s/invoke", {"data": {}})
+        code, headers, body = http_h("POST", p.url + "/v1/skills/s/invoke", {"data": {}})
         self.assertEqual(code, 503, body)
+        self.assertEqual((body["error"]["code"], headers["Retry-After"]), ("busy", "1"))
         wait_until(lambda: self.said(p, "the database is writable again"), timeout=30,
                    what="the disk to have room again")
         wait_until(lambda: [r["status"] for r in self.w.runs(skill="s")] == ["completed"], timeout=30,
