@@ -592,7 +592,7 @@ end
 local function notes(s)
   local out = {}
   local st = s.last
-  if st and st.status ~= "completed" and not s.checked_error then
+  if st and st.status ~= "completed" and not s.checked_error and not st.stopped_by_test then
     out[#out + 1] = ("note: the run %s: %s"):format(st.status, st.error and st.error.message or "?")
   end
   local unused = {}

@@ -772,7 +772,16 @@ local function step_once(st, co, args)
   st.resumes = st.resumes + 1
   local r = pack(resume(co, unpack(args, 1, args.n or #args)))
   local kill = core.kill_reason()
-  if C.pending then error(C.pending, 0) end
+  if C.pending then
+    -- An assertion failed inside the run (in a mock): the case ends here.
+    -- The run is kept as far as it went, failed, so that the report's run
+    -- id shows it (moonloop trace RUN_ID --db PATH).
+    fail_run(st, "failed", "stopped by the test: " .. tostring(C.pending.message or C.pending))
+    st.stopped_by_test = true
+    journal_run(st)
+    core.test_commit()
+    error(C.pending, 0)
+  end
   if kill then
     -- Skill code ran past its budget: as in the engine, that is final for
     -- the run. Record the step it failed (if any), then end the run.
@@ -819,6 +828,10 @@ local function exec(C, suite, def, spec, how)
     output_limit = TC.output_limit,
   }
   st.cfg = cfg
+  -- The case's run from its start (an on_failure run is the case's
+  -- failure_run): a failure raised inside it (an assertion in a mock)
+  -- still names its run id in the report.
+  if how.entry ~= "on_failure" then C.last = st end
   local info = { run_id = run_id, entry = how.entry, started_at = started, cfg = cfg,
                  trigger = how.trigger, input = how.input, test = st }
   st.main = run.new(info, def, nil)

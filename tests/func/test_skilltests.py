@@ -122,6 +122,23 @@ class SkillTestsTest(TestCase):
                          ["fetch-metrics", "settle", "confirm", "post-summary"])
         self.assertEqual(trace["status"], "completed")
         shutil.rmtree(os.path.dirname(doc["db"]), ignore_errors=True)
+        # An assertion that fails inside the run (in a mock) stops the case
+        # there: its run is kept as far as it went, under the id the
+        # report names (it said null, and the run was not kept).
+        self.w.write("skills/mock_test.lua", "\n".join([
+            'local t = test.skill("service_check.lua")',
+            't:case("in a mock", function(c)',
+            '  c:mock("fetch-metrics", function() c:eq(1, 2) return { services = {} } end)',
+            '  c:run({})',
+            'end)',
+            'return t', ""]))
+        doc = json.loads(self.w.ml("test", "skills/mock_test.lua", "--json", check=1).stdout)
+        case = doc["tests"][0]
+        self.assertEqual((case["ok"], case["message"]), (False, "values differ: expected 2, got 1"))
+        trace = self.w.json("trace", case["run_id"], "--db", doc["db"])
+        self.assertEqual(trace["status"], "failed")
+        self.assertEqual(trace["error"]["message"], "stopped by the test: values differ: expected 2, got 1")
+        shutil.rmtree(os.path.dirname(doc["db"]), ignore_errors=True)
 
     def test_day_long_sleep_and_hour_wait_take_no_wall_time(self):
         self.w.write("t/digest.lua", DIGEST)
