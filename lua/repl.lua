@@ -497,11 +497,30 @@ end
 -- skill at the prompt. Its steps run at once and nothing is journaled:
 -- step.run calls its function, step.sleep waits on the engine's loop,
 -- step.invoke is run(), step.send_event is send(), step.parallel calls its
--- functions in turn; step.wait_for_event needs a real run.
+-- functions in turn; step.wait_for_event needs a real run. The rules a
+-- run holds its steps to hold here too, so that code tried here does not
+-- fail in a run: a step inside a step's body is refused, and a body's
+-- result must be a JSON value, returned as a run gets it back (a copy
+-- through JSON). Not retried: an error is shown at once.
 function M.scratch_ctx(f)
   local step = {}
+  local in_step -- the id of the step whose body runs
   local function check_id(name, id)
     if type(id) ~= "string" or id == "" then user_error(("ctx.step.%s: the step id must be a non-empty string"):format(name)) end
+    if in_step then
+      user_error(("steps cannot be nested: ctx.step.%s('%s') was called inside the body of step '%s'")
+        :format(name, id, in_step))
+    end
+  end
+  -- Run a step body as a run would: not nested, its result through JSON.
+  local function body(id, fn, ...)
+    in_step = id
+    local ok, v = pcall(fn, ...)
+    in_step = nil
+    if not ok then error(v, 0) end
+    local out, err = encode(v, 0)
+    if not out then user_error(("step '%s' failed: result is not a JSON value: %s"):format(id, err)) end
+    return decode(out)
   end
   local function sleep_ms(name, ms)
     engine_op("ctx.step." .. name, ROP.SLEEP, ms)
@@ -509,8 +528,7 @@ function M.scratch_ctx(f)
   function step.run(id, fn)
     check_id("run", id)
     if type(fn) ~= "function" then user_error("ctx.step.run(id, fn): fn must be a function") end
-    local v = fn()
-    return v
+    return body(id, fn)
   end
   function step.sleep(id, duration)
     check_id("sleep", id)
@@ -544,7 +562,7 @@ function M.scratch_ctx(f)
   function step.parallel(id, fns)
     check_id("parallel", id)
     local out = {}
-    for i, fn in ipairs(fns) do out[i] = fn() end
+    for i, fn in ipairs(fns) do out[i] = body(id .. "/" .. i, fn) end
     return out
   end
   return {

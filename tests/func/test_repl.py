@@ -344,6 +344,23 @@ class PipeTest(ReplCase):
         self.assertEqual(status, 0, err)
         self.assertRegex(out, r"got: run %s failed: step 's' failed: bad.lua:2: nope" % RUN_ID.pattern)
 
+    def test_ctx_holds_steps_to_a_runs_rules(self):
+        # Code tried at the prompt must not pass there and fail in a run: a
+        # function returned by a body, a step inside a step.
+        status, out, err = self.pipe(
+            'ctx.step.run("bad", function() return function() end end)\n'
+            'ctx.step.run("x", function() return ctx.step.run("y", function() return 1 end) end)\n'
+            'ctx.step.parallel("p", {function() return 1 end, function() return print end})\n'
+            't = {1, 2}\ncopy = ctx.step.run("ok", function() return t end)\n'
+            'print(#copy, copy ~= t, ctx.step.run("after", function() return 5 end))\n')
+        self.assertEqual(status, 1, err)
+        lines = err.splitlines()
+        self.assertIn("step 'bad' failed: result is not a JSON value: cannot encode a function", lines[0])
+        self.assertIn("steps cannot be nested: ctx.step.run('y') was called inside the body of step 'x'",
+                      lines[1])
+        self.assertIn("step 'p/2' failed: result is not a JSON value", lines[2])
+        self.assertEqual(out.strip(), "2\ttrue\t5")
+
     def test_step_through_reads_its_answers_from_the_pipe(self):
         self.w.write("steps.lua", STEPS)
         status, out, err = self.pipe('out = step_through("steps.lua")\n\ns\n{n = 5}\nq\n'
