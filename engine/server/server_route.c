@@ -870,6 +870,27 @@ static int route_file(const struct req *r, struct server_plan *p, int *status, e
   return 0;
 }
 
+/* A parameter given twice (?limit=1&limit=5): refused, naming it, rather
+** than one of the two taken silently. Keys compare as decoded. */
+static int twice_param(const char *q, size_t qlen, int *status, err_t *e) {
+  char keys[16][32];
+  int n = 0;
+  for (size_t i = 0, j, eq; i < qlen && n < 16; i = j + 1) {
+    split_param(q, qlen, i, &j, &eq);
+    if (j == i) continue;
+    long kl = pct_decode(q + i, eq - i, keys[n], sizeof keys[n], 1);
+    if (kl <= 0 || (size_t)kl != strlen(keys[n])) continue; /* the handler refuses it */
+    for (int k = 0; k < n; k++) {
+      if (strcmp(keys[k], keys[n])) continue;
+      char shown[80];
+      printable(shown, sizeof shown, keys[n], (size_t)kl);
+      return fail(status, 400, e, ERR_INVALID, "parameter '%s' is given twice: give it once", shown);
+    }
+    n++;
+  }
+  return 0;
+}
+
 /* ---- the route table -------------------------------------------------- */
 
 /* See server_route.h. */
@@ -1064,7 +1085,8 @@ int server_route(const char *method, size_t mlen, const char *target, size_t tle
     return fail(status, 413, e, ERR_TOOBIG, "the body is %s, over the limit of %s", a, b);
   }
   struct req r = {.q = q, .qlen = qlen, .body = body, .blen = blen, .lim = lim, .now_ms = now_ms};
-  int rc = rt->handler ? rt->handler(&r, p, status, e) : 0;
+  int rc = twice_param(q, qlen, status, e);
+  if (!rc && rt->handler) rc = rt->handler(&r, p, status, e);
   if (rc) {
     server_plan_free(p);
     p->op = SERVER_OP_NONE;

@@ -225,6 +225,8 @@ class ApiReadTest(ApiTestBase):
             "before=not-an-id!": "before", "skill=Bad%20Skill": "skill", "limit=%zz": "limit",
             "trigger=EVENT": "trigger", "trigger=bogus": "trigger", "before=zzzz": "before",
             "parent=01J0000000000000000000000I": "parent",
+            # Given twice, a parameter is refused rather than one taken.
+            "limit=1&limit=5": "'limit' is given twice", "status=failed&skill=hello&status=completed": "status",
         }
         for q, word in cases.items():
             st, _, b = self.get("/v1/runs?" + q)
