@@ -52,6 +52,8 @@
     "httpc, as a transfer ends: it fails as a reset connection would") \
   _(ALLOC_FAIL, "alloc_fail", FAULT_COUNT, \
     "base/mem.h's allocation functions: the system refuses the memory") \
+  _(ACCEPT_EMFILE, "accept_emfile", FAULT_COUNT, \
+    "the API's listener: accepting a connection fails for want of file descriptors (EMFILE)") \
   _(CRASH_ON_LOG, "crash_on_log", FAULT_TEXT, \
     "a run logs the line TEXT: the process dies of SIGSEGV there, as on a bad pointer")
 

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 int engine_open_store(struct engine *en, const struct config *cfg, err_t *e) {
   memset(en, 0, sizeof *en);
@@ -25,6 +26,17 @@ int engine_open_store(struct engine *en, const struct config *cfg, err_t *e) {
 
 /* See engine.h. */
 void engine_process_init(void) {
+  /* The soft limit on open files up to the hard one, as Redis and nginx
+  ** do (shells and services start at 1024): connections, the database,
+  ** the workspace and skills' requests share it. */
+  struct rlimit rl;
+  if (!getrlimit(RLIMIT_NOFILE, &rl)) {
+    rlim_t want = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > (1u << 20) ? (1u << 20) : rl.rlim_max;
+    if (rl.rlim_cur < want) {
+      rl.rlim_cur = want;
+      setrlimit(RLIMIT_NOFILE, &rl); /* (refused: the limit stays, which serve copes with) */
+    }
+  }
   mem_init();
   uv_replace_allocator(mem_alloc, mem_realloc, mem_calloc, free);
   httpc_global_init(NULL);

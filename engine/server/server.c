@@ -20,11 +20,13 @@
 #include "base/mem.h"
 #include "base/units.h"
 #include "server/server_int.h"
+#include "base/fault.h"
 
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -258,9 +260,27 @@ static void errfix_setup(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **slo
 
 /* ---- connections ----------------------------------------------------------- */
 
+/* Descriptors kept for everything but connections (the database and its
+** WAL, the workspace's watches and files, skills' HTTP requests, logs),
+** out of the limit on open files: a quarter of it, at most 512. */
+static size_t fd_reserve(size_t limit) { return limit / 4 < 512 ? limit / 4 : 512; }
+
+/* See server.h. */
+size_t server_max_conns(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > 1u << 20)
+    return 1u << 16;
+  size_t n = (size_t)rl.rlim_cur - fd_reserve((size_t)rl.rlim_cur);
+  if (n > 1u << 16) n = 1u << 16;
+  return n < 16 ? 16 : n;
+}
+
 static void maybe_finish(server_t *srv);
 
-/* H2O closed a connection's socket: forget it; the last one ends a stop. */
+static void on_accept(uv_stream_t *listener, int status);
+
+/* H2O closed a connection's socket: forget it; the last one ends a stop.
+** A connection that waited for room is taken now. */
 static void on_conn_close(uv_handle_t *h) {
   struct conn *c = (struct conn *)h;
   server_t *srv = c->srv;
@@ -269,19 +289,79 @@ static void on_conn_close(uv_handle_t *h) {
   if (c->next) c->next->prev = c->prev;
   srv->nconns--;
   free(c);
+  if (srv->accept_waiting && srv->ready && srv->listener && !srv->stopping &&
+      srv->nconns < srv->max_conns) {
+    srv->accept_waiting = 0;
+    on_accept((uv_stream_t *)srv->listener, 0);
+  }
   maybe_finish(srv);
 }
 
 /* Close callback of handles malloc'd on their own. */
 static void free_handle(uv_handle_t *h) { free(h); }
 
-/* A new connection: track it, and hand it to H2O. Before server_ready it
-** is left unaccepted: libuv then stops accepting until uv_accept is
-** called (server_ready does), so connections wait in the backlog. */
+/* Listen on srv->addr (again): 0, or libuv's error. */
+static int listen_on(server_t *srv, uv_loop_t *loop) {
+  uv_tcp_t *l = mem_calloc(1, sizeof *l);
+  uv_tcp_init(loop, l);
+  l->data = srv;
+  int rc = uv_tcp_bind(l, (struct sockaddr *)&srv->addr, 0);
+  if (!rc) rc = uv_listen((uv_stream_t *)l, SOMAXCONN, on_accept);
+  if (rc) {
+    uv_close((uv_handle_t *)l, free_handle);
+    return rc;
+  }
+  srv->listener = l;
+  return 0;
+}
+
+/* The pause after the descriptors ran out is over: listen again (or wait
+** another second). */
+static void on_relisten(uv_timer_t *t) {
+  server_t *srv = t->data;
+  if (srv->stopping || srv->listener) return;
+  int rc = listen_on(srv, t->loop);
+  if (rc) {
+    uv_timer_start(&srv->relisten, on_relisten, 1000, 0);
+    return;
+  }
+  fprintf(stderr, "moonloop: listening again on %s (%zu connections open)\n", srv->url, srv->nconns);
+}
+
+/* accept failed for want of file descriptors (EMFILE, ENFILE): libuv would
+** try again at once, for ever, holding the loop (timers, the lease's
+** renewal, the close of idle connections would wait). Stop listening for
+** a second instead: connections are refused meanwhile, and everything
+** else goes on. */
+static void out_of_descriptors(server_t *srv, uv_stream_t *listener, int status) {
+  fprintf(stderr, "moonloop: cannot accept connections: %s (%zu open): refusing new ones "
+          "for 1 s (raise the limit on open files, LimitNOFILE= for systemd)\n",
+          uv_strerror(status), srv->nconns);
+  uv_close((uv_handle_t *)listener, free_handle);
+  srv->listener = NULL;
+  srv->accept_waiting = 0;
+  uv_timer_start(&srv->relisten, on_relisten, 1000, 0);
+}
+
+/* A new connection: track it, and hand it to H2O. Before server_ready, or
+** while max_conns are open, it is left unaccepted: libuv then stops
+** accepting until uv_accept is called (server_ready, or a connection's
+** close, does), so connections wait in the backlog. */
 static void on_accept(uv_stream_t *listener, int status) {
   server_t *srv = listener->data;
+  if (fault_hit(FAULT_ACCEPT_EMFILE)) status = UV_EMFILE;
+  if ((status == UV_EMFILE || status == UV_ENFILE) && !srv->stopping) {
+    out_of_descriptors(srv, listener, status);
+    return;
+  }
   if (status != 0 || srv->stopping) return;
-  if (!srv->ready) {
+  if (!srv->ready || srv->nconns >= srv->max_conns) {
+    if (srv->ready && !srv->full_said) {
+      fprintf(stderr, "moonloop: %zu connections are open, the most this engine takes at once "
+              "(its limit on open files, less a reserve): new ones wait until one closes\n",
+              srv->nconns);
+      srv->full_said = 1;
+    }
     srv->accept_waiting = 1;
     return;
   }
@@ -317,6 +397,8 @@ static void maybe_finish(server_t *srv) {
   if (!srv->stopping || srv->nconns || !srv->grace_open) return;
   uv_close((uv_handle_t *)&srv->grace, NULL);
   srv->grace_open = 0;
+  if (srv->relisten_open) uv_close((uv_handle_t *)&srv->relisten, NULL);
+  srv->relisten_open = 0;
 }
 
 /* The grace period is over: answer what still waits, and close what is left. */
@@ -493,19 +575,18 @@ int server_start(struct engine *en, const char *listen, server_t **out, err_t *e
   srv->lim.body_max = SERVER_BODY_MAX;
   srv->start_time = process_start();
 
-  uv_tcp_init(&en->loop, l);
-  l->data = srv;
-  int rc = uv_tcp_bind(l, (struct sockaddr *)&ss, 0);
-  if (!rc) rc = uv_listen((uv_stream_t *)l, SOMAXCONN, on_accept);
+  srv->max_conns = server_max_conns();
+  memcpy(&srv->addr, &ss, sizeof ss);
+  int rc = listen_on(srv, &en->loop);
   int namelen = sizeof ss;
-  if (!rc) rc = uv_tcp_getsockname(l, (struct sockaddr *)&ss, &namelen);
+  if (!rc) rc = uv_tcp_getsockname(srv->listener, (struct sockaddr *)&ss, &namelen);
   if (rc) {
-    uv_close((uv_handle_t *)l, free_handle);
+    if (srv->listener) uv_close((uv_handle_t *)srv->listener, free_handle);
     free(srv->token);
     free(srv);
     return err_set(e, ERR_IO, "cannot listen on %s: %s", listen, uv_strerror(rc));
   }
-  srv->listener = l;
+  memcpy(&srv->addr, &ss, sizeof ss); /* with the port chosen for port 0 */
   /* Skills' own HTTP requests may not come back here (httpc_set_self). */
   if (en->http) httpc_set_self(en->http, (struct sockaddr *)&ss);
   format_url(&ss, srv->url, sizeof srv->url);
@@ -546,6 +627,10 @@ int server_start(struct engine *en, const char *listen, server_t **out, err_t *e
   uv_timer_init(&en->loop, &srv->grace);
   srv->grace.data = srv;
   srv->grace_open = 1;
+  uv_timer_init(&en->loop, &srv->relisten);
+  uv_unref((uv_handle_t *)&srv->relisten); /* it never keeps the loop alive */
+  srv->relisten.data = srv;
+  srv->relisten_open = 1;
   *out = srv;
   return 0;
 }
@@ -568,6 +653,7 @@ void server_free(server_t *srv) {
   /* Normally all closed by now; this is for a loop that ended otherwise. */
   if (srv->listener) uv_close((uv_handle_t *)srv->listener, free_handle);
   if (srv->grace_open) uv_close((uv_handle_t *)&srv->grace, NULL);
+  if (srv->relisten_open) uv_close((uv_handle_t *)&srv->relisten, NULL);
   if (srv->ctx_open) h2o_context_dispose(&srv->ctx); /* runs the loop once (NOWAIT) */
   if (srv->config_open) h2o_config_dispose(&srv->config);
   server__pending_free_all(srv);

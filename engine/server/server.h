@@ -61,6 +61,14 @@ int server_start(struct engine *en, const char *listen, server_t **out, err_t *e
 ** are there (no 404 for a skill about to be registered). */
 void server_ready(server_t *s);
 
+/* The most connections a server accepts at once: the limit on open files
+** (engine_process_init raises it to the hard limit) less a reserve for
+** the database, the workspace and skills' requests, so that clients
+** holding connections cannot take the descriptors the rest needs. More
+** wait in the listen backlog until one closes (idle ones are closed after
+** the request timeout, 10 s). */
+size_t server_max_conns(void);
+
 /* The address actually bound, as a URL: "http://127.0.0.1:8288". */
 const char *server_url(const server_t *s);
 

@@ -28,7 +28,11 @@ struct server {
   int grace_open, stopping;
   int ready, accept_waiting; /* server_ready called; a connection waits for it */
   struct conn *conns;
-  size_t nconns;
+  size_t nconns, max_conns; /* open connections, and the most accepted at once */
+  int full_said;            /* the line "at its limit of connections" was written */
+  uv_timer_t relisten;      /* listening again after the descriptors ran out */
+  int relisten_open;
+  struct sockaddr_storage addr; /* the address listened on (its port too) */
   struct pending *pending;
   char *token;
   size_t toklen;

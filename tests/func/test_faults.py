@@ -7,10 +7,13 @@ it acknowledged. A run arms a point with a log line "fault: point=value"
 Skipped on a binary built without the points (a packager's build)."""
 import json
 import os
+import resource
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import unittest
 import urllib.error
@@ -338,3 +341,72 @@ class AllocFaultTest(FaultCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class DescriptorsTest(FaultCase):
+    """Connections cannot take the descriptors the engine needs. A client
+    holding 1,100 idle connections under the common limit of 1,024 open
+    files made accept fail with EMFILE: libuv tried again at once, for
+    ever, holding the loop (the lease was lost, once the engine never
+    answered again). Now the engine raises its soft limit to the hard one,
+    takes at most that limit less a reserve at once (the rest wait in the
+    backlog until idle ones are closed), and when accept still finds no
+    descriptor it stops listening for a second instead of spinning."""
+
+    def serve_limited(self, nofile, fault=""):
+        """serve under a limit of nofile open files (soft and hard): the
+        Popen, its URL, and the lines it writes on stderr (as they come)."""
+        self.skill("s", SKILL.replace("FAULT", "none=0"))
+        env = dict(self.w.env, MOONLOOP_FAULT=fault, MOONLOOP_HTTP_TIMEOUT="2s")
+        p = subprocess.Popen([BIN, "serve", "--workspace", "skills", "--listen", "127.0.0.1:0"],
+                             cwd=self.w.path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True,
+                             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)))
+        self.addCleanup(lambda: (p.kill(), p.wait(), p.stderr.close()))
+        lines = []
+
+        def read():
+            for line in p.stderr:
+                lines.append(line)
+        threading.Thread(target=read, daemon=True).start()
+        wait_until(lambda: any("listening on" in ln for ln in lines), what="serve to listen")
+        url = next(ln for ln in lines if "listening on" in ln).split("listening on ")[1].strip()
+        return p, url, lines
+
+    def test_idle_connections_past_the_limit_wait_and_the_engine_keeps_serving(self):
+        p, url, lines = self.serve_limited(256)  # at most 192 connections at once
+        port = int(url.rsplit(":", 1)[1])
+        socks = []
+        try:
+            for _ in range(300):
+                socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            # This request waits in the backlog until idle ones are closed (2 s).
+            code, body = http("GET", url + "/v1/skills", timeout=30)
+            self.assertEqual(code, 200, body)
+            code, body = http("POST", url + "/v1/events", {"name": "go"}, timeout=30)
+            self.assertEqual(code, 202, body)
+        finally:
+            for s in socks:
+                s.close()
+        wait_until(lambda: [r["status"] for r in self.w.runs(skill="s")] == ["completed"], timeout=60,
+                   what="the event's run")
+        self.assertTrue(any("the most this engine takes at once" in ln for ln in lines), lines)
+        self.assertFalse(any("LEASE LOST" in ln or "too many open files" in ln.lower() for ln in lines), lines)
+
+    def test_accept_without_a_descriptor_pauses_listening_instead_of_spinning(self):
+        p, url, lines = self.serve_limited(1024, "accept_emfile=1")
+
+        def answered():
+            try:
+                return http("GET", url + "/v1/skills", timeout=5)[0] == 200
+            except OSError:
+                return False  # refused while it does not listen
+        wait_until(answered, timeout=30, what="serve to listen again")
+        self.assertTrue(any("cannot accept connections: too many open files" in ln for ln in lines), lines)
+        self.assertTrue(any("listening again on " + url in ln for ln in lines), lines)
+        code, _ = http("POST", url + "/v1/events", {"name": "go"})
+        self.assertEqual(code, 202)
+        wait_until(lambda: [r["status"] for r in self.w.runs(skill="s")] == ["completed"], timeout=60,
+                   what="the event's run")
+        p.send_signal(signal.SIGTERM)
+        self.assertEqual(p.wait(timeout=20), 0)
