@@ -284,6 +284,11 @@ int sched_invoke(sched_t *s, const char *skill, const char *data_json, const cha
   struct skill *sk;
   if (sched__live_skill(s, skill, &sk, e)) {
     if (key && e->code == ERR_NOTFOUND && !keyed_repeat(s, skill, key, wait_ms, cb, arg)) return 0;
+    if (e->code == ERR_BUSY) { /* the store could not be read: say what that means for the start */
+      err_t why = *e;
+      err_set(e, ERR_BUSY, "the engine cannot read its database: %s; nothing was stored, try "
+              "again later", why.msg);
+    }
     return e->code;
   }
   char trig[SCHED_KEY_MAX * 6 + 96];

@@ -395,9 +395,12 @@ static char *url_shown(const char *url) {
     char *param = q + 1;
     char *end = param + strcspn(param, "&");
     if (!strncmp(param, "password=", 9)) {
-      if (*end) memmove(param, end + 1, strlen(end + 1) + 1);
-      else *(param == q + 1 ? q : param - 1) = 0;
-      continue;
+      if (*end) {
+        memmove(param, end + 1, strlen(end + 1) + 1);
+        continue; /* the next parameter is at param now */
+      }
+      *q = 0; /* the last one: cut it with its '?' or '&' (it looped here for ever) */
+      break;
     }
     q = *end ? end : NULL;
   }

@@ -240,6 +240,11 @@ class ReaderBusyTest(FaultCase):
         code, body = http("GET", p.url + "/v1/runs/" + rid)
         self.assertEqual(code, 503, body)
         self.assertIn("database is locked", body["error"]["message"])
+        # A start that needs a read first says, as every refused write does,
+        # that nothing was stored (it gave the read's reason alone).
+        code, body = http("POST", p.url + "/v1/skills/w/invoke", {"data": {}})
+        self.assertEqual(code, 503, body)
+        self.assertIn("nothing was stored, try again later", body["error"]["message"])
         # An event delivered meanwhile reaches its waiting run once the poll can read.
         self.w.ml("send", "ping", "--data", '{"n": 7}', check=0)
         wait_until(lambda: self.w.trace(rid)["status"] == "completed", timeout=40, what="the napper")

@@ -58,6 +58,14 @@ class ConnectionTest(TestCase):
              'password authentication failed for user "%s"' % user),
             ("postgres://%s:%s@127.0.0.1:%d/%s" % (user, pw, free_port(), self.w.pgdb),
              "Connection refused"),
+            # The password as a query parameter, last: hiding it looped for
+            # ever (every command spun without a word); first, middle too.
+            ("postgresql://%s@127.0.0.1:%d/%s?sslmode=disable&password=not-the-password" % (
+                user, port, self.w.pgdb), 'password authentication failed for user "%s"' % user),
+            ("postgresql://%s@127.0.0.1:%d/%s?password=not-the-password" % (user, port, self.w.pgdb),
+             'password authentication failed for user "%s"' % user),
+            ("postgresql://%s@127.0.0.1:%d/%s?password=not-the-password&sslmode=disable" % (
+                user, port, self.w.pgdb), 'password authentication failed for user "%s"' % user),
         ]
         for url, words in cases:
             for args in (("runs",), ("send", "go"), ("serve", "--listen", "127.0.0.1:0")):
