@@ -636,7 +636,9 @@ local function unreached_records(R, fn, how)
   end
   local e = setmetatable({
     message = ("%sthe code no longer matches this run's journal: the run %s%s, but the journal goes on to step %d "
-      .. "'%s' (%s)"):format(where, how, after, R.seq + 1, tostring(rec.id), tostring(rec.kind)),
+      .. "'%s' (%s). A step's body does not run again on replay: a variable it set keeps its old value, so "
+      .. "return what the code after it needs from the body (local v = ctx.step.run(...))")
+      :format(where, how, after, R.seq + 1, tostring(rec.id), tostring(rec.kind)),
     fatal = true,
   }, fatal_mt)
   R.diverged = e

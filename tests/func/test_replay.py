@@ -10,6 +10,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 from mltest import TestCase  # noqa: E402
 
 
+
+# What a divergence of a replay that ended early says to do.
+HINT = ("A step's body does not run again on replay: a variable it set keeps its old value, so return what "
+        "the code after it needs from the body (local v = ctx.step.run(...))")
+
 class ReplayTest(TestCase):
     def run_file(self, name, src, timeout=60):
         self.w.write(name, src)
@@ -92,10 +97,10 @@ end }""" % stamp)
         lines = r.stdout.splitlines()
         self.assertEqual(lines[0], "%s  diverged  flag.lua:4: the code no longer matches this run's journal: "
                                    "the run returned after step 1 'collect' (the last step it reached, at this "
-                                   "line), but the journal goes on to step 2 'process' (run)" % flag)
+                                   "line), but the journal goes on to step 2 'process' (run). " % flag + HINT)
         self.assertEqual(lines[1], "%s  diverged  early.lua:2: the code no longer matches this run's journal: "
                                    "the run returned without reaching any step of it, but the journal goes on "
-                                   "to step 1 'even' (run)" % early)
+                                   "to step 1 'even' (run). " % early + HINT)
 
     def test_an_engine_resuming_a_run_that_ends_before_its_journal_fails_it(self):
         self.w.write("nap.lua", """
