@@ -563,7 +563,6 @@ int server_start(struct engine *en, const char *listen, server_t **out, err_t *e
                    "'Authorization: Bearer TOKEN', or listen on a loopback address such as "
                    "127.0.0.1:8288", listen, tok_env);
   server_t *srv = mem_calloc(1, sizeof *srv);
-  uv_tcp_t *l = mem_calloc(1, sizeof *l);
   srv->en = en;
   snprintf(srv->listen_host, sizeof srv->listen_host, "%s", listen_host);
   srv->allowed_hosts = en->cfg ? (const char *const *)en->cfg->allowed_hosts : NULL;
