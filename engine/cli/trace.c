@@ -190,6 +190,37 @@ static void print_logs(FILE *f, const cJSON *logs, const char *indent, int color
   term_strs_free(&ts);
 }
 
+#define SHAPE_BRANCH 1 /* a branch of the parallel step before it */
+#define SHAPE_LAST 2   /* the last step of its level */
+
+/* The tree of a run's steps, into shape[i]: a parallel's branches are the
+** steps right after it whose ids are its own with "/1", "/2", ... in turn
+** (a step the skill named "p/1" elsewhere stays a step of its own), and
+** each level's last step is marked, for the tree's lines. */
+static void tree_shape(const cJSON *steps, unsigned char *shape) {
+  const char *par = NULL;
+  int k = 0, i = 0, last_top = -1, prev = -1;
+  const cJSON *p;
+  cJSON_ArrayForEach(p, steps) {
+    const char *id = str(p, "id"), *kind = str(p, "kind");
+    size_t pl = par ? strlen(par) : 0;
+    char want[24];
+    snprintf(want, sizeof want, "/%d", k + 1);
+    if (par && id && !strncmp(id, par, pl) && !strcmp(id + pl, want)) {
+      shape[i] = SHAPE_BRANCH;
+      k++;
+    } else {
+      if (prev >= 0 && (shape[prev] & SHAPE_BRANCH)) shape[prev] |= SHAPE_LAST;
+      par = kind && !strcmp(kind, "parallel") ? id : NULL;
+      k = 0;
+      last_top = i;
+    }
+    prev = i++;
+  }
+  if (prev >= 0 && (shape[prev] & SHAPE_BRANCH)) shape[prev] |= SHAPE_LAST;
+  if (last_top >= 0) shape[last_top] |= SHAPE_LAST;
+}
+
 void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
   struct term_strs ts = {0};
   const char *st = str(run, "status");
@@ -246,20 +277,27 @@ void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
   const cJSON *steps = cJSON_GetObjectItem(run, "steps");
   int n = cJSON_GetArraySize(steps), i = 0;
   if (n) fputc('\n', f);
+  unsigned char *shape = mem_calloc((size_t)n + 1, 1);
+  tree_shape(steps, shape);
+  char par_cont[16] = "";
   const cJSON *p;
   cJSON_ArrayForEach(p, steps) {
-    i++;
     const char *pst = str(p, "status");
-    int last = i == n;
-    const char *branch = last ? "\xe2\x94\x94\xe2\x94\x80" : "\xe2\x94\x9c\xe2\x94\x80";
-    const char *cont = last ? "   " : "\xe2\x94\x82  ";
+    int branch_of = shape[i] & SHAPE_BRANCH, last = (shape[i] & SHAPE_LAST) != 0;
+    i++;
+    /* A parallel's branches hang under it, one level in. */
+    char branch[40], cont[40];
+    snprintf(branch, sizeof branch, "%s%s", branch_of ? par_cont : "",
+             last ? "\xe2\x94\x94\xe2\x94\x80" : "\xe2\x94\x9c\xe2\x94\x80");
+    snprintf(cont, sizeof cont, "%s%s", branch_of ? par_cont : "", last ? "   " : "\xe2\x94\x82  ");
+    if (!branch_of) snprintf(par_cont, sizeof par_cont, "%s", last ? "   " : "\xe2\x94\x82  ");
     int64_t s = time_of(p, "started_at"), e = time_of(p, "ended_at");
     char d[32] = "", b[96];
     if (s) units_fmt_duration((e ? e : now) - s, d, sizeof d);
     bar(b, sizeof b, t0, total, s, e ? e : now);
     const char *kindp = str(p, "kind");
-    fprintf(f, "  %s %s%s%s %-28s %-6s %8s  %s%s%s\n", branch, color ? status_color(pst) : "",
-            status_mark(pst), color ? RESET : "", T(str(p, "id")),
+    fprintf(f, "  %s %s%s%s %-*s %-6s %8s  %s%s%s\n", branch, color ? status_color(pst) : "",
+            status_mark(pst), color ? RESET : "", branch_of ? 25 : 28, T(str(p, "id")),
             kindp && vocab_step_kind(kindp) != STEP_KIND_RUN ? T(kindp) : "", d, color ? CYAN : "", b,
             color ? RESET : "");
     const cJSON *atts = cJSON_GetObjectItem(p, "attempts");
@@ -310,6 +348,7 @@ void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now) {
       free(o);
     }
   }
+  free(shape);
   fputc('\n', f);
   const cJSON *out = cJSON_GetObjectItem(run, "output");
   if (out && !cJSON_IsNull(out)) {

@@ -51,6 +51,22 @@ end }""")
             self.assertTrue(t[k].endswith("Z"))
         self.assertLessEqual(t["started_at"], boom["started_at"])
 
+    def test_a_parallels_branches_hang_under_it(self):
+        # A step the skill named "p/1" after the parallel "p" read as one of
+        # its branches: they were all on one level.
+        self.w.write("par.lua", """
+return { id = "par", run = function(ctx)
+  ctx.step.parallel("p", { function() return 1 end, function() return 2 end })
+  ctx.step.run("p/1", function() return 3 end)
+  ctx.step.parallel("q", { function() return 4 end })
+end }""")
+        r = self.w.ml("run", "par.lua", check=0)
+        text = self.w.ml("trace", self.run_id_of(r), check=0).stdout
+        rows = [ln.split("\u2713")[0] + ln.split("\u2713")[1].split()[0] for ln in text.splitlines()
+                if "\u2713" in ln and not ln.startswith("run ")]
+        self.assertEqual(rows, ["  \u251c\u2500 p", "  \u2502  \u251c\u2500 p/1", "  \u2502  \u2514\u2500 p/2",
+                                "  \u251c\u2500 p/1", "  \u2514\u2500 q", "     \u2514\u2500 q/1"])
+
     def test_slept_waited_invoked_cancelled_and_triggers(self):
         self.w.write("skills/child.lua", 'return { id = "child", run = function(ctx) return ctx.input.x + 1 end }')
         self.w.write("skills/flow.lua", """
