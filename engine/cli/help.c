@@ -37,6 +37,28 @@ void help_usage(FILE *f, const struct help_tables *t) {
   fprintf(f, "  %-16s %s\n", "-h, --help", "this help, or a command's usage (moonloop COMMAND --help)");
 }
 
+/* See help.h. */
+void help_command(FILE *f, const struct help_tables *t, const struct command *c) {
+  fprintf(f, "usage: moonloop %s\n\n%s\n", c->usage, c->text ? c->text : "(no description)");
+  int any = 0;
+  for (const struct option *o = t->options; o->name; o++) {
+    if (o->cmds == t->all || !(o->cmds & c->bit)) continue;
+    const char *value, *text = option_text(o, &value);
+    char left[48];
+    snprintf(left, sizeof left, "--%s%s%s", o->name, *value ? " " : "", value);
+    fprintf(f, "%s  %-20s %s\n", any++ ? "" : "\noptions:\n", left, text);
+  }
+  fprintf(f, "\nand the options for every command:");
+  any = 0;
+  for (const struct option *o = t->options; o->name; o++) {
+    if (o->cmds != t->all) continue;
+    const char *value;
+    option_text(o, &value);
+    fprintf(f, "%s --%s%s%s", any++ ? "," : "", o->name, *value ? " " : "", value);
+  }
+  fprintf(f, " (moonloop --help)\n");
+}
+
 /* ---- the man page -------------------------------------------------------------- */
 
 /* Text for troff: backslashes doubled as \e, dashes as \-, and a line

@@ -49,6 +49,11 @@ struct help_tables {
 /* moonloop --help: the commands' usage lines, then the options for every command. */
 void help_usage(FILE *f, const struct help_tables *t);
 
+/* moonloop COMMAND --help (and moonloop help COMMAND): its usage line, what
+** it does, the options of its own, and where the options for every command
+** are (the database, the configuration, the server). */
+void help_command(FILE *f, const struct help_tables *t, const struct command *c);
+
 /* moonloop help --man: moonloop(1) in troff's man macros. */
 void help_man(FILE *f, const struct help_tables *t);
 

@@ -216,7 +216,7 @@ static int help(int argc, char **argv) {
   if (argc > 2 && strcmp(argv[2], "--help") && strcmp(argv[2], "-h")) {
     for (const struct command *k = commands; k->name; k++)
       if (!strcmp(k->name, argv[2])) {
-        printf("usage: moonloop %s\n", k->usage);
+        help_command(stdout, &tables, k);
         return EXIT_OK;
       }
     return cli_fail(EXIT_USAGE, "help: unknown argument '%s' (moonloop help [COMMAND | --man | "
@@ -284,7 +284,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(a, "-v")) a = "--verbose";
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-      printf("usage: moonloop %s\n", cmd->usage);
+      help_command(stdout, &tables, cmd);
       free(pos);
       return EXIT_OK;
     }

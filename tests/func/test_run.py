@@ -166,6 +166,11 @@ end }""")
         self.assertEqual(sorted(commands), sorted(bits))
         for cmd in commands:
             usage = self.w.ml(cmd, "--help", check=0).stdout
+            # What it does, and where the options every command takes are
+            # (`help serve` showed one line, and not --db).
+            self.assertEqual(usage, self.w.ml("help", cmd, check=0).stdout)
+            self.assertIn("and the options for every command: --db PATH, --config FILE", usage)
+            self.assertNotIn("(no description)", usage)
             for name, mask in flags:
                 if mask == "C_ALL" or bits[cmd] in mask.split(" | "):
                     with self.subTest(command=cmd, flag=name):
