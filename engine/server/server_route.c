@@ -657,6 +657,10 @@ static int route_run_query(const struct req *r, struct server_plan *p, int *stat
       return fail(status, 400, e, ERR_INVALID, "unknown parameter '%s' (GET /v1/runs/{id} "
                   "takes only wait and steps)", shown);
     long vl = eq < j ? pct_decode(q + eq + 1, j - eq - 1, val, sizeof val, 1) : 0;
+    if (vl == 0) { /* an empty value is the default, as forms send it (as the lists take it) */
+      i = j + 1;
+      continue;
+    }
     if (is_steps) {
       int yes = vl > 0 && (!strcmp(val, "true") || !strcmp(val, "1"));
       int no = vl > 0 && (!strcmp(val, "false") || !strcmp(val, "0"));

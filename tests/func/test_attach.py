@@ -168,6 +168,9 @@ class AttachTest(SkillsTestCase):
             self.assertIn("wait", b["error"]["message"])
         st, _, b = call(self.p.port, "GET", "/v1/runs/%s?since=1" % run_id)
         self.assertEqual(st, 400, b)
+        # Empty values are the defaults, as the lists take them (a form sends them so).
+        st, _, b = call(self.p.port, "GET", "/v1/runs/%s?wait=&steps=" % run_id)
+        self.assertEqual((st, b["status"], len(b["steps"])), (200, "completed", 2))
 
     def test_steps_false_answers_the_record_as_the_list_has_it(self):
         run_id = self.start(s=0.5)
