@@ -36,6 +36,7 @@
 ** child runs that run starts): repl_watch.c, with step_through's question.
 ** The C functions lua/repl.lua calls are in repl_core.c (see repl_int.h).
 */
+#include "sidecar/watcher.h"
 #include "base/jsontext.h"
 #include "base/mem.h"
 #include "base/proc.h"
@@ -481,8 +482,8 @@ static void load_workspace(struct repl *rp, const char *dir) {
   int n = 0, loaded = 0;
   struct dirent *de;
   while ((de = readdir(d)) && n < 4096) {
-    size_t len = strlen(de->d_name);
-    if (de->d_name[0] == '.' || len < 5 || strcmp(de->d_name + len - 4, ".lua")) continue;
+    /* The files the watcher counts: not *_test.lua (skill tests), as serve. */
+    if (!watcher_counts(de->d_name)) continue;
     /* Files only (a FIFO named x.lua would hold the read), as the watcher. */
     struct stat st;
     char p[4096];

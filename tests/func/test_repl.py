@@ -344,6 +344,16 @@ class PipeTest(ReplCase):
         self.assertEqual(status, 0, err)
         self.assertRegex(out, r"got: run %s failed: step 's' failed: bad.lua:2: nope" % RUN_ID.pattern)
 
+    def test_skill_tests_in_the_workspace_are_not_loaded_as_skills(self):
+        # serve and check leave *_test.lua out; the REPL loaded them and
+        # printed an error for each ("attempt to index global 'test'").
+        self.w.write("skills/one.lua", 'return { id = "one", run = function() return 1 end }\n')
+        self.w.write("skills/one_test.lua", 'local t = test.skill("one.lua")\nreturn t\n')
+        status, out, err = self.pipe('print(run("one"))\n')
+        self.assertEqual(status, 0, err)
+        self.assertNotIn("one_test.lua", err)
+        self.assertIn("1 skill registered", err)
+
     def test_ctx_holds_steps_to_a_runs_rules(self):
         # Code tried at the prompt must not pass there and fail in a run: a
         # function returned by a body, a step inside a step.
