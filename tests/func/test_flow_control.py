@@ -35,6 +35,17 @@ class Gauge:
         self.starts = []  # (time, tag, run id, k)
         self.hold = hold
         self.release = None  # an Event: hold until it is set
+        self.gone = set()  # (key, run) of requests a killed engine left in flight
+
+    def killed(self):
+        """The engine holding the requests in flight now was killed: they
+        hold no slot any more (the runs are taken over, and may take
+        their step again), so they count no more."""
+        with self.lock:
+            for key, runs in self.inflight.items():
+                for run in list(runs):
+                    self.gone.add((key, run))
+                    del runs[run]
 
     def handler(self, keys_of):
         def call(h, b, n):
@@ -55,6 +66,11 @@ class Gauge:
             with self.lock:
                 for key in keys:
                     runs = self.inflight[key]
+                    if (key, run) in self.gone:
+                        # A killed engine's request ended (or, first, the
+                        # run's new one: the other then counts down).
+                        self.gone.discard((key, run))
+                        continue
                     runs[run] -= 1
                     if not runs[run]:
                         del runs[run]
@@ -593,6 +609,7 @@ class PerPeriodTest(SkillsTestCase):
             before = queued(r3)
             self.assertEqual(before.get("reason"), "throttle")
             kill9(a)
+            g.killed()
             # c asks when its time comes (b asked when it was taken over).
             wait_until(lambda: queued(r3) != before, timeout=30,
                        what=lambda: "c asked again: %s" % queued(r3))
