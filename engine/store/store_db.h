@@ -68,11 +68,23 @@ struct store {
   ino_t wal_ino;
   int wal_known;
   struct fence_set fence;
+  struct store_ckpt *ckpt; /* the checkpointer (store_ckpt.c) */
 };
 
 /* The writer's prepared statement for a static SQL text (its address is
 ** the key), reset and ready to bind; prepared on first use. */
 sqlite3_stmt *store__cached(store_t *s, const char *sql, err_t *e);
+
+/* Open one connection to the SQLite file at path (created if missing),
+** with the store's busy timeout and VFS; *db is NULL on failure. */
+int store__sqlite_conn(const char *path, sqlite3 **db, err_t *e);
+
+/* Checkpoint the writer's WAL on a thread of the store's own instead of in
+** the commit that fills it (store_ckpt.c); full: the durability is "full"
+** (the checkpointer syncs as the writer does). */
+int store__ckpt_start(store_t *s, int full);
+/* Stop the checkpointer (before the connections close). */
+void store__ckpt_stop(store_t *s);
 
 /* Finalize the reader's statements (store_sqlite_read.c). */
 void store__sqlite_read_close(store_t *s);

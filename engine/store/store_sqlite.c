@@ -542,9 +542,8 @@ static int open_error(const char *path, const char *sqlite_msg, err_t *e) {
   return err_set(e, ERR_IO, "cannot open database '%s': %s", path, sqlite_msg);
 }
 
-/* Open one connection to the file at path (created if missing), with a
-** busy timeout of 10 s; *db is NULL on failure. */
-static int open_conn(const char *path, sqlite3 **db, err_t *e) {
+/* See store_db.h: a busy timeout of 10 s. */
+int store__sqlite_conn(const char *path, sqlite3 **db, err_t *e) {
   /* store__fault_vfs: in a test build with faults armed, the files go
   ** through the VFS that can fail their writes and fsyncs. */
   int rc = sqlite3_open_v2(path, db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
@@ -797,7 +796,7 @@ int store__sqlite_open(const char *path, enum store_durability d, store_t **out,
   store_t *s = mem_calloc(1, sizeof *s);
   s->base.ops = &sqlite_ops;
   s->path = mem_strdup(path);
-  if (open_conn(path, &s->w, e)) goto fail;
+  if (store__sqlite_conn(path, &s->w, e)) goto fail;
   if (stat(path, &st) == 0) {
     s->dev = st.st_dev;
     s->ino = st.st_ino;
@@ -817,6 +816,7 @@ int store__sqlite_open(const char *path, enum store_durability d, store_t **out,
   if (store__exec(s->w, d == STORE_FULL ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL", e))
     goto fail;
   if (migrate(s->w, e)) goto fail;
+  store__ckpt_start(s, d == STORE_FULL);
   {
     /* The WAL exists from the first transaction on, as long as the file
     ** is open: which one it is, for check_wal_moved. */
@@ -834,7 +834,7 @@ int store__sqlite_open(const char *path, enum store_durability d, store_t **out,
     }
   }
   if (prepare_writes(s, e)) goto fail;
-  if (open_conn(path, &s->r, e)) goto fail;
+  if (store__sqlite_conn(path, &s->r, e)) goto fail;
   /* The reader maps the file instead of copying pages into its cache:
   ** history reads (stats over a million runs) touch many pages once. */
   store__exec(s->r, "PRAGMA mmap_size=1073741824", NULL);
@@ -847,6 +847,7 @@ fail:
 
 /* See store.h. */
 static void sqlite_close(store_t *s) {
+  store__ckpt_stop(s);
   for (int i = 0; i < W_COUNT; i++) sqlite3_finalize(s->ws[i]);
   store__flow_close(s);
   for (int i = 0; i < STORE_CACHED_STMTS; i++) sqlite3_finalize(s->cache[i].st);

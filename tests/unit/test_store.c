@@ -7,6 +7,8 @@
 #include "test.h"
 
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static char dir[] = "/tmp/mlstore-XXXXXX";
@@ -544,6 +546,63 @@ TEST(a_run_that_ends_cancels_its_children_not_itself_and_first_reasons_stay) {
   store_close(s);
 }
 
+static long long file_size(const char *p) {
+  struct stat st;
+  return stat(p, &st) == 0 ? (long long)st.st_size : -1;
+}
+
+/* Commits fill the WAL; the store's checkpointer (not the commit that
+** crosses 1,000 pages) copies it into the database file while the store is
+** open, and the WAL starts again from its start instead of growing. */
+TEST(the_wal_is_checkpointed_while_commits_go_on) {
+  char p[300], wal[310];
+  snprintf(p, sizeof p, "%s/ckpt.db", dir);
+  snprintf(wal, sizeof wal, "%s-wal", p);
+  store_t *s = NULL;
+  err_t e;
+  if (store_open(p, STORE_NORMAL, &s, &e)) FAILF("store_open: %s", e.msg);
+  journal_t *j = journal_new();
+  new_run(j, "01CKPT", "running", NULL);
+  CHECK(store_commit(s, j, &e) == 0);
+  journal_free(j);
+  long long db0 = file_size(p);
+  char out[3000];
+  memset(out, 'x', sizeof out - 3);
+  out[0] = '"';
+  out[sizeof out - 2] = '"';
+  out[sizeof out - 1] = 0;
+  /* 500 commits of 2-3 pages: past 1,000 pages of WAL, short of the
+  ** 4,000 at which the writer would checkpoint itself. Only the
+  ** checkpointer copies them into the file, while the store stays open. */
+  int n = 0;
+  for (int round = 0; round < 2; round++) {
+    int upto = round ? 8000 : 500; /* then 80 MB and more, back to back */
+    for (n++; n <= upto; n++) {
+      j = journal_new();
+      struct step_row st = {.run_id = "01CKPT", .seq = n, .id = "s", .kind = "run",
+                            .status = "completed", .output = out, .attempts = 1};
+      journal_step(j, &st);
+      if (store_commit(s, j, &e)) FAILF("commit %d: %s", n, e.msg);
+      journal_free(j);
+    }
+    n--;
+    int copied = 0;
+    for (int i = 0; i < 500 && !copied; i++) {
+      copied = file_size(p) >= db0 + (long long)(round ? n * 3000 : 1 << 20);
+      if (!copied) usleep(10000);
+    }
+    CHECK(copied);
+    /* Started again from its start: at 4,000 pages, and what the writer
+    ** committed while the checkpointer held the WAL's checkpoint lock. */
+    CHECK(file_size(wal) < 32 * 1024 * 1024);
+  }
+  cJSON *r;
+  CHECK(store_get_run(s, "01CKPT", 1, &r, &e) == 0);
+  CHECK(cJSON_GetArraySize(cJSON_GetObjectItem(r, "steps")) == n);
+  cJSON_Delete(r);
+  store_close(s);
+}
+
 int main(void) {
   if (!mkdtemp(dir)) return 1;
   snprintf(path, sizeof path, "%s/t.db", dir);
@@ -561,6 +620,7 @@ int main(void) {
   RUN(a_run_made_again_by_a_replay_is_the_same_run);
   RUN(a_wait_ended_keeps_what_it_took_until_its_step_completes);
   RUN(a_run_that_ends_cancels_its_children_not_itself_and_first_reasons_stay);
+  RUN(the_wal_is_checkpointed_while_commits_go_on);
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd)) return 1;
