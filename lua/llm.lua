@@ -7,9 +7,11 @@
 --
 -- The endpoint, model and key come from the configuration (llm.base_url,
 -- llm.model, and the variable named by llm.api_key_env). Answers 429 and
--- 5xx, and transport failures, are retried here (up to 4 times, each
--- retry a warn line in the step's log), honouring Retry-After, before the
--- step's own retries come into play. Token usage is added to the step's record. Call
+-- 5xx, and transport failures that a moment may cure (refused, reset,
+-- timed out, a name not found), are retried here (up to 4 times, each
+-- retry a warn line in the step's log), honouring Retry-After (at most
+-- 120 s), before the step's own retries come into play. An answer over the
+-- size limit, or the step's timeout, ends the call at once. Token usage is added to the step's record. Call
 -- it inside a step body: the answer is then checkpointed like any step
 -- result, so a replay never pays for the same call twice.
 
@@ -26,6 +28,8 @@ local user_error = require("run").user_error -- errors at the skill's line
 local LLM_PATH = require("api").llm_path
 
 local MAX_RETRIES = 4
+-- The transport failures (httpc.h's reasons) worth another try.
+local TRANSIENT = { timeout = true, connect = true, dns = true, network = true }
 
 local function excerpt(s)
   s = tostring(s or "")
@@ -93,10 +97,14 @@ function M.chat(req)
   local n = 0
   while true do
     n = n + 1
-    local resp, err = M.request{ method = "POST", url = url, headers = headers, body = payload,
-                                 timeout = req.timeout or 120 }
-    local retryable = not resp or resp.status == 429 or resp.status >= 500
-    if retryable and n <= MAX_RETRIES then
+    local resp, err, why = M.request{ method = "POST", url = url, headers = headers, body = payload,
+                                      timeout = req.timeout or 120 }
+    local retryable
+    if resp then retryable = resp.status == 429 or resp.status >= 500
+    else retryable = why == nil or TRANSIENT[why] end
+    if why == "step_timeout" then
+      user_error(("llm.chat: %s%s"):format(err, n > 1 and (" (after %d tries)"):format(n) or ""))
+    elseif retryable and n <= MAX_RETRIES then
       -- Said in the trace (a log line of the step), so a slow step shows why:
       -- transport failures (refused, reset, timed out) are retried too,
       -- since a model server that restarts answers again a moment later.
@@ -105,9 +113,13 @@ function M.chat(req)
         M.warn(("llm.chat: POST %s %s; retry %d of %d in %.1fs"):format(url,
           resp and ("returned " .. resp.status) or ("failed: " .. tostring(err)), n, MAX_RETRIES, delay / 1000))
       end
-      yield(OP.DELAY, delay)
+      local _, late = yield(OP.DELAY, delay)
+      if late then -- the step's time ran out while it waited
+        user_error(("llm.chat: %s, waiting to try again after: %s"):format(late,
+          resp and ("returned " .. resp.status) or tostring(err)))
+      end
     elseif not resp then
-      user_error(("llm.chat: %s (after %d tries)"):format(err, n))
+      user_error(("llm.chat: %s%s"):format(err, n > 1 and (" (after %d tries)"):format(n) or ""))
     elseif resp.status < 200 or resp.status > 299 then
       user_error(("llm.chat: POST %s returned %d: %s%s"):format(url, resp.status, excerpt(resp.body),
         n > 1 and (" (after %d tries)"):format(n) or ""))

@@ -421,6 +421,13 @@ local function http_response(resp)
   return { status = status, body = body or "", headers = headers }, duration_ms(resp.delay, "http mock: delay")
 end
 
+-- What a body's request or wait gets when its step's time is up (the
+-- engine's run__step_timed_out): nil, the message, the reason.
+local function step_timed_out(T)
+  return pack(nil, ("step '%s' timed out after %s"):format(tostring(T.in_step),
+    core.test_fmt_duration(T.test_timeout)), "step_timeout")
+end
+
 -- The HTTP op: record the request and queue the mock's answer (after its
 -- delay, or the step's timeout), or an error when nothing mocks it.
 local function handle_http(st, co, T, req)
@@ -463,8 +470,7 @@ local function handle_http(st, co, T, req)
   local at = clock + (delay or 0)
   local dl = T and T.test_deadline
   if dl and at > dl then
-    push(st, co, dl, pack(nil, ("step '%s' timed out after %s"):format(tostring(T.in_step),
-      core.test_fmt_duration(T.test_timeout))))
+    push(st, co, dl, step_timed_out(T))
     return
   end
   if resp then push(st, co, at, pack(resp)) else push(st, co, at, pack(nil, err)) end
@@ -574,8 +580,12 @@ function handlers.BACKOFF(st, co, T, a)
   push(st, co, max(clock, a.retry_at), NONE)
 end
 
+-- A wait inside a body (llm.chat's before a retry): cut short by the
+-- step's timeout, as the engine does (run_op_delay).
 function handlers.DELAY(st, co, T, a)
-  push(st, co, clock + max(0, a.ms), NONE)
+  local at, dl = clock + max(0, a.ms), T and T.test_deadline
+  if dl and at > dl then push(st, co, max(clock, dl), step_timed_out(T)) return end
+  push(st, co, at, NONE)
 end
 
 function handlers.HTTP(st, co, T, a)

@@ -146,6 +146,24 @@ static void lower_ascii(char *s, size_t n) {
     if (s[i] >= 'A' && s[i] <= 'Z') s[i] = (char)(s[i] - 'A' + 'a');
 }
 
+/* Whether a request may go over a kept-alive connection. libcurl sends a
+** request again, unseen, on a new connection when a reused one closes
+** before any byte of the answer: a server that read a POST and then died
+** (or closed the connection on purpose) would get it twice, whatever the
+** step's retries say. As Go's HTTP client does, only RFC 9110's idempotent
+** methods, and requests that carry an Idempotency-Key (or
+** X-Idempotency-Key) header, reuse connections; the others take a new one,
+** on which nothing is sent twice. */
+static int replayable(const char *method, const char *const *headers) {
+  static const char *const idempotent[] = {"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"};
+  for (size_t i = 0; i < sizeof idempotent / sizeof *idempotent; i++)
+    if (!strcmp(method, idempotent[i])) return 1;
+  for (const char *const *hp = headers; hp && *hp; hp++)
+    if (!strncasecmp(*hp, "Idempotency-Key:", 16) || !strncasecmp(*hp, "X-Idempotency-Key:", 18))
+      return 1;
+  return 0;
+}
+
 /* An RFC 9110 token character (methods and header names). */
 static int is_tchar(unsigned char c) {
   if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return 1;
@@ -816,6 +834,7 @@ int httpc_start(httpc_t *h, const struct httpc_req *req, httpc_cb cb, void *ud,
     SET(CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->body_len);
     SET(CURLOPT_COPYPOSTFIELDS, req->body ? req->body : "");
   }
+  if (!replayable(method, req->headers)) SET(CURLOPT_FRESH_CONNECT, 1L);
 #undef SET
   if (cc != CURLE_OK) {
     rc = err_set(e, ERR_INTERNAL, "could not set up the request: %s (%s)", curl_easy_strerror(cc), what);

@@ -102,6 +102,7 @@ void run__task_cancel(struct task *t) {
     sched__parked(s, -1);
   }
   sched__timer_stop(s, &t->timer);
+  t->in_delay = 0;
   sched__timer_stop(s, &t->step_timer);
   if (t->xfer) {
     httpc_cancel(t->xfer);

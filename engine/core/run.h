@@ -59,6 +59,7 @@ struct task {
   int64_t step_started;
   int step_marked;      /* its "running" row has been journaled */
   int step_timed_out;
+  int in_delay;         /* parked in a body's OP_DELAY, on t->timer */
   int in_body;          /* a step body is running (between step_begin and step_end) */
   int64_t step_timeout_ms;
   struct stimer step_timer;
@@ -204,6 +205,9 @@ void run__http_headers_free(char **hdrs, int nh);
 /* Push a response on co as Lua sees it: {status, body, headers}, or nil and
 ** the message of a failed transfer. Returns the number of values pushed. */
 int run__push_http_response(lua_State *co, const struct httpc_resp *resp);
+/* Resume t, in a step body whose time is up, with nil, "step '...' timed
+** out after ..." and the reason "step_timeout". */
+void run__step_timed_out(struct task *t);
 
 /* Register the run context's C functions in core (log, step_begin, ...). */
 void run_register_core(lrt_t *lrt, sched_t *s);

@@ -67,8 +67,8 @@ static int c_log(lua_State *L) {
   return 0;
 }
 
-/* A step body's time is up: its request in flight fails now, and it gets
-** no more I/O in this attempt. */
+/* A step body's time is up: its request in flight, or its wait before a
+** retry (llm.chat's), ends now, and it gets no more I/O in this attempt. */
 static void on_step_timeout(struct stimer *tm) {
   struct task *t = (struct task *)((char *)tm - offsetof(struct task, step_timer));
   t->step_timed_out = 1;
@@ -77,16 +77,14 @@ static void on_step_timeout(struct stimer *tm) {
     run__wait_stop(t);
     return;
   }
-  if (t->xfer) {
+  if (t->in_delay) {
+    sched__timer_stop(t->run->sched, &t->timer);
+    t->in_delay = 0;
+    run__step_timed_out(t);
+  } else if (t->xfer) {
     httpc_cancel(t->xfer);
     t->xfer = NULL;
-    char d[32], msg[128];
-    units_fmt_duration(t->step_timeout_ms, d, sizeof d);
-    snprintf(msg, sizeof msg, "step '%s' timed out after %s", t->step_id, d);
-    lua_pushnil(t->co);
-    lua_pushstring(t->co, msg);
-    t->nres = 2;
-    run__complete(t);
+    run__step_timed_out(t);
   }
 }
 

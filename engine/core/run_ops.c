@@ -121,12 +121,38 @@ void run_op_fail(struct task *t, const struct op_fail *op) {
   run__wait_durable(t);
 }
 
-/* OP_DELAY: wait inside a step body, not journaled. */
+/* See run.h. */
+void run__step_timed_out(struct task *t) {
+  char d[32], msg[300];
+  units_fmt_duration(t->step_timeout_ms, d, sizeof d);
+  snprintf(msg, sizeof msg, "step '%s' timed out after %s", t->step_id ? t->step_id : "?", d);
+  lua_settop(t->co, 0);
+  lua_pushnil(t->co);
+  lua_pushstring(t->co, msg);
+  lua_pushliteral(t->co, "step_timeout");
+  t->nres = 3;
+  run__complete(t);
+}
+
+/* The end of an OP_DELAY's wait. */
+static void on_delay_end(struct stimer *tm) {
+  struct task *t = (struct task *)((char *)tm - offsetof(struct task, timer));
+  t->in_delay = 0;
+  run__complete(t);
+}
+
+/* OP_DELAY: wait inside a step body, not journaled. The step's timeout
+** ends it early (run__step_timed_out): the body gets nil and the reason. */
 void run_op_delay(struct task *t, const struct op_delay *a) {
   int64_t ms = a->ms;
   lua_settop(t->co, 0);
   run__park(t, 1);
-  t->timer.fn = run__on_timer;
+  if (t->step_timed_out) {
+    run__step_timed_out(t);
+    return;
+  }
+  t->in_delay = 1;
+  t->timer.fn = on_delay_end;
   sched__timer_start(t->run->sched, &t->timer, units_now_ms() + (ms > 0 ? ms : 0));
 }
 
@@ -200,7 +226,8 @@ int run__push_http_response(lua_State *co, const struct httpc_resp *resp) {
   if (resp->error) {
     lua_pushnil(co);
     lua_pushstring(co, resp->errmsg);
-    return 2;
+    lua_pushstring(co, resp->reason ? resp->reason : "internal");
+    return 3;
   }
   lua_createtable(co, 0, 3);
   lua_pushinteger(co, resp->status);
@@ -255,7 +282,10 @@ void run_op_http(struct task *t, const struct op_http *a) {
   int rc;
   /* A step whose time is up gets no more I/O in this attempt. */
   if (t->step_timed_out) {
-    rc = err_set(&e, ERR_BUSY, "the step timed out");
+    run__http_headers_free(hdrs, nh);
+    run__park(t, 1);
+    run__step_timed_out(t);
+    return;
   } else if (!o->http) {
     rc = err_set(&e, ERR_INTERNAL, "no HTTP client in this process");
   } else {

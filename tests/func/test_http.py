@@ -1,6 +1,7 @@
 """The http module inside skills: requests, errors, and many requests in flight at once."""
 import json
 import os
+import socket
 import sys
 import time
 
@@ -56,6 +57,37 @@ end)""")
         for v in (out["a"][1], out["b"][1]):
             self.assertIn("limits.run_memory", v)
         self.assertEqual(out["n"], 4500000)
+
+    def test_a_post_dropped_before_its_answer_reached_the_server_once(self):
+        # libcurl sends a request again, unseen, when a kept-alive connection
+        # it reused closes before any answer. The server here read the POST
+        # and dropped the connection: with retries = 0 it must get it once,
+        # and the step fails saying so (it got two, and the run completed).
+        def charge(h, body, n):
+            if n == 1:
+                h.connection.shutdown(socket.SHUT_RDWR)
+                return None
+            return 200, {"charged": n}
+        self.si.routes["/charge"] = charge
+        r = self.run_skill("""
+ctx.step.run("warm", function() return http.post_json(env.STANDIN .. "/warm", { n = 0 }).n end)
+ctx.step.run("look", function() return http.get_json(env.STANDIN .. "/look").n end)
+return ctx.step.run("charge", function()
+  return http.post_json(env.STANDIN .. "/charge", { amount = 1 }).charged
+end)""", status=1)
+        self.assertEqual(self.si.count("/charge"), 1)
+        self.assertIn("step 'charge' failed", r.stderr)
+        self.assertIn("/charge", r.stderr)
+        # With an Idempotency-Key the caller says a second copy is harmless:
+        # the request may reuse a kept-alive connection (not checked here:
+        # whether libcurl re-sends is libcurl's), and it is answered.
+        r = self.run_skill("""
+return ctx.step.run("again", function()
+  local r = http.request{ method = "POST", url = env.STANDIN .. "/charge", body = "{}",
+                          headers = { ["Idempotency-Key"] = ctx.step_key } }
+  return r.status
+end)""")
+        self.assertEqual(json.loads(r.stdout), 200)
 
     def test_request_sends_a_value_as_json(self):
         # Agents reach for http.request{ json = value }: the key used to be

@@ -79,6 +79,7 @@ end)''')
         def drop_first(h, body, n):
             if n == 1:
                 h.connection.shutdown(socket.SHUT_RDWR)  # no answer at all
+                return None
             if n == 2:
                 return 503, {"error": {"message": "warming up"}}
             return chat(h, body, n - 2)
@@ -93,6 +94,45 @@ end)''')
         self.assertIn("; retry 1 of 4 in ", logs[0]["msg"])
         self.assertTrue(logs[1]["msg"].startswith("llm.chat: POST %s returned 503; retry 2 of 4 in " % url),
                         logs[1]["msg"])
+
+    def test_a_steps_timeout_ends_a_wait_for_retry_after(self):
+        # Retry-After: 3600 (held to 120 s) must not outlast the step's
+        # timeout: the step fails when its time is up, saying why it waited.
+        self.si.llm([(429, {"Retry-After": "3600"})])
+        self.skill('return ctx.step.run("ask", function() return llm.chat{ prompt = "x" }.text end,'
+                   ' { timeout = "1s" })')
+        r = self.w.ml("run", "s.lua", check=1, timeout=60)
+        self.assertIn("llm.chat: step 'ask' timed out after 1.0s, waiting to try again after: returned 429",
+                      r.stderr)
+        self.assertEqual(self.si.count("/v1/chat/completions"), 1)
+
+    def test_a_steps_timeout_during_a_call_is_not_retried(self):
+        # The endpoint hangs: the step's timeout cuts the call, and llm.chat
+        # stops there (it logged "the step timed out; retry 2 of 4" and
+        # slept on, sending nothing).
+        def hang(h, body, n):
+            time.sleep(8)
+            return 503, {}
+        self.si.routes["/v1/chat/completions"] = hang
+        self.skill('return ctx.step.run("ask", function() return llm.chat{ prompt = "x" }.text end,'
+                   ' { timeout = "1s" })')
+        r = self.w.ml("run", "s.lua", check=1, timeout=60)
+        self.assertIn("llm.chat: step 'ask' timed out after 1.0s", r.stderr)
+        self.assertNotIn("after 2 tries", r.stderr)
+        self.assertEqual(self.si.count("/v1/chat/completions"), 1)
+        logs = self.w.trace(self.run_id_of(r))["steps"][0].get("logs") or []
+        self.assertEqual([l["msg"] for l in logs if "retry" in l["msg"]], [])
+
+    def test_an_answer_over_the_size_limit_is_not_asked_for_again(self):
+        # 17 MB: over the 16 MB a response may have. Asking again gets the
+        # same answer (and pays for it): it fails at once.
+        big = "x" * (17 << 20)
+        self.si.routes["/v1/chat/completions"] = lambda h, body, n: (200, big, {"Content-Type": "text/plain"})
+        self.skill('return ctx.step.run("ask", function() return llm.chat{ prompt = "x" }.text end)')
+        r = self.w.ml("run", "s.lua", check=1, timeout=60)
+        self.assertIn("response too large", r.stderr)
+        self.assertNotIn("tries", r.stderr)
+        self.assertEqual(self.si.count("/v1/chat/completions"), 1)
 
     def test_bad_arguments_and_io_outside_steps(self):
         self.skill('return ctx.step.run("c", function() return llm.chat{ temperature = 1 } end)')

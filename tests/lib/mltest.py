@@ -80,7 +80,8 @@ class StandIn:
     """A scriptable local HTTP server standing in for an outside service.
 
     Every request is counted per path. Routes map a path to a handler
-    returning (status, body, headers) or to a fixed (status, body). The
+    returning (status, body, headers), or None when it dropped the
+    connection without an answer, or to a fixed (status, body). The
     in-flight gauge records the highest number of concurrent requests per key.
     """
 
@@ -118,6 +119,9 @@ class StandIn:
                 status, out, headers = 200, {"ok": True, "path": path, "n": count}, {}
                 if callable(route):
                     r = route(self, body, count)
+                    if r is None:  # no answer: the route dropped the connection
+                        self.close_connection = True
+                        return
                     status, out = r[0], r[1]
                     headers = r[2] if len(r) > 2 else {}
                 elif route is not None:
