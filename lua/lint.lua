@@ -30,7 +30,10 @@
 -- Warnings (the file loads): code in the run function, outside step bodies,
 -- that is not deterministic: os.time() and os.date() of now, os.clock(),
 -- math.random(), and time.now() (the time of the last step there); a call
--- of an os function the sandbox does not have (os.getenv: use env.NAME).
+-- of an os function the sandbox does not have (os.getenv: use env.NAME);
+-- a step body that changes a local of the run function declared outside
+-- it (x = ..., x[k] = ..., table.insert(x, ...)): a replay does not run
+-- the body, so the code after the step would see x unchanged.
 
 local api = require("api")
 local parser = require("luacheck.parser")
@@ -58,13 +61,18 @@ local CLOCK = api.set_of(api.os_functions)
 -- The walk -----------------------------------------------------------------------
 
 -- A checker: the AST's state while it is walked.
---   scopes   a stack of {name -> decl}; decl: {step_alias=, ctx=}
+--   scopes   a stack of {name -> decl}; decl: {step_alias=, ctx=, in_run=, body=}
+--            (in_run: declared inside a run function; body: the step body
+--            it was declared in, or nil)
 --   body     the step body being walked ({id=, line=}), or nil
 --   direct   true while walking the run (or on_failure) function's own code
+--   in_run   true while walking inside a run (or on_failure) function
+--   changed  {body -> {name -> true}}: the outer locals said to change
 --   runs     set of the Function nodes that are run or on_failure
 --   globals  names assigned as globals somewhere (then not the modules)
 local function new_checker()
-  return { scopes = { {} }, errors = {}, warnings = {}, runs = {}, globals = {}, env_reads = {} }
+  return { scopes = { {} }, errors = {}, warnings = {}, runs = {}, globals = {}, env_reads = {},
+           changed = {} }
 end
 
 local function report(list, node, msg)
@@ -83,7 +91,9 @@ local function lookup(C, name)
 end
 
 local function declare(C, name, decl)
-  C.scopes[#C.scopes][name] = decl or {}
+  decl = decl or {}
+  decl.in_run, decl.body = C.in_run, C.body
+  C.scopes[#C.scopes][name] = decl
 end
 
 local function push(C) C.scopes[#C.scopes + 1] = {} end
@@ -116,6 +126,28 @@ local function is_step_api(C, node)
     return d ~= nil and d.step_alias == true
   end
   return node.tag == "Index" and node[2].tag == "String" and node[2][1] == "step" and is_ctx(C, node[1])
+end
+
+-- Warn when node (a target being set or changed: x, x.f, x[k]) is a local
+-- of the run function declared outside the step body being walked: a
+-- replay returns the body's recorded result without running it, so the
+-- change is lost there (after a crash, and in moonloop test's replay).
+local function outer_change(C, node)
+  if not C.body then return end
+  while node.tag == "Index" or node.tag == "Paren" do node = node[1] end
+  if node.tag ~= "Id" then return end
+  local name = node[1]
+  local d = lookup(C, name)
+  if not d or not d.in_run or d.body == C.body then return end
+  local seen = C.changed[C.body] or {}
+  C.changed[C.body] = seen
+  if seen[name] then return end
+  seen[name] = true
+  warn(C, node, ("the body of step '%s' (line %d) changes '%s', a local of the run function: a replay "
+    .. "(after a crash, and in moonloop test) returns the step's recorded result without running the body, "
+    .. "so the code after the step sees '%s' unchanged. Return what the run needs from the body and change "
+    .. "'%s' outside it (local r = ctx.step.run(...); then use r)")
+    :format(tostring(C.body.id or "?"), C.body.line or 0, name, name, name))
 end
 
 -- The string a node is, when it is a literal string.
@@ -297,6 +329,11 @@ function expr(C, node)
     local f = node[1]
     if f.tag == "Index" and literal(f[2]) then
       if is_step_api(C, f[1]) then return step_call(C, node, f[2][1]) end
+      -- table.insert(x, ...), table.remove(x), table.sort(x): x changes.
+      if f[1].tag == "Id" and f[1][1] == "table" and not lookup(C, "table") and node[2]
+        and (literal(f[2]) == "insert" or literal(f[2]) == "remove" or literal(f[2]) == "sort") then
+        outer_change(C, node[2])
+      end
       local mod = module_of(C, f[1])
       if mod then return module_call(C, node, mod, f[2][1]) end
     end
@@ -348,9 +385,10 @@ end
 -- it is part of (nil when none). A run (or on_failure) function's first
 -- parameter is ctx; its own code is `direct`.
 function func(C, node, body)
-  local saved_body, saved_direct = C.body, C.direct
+  local saved_body, saved_direct, saved_in_run = C.body, C.direct, C.in_run
   local is_run = C.runs[node]
   C.body, C.direct = body, is_run and not body or false
+  C.in_run = C.in_run or is_run
   push(C)
   for i, p in ipairs(node[1]) do
     -- ctx: the run function's first parameter, or a parameter named ctx
@@ -361,7 +399,7 @@ function func(C, node, body)
   end
   block(C, node[2])
   pop(C)
-  C.body, C.direct = saved_body, saved_direct
+  C.body, C.direct, C.in_run = saved_body, saved_direct, saved_in_run
 end
 
 -- Declare the names of a Local statement; a name given ctx.step is an alias.
@@ -383,6 +421,7 @@ function stmt(C, node)
     expr(C, node[2][1])
   elseif tag == "Set" then
     for _, t in ipairs(node[1]) do
+      outer_change(C, t)
       -- A field being set is not read: module.x = ... is not a lookup.
       if t.tag == "Index" then
         expr(C, t[1])

@@ -268,6 +268,36 @@ class StaticCheckTest(TestCase):
                        '    local n = math.random()\n  end }\n', status=0)
         self.assertIn("s.lua:3: warning: math.random()", r.stderr)
 
+    def test_a_step_body_that_changes_a_local_of_the_run_is_a_warning(self):
+        # An agent loop appending the model's reply to its history inside the
+        # step: a replay skips the body, so after a crash the next call got a
+        # history without it, and check, test and replay all said ok.
+        body = '''    local messages = { "user: hi" }
+    local count = 0
+    for i = 1, 2 do
+      ctx.step.run("think", function()
+        local reply = llm.chat{ prompt = table.concat(messages, "\\n") }.text
+        table.insert(messages, reply)
+        count = count + 1
+        local own = {}
+        own.seen = reply
+        return reply
+      end)
+    end
+    local last = ctx.step.run("last", function() return #messages end)
+    messages[#messages + 1] = last
+    return count'''
+        r = self.check(skill(body), status=0)
+        self.assertIn("ok  s.lua  (s)", r.stdout)
+        lines = r.stderr.splitlines()
+        self.assertEqual(len(lines), 2, r.stderr)
+        self.assertTrue(lines[0].startswith(
+            "s.lua:8: warning: the body of step 'think' (line 6) changes 'messages', a local of the run "
+            "function: a replay (after a crash, and in moonloop test) returns the step's recorded result "
+            "without running the body"), lines[0])
+        self.assertTrue(lines[1].startswith("s.lua:9: warning: the body of step 'think' (line 6) changes 'count'"),
+                        lines[1])
+
     def test_a_recorded_version_is_not_checked_again_when_its_run_resumes(self):
         # A version accepted before a check was added must not fail the runs
         # that started on it. Stand-in for an older binary's version: the
