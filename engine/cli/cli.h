@@ -51,6 +51,14 @@ int cli_db(struct cli *c);   /* cli_db.c: db copy */
 
 /* Print "moonloop: message" to stderr and return status. */
 int cli_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+struct engine;
+/* Open the store of c's configuration for a command that reads history
+** (runs, trace, skills, stats; not runs --follow, which waits for the
+** first runs). Where the SQLite file is not there it creates none: it says
+** so on stderr and returns CLI_NO_DB (the command has nothing to show).
+** Else 0, or its status on failure (en closed). */
+#define CLI_NO_DB (-1)
+int cli_open_history(struct cli *c, struct engine *en);
 
 /* The refusal of a command that works on the database file (prune, db
 ** copy) when a server is named: how to leave the server out, whether it

@@ -14,9 +14,18 @@
 #include <string.h>
 #include <unistd.h>
 
-static int open_store(struct cli *c, struct engine *en) {
+/* See cli.h. */
+int cli_open_history(struct cli *c, struct engine *en) {
   err_t e;
   if (c->cfg.server) return cli_fail(EXIT_USAGE, "--server is not supported yet");
+  if (store_absent(c->cfg.db)) {
+    en->store = NULL;
+    if (!c->quiet)
+      fprintf(stderr, "moonloop: no database at '%s': nothing has run here yet (a command that "
+              "writes, such as serve, send or invoke, creates it). Is --db, MOONLOOP_DB or the "
+              "working folder the one you meant?\n", c->cfg.db);
+    return CLI_NO_DB;
+  }
   if (engine_open_store(en, &c->cfg, &e)) {
     engine_close(en);
     return cli_fail(EXIT_FAILED, "%s", e.msg);
@@ -147,24 +156,29 @@ int cli_runs(struct cli *c) {
     if (!c->json) printf("following runs (Ctrl-C to stop)\n");
     if (c->cfg.server) return follow(c, NULL, &f);
     struct engine fen;
-    int frc = open_store(c, &fen);
-    if (frc) return frc;
-    frc = follow(c, &fen, &f);
+    /* (Following waits for runs: where there is no database yet, the
+    ** first serve or send creates it.) */
+    err_t e;
+    if (engine_open_store(&fen, &c->cfg, &e)) {
+      engine_close(&fen);
+      return cli_fail(EXIT_FAILED, "%s", e.msg);
+    }
+    int frc = follow(c, &fen, &f);
     engine_close(&fen);
     return frc;
   }
   struct engine en;
-  int rc = open_store(c, &en);
-  if (rc) return rc;
-  cJSON *runs;
-  if (store_list_runs(en.store, &f, &runs, &e)) {
+  int rc = cli_open_history(c, &en);
+  if (rc && rc != CLI_NO_DB) return rc;
+  cJSON *runs = rc ? cJSON_CreateArray() : NULL; /* no database: no runs */
+  if (!rc && store_list_runs(en.store, &f, &runs, &e)) {
     engine_close(&en);
     return cli_fail(EXIT_FAILED, "%s", e.msg);
   }
   if (c->json) print_json(runs, 0);
   else trace_print_runs(stdout, runs, c->color, units_now_ms());
   cJSON_Delete(runs);
-  engine_close(&en);
+  if (!rc) engine_close(&en);
   return EXIT_OK;
 }
 
@@ -176,7 +190,9 @@ int cli_trace(struct cli *c) {
   if (c->cfg.server) return client_trace(c); /* --server: through the HTTP API */
   if (c->nargs != 1) return cli_fail(EXIT_USAGE, "usage: moonloop trace RUN_ID [--wait SECONDS]");
   struct engine en;
-  int rc = open_store(c, &en);
+  int rc = cli_open_history(c, &en);
+  if (rc == CLI_NO_DB) return cli_fail(EXIT_FAILED, "no run with id '%s' (there is no database at '%s')",
+                                       c->args[0], c->cfg.db);
   if (rc) return rc;
   cJSON *run;
   err_t e;
@@ -195,17 +211,17 @@ int cli_trace(struct cli *c) {
 int cli_skills(struct cli *c) {
   if (c->cfg.server) return client_skills(c); /* --server: through the HTTP API */
   struct engine en;
-  int rc = open_store(c, &en);
-  if (rc) return rc;
-  cJSON *skills;
+  int rc = cli_open_history(c, &en);
+  if (rc && rc != CLI_NO_DB) return rc;
+  cJSON *skills = rc ? cJSON_CreateArray() : NULL; /* no database: no skills */
   err_t e;
-  if (store_list_skills(en.store, &skills, &e)) {
+  if (!rc && store_list_skills(en.store, &skills, &e)) {
     engine_close(&en);
     return cli_fail(EXIT_FAILED, "%s", e.msg);
   }
   if (c->json) print_json(skills, 0);
   else trace_print_skills(stdout, skills, c->color);
   cJSON_Delete(skills);
-  engine_close(&en);
+  if (!rc) engine_close(&en);
   return EXIT_OK;
 }

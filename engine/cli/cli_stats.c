@@ -410,10 +410,9 @@ int cli_stats(struct cli *c) {
     if (!(st = remote_stats(c, &rc))) return rc;
   } else {
     struct engine en;
-    if (engine_open_store(&en, &c->cfg, &e)) {
-      engine_close(&en);
-      return cli_fail(EXIT_FAILED, "%s", e.msg);
-    }
+    int orc = cli_open_history(c, &en);
+    if (orc == CLI_NO_DB) return cli_fail(EXIT_FAILED, "no figures: there is no database at '%s'", c->cfg.db);
+    if (orc) return orc;
     int rc = q.skill ? store_stats_skill(en.store, &q, &st, &e) : store_stats_overview(en.store, &q, &st, &e);
     engine_close(&en);
     if (rc) return cli_fail(rc == ERR_INVALID ? EXIT_USAGE : EXIT_FAILED, "%s", e.msg);

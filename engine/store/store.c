@@ -12,9 +12,12 @@
 #include "base/vocab.h"
 #include "store/store_backend.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* Whether the database setting names a PostgreSQL database. */
 static int is_pg_url(const char *path) {
@@ -31,6 +34,20 @@ int store_open(const char *path, enum store_durability d, store_t **out, err_t *
   if (!path || !*path) return err_set(e, ERR_INVALID, "no database given");
   if (is_pg_url(path)) return store__pg_open(path, d, out, e);
   return store__sqlite_open(path, d, out, e);
+}
+
+/* See store.h. */
+int store_absent(const char *path) {
+  if (!path || !*path || is_pg_url(path)) return 0;
+  struct stat st;
+  char wal[PATH_MAX + 8];
+  snprintf(wal, sizeof wal, "%s-wal", path);
+  if (stat(path, &st) == 0 || errno != ENOENT || stat(wal, &st) == 0) return 0;
+  /* A folder that is not there: opening says so, and creates nothing. */
+  char dir[PATH_MAX];
+  const char *slash = strrchr(path, '/');
+  snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + 1 : 1, slash ? path : ".");
+  return stat(dir, &st) == 0;
 }
 
 /* See store.h. NULL is a no-op. */

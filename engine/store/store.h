@@ -38,6 +38,10 @@ enum store_durability {
 ** file, or a PostgreSQL database when path is a "postgresql://" (or
 ** "postgres://") URL (the database must exist; its tables are made). */
 int store_open(const char *path, enum store_durability d, store_t **out, err_t *e);
+/* Whether path is a SQLite file that is not there (nor its WAL), in a
+** folder that is: a command that only reads would create an empty database
+** there and show no history. */
+int store_absent(const char *path);
 
 /* Whether the database setting names a database on a server (a
 ** PostgreSQL URL) rather than a file: such a database is never created

@@ -59,6 +59,7 @@
 #include "store/store_db.h"
 
 #include <dirent.h>
+#include <pwd.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -485,6 +486,45 @@ static int system_errno(sqlite3 *db) {
   return 0;
 }
 
+/* The folder of path, into dir. */
+static void dir_of(const char *path, char *dir, size_t n) {
+  const char *slash = strrchr(path, '/');
+  if (!slash) snprintf(dir, n, ".");
+  else if (slash == path) snprintf(dir, n, "/");
+  else snprintf(dir, n, "%.*s", (int)(slash - path), path);
+}
+
+/* A user's name (or "?"), into buf: getpwuid's answer lasts to its next call. */
+static const char *user_name(uid_t uid, char *buf, size_t n) {
+  struct passwd *pw = getpwuid(uid);
+  snprintf(buf, n, "%s", pw && pw->pw_name ? pw->pw_name : "?");
+  return buf;
+}
+
+/* When this process may not read and write path, or create files in its
+** folder (SQLite's -wal and -shm go there), what stands in the way, for
+** the end of an error ("; this process runs as nobody (uid 65534), and
+** 'r.db' belongs to root with mode 0644: ..."); "" when nothing does. A
+** restore done as root, or a service with another user, is the usual
+** cause, and SQLite's "attempt to write a readonly database" names none. */
+static void perm_hint(const char *path, char *buf, size_t n) {
+  char dir[1024];
+  struct stat st;
+  const char *what = NULL;
+  buf[0] = 0;
+  dir_of(path, dir, sizeof dir);
+  if (stat(path, &st) == 0 && access(path, R_OK | W_OK) != 0) what = path;
+  else if (stat(dir, &st) == 0 && access(dir, W_OK | X_OK) != 0) what = dir;
+  if (!what) return;
+  uid_t me = geteuid();
+  char mine[64], theirs[64];
+  snprintf(buf, n, "; this process runs as %s (uid %ld), and '%s' belongs to %s with mode %04o: "
+           "give it to that user (chown), or run the engine as its owner%s",
+           user_name(me, mine, sizeof mine), (long)me, what,
+           user_name(st.st_uid, theirs, sizeof theirs), (unsigned)(st.st_mode & 07777),
+           what == dir ? " (SQLite creates its -wal and -shm files beside the database)" : "");
+}
+
 /* Report the connection's last error as an ERR_IO with context; a busy
 ** database (ERR_BUSY) says who holds its write lock. */
 int store__db_err(err_t *e, sqlite3 *db, const char *what) {
@@ -498,11 +538,17 @@ int store__db_err(err_t *e, sqlite3 *db, const char *what) {
   /* SQLite's "disk I/O error" says neither what the system said nor of
   ** which file: an operator needs both (a chattr +i, a vanished mount). */
   int prim = code & 0xff;
-  int sys = prim == SQLITE_IOERR || prim == SQLITE_CANTOPEN || prim == SQLITE_READONLY ||
-            prim == SQLITE_FULL ? system_errno(db) : 0;
+  int filed = prim == SQLITE_IOERR || prim == SQLITE_CANTOPEN || prim == SQLITE_READONLY ||
+              prim == SQLITE_FULL;
+  int sys = filed ? system_errno(db) : 0;
+  const char *file = sqlite3_db_filename(db, "main");
+  char hint[1400] = "";
+  if ((prim == SQLITE_READONLY || prim == SQLITE_CANTOPEN) && file) perm_hint(file, hint, sizeof hint);
   if (sys)
-    return err_set(e, ERR_IO, "store: %s: %s (%s, on %s or the files beside it)", what,
-                   sqlite3_errmsg(db), strerror(sys), sqlite3_db_filename(db, "main"));
+    return err_set(e, ERR_IO, "store: %s: %s (%s, on %s or the files beside it)%s", what,
+                   sqlite3_errmsg(db), strerror(sys), file, hint);
+  if (filed && file && *file)
+    return err_set(e, ERR_IO, "store: %s: %s (on %s)%s", what, sqlite3_errmsg(db), file, hint);
   return err_set(e, ERR_IO, "store: %s: %s", what, sqlite3_errmsg(db));
 }
 
@@ -539,7 +585,9 @@ static int open_error(const char *path, const char *sqlite_msg, err_t *e) {
   if (access(path, F_OK) != 0 && access(dir, W_OK | X_OK) != 0)
     return err_set(e, ERR_IO, "cannot create database '%s': the folder '%s' is not writable (%s)",
                    path, dir, strerror(errno));
-  return err_set(e, ERR_IO, "cannot open database '%s': %s", path, sqlite_msg);
+  char hint[1400];
+  perm_hint(path, hint, sizeof hint);
+  return err_set(e, ERR_IO, "cannot open database '%s': %s%s", path, sqlite_msg, hint);
 }
 
 /* See store_db.h: a busy timeout of 10 s. */
@@ -715,9 +763,13 @@ static int check_moved(store_t *s, sqlite3 *db, err_t *e) {
   return err_set(e, ERR_IO, "the database file '%s' was %s " STORE_FILE_GONE ": "
                  "writes are refused from now on (nothing more is acknowledged into a file no "
                  "one will read). What was written before is in the file this process still "
-                 "has open%s%s%s. Stop this process, put the right file at that path, and start "
-                 "again", s->path, gone ? "deleted" : "replaced by another file",
-                 *fd ? " (" : "", fd, *fd ? " while it runs)" : "");
+                 "has open%s%s%s and in the WAL beside the path, '%s-wal' (leave it there: the "
+                 "last writes may be only in it). To keep them: copy the file back while this "
+                 "process runs (cp %s %s), stop this process with kill -9 (a clean stop folds "
+                 "the WAL into the file it has open and removes it), and start again: SQLite "
+                 "applies the WAL to the copy", s->path,
+                 gone ? "deleted" : "replaced by another file", *fd ? " (" : "", fd,
+                 *fd ? " while it runs)" : "", s->path, *fd ? fd : "FILE", s->path);
 }
 
 /* See store.h: through the reader (the caller's thread's connection). */
@@ -784,6 +836,18 @@ int store__sqlite_open(const char *path, enum store_durability d, store_t **out,
                      "written: a new database there would be one that process never reads. "
                      "Stop it first (its log says where its data is), or use another --db",
                      path, pid, *comm ? comm : "?");
+    /* SQLite would take a WAL without its database for a stale one and
+    ** delete it: the writes it holds (events accepted, steps completed
+    ** since the last checkpoint) would be gone without a word. */
+    char wal[PATH_MAX + 8];
+    snprintf(wal, sizeof wal, "%s-wal", path);
+    if (stat(wal, &st) == 0 && st.st_size > 0)
+      return err_set(e, ERR_IO, "there is no database at '%s', but its WAL '%s' is there (%lld bytes): "
+                     "the database file was deleted or moved without it, and the WAL may hold its "
+                     "last writes. Nothing was done: a new database there would throw them away. "
+                     "Put the database file back at that path (SQLite then applies the WAL), or, to "
+                     "start a new database there, move '%s' and '%s-shm' away first",
+                     path, wal, (long long)st.st_size, wal, path);
   }
   /* SQLite's memory statistics take a global mutex on every allocation,
   ** which the loop and commit threads would contend for; nothing reads
@@ -848,6 +912,14 @@ fail:
 /* See store.h. */
 static void sqlite_close(store_t *s) {
   store__ckpt_stop(s);
+  /* The file deleted under this process: closing would fold the WAL into
+  ** the deleted file and remove it, and with it the last writes (the
+  ** next open refuses to start a new database beside a WAL). */
+  struct stat st;
+  if (s->path && s->w && stat(s->path, &st) != 0 && errno == ENOENT) {
+    sqlite3_db_config(s->w, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, NULL);
+    if (s->r) sqlite3_db_config(s->r, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, NULL);
+  }
   for (int i = 0; i < W_COUNT; i++) sqlite3_finalize(s->ws[i]);
   store__flow_close(s);
   for (int i = 0; i < STORE_CACHED_STMTS; i++) sqlite3_finalize(s->cache[i].st);

@@ -3,6 +3,7 @@ database file deleted or replaced under a running engine. Every writer
 gets a clear error at once, nothing it was told is stored is lost, and the
 engine neither spins nor writes where no one will read."""
 import json
+import re
 import os
 import shutil
 import sqlite3
@@ -13,7 +14,8 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from mltest import SkillsTestCase, sqlite_only, wait_until  # noqa: E402
+import mltest  # noqa: E402
+from mltest import SkillsTestCase, kill9, sqlite_only, wait_until  # noqa: E402
 
 
 def http(method, url, body=None, timeout=10):
@@ -196,6 +198,28 @@ class FullDiskRequestsTest(DiskCase):
         self.assertEqual(p.wait(timeout=20), 0)
 
 
+@sqlite_only("the SQLite file's owner and mode; PostgreSQL's roles are its own")
+class PermissionTest(SkillsTestCase):
+    def test_a_database_the_engines_user_cannot_write_names_the_user_the_owner_and_the_fix(self):
+        # A restore done as root, then the service (another user) starts:
+        # SQLite says "attempt to write a readonly database", naming nothing.
+        if os.geteuid() != 0 or not shutil.which("setpriv"):
+            self.skipTest("needs root and setpriv to run the engine as another user")
+        self.w.ml("send", "x", check=0)  # the database, as root
+        os.chmod(self.w.db, 0o644)
+        os.chmod(self.w.path, 0o777)
+        binary = os.path.join(self.w.path, "ml")
+        shutil.copy(mltest.BIN, binary)
+        os.chmod(binary, 0o755)
+        r = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", binary,
+                            "send", "x", "--db", self.w.db], capture_output=True, text=True, timeout=60,
+                           cwd=self.w.path, env=self.w.env)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("readonly database (on %s); this process runs as nobody (uid 65534), and '%s' "
+                      "belongs to root with mode 0644: give it to that user (chown)" % (self.w.db, self.w.db),
+                      r.stderr)
+
+
 @sqlite_only("the SQLite file deleted or moved under a running engine; a PostgreSQL database is "
              "not a file the engine has open")
 class DatabaseFileGoneTest(SkillsTestCase):
@@ -219,11 +243,51 @@ class DatabaseFileGoneTest(SkillsTestCase):
         self.assertIn("but process %d (moonloop) still has a deleted file of that name open" % p.pid,
                       r.stderr)
         self.assertFalse(os.path.exists(self.w.db))
-        p.kill()
-        p.wait()
-        # With no process holding it, a new database is just that.
-        self.w.ml("send", "go", check=0)
-        self.assertTrue(os.path.exists(self.w.db))
+        p.terminate()
+        self.assertEqual(p.wait(timeout=40), 0)
+        # Stopped, it left the WAL beside the path (its last writes may be
+        # there only), and no command starts a new database beside it: one
+        # did, and SQLite threw the WAL away with every event it held.
+        wal = self.w.db + "-wal"
+        self.assertGreater(os.path.getsize(wal), 0)
+        r = self.w.ml("runs")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("there is no database at '%s', but its WAL '%s' is there" % (self.w.db, wal), r.stderr)
+        self.assertIn("move '%s' and '%s-shm' away first" % (wal, self.w.db), r.stderr)
+        self.assertFalse(os.path.exists(self.w.db))
+
+    def test_reading_commands_do_not_create_a_database_where_there_is_none(self):
+        # A typo in --db, or the wrong folder at 3 a.m.: `runs` said "no
+        # runs" as if all history were gone, and each command left an empty
+        # database behind. They create none now and say why they show none.
+        missing = os.path.join(self.w.path, "typo.db")
+        note = "no database at '%s': nothing has run here yet" % missing
+        for args, code, out in ((["runs", "--json"], 0, "[]"), (["skills", "--json"], 0, "[]"),
+                                (["trace", "01M8XA0000000000000000000"], 1, ""), (["stats"], 1, "")):
+            r = self.w.ml(*args, "--db", missing)
+            self.assertEqual((r.returncode, r.stdout.strip()), (code, out), (args, r.stderr))
+            self.assertIn(note if code == 0 else "no database at '%s'" % missing, r.stderr)
+            self.assertFalse(os.path.exists(missing), args)
+
+    def test_a_deleted_database_copied_back_while_its_engine_runs_keeps_every_write(self):
+        # The recipe the engine prints: copy the file it still has open back,
+        # kill -9 it, start again; the WAL beside the path brings the rest.
+        self.si.route_prefix("/a/", lambda h, b, n: (200, {"n": 1}))
+        self.si.route_prefix("/b/", lambda h, b, n: (200, {"n": 2}))
+        self.skill("s", SKILL)
+        p = self.serve()
+        for _ in range(4):
+            self.assertEqual(http("POST", p.url + "/v1/events", {"name": "go"})[0], 202)
+        os.remove(self.w.db)
+        wait_until(lambda: any("DATABASE FILE GONE" in l for l in p.stderr_lines), what="the engine to say so")
+        m = re.search(r"cp (/proc/%d/fd/\d+) %s" % (p.pid, re.escape(self.w.db)), "".join(p.stderr_lines))
+        self.assertIsNotNone(m, "".join(p.stderr_lines))
+        shutil.copyfile(m.group(1), self.w.db)
+        kill9(p)
+        self.serve()
+        self.assertEqual(self.w.sql("SELECT count(*) FROM events")[0][0], 4)
+        wait_until(lambda: len([r for r in self.w.runs(skill="s") if r["status"] == "completed"]) == 4,
+                   timeout=30, what="the four runs")
 
     def test_a_moved_database_refuses_writes_until_it_is_back_or_replaced(self):
         self.si.route_prefix("/a/", lambda h, b, n: (200, {"n": 1}))
