@@ -60,6 +60,14 @@ int units_size(const char *s, int64_t *bytes, err_t *e) {
   return 0;
 }
 
+/* See units.h. */
+int64_t units_ms_of(double v) {
+  if (v != v) return 0;
+  if (v >= (double)UNITS_MS_MAX) return UNITS_MS_MAX;
+  if (v <= -(double)UNITS_MS_MAX) return -UNITS_MS_MAX;
+  return (int64_t)v;
+}
+
 int64_t units_now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);

@@ -20,6 +20,17 @@ int units_size(const char *s, int64_t *bytes, err_t *e);
 /* Wall-clock time in milliseconds since the epoch. */
 int64_t units_now_ms(void);
 
+/* The latest time (and longest duration) the engine keeps, in ms:
+** 9999-12-31T23:59:59.999Z, and its negative the earliest. Far enough to
+** mean "never", near enough that now plus it cannot overflow. */
+#define UNITS_MS_MAX INT64_C(253402300799999)
+
+/* A number of ms from Lua (a double) as an int64_t within
+** [-UNITS_MS_MAX, UNITS_MS_MAX]: math.huge is "never", not the undefined
+** conversion that made it -2^63 (a sleep of math.huge woke at once, and
+** its wake time overflowed every sum with it). NaN is 0. */
+int64_t units_ms_of(double v);
+
 /* Monotonic time in nanoseconds, for measuring durations. */
 uint64_t units_mono_ns(void);
 

@@ -11,6 +11,7 @@
 ** A descriptor per op (its name and its arguments' names and types)
 ** serves the Lua view and the messages.
 */
+#include "base/units.h"
 #include "core/op.h"
 
 #include <lauxlib.h>
@@ -96,7 +97,7 @@ static int get_MS(lua_State *co, int *i, const char *op, const char *name, int n
   *out = 0;
   if (!need && lua_isnoneornil(co, *i)) return ++*i, 0;
   if (lua_type(co, *i) != LUA_TNUMBER) return bad_arg(co, *i, op, name, OPT_MS, e);
-  *out = (int64_t)lua_tonumber(co, (*i)++);
+  *out = units_ms_of(lua_tonumber(co, (*i)++));
   return 0;
 }
 

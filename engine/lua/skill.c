@@ -5,6 +5,7 @@
 #include "lua/skill.h"
 #include "base/ids.h"
 #include "base/mem.h"
+#include "base/units.h"
 #include "lua/json.h"
 
 #include <fcntl.h>
@@ -166,7 +167,7 @@ static char *opt_string(lua_State *L, int idx, const char *key) {
 
 static int64_t opt_int(lua_State *L, int idx, const char *key, int64_t dflt) {
   lua_getfield(L, idx, key);
-  int64_t v = lua_isnumber(L, -1) ? (int64_t)lua_tonumber(L, -1) : dflt;
+  int64_t v = lua_isnumber(L, -1) ? units_ms_of(lua_tonumber(L, -1)) : dflt;
   lua_pop(L, 1);
   return v;
 }

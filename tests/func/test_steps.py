@@ -184,6 +184,38 @@ end }""")
         self.assertEqual([s["kind"] for s in steps], ["run", "sleep", "sleep", "run"])
         self.assertEqual(steps[1]["status"], "completed")
 
+    def test_a_sleep_of_math_huge_parks_its_run_and_stops_no_other_timer(self):
+        # math.huge is how one writes "until cancelled". Converted as C does
+        # a double out of range, it was -2^63: that run's wake time broke the
+        # engine's sums, and no other sleep, retry or timeout fired again
+        # (not after a restart either). It means "never" now: 9999-12-31.
+        self.w.write("skills/forever.lua", """
+return { id = "forever", timeout = math.huge, run = function(ctx)
+  ctx.step.sleep_until("until", 1e300)
+end }""")
+        self.w.write("skills/waits.lua", """
+return { id = "waits", run = function(ctx)
+  return ctx.step.wait_for_event("w", { event = "never", timeout = math.huge })
+end }""")
+        self.w.write("skills/nap.lua", """
+return { id = "nap", backoff = math.huge, retries = 1, run = function(ctx)
+  ctx.step.sleep("nap", 1)
+  return "woke"
+end }""")
+        p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0")
+        try:
+            forever = self.w.ml("invoke", "forever", check=0).stdout.strip()
+            waits = self.w.ml("invoke", "waits", check=0).stdout.strip()
+            wait_until(lambda: self.w.trace(forever)["status"] == "sleeping", what="the long sleep")
+            r = self.w.ml("invoke", "nap", "--wait", check=0, timeout=30)
+            self.assertEqual(json.loads(r.stdout.splitlines()[-1]), "woke")
+            t = self.w.trace(forever)
+            self.assertEqual(t["steps"][0]["wake_at"], "9999-12-31T23:59:59.999Z")
+            self.assertEqual(self.w.trace(waits)["status"], "waiting")
+        finally:
+            p.terminate()
+            p.wait(timeout=30)
+
     def test_interrupted_sleep_ends_on_its_original_schedule(self):
         self.w.write("z.lua", """
 return { run = function(ctx)
