@@ -260,6 +260,8 @@ void sched__skills_changed(sched_t *s);
 void sched__crons_free(sched_t *s);
 struct cron_entry *sched__crons(sched_t *s);
 void sched__set_crons(sched_t *s, struct cron_entry *list);
+/* Whether the cron entries were built once since the engine started. */
+int sched__crons_built(const sched_t *s);
 /* A new run of skill with the given id, created at `created` (at most now):
 ** journal its row and start it once the row is durable (run_start_created).
 ** sched_run_new's, with the id chosen by the caller (a child's id derived

@@ -406,7 +406,11 @@ int sched__triggers_live(const sched_t *s) { return s->triggers_live; }
 
 /* sched_cron.c's list of cron entries. */
 struct cron_entry *sched__crons(sched_t *s) { return s->crons; }
-void sched__set_crons(sched_t *s, struct cron_entry *list) { s->crons = list; }
+void sched__set_crons(sched_t *s, struct cron_entry *list) {
+  s->crons = list;
+  s->crons_built = 1;
+}
+int sched__crons_built(const sched_t *s) { return s->crons_built; }
 
 /* Before the loop polls: hand the open group to the commit thread. */
 static void prepare_cb(uv_prepare_t *h) {

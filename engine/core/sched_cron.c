@@ -9,7 +9,9 @@
 ** one fired is already past, one catch-up run is started for the latest
 ** missed tick, not one per missed tick. A skill registered for the first
 ** time starts counting from now: it does not fire for ticks before it
-** existed.
+** existed. So does a trigger that comes back while the engine runs (its
+** schedule changed and changed back, its file deleted and written again):
+** its ticks in between were paused on purpose, not missed.
 */
 #include "base/cron.h"
 #include "base/ids.h"
@@ -104,12 +106,14 @@ static void on_tick(struct stimer *tm) {
   arm(c, now > tick ? now : tick);
 }
 
-/* First arming: record a new trigger's start, or catch up once. */
-static void start_entry(struct cron_entry *c) {
+/* First arming: record a new trigger's start, or catch up once (fresh:
+** the trigger was not live in this engine a moment ago, while the engine
+** ran: it starts counting from now, as a new one). */
+static void start_entry(struct cron_entry *c, int fresh) {
   sched_t *s = c->s;
   int64_t now = units_now_ms();
   int64_t last = store_cron_last(sched__opts(s)->store, c->skill, c->key);
-  if (!last) {
+  if (!last || fresh) {
     struct cron_row cr = {.skill = c->skill, .spec = c->key, .tick = now};
     journal_cron(sched__journal(s), &cr);
   } else {
@@ -130,17 +134,20 @@ static void start_entry(struct cron_entry *c) {
 ** env, say). */
 void sched__skills_changed(sched_t *s) {
   if (sched__opts(s)->mode != SCHED_SERVE || !sched__triggers_live(s)) return;
-  /* Rebuild the entries from the registry. */
-  for (struct cron_entry *c = crons_of(s), *n; c; c = n) {
-    n = c->next;
-    sched__timer_stop(s, &c->timer);
-    entry_free(c);
-  }
+  /* Rebuild the entries from the registry; the old ones say which
+  ** triggers were live a moment ago (after the first build). */
+  struct cron_entry *old = crons_of(s);
+  int built = sched__crons_built(s);
+  for (struct cron_entry *c = old; c; c = c->next) sched__timer_stop(s, &c->timer);
   set_crons(s, NULL);
   cJSON *skills;
   err_t e;
   if (store_list_skills(sched__opts(s)->store, &skills, &e)) {
     fprintf(stderr, "moonloop: reading skills for cron: %s\n", e.msg);
+    for (struct cron_entry *c = old, *n; c; c = n) {
+      n = c->next;
+      entry_free(c);
+    }
     return;
   }
   struct cron_entry *list = NULL;
@@ -169,10 +176,17 @@ void sched__skills_changed(sched_t *s) {
       c->timer.fn = on_tick;
       c->next = list;
       list = c;
-      start_entry(c);
+      int was_live = 0;
+      for (struct cron_entry *o = old; o && !was_live; o = o->next)
+        was_live = !strcmp(o->skill, c->skill) && !strcmp(o->key, c->key);
+      start_entry(c, built && !was_live);
     }
   }
   cJSON_Delete(skills);
+  for (struct cron_entry *c = old, *n; c; c = n) {
+    n = c->next;
+    entry_free(c);
+  }
   set_crons(s, list);
 }
 

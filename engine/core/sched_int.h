@@ -102,6 +102,7 @@ struct sched {
   size_t map_cap, map_n;
   int parked;       /* main tasks parked on a sleep, wait or invoke, in memory */
   struct cron_entry *crons;
+  int crons_built; /* the cron entries were built once since the engine started */
   struct stimer grace;       /* the end of the shutdown's grace period */
   int64_t stop_deadline;     /* stopping: past it, writes the store refuses are given up */
   int triggers_live;         /* serve: the registry holds the live set (sched_triggers_live) */

@@ -295,6 +295,36 @@ end }""")
         self.assertIn("tick %s (catch-up after downtime)" % new[0]["trigger"]["tick"], text)
 
 
+    def test_a_trigger_paused_while_the_engine_runs_does_not_catch_up(self):
+        # Pausing a job by changing its schedule, or by removing its file,
+        # then putting it back, fired a "catch-up" run at once for a tick
+        # skipped on purpose: only ticks missed while no engine ran catch up.
+        src = """
+return { id = "tick", triggers = { { cron = "%s" } }, run = function(ctx)
+  return ctx.trigger.tick
+end }"""
+        every, yearly = "* * * * * *", "0 0 1 1 *"
+
+        def live(expr):
+            rec = json.loads(self.w.ml("skills", "--json", check=0).stdout)
+            return [s for s in rec if s["id"] == "tick" and s["version"] and s["triggers"] == [{"cron": expr}]]
+        self.skill("tick", src % every)
+        self.serve()
+        wait_until(lambda: len(self.runs_of("tick")) >= 2, what="two ticks")
+        for pause in ("schedule", "file"):
+            if pause == "schedule":
+                self.skill("tick", src % yearly)
+                wait_until(lambda: live(yearly), what="the paused schedule")
+            else:
+                os.remove(os.path.join(self.w.path, "skills", "tick.lua"))
+                wait_until(lambda: not live(every), what="the skill to go")
+            n = len(self.runs_of("tick"))
+            time.sleep(2.5)  # ticks of the paused trigger pass
+            self.skill("tick", src % every)
+            wait_until(lambda: len(self.runs_of("tick")) >= n + 2, what="ticks again after the %s" % pause)
+            self.assertEqual([r["trigger"] for r in self.runs_of("tick") if r["trigger"].get("catch_up")], [])
+
+
 class CronFromEnvTest(SkillsTestCase):
     env_names = ("STANDIN", "CRON")
 
