@@ -173,7 +173,11 @@ int units_parse_rfc3339(const char *s, int64_t *ms, err_t *e) {
     }
   }
   long off = 0;
+  int timed = p > s + 10; /* a time of day was given: it needs its zone */
   if (*p == 'Z' || *p == 'z') p++;
+  else if (timed && *p != '+' && *p != '-')
+    return err_set(e, ERR_INVALID, "bad time '%s': no time zone (it would be read as UTC): add Z "
+                   "for UTC or an offset such as +01:00, as RFC 3339 asks (2026-11-29T16:51:24Z)", s);
   else if (*p == '+' || *p == '-') {
     int sign = *p == '-' ? -1 : 1, oh, om;
     p++;
@@ -182,7 +186,12 @@ int units_parse_rfc3339(const char *s, int64_t *ms, err_t *e) {
     if (digits(&p, 2, &om)) goto bad;
     off = sign * (oh * 3600L + om * 60L);
   }
-  if (*p || M < 1 || M > 12 || D < 1 || D > 31 || h > 23 || m > 59 || sec > 60) goto bad;
+  if (*p || M < 1 || M > 12 || D < 1 || h > 23 || m > 59 || sec > 60) goto bad;
+  /* The month's days: 2027-02-30 is no day (timegm made it March 2nd). */
+  static const int mdays[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  int leap = (Y % 4 == 0 && Y % 100 != 0) || Y % 400 == 0;
+  if (D > mdays[M - 1] + (M == 2 && leap))
+    return err_set(e, ERR_INVALID, "bad time '%s': %04d-%02d has no day %d", s, Y, M, D);
   struct tm tm = {0};
   tm.tm_year = Y - 1900;
   tm.tm_mon = M - 1;

@@ -2,6 +2,8 @@
 #include "base/units.h"
 #include "test.h"
 
+#include <string.h>
+
 #include <time.h>
 
 static int64_t dur(const char *s) {
@@ -58,6 +60,17 @@ TEST(rfc3339_round_trip) {
   CHECK_INT_EQ(ms, 1764435084000LL);
   CHECK(units_parse_rfc3339("yesterday", &ms, &e) == ERR_INVALID);
   CHECK_CONTAINS(e.msg, "yesterday");
+  /* A time of day without its zone is not read as UTC; a day the month
+  ** lacks is no day (it became the next month's). A date alone is
+  ** midnight UTC. */
+  CHECK(units_parse_rfc3339("2026-12-03T07:30:00", &ms, &e) == ERR_INVALID);
+  CHECK(strstr(e.msg, "no time zone") != NULL);
+  CHECK(units_parse_rfc3339("2026-12-03 07:30", &ms, &e) == ERR_INVALID);
+  CHECK(units_parse_rfc3339("2027-02-30T00:00:00Z", &ms, &e) == ERR_INVALID);
+  CHECK(strstr(e.msg, "2027-02 has no day 30") != NULL);
+  CHECK(units_parse_rfc3339("2028-02-29T00:00:00Z", &ms, &e) == 0);
+  CHECK(units_parse_rfc3339("2100-02-29T00:00:00Z", &ms, &e) == ERR_INVALID);
+  CHECK(units_parse_rfc3339("2026-12-03", &ms, &e) == 0 && ms == 1796256000000LL);
 }
 
 /* units_rfc3339 computes the date itself (and keeps the last second):
