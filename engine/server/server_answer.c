@@ -383,7 +383,7 @@ static void metrics(server_t *srv, h2o_req_t *req) {
   FILE *f = open_memstream(&text, &len);
   if (!f) mem_oom(BUFSIZ); /* open_memstream fails only for want of memory */
   const struct sched_stats *st = sched_stats(srv->en->sched);
-  fprintf(f, "# HELP moonloop_active_runs Runs executing in this process.\n"
+  fprintf(f, "# HELP moonloop_active_runs Runs this process holds: executing, or waiting in memory (a request, a short sleep or wait, a child run).\n"
              "# TYPE moonloop_active_runs gauge\n"
              "moonloop_active_runs %d\n", sched_active(srv->en->sched));
   fprintf(f, "# HELP moonloop_resumes_total Run coroutine resumes.\n"
