@@ -323,10 +323,20 @@ function M.validate(def, file, src, default_id, recorded)
     batch = { max = t.max, timeout = timeout, key = t.key }
   end
 
+  -- A debounce drops every run of a burst but the last, and a batch's run
+  -- carries the events batched into it: a debounced batch would lose
+  -- them (or hand one run more than max). A batch's timeout already
+  -- gathers a burst.
+  if batch and debounce then
+    fail("debounce", "'batch' and 'debounce' cannot be combined: a debounce skips every run of a burst but "
+         .. "the last, and with it the events batched into that run; a batch already gathers a burst "
+         .. "(its run starts when it is full or 'timeout' after its first event): drop 'debounce'")
+  end
+
   -- What the core asks of the store before a run starts (flowctl.c), in
-  -- order: admission (idempotency, debounce, rate limit, singleton,
-  -- throttle), then
-  -- the concurrency slots.
+  -- the order they apply (store_queue.c's admit): admission (idempotency,
+  -- batch, debounce, rate limit, singleton, throttle), then the
+  -- concurrency slots.
   local flow = {}
   if idem then flow[#flow + 1] = { kind = "idempotency", key = idem.key, period = idem.period } end
   if batch then flow[#flow + 1] = { kind = "batch", limit = batch.max, period = batch.timeout, key = batch.key } end
