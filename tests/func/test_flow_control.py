@@ -116,6 +116,36 @@ class FlowControlTest(SkillsTestCase):
         self.assertEqual(g.most["openai"], 2)  # two skills, one shared limit
         self.assertGreaterEqual(g.most["two"] + g.most["three"], 2)
 
+    def test_a_key_that_is_an_object_counts_the_same_whatever_its_keys_order(self):
+        # {"a":1,"b":2} and {"b":2,"a":1} are one value of the key: the
+        # limit of 1 holds, and a singleton skips the second.
+        self.skill("one", CALLER % {"id": "one", "tag": "one", "conc": '{ limit = 1, key = "event.data.g" }'})
+        self.skill("solo", CALLER % {"id": "solo", "tag": "solo", "conc": 'nil, singleton = { key = "data.g" }'})
+        g = Gauge()
+        g.release = threading.Event()
+        self.si.route_prefix("/svc/", g.handler(lambda tag, k: [tag]))
+        self.serve()
+        try:
+            for skill in ("one", "solo"):
+                first = self.w.ml("invoke", skill, "--data", '{"g": {"a": 1, "b": {"x": 1, "y": 2}}}',
+                                  check=0).stdout.strip()
+                wait_until(lambda: any(s[2] == first for s in g.starts), what="the first run's call")
+                second = self.w.ml("invoke", skill, "--data", '{"g": {"b": {"y": 2, "x": 1}, "a": 1}}',
+                                   check=0).stdout.strip()
+                if skill == "one":
+                    # queued: null is a run no engine has taken yet.
+                    wait_until(lambda: (self.w.trace(second)["queued"] or {}).get("reason") == "concurrency",
+                               what="the second queued for the slot")
+                    self.assertEqual(self.w.trace(second)["queued"]["key"],
+                                     'event.data.g={"a":1,"b":{"x":1,"y":2}}')
+                else:
+                    wait_until(lambda: self.w.trace(second)["status"] == "skipped", what="the second skipped")
+                    self.assertIn("skipped by singleton: run %s" % first, self.w.trace(second)["error"]["message"])
+        finally:
+            g.release.set()
+        wait_until(lambda: len(self.runs_of("one", "completed")) == 2, what="both runs of one")
+        self.assertEqual(g.most["one"], 1)
+
     def test_a_run_waiting_for_a_slot_is_queued_with_its_reason_and_not_started(self):
         self.skill("one", CALLER % {"id": "one", "tag": "one",
                                     "conc": '{ {limit = 1, scope = "llm", key = "event.data.k"} }'})
