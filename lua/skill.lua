@@ -374,23 +374,33 @@ function M.validate(def, file, src, default_id, recorded)
     local single = c0[1] == nil and next(c0) ~= nil
     local items = single and { c0 } or c0
     if not single then
+      -- The first stray key in sorted order, so the message does not
+      -- depend on the table's internal order.
+      local bad
       for k in pairs(c0) do
         if type(k) ~= "number" or k < 1 or k > #c0 or k ~= math.floor(k) then
-          fail(type(k) == "string" and k or "cancel_on",
-               "'cancel_on' is a list of {event=, match=}, so it cannot also have the key '%s': write "
-               .. "{ {event = \"x\", match = ...}, ... }", tostring(k))
+          if bad == nil or (type(k) == "string" and (type(bad) ~= "string" or k < bad)) then bad = k end
         end
+      end
+      if bad ~= nil then
+        fail(type(bad) == "string" and bad or "cancel_on",
+             "'cancel_on' is a list of {event=, match=}, so it cannot also have the key '%s': write "
+             .. "{ {event = \"x\", match = ...}, ... }", tostring(bad))
       end
     end
     local list = {}
     for i, c in ipairs(items) do
       local where = single and "cancel_on" or ("cancel_on " .. i)
       if type(c) ~= "table" then fail("cancel_on", "%s must be a table {event=, match=}, got %s", where, show(c)) end
+      local bad -- the first unknown key in sorted order (names first)
       for k in pairs(c) do
         if not CANCEL_KEYS[k] and not (recorded and api.legacy_cancel_on_keys[k]) then
-          fail(type(k) == "string" and k or "cancel_on", "unknown key '%s' in %s%s; the keys are %s", tostring(k),
-               where, type(k) == "string" and suggest(k, CANCEL_KEYS) or "", table.concat(api.cancel_on_keys, " and "))
+          if bad == nil or (type(k) == "string" and (type(bad) ~= "string" or k < bad)) then bad = k end
         end
+      end
+      if bad ~= nil then
+        fail(type(bad) == "string" and bad or "cancel_on", "unknown key '%s' in %s%s; the keys are %s", tostring(bad),
+             where, type(bad) == "string" and suggest(bad, CANCEL_KEYS) or "", table.concat(api.cancel_on_keys, " and "))
       end
       if type(c.event) ~= "string" or c.event == "" then
         fail("cancel_on", "%s needs an 'event' name", where)
