@@ -146,7 +146,7 @@ M.skill_keys = {
     doc = "orders the runs queued for a concurrency limit: higher first, in order of creation within a priority" },
   { name = "batch", takes = "{max=, timeout=, key=}",
     doc = "one run gets up to max events as ctx.events (per value of key), started when full or timeout after the first" },
-  { name = "cancel_on", takes = "list of {event=, match=}", doc = "events that cancel a run" },
+  { name = "cancel_on", takes = "{event=, match=} or a list of them", doc = "events that cancel a run" },
   { name = "on_failure", takes = "function(ctx, err)", doc = "runs as its own durable run once a run failed" },
   { name = "run", takes = "function(ctx)", doc = "required: the run's body; its return value is the output" },
 }

@@ -323,10 +323,20 @@ function M.validate(def, file, src, default_id, recorded)
     batch = { max = t.max, timeout = timeout, key = t.key }
   end
 
+  -- A debounce drops every run of a burst but the last, and a batch's run
+  -- carries the events batched into it: a debounced batch would lose
+  -- them (or hand one run more than max). A batch's timeout already
+  -- gathers a burst.
+  if batch and debounce then
+    fail("debounce", "'batch' and 'debounce' cannot be combined: a debounce skips every run of a burst but "
+         .. "the last, and with it the events batched into that run; a batch already gathers a burst "
+         .. "(its run starts when it is full or 'timeout' after its first event): drop 'debounce'")
+  end
+
   -- What the core asks of the store before a run starts (flowctl.c), in
-  -- order: admission (idempotency, debounce, rate limit, singleton,
-  -- throttle), then
-  -- the concurrency slots.
+  -- the order they apply (store_queue.c's admit): admission (idempotency,
+  -- batch, debounce, rate limit, singleton, throttle), then the
+  -- concurrency slots.
   local flow = {}
   if idem then flow[#flow + 1] = { kind = "idempotency", key = idem.key, period = idem.period } end
   if batch then flow[#flow + 1] = { kind = "batch", limit = batch.max, period = batch.timeout, key = batch.key } end
@@ -356,25 +366,51 @@ function M.validate(def, file, src, default_id, recorded)
   end
 
   if def.cancel_on ~= nil then
-    if type(def.cancel_on) ~= "table" then fail("cancel_on", "'cancel_on' must be a list of {event=, match=}") end
-    local list = {}
-    for i, c in ipairs(def.cancel_on) do
-      if type(c) ~= "table" then fail("cancel_on", "cancel_on %d must be a table", i) end
-      for k in pairs(c) do
-        if not CANCEL_KEYS[k] and not (recorded and api.legacy_cancel_on_keys[k]) then
-          fail(type(k) == "string" and k or "cancel_on", "unknown key '%s' in cancel_on %d%s", tostring(k), i,
-               type(k) == "string" and suggest(k, CANCEL_KEYS) or "")
+    -- A list of {event=, match=}, or one of them (as concurrency takes).
+    local c0 = def.cancel_on
+    if type(c0) ~= "table" then
+      fail("cancel_on", "'cancel_on' must be a table {event=, match=} or a list of them, got %s", show(c0))
+    end
+    local single = c0[1] == nil and next(c0) ~= nil
+    local items = single and { c0 } or c0
+    if not single then
+      -- The first stray key in sorted order, so the message does not
+      -- depend on the table's internal order.
+      local bad
+      for k in pairs(c0) do
+        if type(k) ~= "number" or k < 1 or k > #c0 or k ~= math.floor(k) then
+          if bad == nil or (type(k) == "string" and (type(bad) ~= "string" or k < bad)) then bad = k end
         end
       end
+      if bad ~= nil then
+        fail(type(bad) == "string" and bad or "cancel_on",
+             "'cancel_on' is a list of {event=, match=}, so it cannot also have the key '%s': write "
+             .. "{ {event = \"x\", match = ...}, ... }", tostring(bad))
+      end
+    end
+    local list = {}
+    for i, c in ipairs(items) do
+      local where = single and "cancel_on" or ("cancel_on " .. i)
+      if type(c) ~= "table" then fail("cancel_on", "%s must be a table {event=, match=}, got %s", where, show(c)) end
+      local bad -- the first unknown key in sorted order (names first)
+      for k in pairs(c) do
+        if not CANCEL_KEYS[k] and not (recorded and api.legacy_cancel_on_keys[k]) then
+          if bad == nil or (type(k) == "string" and (type(bad) ~= "string" or k < bad)) then bad = k end
+        end
+      end
+      if bad ~= nil then
+        fail(type(bad) == "string" and bad or "cancel_on", "unknown key '%s' in %s%s; the keys are %s", tostring(bad),
+             where, type(bad) == "string" and suggest(bad, CANCEL_KEYS) or "", table.concat(api.cancel_on_keys, " and "))
+      end
       if type(c.event) ~= "string" or c.event == "" then
-        fail("cancel_on", "cancel_on %d needs an 'event' name", i)
+        fail("cancel_on", "%s needs an 'event' name", where)
       end
       -- The match as pairs ({path} or {path, value}: api.match_pairs), for
       -- run.c's cancel_match and testing_driver.lua.
       local match
       if c.match ~= nil then
         local err
-        match, err = api.match_pairs(("cancel_on %d"):format(i), c.match, NULL, recorded)
+        match, err = api.match_pairs(where, c.match, NULL, recorded)
         if not match then fail("match", "%s", err) end
       end
       list[#list + 1] = { event = c.event, match = match }

@@ -558,6 +558,41 @@ char *jsontext_print_pretty(cJSON *v) {
   return cJSON_Print(v);
 }
 
+/* Order of two members for jsontext_sort_keys: by key, then by their
+** place before the sort (qsort is not stable). */
+struct keyed {
+  cJSON *item;
+  size_t at;
+};
+static int keyed_cmp(const void *a, const void *b) {
+  const struct keyed *x = a, *y = b;
+  int c = strcmp(x->item->string ? x->item->string : "", y->item->string ? y->item->string : "");
+  return c ? c : (x->at > y->at) - (x->at < y->at);
+}
+
+/* See jsontext.h. */
+void jsontext_sort_keys(cJSON *v) {
+  if (!v || !(cJSON_IsObject(v) || cJSON_IsArray(v))) return;
+  size_t n = 0;
+  for (cJSON *c = v->child; c; c = c->next) {
+    jsontext_sort_keys(c);
+    n++;
+  }
+  if (!cJSON_IsObject(v) || n < 2) return;
+  struct keyed *k = mem_calloc(n, sizeof *k);
+  size_t i = 0;
+  for (cJSON *c = v->child; c; c = c->next, i++) k[i] = (struct keyed){c, i};
+  qsort(k, n, sizeof *k, keyed_cmp);
+  /* Relink as cJSON keeps a list: next forward, prev backward, and the
+  ** first's prev pointing at the last. */
+  for (i = 0; i < n; i++) {
+    k[i].item->next = i + 1 < n ? k[i + 1].item : NULL;
+    k[i].item->prev = i ? k[i - 1].item : k[n - 1].item;
+  }
+  v->child = k[0].item;
+  free(k);
+}
+
 /* See jsontext.h. */
 char *jsontext_print_text(const cJSON *v) {
   buf_t b = BUF_INIT;

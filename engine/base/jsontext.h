@@ -68,6 +68,11 @@ int jsontext_print(buf_t *b, const cJSON *v);
 ** cJSON_PrintUnformatted gives NULL. */
 char *jsontext_print_text(const cJSON *v);
 
+/* Sort the members of every object in v by key (byte order; members of
+** one key keep their order), in place: two values that differ only in
+** the order of their keys then print the same, for comparing as text. */
+void jsontext_sort_keys(cJSON *v);
+
 /* The exact text of the finite number d: plain digits for a whole number
 ** below 1e21, else the shortest %.<p>g that reads back as d (out: at
 ** least 40 bytes). */

@@ -109,7 +109,7 @@ char *flowctl_limits(struct run *r) {
     }
     if (key) {
       /* The path names the count, so two keys of one skill never share it. */
-      char *v = run__event_value(r, key);
+      char *v = run__event_key(r, key);
       char *k = mem_printf("%s%s%s=%s", tag ? tag : "", tag ? ":" : "", key, v);
       cJSON_AddStringToObject(x, "key", k);
       free(k), free(v);

@@ -404,8 +404,9 @@ static void on_wake(struct stimer *tm) {
 
 /* The value (compact JSON) at a path such as "event.data.service" or
 ** "data.service" in r's event, whose data is the input for runs not
-** started by an event; "null" when it is not there. */
-char *run__event_value(struct run *r, const char *path) {
+** started by an event; "null" when it is not there. canonical: its
+** objects' keys sorted (jsontext_sort_keys). */
+static char *event_value(struct run *r, const char *path, int canonical) {
   cJSON *trig = r->trigger ? cJSON_Parse(r->trigger) : NULL;
   cJSON *ev = cJSON_GetObjectItem(trig, "event"), *made = NULL;
   if (!cJSON_IsObject(ev)) {
@@ -415,12 +416,19 @@ char *run__event_value(struct run *r, const char *path) {
     ev = made;
   }
   if (!strncmp(path, "event.", 6)) path += 6;
-  const cJSON *v = jsontext_path(ev, path);
+  cJSON *v = (cJSON *)jsontext_path(ev, path);
+  if (v && canonical) jsontext_sort_keys(v);
   char *val = v ? jsontext_print_text(v) : mem_strdup("null");
   cJSON_Delete(trig);
   cJSON_Delete(made);
   return val;
 }
+
+/* See run.h. */
+char *run__event_value(struct run *r, const char *path) { return event_value(r, path, 0); }
+
+/* See run.h. */
+char *run__event_key(struct run *r, const char *path) { return event_value(r, path, 1); }
 
 /* A cancel_on's match as its wait holds it: a JSON object of path ->
 ** value, from the pairs skill.lua made of it (api.match_pairs): [path]

@@ -186,6 +186,10 @@ void run__release_slot(struct run *r);
 /* The value (compact JSON) at a path such as "event.data.service" in r's
 ** event (its input for runs not started by an event); "null" if absent. */
 char *run__event_value(struct run *r, const char *path);
+/* The same value as a flow control's key counts it: canonical, its
+** objects' keys sorted, so {"a":1,"b":2} and {"b":2,"a":1} are one key.
+** The one place a key's value is computed, for every flow option. */
+char *run__event_key(struct run *r, const char *path);
 
 /* ---- OP_HTTP's conversions, shared with the REPL (repl.c) ---- */
 

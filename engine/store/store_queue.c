@@ -114,8 +114,8 @@ WQ(HEAD_SQL,
    " ORDER BY prio DESC, since, run_id LIMIT ?3 OFFSET ?4",
    "SELECT run_id FROM slot_queue WHERE skill = $1 AND key = $2"
    " ORDER BY prio DESC, since, run_id LIMIT $3 OFFSET $4");
-WQ(FLOW_AT_SQL, "SELECT flow_at, started_at FROM runs WHERE id = ?1",
-   "SELECT flow_at, started_at FROM runs WHERE id = $1");
+WQ(FLOW_AT_SQL, "SELECT flow_at, started_at, queued FROM runs WHERE id = ?1",
+   "SELECT flow_at, started_at, queued FROM runs WHERE id = $1");
 WQ(SET_FLOW_AT_SQL, "UPDATE runs SET flow_at = ?2 WHERE id = ?1",
    "UPDATE runs SET flow_at = $2 WHERE id = $1");
 WQ(TAT_SQL, "SELECT tat FROM flow_gcra WHERE q = ?1 AND key = ?2",
@@ -510,13 +510,91 @@ static int throttle_start(store_t *s, const struct lim *l, int n, int64_t now, i
   return 0;
 }
 
+/* Judge the run of je, admitted at *at (ms), by its rate limits and
+** singletons, then reserve its throttles' start times: the limits that
+** count runs (not events), so they see a batch's run or a debounced
+** burst's last run once, when its start time came, and never the runs
+** that joined a batch or were debounced into a later one. Rate limits
+** and singletons are checked before anything is written, so a run they
+** skip changes no count. *at moves to the throttles' earliest start. 1:
+** the run goes on; 0: it is skipped (the result says why); -1: error. */
+static int judge(store_t *s, const struct jentry *je, struct lim *l, int n, int64_t now, int64_t *at,
+                 err_t *e) {
+  int64_t now_us = now * 1000;
+  char q[300];
+  /* Rate limits: at most limit per period, GCRA with a tolerance of
+  ** limit - 1 intervals; refused changes nothing. */
+  for (int i = 0; i < n; i++) {
+    if (strcmp(l[i].kind, "rate")) continue;
+    int64_t T = l[i].period * 1000 / l[i].limit, tau = l[i].period * 1000 - T;
+    int64_t tat = tat_of(s, &l[i], q, e);
+    if (tat < 0) return -1;
+    if (tat - tau > now_us) {
+      char why[400], msg[600];
+      per_text(&l[i], why, sizeof why);
+      snprintf(msg, sizeof msg, "skip:skipped by rate_limit: at most %s", why);
+      journal_set_result(je, mem_strdup(msg));
+      return 0;
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    if (strcmp(l[i].kind, "singleton")) continue;
+    int r = once_check(s, je, &l[i], 0, now, e);
+    if (r <= 0) return r;
+  }
+  for (int i = 0; i < n; i++) {
+    if (!strcmp(l[i].kind, "singleton")) {
+      if (once_set(s, &l[i], je->u.slot.run_id, now, e)) return -1;
+      continue;
+    }
+    if (strcmp(l[i].kind, "rate") && strcmp(l[i].kind, "throttle")) continue;
+    int64_t T = l[i].period * 1000 / l[i].limit;
+    int64_t tat = tat_of(s, &l[i], q, e);
+    if (tat < 0) return -1;
+    if (tat < now_us) tat = now_us;
+    if (!strcmp(l[i].kind, "throttle")) {
+      /* The earliest start the throttle allows: burst starts may run
+      ** ahead of the steady rate. */
+      int64_t start = tat - l[i].burst * T;
+      if (start < now_us) start = now_us;
+      if ((start + 999) / 1000 > *at) *at = (start + 999) / 1000;
+    }
+    if (set_tat(s, &l[i], q, tat + T, e)) return -1;
+  }
+  return 1;
+}
+
+/* The kind of l's limit that defers a run's start ("batch" or
+** "debounce": the skill has one at most), or NULL. */
+static const char *deferral(const struct lim *l, int n) {
+  for (int i = 0; i < n; i++)
+    if (!strcmp(l[i].kind, "batch") || !strcmp(l[i].kind, "debounce")) return l[i].kind;
+  return NULL;
+}
+
+/* Whether a run's runs.queued (JSON text, or NULL) says it waits for its
+** batch or its debounce: admitted, but not judged yet (see admit). */
+static int deferred_reason(const char *queued) {
+  cJSON *o = queued ? cJSON_Parse(queued) : NULL;
+  const char *r = cJSON_GetStringValue(cJSON_GetObjectItem(o, "reason"));
+  int yes = r && (!strcmp(r, "batch") || !strcmp(r, "debounce"));
+  cJSON_Delete(o);
+  return yes;
+}
+
 /* Admit the run of je to start: once per run (runs.flow_at keeps when),
-** through its rate limits (refused: the result is "skip:" and why) and
-** its throttle (a start time reserved, in order: GCRA, whose row keeps
-** the next free time, so no queue is read or kept). A start time still
-** to come queues the run: the result is "wait:" and that time (ms).
-** Returns 1 when the run may go on to its slots, 0 when the result says
-** why not, -1 on error. */
+** in the documented order (docs/skills.md, "Flow control"): idempotency
+** (a repeat is skipped), batch (an event joins an open batch, its run
+** skipped), debounce (a newer event supersedes the waiting run); then
+** judge(): rate limits and singletons (refused: the result is "skip:" and
+** why) and throttles (a start time reserved, in order: GCRA, whose row
+** keeps the next free time, so no queue is read or kept). A run that its
+** batch or debounce defers is judged when its start time came and it
+** asks again, not before: until then it is queued with that reason
+** (runs.queued), which is how it is known to be still unjudged. A start
+** time still to come queues the run: the result is "wait:" and that time
+** (ms). Returns 1 when the run may go on to its slots, 0 when the result
+** says why not, -1 on error. */
 static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_t *e) {
   const struct slot_row *sl = &je->u.slot;
   int per = 0;
@@ -533,31 +611,15 @@ static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_
   int reserved = at < 0;
   if (reserved) at = -at;
   int started = rc == 1 && !cur_null(&c, 1);
+  /* Waiting for its batch or debounce: not judged yet. */
+  int deferred = have && deferral(l, n) && deferred_reason(rc == 1 ? cur_text(&c, 2) : NULL);
   if (rc == 1) cur_close(&c);
   int64_t now = units_now_ms();
-  char q[300];
   if (!have) {
-    int64_t now_us = now * 1000;
-    /* Rate limits: at most limit per period, GCRA with a tolerance of
-    ** limit - 1 intervals; refused changes nothing. */
+    /* Idempotency: a repeat of the key is skipped before anything else. */
     for (int i = 0; i < n; i++) {
-      if (strcmp(l[i].kind, "rate")) continue;
-      int64_t T = l[i].period * 1000 / l[i].limit, tau = l[i].period * 1000 - T;
-      int64_t tat = tat_of(s, &l[i], q, e);
-      if (tat < 0) return -1;
-      if (tat - tau > now_us) {
-        char why[400], msg[600];
-        per_text(&l[i], why, sizeof why);
-        snprintf(msg, sizeof msg, "skip:skipped by rate_limit: at most %s", why);
-        journal_set_result(je, mem_strdup(msg));
-        return 0;
-      }
-    }
-    /* Idempotency and singleton: a run for the key already. */
-    for (int i = 0; i < n; i++) {
-      int idem = !strcmp(l[i].kind, "idempotency");
-      if (!idem && strcmp(l[i].kind, "singleton")) continue;
-      int r = once_check(s, je, &l[i], idem, now, e);
+      if (strcmp(l[i].kind, "idempotency")) continue;
+      int r = once_check(s, je, &l[i], 1, now, e);
       if (r <= 0) return r;
     }
     at = now;
@@ -575,36 +637,33 @@ static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_
       if (r <= 0) return r;
       if (start > at) at = start;
     }
-    for (int i = 0; i < n; i++) {
-      if (!strcmp(l[i].kind, "debounce") || !strcmp(l[i].kind, "batch")) continue;
-      if (!strcmp(l[i].kind, "idempotency") || !strcmp(l[i].kind, "singleton")) {
-        if (once_set(s, &l[i], sl->run_id, now, e)) return -1;
-        continue;
-      }
-      if (!strcmp(l[i].kind, "concurrency")) continue;
-      int64_t T = l[i].period * 1000 / l[i].limit;
-      int64_t tat = tat_of(s, &l[i], q, e);
-      if (tat < 0) return -1;
-      if (tat < now_us) tat = now_us;
-      if (!strcmp(l[i].kind, "throttle")) {
-        /* The earliest start the throttle allows: burst starts may run
-        ** ahead of the steady rate. */
-        int64_t start = tat - l[i].burst * T;
-        if (start < now_us) start = now_us;
-        if ((start + 999) / 1000 > at) at = (start + 999) / 1000;
-      }
-      if (set_tat(s, &l[i], q, tat + T, e)) return -1;
+    /* Deferred: judged when its start time comes. */
+    deferred = at > now;
+    if (!deferred) {
+      int r = judge(s, je, l, n, now, &at, e);
+      if (r <= 0) return r;
     }
+    for (int i = 0; i < n; i++)
+      if (!strcmp(l[i].kind, "idempotency") && once_set(s, &l[i], sl->run_id, now, e)) return -1;
     struct store_val f[2] = {SV_TEXT(sl->run_id), SV_INT(at)};
     if (wq_do(s, &SET_FLOW_AT_SQL, f, 2, "admitting a run", e)) return -1;
-  }
-  if (have)
+  } else {
     for (int i = 0; i < n; i++) {
       /* A debounced run asking again: is it still the key's latest? */
       int64_t unused = 0;
       if (!strcmp(l[i].kind, "debounce") && debounce(s, je, &l[i], 0, now, &unused, e) <= 0)
         return je->result ? 0 : -1;
     }
+    if (deferred && at <= now) {
+      /* Its batch closed, or its debounce's period passed: judged now. */
+      at = now;
+      int r = judge(s, je, l, n, now, &at, e);
+      if (r <= 0) return r;
+      deferred = 0;
+      struct store_val f[2] = {SV_TEXT(sl->run_id), SV_INT(at)};
+      if (wq_do(s, &SET_FLOW_AT_SQL, f, 2, "admitting a run", e)) return -1;
+    }
+  }
   /* 0: its start was counted already (it waits for its slots only). */
   int counted = have && at == 0;
   if (at <= now && (!have || !started) && !counted) {
@@ -622,12 +681,10 @@ static int admit(store_t *s, const struct jentry *je, struct lim *l, int n, err_
     }
   }
   if (at <= now) return 1;
-  /* Its start time has not come: queued, with the debounce's or the
-  ** throttle's words. */
-  int deb = 0;
-  const char *why_kind = "throttle";
-  for (int i = 0; i < n; i++)
-    if (!strcmp(l[i].kind, "debounce") || !strcmp(l[i].kind, "batch")) deb = 1, why_kind = l[i].kind;
+  /* Its start time has not come: queued, with the words of what it waits
+  ** for: its batch or debounce (not judged yet), or its throttle. */
+  const char *why_kind = deferred ? deferral(l, n) : "throttle";
+  int deb = deferred;
   for (int i = 0; i < n; i++) {
     if (strcmp(l[i].kind, why_kind)) continue;
     char until[40], d[32];

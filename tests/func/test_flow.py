@@ -228,6 +228,38 @@ return { id = "triage", triggers = { { event = "incident" } },
         self.assertEqual(st, {"api": "cancelled", "db": "sleeping"})
         self.assertIn("incident.resolved", self.runs_of("triage", "cancelled")[0]["error"]["message"])
 
+    def test_cancel_on_as_one_table_is_a_list_of_one(self):
+        # As concurrency takes one limit or a list of them.
+        self.skill("triage1", """
+return { id = "triage1", triggers = { { event = "incident" } },
+  cancel_on = { event = "incident.resolved", match = "data.service" },
+  run = function(ctx) ctx.step.sleep("think", "1h") end }""")
+        self.serve()
+        self.w.ml("send", "incident", "--data", '{"service": "api"}', check=0)
+        self.w.ml("send", "incident", "--data", '{"service": "db"}', check=0)
+        wait_until(lambda: len(self.runs_of("triage1", "sleeping")) == 2, what="two sleeping runs")
+        self.w.ml("send", "incident.resolved", "--data", '{"service": "api"}', check=0)
+        wait_until(lambda: self.runs_of("triage1", "cancelled"), what="the api run cancelled")
+        st = {r["input"]["service"]: r["status"] for r in self.runs_of("triage1")}
+        self.assertEqual(st, {"api": "cancelled", "db": "sleeping"})
+
+    def test_a_bad_cancel_on_is_refused_naming_the_keys(self):
+        cases = [
+            ('cancel_on = { { evnt = "x" } }',
+             "unknown key 'evnt' in cancel_on 1 (did you mean 'event'?); the keys are event and match"),
+            ('cancel_on = { evnt = "x" }',
+             "unknown key 'evnt' in cancel_on (did you mean 'event'?); the keys are event and match"),
+            ('cancel_on = { event = "x", match = "data.k", { event = "y" } }',
+             "'cancel_on' is a list of {event=, match=}, so it cannot also have the key 'event'"),
+            ('cancel_on = { match = "data.k" }', "cancel_on needs an 'event' name"),
+            ('cancel_on = "x.stop"', "'cancel_on' must be a table {event=, match=} or a list of them"),
+        ]
+        for opt, want in cases:
+            path = self.w.write("bad.lua", 'return { id = "bad", %s, run = function() end }' % opt)
+            r = self.w.ml("check", path)
+            self.assertEqual(r.returncode, 1, opt)
+            self.assertIn(want, r.stderr + r.stdout, opt)
+
     def test_rerun_starts_again_with_the_same_input(self):
         self.skill("echo", 'return { id = "echo", run = function(ctx) return ctx.input end }')
         self.serve()

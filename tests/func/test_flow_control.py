@@ -116,6 +116,36 @@ class FlowControlTest(SkillsTestCase):
         self.assertEqual(g.most["openai"], 2)  # two skills, one shared limit
         self.assertGreaterEqual(g.most["two"] + g.most["three"], 2)
 
+    def test_a_key_that_is_an_object_counts_the_same_whatever_its_keys_order(self):
+        # {"a":1,"b":2} and {"b":2,"a":1} are one value of the key: the
+        # limit of 1 holds, and a singleton skips the second.
+        self.skill("one", CALLER % {"id": "one", "tag": "one", "conc": '{ limit = 1, key = "event.data.g" }'})
+        self.skill("solo", CALLER % {"id": "solo", "tag": "solo", "conc": 'nil, singleton = { key = "data.g" }'})
+        g = Gauge()
+        g.release = threading.Event()
+        self.si.route_prefix("/svc/", g.handler(lambda tag, k: [tag]))
+        self.serve()
+        try:
+            for skill in ("one", "solo"):
+                first = self.w.ml("invoke", skill, "--data", '{"g": {"a": 1, "b": {"x": 1, "y": 2}}}',
+                                  check=0).stdout.strip()
+                wait_until(lambda: any(s[2] == first for s in g.starts), what="the first run's call")
+                second = self.w.ml("invoke", skill, "--data", '{"g": {"b": {"y": 2, "x": 1}, "a": 1}}',
+                                   check=0).stdout.strip()
+                if skill == "one":
+                    # queued: null is a run no engine has taken yet.
+                    wait_until(lambda: (self.w.trace(second)["queued"] or {}).get("reason") == "concurrency",
+                               what="the second queued for the slot")
+                    self.assertEqual(self.w.trace(second)["queued"]["key"],
+                                     'event.data.g={"a":1,"b":{"x":1,"y":2}}')
+                else:
+                    wait_until(lambda: self.w.trace(second)["status"] == "skipped", what="the second skipped")
+                    self.assertIn("skipped by singleton: run %s" % first, self.w.trace(second)["error"]["message"])
+        finally:
+            g.release.set()
+        wait_until(lambda: len(self.runs_of("one", "completed")) == 2, what="both runs of one")
+        self.assertEqual(g.most["one"], 1)
+
     def test_a_run_waiting_for_a_slot_is_queued_with_its_reason_and_not_started(self):
         self.skill("one", CALLER % {"id": "one", "tag": "one",
                                     "conc": '{ {limit = 1, scope = "llm", key = "event.data.k"} }'})
@@ -975,3 +1005,89 @@ return { id = "bat", triggers = { { event = "row.new" } },
             r = self.w.ml("check", path)
             self.assertEqual(r.returncode, 1, flow)
             self.assertIn(want, r.stderr + r.stdout, flow)
+
+
+# A skill that records its batch's events (ns) and input (n): which events
+# reached a run. %(flow)s: its flow options.
+TAKER = """
+return { id = "%(id)s", triggers = { { event = "%(id)s.ev" } }, %(flow)s,
+  run = function(ctx)
+    local ns = {}
+    for i, ev in ipairs(ctx.events) do ns[i] = ev.data.n end
+    return ctx.step.run("take", function() return { n = ctx.input.n, ns = ns } end)
+  end }"""
+
+
+class OrderTest(SkillsTestCase):
+    """The limits apply in the documented order: idempotency, batch,
+    debounce, rate limit, singleton, throttle, concurrency. An event that
+    joins a batch, is debounced into a later run, or repeats an
+    idempotency key never meets the rate limit or the singleton as a run
+    of its own; those judge the batch's (the debounced) run once."""
+
+    def send_all(self, p, skill, datas):
+        for d in datas:
+            req = urllib.request.Request(p.url + "/v1/events", data=json.dumps({"name": skill + ".ev", "data": d}).encode(),
+                                         headers={"Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=10).read()
+
+    def ended(self, skill, n, timeout=20):
+        wait_until(lambda: len([r for r in self.runs_of(skill) if r["status"] in ("completed", "skipped")]) == n,
+                   timeout=timeout, what=lambda: "%d runs of %s ended: %s" % (
+                       n, skill, [(r["status"], r.get("error")) for r in self.runs_of(skill)]))
+        runs = self.runs_of(skill)
+        done = [r for r in runs if r["status"] == "completed"]
+        skips = sorted(re.sub(r"run [0-9A-Z]{26}", "run R", r["error"]["message"]) for r in runs if r["status"] == "skipped")
+        return done, skips
+
+    def test_a_batch_joins_its_events_before_the_rate_limit_judges_its_run(self):
+        self.skill("brl", TAKER % {"id": "brl", "flow": 'batch = { max = 3, timeout = "2s" }, '
+                                                         'rate_limit = { limit = 1, period = "1m" }'})
+        p = self.serve()
+        self.send_all(p, "brl", [{"n": n} for n in (1, 2, 3, 4)])
+        done, skips = self.ended("brl", 4)
+        self.assertEqual([r["output"]["ns"] for r in done], [[1, 2, 3]])
+        # The fourth opened a batch of its own, whose run the rate limit skipped.
+        self.assertEqual(skips, ["batched into run R", "batched into run R",
+                                 "skipped by rate_limit: at most 1 run per 1m00s"])
+
+    def test_a_batch_joins_its_events_before_the_singleton_judges_its_run(self):
+        self.skill("bsg", TAKER % {"id": "bsg", "flow": 'batch = { max = 2, timeout = "1s" }, '
+                                                         'singleton = { mode = "skip" }'})
+        p = self.serve()
+        self.send_all(p, "bsg", [{"n": 1}, {"n": 2}])
+        done, skips = self.ended("bsg", 2)
+        self.assertEqual([r["output"]["ns"] for r in done], [[1, 2]])
+        self.assertEqual(skips, ["batched into run R"])
+
+    def test_a_debounced_burst_meets_the_rate_limit_once_with_its_last_event(self):
+        self.skill("drl", TAKER % {"id": "drl", "flow": 'debounce = { period = "1s" }, '
+                                                         'rate_limit = { limit = 1, period = "1m" }'})
+        p = self.serve()
+        self.send_all(p, "drl", [{"n": n} for n in (1, 2, 3)])
+        done, skips = self.ended("drl", 3)
+        self.assertEqual([r["output"]["n"] for r in done], [3])  # the last event's data
+        self.assertEqual(skips, ["debounced: a later event started run R"] * 2)
+
+    def test_an_idempotent_repeat_is_skipped_by_idempotency_before_the_rate_limit(self):
+        self.skill("irl", TAKER % {"id": "irl", "flow": 'idempotency = "event.data.id", '
+                                                         'rate_limit = { limit = 1, period = "1m" }'})
+        p = self.serve()
+        self.send_all(p, "irl", [{"id": "x", "n": n} for n in (1, 2, 3)])
+        done, skips = self.ended("irl", 3)
+        self.assertEqual([r["output"]["n"] for r in done], [1])
+        self.assertEqual(skips, ['skipped by idempotency: run R already started for key event.data.id="x" '
+                                 '(within 1d0h)'] * 2)
+        with urllib.request.urlopen(p.url + "/metrics", timeout=10) as m:
+            metrics = m.read().decode()
+        self.assertIn('moonloop_runs_skipped_total{skill="irl",reason="idempotency"} 2', metrics)
+        self.assertNotIn('moonloop_runs_skipped_total{skill="irl",reason="rate_limit"}', metrics)
+
+    def test_batch_and_debounce_together_are_refused(self):
+        # A debounce would drop a batch's run, and the events batched into
+        # it with it; batch's timeout already gathers a burst.
+        path = self.w.write("bad.lua", TAKER % {"id": "bad", "flow": 'batch = { max = 3, timeout = "2s" }, '
+                                                                      'debounce = { period = "1s" }'})
+        r = self.w.ml("check", path)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("'batch' and 'debounce' cannot be combined", r.stderr + r.stdout)

@@ -617,6 +617,27 @@ TEST(c_open_sets_no_global) {
   lua_close(L);
 }
 
+/* jsontext_sort_keys: one value prints one way whatever the order of its
+** keys, at every depth (objects inside arrays too); arrays keep their
+** order; a repeated key keeps its members' order. */
+TEST(jsontext_sort_keys) {
+  const char *in[][2] = {
+      {"{\"b\":2,\"a\":{\"y\":[{\"d\":1,\"c\":2}],\"x\":1}}", "{\"a\":{\"x\":1,\"y\":[{\"c\":2,\"d\":1}]},\"b\":2}"},
+      {"[3,{\"z\":0,\"m\":1},1]", "[3,{\"m\":1,\"z\":0},1]"},
+      {"{\"k\":1,\"a\":0,\"k\":2}", "{\"a\":0,\"k\":1,\"k\":2}"},
+      {"{}", "{}"},
+      {"\"s\"", "\"s\""},
+  };
+  for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) {
+    cJSON *v = cJSON_Parse(in[i][0]);
+    jsontext_sort_keys(v);
+    char *t = jsontext_print_text(v);
+    CHECK_STR_EQ(t, in[i][1]);
+    free(t);
+    cJSON_Delete(v);
+  }
+}
+
 /* The JSON writer behind run records (jsontext_put_*): escaping as cJSON
 ** does, bytes that are not UTF-8 shown as U+FFFD, JSON text embedded as it
 ** is, text that is not JSON written as a string. */
@@ -725,5 +746,6 @@ int main(void) {
   RUN(c_push_tree);
   RUN(c_decode_push);
   RUN(c_open_sets_no_global);
+  RUN(jsontext_sort_keys);
   return test_summary();
 }
