@@ -110,6 +110,18 @@ char *flowctl_limits(struct run *r) {
     if (key) {
       /* The path names the count, so two keys of one skill never share it. */
       char *v = run__event_key(r, key);
+      if (kind && !strcmp(kind, "idempotency") && !strcmp(v, "null")) {
+        /* No key in this event: every such run would share the key null,
+        ** and all but the first be skipped for the whole period. */
+        char msg[600];
+        snprintf(msg, sizeof msg, "idempotency: this run's event has no %s (or it is null): the run "
+                 "is not deduplicated", key);
+        struct log_row lr = {.run_id = r->id, .seq = 0, .ts = units_now_ms(), .level = "warn", .msg = msg};
+        journal_log(sched__journal(r->sched), &lr);
+        free(v);
+        cJSON_Delete(x);
+        continue;
+      }
       char *k = mem_printf("%s%s%s=%s", tag ? tag : "", tag ? ":" : "", key, v);
       cJSON_AddStringToObject(x, "key", k);
       free(k), free(v);

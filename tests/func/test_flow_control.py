@@ -746,6 +746,22 @@ class OnceTest(SkillsTestCase):
                              'event.data.k="o1" (within 1d0h)' % first)
         self.assertEqual(self.si.count("/start/" + first), 1)
 
+    def test_an_event_without_the_idempotency_key_is_not_deduplicated(self):
+        # The field missing: every such event shared the key null, and all
+        # but the first were skipped for the whole period.
+        self.skill("pay", STARTER % {"id": "pay", "flow": 'idempotency = "event.data.id"'})
+        self.serve()
+        for data in ('{}', '{}', '{"id": null}', '{"id": "a"}', '{"id": "a"}'):
+            self.w.ml("invoke", "pay", "--data", data, check=0)
+        runs = self.ended("pay", 5)
+        self.assertEqual(sorted(r["status"] for r in runs), ["completed"] * 4 + ["skipped"])
+        keyless = [r for r in runs if not (r["input"] or {}).get("id")]
+        self.assertEqual(len(keyless), 3)
+        for r in keyless:
+            logs = self.w.trace(r["id"]).get("logs") or []
+            self.assertIn("idempotency: this run's event has no event.data.id (or it is null): the run is not "
+                          "deduplicated", [l["msg"] for l in logs])
+
     def test_idempotency_period_ends(self):
         self.skill("pay", STARTER % {"id": "pay", "flow": 'idempotency = { key = "event.data.k", period = "1s" }'})
         self.serve()
