@@ -341,7 +341,18 @@ run.add_step("parallel", function(id, fns, opts)
     error(setmetatable({ message = ("step '%s' failed: %s"):format(sid, failed.message), step = sid .. "/" .. failed.i,
       fatal = true }, run.step_error_mt), 0)
   end
-  local out = encode(core.json.array(values), R.cfg.output_limit)
+  local out, err = encode(core.json.array(values), R.cfg.output_limit)
+  if not out then
+    -- Too large together (each branch's value was within the limit), or
+    -- past the run's memory: the step fails saying which limit, as a
+    -- step.run's result does.
+    local msg = ("the results of its branches are not a JSON value: %s%s"):format(err,
+      err:find("over the limit of", 1, true) and " (limits.step_output)" or "")
+    yield(OP.FAIL, seq, sid, "parallel", 1, msg, nil, started, ended, started)
+    R.now = ended
+    error(setmetatable({ message = ("step '%s' failed: %s"):format(sid, msg), step = sid, fatal = true },
+      run.step_error_mt), 0)
+  end
   yield(OP.COMMIT, seq, sid, "parallel", out, 1, started, ended)
   R.now = ended
   return decode(out)

@@ -425,7 +425,8 @@ local function run_body(R, T, seq, sid, rec, fn, opts)
         R.now = ended
         return decode(out)
       end
-      e = { message = ("result is not a JSON value: %s"):format(err), fatal = true }
+      e = { message = ("result is not a JSON value: %s%s"):format(err,
+        err:find("over the limit of", 1, true) and " (limits.step_output)" or ""), fatal = true }
     elseif killed() then
       e = normalize(caught(res), type(res) == "table" and res.traceback or nil)
       e.message = core.kill_reason and core.kill_reason() or e.message

@@ -216,6 +216,21 @@ end }""")
             p.terminate()
             p.wait(timeout=30)
 
+    def test_parallel_results_too_large_together_name_the_limit(self):
+        # Each branch's 100 kB is within the step output limit (1 MB); the
+        # twenty together are not: the step failed with "internal error: op
+        # COMMIT: argument 4 (output) is nil".
+        self.w.write("par.lua", """
+return { retries = 0, run = function(ctx)
+  local fns = {}
+  for i = 1, 20 do fns[i] = function() return string.rep("x", 100000) end end
+  return #ctx.step.parallel("p", fns)
+end }""")
+        r = self.w.ml("run", "par.lua", check=1)
+        self.assertIn("step 'p' failed: the results of its branches are not a JSON value: JSON text is", r.stderr)
+        self.assertIn("limits.step_output", r.stderr)
+        self.assertNotIn("internal error", r.stderr)
+
     def test_interrupted_sleep_ends_on_its_original_schedule(self):
         self.w.write("z.lua", """
 return { run = function(ctx)
