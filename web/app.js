@@ -152,6 +152,42 @@
       const i = txt.indexOf(' · ');
       el.textContent = (i >= 0 ? txt.slice(0, i + 3) : '') + fmtAgo(el.dataset.ts);
     }
+    for (const el of main.querySelectorAll('.live-dur[data-start]')) {
+      el.textContent = fmtDur(Date.now() - ms(el.dataset.start)) + (el.dataset.suffix || '');
+    }
+  }
+
+  /* The duration since start of something still going, kept current by
+   * refreshAges (so a page need not be drawn again to show it grow). */
+  function liveDur(start, suffix) {
+    return h('span', { class: 'live-dur', dataset: { start, suffix: suffix || '' } },
+      fmtDur(Date.now() - ms(start)) + (suffix || ''));
+  }
+
+  /* Whether the page should be drawn again although its data did not
+   * change (the bars of running steps grow): not while the reader selects
+   * text (a redraw drops the selection), not for large records (drawing a
+   * megabyte of JSON blocks the tab for seconds), and at most every 10 s. */
+  let lastDraw = 0;
+  function redrawIdle(key) {
+    const sel = window.getSelection && String(window.getSelection());
+    if (sel || key.length > 200000 || Date.now() - lastDraw < 10000) return false;
+    return true;
+  }
+  function drew() { lastDraw = Date.now(); }
+
+  /* A long text (an error of 100 kB) cut to its start, with a control that
+   * shows all of it: a list row or an error box stays readable. */
+  function longText(text, max, render) {
+    text = String(text);
+    if (text.length <= max) return render(text);
+    const box = h('span', { class: 'long' });
+    const more = h('button', { type: 'button', class: 'more', onclick: () => add(box.replaceChildren() || box, [render(text)]) },
+      `show all ${fmtSize(text.length)}`);
+    return add(box, [render(text.slice(0, max) + '…'), ' ', more]);
+  }
+  function fmtSize(n) {
+    return n >= 1 << 20 ? (n / (1 << 20)).toFixed(1) + ' MB' : n >= 1024 ? Math.round(n / 1024) + ' kB' : n + ' bytes';
   }
 
   function badge(status, big) {
@@ -172,9 +208,20 @@
     return t1 - t0;
   }
 
+  const JSON_SHOWN = 64 * 1024; /* characters of a JSON value shown before "show all" */
+
   /* JSON, pretty and coloured (keys, strings, numbers, booleans, null). */
-  function jsonView(v) {
+  function jsonView(v, full) {
     const text = v === undefined ? 'undefined' : JSON.stringify(v, null, 2);
+    if (text.length > JSON_SHOWN && !full) {
+      /* Coloured, a megabyte is tens of thousands of elements: its start,
+       * plain, and the rest on demand. */
+      const pre = h('pre', { class: 'json' }, text.slice(0, JSON_SHOWN) + '\n…');
+      const box = h('div', null, pre);
+      box.append(h('button', { type: 'button', class: 'more', onclick: () => box.replaceChildren(h('pre', { class: 'json' }, text)) },
+        `show all ${fmtSize(text.length)}`));
+      return box;
+    }
     const pre = h('pre', { class: 'json' });
     const re = /("(?:\\.|[^"\\])*")(\s*:)?|\b(true|false)\b|\b(null)\b|(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)/g;
     let last = 0, m;
@@ -193,7 +240,10 @@
   function withSourceLinks(text, version, file) {
     const out = [];
     const base = file ? file.split('/').pop() : null;
-    const re = /([\w.\/-]+\.lua):(\d+)/g;
+    /* Each run of path characters is tried from its start only, and at most
+     * 300 long: unbounded, an error of 100 kB of word characters took the
+     * regex some 10^10 steps (a 28 s freeze of the tab). */
+    const re = /(?<![\w.\/-])([\w.\/-]{1,300}\.lua):(\d+)/g;
     let last = 0, m;
     while ((m = re.exec(text))) {
       if (!version || !base || m[1].split('/').pop() !== base) continue;
@@ -207,6 +257,8 @@
 
   /* ---- the API -------------------------------------------------------------- */
 
+  const API_TIMEOUT = 8000; /* ms an answer may take before the engine counts as unreachable */
+
   class ApiError extends Error {
     constructor(status, code, message) { super(message); this.status = status; this.code = code; }
   }
@@ -218,14 +270,22 @@
     const tok = sessionStorage.getItem(TOKEN_KEY);
     if (tok) headers.Authorization = 'Bearer ' + tok;
     if (body !== undefined) headers['Content-Type'] = 'application/json';
-    let res;
+    let res, text;
+    /* An engine that hangs (stopped, its loop stuck) answers nothing: the
+     * page says so after API_TIMEOUT instead of showing "live" data. */
+    const ctl = new AbortController();
+    const timer = setTimeout(() => ctl.abort(), API_TIMEOUT);
     try {
-      res = await fetch(path, { method: method || 'GET', headers, cache: 'no-store',
+      res = await fetch(path, { method: method || 'GET', headers, cache: 'no-store', signal: ctl.signal,
         body: body === undefined ? undefined : JSON.stringify(body) });
+      text = await res.text();
     } catch (e) {
-      throw new ApiError(0, 'offline', 'cannot reach the engine (' + e.message + ')');
+      throw new ApiError(0, 'offline', e.name === 'AbortError'
+        ? `the engine did not answer within ${API_TIMEOUT / 1000} s`
+        : 'cannot reach the engine (' + e.message + ')');
+    } finally {
+      clearTimeout(timer);
     }
-    const text = await res.text();
     let data = null;
     try { data = text ? JSON.parse(text) : null; } catch (e) { data = null; }
     if (!res.ok) {
@@ -390,11 +450,13 @@
         h('span', { class: 'sub mono', title: run.version }, short(run.version).slice(0, 8))),
       h('td', null, triggerInfo(run, false)),
       h('td', { class: 'when' }, started ? when(started) : when(run.created_at, 'queued')),
-      h('td', { class: 'num' }, started ? fmtDur(span(started, run.ended_at, running)) + (running && !run.ended_at ? ' …' : '') : '—'),
-      h('td', { class: 'err', title: err && err.message ? err.message : null },
-        err && err.message ? [String(err.message).split('\n')[0], err.step ? h('span', { class: 'sub' }, 'step ', h('code', null, err.step)) : null]
+      h('td', { class: 'num' }, started ? (running && !run.ended_at ? liveDur(started, ' …') : fmtDur(span(started, run.ended_at, running))) : '—'),
+      h('td', { class: 'err', title: err && err.message ? String(err.message).slice(0, 1000) : null },
+        err && err.message ? [cut(String(err.message).split('\n')[0], 300), err.step ? h('span', { class: 'sub' }, 'step ', h('code', null, err.step)) : null]
           : run.queued ? h('span', { class: 'sub queued-reason' }, 'waiting: ' + queuedText(run.queued)) : ''));
   }
+
+  function cut(text, max) { return text.length > max ? text.slice(0, max) + '…' : text; }
 
   function runTable(runs) {
     return h('table', { class: 'runs' },
@@ -463,9 +525,9 @@
       const d = await api('/v1/runs?' + q.toString());
       if (my !== gen) return false;
       const key = JSON.stringify(d);
-      /* Unfinished runs' durations grow: redraw while any is shown. */
-      const moving = d.runs.some((r) => !FINISHED.has(r.status));
-      if (key !== lastKey || moving) {
+      /* Unfinished runs' durations grow in place (refreshAges); the rows
+       * are drawn again when the data changed. */
+      if (key !== lastKey) {
         lastKey = key;
         const focused = document.activeElement && document.activeElement.dataset ? document.activeElement.dataset.fk : null;
         box.replaceChildren(d.runs.length ? runTable(d.runs)
@@ -532,7 +594,7 @@
     const child = step.kind === 'invoke' && step.output && step.output.run_id ? step.output.run_id : null;
     return h('div', { class: 'wf-detail', id: 'detail-' + step.seq },
       facts,
-      step.error ? h('div', { class: 'error-box' }, h('div', { class: 'msg' }, withSourceLinks(String(step.error), run.version, file))) : null,
+      step.error ? h('div', { class: 'error-box' }, h('div', { class: 'msg' }, longText(step.error, 2000, (t) => withSourceLinks(t, run.version, file)))) : null,
       child ? h('p', null, 'Child run: ', runLink(child)) : null,
       (step.attempts && step.attempts.length) ? [h('h3', null, `Attempts (${step.attempts.length})`), attemptsTable(step, run, file)] : null,
       usageView(step.usage),
@@ -623,11 +685,11 @@
         run.queued ? [h('dt', null, 'Queued'), h('dd', { class: 'queued-reason', id: 'queued-reason' }, 'waiting: ' + queuedText(run.queued))] : null,
         h('dt', null, 'Started'), h('dd', null, when(run.started_at, run.status === 'queued' && !run.started_at ? 'not yet' : null)),
         h('dt', null, 'Ended'), h('dd', null, when(run.ended_at, finished ? null : 'not yet')),
-        h('dt', null, 'Duration'), h('dd', null, run.started_at ? fmtDur(span(run.started_at, run.ended_at, !finished)) + (finished ? '' : ' so far') : '—'),
+        h('dt', null, 'Duration'), h('dd', null, run.started_at ? (finished || run.ended_at ? fmtDur(span(run.started_at, run.ended_at, false)) : liveDur(run.started_at, ' so far')) : '—'),
         run.parent_id ? [h('dt', null, 'Parent'), h('dd', null, runLink(run.parent_id))] : null,
         kids.length ? [h('dt', null, 'Children'), h('dd', null, h('a', { href: '#run-children', onclick: (e) => { e.preventDefault(); scrollTo_('run-children'); } }, kids.length + ' run' + (kids.length === 1 ? '' : 's')))] : null);
       const err = run.error ? h('section', { class: 'error-box', id: 'run-error', 'aria-label': 'error' },
-        h('div', { class: 'msg' }, withSourceLinks(String(run.error.message || JSON.stringify(run.error)), run.version, file)),
+        h('div', { class: 'msg' }, longText(run.error.message || JSON.stringify(run.error), 2000, (t) => withSourceLinks(t, run.version, file))),
         run.error.step ? h('div', { class: 'where' }, 'in step ',
           h('a', { href: '#step-' + (failStep ? failStep.seq : ''), onclick: (e) => { e.preventDefault(); if (failStep) { open.add(stepKey(failStep)); render(); scrollTo_('step-' + failStep.seq); } } }, h('code', null, run.error.step)),
           failStep && failStep.attempts && failStep.attempts.length ? ` after ${failStep.attempts.length} attempt${failStep.attempts.length === 1 ? '' : 's'}` : '') : null,
@@ -666,12 +728,12 @@
         const fs = r.error && r.error.step ? (r.steps || []).find((s) => s.id === r.error.step) : null;
         if (fs) open.add(stepKey(fs));
         if (r.version) {
-          version(r.version).then((v) => { if (my === gen && v) { file = v.file; lastKey = ''; render(); } }).catch(() => {});
+          version(r.version).then((v) => { if (my === gen && v) { file = v.file; render(); } }).catch(() => {});
         }
       }
       const active = !FINISHED.has(r.status) || kids.some((k) => !FINISHED.has(k.status));
       const key = JSON.stringify([r, kids]);
-      if (key !== lastKey || active) { lastKey = key; render(); } else refreshAges();
+      if (key !== lastKey || (active && redrawIdle(key))) { lastKey = key; render(); drew(); } else refreshAges();
       /* A finished run with finished children can no longer change. */
       return active;
     });

@@ -69,6 +69,17 @@ return {
   run = function(ctx) return ctx.step.wait_for_event("go", { event = "gate.go" }) end,
 }
 `,
+  /* A long error (100 kB) and a run that waits with a large input. */
+  'loud.lua': `return {
+  id = "loud", retries = 0, run = function(ctx)
+    ctx.step.run("shout", function() error("first line of a long error\\n" .. string.rep("x", 100000)) end)
+  end,
+}
+`,
+  'nap.lua': `return {
+  id = "nap", run = function(ctx) ctx.step.sleep("nap", 120) end,
+}
+`,
   'parent.lua': `return {
   id = "parent", description = "invokes greet as a child run",
   run = function(ctx)
@@ -262,6 +273,59 @@ async function main() {
     await why.waitFor();
     assert.equal(await why.innerText(), 'waiting: concurrency limit 1 of skill gate, number 2 in the queue');
     await call(url, 'POST', '/v1/events', { name: 'gate.go', data: {} });
+  });
+
+  await check('a long error is cut in the list and on its page, and shown whole on demand', async () => {
+    const loud = (await call(url, 'POST', '/v1/skills/loud/invoke', { data: {} })).json.run_id;
+    await until('the loud run to fail', async () => (await call(url, 'GET', '/v1/runs/' + loud)).json.status === 'failed');
+    await page.goto(url + '/#/runs?skill=loud');
+    const row = page.locator(`table.runs tr[data-id="${loud}"]`);
+    await row.waitFor();
+    /* One line, not the 27,000 px row the whole message made. */
+    assert.ok((await row.boundingBox()).height < 200, 'row height ' + (await row.boundingBox()).height);
+    await page.goto(url + '/#/runs/' + loud);
+    const box = page.locator('#run-error');
+    await box.waitFor();
+    assert.ok((await box.innerText()).length < 5000);
+    await box.locator('button.more').click();
+    await until('the whole error', async () => (await box.innerText()).length > 100000);
+  });
+
+  await check('a running run with a large input stays usable: not drawn again while unchanged, text stays selected', async () => {
+    const big = 'y'.repeat(300000);
+    const nap = (await call(url, 'POST', '/v1/skills/nap/invoke', { data: { big } })).json.run_id;
+    await until('the nap to sleep', async () => (await call(url, 'GET', '/v1/runs/' + nap)).json.status === 'sleeping');
+    await page.goto(url + '/#/runs/' + nap);
+    /* Drawn, and again once its version's file is known. */
+    await until('the version\'s file', async () => /nap\.lua/.test(await page.locator('dl.facts').innerText().catch(() => '')));
+    /* The input is cut, with "show all". */
+    assert.ok(await page.locator('button.more').count() >= 1);
+    await page.evaluate(() => {
+      const r = document.createRange();
+      r.selectNodeContents(document.querySelector('.rid'));
+      window.getSelection().removeAllRanges();
+      window.getSelection().addRange(r);
+    });
+    await new Promise((res) => setTimeout(res, 4000)); /* two polls and more */
+    assert.equal(await page.evaluate(() => String(window.getSelection())), nap);
+    /* Its duration still grows. */
+    const d1 = await page.locator('.live-dur').first().innerText();
+    await new Promise((res) => setTimeout(res, 2100));
+    assert.notEqual(await page.locator('.live-dur').first().innerText(), d1);
+  });
+
+  await check('an engine that hangs is not shown as live', async () => {
+    await page.goto(url + '/#/runs');
+    await page.locator('table.runs').waitFor();
+    process.kill(eng.proc.pid, 'SIGSTOP');
+    try {
+      await until('the page to say the engine does not answer', async () =>
+        /did not answer within/.test(await page.locator('#banner').innerText().catch(() => '')), 20000);
+      assert.match(await page.locator('#live').innerText(), /offline/);
+    } finally {
+      process.kill(eng.proc.pid, 'SIGCONT');
+    }
+    await until('live again', async () => !/offline/.test(await page.locator('#live').innerText()), 20000);
   });
 
   await check('the page fetched nothing from elsewhere and raised no error', async () => {
