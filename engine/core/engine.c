@@ -146,6 +146,7 @@ int engine_open(struct engine *en, const struct config *cfg, enum sched_mode mod
     .backoff_max_ms = cfg->backoff_max_ms, .step_output_limit = cfg->step_output,
     .event_limit = cfg->event_limit, .max_parked = (int)cfg->parked_runs,
     .run_log_limit = cfg->run_logs, .invoke_depth = (int)cfg->invoke_depth,
+    .run_tree = (int)cfg->run_tree,
     .retention_ms = cfg->retention_ms,
     .verbose = verbose,
     .api_callers = (const char *const *)cfg->deployers,

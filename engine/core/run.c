@@ -217,6 +217,7 @@ void run__finish(struct run *r, const char *status, const char *output, const ch
   journal_t *j = sched__journal(s);
   int64_t now = units_now_ms();
   int word = vocab_run_status(status);
+  sched__tree_drop(s, r->id); /* a root's count of its tree's runs (nothing for others) */
   if (word != RUN_COMPLETED) {
     /* A run that did not complete takes its live children with it (a
     ** cancel by the run itself: its descendants, not the run). */

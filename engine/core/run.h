@@ -264,6 +264,13 @@ void sched__skills_changed(sched_t *s);
 void sched__crons_free(sched_t *s);
 struct cron_entry *sched__crons(sched_t *s);
 void sched__set_crons(sched_t *s, struct cron_entry *list);
+/* The runs the tree of invokes under root started in this process
+** (sched_tree.c; limits.run_tree), one more, forget root (its run ended),
+** and forget them all (the scheduler stops). */
+int sched__tree_count(sched_t *s, const char *root);
+void sched__tree_add(sched_t *s, const char *root);
+void sched__tree_drop(sched_t *s, const char *root);
+void sched__trees_free(sched_t *s);
 /* Whether the cron entries were built once since the engine started. */
 int sched__crons_built(const sched_t *s);
 /* A new run of skill with the given id, created at `created` (at most now):

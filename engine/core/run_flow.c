@@ -352,14 +352,18 @@ void run__wait_stop(struct task *t) {
   if (t->waiting) wait_end(t);
 }
 
-/* How deep r is in a chain of runs invoking runs: its trigger's "depth"
-** (1 for a child of a run started otherwise; 0 for that run). */
-static int invoke_depth(const struct run *r) {
+/* Where r is in a tree of runs invoking runs, from its trigger: how deep
+** ("depth": 1 for a child of a run started otherwise, 0 for that run), and
+** the tree's root ("root": that run's id; r's own when it is the root, or
+** a child made before roots were named). */
+static int invoke_lineage(const struct run *r, char *root, size_t n) {
   cJSON *trig = r->trigger ? cJSON_Parse(r->trigger) : NULL;
   const cJSON *d = cJSON_GetObjectItem(trig, "depth");
-  int n = cJSON_IsNumber(d) && d->valuedouble > 0 && d->valuedouble < 1e6 ? (int)d->valuedouble : 0;
+  const char *rt = cJSON_GetStringValue(cJSON_GetObjectItem(trig, "root"));
+  int depth = cJSON_IsNumber(d) && d->valuedouble > 0 && d->valuedouble < 1e6 ? (int)d->valuedouble : 0;
+  snprintf(root, n, "%s", rt && *rt ? rt : r->id);
   cJSON_Delete(trig);
-  return n;
+  return depth;
 }
 
 /* Answer an invoke that could not start its child (or a send_event whose
@@ -433,7 +437,8 @@ void run_op_invoke(struct task *t, const struct op_invoke *a) {
     }
     /* A chain of runs invoking runs (a skill that invokes itself, say)
     ** ends at limits.invoke_depth: each child's trigger says how deep it is. */
-    int depth = invoke_depth(r) + 1, most = sched__opts(s)->invoke_depth;
+    char root[32];
+    int depth = invoke_lineage(r, root, sizeof root) + 1, most = sched__opts(s)->invoke_depth;
     if (depth > most) {
       char msg[600];
       snprintf(msg, sizeof msg, "cannot invoke '%s': this run is %d deep in runs that invoke runs, "
@@ -448,6 +453,7 @@ void run_op_invoke(struct task *t, const struct op_invoke *a) {
     cJSON_AddStringToObject(trig, "by", "skill");
     cJSON_AddStringToObject(trig, "step", t->wait_id);
     cJSON_AddNumberToObject(trig, "depth", depth);
+    cJSON_AddStringToObject(trig, "root", root);
     char *tj = jsontext_print_text(trig);
     cJSON_Delete(trig);
     /* The child's id comes from this run's id and the step's, at the
@@ -467,6 +473,19 @@ void run_op_invoke(struct task *t, const struct op_invoke *a) {
     err_t se;
     int exists = sched__find(s, child) != NULL ||
                  (t->parent && !store_run_status(sched__opts(s)->store, child, st, sizeof st, &se));
+    int tree = sched__opts(s)->run_tree;
+    if (!exists && sched__tree_count(s, root) >= tree) {
+      char msg[600];
+      snprintf(msg, sizeof msg, "cannot invoke '%s': the runs invoked from run %s (and from its "
+               "children, theirs, ...) number %d, the most limits.run_tree allows; a skill that "
+               "invokes itself from step.parallel multiplies its runs at every level",
+               skill_id, root, tree);
+      free(tj);
+      invoke_failed(t, msg);
+      free(skill_id), free(data);
+      return;
+    }
+    if (!exists) sched__tree_add(s, root);
     if (!exists && sched__run_new(s, sk, child, t->parent ? now : at, tj, data, r->id, &e)) {
       invoke_failed(t, e.msg);
       free(tj), free(skill_id), free(data);

@@ -580,6 +580,7 @@ int sched_new(const struct sched_opts *o, sched_t **out, err_t *e) {
   if (s->o.event_limit <= 0) s->o.event_limit = 1 << 20;
   if (s->o.run_log_limit <= 0) s->o.run_log_limit = 16 << 20;
   if (s->o.invoke_depth <= 0) s->o.invoke_depth = 64;
+  if (s->o.run_tree <= 0) s->o.run_tree = 10000;
   if (s->o.max_parked == 0) s->o.max_parked = 10000;
   sched__group_init(&s->open);
   s->data_version = -1;
@@ -672,6 +673,7 @@ void sched_stop(sched_t *s, int64_t grace_ms) {
   s->stopping = 1;
   s->stop_deadline = units_now_ms() + (grace_ms > 0 ? grace_ms : 0);
   sched__crons_free(s);
+  sched__trees_free(s);
   sched__watch_stop(s); /* their clients are answered now, not at the grace's end */
   /* Runs are left to whoever takes them over: dropped here without a
   ** write; the lease release makes them claimable. Bodies in flight may

@@ -60,6 +60,7 @@ struct sched_opts {
   int max_parked;           /* runs parked in memory before eviction, default 10000 */
   int64_t run_log_limit;    /* bytes of log lines a run keeps, default 16 MB (0: the default) */
   int invoke_depth;         /* how deep runs may invoke runs, default 64 (0: the default) */
+  int run_tree;             /* runs one tree of invokes may start here, default 10000 (0: the default) */
   int64_t retention_ms;     /* serve: prune history older than this every hour (0: keep all) */
   int verbose;              /* print each step to stderr as it completes */
   const char *const *api_callers; /* skills whose http requests may reach the engine's API

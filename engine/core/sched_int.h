@@ -59,6 +59,9 @@ struct sched_watches {
   int failing;          /* the last check could not read the store: the tick asks again */
 };
 
+#define SCHED_TREE_BUCKETS 256
+struct tree_count;
+
 struct sched {
   struct sched_opts o;
   char owner[40];
@@ -102,6 +105,7 @@ struct sched {
   size_t map_cap, map_n;
   int parked;       /* main tasks parked on a sleep, wait or invoke, in memory */
   struct cron_entry *crons;
+  struct tree_count *trees[SCHED_TREE_BUCKETS]; /* sched_tree.c: runs started per tree of invokes */
   int crons_built; /* the cron entries were built once since the engine started */
   struct stimer grace;       /* the end of the shutdown's grace period */
   int64_t stop_deadline;     /* stopping: past it, writes the store refuses are given up */

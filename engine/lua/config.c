@@ -41,6 +41,7 @@ static void defaults(struct config *c) {
   c->parked_runs = 10000;
   c->run_logs = 16 << 20;
   c->invoke_depth = 64;
+  c->run_tree = 10000;
   c->retries = 3;
   c->backoff_ms = 1000;
   c->backoff_max_ms = 600000;
@@ -203,6 +204,7 @@ static const struct numrange
   R_PARKED = {NUM_COUNT, 1, 10000000, 0, "a whole number from 1 to 10000000"},
   R_RUN_LOGS = {NUM_SIZE, 64 * KB, 16 * GB, 0, "a size from 64 KB to 16 GB"},
   R_DEPTH = {NUM_COUNT, 1, 10000, 0, "a whole number from 1 to 10000"},
+  R_TREE = {NUM_COUNT, 1, 10000000, 0, "a whole number from 1 to 10000000"},
   R_RETRIES = {NUM_COUNT, 0, 100, 0, "a whole number from 0 to 100"},
   R_BACKOFF = {NUM_DURATION, 1, DAY, 0, "a duration from 1ms to 1d"},
   R_MAX_BACKOFF = {NUM_DURATION, 1, 7 * DAY, 0, "a duration from 1ms to 7d"},
@@ -449,7 +451,7 @@ static int read_table(struct config *c, lua_State *L, struct cfgsrc *s, err_t *e
   static const char *const llm[] = {"base_url", "model", "api_key_env", NULL};
   static const char *const limits[] = {"step_output", "event", "run_seconds_between_yields",
                                        "run_memory", "total_memory", "parked_runs", "run_logs",
-                                       "invoke_depth", NULL};
+                                       "invoke_depth", "run_tree", NULL};
   static const char *const retry[] = {"retries", "backoff", "max_backoff", NULL};
   static const char *const otlp[] = {"endpoint", "service_name", NULL};
   char *durability = NULL;
@@ -498,7 +500,8 @@ static int read_table(struct config *c, lua_State *L, struct cfgsrc *s, err_t *e
          get_num(L, s, "total_memory", &R_TOTAL_MEMORY, &c->total_memory, e) ||
          get_num(L, s, "parked_runs", &R_PARKED, &c->parked_runs, e) ||
          get_num(L, s, "run_logs", &R_RUN_LOGS, &c->run_logs, e) ||
-         get_num(L, s, "invoke_depth", &R_DEPTH, &c->invoke_depth, e);
+         get_num(L, s, "invoke_depth", &R_DEPTH, &c->invoke_depth, e) ||
+         get_num(L, s, "run_tree", &R_TREE, &c->run_tree, e);
     close_table(L, s);
     if (rc) return ERR_INVALID;
     if (c->total_memory && c->total_memory < c->run_memory)

@@ -43,6 +43,7 @@ struct config {
   int64_t parked_runs;   /* limits.parked_runs: parked runs kept in memory (more are evicted) */
   int64_t run_logs;      /* limits.run_logs: bytes of log lines a run keeps (more are dropped) */
   int64_t invoke_depth;  /* limits.invoke_depth: how deep runs may invoke runs */
+  int64_t run_tree;      /* limits.run_tree: the runs a tree of invokes may start in one process */
   int retries;           /* retry.retries: default retries of a step */
   int64_t backoff_ms;    /* retry.backoff: first retry delay */
   int64_t backoff_max_ms;/* retry.max_backoff */

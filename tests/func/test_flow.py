@@ -118,6 +118,33 @@ end }""")
         depths = sorted(x["trigger"].get("depth", 0) for x in runs)
         self.assertEqual(depths, [0, 1, 2, 3, 4, 5])
 
+    def test_a_skill_that_invokes_itself_from_parallel_ends_at_the_run_tree(self):
+        # Three children a level: 3^depth runs within the depth limit. It made
+        # 150,000 runs in 30 s, failed other skills' runs (Lua memory full)
+        # and crashed the engine. The tree of one root starts at most
+        # limits.run_tree runs; the invoke past it fails, naming it.
+        self.w.write("moonloop.conf.lua", "return { limits = { run_tree = 30 } }\n")
+        self.skill("bomb", """
+return { id = "bomb", retries = 0, run = function(ctx)
+  local fns = {}
+  for i = 1, 3 do
+    fns[i] = function() return ctx.step.invoke("c", { skill = "bomb", data = {} }) end
+  end
+  return ctx.step.parallel("fan", fns)
+end }""")
+        self.skill("other", 'return { id = "other", run = function(ctx) return "fine" end }')
+        self.serve()
+        r = self.w.ml("invoke", "bomb", "--wait", check=1, timeout=120)
+        self.assertIn("the most limits.run_tree allows", r.stderr)
+        wait_until(lambda: all(x["status"] in ("failed", "cancelled", "completed") for x in self.runs_of("bomb")),
+                   timeout=60, what="the tree to end")
+        runs = self.runs_of("bomb")
+        self.assertEqual(len(runs), 31, len(runs))  # the root and the 30 it may start
+        roots = {x["trigger"].get("root") for x in runs if x["trigger"].get("by") == "skill"}
+        self.assertEqual(len(roots), 1)
+        # Another skill goes on as before.
+        self.assertEqual(json.loads(self.w.ml("invoke", "other", "--wait", check=0).stdout.splitlines()[-1]), "fine")
+
     def test_parallel_and_send_event_fan_out(self):
         self.skill("fan", """
 return { id = "fan", run = function(ctx)
