@@ -142,6 +142,8 @@ function M.validate(def, file, src, default_id, recorded)
       else
         if type(t.cron) ~= "string" then fail("cron", "trigger %d: 'cron' must be a string", i) end
         if t.tz ~= nil and type(t.tz) ~= "string" then fail("tz", "trigger %d: 'tz' must be a string", i) end
+        -- (An empty zone read as UTC: leave tz out for UTC.)
+        if t.tz == "" then fail("tz", "trigger %d: 'tz' is empty: name a zone such as \"Europe/Paris\", or leave tz out for UTC", i) end
         local ok, err = core.cron_check(t.cron, t.tz)
         if not ok then fail("cron", "trigger %d: %s", i, err) end
         triggers[#triggers + 1] = { cron = t.cron, tz = t.tz }

@@ -63,6 +63,8 @@ class CheckTest(TestCase):
              "out of range"),
             ("return { triggers = { { cron = \"* * * * *\", tz = \"Mars/Olympus\" } }, run = function() end }\n",
              "unknown time zone 'Mars/Olympus'"),
+            ("return { triggers = { { cron = \"* * * * *\", tz = \"\" } }, run = function() end }\n",
+             "trigger 1: 'tz' is empty: name a zone such as \"Europe/Paris\", or leave tz out for UTC"),
             ("return { triggers = { { event = \"a\", cron = \"* * * * *\" } }, run = function() end }\n",
              "exactly one of 'event' or 'cron'"),
             ("return { triggers = { { evnt = \"a\" } }, run = function() end }\n",
