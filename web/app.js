@@ -182,7 +182,7 @@
     text = String(text);
     if (text.length <= max) return render(text);
     const box = h('span', { class: 'long' });
-    const more = h('button', { type: 'button', class: 'more', onclick: () => add(box.replaceChildren() || box, [render(text)]) },
+    const more = h('button', { type: 'button', class: 'more', onclick: () => { box.replaceChildren(); add(box, [render(text)]); } },
       `show all ${fmtSize(text.length)}`);
     return add(box, [render(text.slice(0, max) + '…'), ' ', more]);
   }
@@ -211,9 +211,9 @@
   const JSON_SHOWN = 64 * 1024; /* characters of a JSON value shown before "show all" */
 
   /* JSON, pretty and coloured (keys, strings, numbers, booleans, null). */
-  function jsonView(v, full) {
+  function jsonView(v) {
     const text = v === undefined ? 'undefined' : JSON.stringify(v, null, 2);
-    if (text.length > JSON_SHOWN && !full) {
+    if (text.length > JSON_SHOWN) {
       /* Coloured, a megabyte is tens of thousands of elements: its start,
        * plain, and the rest on demand. */
       const pre = h('pre', { class: 'json' }, text.slice(0, JSON_SHOWN) + '\n…');

@@ -485,12 +485,12 @@ void run_op_invoke(struct task *t, const struct op_invoke *a) {
       free(skill_id), free(data);
       return;
     }
-    if (!exists) sched__tree_add(s, root);
     if (!exists && sched__run_new(s, sk, child, t->parent ? now : at, tj, data, r->id, &e)) {
       invoke_failed(t, e.msg);
       free(tj), free(skill_id), free(data);
       return;
     }
+    if (!exists) sched__tree_add(s, root);
     free(tj);
     t->wait_child = mem_strdup(child);
   }

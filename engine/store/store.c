@@ -12,12 +12,9 @@
 #include "base/vocab.h"
 #include "store/store_backend.h"
 
-#include <errno.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 /* Whether the database setting names a PostgreSQL database. */
 static int is_pg_url(const char *path) {
@@ -38,16 +35,7 @@ int store_open(const char *path, enum store_durability d, store_t **out, err_t *
 
 /* See store.h. */
 int store_absent(const char *path) {
-  if (!path || !*path || is_pg_url(path)) return 0;
-  struct stat st;
-  char wal[PATH_MAX + 8];
-  snprintf(wal, sizeof wal, "%s-wal", path);
-  if (stat(path, &st) == 0 || errno != ENOENT || stat(wal, &st) == 0) return 0;
-  /* A folder that is not there: opening says so, and creates nothing. */
-  char dir[PATH_MAX];
-  const char *slash = strrchr(path, '/');
-  snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + 1 : 1, slash ? path : ".");
-  return stat(dir, &st) == 0;
+  return path && *path && !is_pg_url(path) && store__sqlite_absent(path);
 }
 
 /* See store.h. NULL is a no-op. */

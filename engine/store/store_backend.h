@@ -235,6 +235,8 @@ static inline struct store_base *store__base(store_t *s) {
 
 /* The backends' opening functions (store.c chooses). */
 int store__sqlite_open(const char *path, enum store_durability d, store_t **out, err_t *e);
+/* store_absent for a SQLite path (store_sqlite.c). */
+int store__sqlite_absent(const char *path);
 int store__pg_open(const char *url, enum store_durability d, store_t **out, err_t *e);
 
 /* The fault point reader_busy (base/fault.h), which every read passes:

@@ -572,11 +572,8 @@ static int open_error(const char *path, const char *sqlite_msg, err_t *e) {
   struct stat st;
   if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
     return err_set(e, ERR_IO, "cannot open database '%s': it is a folder, not a file", path);
-  const char *slash = strrchr(path, '/');
   char dir[1024];
-  if (!slash) snprintf(dir, sizeof dir, ".");
-  else if (slash == path) snprintf(dir, sizeof dir, "/");
-  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  dir_of(path, dir, sizeof dir);
   if (stat(dir, &st) != 0 && errno == ENOENT)
     return err_set(e, ERR_IO, "cannot open database '%s': the folder '%s' does not exist", path,
                    dir);
@@ -588,6 +585,17 @@ static int open_error(const char *path, const char *sqlite_msg, err_t *e) {
   char hint[1400];
   perm_hint(path, hint, sizeof hint);
   return err_set(e, ERR_IO, "cannot open database '%s': %s%s", path, sqlite_msg, hint);
+}
+
+/* See store_backend.h. */
+int store__sqlite_absent(const char *path) {
+  struct stat st;
+  char wal[PATH_MAX + 8], dir[1024];
+  snprintf(wal, sizeof wal, "%s-wal", path);
+  if (stat(path, &st) == 0 || errno != ENOENT || stat(wal, &st) == 0) return 0;
+  /* A folder that is not there: opening says so, and creates nothing. */
+  dir_of(path, dir, sizeof dir);
+  return stat(dir, &st) == 0;
 }
 
 /* See store_db.h: a busy timeout of 10 s. */
