@@ -515,11 +515,13 @@ static int deliver_event(store_t *s, const char *id, const char *name, const cha
 /* See store.h. */
 int store__sqlite_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t *e) {
   *runs = 0;
-  if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
-  sqlite3_stmt *st = store__prep(s->w,
+  /* Asked after every write another connection may have made: its
+  ** statements are prepared once (store__cached). */
+  if (store__step(s, s->ws[W_BEGIN], e, "beginning a transaction")) return e->code;
+  sqlite3_stmt *st = store__cached(s,
     "SELECT id, name, data, ts FROM events WHERE dispatched = 0 ORDER BY ts, id LIMIT ?1", e);
   if (!st) {
-    store__exec(s->w, "ROLLBACK", NULL);
+    store__step(s, s->ws[W_ROLLBACK], NULL, "rolling back");
     return e->code;
   }
   sqlite3_bind_int(st, 1, limit);
@@ -544,12 +546,12 @@ int store__sqlite_dispatch(store_t *s, int64_t now, int limit, int *runs, err_t 
     }
     n++;
   }
-  sqlite3_finalize(st);
+  sqlite3_reset(st);
   if (!err && n && fault_hit(FAULT_DISPATCH_FAIL))
     err = err_set(e, ERR_IO, "store: dispatching events: the transaction failed (fault injected: "
                   "dispatch_fail)");
-  if (err || store__exec(s->w, "COMMIT", e)) {
-    store__exec(s->w, "ROLLBACK", NULL);
+  if (err || store__step(s, s->ws[W_COMMIT], e, "committing")) {
+    store__step(s, s->ws[W_ROLLBACK], NULL, "rolling back");
     *runs = 0;
     return e->code ? e->code : ERR_IO;
   }

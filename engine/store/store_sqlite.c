@@ -1372,17 +1372,19 @@ static int sqlite_claim(store_t *s, const char *owner, int limit, struct run_row
                 err_t *e) {
   *rows = NULL;
   *n = 0;
-  if (store__exec(s->w, "BEGIN IMMEDIATE", e)) return e->code;
+  /* Asked every few seconds, and after every write another connection
+  ** may have made: its statements are prepared once (store__cached). */
+  if (store__step(s, s->ws[W_BEGIN], e, "beginning a transaction")) return e->code;
   if (lease_live(s, owner, units_now_ms(), e)) {
-    store__exec(s->w, "ROLLBACK", NULL);
+    store__step(s, s->ws[W_ROLLBACK], NULL, "rolling back");
     return e->code;
   }
-  sqlite3_stmt *st = store__prep(s->w,
+  sqlite3_stmt *st = store__cached(s,
     "UPDATE runs SET owner = ?1 WHERE id IN (SELECT id FROM runs INDEXED BY runs_unowned"
     " WHERE owner IS NULL AND " VOCAB_RUN_UNENDED_OR " ORDER BY id LIMIT ?2)"
     " RETURNING " STORE_CLAIM_COLS, e);
   if (!st) {
-    store__exec(s->w, "ROLLBACK", NULL);
+    store__step(s, s->ws[W_ROLLBACK], NULL, "rolling back");
     return e->code;
   }
   store__bind_text(st, 1, owner);
@@ -1396,11 +1398,11 @@ static int sqlite_claim(store_t *s, const char *owner, int limit, struct run_row
     }
     row_from_stmt(st, &(*rows)[(*n)++]);
   }
-  sqlite3_finalize(st);
+  if (rc != SQLITE_DONE) store__db_err(e, s->w, "claiming runs");
+  sqlite3_reset(st);
   if (rc == SQLITE_DONE) fault_delay(FAULT_CLAIM);
-  if (rc != SQLITE_DONE || store__exec(s->w, "COMMIT", e)) {
-    if (rc != SQLITE_DONE) store__db_err(e, s->w, "claiming runs");
-    store__exec(s->w, "ROLLBACK", NULL);
+  if (rc != SQLITE_DONE || store__step(s, s->ws[W_COMMIT], e, "committing a claim")) {
+    store__step(s, s->ws[W_ROLLBACK], NULL, "rolling back");
     store_rows_free(*rows, *n);
     *rows = NULL;
     *n = 0;
