@@ -220,7 +220,7 @@ int cli_skills(struct cli *c) {
     return cli_fail(EXIT_FAILED, "%s", e.msg);
   }
   if (c->json) print_json(skills, 0);
-  else trace_print_skills(stdout, skills, c->color);
+  else trace_print_skills(stdout, skills, c->color, units_now_ms());
   cJSON_Delete(skills);
   if (!rc) engine_close(&en);
   return EXIT_OK;

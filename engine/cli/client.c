@@ -212,7 +212,7 @@ int client_skills(struct cli *c) {
     return cli_fail(EXIT_FAILED, "the engine's answer has no list of skills");
   }
   if (c->json) print_json(skills, 0);
-  else trace_print_skills(stdout, skills, c->color);
+  else trace_print_skills(stdout, skills, c->color, units_now_ms());
   cJSON_Delete(ans);
   return EXIT_OK;
 }

@@ -399,17 +399,17 @@ static void print_load_error(FILE *f, const cJSON *err, const char *live, int co
   term_strs_free(&ts);
 }
 
-void trace_print_skills(FILE *f, const cJSON *skills, int color) {
+void trace_print_skills(FILE *f, const cJSON *skills, int color, int64_t now) {
   struct term_strs ts = {0};
   if (!cJSON_GetArraySize(skills)) {
     fprintf(f, "no skills registered\n");
     return;
   }
-  fprintf(f, "%s%-24s  %-12s  %-8s  %-36s  %s%s\n", color ? BOLD : "", "SKILL", "VERSION",
-          "VERSIONS", "TRIGGERS", "FILE", color ? RESET : "");
+  fprintf(f, "%s%-24s  %-12s  %-8s  %-36s  %-10s  %s%s\n", color ? BOLD : "", "SKILL", "VERSION",
+          "VERSIONS", "TRIGGERS", "NEXT", "FILE", color ? RESET : "");
   const cJSON *s;
   cJSON_ArrayForEach(s, skills) {
-    char trig[256] = "";
+    char trig[256] = "", next[32] = "-";
     size_t k = 0;
     const cJSON *t;
     cJSON_ArrayForEach(t, cJSON_GetObjectItem(s, "triggers")) {
@@ -418,10 +418,12 @@ void trace_print_skills(FILE *f, const cJSON *skills, int color) {
                             ev ? "event " : "cron ", ev ? ev : cr ? cr : "?");
       if (k >= sizeof trig) break;
     }
+    int64_t soonest = time_of(s, "next_fire"); /* its cron triggers' (store_read.c) */
+    if (soonest) trace_fmt_ago(soonest, now, next, sizeof next);
     const char *ver = str(s, "version");
-    fprintf(f, "%-24s  %-12.12s  %-8d  %-36.36s  %s\n", T(shown(s, "id")), ver ? T(ver) : "(none)",
-            cJSON_GetArraySize(cJSON_GetObjectItem(s, "versions")), k ? T(trig) : "invoke only",
-            str(s, "file") ? T(str(s, "file")) : "");
+    fprintf(f, "%-24s  %-12.12s  %-8d  %-36.36s  %-10s  %s\n", T(shown(s, "id")),
+            ver ? T(ver) : "(none)", cJSON_GetArraySize(cJSON_GetObjectItem(s, "versions")),
+            k ? T(trig) : "invoke only", next, str(s, "file") ? T(str(s, "file")) : "");
     const cJSON *err = cJSON_GetObjectItem(s, "error");
     if (err && !cJSON_IsNull(err)) print_load_error(f, err, ver, color);
   }

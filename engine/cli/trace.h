@@ -17,8 +17,9 @@ void trace_print_runs(FILE *f, const cJSON *runs, int color, int64_t now_ms);
 ** errors, logs, input and output. */
 void trace_print_run(FILE *f, const cJSON *run, int color, int64_t now_ms);
 
-/* The registered skills, one line each, with their last load error. */
-void trace_print_skills(FILE *f, const cJSON *skills, int color);
+/* The registered skills, one line each, with their cron triggers' next fire
+** (relative to now) and their last load error. */
+void trace_print_skills(FILE *f, const cJSON *skills, int color, int64_t now);
 
 /* "3m ago", "in 2h" */
 void trace_fmt_ago(int64_t then_ms, int64_t now_ms, char *out, size_t n);

@@ -204,10 +204,6 @@ static int file_of_other(struct engine *en, const char *id, const char *file) {
   return other;
 }
 
-/* The file a deploy of id writes: the file that registered it, when that
-** is inside the workspace (on its real path) and no other live skill's,
-** else WORKSPACE/<id with '-' as '_'>.lua. Whatever a PUT's ?file= said,
-** the write lands inside the workspace; workspace_write checks it again. */
 /* The skill of the run whose task is running (the caller of a module
 ** function), or NULL outside a run. */
 static const char *caller_skill(struct engine *en, struct task **tp) {
@@ -216,8 +212,10 @@ static const char *caller_skill(struct engine *en, struct task **tp) {
   return t && t->run->skill ? t->run->skill->id : NULL;
 }
 
-/* The file a deploy of id writes: the file that registered it, when it is
-** in the workspace, else WORKSPACE/<id with '-' as '_'>.lua. */
+/* The file a deploy of id writes: the file that registered it, when that
+** is inside the workspace (on its real path) and no other live skill's,
+** else WORKSPACE/<id with '-' as '_'>.lua. Whatever a PUT's ?file= said,
+** the write lands inside the workspace; workspace_write checks it again. */
 static void deploy_path(struct engine *en, const char *id, char *out, size_t n) {
   cJSON *rec;
   err_t e;

@@ -21,6 +21,7 @@
 ** text, so the record's shape is written in one place. A cursor is closed
 ** as soon as it is read, so the reader holds nothing between calls.
 */
+#include "base/cron.h"
 #include "base/fault.h"
 #include "base/jsontext.h"
 #include "base/mem.h"
@@ -532,6 +533,34 @@ static void add_text(cJSON *o, const char *key, const struct store_cur *c, int i
   else cJSON_AddNullToObject(o, key);
 }
 
+/* The skill's "next_fire": the soonest time one of its cron triggers
+** matches after now (RFC 3339; a serve engine fires it then), or null when
+** it has none (no cron trigger, no live version, none within 5 years). The
+** operator's "when does this loop run next?", from the schedules
+** themselves (cron.c), as sched_cron.c reads them. */
+static void add_next_fire(cJSON *o, const cJSON *triggers) {
+  int64_t now = units_now_ms(), soonest = -1;
+  const cJSON *t;
+  cJSON_ArrayForEach(t, triggers) {
+    const cJSON *expr = cJSON_GetObjectItem(t, "cron"), *tz = cJSON_GetObjectItem(t, "tz");
+    cron_t *c;
+    err_t e;
+    if (!cJSON_IsString(expr) ||
+        cron_parse(expr->valuestring, cJSON_IsString(tz) ? tz->valuestring : NULL, &c, &e))
+      continue;
+    int64_t next = cron_next(c, now);
+    cron_free(c);
+    if (next >= 0 && (soonest < 0 || next < soonest)) soonest = next;
+  }
+  char ts[40];
+  if (soonest < 0) {
+    cJSON_AddNullToObject(o, "next_fire");
+    return;
+  }
+  units_rfc3339(soonest, ts, sizeof ts);
+  cJSON_AddStringToObject(o, "next_fire", ts);
+}
+
 /* A skill record from a row of (id, version, file, description, triggers, error). */
 static cJSON *skill_record(store_t *s, const struct store_cur *st) {
   cJSON *o = cJSON_CreateObject();
@@ -546,6 +575,7 @@ static cJSON *skill_record(store_t *s, const struct store_cur *st) {
     t = NULL;
   }
   cJSON_AddItemToObject(o, "triggers", t ? t : cJSON_CreateArray());
+  add_next_fire(o, cur_text(st, 1) ? t : NULL);
   cJSON *versions = cJSON_AddArrayToObject(o, "versions");
   struct store_val v[1] = {SV_TEXT(cur_text(st, 0))};
   struct store_cur vc;

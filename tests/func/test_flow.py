@@ -384,6 +384,38 @@ end }"""
             self.assertEqual([r["trigger"] for r in self.runs_of("tick") if r["trigger"].get("catch_up")], [])
 
 
+    def test_a_skill_says_when_its_cron_fires_next(self):
+        # The operator's "when does this loop run next?": next_fire is the
+        # soonest match of the skill's cron triggers, in their time zones;
+        # null for a skill without one. `moonloop skills` shows it as NEXT.
+        from datetime import datetime, timedelta, timezone
+        from zoneinfo import ZoneInfo
+        self.skill("weekly", """
+return { id = "weekly", triggers = { { cron = "30 9 * * 1", tz = "Europe/Paris" },
+  { cron = "0 0 1 1 *" }, { event = "nudge" } }, run = function(ctx) return 1 end }""")
+        self.skill("plain", 'return { id = "plain", triggers = { { event = "x" } }, run = function(ctx) return 1 end }')
+        self.serve()
+        t0 = time.time()
+        rec = {s["id"]: s for s in json.loads(self.w.ml("skills", "--json", check=0).stdout)}
+        self.assertIsNone(rec["plain"]["next_fire"])
+        self.assertEqual(rec["weekly"]["triggers"][0], {"cron": "30 9 * * 1", "tz": "Europe/Paris"})
+        at = datetime.fromisoformat(rec["weekly"]["next_fire"].replace("Z", "+00:00"))
+        # Expected: the sooner of the next Monday 09:30 in Paris (UTC+1 or
+        # +2 by the date) and the next New Year's midnight UTC.
+        paris, now = ZoneInfo("Europe/Paris"), datetime.fromtimestamp(t0, timezone.utc)
+        day = now.astimezone(paris).replace(hour=9, minute=30, second=0, microsecond=0)
+        while day.weekday() != 0 or day <= now:
+            day = (day + timedelta(days=1)).replace(hour=9, minute=30, tzinfo=paris)
+        new_year = datetime(now.year + 1, 1, 1, tzinfo=timezone.utc)
+        self.assertEqual(at, min(day, new_year))
+        table = self.w.ml("skills", check=0).stdout
+        self.assertIn("NEXT", table.splitlines()[0])
+        row = [line for line in table.splitlines() if line.startswith("weekly")][0]
+        self.assertRegex(row, r"\bin \d+(d|h|m)")
+        plain = [line for line in table.splitlines() if line.startswith("plain")][0]
+        self.assertNotRegex(plain, r"\bin \d")
+
+
 class CronFromEnvTest(SkillsTestCase):
     env_names = ("STANDIN", "CRON")
 
