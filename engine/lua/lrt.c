@@ -1179,7 +1179,9 @@ int lrt_resume(lrt_t *r, lua_State *co, int nargs) {
   struct resumed a = {r, co, lua_resume(co, nargs)};
   err_t e;
   r->in_slice = 0; /* the after-part is the engine's: it has the reserve */
-  if (lrt_protect(r, after_resume, &a, &e)) {
+  /* Most resumes need no after-part: no protected call for them. */
+  int after = (a.rc == LUA_YIELD && r->mem_over && !r->killed) || (r->killed && co != r->L);
+  if (after && lrt_protect(r, after_resume, &a, &e)) {
     r->killed = 1;
     snprintf(r->kill_reason, sizeof r->kill_reason, "%.199s", e.msg);
     a.rc = LUA_ERRMEM;
