@@ -52,6 +52,9 @@
     "httpc, as a transfer ends: it fails as a reset connection would") \
   _(ALLOC_FAIL, "alloc_fail", FAULT_COUNT, \
     "base/mem.h's allocation functions: the system refuses the memory") \
+  _(LUA_FULL, "lua_full", FAULT_COUNT, \
+    "lrt.c's Lua allocator, outside a slice (the engine's own calls into Lua): the block is " \
+    "refused as when the state and its reserve are full (limits.total_memory)") \
   _(ACCEPT_EMFILE, "accept_emfile", FAULT_COUNT, \
     "the API's listener: accepting a connection fails for want of file descriptors (EMFILE)") \
   _(CRASH_ON_LOG, "crash_on_log", FAULT_TEXT, \

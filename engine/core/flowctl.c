@@ -46,27 +46,43 @@ static cJSON *run_event(const struct run *r) {
   return ev;
 }
 
+struct prio_call {
+  struct run *r;
+  const cJSON *ev; /* its event (made outside: an error thrown past it would leak it) */
+  double prio;
+};
+
+/* run_priority's call of priority(event), under lrt_protect. */
+static int call_priority(void *arg, err_t *e) {
+  struct prio_call *pc = arg;
+  struct run *r = pc->r;
+  lrt_t *lrt = sched__opts(r->sched)->lrt;
+  lua_State *L = lrt_L(lrt);
+  int top = lua_gettop(L);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, r->skill->def_ref);
+  lua_getfield(L, -1, "priority");
+  int bad = json_push(L, pc->ev, e);
+  if (!bad) bad = lrt_pcall(lrt, 1, 1, e);
+  if (!bad && lua_type(L, -1) == LUA_TNUMBER) pc->prio = lua_tonumber(L, -1);
+  else if (!bad) bad = err_set(e, ERR_INVALID, "it returned a %s, not a number", luaL_typename(L, -1));
+  lua_settop(L, top);
+  return bad;
+}
+
 /* r's priority: its skill's priority(event), called in the sandbox under
 ** the slice budget, in the run's memory account. A function that fails or
 ** does not return a number gives 0, with a line in the run's trace. */
 static double run_priority(struct run *r) {
   sched_t *s = r->sched;
   lrt_t *lrt = sched__opts(s)->lrt;
-  lua_State *L = lrt_L(lrt);
-  int top = lua_gettop(L);
   err_t e = {0};
-  double prio = 0;
-  int prev = r->mem_acct ? lrt_account_use(lrt, r->mem_acct) : -1;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, r->skill->def_ref);
-  lua_getfield(L, -1, "priority");
   cJSON *ev = run_event(r);
-  int bad = json_push(L, ev, &e);
-  cJSON_Delete(ev);
-  if (!bad) bad = lrt_pcall(lrt, 1, 1, &e);
-  if (!bad && lua_type(L, -1) == LUA_TNUMBER) prio = lua_tonumber(L, -1);
-  else if (!bad) err_set(&e, ERR_INVALID, "it returned a %s, not a number", luaL_typename(L, -1));
+  struct prio_call pc = {r, ev, 0};
+  int prev = r->mem_acct ? lrt_account_use(lrt, r->mem_acct) : -1;
+  if (lrt_protect(lrt, call_priority, &pc, &e)) pc.prio = 0;
   if (prev >= 0) lrt_account_use(lrt, prev);
-  lua_settop(L, top);
+  cJSON_Delete(ev);
+  double prio = pc.prio;
   if (e.msg[0]) {
     char msg[1200];
     snprintf(msg, sizeof msg, "priority: %s; queued with priority 0", e.msg);

@@ -348,27 +348,22 @@ static void on_cancel_applied(void *arg, const struct jentry *je) {
   const char *st = je->result;
   int poll = 0;
   if (!r->aborted && !r->finished) {
-    lua_State *co = t->co;
     char buf[160];
+    int rc;
     if (!st || !strcmp(st, "notfound")) {
       snprintf(buf, sizeof buf, "no run with id '%s'", cc->run_id);
-      lua_pushnil(co);
-      lua_pushstring(co, buf);
-      t->nres = 2;
+      rc = run__push_values(t, "zs", buf);
     } else if (!strncmp(st, "ended:", 6)) {
       snprintf(buf, sizeof buf, "run %s is already %s: nothing to cancel", cc->run_id, st + 6);
-      lua_pushnil(co);
-      lua_pushstring(co, buf);
-      t->nres = 2;
+      rc = run__push_values(t, "zs", buf);
     } else {
       /* Held here: stopped now (below), with the reason the store kept. */
       poll = sched__find(r->sched, cc->run_id) != NULL;
       snprintf(buf, sizeof buf, "{\"run_id\":\"%s\",\"status\":\"%s\"}", cc->run_id,
                poll ? "cancelled" : st);
-      lua_pushstring(co, buf);
-      t->nres = 1;
+      rc = run__push_values(t, "s", buf);
     }
-    run__complete(t);
+    if (!rc) run__complete(t);
   }
   sched_t *s = r->sched;
   run_unref(r);

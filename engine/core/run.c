@@ -22,6 +22,7 @@
 #include "lua/json.h"
 
 #include <lauxlib.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,6 +117,53 @@ void run__task_cancel(struct task *t) {
 void run__park(struct task *t, int waits) {
   t->state = T_PARKED;
   t->waits = waits;
+}
+
+/* See run.h. */
+int run__push(struct task *t, int (*fn)(void *arg, err_t *e), void *arg) {
+  struct run *r = t->run;
+  err_t e;
+  if (!t->co || !lrt_protect(sched__opts(r->sched)->lrt, fn, arg, &e)) return 0;
+  /* The coroutine may be half pushed onto: it never runs again. */
+  char *ej = jsontext_message(e.msg);
+  run_abort(r, "failed", ej);
+  free(ej);
+  return e.code;
+}
+
+struct push_values {
+  lua_State *co;
+  const char *spec;
+  lua_Number n[RUN_PUSH_MAX];
+  const char *s[RUN_PUSH_MAX];
+};
+
+/* run__push_values's pushes, under lrt_protect. */
+static int push_values(void *arg, err_t *e) {
+  struct push_values *v = arg;
+  (void)e;
+  for (int i = 0; v->spec[i]; i++) {
+    if (v->spec[i] == 'n') lua_pushnumber(v->co, v->n[i]);
+    else if (v->spec[i] == 's' && v->s[i]) lua_pushstring(v->co, v->s[i]);
+    else lua_pushnil(v->co);
+  }
+  return 0;
+}
+
+/* See run.h. */
+int run__push_values(struct task *t, const char *spec, ...) {
+  struct push_values v = {.co = t->co, .spec = spec};
+  va_list ap;
+  va_start(ap, spec);
+  int n = 0;
+  for (; spec[n] && n < RUN_PUSH_MAX; n++) {
+    if (spec[n] == 'n') v.n[n] = va_arg(ap, double);
+    else if (spec[n] == 's') v.s[n] = va_arg(ap, const char *);
+  }
+  va_end(ap);
+  if (run__push(t, push_values, &v)) return ERR_NOMEM;
+  t->nres = n;
+  return 0;
 }
 
 /* One completion t was parked for came in: ready once all have. */
@@ -343,9 +391,16 @@ static int check_shared_state(struct run *r, lrt_t *lrt, err_t *e) {
                  r->skill->id, h, b);
 }
 
-/* See run.h: run.lua's new(ctx, def, journal) makes the coroutine, in
-** the run's own memory account. */
-int run_boot(struct run *r, const cJSON *journal, err_t *e) {
+struct boot {
+  struct run *r;
+  const cJSON *journal;
+};
+
+/* run_boot's calls into Lua, under lrt_protect: push the context, the
+** input and the journal, call run.new, keep the coroutine it returns. */
+static int boot(void *arg, err_t *e) {
+  struct run *r = ((struct boot *)arg)->r;
+  const cJSON *journal = ((struct boot *)arg)->journal;
   sched_t *s = r->sched;
   const struct sched_opts *o = sched__opts(s);
   lua_State *L = lrt_L(o->lrt);
@@ -380,9 +435,25 @@ int run_boot(struct run *r, const cJSON *journal, err_t *e) {
     err_set(e, ERR_INTERNAL, "run.new did not return a coroutine");
     goto fail;
   }
+  int ref = luaL_ref(L, LUA_REGISTRYINDEX);
   r->main.co = co;
-  r->main.co_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  r->main.co_ref = ref;
   lua_settop(L, top);
+  return 0;
+fail:
+  if (prev >= 0) lrt_account_use(o->lrt, prev);
+  lua_settop(L, top);
+  return e->code ? e->code : ERR_INTERNAL;
+}
+
+/* See run.h: run.lua's new(ctx, def, journal) makes the coroutine, in
+** the run's own memory account. Protected (lrt_protect): a state too full
+** for the engine's own pushes fails this run's start, saying so. */
+int run_boot(struct run *r, const cJSON *journal, err_t *e) {
+  sched_t *s = r->sched;
+  struct boot b = {r, journal};
+  if (lrt_protect(sched__opts(s)->lrt, boot, &b, e))
+    return err_prefix(e, "starting run %s", r->id);
   r->main.run = r;
   r->main.timer.fn = run__on_timer;
   r->main.state = T_PARKED;
@@ -392,10 +463,6 @@ int run_boot(struct run *r, const cJSON *journal, err_t *e) {
   if (r->unborn) run__park(&r->main, 1);
   else sched__ready(s, &r->main);
   return 0;
-fail:
-  if (prev >= 0) lrt_account_use(o->lrt, prev);
-  lua_settop(L, top);
-  return err_prefix(e, "starting run %s", r->id);
 }
 
 /* A dormant run's wake time came. */

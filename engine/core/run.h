@@ -298,4 +298,16 @@ struct sched_watch *sched__watch_add(sched_t *s, const char *run_id, int64_t wai
                                      sched_watch_cb cb, void *arg);
 void sched__run_link(sched_t *s, struct run *r);
 
+/* Push onto t's coroutine, protected (lrt_protect): fn(arg, e) pushes the
+** values t resumes with. Returns 0; or, when the state had no memory left
+** for it, fails t's run with the reason (limits.total_memory) and returns
+** the code: the caller then stops (the run is aborted, t's coroutine gone). */
+int run__push(struct task *t, int (*fn)(void *arg, err_t *e), void *arg);
+
+/* run__push of plain values, one per letter of spec: 'n' a number (a
+** double argument), 's' a string (const char *; NULL pushes nil), 'z'
+** nil (no argument); at most RUN_PUSH_MAX. Sets t->nres on success. */
+#define RUN_PUSH_MAX 4
+int run__push_values(struct task *t, const char *spec, ...);
+
 #endif

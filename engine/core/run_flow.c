@@ -127,8 +127,7 @@ static void on_sleep_end(struct stimer *tm) {
   journal_step(j, &row);
   journal_run_set(j, &set);
   run__verbose(r, "\xe2\x9c\x93", t->wait_id, now - t->wait_started, "(sleep)");
-  lua_pushnumber(t->co, (lua_Number)now);
-  t->nres = 1;
+  if (run__push_values(t, "n", (double)now)) return;
   run__wait_durable(t); /* waits stays 1: the durable write is the completion */
 }
 
@@ -172,17 +171,16 @@ static void branch_wait_finish(struct task *t, const char *result, int64_t now) 
   }
   run__verbose(r, result ? "\xe2\x9c\x93" : "\xe2\x9c\x97", t->wait_id, now - t->wait_started,
                result ? "(child ended)" : "(timed out)");
-  if (result) lua_pushstring(t->co, result);
-  else lua_pushnil(t->co);
-  lua_pushnumber(t->co, (lua_Number)now);
-  t->nres = 2;
+  char why[600];
+  const char *timed_out = NULL;
   if (!result && t->step_timed_out) {
     char d[32];
     units_fmt_duration(t->step_timeout_ms, d, sizeof d);
-    lua_pushfstring(t->co, "step '%s' timed out after %s while waiting for its child run %s",
-                    t->step_id ? t->step_id : "?", d, t->wait_child ? t->wait_child : "?");
-    t->nres = 3;
+    snprintf(why, sizeof why, "step '%s' timed out after %s while waiting for its child run %s",
+             t->step_id ? t->step_id : "?", d, t->wait_child ? t->wait_child : "?");
+    timed_out = why;
   }
+  if (run__push_values(t, timed_out ? "sns" : "sn", result, (double)now, timed_out)) return;
   run__wait_durable(t);
 }
 
@@ -219,10 +217,7 @@ static void wait_finish(struct task *t, const char *result) {
   }
   run__verbose(r, failed ? "\xe2\x9c\x97" : "\xe2\x9c\x93", t->wait_id, now - t->wait_started,
                failed ? why : result ? "(delivered)" : "(timed out)");
-  if (result) lua_pushstring(t->co, result);
-  else lua_pushnil(t->co);
-  lua_pushnumber(t->co, (lua_Number)now);
-  t->nres = 2;
+  if (run__push_values(t, "sn", result, (double)now)) return;
   run__wait_durable(t);
 }
 
@@ -373,12 +368,8 @@ static void invoke_failed(struct task *t, const char *msg) {
   int64_t now = units_now_ms();
   if (t->parent) {
     /* In a branch's body: the body raises it, and its step records it. */
-    lua_pushnil(t->co);
-    lua_pushnumber(t->co, (lua_Number)now);
-    lua_pushstring(t->co, msg);
-    t->nres = 3;
     run__park(t, 1);
-    run__complete(t);
+    if (!run__push_values(t, "zns", (double)now, msg)) run__complete(t);
     return;
   }
   struct step_row row = {
@@ -387,12 +378,8 @@ static void invoke_failed(struct task *t, const char *msg) {
     .ended_at = now,
   };
   journal_step(sched__journal(r->sched), &row);
-  lua_pushnil(t->co);
-  lua_pushnumber(t->co, (lua_Number)now);
-  lua_pushstring(t->co, msg);
-  t->nres = 3;
   run__park(t, 1);
-  run__wait_durable(t);
+  if (!run__push_values(t, "zns", (double)now, msg)) run__wait_durable(t);
 }
 
 /* OP_INVOKE (op.h): start the child
@@ -535,11 +522,9 @@ static void on_sent(void *arg, const struct jentry *last) {
     };
     journal_step(sched__journal(r->sched), &row);
     run__verbose(r, "\xe2\x9c\x93", t->wait_id, now - t->wait_started, "(sent)");
-    lua_pushstring(t->co, js);
-    lua_pushnumber(t->co, (lua_Number)now);
-    t->nres = 2;
+    int rc = run__push_values(t, "sn", js, (double)now);
     free(js);
-    run__wait_durable(t);
+    if (!rc) run__wait_durable(t);
   }
   run_unref(r);
   free(sc);
@@ -593,6 +578,28 @@ void run_op_send(struct task *t, const struct op_send *a) {
 
 /* ---- parallel ---- */
 
+struct kids_ref {
+  struct task *t;
+  lua_State *L;
+  int first; /* the index of the first branch's coroutine on t's stack */
+};
+
+/* Anchor each branch's coroutine in the registry (luaL_ref allocates),
+** under lrt_protect. A kid gets its coroutine once it is anchored. */
+static int ref_kids(void *arg, err_t *e) {
+  struct kids_ref *kr = arg;
+  struct task *t = kr->t;
+  (void)e;
+  for (int i = 0; i < t->nkids; i++) {
+    lua_pushvalue(t->co, kr->first + i);
+    lua_xmove(t->co, kr->L, 1);
+    lua_State *kco = lua_tothread(kr->L, -1);
+    t->kids[i]->co_ref = luaL_ref(kr->L, LUA_REGISTRYINDEX);
+    t->kids[i]->co = kco;
+  }
+  return 0;
+}
+
 /* OP_PARALLEL (op.h): run each body as a child
 ** task; the parent parks until all have ended. */
 void run_op_parallel(struct task *t, const struct op_parallel *a) {
@@ -611,22 +618,37 @@ void run_op_parallel(struct task *t, const struct op_parallel *a) {
   t->kid_value = mem_calloc((size_t)n, sizeof *t->kid_value);
   t->kid_ok = mem_calloc((size_t)n, sizeof *t->kid_ok);
   t->nkids = t->kids_left = n;
-  lua_State *L = lrt_L(lrt);
   for (int i = 0; i < n; i++) {
     struct task *k = mem_calloc(1, sizeof *k);
     k->run = r;
     k->parent = t;
     k->child_index = i;
-    k->co = lua_tothread(co, a->tasks.first + i);
-    lua_pushvalue(co, a->tasks.first + i);
-    lua_xmove(co, L, 1);
-    k->co_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     k->timer.fn = t->timer.fn;
     t->kids[i] = k;
   }
+  struct kids_ref kr = {t, lrt_L(lrt), a->tasks.first};
+  if (run__push(t, ref_kids, &kr)) return;
   lua_settop(co, 0);
   run__park(t, n);
   for (int i = 0; i < n; i++) sched__ready(s, t->kids[i]);
+}
+
+/* Push the list of t's children's results, [{ok=, value=}...], under
+** lrt_protect. */
+static int push_kid_results(void *arg, err_t *e) {
+  struct task *t = arg;
+  lua_State *co = t->co;
+  (void)e;
+  lua_createtable(co, t->nkids, 0);
+  for (int j = 0; j < t->nkids; j++) {
+    lua_createtable(co, 0, 2);
+    lua_pushboolean(co, t->kid_ok[j]);
+    lua_setfield(co, -2, "ok");
+    lua_pushstring(co, t->kid_value[j]);
+    lua_setfield(co, -2, "value");
+    lua_rawseti(co, -2, j + 1);
+  }
+  return 0;
 }
 
 /* See run.h: the last child resumes the parent with [{ok, value}...]. */
@@ -641,16 +663,7 @@ void run_child_ended(struct task *k, int ok, const char *value) {
     return;
   }
   /* The last child: hand the parent every result, in order. */
-  lua_State *co = t->co;
-  lua_createtable(co, t->nkids, 0);
-  for (int j = 0; j < t->nkids; j++) {
-    lua_createtable(co, 0, 2);
-    lua_pushboolean(co, t->kid_ok[j]);
-    lua_setfield(co, -2, "ok");
-    lua_pushstring(co, t->kid_value[j]);
-    lua_setfield(co, -2, "value");
-    lua_rawseti(co, -2, j + 1);
-  }
+  if (run__push(t, push_kid_results, t)) return;
   t->nres = 1;
   run__complete(t);
 }

@@ -127,10 +127,7 @@ void run__step_timed_out(struct task *t) {
   units_fmt_duration(t->step_timeout_ms, d, sizeof d);
   snprintf(msg, sizeof msg, "step '%s' timed out after %s", t->step_id ? t->step_id : "?", d);
   lua_settop(t->co, 0);
-  lua_pushnil(t->co);
-  lua_pushstring(t->co, msg);
-  lua_pushliteral(t->co, "step_timeout");
-  t->nres = 3;
+  if (run__push_values(t, "zss", msg, "step_timeout")) return;
   run__complete(t);
 }
 
@@ -243,8 +240,21 @@ int run__push_http_response(lua_State *co, const struct httpc_resp *resp) {
   return 1;
 }
 
+struct http_push {
+  struct task *t;
+  const struct httpc_resp *resp;
+};
+
+/* on_http's push, under lrt_protect. */
+static int push_response(void *arg, err_t *e) {
+  struct http_push *h = arg;
+  (void)e;
+  h->t->nres = run__push_http_response(h->t->co, h->resp);
+  return 0;
+}
+
 /* The response of a task's request: resume it with the response table, or
-** nil and the message. */
+** nil and the message. A state too full for the response fails the run. */
 static void on_http(const struct httpc_resp *resp, void *ud) {
   struct task *t = ud;
   lrt_t *lrt = sched__opts(t->run->sched)->lrt;
@@ -252,9 +262,10 @@ static void on_http(const struct httpc_resp *resp, void *ud) {
   /* The body is the run's to keep: charge it to the run (its next slice
   ** judges it against the budget). */
   int prev = lrt_account_use(lrt, t->run->mem_acct);
-  t->nres = run__push_http_response(t->co, resp);
+  struct http_push h = {t, resp};
+  int rc = run__push(t, push_response, &h);
   lrt_account_use(lrt, prev);
-  run__complete(t);
+  if (!rc) run__complete(t);
 }
 
 /* Whether skill id may call the engine's own API over HTTP: only the
@@ -295,12 +306,7 @@ void run_op_http(struct task *t, const struct op_http *a) {
   run__http_headers_free(hdrs, nh);
   lua_settop(co, 0);
   run__park(t, 1);
-  if (rc) {
-    lua_pushnil(co);
-    lua_pushstring(co, e.msg);
-    t->nres = 2;
-    run__complete(t);
-  }
+  if (rc && !run__push_values(t, "zs", e.msg)) run__complete(t);
 }
 
 /* A task's function returned (ok, payload) or raised past every handler. */
@@ -312,9 +318,11 @@ static void task_finished(struct task *t, int rc) {
   char *payload = NULL;
   if (rc == 0) {
     ok = lua_toboolean(co, 1);
-    payload = lua_isstring(co, 2) ? mem_strdup(lua_tostring(co, 2)) : NULL;
+    payload = lua_type(co, 2) == LUA_TSTRING ? mem_strdup(lua_tostring(co, 2)) : NULL;
   } else {
-    const char *msg = *kill ? kill : lua_isstring(co, -1) ? lua_tostring(co, -1) : "error";
+    /* Only a string is read: lua_tostring of a number would allocate. */
+    const char *msg = *kill ? kill : lua_type(co, -1) == LUA_TSTRING ? lua_tostring(co, -1)
+                                                                     : "error";
     payload = jsontext_message(msg);
   }
   lua_settop(co, 0);

@@ -39,17 +39,10 @@ static int waiting_index(const char *run_id) {
 
 /* Resume t after its pause with d (not PAUSE_STOP nor PAUSE_WAIT). */
 static void go_on(struct task *t, enum run_pause_decision d, const char *value) {
-  lua_State *co = t->co;
-  lua_settop(co, 0);
-  if (d == PAUSE_SKIP) {
-    lua_pushliteral(co, "skip");
-    lua_pushstring(co, value ? value : "null");
-    t->nres = 2;
-  } else {
-    lua_pushliteral(co, "run");
-    t->nres = 1;
-  }
-  run__complete(t);
+  lua_settop(t->co, 0);
+  int rc = d == PAUSE_SKIP ? run__push_values(t, "ss", "skip", value ? value : "null")
+                           : run__push_values(t, "s", "run");
+  if (!rc) run__complete(t);
 }
 
 void run_pause_handler(sched_t *s, run_pause_cb cb, void *arg) {
@@ -58,11 +51,10 @@ void run_pause_handler(sched_t *s, run_pause_cb cb, void *arg) {
   handler.arg = arg;
 }
 
-int run_pause_enable(sched_t *s, const char *run_id, err_t *e) {
-  struct run *r = sched__find(s, run_id);
-  if (!r || r->aborted || r->finished || !r->main.co)
-    return err_set(e, ERR_NOTFOUND, "run %s is not live in this process", run_id);
-  lrt_t *lrt = sched__opts(s)->lrt;
+/* run_pause_enable's call of run_pause.enable(co), under lrt_protect. */
+static int enable(void *arg, err_t *e) {
+  struct run *r = arg;
+  lrt_t *lrt = sched__opts(r->sched)->lrt;
   lua_State *L = lrt_L(lrt);
   int top = lua_gettop(L);
   if (lrt_require(lrt, "run_pause", e)) return e->code;
@@ -75,7 +67,14 @@ int run_pause_enable(sched_t *s, const char *run_id, err_t *e) {
   }
   int ok = lua_toboolean(L, -1);
   lua_settop(L, top);
-  return ok ? 0 : err_set(e, ERR_NOTFOUND, "run %s has no task to pause", run_id);
+  return ok ? 0 : err_set(e, ERR_NOTFOUND, "run %s has no task to pause", r->id);
+}
+
+int run_pause_enable(sched_t *s, const char *run_id, err_t *e) {
+  struct run *r = sched__find(s, run_id);
+  if (!r || r->aborted || r->finished || !r->main.co)
+    return err_set(e, ERR_NOTFOUND, "run %s is not live in this process", run_id);
+  return lrt_protect(sched__opts(s)->lrt, enable, r, e);
 }
 
 /* OP_PAUSE (op.h): ask the handler about the step; answer now, or later. */

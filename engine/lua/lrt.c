@@ -7,6 +7,7 @@
 ** string.find/match/gmatch/gsub are in lrt_pattern.c.
 */
 #include "base/cron.h"
+#include "base/fault.h"
 #include "base/ids.h"
 #include "base/mem.h"
 #include "base/units.h"
@@ -80,6 +81,9 @@ struct mhdr {
 
 enum { ACCT_FREE, ACCT_OPEN, ACCT_CLOSED };
 
+/* Why the allocator last refused a block (r->refused): lrt_protect says so. */
+enum { REFUSED_NONE, REFUSED_FULL, REFUSED_SYSTEM };
+
 /* v as text for a kill message: "64 MB", "1.5 MB", "512 KB", "100 bytes". */
 static void fmt_bytes(char *buf, size_t n, size_t v) {
   if (v >= ((size_t)1 << 20) && v % ((size_t)1 << 20) == 0) snprintf(buf, n, "%zu MB", v >> 20);
@@ -110,14 +114,18 @@ static void kill_memory(lrt_t *r) {
              "(limits.run_memory)", r->in_run ? "the run" : "skill code", b);
 }
 
-/* Mark the slice killed for finding the whole state's memory full. */
-static void kill_total(lrt_t *r) {
+/* The message for a state that is full, naming its cap. */
+static void total_message(const lrt_t *r, char *out, size_t n) {
   char b[32];
   fmt_bytes(b, sizeof b, r->mem_cap);
+  snprintf(out, n, "stopped: the engine's Lua memory is full (%s for all runs and skills "
+           "together, limits.total_memory)", b);
+}
+
+/* Mark the slice killed for finding the whole state's memory full. */
+static void kill_total(lrt_t *r) {
   r->killed = 1;
-  snprintf(r->kill_reason, sizeof r->kill_reason,
-           "stopped: the engine's Lua memory is full (%s for all runs and skills together, "
-           "limits.total_memory)", b);
+  total_message(r, r->kill_reason, sizeof r->kill_reason);
 }
 
 /* See lrt_int.h. */
@@ -130,6 +138,8 @@ void lrt__kill_time(lrt_t *r) {
 }
 
 static void *l_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
+static int traceback_handler(lua_State *L);
+static int c_protected(lua_State *L);
 
 /* See lrt_int.h. */
 int lrt__slice_over(lrt_t *r) {
@@ -236,17 +246,31 @@ static void arm_sentinel(lrt_t *r, lua_State *L) {
   lua_pop(L, 1);
 }
 
+/* arm_sentinel for lua_cpcall. */
+static int c_arm_sentinel(lua_State *L) {
+  arm_sentinel(lua_touserdata(L, 1), L);
+  return 0;
+}
+
 /* The sentinel's __gc: count a cycle, settle, arm the next one (charged
-** to the engine, whichever run's slice the collector ran in). */
+** to the engine, whichever run's slice the collector ran in, with the
+** engine's reserve). A finalizer's error would travel on out of whatever
+** allocation ran the collector, protected or not: when the state is too
+** full to arm it, lrt_protect arms it later (sentinel_lost). */
 static int c_sentinel_gc(lua_State *L) {
   lrt_t *r = lrt_from(L);
   r->gc_cycles++;
   settle(r);
   if (!r->closing) {
-    int prev = r->cur;
+    int prev = r->cur, slice = r->in_slice;
     r->cur = 0;
-    arm_sentinel(r, L);
+    r->in_slice = 0;
+    if (lua_cpcall(L, c_arm_sentinel, r)) {
+      lua_pop(L, 1);
+      r->sentinel_lost = 1;
+    }
     r->cur = prev;
+    r->in_slice = slice;
   }
   return 0;
 }
@@ -293,11 +317,18 @@ static void *l_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
     size_t grow = nsize - osize + (h ? 0 : MHDR), after = r->mem_used + grow;
     if (after > r->mem_cap) {
       /* Full: a slice is stopped; the engine's own calls get a reserve. */
+      r->refused = REFUSED_FULL;
       if (r->in_slice && !r->killed) {
         kill_total(r);
         return NULL;
       }
       if (after > r->mem_cap + r->mem_limit) return NULL;
+      r->refused = REFUSED_NONE;
+    }
+    /* The test build's lua_full: the engine's own calls find the state full. */
+    if (!r->in_slice && fault_hit(FAULT_LUA_FULL)) {
+      r->refused = REFUSED_FULL;
+      return NULL;
     }
     if (r->in_slice && !r->killed) {
       /* What the slice will hold. In account mode: the growth of a block
@@ -318,7 +349,10 @@ static void *l_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   struct mhdr old = h ? *h : (struct mhdr){0, 0, 0};
   /* A block the system refuses is a Lua memory error (mem.h's exception). */
   struct mhdr *nh = realloc(h, nsize + MHDR); /* not mem.h: the Lua state's own */
-  if (!nh) return NULL;
+  if (!nh) {
+    r->refused = REFUSED_SYSTEM;
+    return NULL;
+  }
   if (h) uncharge(r, &old, osize + MHDR);
   charge(r, nh, to, nsize + MHDR);
   return nh + 1;
@@ -660,11 +694,20 @@ static int c_can_yield(lua_State *L) {
 }
 
 /* An error outside every protected call: a bug in the engine (skill code
-** always runs protected). LuaJIT would exit(1) without a word; say what
-** it was and abort, so it shows as the crash it is. */
+** always runs protected, and the engine's own calls into Lua go through
+** lrt_pcall or lrt_protect). LuaJIT would exit(1) without a word; say
+** what it was (for a memory error, which limit was met) and abort, so it
+** shows as the crash it is. */
 static int l_panic(lua_State *L) {
-  const char *msg = lua_tostring(L, -1);
-  fprintf(stderr, "moonloop: internal error: unprotected Lua error: %s\n", msg ? msg : "?");
+  lrt_t *r = lrt_from(L);
+  char full[200] = "";
+  if (r->refused == REFUSED_FULL) total_message(r, full, sizeof full);
+  else if (r->refused == REFUSED_SYSTEM) snprintf(full, sizeof full, "the system refused memory");
+  const char *msg = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?";
+  fprintf(stderr, "moonloop: internal error: unprotected Lua error: %s%s%s\n", msg,
+          *full ? " (" : "", *full ? full : "");
+  if (*full) fprintf(stderr, "moonloop: internal error: an engine call into Lua outside "
+                     "lrt_protect met it: a bug, please report it\n");
   abort();
   return 0;
 }
@@ -705,6 +748,15 @@ int lrt_new(const struct lrt_opts *o, lrt_t **out, err_t *e) {
   arm_sentinel(r, L);
   lua_newtable(L);
   r->core_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushcfunction(L, traceback_handler);
+  r->traceback_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushcfunction(L, c_protected);
+  r->protect_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  /* The registry's free list (its key 0) is made by the first luaL_unref:
+  ** make it now, so no later unref allocates (releasing a run's coroutine
+  ** must work when the state is full). */
+  lua_pushboolean(L, 1);
+  luaL_unref(L, LUA_REGISTRYINDEX, luaL_ref(L, LUA_REGISTRYINDEX));
   lua_newtable(L);
   lua_newtable(L);
   lua_pushliteral(L, "k");
@@ -974,11 +1026,37 @@ int lrt_load_skill_text(lrt_t *r, const char *src, size_t len, const char *chunk
   return 0;
 }
 
+/* lrt_protect's call: fn and its argument, its error record and code. */
+struct protect_ctx {
+  lrt_t *r;
+  int (*fn)(void *arg, err_t *e);
+  void *arg;
+  err_t *e;
+  int rc;
+};
+
+/* lrt_protect's function, called with the context as a light userdata: arms the collector's sentinel
+** again if it could not arm itself, then calls fn. */
+static int c_protected(lua_State *L) {
+  struct protect_ctx *p = lua_touserdata(L, 1);
+  lua_pop(L, 1);
+  if (p->r->sentinel_lost) {
+    int prev = p->r->cur;
+    p->r->cur = 0;
+    arm_sentinel(p->r, L);
+    p->r->cur = prev;
+    p->r->sentinel_lost = 0;
+  }
+  p->rc = p->fn(p->arg, p->e);
+  return 0;
+}
+
 /* See lrt.h. A call made inside a slice (outer) runs in that slice. */
 int lrt_pcall(lrt_t *r, int nargs, int nresults, err_t *e) {
   lua_State *L = r->L;
   int base = lua_gettop(L) - nargs;
-  lua_pushcfunction(L, traceback_handler);
+  /* From the registry: a new closure could fail to allocate, unprotected. */
+  lua_rawgeti(L, LUA_REGISTRYINDEX, r->traceback_ref);
   lua_insert(L, base);
   int outer = r->in_slice;
   if (outer && lrt_cstack_low()) {
@@ -1000,6 +1078,12 @@ int lrt_pcall(lrt_t *r, int nargs, int nresults, err_t *e) {
   }
   if (rc) {
     const char *msg = lua_tostring(L, -1);
+    char full[200];
+    if (rc == LUA_ERRMEM && !r->killed && r->refused == REFUSED_FULL) {
+      /* Refused outside a slice (the engine's reserve is spent too). */
+      total_message(r, full, sizeof full);
+      msg = full;
+    }
     err_set(e, rc == LUA_ERRMEM ? ERR_NOMEM : ERR_INVALID, "%s",
             r->killed ? r->kill_reason : msg ? msg : "error");
     lua_pop(L, 1);
@@ -1029,17 +1113,52 @@ void lrt_interrupt_clear(lrt_t *r) { r->interrupt = 0; }
 void lrt_set_yieldable(lrt_t *r, lua_State *co) { r->yieldable = co; }
 
 /* See lrt.h. */
-int lrt_resume(lrt_t *r, lua_State *co, int nargs) {
-  slice_begin(r, 1);
-  int rc = lua_resume(co, nargs);
+int lrt_protect(lrt_t *r, int (*fn)(void *arg, err_t *e), void *arg, err_t *e) {
+  struct protect_ctx p = {r, fn, arg, e, 0};
+  int cur = r->cur, slice = r->in_slice;
+  r->refused = REFUSED_NONE;
+  /* A function made once and a light userdata: nothing is allocated
+  ** before the call is protected (lua_cpcall makes a closure first). */
+  lua_rawgeti(r->L, LUA_REGISTRYINDEX, r->protect_ref);
+  lua_pushlightuserdata(r->L, &p);
+  int rc = lua_pcall(r->L, 1, 0, 0);
+  if (!rc) return p.rc;
+  /* Thrown past fn: put back what it may have left half switched. */
+  r->cur = cur;
+  r->in_slice = slice;
+  char msg[200];
+  if (rc == LUA_ERRMEM && r->refused == REFUSED_SYSTEM)
+    snprintf(msg, sizeof msg, "stopped: the system refused memory to the engine's Lua state");
+  else if (rc == LUA_ERRMEM)
+    total_message(r, msg, sizeof msg);
+  else
+    snprintf(msg, sizeof msg, "%s", lua_type(r->L, -1) == LUA_TSTRING ? lua_tostring(r->L, -1)
+                                                                       : "error in the engine's Lua call");
+  lua_pop(r->L, 1);
+  return err_set(e, rc == LUA_ERRMEM ? ERR_NOMEM : ERR_INTERNAL, "%s", msg);
+}
+
+/* What lrt_resume does once the coroutine is back, in lrt_protect: judge
+** a slice that yielded past its memory budget (a collection, whose
+** finalizers allocate) and mark a killed coroutine (a new key in a table). */
+struct resumed {
+  lrt_t *r;
+  lua_State *co;
+  int rc;
+};
+
+static int after_resume(void *arg, err_t *e) {
+  struct resumed *a = arg;
+  lrt_t *r = a->r;
+  lua_State *co = a->co;
+  (void)e;
   /* A slice that yields past its memory budget before the hook could
   ** judge it is killed here: what it yielded is dropped. */
-  if (rc == LUA_YIELD && r->mem_over && !r->killed && mem_judge(r, r->L)) {
+  if (a->rc == LUA_YIELD && r->mem_over && !r->killed && mem_judge(r, r->L)) {
     lua_settop(co, 0);
     lua_pushstring(co, r->kill_reason);
-    rc = LUA_ERRMEM;
+    a->rc = LUA_ERRMEM;
   }
-  r->in_slice = 0;
   if (r->killed && co != r->L) {
     /* The kill is final for this coroutine (see c_killed). */
     lua_State *L = r->L;
@@ -1050,5 +1169,23 @@ int lrt_resume(lrt_t *r, lua_State *co, int nargs) {
     lua_rawset(L, -3);
     lua_pop(L, 1);
   }
-  return rc;
+  return 0;
+}
+
+/* See lrt.h. A coroutine whose after-part failed (the state full even for
+** the engine) is reported killed with the reason: it must not go on. */
+int lrt_resume(lrt_t *r, lua_State *co, int nargs) {
+  slice_begin(r, 1);
+  struct resumed a = {r, co, lua_resume(co, nargs)};
+  err_t e;
+  r->in_slice = 0; /* the after-part is the engine's: it has the reserve */
+  /* Most resumes need no after-part: no protected call for them. */
+  int after = (a.rc == LUA_YIELD && r->mem_over && !r->killed) || (r->killed && co != r->L);
+  if (after && lrt_protect(r, after_resume, &a, &e)) {
+    r->killed = 1;
+    snprintf(r->kill_reason, sizeof r->kill_reason, "%.199s", e.msg);
+    a.rc = LUA_ERRMEM;
+  }
+  r->in_slice = 0;
+  return a.rc;
 }

@@ -79,6 +79,18 @@ int lrt_load_skill_text(lrt_t *r, const char *src, size_t len, const char *chunk
 ** slice budget, with a traceback on error (in e). */
 int lrt_pcall(lrt_t *r, int nargs, int nresults, err_t *e);
 
+/* Run fn(arg, e) with the state's errors caught: the engine's C code that
+** calls the Lua API outside a slice (pushing a run's input, a response, a
+** child's result onto a coroutine; making a coroutine; taking a
+** reference) does it in fn, so a block the allocator refuses there (the
+** state is full: limits.total_memory and its reserve; or the system said
+** no) is an error, not a panic that ends the process. Returns fn's code,
+** or ERR_NOMEM (ERR_INTERNAL for another Lua error) with e naming what
+** was full; the account in use is the one at the call. After an error
+** fn's work is half done: any coroutine it pushed onto must not be
+** resumed again (fail its run). fn may call lrt_pcall and nest. */
+int lrt_protect(lrt_t *r, int (*fn)(void *arg, err_t *e), void *arg, err_t *e);
+
 /* Resume co with nargs values on its stack, under the slice budget.
 ** Returns LUA_YIELD, 0 (finished) or an error status (the error is on co). */
 int lrt_resume(lrt_t *r, lua_State *co, int nargs);

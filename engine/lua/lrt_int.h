@@ -67,6 +67,10 @@ struct lrt {
   int sentinel_ref;            /* the metatable of the finalizer's userdata */
   int closing;                 /* lrt_free: the finalizer stops re-arming */
   int killed_ref; /* weak set of coroutines that were killed once */
+  int sentinel_lost; /* the finalizer could not re-arm (no memory): lrt_protect does */
+  int traceback_ref; /* lrt_pcall's message handler (pushed without allocating) */
+  int protect_ref;   /* lrt_protect's function (lua_cpcall would allocate a closure) */
+  int refused;       /* why the allocator last refused a block (enum in lrt.c), for lrt_protect */
   /* the slice in progress */
   int in_slice;
   int killed;

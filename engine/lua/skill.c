@@ -55,13 +55,18 @@ skills_t *skills_new(lrt_t *r, const char *const *env_names, const struct skill_
   return c;
 }
 
+/* Free what a skill holds outside the Lua state, and the skill. */
+static void skill_free_c(struct skill *s) {
+  free(s->id), free(s->file), free(s->description), free(s->source);
+  free(s->triggers), free(s->cancel_on), free(s->limits);
+  free(s);
+}
+
 static void skill_free(lrt_t *r, lua_State *L, struct skill *s) {
   lrt_account_close(r, s->mem_acct);
   if (L) luaL_unref(L, LUA_REGISTRYINDEX, s->def_ref);
   if (L && s->cfg_ref) luaL_unref(L, LUA_REGISTRYINDEX, s->cfg_ref);
-  free(s->id), free(s->file), free(s->description), free(s->source);
-  free(s->triggers), free(s->cancel_on), free(s->limits);
-  free(s);
+  skill_free_c(s);
 }
 
 void skills_free(skills_t *c) {
@@ -240,20 +245,60 @@ int skills_check(skills_t *c, const char *source, size_t len, const char *file, 
   return skills_check_warnings(c, source, len, file, 1, id, NULL, se);
 }
 
-int skills_check_warnings(skills_t *c, const char *source, size_t len, const char *file,
-                          int env_known, char **id, char **warnings, struct skill_error *se) {
-  lua_State *L = lrt_L(c->r);
+struct check {
+  skills_t *c;
+  const char *source, *file;
+  size_t len;
+  int env_known;
+  char *id, *warnings;
+  struct skill_error *se;
+};
+
+/* skills_check_warnings's calls into Lua, under lrt_protect. */
+static int check_protected(void *arg, err_t *e) {
+  struct check *k = arg;
+  lua_State *L = lrt_L(k->c->r);
   int top = lua_gettop(L);
-  if (warnings) *warnings = NULL;
-  int rc = load_def(c, source, len, file, 0, 0, env_known, se);
+  (void)e;
+  int rc = load_def(k->c, k->source, k->len, k->file, 0, 0, k->env_known, k->se);
   if (rc) return rc;
-  if (id) *id = opt_string(L, -1, "id");
-  if (warnings) *warnings = opt_json(L, lua_gettop(L), "warnings");
+  k->id = opt_string(L, -1, "id");
+  k->warnings = opt_json(L, lua_gettop(L), "warnings");
   lua_settop(L, top);
   return 0;
 }
 
-/* skills_load and skills_load_recorded: recorded skips the static checks. */
+/* Protected (lrt_protect): a Lua state too full to check the source is
+** the check's error, naming the limit. */
+int skills_check_warnings(skills_t *c, const char *source, size_t len, const char *file,
+                          int env_known, char **id, char **warnings, struct skill_error *se) {
+  struct check k = {c, source, file, len, env_known, NULL, NULL, se};
+  if (warnings) *warnings = NULL;
+  se->line = 0;
+  int rc = lrt_protect(c->r, check_protected, &k, &se->err);
+  if (rc || !id) free(k.id);
+  if (rc || !warnings) free(k.warnings);
+  if (rc) return rc;
+  if (id) *id = k.id;
+  if (warnings) *warnings = k.warnings;
+  return 0;
+}
+
+struct load {
+  skills_t *c;
+  const char *source;
+  size_t len;
+  const char *file;
+  int recorded;
+  struct skill *s;
+  struct skill_error *se;
+};
+
+static int load_protected(void *arg, err_t *e);
+
+/* skills_load and skills_load_recorded: recorded skips the static checks.
+** Protected (lrt_protect): a Lua state too full to load the skill is the
+** load's error, naming the limit; the previous version stays live. */
 static int load_version(skills_t *c, const char *source, size_t len, const char *file,
                         int recorded, struct skill **out, struct skill_error *se) {
   char version[65];
@@ -263,24 +308,43 @@ static int load_version(skills_t *c, const char *source, size_t len, const char 
     *out = s;
     return 0;
   }
-  lua_State *L = lrt_L(c->r);
-  int top = lua_gettop(L);
   /* What the top level makes is charged to an account of the version's
   ** own (not the engine's), so that a run growing it is charged for the
   ** growth (lrt.c's memory budget). */
-  int group = lrt_group_new(c->r);
-  int acct = lrt_account_open(c->r, group);
-  int prev = lrt_account_use(c->r, acct);
-  int rc = load_def(c, source, len, file, 1, recorded, 1, se);
+  s = mem_calloc(1, sizeof *s);
+  s->mem_group = lrt_group_new(c->r);
+  s->mem_acct = lrt_account_open(c->r, s->mem_group);
+  memcpy(s->version, version, sizeof version);
+  struct load ld = {c, source, len, file, recorded, s, se};
+  se->line = 0;
+  int prev = lrt_account_use(c->r, s->mem_acct);
+  int rc = lrt_protect(c->r, load_protected, &ld, &se->err);
   lrt_account_use(c->r, prev);
   if (rc) {
-    lrt_account_close(c->r, acct);
+    /* def_ref is taken last: a failure before it leaves nothing to unref. */
+    lrt_account_close(c->r, s->mem_acct);
+    skill_free_c(s);
     return rc;
   }
-  s = mem_calloc(1, sizeof *s);
-  s->mem_group = group;
-  s->mem_acct = acct;
-  memcpy(s->version, version, sizeof version);
+  s->next = c->head;
+  c->head = s;
+  *out = s;
+  return 0;
+}
+
+/* load_version's calls into Lua, under lrt_protect: load the definition
+** and read its fields into the skill. */
+static int load_protected(void *arg, err_t *e) {
+  struct load *ld = arg;
+  skills_t *c = ld->c;
+  struct skill *s = ld->s;
+  const char *source = ld->source, *file = ld->file;
+  size_t len = ld->len;
+  lua_State *L = lrt_L(c->r);
+  int top = lua_gettop(L);
+  (void)e;
+  int rc = load_def(c, source, len, file, 1, ld->recorded, 1, ld->se);
+  if (rc) return rc;
   int spec = lua_gettop(L);
   s->id = opt_string(L, spec, "id");
   s->description = opt_string(L, spec, "description");
@@ -308,9 +372,6 @@ static int load_version(skills_t *c, const char *source, size_t len, const char 
   lua_pop(L, 2); /* concurrency, spec */
   s->def_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_settop(L, top);
-  s->next = c->head;
-  c->head = s;
-  *out = s;
   return 0;
 }
 
