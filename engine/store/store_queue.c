@@ -143,11 +143,13 @@ WQ(REPLACE_SQL,
 ** grants), and is told it is skipped. */
 WQ(SUPERSEDE_SQL, "UPDATE runs SET slot_granted = 1 WHERE id = ?1 AND status = 'queued'",
    "UPDATE runs SET slot_granted = 1 WHERE id = $1 AND status = 'queued'");
+/* The key's latest run, when its burst began, whether it still waits,
+** and when it was made (the order of the events: see debounce). */
 WQ(DEBOUNCE_SQL,
-   "SELECT o.run_id, o.until, r.status = 'queued' AND r.started_at IS NULL FROM flow_once o"
-   " LEFT JOIN runs r ON r.id = o.run_id WHERE o.q = ?1 AND o.key = ?2",
-   "SELECT o.run_id, o.until, (r.status = 'queued' AND r.started_at IS NULL)::int FROM flow_once o"
-   " LEFT JOIN runs r ON r.id = o.run_id WHERE o.q = $1 AND o.key = $2");
+   "SELECT o.run_id, o.until, r.status = 'queued' AND r.started_at IS NULL, r.created_at"
+   " FROM flow_once o LEFT JOIN runs r ON r.id = o.run_id WHERE o.q = ?1 AND o.key = ?2",
+   "SELECT o.run_id, o.until, (r.status = 'queued' AND r.started_at IS NULL)::int, r.created_at"
+   " FROM flow_once o LEFT JOIN runs r ON r.id = o.run_id WHERE o.q = $1 AND o.key = $2");
 WQ(SKIPPED_SQL,
    "INSERT INTO flow_skips(skill, reason, n) VALUES(?1, ?2, 1)"
    " ON CONFLICT(skill, reason) DO UPDATE SET n = n + 1",
@@ -367,8 +369,13 @@ static int once_set(store_t *s, const struct lim *l, const char *run_id, int64_t
 ** is superseded (its owner is told to ask again at once, and asking
 ** again it is skipped), and the burst it began carries on; the run's start
 ** is period after now, but no later than max_wait after the burst began.
-** *start gets it. Asking again: a run that is no longer the key's latest
-** is skipped (0, the result says why). 1: go on; -1: error. */
+** *start gets it. Runs need not ask in the order of their events: a run
+** whose engine died before it asked is taken over and asks later (up to
+** a lease later) than a run made after it, so one that finds the key's
+** latest made after it is skipped (a later event superseded it), never
+** the latest, whether that waits or already started. Asking again: a run
+** that is no longer the key's latest is skipped (0, the result says
+** why). 1: go on; -1: error. */
 static int debounce(store_t *s, const struct jentry *je, const struct lim *l, int first,
                     int64_t now, int64_t *start, err_t *e) {
   const char *self = je->u.slot.run_id;
@@ -381,9 +388,10 @@ static int debounce(store_t *s, const struct jentry *je, const struct lim *l, in
   char *latest = rc == 1 ? col_dup(&c, 0) : NULL;
   int64_t began = rc == 1 ? cur_i64(&c, 1) : 0;
   int waiting = rc == 1 && cur_i64(&c, 2);
+  int newer = rc == 1 && !cur_null(&c, 3) && cur_i64(&c, 3) > je->u.slot.at;
   if (rc == 1) cur_close(&c);
   int r = 1;
-  if (!first) {
+  if (!first || newer) {
     if (latest && strcmp(latest, self)) {
       char msg[400];
       snprintf(msg, sizeof msg, "skip:debounced: a later event started run %s", latest);
