@@ -174,6 +174,13 @@ WQ(BATCH_ADD_SQL,
    " FROM runs WHERE id = $3 ON CONFLICT DO NOTHING");
 WQ(BATCH_FULL_SQL, "UPDATE runs SET flow_at = ?2, slot_granted = 1 WHERE id = ?1",
    "UPDATE runs SET flow_at = $2, slot_granted = 1 WHERE id = $1");
+/* The concurrency limits in force for run_id: its skill's live ones. */
+WQ(CURLIM_SQL, "SELECT k.limits FROM runs r JOIN skills k ON k.id = r.skill WHERE r.id = ?1",
+   "SELECT k.limits FROM runs r JOIN skills k ON k.id = r.skill WHERE r.id = $1");
+/* The queues of q whose key starts with ?2 (?3 characters). */
+WQ(QUEUES_SQL,
+   "SELECT DISTINCT key FROM slot_queue WHERE skill = ?1 AND substr(key, 1, ?3) = ?2",
+   "SELECT DISTINCT key FROM slot_queue WHERE skill = $1 AND substr(key, 1, $3::int) = $2");
 WQ(BATCH_CLOSE_SQL, "DELETE FROM flow_once WHERE q = ?1 AND key = ?2",
    "DELETE FROM flow_once WHERE q = $1 AND key = $2");
 
@@ -225,6 +232,40 @@ static int wq_row(store_t *s, const struct store_wq *q, const struct store_val *
 static char *col_dup(const struct store_cur *c, int i) {
   const char *t = cur_text(c, i);
   return t ? mem_strdup(t) : NULL;
+}
+
+/* Whether key (a limit's "[tag:]path=value", or the tag, or "") is one
+** of skill_row.limits' entry x: the same queue, and the same key or, when
+** x's ends with '=', a value of its path. */
+static int limit_is(const cJSON *x, const char *q, const char *key) {
+  const char *xq = cJSON_GetStringValue(cJSON_GetObjectItem(x, "q"));
+  const char *xk = cJSON_GetStringValue(cJSON_GetObjectItem(x, "key"));
+  if (!xq || !xk || strcmp(xq, q)) return 0;
+  size_t n = strlen(xk);
+  return n && xk[n - 1] == '=' ? !strncmp(key, xk, n) : !strcmp(key, xk);
+}
+
+/* Set the limits of l[0..n) that are concurrency limits to the ones in
+** force for run_id: those its skill's live version gives (skills.limits,
+** written by each PUT), so a limit lowered or raised governs the runs
+** already queued, and those of older versions that ask again. A limit
+** the live version no longer has (or a skill registered before migration
+** 14) keeps the number it was asked under. */
+static int current_limits(store_t *s, const char *run_id, struct lim *l, int n, err_t *e) {
+  struct store_val id[1] = {SV_TEXT(run_id)};
+  struct store_cur c;
+  int rc = wq_row(s, &CURLIM_SQL, id, 1, &c, "reading a skill's limits", e);
+  if (rc <= 0) return rc < 0 ? e->code : 0;
+  cJSON *cur = cur_text(&c, 0) ? cJSON_Parse(cur_text(&c, 0)) : NULL;
+  cur_close(&c);
+  for (int i = 0; i < n; i++) {
+    if (l[i].kind && strcmp(l[i].kind, "concurrency")) continue;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, cur)
+      if (limit_is(x, l[i].q, l[i].key)) l[i].limit = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(x, "limit"));
+  }
+  cJSON_Delete(cur);
+  return 0;
 }
 
 /* Whether limit l has room (1), not (0), or -1 on error. No queue is
@@ -779,6 +820,7 @@ static int acquire(store_t *s, const struct jentry *je, err_t *e) {
       l[nc++] = l[i];
       l[i] = t;
     }
+  if (!err && admitted > 0 && nc) err = current_limits(s, sl->run_id, l, nc, e);
   for (int i = 0; !err && admitted > 0 && i < nc && blocked < 0; i++) {
     int room = has_room(s, &l[i], e);
     if (room < 0) err = e->code;
@@ -819,10 +861,12 @@ static int try_grant(store_t *s, const char *run_id, const char *q, const char *
     l[n].key = col_dup(&c, 1);
     l[n].since = cur_i64(&c, 2);
     l[n].limit = cur_i64(&c, 3);
+    l[n].kind = "concurrency";
     n++;
   }
   int err = rc == 0 ? 0 : c.ops->err(&c, e, "reading queue places");
   cur_close(&c);
+  if (!err && n) err = current_limits(s, run_id, l, n, e);
   int ok = n > 0;
   for (int i = 0; i < n && ok && !err; i++) {
     int room = has_room(s, &l[i], e);
@@ -927,6 +971,44 @@ int store__write_slot(store_t *s, const struct jentry *je, err_t *e) {
   int err = store__slots_free(s, je->u.slot.run_id, granted, e);
   if (!err && cJSON_GetArraySize(granted) > 0) journal_set_result(je, jsontext_print_text(granted));
   cJSON_Delete(granted);
+  return err;
+}
+
+/* See store_backend.h. Every queue of the PUT's limits is handed on:
+** where a limit rose, its head runs start now (marked slot_granted for
+** their owners, as another engine's release does); where it fell or
+** stayed, the head finds it full at once. */
+int store__limits_changed(store_t *s, const struct skill_row *k, err_t *e) {
+  if (k->op != SKILL_PUT || !k->limits) return 0;
+  cJSON *list = cJSON_Parse(k->limits);
+  const cJSON *x;
+  int err = 0;
+  cJSON_ArrayForEach(x, list) {
+    const char *q = cJSON_GetStringValue(cJSON_GetObjectItem(x, "q"));
+    const char *key = cJSON_GetStringValue(cJSON_GetObjectItem(x, "key"));
+    if (!q || !key || err) continue;
+    struct store_val v[3] = {SV_TEXT(q), SV_TEXT(key), SV_INT((int64_t)strlen(key))};
+    struct store_cur c;
+    if (wq_open(s, &QUEUES_SQL, v, 3, &c, "reading a skill's queues", e)) {
+      err = e->code;
+      break;
+    }
+    int n = 0, cap = 8, rc;
+    char **keys = mem_calloc((size_t)cap, sizeof *keys);
+    while ((rc = cur_next(&c)) == 1) {
+      if (n == cap) keys = mem_realloc(keys, (size_t)(cap *= 2) * sizeof *keys);
+      keys[n++] = col_dup(&c, 0);
+    }
+    if (rc < 0) err = c.ops->err(&c, e, "reading a skill's queues");
+    cur_close(&c);
+    for (int i = 0; i < n; i++) {
+      /* A key of another limit of q that merely begins alike is not one. */
+      if (!err && keys[i] && limit_is(x, q, keys[i])) err = hand_on(s, q, keys[i], NULL, NULL, e);
+      free(keys[i]);
+    }
+    free(keys);
+  }
+  cJSON_Delete(list);
   return err;
 }
 
