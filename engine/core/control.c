@@ -688,14 +688,14 @@ static int put_source(sched_t *s, const char *file, const char *want_id, const c
   } else {
     struct version_row v = {.version = sk->version, .skill = sk->id, .source = sk->source,
                             .file = file, .loaded_at = now, .triggers = sk->triggers};
-    char *scopes = skills_scopes(sk);
+    char *scopes = skills_scopes(sk), *limits = skills_slot_limits(sk);
     char *ok = cJSON_GetArraySize(scopes_ok) ? jsontext_print_text(scopes_ok) : NULL;
     struct skill_row k = {.op = SKILL_PUT, .id = sk->id, .version = sk->version, .file = file,
                           .description = sk->description, .triggers = sk->triggers,
-                          .updated_at = now, .scopes = scopes, .scopes_ok = ok};
+                          .updated_at = now, .scopes = scopes, .scopes_ok = ok, .limits = limits};
     journal_version(j, &v);
     journal_skill(j, &k);
-    free(scopes), free(ok);
+    free(scopes), free(ok), free(limits);
     p->id = mem_strdup(sk->id);
   }
   cJSON_Delete(scopes_ok);

@@ -173,12 +173,12 @@ int engine_load_file(struct engine *en, const char *path, int register_it, struc
                           .file = path, .loaded_at = now, .triggers = s->triggers};
   journal_version(j, &v);
   if (register_it) {
-    char *scopes = skills_scopes(s);
+    char *scopes = skills_scopes(s), *limits = skills_slot_limits(s);
     struct skill_row k = {.id = s->id, .version = s->version, .file = path,
                           .description = s->description, .triggers = s->triggers,
-                          .updated_at = now, .scopes = scopes};
+                          .updated_at = now, .scopes = scopes, .limits = limits};
     journal_skill(j, &k);
-    free(scopes);
+    free(scopes), free(limits);
   }
   rc = store_commit(en->store, j, &se->err);
   /* The store refused the registration (a concurrency scope of the skill

@@ -138,7 +138,7 @@ char *flowctl_limits(struct run *r) {
         cJSON_Delete(x);
         continue;
       }
-      char *k = mem_printf("%s%s%s=%s", tag ? tag : "", tag ? ":" : "", key, v);
+      char *k = skills_limit_key(tag, key, v);
       cJSON_AddStringToObject(x, "key", k);
       free(k), free(v);
     } else {

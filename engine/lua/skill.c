@@ -109,6 +109,37 @@ char *skills_scopes(const struct skill *sk) {
   return js;
 }
 
+/* See skill.h. */
+char *skills_limit_key(const char *tag, const char *path, const char *value) {
+  if (!path) return mem_strdup(tag ? tag : "");
+  return mem_printf("%s%s%s=%s", tag ? tag : "", tag ? ":" : "", path, value ? value : "");
+}
+
+/* See skill.h. */
+char *skills_slot_limits(const struct skill *sk) {
+  cJSON *list = sk->limits ? cJSON_Parse(sk->limits) : NULL, *out = NULL;
+  const cJSON *l;
+  cJSON_ArrayForEach(l, list) {
+    const char *kind = cJSON_GetStringValue(cJSON_GetObjectItem(l, "kind"));
+    if (kind && strcmp(kind, "concurrency")) continue;
+    const char *scope = cJSON_GetStringValue(cJSON_GetObjectItem(l, "scope"));
+    char *key = skills_limit_key(cJSON_GetStringValue(cJSON_GetObjectItem(l, "tag")),
+                                 cJSON_GetStringValue(cJSON_GetObjectItem(l, "key")), NULL);
+    char *q = scope ? mem_printf("@%s", scope) : mem_strdup(sk->id);
+    cJSON *x = cJSON_CreateObject();
+    cJSON_AddStringToObject(x, "q", q);
+    cJSON_AddStringToObject(x, "key", key);
+    cJSON_AddNumberToObject(x, "limit", cJSON_GetNumberValue(cJSON_GetObjectItem(l, "limit")));
+    free(q), free(key);
+    if (!out) out = cJSON_CreateArray();
+    cJSON_AddItemToArray(out, x);
+  }
+  cJSON_Delete(list);
+  char *js = out ? jsontext_print_text(out) : NULL;
+  cJSON_Delete(out);
+  return js;
+}
+
 void skills_default_id(const char *file, char *out, size_t n) {
   const char *base = strrchr(file, '/');
   base = base ? base + 1 : file;

@@ -88,6 +88,18 @@ struct skill *skills_find(skills_t *c, const char *version);
 ** {"scope", "key"?, "limit"}, or NULL when it names no scope (malloc'd). */
 char *skills_scopes(const struct skill *sk);
 
+/* The key a limit counts under ("[tag:]path=value", or the tag, or ""
+** without a path), malloc'd. value NULL: the key's prefix that every
+** value of the path shares ("[tag:]path="; without a path, the key). */
+char *skills_limit_key(const char *tag, const char *path, const char *value);
+
+/* sk's concurrency limits as the store applies them to every run of the
+** skill's id, queued or asking, whichever version it runs (journal.h's
+** skill_row.limits): a JSON list of {"q", "key", "limit"}, key a prefix
+** when it ends with '=' (skills_limit_key's, value NULL), or NULL when it
+** has none (malloc'd). */
+char *skills_slot_limits(const struct skill *sk);
+
 /* The default id for a file: its base name without ".lua", '_' as '-'. */
 void skills_default_id(const char *file, char *out, size_t n);
 

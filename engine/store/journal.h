@@ -104,12 +104,16 @@
 ** transaction: when another live skill gives one of those scopes another
 ** limit (one in scopes_ok, a JSON list of ids whose files already say
 ** the new limit, aside), it writes the PUT as a SKILL_ERROR instead, and
-** the entry's result says why (store.h's store_skill_refusal). */
+** the entry's result says why (store.h's store_skill_refusal).
+** limits: a PUT's concurrency limits (skill.h's skills_slot_limits), NULL
+** for none: from the PUT on, they govern every run of the skill's id that
+** asks for a slot or waits for one, whichever version it runs. */
 enum skill_op { SKILL_PUT, SKILL_ERROR, SKILL_REMOVE };
 #define JOURNAL_SKILL_ROW(_, S) \
   _(S, ARG, OP, op) _(S, COL, TEXT, id) _(S, COL, TEXT, version) _(S, COL, TEXT, file) \
   _(S, COL, TEXT, description) _(S, COL, TEXT, triggers) _(S, COL, TEXT, error) \
-  _(S, COL, I64, updated_at) _(S, COL, TEXT, scopes) _(S, ARG, TEXT, scopes_ok)
+  _(S, COL, I64, updated_at) _(S, COL, TEXT, scopes) _(S, ARG, TEXT, scopes_ok) \
+  _(S, COL, TEXT, limits)
 
 /* An accepted event. A repeat of an idempotency key is ignored; the
 ** entry's result is then the first event's id. by_run: the run whose

@@ -280,6 +280,10 @@ int store__event_matches(const char *event_json_text, const char *match);
 ** entry's result says why (store_skill_refusal reads it); 0 when they agree; -1 on error. */
 int store__scope_clash(store_t *s, const struct jentry *je, struct skill_row *refused, char *why,
                        size_t n, err_t *e);
+/* J_SKILL (a PUT, written): its concurrency limits (skill_row.limits) are
+** in force from now on, for the runs queued under an earlier version too:
+** hand the room a raised limit makes to its queues' runs. */
+int store__limits_changed(store_t *s, const struct skill_row *k, err_t *e);
 /* J_SLOT: acquire every limit of a run, or queue it; or release them. */
 int store__write_slot(store_t *s, const struct jentry *je, err_t *e);
 /* Release run_id's slots and queue places and hand them to the runs

@@ -245,6 +245,8 @@ static const char *const migrations[] = {
   "SELECT 1",
   /* 13: see SQLite's 13 */
   "ALTER TABLE skills ADD COLUMN scopes TEXT;",
+  /* 14: see SQLite's 14 */
+  "ALTER TABLE skills ADD COLUMN limits TEXT;",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -905,7 +907,7 @@ static const struct pgwrow {
   {J_SKILL, "INSERT INTO skills", NULL,
    " ON CONFLICT(id) DO UPDATE SET version = :version, file = COALESCE(:file, skills.file),"
    " description = :description, triggers = :triggers, error = :error, updated_at = :updated_at,"
-   " scopes = :scopes",
+   " scopes = :scopes, limits = :limits",
    NULL},
 };
 #define NPGWROWS (sizeof pgwrows / sizeof pgwrows[0])
@@ -1098,7 +1100,8 @@ static int write_entry(struct pg_store *s, const struct jentry *je, err_t *e) {
       int clash = store__scope_clash((store_t *)(void *)s, je, &refused, why, sizeof why, e);
       if (clash) return clash < 0 ? e->code : store__pg_skill_change(s, &refused, e);
     }
-    return write_row(s, J_SKILL, &je->u.skill, "registering a skill", e);
+    if (write_row(s, J_SKILL, &je->u.skill, "registering a skill", e)) return e->code;
+    return store__limits_changed((store_t *)(void *)s, &je->u.skill, e);
   default:
     return store__pg_write_flow(s, je, e);
   }
@@ -1191,8 +1194,10 @@ static int group_mode(const journal_t *j) {
       break;
     case J_SKILL:
       /* Scopes are judged against the other skills' (store__scope_clash):
-      ** two engines registering at once must not both pass. */
-      if (je->u.skill.op == SKILL_PUT && je->u.skill.scopes) return PG_LOCK_ALL;
+      ** two engines registering at once must not both pass. New limits
+      ** hand room on to queued runs (store__limits_changed), as a release. */
+      if (je->u.skill.op == SKILL_PUT && (je->u.skill.scopes || je->u.skill.limits))
+        return PG_LOCK_ALL;
       break;
     case J_RUN_SET: case J_STEP: case J_ATTEMPT: case J_LOG: case J_VERSION: break;
     default: return PG_LOCK_ALL;

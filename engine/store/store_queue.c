@@ -143,11 +143,13 @@ WQ(REPLACE_SQL,
 ** grants), and is told it is skipped. */
 WQ(SUPERSEDE_SQL, "UPDATE runs SET slot_granted = 1 WHERE id = ?1 AND status = 'queued'",
    "UPDATE runs SET slot_granted = 1 WHERE id = $1 AND status = 'queued'");
+/* The key's latest run, when its burst began, whether it still waits,
+** and when it was made (the order of the events: see debounce). */
 WQ(DEBOUNCE_SQL,
-   "SELECT o.run_id, o.until, r.status = 'queued' AND r.started_at IS NULL FROM flow_once o"
-   " LEFT JOIN runs r ON r.id = o.run_id WHERE o.q = ?1 AND o.key = ?2",
-   "SELECT o.run_id, o.until, (r.status = 'queued' AND r.started_at IS NULL)::int FROM flow_once o"
-   " LEFT JOIN runs r ON r.id = o.run_id WHERE o.q = $1 AND o.key = $2");
+   "SELECT o.run_id, o.until, r.status = 'queued' AND r.started_at IS NULL, r.created_at"
+   " FROM flow_once o LEFT JOIN runs r ON r.id = o.run_id WHERE o.q = ?1 AND o.key = ?2",
+   "SELECT o.run_id, o.until, (r.status = 'queued' AND r.started_at IS NULL)::int, r.created_at"
+   " FROM flow_once o LEFT JOIN runs r ON r.id = o.run_id WHERE o.q = $1 AND o.key = $2");
 WQ(SKIPPED_SQL,
    "INSERT INTO flow_skips(skill, reason, n) VALUES(?1, ?2, 1)"
    " ON CONFLICT(skill, reason) DO UPDATE SET n = n + 1",
@@ -172,6 +174,13 @@ WQ(BATCH_ADD_SQL,
    " FROM runs WHERE id = $3 ON CONFLICT DO NOTHING");
 WQ(BATCH_FULL_SQL, "UPDATE runs SET flow_at = ?2, slot_granted = 1 WHERE id = ?1",
    "UPDATE runs SET flow_at = $2, slot_granted = 1 WHERE id = $1");
+/* The concurrency limits in force for run_id: its skill's live ones. */
+WQ(CURLIM_SQL, "SELECT k.limits FROM runs r JOIN skills k ON k.id = r.skill WHERE r.id = ?1",
+   "SELECT k.limits FROM runs r JOIN skills k ON k.id = r.skill WHERE r.id = $1");
+/* The queues of q whose key starts with ?2 (?3 characters). */
+WQ(QUEUES_SQL,
+   "SELECT DISTINCT key FROM slot_queue WHERE skill = ?1 AND substr(key, 1, ?3) = ?2",
+   "SELECT DISTINCT key FROM slot_queue WHERE skill = $1 AND substr(key, 1, $3::int) = $2");
 WQ(BATCH_CLOSE_SQL, "DELETE FROM flow_once WHERE q = ?1 AND key = ?2",
    "DELETE FROM flow_once WHERE q = $1 AND key = $2");
 
@@ -223,6 +232,40 @@ static int wq_row(store_t *s, const struct store_wq *q, const struct store_val *
 static char *col_dup(const struct store_cur *c, int i) {
   const char *t = cur_text(c, i);
   return t ? mem_strdup(t) : NULL;
+}
+
+/* Whether key (a limit's "[tag:]path=value", or the tag, or "") is one
+** of skill_row.limits' entry x: the same queue, and the same key or, when
+** x's ends with '=', a value of its path. */
+static int limit_is(const cJSON *x, const char *q, const char *key) {
+  const char *xq = cJSON_GetStringValue(cJSON_GetObjectItem(x, "q"));
+  const char *xk = cJSON_GetStringValue(cJSON_GetObjectItem(x, "key"));
+  if (!xq || !xk || strcmp(xq, q)) return 0;
+  size_t n = strlen(xk);
+  return n && xk[n - 1] == '=' ? !strncmp(key, xk, n) : !strcmp(key, xk);
+}
+
+/* Set the limits of l[0..n) that are concurrency limits to the ones in
+** force for run_id: those its skill's live version gives (skills.limits,
+** written by each PUT), so a limit lowered or raised governs the runs
+** already queued, and those of older versions that ask again. A limit
+** the live version no longer has (or a skill registered before migration
+** 14) keeps the number it was asked under. */
+static int current_limits(store_t *s, const char *run_id, struct lim *l, int n, err_t *e) {
+  struct store_val id[1] = {SV_TEXT(run_id)};
+  struct store_cur c;
+  int rc = wq_row(s, &CURLIM_SQL, id, 1, &c, "reading a skill's limits", e);
+  if (rc <= 0) return rc < 0 ? e->code : 0;
+  cJSON *cur = cur_text(&c, 0) ? cJSON_Parse(cur_text(&c, 0)) : NULL;
+  cur_close(&c);
+  for (int i = 0; i < n; i++) {
+    if (l[i].kind && strcmp(l[i].kind, "concurrency")) continue;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, cur)
+      if (limit_is(x, l[i].q, l[i].key)) l[i].limit = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(x, "limit"));
+  }
+  cJSON_Delete(cur);
+  return 0;
 }
 
 /* Whether limit l has room (1), not (0), or -1 on error. No queue is
@@ -367,8 +410,13 @@ static int once_set(store_t *s, const struct lim *l, const char *run_id, int64_t
 ** is superseded (its owner is told to ask again at once, and asking
 ** again it is skipped), and the burst it began carries on; the run's start
 ** is period after now, but no later than max_wait after the burst began.
-** *start gets it. Asking again: a run that is no longer the key's latest
-** is skipped (0, the result says why). 1: go on; -1: error. */
+** *start gets it. Runs need not ask in the order of their events: a run
+** whose engine died before it asked is taken over and asks later (up to
+** a lease later) than a run made after it, so one that finds the key's
+** latest made after it is skipped (a later event superseded it), never
+** the latest, whether that waits or already started. Asking again: a run
+** that is no longer the key's latest is skipped (0, the result says
+** why). 1: go on; -1: error. */
 static int debounce(store_t *s, const struct jentry *je, const struct lim *l, int first,
                     int64_t now, int64_t *start, err_t *e) {
   const char *self = je->u.slot.run_id;
@@ -381,9 +429,10 @@ static int debounce(store_t *s, const struct jentry *je, const struct lim *l, in
   char *latest = rc == 1 ? col_dup(&c, 0) : NULL;
   int64_t began = rc == 1 ? cur_i64(&c, 1) : 0;
   int waiting = rc == 1 && cur_i64(&c, 2);
+  int newer = rc == 1 && !cur_null(&c, 3) && cur_i64(&c, 3) > je->u.slot.at;
   if (rc == 1) cur_close(&c);
   int r = 1;
-  if (!first) {
+  if (!first || newer) {
     if (latest && strcmp(latest, self)) {
       char msg[400];
       snprintf(msg, sizeof msg, "skip:debounced: a later event started run %s", latest);
@@ -771,6 +820,7 @@ static int acquire(store_t *s, const struct jentry *je, err_t *e) {
       l[nc++] = l[i];
       l[i] = t;
     }
+  if (!err && admitted > 0 && nc) err = current_limits(s, sl->run_id, l, nc, e);
   for (int i = 0; !err && admitted > 0 && i < nc && blocked < 0; i++) {
     int room = has_room(s, &l[i], e);
     if (room < 0) err = e->code;
@@ -811,10 +861,12 @@ static int try_grant(store_t *s, const char *run_id, const char *q, const char *
     l[n].key = col_dup(&c, 1);
     l[n].since = cur_i64(&c, 2);
     l[n].limit = cur_i64(&c, 3);
+    l[n].kind = "concurrency";
     n++;
   }
   int err = rc == 0 ? 0 : c.ops->err(&c, e, "reading queue places");
   cur_close(&c);
+  if (!err && n) err = current_limits(s, run_id, l, n, e);
   int ok = n > 0;
   for (int i = 0; i < n && ok && !err; i++) {
     int room = has_room(s, &l[i], e);
@@ -919,6 +971,44 @@ int store__write_slot(store_t *s, const struct jentry *je, err_t *e) {
   int err = store__slots_free(s, je->u.slot.run_id, granted, e);
   if (!err && cJSON_GetArraySize(granted) > 0) journal_set_result(je, jsontext_print_text(granted));
   cJSON_Delete(granted);
+  return err;
+}
+
+/* See store_backend.h. Every queue of the PUT's limits is handed on:
+** where a limit rose, its head runs start now (marked slot_granted for
+** their owners, as another engine's release does); where it fell or
+** stayed, the head finds it full at once. */
+int store__limits_changed(store_t *s, const struct skill_row *k, err_t *e) {
+  if (k->op != SKILL_PUT || !k->limits) return 0;
+  cJSON *list = cJSON_Parse(k->limits);
+  const cJSON *x;
+  int err = 0;
+  cJSON_ArrayForEach(x, list) {
+    const char *q = cJSON_GetStringValue(cJSON_GetObjectItem(x, "q"));
+    const char *key = cJSON_GetStringValue(cJSON_GetObjectItem(x, "key"));
+    if (!q || !key || err) continue;
+    struct store_val v[3] = {SV_TEXT(q), SV_TEXT(key), SV_INT((int64_t)strlen(key))};
+    struct store_cur c;
+    if (wq_open(s, &QUEUES_SQL, v, 3, &c, "reading a skill's queues", e)) {
+      err = e->code;
+      break;
+    }
+    int n = 0, cap = 8, rc;
+    char **keys = mem_calloc((size_t)cap, sizeof *keys);
+    while ((rc = cur_next(&c)) == 1) {
+      if (n == cap) keys = mem_realloc(keys, (size_t)(cap *= 2) * sizeof *keys);
+      keys[n++] = col_dup(&c, 0);
+    }
+    if (rc < 0) err = c.ops->err(&c, e, "reading a skill's queues");
+    cur_close(&c);
+    for (int i = 0; i < n; i++) {
+      /* A key of another limit of q that merely begins alike is not one. */
+      if (!err && keys[i] && limit_is(x, q, keys[i])) err = hand_on(s, q, keys[i], NULL, NULL, e);
+      free(keys[i]);
+    }
+    free(keys);
+  }
+  cJSON_Delete(list);
   return err;
 }
 

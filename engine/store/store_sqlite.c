@@ -286,6 +286,10 @@ static const char *const migrations[] = {
   ** (journal.h's skill_row.scopes), which the store judges when another
   ** skill is registered (store_queue.c's store__scope_clash) */
   "ALTER TABLE skills ADD COLUMN scopes TEXT;",
+  /* 14: a live skill's concurrency limits (journal.h's skill_row.limits),
+  ** which govern its runs queued under an earlier version too
+  ** (store_queue.c's current_limits) */
+  "ALTER TABLE skills ADD COLUMN limits TEXT;",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -338,7 +342,7 @@ static const struct wrow {
   {W_SKILL, J_SKILL, "INSERT INTO skills",
    " ON CONFLICT(id) DO UPDATE SET version = :version, file = COALESCE(:file, file),"
    " description = :description, triggers = :triggers, error = :error, updated_at = :updated_at,"
-   " scopes = :scopes",
+   " scopes = :scopes, limits = :limits",
    NULL},
 };
 #define NWROWS (sizeof wrows / sizeof wrows[0])
@@ -1083,7 +1087,9 @@ static int write_entry(store_t *s, const struct jentry *je, err_t *e) {
       int clash = store__scope_clash(s, je, &refused, why, sizeof why, e);
       if (clash) return clash < 0 ? e->code : store__skill_change(s, &refused, e);
     }
-    return store__step(s, bind_row(s, W_SKILL, J_SKILL, &je->u.skill), e, "registering a skill");
+    if (store__step(s, bind_row(s, W_SKILL, J_SKILL, &je->u.skill), e, "registering a skill"))
+      return e->code;
+    return store__limits_changed(s, &je->u.skill, e);
   default:
     return store__write_flow(s, je, e);
   }

@@ -435,3 +435,48 @@ end }""")
         self.assertEqual(most["a"], 1)
         for p in (b, c):
             p.terminate()
+
+
+class DebounceAcrossAKillTest(SkillsTestCase):
+    def test_a_run_taken_over_after_a_later_events_run_is_debounced_by_it(self):
+        # Engine a dies after it took event 1's run but before the run asked
+        # its debounce: the run waits for a's lease to expire (a is made to
+        # look as if it ran on another host, whose process no one can see
+        # die), while engine b takes event 2's run, which starts once its
+        # period passed. Taken over then, event 1's run asks late: it is
+        # debounced by the later event's run, not a burst of its own (it
+        # ran too, with the older data, after the newer).
+        self.skill("deb", """
+return { id = "deb", triggers = { { event = "inc.update" } },
+  debounce = { period = "1s", key = "event.data.k" },
+  run = function(ctx) return ctx.step.run("n", function() return ctx.input.n end) end }""")
+
+        def send(p, n):
+            req = urllib.request.Request(p.url + "/v1/events", headers={"Content-Type": "application/json"},
+                                         data=json.dumps({"name": "inc.update", "data": {"k": "a", "n": n}}).encode())
+            urllib.request.urlopen(req, timeout=10).read()
+        self.w.env["MOONLOOP_FAULT"] = "commit=800"  # commits linger: the kill lands inside one
+        a = self.serve()
+        del self.w.env["MOONLOOP_FAULT"]
+        send(a, 1)
+
+        def taken_not_asked():
+            rows = self.w.sql("SELECT owner, flow_at FROM runs WHERE skill = 'deb'")
+            return rows and rows[0][0] is not None and rows[0][1] is None
+        wait_until(taken_not_asked, what="event 1's run taken by a, its debounce not asked")
+        kill9(a)
+        (first, owner, asked), = self.w.sql("SELECT id, owner, flow_at FROM runs WHERE skill = 'deb'")
+        self.assertIsNone(asked, "the kill came after the run asked: no case to test")
+        self.w.sql("UPDATE leases SET host = 'elsewhere', expires_at = ? WHERE owner = ?",
+                   (int(time.time() * 1000) + 3000, owner))
+        b = self.serve()
+        send(b, 2)
+        wait_until(lambda: [r["input"]["n"] for r in self.runs_of("deb", "completed")] == [2], timeout=20,
+                   what="event 2's run completed")
+        wait_until(lambda: self.w.trace(first)["status"] in ("completed", "skipped"), timeout=40,
+                   what="event 1's run, taken over, ended")
+        t = self.w.trace(first)
+        self.assertEqual(t["status"], "skipped", "event 1's run ran after event 2's")
+        self.assertRegex(t["error"]["message"], r"^debounced: a later event started run \w+$")
+        self.assertEqual([r["input"]["n"] for r in self.runs_of("deb", "completed")], [2])
+        b.terminate()

@@ -527,6 +527,59 @@ def invoke_http(p, skill, k):
         return json.loads(r.read())["run_id"]
 
 
+class LimitChangeTest(SkillsTestCase):
+    """A skill's concurrency limit changed (its file edited, hot-reloaded)
+    governs every run from then on, the ones queued under the old limit
+    too; the runs holding a slot keep it until they end or park."""
+
+    def version(self, p):
+        with urllib.request.urlopen(p.url + "/v1/skills/one", timeout=10) as r:
+            return json.loads(r.read())["version"]
+
+    def change(self, p, conc):
+        old = self.version(p)
+        self.skill("one", CALLER % {"id": "one", "tag": "one", "conc": conc})
+        wait_until(lambda: self.version(p) != old, what="the edited file live")
+
+    def test_a_lowered_limit_holds_for_the_runs_queued_under_the_old_one(self):
+        self.skill("one", CALLER % {"id": "one", "tag": "one", "conc": "{limit = 3}"})
+        g = Gauge()
+        held = g.release = threading.Event()
+        self.si.route_prefix("/svc/", g.handler(lambda tag, k: ["all"]))
+        p = self.serve()
+        ids = [invoke_http(p, "one", i) for i in range(7)]
+        wait_until(lambda: len(g.starts) == 3 and len(self.runs_of("one", "queued")) == 4, what="3 in, 4 queued")
+        self.change(p, "{limit = 1}")
+        ids += [invoke_http(p, "one", i) for i in range(7, 9)]
+        with g.lock:
+            g.most = {}
+            g.release, g.hold = None, 0.2
+        held.set()  # the three runs holding a slot end
+        wait_until(lambda: len(self.runs_of("one", "completed")) == 9, timeout=30, what="nine runs")
+        self.assertEqual(g.most["all"], 1, "more runs than the new limit at once")
+        self.assertEqual(sorted(s[2] for s in g.starts), sorted(ids))
+
+    def test_a_raised_limit_starts_the_runs_queued_under_the_old_one_at_once(self):
+        self.skill("one", CALLER % {"id": "one", "tag": "one", "conc": "{limit = 1, key = 'event.data.k'}"})
+        g = Gauge()
+        g.release = threading.Event()
+        self.si.route_prefix("/svc/", g.handler(lambda tag, k: ["all"]))
+        p = self.serve()
+        for _ in range(4):
+            invoke_http(p, "one", "a")
+        wait_until(lambda: len(g.starts) == 1 and len(self.runs_of("one", "queued")) == 3, what="1 in, 3 queued")
+        self.change(p, "{limit = 3, key = 'event.data.k'}")
+        # The first run still holds its slot: two more start, not one.
+        wait_until(lambda: len(g.starts) == 3, what="two queued runs started by the raised limit")
+        time.sleep(0.3)
+        self.assertEqual(len(g.starts), 3)
+        q = self.runs_of("one", "queued")
+        self.assertEqual(len(q), 1)
+        g.release.set()
+        wait_until(lambda: len(self.runs_of("one", "completed")) == 4, timeout=30, what="four runs")
+        self.assertEqual(g.most["all"], 3)
+
+
 class PerPeriodTest(SkillsTestCase):
     def record_starts(self):
         starts = {}  # run id -> (first start time, k)
