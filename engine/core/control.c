@@ -483,26 +483,6 @@ static char *skill_of_file(sched_t *s, const char *file) {
   return id;
 }
 
-/* Whether a registered file still exists. "//HOST/PATH" names a file of a
-** standalone sidecar (moonloop sidecar) on HOST: it exists until that
-** sidecar unregisters it (DELETE /v1/skills/{id}). */
-static int file_exists(const char *file) {
-  return !strncmp(file, "//", 2) || access(file, F_OK) == 0;
-}
-
-/* Whether another file that still exists holds id's live version. */
-static int held_elsewhere(sched_t *s, const char *id, const char *file, char *other, size_t n) {
-  cJSON *rec;
-  err_t e;
-  if (store_get_skill(sched__opts(s)->store, id, &rec, &e)) return 0;
-  const cJSON *v = cJSON_GetObjectItem(rec, "version"), *f = cJSON_GetObjectItem(rec, "file");
-  int held = cJSON_IsString(v) && cJSON_IsString(f) && strcmp(f->valuestring, file) &&
-             file_exists(f->valuestring);
-  if (held) snprintf(other, n, "%s", f->valuestring);
-  cJSON_Delete(rec);
-  return held;
-}
-
 /* (PUT) The live skill other than id registered from file, or NULL
 ** (caller frees): a file name belongs to its skill, so a PUT cannot point
 ** another skill at it (and skills.deploy then write over it). */
@@ -624,6 +604,46 @@ static int scope_clash(sched_t *s, const struct skill *sk, const char *file, cJS
   return rc;
 }
 
+/* What the registry says to sk, loaded from source, as file's skill: 0,
+** or ERR_CONFLICT when file is another skill's (a PUT or a deploy names
+** want_id), the id is another existing file's, or a concurrency scope of
+** sk has another limit in another live skill (scope_clash; ok gets the
+** skills whose own files already agree). */
+static int registry_refusal(sched_t *s, const struct skill *sk, const char *file,
+                            const char *want_id, const char *source, size_t len, cJSON *ok,
+                            struct skill_error *se) {
+  char other[512];
+  char *taken = want_id ? file_taken(s, want_id, file) : NULL;
+  if (taken) {
+    err_set(&se->err, ERR_CONFLICT, "%s is the file of skill '%s': a skill cannot be "
+            "registered from another skill's file", file, taken);
+    free(taken);
+    return ERR_CONFLICT;
+  }
+  if (store_skill_held_elsewhere(sched__opts(s)->store, sk->id, file, other, sizeof other)) {
+    /* (sidecar) The error points at the line that declares the id. */
+    se->line = id_line(source, len);
+    char where[600];
+    snprintf(where, sizeof where, se->line ? "%s:%d" : "%s", file, se->line);
+    return err_set(&se->err, ERR_CONFLICT, "%s: skill id '%s' is already defined by %s", where,
+                   sk->id, other);
+  }
+  return scope_clash(s, sk, file, ok, &se->err);
+}
+
+/* See sched.h. */
+int sched_skill_refusal(sched_t *s, const char *id, const char *file, const char *source,
+                        size_t len, err_t *e) {
+  struct skill *sk = NULL;
+  struct skill_error se = {0};
+  int rc = skills_load(sched__opts(s)->skills, source, len, file, &sk, &se);
+  cJSON *ok = cJSON_CreateArray();
+  if (!rc) rc = registry_refusal(s, sk, file, id, source, len, ok, &se);
+  cJSON_Delete(ok);
+  if (rc) *e = se.err;
+  return rc;
+}
+
 /* Register (or reject) source as the file's skill; answer through cb. */
 static int put_source(sched_t *s, const char *file, const char *want_id, const char *source,
                       size_t len, sched_reply_cb cb, void *arg, err_t *e) {
@@ -635,27 +655,12 @@ static int put_source(sched_t *s, const char *file, const char *want_id, const c
   size_t first = journal_count(j);
   struct skill *sk = NULL;
   struct skill_error se = {0};
-  char other[512];
   int rc = skills_load(sched__opts(s)->skills, source, len, file, &sk, &se);
   if (!rc && want_id && strcmp(sk->id, want_id))
     rc = err_set(&se.err, ERR_INVALID, "%s: the source declares id '%s', not '%s'", file, sk->id,
                  want_id);
-  char *taken = !rc && want_id ? file_taken(s, want_id, file) : NULL;
-  if (taken) {
-    rc = err_set(&se.err, ERR_CONFLICT, "%s is the file of skill '%s': a skill cannot be "
-                 "registered from another skill's file", file, taken);
-    free(taken);
-  }
-  if (!rc && held_elsewhere(s, sk->id, file, other, sizeof other)) {
-    /* (sidecar) The error points at the line that declares the id. */
-    se.line = id_line(source, len);
-    char where[600];
-    snprintf(where, sizeof where, se.line ? "%s:%d" : "%s", file, se.line);
-    rc = err_set(&se.err, ERR_CONFLICT, "%s: skill id '%s' is already defined by %s", where,
-                 sk->id, other);
-  }
   cJSON *scopes_ok = cJSON_CreateArray();
-  if (!rc) rc = scope_clash(s, sk, file, scopes_ok, &se.err);
+  if (!rc) rc = registry_refusal(s, sk, file, want_id, source, len, scopes_ok, &se);
   if (rc) {
     /* Keep the error on the skill's record; its live version stays. */
     char *id = want_id ? mem_strdup(want_id) : skill_of_file(s, file);

@@ -167,6 +167,13 @@ int engine_load_file(struct engine *en, const char *path, int register_it, struc
   free(src);
   if (rc) return rc;
   struct skill *s = *out;
+  char other[512];
+  if (register_it && store_skill_held_elsewhere(en->store, s->id, path, other, sizeof other))
+    /* As serve's workspace does: the id is another file's. A draft is
+    ** tried without taking the live skill's place by running its file. */
+    return err_set(&se->err, ERR_CONFLICT, "%s: skill id '%s' is already defined by %s, not "
+                   "registered (to try this file without registering it: run(\"%s\"))", path,
+                   s->id, other, path);
   int64_t now = units_now_ms();
   journal_t *j = journal_new();
   struct version_row v = {.version = s->version, .skill = s->id, .source = s->source,

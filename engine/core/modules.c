@@ -284,6 +284,11 @@ static int c_skills_deploy(lua_State *L) {
     return fail(L, msg);
   }
   free(got);
+  err_t re;
+  if (en->sched && sched_skill_refusal(en->sched, id, path, src, len, &re)) {
+    snprintf(msg, sizeof msg, "skills.deploy: the engine would refuse it: %s", re.msg);
+    return fail(L, msg);
+  }
   mkdir(en->cfg->workspace, 0755);
   err_t we;
   if (workspace_write(en->cfg->workspace, path, src, len, &we)) {

@@ -200,6 +200,14 @@ int sched_rerun(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, er
 int sched_put_skill(sched_t *s, const char *id, const char *file, const char *source,
                     size_t len, sched_reply_cb cb, void *arg, err_t *e);
 
+/* Whether the registry would refuse source as skill id's file `file` (as
+** a PUT judges it: the file another skill's, the id another existing
+** file's, a concurrency scope with another limit in another live skill):
+** 0, or the refusal's code and message. skills.deploy asks before it
+** writes, so that a deploy the engine would refuse fails, saying why. */
+int sched_skill_refusal(sched_t *s, const char *id, const char *file, const char *source,
+                        size_t len, err_t *e);
+
 /* ---- the skill registry, for the sidecar ---------------------------- */
 
 /* A skill file's source changed (or appeared): validate it as `moonloop

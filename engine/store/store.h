@@ -280,6 +280,13 @@ int store_get_version(store_t *s, const char *version, char **source, char **ski
 
 /* A skill's registry record as DESIGN shows it; ERR_NOTFOUND if unknown. */
 int store_get_skill(store_t *s, const char *id, cJSON **out, err_t *e);
+
+/* Whether id's live version was registered from another file than file,
+** one that still exists (a skill's id belongs to its file while that file
+** is there; a sidecar's "//HOST/PATH" counts as there): 1 with its name in
+** other, else 0. The same file under another spelling is not another. */
+int store_skill_held_elsewhere(store_t *s, const char *id, const char *file, char *other,
+                               size_t n);
 int store_list_skills(store_t *s, cJSON **out, err_t *e);
 
 /* The version a rerun of a run of skill (which ran run_version) starts on,

@@ -30,9 +30,11 @@
 #include "base/vocab.h"
 #include "store/store_backend.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- run records as JSON text ------------------------------------------
 ** Written straight into a buffer from the rows: no tree, no allocation
@@ -611,6 +613,36 @@ int store_get_skill(store_t *s, const char *id, cJSON **out, err_t *e) {
   else rc = err_set(e, ERR_NOTFOUND, "no skill '%s' is registered", id);
   cur_close(&c);
   return rc;
+}
+
+/* Whether a registered file still exists. "//HOST/PATH" names a file of a
+** standalone sidecar (moonloop sidecar) on HOST: it exists until that
+** sidecar unregisters it (DELETE /v1/skills/{id}). */
+static int file_exists(const char *file) {
+  return !strncmp(file, "//", 2) || access(file, F_OK) == 0;
+}
+
+/* Whether two registered file names are one file: the same name, or the
+** same file on disk under two spellings ("skills/x.lua", "./skills/x.lua"). */
+static int same_file(const char *a, const char *b) {
+  if (!strcmp(a, b)) return 1;
+  if (!strncmp(a, "//", 2) || !strncmp(b, "//", 2)) return 0;
+  char ra[PATH_MAX], rb[PATH_MAX];
+  return realpath(a, ra) && realpath(b, rb) && !strcmp(ra, rb);
+}
+
+/* See store.h. */
+int store_skill_held_elsewhere(store_t *s, const char *id, const char *file, char *other,
+                               size_t n) {
+  cJSON *rec;
+  err_t e;
+  if (store_get_skill(s, id, &rec, &e)) return 0;
+  const cJSON *v = cJSON_GetObjectItem(rec, "version"), *f = cJSON_GetObjectItem(rec, "file");
+  int held = cJSON_IsString(v) && cJSON_IsString(f) && !same_file(f->valuestring, file) &&
+             file_exists(f->valuestring);
+  if (held) snprintf(other, n, "%s", f->valuestring);
+  cJSON_Delete(rec);
+  return held;
 }
 
 /* See store.h. */

@@ -112,6 +112,36 @@ end }""")
         step = self.w.trace(self.run_id_of(r))["steps"][0]
         self.assertEqual(len(step["attempts"]), 1)
 
+    def test_a_deploy_the_engine_would_refuse_fails_and_writes_nothing(self):
+        # skills.deploy returned {file, version} for a source the engine then
+        # refused (a concurrency scope with another limit in another live
+        # skill): an agent believed it deployed. It now asks the registry
+        # first, as a PUT does (409), and fails saying why.
+        os.makedirs(os.path.join(self.w.path, "skills"))
+        self.w.write("moonloop.conf.lua", 'return { deployers = { "updater" } }')
+        self.w.write("skills/one.lua", 'return { id = "one", concurrency = { limit = 2, scope = "api" },'
+                     ' run = function() return 1 end }')
+        self.w.write("skills/two.lua", 'return { id = "two", run = function() return 1 end }')
+        p = self.w.serve("--workspace", "skills")
+        p.terminate()
+        p.wait(timeout=10)
+        self.w.write("updater.lua", """
+return { id = "updater", run = function(ctx)
+  return ctx.step.run("deploy", function()
+    local src = "return { id = 'two', concurrency = { limit = %d, scope = 'api' }, run = function() return 2 end }"
+    local ok, err = pcall(skills.deploy, "two", src:format(3))
+    local fine = skills.deploy("two", src:format(2))
+    return { ok = ok, err = err and tostring(err), fine = fine.file }
+  end)
+end }""")
+        out = json.loads(self.w.ml("run", "updater.lua", check=0).stdout)
+        self.assertFalse(out["ok"])
+        self.assertIn("skills.deploy: the engine would refuse it: skills/two.lua: concurrency scope 'api' has "
+                      "limit 3 here, but skill 'one' (skills/one.lua) gives it limit 2", out["err"])
+        self.assertEqual(out["fine"], "skills/two.lua")  # the same limit: written
+        with open(os.path.join(self.w.path, "skills", "two.lua")) as f:
+            self.assertIn("limit = 2", f.read())
+
     def test_unknown_option_keys_are_errors_in_every_module_function(self):
         # Each call gets a table with one key the function does not take
         # (through pcall, where the static checks cannot see the literal):

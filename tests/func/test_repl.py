@@ -430,6 +430,37 @@ class PipeTest(ReplCase):
         self.assertIn("concurrency scope 'api' has limit 3 here, but skill 'a' gives it limit 2",
                       skills["b"]["error"]["message"])
 
+    def test_a_draft_workspace_does_not_take_a_live_skill_from_its_file(self):
+        # An agent keeps drafts in drafts/ (docs/agents.md) and opens the
+        # REPL on them to try one: the draft of a live skill must not
+        # become the live version (serve would then refuse the real file,
+        # also after a restart). The REPL refuses it as serve would, says
+        # how to try it, and runs it from its file without registering it.
+        self.w.write("skills/hello.lua", 'return { id = "hello", run = function(ctx) return "live" end }')
+        self.w.write("drafts/hello_draft.lua", 'return { id = "hello", run = function(ctx) return "draft" end }')
+        status, out, err = self.pipe('print(#runs{})\n')  # registers skills/ (the default)
+        self.assertEqual(status, 0, err)
+
+        def live():
+            return {s["id"]: s for s in json.loads(self.w.ml("skills", "--json", check=0).stdout)}["hello"]
+        self.assertEqual(live()["file"], "skills/hello.lua")
+        version = live()["version"]
+        r = subprocess.run([BIN, "repl", "--workspace", "drafts"], cwd=self.w.path, env=self.w.env,
+                           input='print((run("drafts/hello_draft.lua")))\n', capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("workspace drafts: 0 skills registered", r.stderr)
+        self.assertIn("drafts/hello_draft.lua: skill id 'hello' is already defined by skills/hello.lua",
+                      r.stderr)
+        self.assertIn('run("drafts/hello_draft.lua")', r.stderr)
+        self.assertIn("draft", r.stdout)  # tried from its file
+        self.assertEqual((live()["file"], live()["version"]), ("skills/hello.lua", version))
+        # The same workspace under another spelling is the same files.
+        r = subprocess.run([BIN, "repl", "--workspace", "./skills"], cwd=self.w.path, env=self.w.env,
+                           input='print(1)\n', capture_output=True, text=True, timeout=60)
+        self.assertIn("workspace ./skills: 1 skill registered", r.stderr)
+        self.assertEqual(live()["version"], version)
+
     def wait_listening(self, serve):
         line = ""
         while "listening on" not in line:
