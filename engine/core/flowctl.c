@@ -92,9 +92,22 @@ static double run_priority(struct run *r) {
   return prio != prio ? 0 : prio; /* NaN counts as 0 */
 }
 
+/* r's priority in its queues, a whole number (the store's queues order by
+** one): the one recorded in the store by its first acquire (the run was
+** taken up from another process), else its skill's function, called now,
+** once per run: the value goes with the acquire, which records it. */
+static int64_t queue_prio(struct run *r) {
+  if (!r->has_prio) {
+    double p = run_priority(r);
+    /* Within the whole numbers a double holds exactly (and JSON carries). */
+    r->prio = p > 9e15 ? (int64_t)9e15 : p < -9e15 ? (int64_t)-9e15 : (int64_t)p;
+    r->has_prio = 1;
+  }
+  return r->prio;
+}
+
 /* See flowctl.h. */
 char *flowctl_limits(struct run *r) {
-  double prio = r->skill->has_priority ? run_priority(r) : 0;
   cJSON *list = cJSON_Parse(r->skill->limits);
   cJSON *out = cJSON_CreateArray();
   const cJSON *l;
@@ -145,7 +158,9 @@ char *flowctl_limits(struct run *r) {
       cJSON_AddStringToObject(x, "key", tag ? tag : "");
     }
     cJSON_AddNumberToObject(x, "limit", cJSON_GetNumberValue(cJSON_GetObjectItem(l, "limit")));
-    if (prio != 0 && (!kind || !strcmp(kind, "concurrency"))) cJSON_AddNumberToObject(x, "priority", prio);
+    /* Sent also when 0, so the store records it (see queue_prio). */
+    if (r->skill->has_priority && (!kind || !strcmp(kind, "concurrency")))
+      cJSON_AddNumberToObject(x, "priority", (double)queue_prio(r));
     cJSON_AddItemToArray(out, x);
   }
   cJSON_Delete(list);

@@ -13,7 +13,8 @@ struct run;
 int flowctl_needed(const struct run *r);
 
 /* The JSON list of r's limits as the store takes them (journal.h's
-** J_SLOT): [{"q", "key", "limit"}], the keys evaluated on r's event. */
+** J_SLOT): [{"q", "key", "limit"}], the keys evaluated on r's event; a
+** concurrency limit of a skill with priority(event) has r's "priority". */
 char *flowctl_limits(struct run *r);
 
 /* Ask the store for r's slots; the answer makes r ready, or leaves it

@@ -107,6 +107,8 @@ struct run {
   int crashes;       /* processes that died while it executed, since its last checkpoint
                      ** (from the store; cleared at its next durable write) */
   char *limits;      /* its limits with their keys' values (flowctl_limits), once asked */
+  int has_prio;      /* prio is known: computed here, or recorded in the store (runs.prio) */
+  int64_t prio;      /* its priority in its queues (flowctl.c's queue_prio) */
   int slot_held, slot_pending, slot_ever; /* slots: held, asked for, held once */
   int64_t log_bytes;   /* bytes of log lines it wrote in this process (run_lua.c's c_log) */
   int64_t log_dropped; /* lines dropped past limits.run_logs */

@@ -317,6 +317,8 @@ int sched_adopt(sched_t *s, const struct run_row *row, err_t *e) {
   r->started_at = row->started_at ? row->started_at : units_now_ms();
   r->deadline_at = row->deadline_at;
   r->crashes = row->crashes;
+  r->has_prio = row->has_prio;
+  r->prio = row->prio;
   if (row->cancel_requested) {
     char msg[600];
     jsontext_cancel_message(row->cancel_reason, msg, sizeof msg);

@@ -46,10 +46,12 @@
 ** by_run (journal entries only, not stored): the run that creates this one
 ** (a child of step.invoke, an on_failure run), whose owner must still hold
 ** it (fencing); NULL for runs started from outside. crashes,
-** cancel_requested, cancel_reason: read when a run is claimed or taken over
-** (never written from here): processes that died while it was executing
-** since its last checkpoint, and a cancellation asked for while it was
-** owned. An entry with no entry point runs "run"; with no trigger, "{}". */
+** cancel_requested, cancel_reason, has_prio and prio: read when a run is
+** claimed or taken over (never written from here): processes that died
+** while it was executing since its last checkpoint, a cancellation asked
+** for while it was owned, and its priority in its queues, recorded by
+** its first acquire (has_prio 0: none recorded yet, runs.prio NULL). An
+** entry with no entry point runs "run"; with no trigger, "{}". */
 #define JOURNAL_RUN_ROW(_, S) \
   _(S, COL, TEXT, id) _(S, COL, TEXT, skill) _(S, COL, TEXT, version) _(S, COL, TEXT, status) \
   _(S, COL, TEXT, entry) _(S, COL, TEXT, trigger) _(S, COL, TEXT, parent_id) \
@@ -57,7 +59,8 @@
   _(S, COL, I64, created_at) _(S, COL, TIME, started_at) _(S, COL, TIME, ended_at) \
   _(S, COL, TIME, deadline_at) _(S, COL, TIME, wake_at) \
   _(S, ARG, TEXT, idem) _(S, ARG, TEXT, by_run) \
-  _(S, READ, INT, crashes) _(S, READ, INT, cancel_requested) _(S, READ, TEXT, cancel_reason)
+  _(S, READ, INT, crashes) _(S, READ, INT, cancel_requested) _(S, READ, TEXT, cancel_reason) \
+  _(S, READ, INT, has_prio) _(S, READ, I64, prio)
 
 /* A change of a run's status. NULL output/error and 0 times leave the
 ** stored values; wake_at is always written (0 clears it). A terminal status

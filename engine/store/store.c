@@ -179,6 +179,8 @@ void store__run_row(const struct store_cur *c, struct run_row *r, int with_claim
     r->crashes = cur_int(c, 17);
     r->cancel_requested = cur_int(c, 18);
     r->cancel_reason = col_dup(c, 19);
+    r->has_prio = !cur_null(c, 20);
+    r->prio = r->has_prio ? cur_i64(c, 20) : 0;
   }
 }
 

@@ -35,8 +35,8 @@
   " created_at, started_at, ended_at, deadline_at, wake_at, owner, queued"
 
 /* The columns of a run row taken to be executed (claimed or taken over):
-** STORE_RUN_COLS, then crashes, cancel_requested, cancel_reason. */
-#define STORE_CLAIM_COLS STORE_RUN_COLS ", crashes, cancel_requested, cancel_reason"
+** STORE_RUN_COLS, then crashes, cancel_requested, cancel_reason, prio. */
+#define STORE_CLAIM_COLS STORE_RUN_COLS ", crashes, cancel_requested, cancel_reason, prio"
 
 /* ---- values bound to a query's parameters ------------------------------- */
 
@@ -255,7 +255,7 @@ static inline int store__rq(store_t *s, void *conn, enum store_rq q, const struc
 
 /* ---- shared by both backends (store.c) -------------------------------------- */
 
-/* Fill r from a row of STORE_RUN_COLS (and STORE_CLAIM_COLS's three more
+/* Fill r from a row of STORE_RUN_COLS (and STORE_CLAIM_COLS's four more
 ** when the cursor has them: with_claim); strings are malloc'd. */
 void store__run_row(const struct store_cur *c, struct run_row *r, int with_claim);
 /* Whether a run status is final (completed, failed, cancelled, skipped); NULL is not. */

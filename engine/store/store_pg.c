@@ -247,6 +247,8 @@ static const char *const migrations[] = {
   "ALTER TABLE skills ADD COLUMN scopes TEXT;",
   /* 14: see SQLite's 14 */
   "ALTER TABLE skills ADD COLUMN limits TEXT;",
+  /* 15: see SQLite's 15 */
+  "ALTER TABLE runs ADD COLUMN prio BIGINT;",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 

@@ -13,7 +13,9 @@
 ** (`slot_queue`, with the limit it was asked under), ordered by
 ** (priority descending, since, run_id): the skill's priority(event), then
 ** its creation time, so a run that gave its slots back while parked is
-** ahead of runs created after it.
+** ahead of runs created after it. A run's priority is kept in runs.prio
+** from its first acquire, and read back by any engine that takes the run
+** up, so priority(event) is called once per run.
 **
 ** Invariants, each kept inside one write transaction:
 **  - a run holds the slots of all its limits or of none;
@@ -116,6 +118,9 @@ WQ(HEAD_SQL,
    " ORDER BY prio DESC, since, run_id LIMIT $3 OFFSET $4");
 WQ(FLOW_AT_SQL, "SELECT flow_at, started_at, queued FROM runs WHERE id = ?1",
    "SELECT flow_at, started_at, queued FROM runs WHERE id = $1");
+/* A run's priority, kept from its first acquire (flowctl.c sends it back). */
+WQ(PRIO_SQL, "UPDATE runs SET prio = ?2 WHERE id = ?1 AND prio IS NULL",
+   "UPDATE runs SET prio = $2 WHERE id = $1 AND prio IS NULL");
 WQ(SET_FLOW_AT_SQL, "UPDATE runs SET flow_at = ?2 WHERE id = ?1",
    "UPDATE runs SET flow_at = $2 WHERE id = $1");
 WQ(TAT_SQL, "SELECT tat FROM flow_gcra WHERE q = ?1 AND key = ?2",
@@ -774,7 +779,8 @@ static int acquire(store_t *s, const struct jentry *je, err_t *e) {
     return 0;
   }
   cJSON *list = cJSON_Parse(sl->limits ? sl->limits : "[]");
-  int n = cJSON_GetArraySize(list), blocked = -1, err = 0;
+  int n = cJSON_GetArraySize(list), blocked = -1, err = 0, has_prio = 0;
+  int64_t prio = 0;
   struct lim *l = mem_calloc((size_t)(n ? n : 1), sizeof *l);
   for (int i = 0; i < n; i++) {
     const cJSON *x = cJSON_GetArrayItem(list, i);
@@ -789,6 +795,7 @@ static int acquire(store_t *s, const struct jentry *je, err_t *e) {
                                         "batch"};
     const cJSON *pr = cJSON_GetObjectItem(x, "priority");
     l[i].prio = cJSON_IsNumber(pr) ? (int64_t)pr->valuedouble : 0;
+    if (cJSON_IsNumber(pr)) has_prio = 1, prio = l[i].prio;
     const cJSON *mw = cJSON_GetObjectItem(x, "max_wait");
     l[i].max_wait = cJSON_IsNumber(mw) ? (int64_t)mw->valuedouble : 0;
     l[i].kind = "concurrency";
@@ -800,9 +807,15 @@ static int acquire(store_t *s, const struct jentry *je, err_t *e) {
     l[i].burst = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(x, "burst"));
   }
   cJSON_Delete(list);
+  /* Its priority (each concurrency limit carries the same), recorded the
+  ** first time: whatever engine asks for the run later sends it back. */
+  if (has_prio) {
+    struct store_val p[2] = {SV_TEXT(sl->run_id), SV_INT(prio)};
+    err = wq_do(s, &PRIO_SQL, p, 2, "recording a run's priority", e);
+  }
   /* Admission first (rate limit, throttle), once per run; then the slots,
   ** of the concurrency limits only (moved to the front of l). */
-  int admitted = admit(s, je, l, n, e);
+  int admitted = err ? -1 : admit(s, je, l, n, e);
   if (admitted < 0) err = e->code;
   if (!admitted && je->result && !strncmp(je->result, "skip:", 5) && n) {
     /* "skip:skipped by rate_limit: ..." or "skip:debounced: ...": the word. */

@@ -16,7 +16,8 @@
 **            its steps (steps, failed_steps, retries, tokens); crashes
 **            (how many processes died while it was executing, since its
 **            last checkpoint: a run that keeps killing the engine is
-**            failed instead of resumed again, see sched_adopt)
+**            failed instead of resumed again, see sched_adopt); prio
+**            (its priority in the slot queues, kept from its first acquire)
 **   steps    (run_id, seq) -> id, kind, status, output, attempts, times
 **   attempts (run_id, seq, n) -> failed attempts with error and traceback
 **   logs     run_id, seq, ts, level, msg
@@ -290,6 +291,11 @@ static const char *const migrations[] = {
   ** which govern its runs queued under an earlier version too
   ** (store_queue.c's current_limits) */
   "ALTER TABLE skills ADD COLUMN limits TEXT;",
+  /* 15: a run's priority in its queues (the skill's priority(event)),
+  ** recorded by its first acquire (store_queue.c), so that an engine
+  ** taking the run up later never calls the function again; NULL until
+  ** then, and for a skill without one */
+  "ALTER TABLE runs ADD COLUMN prio INTEGER;",
 };
 #define NMIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 

@@ -985,6 +985,51 @@ class PriorityTest(SkillsTestCase):
         self.assertTrue(any("priority: " in l["msg"] and "no plan" in l["msg"] and "queued with priority 0" in l["msg"]
                             for l in logs), logs)
 
+    def test_priority_is_computed_once_per_run_across_a_kill(self):
+        # Each call of the function prints a line (the engine's stderr, or
+        # a trace); boom's also fails (a warning in boom's trace). Runs
+        # queued behind the first, then the engine is killed: the next one
+        # takes them over with their recorded priorities, calling nothing.
+        self.skill("pri", CALLER % {"id": "pri", "tag": "pri", "conc": "{limit = 1}, priority = function(event)\n"
+                                    "  print('priority of ' .. event.data.k)\n"
+                                    "  if event.data.k == 'boom' then error('no plan') end\n"
+                                    "  return event.data.p end"})
+        g = Gauge()
+        g.release = threading.Event()
+        self.si.route_prefix("/svc/", g.handler(lambda tag, k: ["all"]))
+        a = self.serve()
+        try:
+            ids = {"first": self.w.ml("invoke", "pri", "--data", json.dumps({"k": "first", "p": 0}),
+                                      check=0).stdout.strip()}
+            wait_until(lambda: g.starts, what="the first run holding the slot")
+            for k, pr in [("low", 1), ("boom", None), ("high", 5), ("zero", 0), ("mid", 3), ("high2", 5)]:
+                ids[k] = self.w.ml("invoke", "pri", "--data", json.dumps({"k": k, "p": pr}), check=0).stdout.strip()
+            wait_until(lambda: len(self.runs_of("pri", "queued")) == 6, what="six queued runs")
+            dead = {o for (o,) in self.w.sql("SELECT owner FROM runs WHERE skill = 'pri'")}
+            kill9(a)
+            g.killed()
+            b = self.serve()
+            # b adopts the runs of a, the queued ones too; the first one
+            # takes its step again (it kept its slot).
+            wait_until(lambda: not {o for (o,) in self.w.sql("SELECT owner FROM runs WHERE skill = 'pri'")}
+                       & (dead | {None}), what="every run taken over")
+            wait_until(lambda: len(g.starts) >= 2, what="the first run taken over")
+        finally:
+            g.release.set()
+        wait_until(lambda: len(self.runs_of("pri", "completed")) == 7, timeout=30, what="seven runs")
+        # Higher first, in order of creation within a priority (boom's
+        # failed: 0, like zero's).
+        self.assertEqual([s[3] for s in g.starts if s[3] != "first"], ["high", "high2", "mid", "low", "boom", "zero"])
+        warns = [l["msg"] for l in self.w.trace(ids["boom"])["logs"] if l["msg"].startswith("priority: ")]
+        self.assertEqual(len(warns), 1, warns)
+        self.assertIn("no plan", warns[0])
+        calls = [l for l in a.stderr_lines + b.stderr_lines if "priority of " in l]
+        for i in ids.values():
+            calls += [l["msg"] for l in self.w.trace(i)["logs"] if "priority of " in l["msg"]]
+        for k in ids:
+            self.assertEqual(len([c for c in calls if c.rstrip().endswith("priority of " + k)]), 1, (k, calls))
+        b.terminate()
+
     def test_priority_needs_a_function_and_a_limit(self):
         for flow, want in [('priority = 5, concurrency = {limit = 1}', "'priority' must be a function(event)"),
                            ('priority = function() return 1 end', "'priority' orders the runs waiting for a "

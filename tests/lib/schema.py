@@ -23,6 +23,7 @@ _SUMMARY = ("DROP INDEX runs_ended; DROP INDEX runs_event;"
 # version -> (SQLite, PostgreSQL); None: not written (no test goes back
 # past it in that dialect).
 UNDO = {
+    15: ("ALTER TABLE runs DROP COLUMN prio;",) * 2,
     14: ("ALTER TABLE skills DROP COLUMN limits;",) * 2,
     13: ("ALTER TABLE skills DROP COLUMN scopes;",) * 2,
     12: ("", ""),  # drops and makes its indexes again
