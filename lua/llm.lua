@@ -81,9 +81,23 @@ local function messages_of(req)
   return core.json.array(msgs)
 end
 
+-- config.c's default llm.base_url: an Ollama server on this machine.
+local DEFAULT_BASE_URL = "http://127.0.0.1:11434/v1"
+-- Failures where no server answered at the endpoint: a hint names the setting.
+local UNREACHABLE = { connect = true, dns = true }
+
+-- Where the endpoint comes from, for an error that could not reach it.
+local function endpoint_hint(base_url)
+  if base_url == DEFAULT_BASE_URL then
+    return ("; the endpoint is the default llm.base_url, %s (a local Ollama): set llm = "
+      .. "{ base_url = ..., model = ... } in moonloop.conf.lua"):format(base_url)
+  end
+  return ("; the endpoint is llm.base_url in moonloop.conf.lua (%s)"):format(base_url)
+end
+
 function M.chat(req)
   if type(req) ~= "table" then user_error("llm.chat expects a table {prompt= or messages=, json=, model=}") end
-  local cfg = core.llm_settings or { base_url = "http://127.0.0.1:11434/v1", model = "llama3" }
+  local cfg = core.llm_settings or { base_url = DEFAULT_BASE_URL, model = "llama3" }
   local body = {
     model = req.model or cfg.model, messages = messages_of(req),
     temperature = req.temperature, max_tokens = req.max_tokens,
@@ -110,8 +124,9 @@ function M.chat(req)
       -- since a model server that restarts answers again a moment later.
       local delay = retry_delay(resp, n)
       if M.warn then
-        M.warn(("llm.chat: POST %s %s; retry %d of %d in %.1fs"):format(url,
-          resp and ("returned " .. resp.status) or ("failed: " .. tostring(err)), n, MAX_RETRIES, delay / 1000))
+        M.warn(("llm.chat: POST %s %s; retry %d of %d in %.1fs%s"):format(url,
+          resp and ("returned " .. resp.status) or ("failed: " .. tostring(err)), n, MAX_RETRIES, delay / 1000,
+          not resp and UNREACHABLE[why] and endpoint_hint(cfg.base_url) or ""))
       end
       local _, late = yield(OP.DELAY, delay)
       if late then -- the step's time ran out while it waited
@@ -119,7 +134,8 @@ function M.chat(req)
           resp and ("returned " .. resp.status) or tostring(err)))
       end
     elseif not resp then
-      user_error(("llm.chat: %s%s"):format(err, n > 1 and (" (after %d tries)"):format(n) or ""))
+      user_error(("llm.chat: %s%s%s"):format(err, n > 1 and (" (after %d tries)"):format(n) or "",
+        UNREACHABLE[why] and endpoint_hint(cfg.base_url) or ""))
     elseif resp.status < 200 or resp.status > 299 then
       user_error(("llm.chat: POST %s returned %d: %s%s"):format(url, resp.status, excerpt(resp.body),
         n > 1 and (" (after %d tries)"):format(n) or ""))

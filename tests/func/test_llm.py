@@ -106,6 +106,33 @@ end)''')
                       r.stderr)
         self.assertEqual(self.si.count("/v1/chat/completions"), 1)
 
+    def test_an_endpoint_nobody_answers_at_names_the_setting(self):
+        # "could not connect to 127.0.0.1:11434" did not say where that
+        # address came from: an agent without `llm` in its configuration
+        # got the default. The retry lines (and the final error) name
+        # llm.base_url, and say when it is the default.
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()  # nobody listens there
+        self.skill('return ctx.step.run("ask", function() return llm.chat{ prompt = "x" }.text end,'
+                   ' { timeout = "1s" })')
+        for conf, want in (
+                ('llm = { base_url = "http://127.0.0.1:%d/v1" }' % port,
+                 "; the endpoint is llm.base_url in moonloop.conf.lua (http://127.0.0.1:%d/v1)" % port),
+                ("", "; the endpoint is the default llm.base_url, http://127.0.0.1:11434/v1 (a local "
+                     "Ollama): set llm = { base_url = ..., model = ... } in moonloop.conf.lua")):
+            if not conf:
+                with socket.socket() as probe:
+                    if probe.connect_ex(("127.0.0.1", 11434)) == 0:
+                        continue  # something answers at the default here
+            self.w.write("moonloop.conf.lua", "return { %s }" % conf)
+            r = self.w.ml("run", "s.lua", check=1, timeout=60)
+            logs = self.w.trace(self.run_id_of(r))["steps"][0].get("logs") or []
+            self.assertTrue(logs, r.stderr)
+            self.assertIn("could not connect", logs[0]["msg"])
+            self.assertTrue(logs[0]["msg"].endswith(want), logs[0]["msg"])
+
     def test_a_steps_timeout_during_a_call_is_not_retried(self):
         # The endpoint hangs: the step's timeout cuts the call, and llm.chat
         # stops there (it logged "the step timed out; retry 2 of 4" and
