@@ -423,7 +423,8 @@ void trace_print_skills(FILE *f, const cJSON *skills, int color, int64_t now) {
     const char *ver = str(s, "version");
     fprintf(f, "%-24s  %-12.12s  %-8d  %-36.36s  %-10s  %s\n", T(shown(s, "id")),
             ver ? T(ver) : "(none)", cJSON_GetArraySize(cJSON_GetObjectItem(s, "versions")),
-            k ? T(trig) : "invoke only", next, str(s, "file") ? T(str(s, "file")) : "");
+            k ? T(trig) : ver ? "invoke only" : "none (no live version)", next,
+            str(s, "file") ? T(str(s, "file")) : "");
     const cJSON *err = cJSON_GetObjectItem(s, "error");
     if (err && !cJSON_IsNull(err)) print_load_error(f, err, ver, color);
   }

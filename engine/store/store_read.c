@@ -570,14 +570,16 @@ static cJSON *skill_record(store_t *s, const struct store_cur *st) {
   add_text(o, "version", st, 1);
   add_text(o, "file", st, 2);
   add_text(o, "description", st, 3);
-  const char *trig = cur_text(st, 4);
+  /* The live version's triggers: none when there is no live version (the
+  ** file removed or never loaded; its versions keep theirs). */
+  const char *trig = cur_text(st, 1) ? cur_text(st, 4) : NULL;
   cJSON *t = trig ? cJSON_Parse(trig) : NULL;
   if (t && !cJSON_IsArray(t)) { /* none: an empty Lua table, stored as {} */
     cJSON_Delete(t);
     t = NULL;
   }
   cJSON_AddItemToObject(o, "triggers", t ? t : cJSON_CreateArray());
-  add_next_fire(o, cur_text(st, 1) ? t : NULL);
+  add_next_fire(o, t);
   cJSON *versions = cJSON_AddArrayToObject(o, "versions");
   struct store_val v[1] = {SV_TEXT(cur_text(st, 0))};
   struct store_cur vc;

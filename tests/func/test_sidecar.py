@@ -359,6 +359,14 @@ return {
         # The registry changes before the line reaches the log (and our reader).
         wait_until(lambda: "removed   skills/ticker.lua: skill 'ticker' unregistered" in srv.log(),
                    what=lambda: "the removal in the log: %s" % srv.log())
+        # Its record shows no triggers (they stopped), nor a next cron
+        # fire; `moonloop skills` says there is no live version.
+        rec = [k for k in json.loads(self.w.ml("skills", "--json").stdout) if k["id"] == "ticker"][0]
+        self.assertEqual((rec["triggers"], rec["next_fire"]), ([], None))
+        self.assertEqual(len(rec["versions"][-1]["triggers"]), 2)  # its history keeps them
+        row = [l for l in self.w.ml("skills").stdout.splitlines() if l.startswith("ticker")][0]
+        self.assertIn("none (no live version)", row)
+        self.assertNotIn("cron", row)
         # New invokes fail, saying why.
         st, b = srv.invoke("ticker")
         self.assertEqual(st, 404, b)
