@@ -144,8 +144,7 @@ int cli_rerun(struct cli *c) {
     return cli_fail(EXIT_FAILED, "%s", e.msg);
   }
   char *input = jsontext_print_text(cJSON_GetObjectItem(run, "input"));
-  char trig[96], id[27];
-  snprintf(trig, sizeof trig, "{\"kind\":\"rerun\",\"run_id\":\"%s\"}", c->args[0]);
+  char id[27], *trig = sched_rerun_trigger(run);
   int64_t now = units_now_ms();
   ids_ulid(now, id);
   struct run_row row = {.id = id, .skill = skill_id, .version = version, .status = "queued",
@@ -154,6 +153,7 @@ int cli_rerun(struct cli *c) {
   journal_run_new(j, &row);
   rc = commit_one(&en, j, NULL, &e);
   int alive = store_engine_alive(en.store, now);
+  free(trig);
   free(input);
   free(version);
   cJSON_Delete(run);

@@ -375,6 +375,19 @@ int sched_cancel(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, e
   return 0;
 }
 
+/* See sched.h. A rerun of an event's run gets that event (ctx.event,
+** run.lua): a skill that branches on its name takes the same path again. */
+char *sched_rerun_trigger(const cJSON *run) {
+  cJSON *t = cJSON_CreateObject();
+  cJSON_AddStringToObject(t, "kind", "rerun");
+  cJSON_AddStringToObject(t, "run_id", cJSON_GetStringValue(cJSON_GetObjectItem(run, "id")));
+  const cJSON *ev = cJSON_GetObjectItem(cJSON_GetObjectItem(run, "trigger"), "event");
+  if (cJSON_IsObject(ev)) cJSON_AddItemToObject(t, "event", cJSON_Duplicate(ev, 1));
+  char *trig = jsontext_print_text(t);
+  cJSON_Delete(t);
+  return trig;
+}
+
 int sched_rerun(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, err_t *e) {
   cJSON *run;
   if (store_get_run(sched__opts(s)->store, run_id, 0, &run, e)) return e->code;
@@ -392,9 +405,9 @@ int sched_rerun(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, er
     return rc;
   }
   char *input = jsontext_print_text(cJSON_GetObjectItem(run, "input"));
-  char trig[96];
-  snprintf(trig, sizeof trig, "{\"kind\":\"rerun\",\"run_id\":\"%s\"}", run_id);
+  char *trig = sched_rerun_trigger(run);
   rc = start_and_answer(s, sk, trig, input, NULL, 0, cb, arg, e);
+  free(trig);
   free(input);
   cJSON_Delete(run);
   return rc;

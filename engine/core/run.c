@@ -552,7 +552,11 @@ static int64_t events_since(struct run *r) {
   ** parse for those. */
   if (!r->trigger || !strstr(r->trigger, "\"event\"")) return since;
   cJSON *trig = cJSON_Parse(r->trigger);
-  const cJSON *ev = cJSON_GetObjectItem(trig, "event");
+  /* Only the run an event started: a rerun carries its event for ctx.event,
+  ** but counts events from its own creation. */
+  const cJSON *kind = cJSON_GetObjectItem(trig, "kind");
+  const cJSON *ev = cJSON_IsString(kind) && !strcmp(kind->valuestring, "event")
+                        ? cJSON_GetObjectItem(trig, "event") : NULL;
   const cJSON *ts = cJSON_GetObjectItem(ev, "ts"), *id = cJSON_GetObjectItem(ev, "id");
   int64_t ms;
   if (cJSON_IsString(ts) && !units_parse_rfc3339(ts->valuestring, &ms, NULL) && ms < since) since = ms;

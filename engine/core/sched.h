@@ -192,6 +192,11 @@ int sched_cancel(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, e
 ** input; answers {"run_id"} of the new run. */
 int sched_rerun(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, err_t *e);
 
+/* The trigger of a rerun of run (its record, as store_get_run gives it),
+** malloc'd JSON text: {"kind": "rerun", "run_id"}, with the run's event
+** when an event started it. Also `moonloop rerun`'s, without a server. */
+char *sched_rerun_trigger(const cJSON *run);
+
 /* PUT /v1/skills/{id}: validate Lua source and register it as the live
 ** version of skill id (the id in the source must match), as the file
 ** `file` (the sidecar's path; NULL: "<id>.lua"); answers the skill record.

@@ -298,6 +298,24 @@ return { id = "triage1", triggers = { { event = "incident" } },
         self.assertEqual(t["input"], {"a": 1})
         self.assertEqual(t["trigger"], {"kind": "rerun", "run_id": first})
 
+    def test_a_rerun_of_an_events_run_gets_that_event(self):
+        # A skill with two event triggers branches on ctx.event.name: its
+        # rerun (after a fix) must take the same path, not see a stand-in
+        # named moonloop.rerun.
+        self.skill("gate", """
+return { id = "gate", triggers = { { event = "gate.open" }, { event = "gate.close" } },
+  run = function(ctx) return { name = ctx.event.name, data = ctx.event.data } end }""")
+        self.serve()
+        self.w.ml("send", "gate.close", "--data", '{"door": 7}', check=0)
+        wait_until(lambda: self.runs_of("gate", "completed"), what="the event's run")
+        first = self.runs_of("gate")[0]
+        new = self.w.ml("rerun", first["id"], check=0).stdout.strip()
+        wait_until(lambda: self.w.trace(new)["status"] == "completed", what="the rerun")
+        t = self.w.trace(new)
+        self.assertEqual(t["output"], {"name": "gate.close", "data": {"door": 7}})
+        self.assertEqual(t["trigger"]["kind"], "rerun")
+        self.assertEqual(t["trigger"]["event"], first["trigger"]["event"])
+
     def test_concurrency_limit_per_key_holds_and_other_keys_run_in_parallel(self):
         self.skill("one", """
 return { id = "one", concurrency = { limit = 1, key = "event.data.service" }, run = function(ctx)
