@@ -144,14 +144,25 @@ int cli_rerun(struct cli *c) {
     return cli_fail(EXIT_FAILED, "%s", e.msg);
   }
   char *input = jsontext_print_text(cJSON_GetObjectItem(run, "input"));
-  char id[27], *trig = sched_rerun_trigger(run);
+  if (c->key && strlen(c->key) > SCHED_KEY_MAX) {
+    cJSON_Delete(run);
+    free(version);
+    free(input);
+    engine_close(&en);
+    return cli_fail(EXIT_USAGE, "--key is too long (at most %d bytes)", SCHED_KEY_MAX);
+  }
+  char id[27], *trig = sched_rerun_trigger(run, c->key);
   int64_t now = units_now_ms();
   ids_ulid(now, id);
   struct run_row row = {.id = id, .skill = skill_id, .version = version, .status = "queued",
-                        .entry = "run", .trigger = trig, .input = input, .created_at = now};
+                        .entry = "run", .trigger = trig, .input = input, .created_at = now,
+                        .idem = c->key};
   journal_t *j = journal_new();
   journal_run_new(j, &row);
-  rc = commit_one(&en, j, NULL, &e);
+  char *first = NULL; /* a repeated key: the run it started before (store__put_keyed_run) */
+  rc = commit_one(&en, j, &first, &e);
+  if (first) snprintf(id, sizeof id, "%s", first);
+  free(first);
   int alive = store_engine_alive(en.store, now);
   free(trig);
   free(input);

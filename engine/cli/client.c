@@ -344,7 +344,13 @@ static int run_action(struct cli *c, const char *action) {
   long status;
   cJSON *ans = NULL;
   err_t e;
-  int rc = remote_call(&c->cfg, "POST", path, "{}", &status, &ans, &e);
+  /* rerun --key: the idempotency key, in the body. */
+  cJSON *body = cJSON_CreateObject();
+  if (c->key) cJSON_AddStringToObject(body, "key", c->key);
+  char *bj = jsontext_print_text(body);
+  cJSON_Delete(body);
+  int rc = remote_call(&c->cfg, "POST", path, bj, &status, &ans, &e);
+  free(bj);
   if (rc) {
     cJSON_Delete(ans);
     return fail_exit(&e);

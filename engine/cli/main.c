@@ -42,7 +42,7 @@ static const struct command commands[] = {
    "waiting for it."},
   {"cancel", C_CANCEL, cli_cancel, "cancel RUN_ID", 1,
    "Cancel a run and its children."},
-  {"rerun", C_RERUN, cli_rerun, "rerun RUN_ID", 1,
+  {"rerun", C_RERUN, cli_rerun, "rerun RUN_ID [--key KEY]", 1,
    "Start a run again with the same input, on the skill's live version."},
   {"prune", C_PRUNE, cli_prune, "prune --older-than 30d", 0,
    "Delete the history of runs that ended longer ago than the given duration, and the "
@@ -109,7 +109,7 @@ static const struct option options[] = {
    "wait for the run to end and print its result"},
   {"wait", 1, C_TRACE, "SECONDS",
    "wait up to this long for the run to end (at most 300), then show it"},
-  {"key", 1, C_INVOKE, "KEY",
+  {"key", 1, C_INVOKE | C_RERUN, "KEY",
    "a key that makes the start idempotent: a repeat answers the first run"},
   {"id", 1, C_SEND, "KEY",
    "the event's idempotency key: a repeat is accepted once"},

@@ -377,10 +377,11 @@ int sched_cancel(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, e
 
 /* See sched.h. A rerun of an event's run gets that event (ctx.event,
 ** run.lua): a skill that branches on its name takes the same path again. */
-char *sched_rerun_trigger(const cJSON *run) {
+char *sched_rerun_trigger(const cJSON *run, const char *key) {
   cJSON *t = cJSON_CreateObject();
   cJSON_AddStringToObject(t, "kind", "rerun");
   cJSON_AddStringToObject(t, "run_id", cJSON_GetStringValue(cJSON_GetObjectItem(run, "id")));
+  if (key) cJSON_AddStringToObject(t, "key", key);
   const cJSON *ev = cJSON_GetObjectItem(cJSON_GetObjectItem(run, "trigger"), "event");
   if (cJSON_IsObject(ev)) cJSON_AddItemToObject(t, "event", cJSON_Duplicate(ev, 1));
   char *trig = jsontext_print_text(t);
@@ -388,7 +389,8 @@ char *sched_rerun_trigger(const cJSON *run) {
   return trig;
 }
 
-int sched_rerun(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, err_t *e) {
+int sched_rerun(sched_t *s, const char *run_id, const char *key, sched_reply_cb cb, void *arg,
+                err_t *e) {
   cJSON *run;
   if (store_get_run(sched__opts(s)->store, run_id, 0, &run, e)) return e->code;
   const char *skill_id = cJSON_GetObjectItem(run, "skill")->valuestring;
@@ -405,8 +407,9 @@ int sched_rerun(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, er
     return rc;
   }
   char *input = jsontext_print_text(cJSON_GetObjectItem(run, "input"));
-  char *trig = sched_rerun_trigger(run);
-  rc = start_and_answer(s, sk, trig, input, NULL, 0, cb, arg, e);
+  /* With a key (the skill's, as invoke's): a repeat answers the first. */
+  char *trig = sched_rerun_trigger(run, key);
+  rc = start_and_answer(s, sk, trig, input, key, 0, cb, arg, e);
   free(trig);
   free(input);
   cJSON_Delete(run);

@@ -190,12 +190,13 @@ int sched_cancel(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, e
 
 /* POST /v1/runs/{id}/rerun: a new run of the same skill with the same
 ** input; answers {"run_id"} of the new run. */
-int sched_rerun(sched_t *s, const char *run_id, sched_reply_cb cb, void *arg, err_t *e);
+int sched_rerun(sched_t *s, const char *run_id, const char *key, sched_reply_cb cb, void *arg,
+                err_t *e);
 
 /* The trigger of a rerun of run (its record, as store_get_run gives it),
-** malloc'd JSON text: {"kind": "rerun", "run_id"}, with the run's event
-** when an event started it. Also `moonloop rerun`'s, without a server. */
-char *sched_rerun_trigger(const cJSON *run);
+** malloc'd JSON text: {"kind": "rerun", "run_id", "key"?}, with the run's
+** event when an event started it. Also `moonloop rerun`'s, without a server. */
+char *sched_rerun_trigger(const cJSON *run, const char *key);
 
 /* PUT /v1/skills/{id}: validate Lua source and register it as the live
 ** version of skill id (the id in the source must match), as the file

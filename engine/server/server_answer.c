@@ -239,7 +239,7 @@ static void control(server_t *srv, h2o_req_t *req, const struct server_plan *pl)
                       &e);
     break;
   case SERVER_OP_CANCEL: rc = sched_cancel(s, pl->id, on_reply, p, &e); break;
-  case SERVER_OP_RERUN: rc = sched_rerun(s, pl->id, on_reply, p, &e); break;
+  case SERVER_OP_RERUN: rc = sched_rerun(s, pl->id, *pl->key ? pl->key : NULL, on_reply, p, &e); break;
   case SERVER_OP_PUT_SKILL:
     /* A local file name must be inside the workspace on its real path
     ** (skills.deploy writes to it); "//HOST/PATH" names another host's

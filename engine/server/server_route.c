@@ -485,7 +485,33 @@ static int route_no_body(const struct req *r, struct server_plan *p, int *status
   cJSON_Delete(v);
   if (empty) return 0;
   return fail(status, 400, e, ERR_INVALID, "this request takes no body (or {}): it acts on the run "
-              "as it is (a rerun runs again with the run's own input)");
+              "as it is");
+}
+
+/* POST /v1/runs/{id}/rerun: no body, {} or {"key"}: an idempotency key,
+** as invoke's (the skill's keys), so a rerun retried after a lost answer
+** starts one run. */
+static int route_rerun(const struct req *r, struct server_plan *p, int *status, err_t *e) {
+  static const char *const keys[] = {"key", NULL};
+  if (only_space(r->body, r->blen)) return 0;
+  cJSON *v;
+  if (parse_json(r->body, r->blen, &v, status, e)) return e->code;
+  int rc = 0;
+  if (!cJSON_IsObject(v)) {
+    rc = fail(status, 400, e, ERR_INVALID, "expected an object {key?}, got %s: a rerun runs "
+              "again with the run's own input", json_type(v));
+  } else if (!(rc = check_keys(v, keys, "", "rerun takes only key (a rerun runs again with the "
+                               "run's own input)", status, e))) {
+    cJSON *k = cJSON_GetObjectItemCaseSensitive(v, "key");
+    if (!check_name(k, 1, SERVER_NAME_MAX))
+      rc = fail(status, 400, e, ERR_INVALID,
+                "key (the idempotency key) must be a non-empty string of at most %d bytes",
+                SERVER_NAME_MAX);
+    else if (cJSON_IsString(k))
+      memcpy(p->key, k->valuestring, strlen(k->valuestring) + 1);
+  }
+  cJSON_Delete(v);
+  return rc;
 }
 
 static int route_invoke(const struct req *r, struct server_plan *p, int *status, err_t *e) {
@@ -944,7 +970,7 @@ static const struct route {
   {"GET", "/v1/runs", ID_NONE, SERVER_OP_LIST_RUNS, SERVER_BODY_NONE, route_list},
   {"GET", "/v1/runs/{id}", ID_RUN, SERVER_OP_GET_RUN, SERVER_BODY_NONE, route_run_query},
   {"POST", "/v1/runs/{id}/cancel", ID_RUN, SERVER_OP_CANCEL, SERVER_BODY_JSON, route_no_body},
-  {"POST", "/v1/runs/{id}/rerun", ID_RUN, SERVER_OP_RERUN, SERVER_BODY_JSON, route_no_body},
+  {"POST", "/v1/runs/{id}/rerun", ID_RUN, SERVER_OP_RERUN, SERVER_BODY_JSON, route_rerun},
   {"GET", "/v1/events", ID_NONE, SERVER_OP_LIST_EVENTS, SERVER_BODY_NONE, route_events_list},
   {"POST", "/v1/events", ID_NONE, SERVER_OP_EVENTS, SERVER_BODY_JSON, route_events},
   {"GET", "/v1/stats", ID_NONE, SERVER_OP_STATS, SERVER_BODY_NONE, route_stats},

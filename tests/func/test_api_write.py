@@ -154,6 +154,35 @@ class ApiWriteTest(unittest.TestCase):
         st, _, b = self.post("/v1/runs/01J00000000000000000000000/rerun")
         self.assertEqual(st, 404, b)
 
+    def test_a_rerun_with_a_key_starts_one_run_however_often_it_is_asked(self):
+        # A client retrying a rerun after a lost answer (the engine killed
+        # between the commit and the answer) made a second run; the failed
+        # run's own invoke key still answers that run, so the rerun is
+        # where the retry goes. A key makes it safe, as invoke's does.
+        first = self.post("/v1/skills/hello/invoke", {"data": {"who": "ed"}, "wait": True})[2]
+        path = "/v1/runs/%s/rerun" % first["run_id"]
+        answers = [self.post(path, {"key": "retry-1"}) for _ in range(3)]
+        self.assertEqual({st for st, _, _ in answers}, {202})
+        ids = {b["run_id"] for _, _, b in answers}
+        self.assertEqual(len(ids), 1, answers)
+        rerun = ids.pop()
+        self.assertNotEqual(rerun, first["run_id"])
+        rec = self.wait_run(rerun)
+        self.assertEqual((rec["trigger"]["kind"], rec["trigger"]["key"]), ("rerun", "retry-1"))
+        # Another key, another run; the CLI takes --key, with a server or without.
+        st, _, b = self.post(path, {"key": "retry-2"})
+        self.assertNotIn(b["run_id"], (rerun, first["run_id"]))
+        for args in ((), ("--server", self.srv.url)):
+            out = self.w.ml("rerun", first["run_id"], "--key", "retry-1", *args, check=0).stdout.strip()
+            self.assertEqual(out, rerun, args)
+        reruns = [r for r in self.w.runs(skill="hello")
+                  if r["trigger"]["kind"] == "rerun" and r["trigger"]["run_id"] == first["run_id"]]
+        self.assertEqual(len(reruns), 2)
+        for bad in ({"key": ""}, {"key": 5}, {"key": "x" * 257}):
+            st, _, b = self.post(path, bad)
+            self.assertEqual(st, 400, (bad, b))
+            self.assertIn("key (the idempotency key)", b["error"]["message"])
+
     def test_cancel_and_rerun_refuse_a_body_they_would_ignore(self):
         # A rerun with {"data": ...} ran with the old input, and malformed
         # JSON was taken: the client was led to think its body counted.
@@ -164,7 +193,8 @@ class ApiWriteTest(unittest.TestCase):
             self.assertEqual(st, 400, (action, body, b))
             self.assertEqual(b["error"]["code"], "invalid")
             if not isinstance(body, str):
-                self.assertIn("takes no body", b["error"]["message"])
+                self.assertIn("takes only key" if action == "rerun" else "takes no body",
+                              b["error"]["message"])
         st, _, b = self.post("/v1/runs/%s/rerun" % first["run_id"], {})
         self.assertEqual(st, 202, b)
         self.assertEqual(self.wait_run(b["run_id"])["input"], {"who": "di"})
