@@ -62,6 +62,12 @@ int cli_send(struct cli *c) {
     free(data);
     return rc;
   }
+  err_t e;
+  if (c->id && store_event_key_clash(en.store, c->id, name, &e)) {
+    free(data);
+    engine_close(&en);
+    return cli_fail(EXIT_FAILED, "%s", e.msg);
+  }
   int64_t now = units_now_ms();
   char id[27];
   ids_ulid(now, id);
@@ -69,7 +75,6 @@ int cli_send(struct cli *c) {
   struct event_row ev = {.id = id, .name = name, .data = data, .idem = c->id, .ts = now};
   journal_event(j, &ev);
   char *got = NULL;
-  err_t e;
   rc = commit_one(&en, j, &got, &e);
   free(data);
   engine_close(&en);

@@ -86,6 +86,9 @@ int sched_send_events(sched_t *s, const cJSON *events, sched_reply_cb cb, void *
       return err_set(e, ERR_INVALID, "event %d: 'name' must be a string of 1 to 256 characters", i);
     if (id && !cJSON_IsNull(id) && (!cJSON_IsString(id) || strlen(id->valuestring) > 256))
       return err_set(e, ERR_INVALID, "event %d: 'id' must be a string of at most 256 characters", i);
+    if (cJSON_IsString(id) &&
+        store_event_key_clash(sched__opts(s)->store, id->valuestring, name->valuestring, e))
+      return err_prefix(e, "event %d", i);
     char *data = jsontext_print_text(cJSON_GetObjectItem(ev, "data"));
     int64_t len = data ? (int64_t)strlen(data) : 4;
     free(data);

@@ -281,6 +281,12 @@ int store_get_version(store_t *s, const char *version, char **source, char **ski
 /* A skill's registry record as DESIGN shows it; ERR_NOTFOUND if unknown. */
 int store_get_skill(store_t *s, const char *id, cJSON **out, err_t *e);
 
+/* Whether an event accepted under id key `key` has another name than
+** name: ERR_CONFLICT saying so (a send would be dropped as its repeat,
+** silently), 0 when none has the key or it has this name. A read, before
+** the write: two sends racing with one key still give one event. */
+int store_event_key_clash(store_t *s, const char *key, const char *name, err_t *e);
+
 /* Whether id's live version was registered from another file than file,
 ** one that still exists (a skill's id belongs to its file while that file
 ** is there; a sidecar's "//HOST/PATH" counts as there): 1 with its name in

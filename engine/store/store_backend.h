@@ -117,6 +117,7 @@ enum store_rq {
   RQ_CHILDREN,        /* run_id -> id, skill, status; by id */
   RQ_RUN_STATUS,      /* id -> status */
   RQ_KEYED_RUN,       /* skill, idem -> id: the run an idempotent start made */
+  RQ_EVENT_BY_KEY,    /* idem -> name: the event accepted under an id key */
   RQ_RUNS_ENDED,      /* a JSON array of run ids -> id, of those that ended */
   RQ_LIVE_VERSION,    /* skill -> version */
   RQ_STEP_JOURNAL,    /* run_id -> seq, id, kind, status, output, error, attempts, started_at,

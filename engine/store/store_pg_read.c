@@ -31,6 +31,7 @@ static const char *const rsql[RQ_COUNT] = {
   [RQ_CHILDREN] = "SELECT id, skill, status FROM runs WHERE parent_id = $1 ORDER BY id",
   [RQ_RUN_STATUS] = "SELECT status FROM runs WHERE id = $1",
   [RQ_KEYED_RUN] = "SELECT id FROM runs WHERE skill = $1 AND idem = $2",
+  [RQ_EVENT_BY_KEY] = "SELECT name FROM events WHERE idem = $1",
   [RQ_RUNS_ENDED] =
     "SELECT id FROM runs WHERE id IN (SELECT json_array_elements_text($1::json))"
     " AND status IN (" VOCAB_RUN_ENDED_SQL ")",

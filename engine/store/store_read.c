@@ -351,6 +351,21 @@ int store_keyed_run(store_t *s, const char *skill, const char *key, char *id, si
   return found;
 }
 
+/* See store.h. */
+int store_event_key_clash(store_t *s, const char *key, const char *name, err_t *e) {
+  struct store_val v[1] = {SV_TEXT(key)};
+  char *t;
+  int found;
+  if (first_text(s, RQ_EVENT_BY_KEY, v, 1, &t, &found, e)) return e->code;
+  int clash = found && t && strcmp(t, name);
+  if (clash)
+    err_set(e, ERR_CONFLICT, "event id '%s' was already used by an event named '%s': an id is "
+            "the key of one event whatever its name (a repeat is accepted once), so this '%s' "
+            "would be dropped: give it an id of its own", key, t, name);
+  free(t);
+  return clash ? ERR_CONFLICT : 0;
+}
+
 /* See store.h: one indexed query; the ids go in as one JSON array. */
 int store_runs_ended(store_t *s, const char *ids_json, void (*cb)(void *arg, const char *id),
                      void *arg, err_t *e) {

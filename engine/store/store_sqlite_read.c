@@ -36,6 +36,7 @@ static const char *const rsql[RQ_COUNT] = {
   [RQ_CHILDREN] = "SELECT id, skill, status FROM runs WHERE parent_id = ?1 ORDER BY id",
   [RQ_RUN_STATUS] = "SELECT status FROM runs WHERE id = ?1",
   [RQ_KEYED_RUN] = "SELECT id FROM runs WHERE skill = ?1 AND idem = ?2",
+  [RQ_EVENT_BY_KEY] = "SELECT name FROM events WHERE idem = ?1",
   /* One indexed query: the ids go in as one JSON array, each looked up
   ** by the primary key. */
   [RQ_RUNS_ENDED] =

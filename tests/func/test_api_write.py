@@ -91,6 +91,25 @@ class ApiWriteTest(unittest.TestCase):
                 if r["trigger"].get("event", {}).get("id") == a[2]["ids"][0]]
         self.assertEqual(len(runs), 1)
 
+    def test_an_id_key_reused_for_another_event_name_is_refused_not_dropped(self):
+        # Event ids are keys across every name: a client reusing a business
+        # id ("order-42" for order.created and order.shipped) had its second
+        # event silently dropped with a 202. It is now 409, saying why; a
+        # repeat under the same name is still accepted once.
+        key = "order-%d" % time.time_ns()
+        st, _, first = self.post("/v1/events", {"name": "order.created", "id": key})
+        self.assertEqual(st, 202, first)
+        st, _, b = self.post("/v1/events", [{"name": "ping"}, {"name": "order.shipped", "id": key}])
+        self.assertEqual(st, 409, b)
+        self.assertEqual(b["error"]["code"], "conflict")
+        self.assertIn("event 2: event id '%s' was already used by an event named 'order.created'" % key,
+                      b["error"]["message"])
+        st, _, again = self.post("/v1/events", {"name": "order.created", "id": key})
+        self.assertEqual((st, again["ids"]), (202, first["ids"]))
+        r = self.w.ml("send", "order.shipped", "--id", key)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("already used by an event named 'order.created'", r.stderr)
+
     # ---- invoke ----
 
     def test_invoke_async_answers_the_run_id(self):
