@@ -46,6 +46,8 @@
     "the database's files: every write fails as on a full disk (SQLITE_FULL)") \
   _(LEASE_REFUSED, "lease_refused", FAULT_COUNT, \
     "store_commit's lease renewal: refused as if another process had reaped the lease") \
+  _(LEASE_BUSY, "lease_busy", FAULT_COUNT, \
+    "taking a lease at start: refused at once as busy, as PostgreSQL at its connection limit") \
   _(READER_BUSY, "reader_busy", FAULT_SPAN, \
     "a read through the reader connection's statements: the database is busy (ERR_BUSY)") \
   _(HTTP_FAIL, "http_fail", FAULT_COUNT, \

@@ -598,14 +598,23 @@ void sched__count_replay(sched_t *s) { s->stats.replays++; }
 
 /* See sched.h. The lease is the first write: while another process holds
 ** the database's write lock (one frozen inside a commit holds it until it
-** is continued or killed), wait for it, saying every time what for. */
+** is continued or killed), wait for it, saying every time what for. A
+** refusal that comes at once (PostgreSQL at its connection limit) is
+** tried again after a pause that doubles from 200 ms to 5 s: at once,
+** it was hundreds of connection attempts a second, each a line here and
+** in the server's log. */
 int sched_start(sched_t *s, err_t *e) {
-  int64_t since = units_now_ms();
-  while (sched__take_lease(s, e)) {
+  int64_t since = units_now_ms(), pause_ms = 200;
+  for (;;) {
+    int64_t tried = units_now_ms();
+    if (!sched__take_lease(s, e)) break;
     if (e->code != ERR_BUSY) return e->code;
     char d[32];
     units_fmt_duration(units_now_ms() - since, d, sizeof d);
     fprintf(stderr, "moonloop: waiting %s so far to take a lease: %s\n", d, e->msg);
+    int64_t took = units_now_ms() - tried;
+    if (took < pause_ms) usleep((useconds_t)((pause_ms - took) * 1000));
+    if (pause_ms < 5000) pause_ms *= 2;
   }
   uv_loop_t *loop = s->o.loop;
   uv_idle_init(loop, &s->idle);

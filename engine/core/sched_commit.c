@@ -47,6 +47,7 @@
 ** request (httpc's gate) until a renewal commits; a lost lease then drops
 ** the runs instead.
 */
+#include "base/fault.h"
 #include "base/ids.h"
 #include "base/mem.h"
 #include "base/proc.h"
@@ -662,6 +663,8 @@ int sched__take_lease(sched_t *s, err_t *e) {
     .pid_start = proc_start_time((long)getpid()),
     .expires_at = now + s->o.lease_ttl_ms,
   };
+  if (fault_hit(FAULT_LEASE_BUSY))
+    return err_set(e, ERR_BUSY, "the database is busy (fault injected: lease_busy)");
   int rc = store_lease_acquire(s->o.store, &l, e);
   if (!rc) {
     s->last_commit_ms = now;

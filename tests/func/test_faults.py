@@ -203,6 +203,29 @@ class LeaseFaultTest(FaultCase):
         p.terminate()
         self.assertEqual(p.wait(timeout=20), 0)
 
+    def test_a_lease_refused_at_once_is_asked_for_again_after_a_pause(self):
+        # PostgreSQL at its connection limit refuses at once: the engine
+        # asked again at once, ~280 times a second, each a line on stderr
+        # and in the server's log. Refused 5 times, it now pauses 200 ms,
+        # 400 ms, ... between asks, and starts once the lease is free.
+        self.skill("s", SKILL.replace("FAULT", "none=0"))
+        env = dict(self.w.env, MOONLOOP_FAULT="lease_busy=5")
+        p = subprocess.Popen([BIN, "serve", "--workspace", "skills", "--listen", "127.0.0.1:0"],
+                             cwd=self.w.path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)
+        self.addCleanup(lambda: (p.kill(), p.wait(), p.stderr.close()))
+        lines = []
+        for line in p.stderr:
+            lines.append(line)
+            if "listening on" in line:
+                break
+        waits = [ln for ln in lines if "so far to take a lease" in ln]
+        self.assertEqual(len(waits), 5, lines)
+        self.assertIn("the database is busy (fault injected: lease_busy)", waits[0])
+        # What each line says it waited so far grows as the pauses double
+        # (200 + 400 + 800 + 1600 ms before the fifth ask).
+        self.assertRegex(waits[-1], r"waiting (2\.|[3-9]\.|\d\d\.)\d*s so far", waits)
+
 
 # A run that naps after arming a fault, and one that waits for an event.
 NAPPER = """

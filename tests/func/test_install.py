@@ -151,7 +151,8 @@ class InstallTest(unittest.TestCase):
                                                              self.p("etc/moonloop/moonloop.conf.lua")), text)
         for line in ("Type=notify", "DynamicUser=yes", "StateDirectory=moonloop moonloop/skills",
                      "ProtectSystem=strict", "NoNewPrivileges=yes", "ProtectHome=yes", "PrivateTmp=yes",
-                     "CapabilityBoundingSet=", "SystemCallFilter=@system-service"):
+                     "CapabilityBoundingSet=", "SystemCallFilter=@system-service",
+                     "StartLimitIntervalSec=0"):
             self.assertIn("\n%s\n" % line, text)
         self.assertNotIn("@", re.sub(r"(?m)^#.*$|SystemCallFilter=@\S+", "", text))
         if not have("systemd-analyze"):
