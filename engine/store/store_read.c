@@ -79,18 +79,43 @@ static void put_time(buf_t *b, const struct store_cur *st, int i) {
 #define PUT(b, k, fn, ...) (KEY(b, k), fn(b, __VA_ARGS__))
 #define PUT1(b, k, fn, ...) (KEY1(b, k), fn(b, __VA_ARGS__))
 
+/* In a list of runs, an input or output larger than this is left out (null,
+** with "input_bytes" / "output_bytes"): a page of 1,000 runs of 1 MB inputs
+** was 2 GB of JSON, built while the engine's loop waited. The run's record
+** (GET /v1/runs/{id}) has it whole. */
+#define LIST_VALUE_MAX (16 * 1024)
+
+/* Column i (JSON text) as key's value in a list: the value, or null and
+** key_bytes when it is over LIST_VALUE_MAX. */
+static void put_listed(buf_t *b, const char *key, const struct store_cur *st, int i) {
+  size_t n = cur_null(st, i) ? 0 : cur_bytes(st, i);
+  buf_printf(b, ",\"%s\":", key);
+  if (n <= LIST_VALUE_MAX) {
+    put_json(b, st, i);
+    return;
+  }
+  BUF_LIT(b, "null");
+  buf_printf(b, ",\"%s_bytes\":%zu", key, n);
+}
+
 /* The fields of a run record without steps, from a row of STORE_RUN_COLS,
 ** after its opening brace (the caller closes it); position > 0: the run's
-** place in the queue its `queued` names, added to that object. */
-static void put_record_fields(buf_t *b, const struct store_cur *st, int64_t position) {
+** place in the queue its `queued` names, added to that object; listed: a
+** run of a list (its large values left out, put_listed). */
+static void put_record_fields(buf_t *b, const struct store_cur *st, int64_t position, int listed) {
   PUT1(b, "id", put_text, st, 0);
   PUT(b, "skill", put_text, st, 1);
   PUT(b, "version", put_text, st, 2);
   PUT(b, "status", put_text, st, 3);
   PUT(b, "trigger", put_json, st, 5);
   PUT(b, "parent_id", put_text, st, 6);
-  PUT(b, "input", put_json, st, 7);
-  PUT(b, "output", put_json, st, 8);
+  if (listed) {
+    put_listed(b, "input", st, 7);
+    put_listed(b, "output", st, 8);
+  } else {
+    PUT(b, "input", put_json, st, 7);
+    PUT(b, "output", put_json, st, 8);
+  }
   PUT(b, "error", put_json, st, 9);
   PUT(b, "created_at", put_time, st, 10);
   PUT(b, "started_at", put_time, st, 11);
@@ -304,7 +329,7 @@ int store_run_json(store_t *s, const char *id, int with_steps, buf_t *out, err_t
   buf_add(out, "{", 1);
   const char *status = cur_text(&st, 3);
   int64_t pos = status && !strcmp(status, "queued") ? queue_position(s, id, cur_text(&st, 16)) : 0;
-  put_record_fields(out, &st, pos);
+  put_record_fields(out, &st, pos, 0);
   /* The run's cursor stays open while the steps are read: one snapshot,
   ** so the steps are those of the same commit as the run. */
   rc = with_steps ? put_steps(s, out, id, e) : 0;
@@ -447,7 +472,7 @@ int store_list_runs_json(store_t *s, const struct run_filter *f, buf_t *out, cha
       break;
     }
     buf_add(out, n ? ",{" : "{", n ? 2 : 1);
-    put_record_fields(out, &c, 0);
+    put_record_fields(out, &c, 0, 1);
     buf_add(out, "}", 1);
     const char *id = cur_text(&c, 0);
     size_t idl = cur_bytes(&c, 0);

@@ -173,6 +173,22 @@ class ApiWriteTest(unittest.TestCase):
         st, _, b = self.post("/v1/runs/01J00000000000000000000000/rerun")
         self.assertEqual(st, 404, b)
 
+    def test_a_list_leaves_large_inputs_out_and_the_record_has_them(self):
+        # A page of 1,000 runs with 1 MB inputs was 2 GB of JSON, built
+        # while the engine's loop waited. In a list an input or output over
+        # 16 KB is null, with its size; the run's record has it whole.
+        big = {"blob": "x" * 40000}
+        run_id = self.post("/v1/skills/hello/invoke", {"data": big, "wait": True})[2]["run_id"]
+        small = self.post("/v1/skills/hello/invoke", {"data": {"who": "fy"}, "wait": True})[2]["run_id"]
+        runs = {r["id"]: r for r in self.get("/v1/runs?skill=hello&limit=1000")[2]["runs"]}
+        self.assertIsNone(runs[run_id]["input"])
+        self.assertEqual(runs[run_id]["input_bytes"], len(json.dumps(big, separators=(",", ":"))))
+        self.assertEqual(runs[run_id]["output"], {"greeting": "hello nil"})
+        self.assertNotIn("output_bytes", runs[run_id])
+        self.assertEqual(runs[small]["input"], {"who": "fy"})
+        self.assertNotIn("input_bytes", runs[small])
+        self.assertEqual(self.get("/v1/runs/" + run_id)[2]["input"], big)
+
     def test_a_rerun_with_a_key_starts_one_run_however_often_it_is_asked(self):
         # A client retrying a rerun after a lost answer (the engine killed
         # between the commit and the answer) made a second run; the failed

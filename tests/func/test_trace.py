@@ -122,7 +122,11 @@ end }""")
         self.assertEqual(t["steps"][0]["ended_at"], t["ended_at"])
         self.assertNotIn("wake_at", t["steps"][0])
         rerun = self.w.ml("rerun", run["id"], check=0).stdout.strip()
-        self.assertEqual(self.w.trace(rerun)["trigger"], {"kind": "rerun", "run_id": run["id"]})
+        # A rerun of an event's run carries that event (ctx.event).
+        self.assertEqual(self.w.trace(rerun)["trigger"], {"kind": "rerun", "run_id": run["id"],
+                                                          "event": run["trigger"]["event"]})
+        text = self.w.ml("trace", rerun, check=0).stdout
+        self.assertIn("trigger  rerun of run %s" % run["id"], text)
 
     def test_a_takeover_is_noted_in_the_trace(self):
         self.si.routes["/hang"] = lambda h, b, n: (time.sleep(30 if n == 1 else 0), (200, {}))[1]
