@@ -708,8 +708,9 @@ static void lease_lost(sched_t *s, const char *why) {
   int n = s->nruns;
   char ttl[32];
   units_fmt_duration(s->o.lease_ttl_ms, ttl, sizeof ttl);
-  fprintf(stderr, "moonloop: LEASE LOST: %s. This process was stopped or cut off past its lease "
-          "(%s); another process may have taken its runs. Dropping its %d run%s and every "
+  fprintf(stderr, "moonloop: LEASE LOST: %s. This process could not renew its lease for longer "
+          "than the lease lasts (%s): it was stopped, cut off from the database, or the database "
+          "was away for every process; another process may have taken its runs. Dropping its %d run%s and every "
           "write for them not yet committed.\n", why, ttl, n, n == 1 ? "" : "s");
   s->stats.leases_lost++;
   while (s->runs) run_abort(s->runs, NULL, NULL);

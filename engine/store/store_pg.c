@@ -283,6 +283,8 @@ static void one_line(const char *msg, char *out, size_t n) {
   out[o] = 0;
 }
 
+static int answer_ms(const struct pgconn *pc);
+
 /* libpq's notices (NOTICE, WARNING from the server) would go to stderr:
 ** nothing the engine does should print them. */
 static void no_notices(void *arg, const char *msg) { (void)arg, (void)msg; }
@@ -295,7 +297,7 @@ int store__pg_err(struct pg_store *s, struct pgconn *pc, const PGresult *res, co
   if (pc->c && PQstatus(pc->c) == CONNECTION_BAD && pc->silent)
     return err_set(e, ERR_BUSY, "store: %s: PostgreSQL (%s) did not answer within %d s: the "
                    "connection was closed (a server stopped or stalled, a network cut off)", what,
-                   s->shown, store__pg_answer_ms / 1000);
+                   s->shown, answer_ms(pc) / 1000);
   if (pc->c && PQstatus(pc->c) == CONNECTION_BAD) {
     one_line(PQerrorMessage(pc->c), msg, sizeof msg);
     return err_set(e, ERR_BUSY, "store: %s: the connection to PostgreSQL (%s) was lost: %s", what,
@@ -328,6 +330,18 @@ int store__pg_err(struct pg_store *s, struct pgconn *pc, const PGresult *res, co
 
 int store__pg_answer_ms = 30000;
 
+/* The reader's round trips wait 5 s at most (less when the timeout is
+** set lower): the engine's loop makes them, and while it waits nothing
+** else moves (requests, /metrics, runs), so a stalled server froze the
+** whole engine for the 30 s a write may wait. A read that gives up
+** answers 503, which a client tries again. */
+#define READ_ANSWER_MS 5000
+
+/* How long pc's round trips wait for an answer (ms). */
+static int answer_ms(const struct pgconn *pc) {
+  return pc->reader && store__pg_answer_ms > READ_ANSWER_MS ? READ_ANSWER_MS : store__pg_answer_ms;
+}
+
 /* Wait until pc's answer is in, at most until deadline (ms): 0, or -1
 ** when it did not come (the connection is then shut down). */
 static int await_answer(struct pgconn *pc, int64_t deadline) {
@@ -351,7 +365,7 @@ static int await_answer(struct pgconn *pc, int64_t deadline) {
 ** error, else the last result; NULL when the send failed. */
 static PGresult *gather(struct pgconn *pc, int sent) {
   if (!sent) return NULL;
-  int64_t deadline = units_now_ms() + store__pg_answer_ms;
+  int64_t deadline = units_now_ms() + answer_ms(pc);
   PGresult *keep = NULL, *r;
   for (;;) {
     if (await_answer(pc, deadline)) break;

@@ -288,6 +288,34 @@ class ServerFaultTest(OwnClusterCase):
             except ProcessLookupError:
                 pass
 
+    def test_a_read_of_a_stalled_server_gives_up_before_a_write_would(self):
+        # The engine's loop makes the reads: while one waited the 30 s a
+        # write may (MOONLOOP_PG_TIMEOUT's default), nothing else moved, not
+        # /metrics nor the dashboard's files. A read gives up after 5 s.
+        p = self.w.serve("--workspace", "skills", "--listen", "127.0.0.1:0")
+        self.assertEqual(post(p.url + "/v1/events", {"name": "go", "data": {"i": 0}})[0], 202)
+        wait_until(lambda: [r["status"] for r in self.w.runs(skill="s")] == ["completed"],
+                   what="the first run")
+        procs = self.server_processes()
+        self.signal_server(procs, signal.SIGSTOP)
+        try:
+            try:
+                with urllib.request.urlopen(p.url + "/v1/runs", timeout=20) as r:
+                    code, body = r.status, json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                code, body = e.code, json.loads(e.read())
+            self.assertEqual(code, 503, body)
+            self.assertIn("did not answer within 5 s", body["error"]["message"])
+        finally:
+            self.signal_server(procs, signal.SIGCONT)
+        def reads():
+            try:
+                return urllib.request.urlopen(p.url + "/v1/runs", timeout=30).status == 200
+            except urllib.error.HTTPError:
+                return False  # 503 until the connection is opened again
+        wait_until(reads, timeout=60, what="reads again")
+        self.assertEqual(p.poll(), None)
+
     def test_a_server_that_stops_answering_gets_503s_not_a_stalled_engine(self):
         # A server stopped (SIGSTOP) keeps its connections open: the kernel
         # answers for it, so only a deadline on each round trip tells the
