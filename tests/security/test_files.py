@@ -112,8 +112,13 @@ class FilesTest(unittest.TestCase):
         self.assertEqual(st, 200, b)
         st, b = self.put("x4", "//box/home/ops/ws/x4.lua")
         self.assertEqual((st, b["file"]), (200, "//box/home/ops/ws/x4.lua"), b)
-        # A remote file is never written here: its deploy goes to the workspace.
-        self.assertEqual(self.deploy("x4"), {"file": "skills/x4.lua"})
+        # A remote file is never written here. A deploy into the workspace
+        # would be refused by the registry while the remote file holds the
+        # id: the deploy says so and writes nothing.
+        out = self.deploy("x4")
+        self.assertIn("the engine would refuse it: skills/x4.lua:1: skill id 'x4' is already defined by "
+                      "//box/home/ops/ws/x4.lua", out.get("err", ""))
+        self.assertFalse(os.path.exists(os.path.join(self.ws, "x4.lua")))
         self.assertEqual(self.deploy("x2"), {"file": "skills/x2.lua"})
 
     def test_skill_ids_that_lead_out_are_refused(self):
