@@ -488,6 +488,18 @@ static int route_no_body(const struct req *r, struct server_plan *p, int *status
               "as it is");
 }
 
+/* The body's "key" (an idempotency key, invoke's and rerun's) into p->key,
+** when there is one; 400 when it is not 1 to SERVER_NAME_MAX bytes. */
+static int take_key(const cJSON *v, struct server_plan *p, int *status, err_t *e) {
+  const cJSON *k = cJSON_GetObjectItemCaseSensitive(v, "key");
+  if (!check_name(k, 1, SERVER_NAME_MAX))
+    return fail(status, 400, e, ERR_INVALID,
+                "key (the idempotency key) must be a non-empty string of at most %d bytes",
+                SERVER_NAME_MAX);
+  if (cJSON_IsString(k)) memcpy(p->key, k->valuestring, strlen(k->valuestring) + 1);
+  return 0;
+}
+
 /* POST /v1/runs/{id}/rerun: no body, {} or {"key"}: an idempotency key,
 ** as invoke's (the skill's keys), so a rerun retried after a lost answer
 ** starts one run. */
@@ -502,13 +514,7 @@ static int route_rerun(const struct req *r, struct server_plan *p, int *status, 
               "again with the run's own input", json_type(v));
   } else if (!(rc = check_keys(v, keys, "", "rerun takes only key (a rerun runs again with the "
                                "run's own input)", status, e))) {
-    cJSON *k = cJSON_GetObjectItemCaseSensitive(v, "key");
-    if (!check_name(k, 1, SERVER_NAME_MAX))
-      rc = fail(status, 400, e, ERR_INVALID,
-                "key (the idempotency key) must be a non-empty string of at most %d bytes",
-                SERVER_NAME_MAX);
-    else if (cJSON_IsString(k))
-      memcpy(p->key, k->valuestring, strlen(k->valuestring) + 1);
+    rc = take_key(v, p, status, e);
   }
   cJSON_Delete(v);
   return rc;
@@ -530,13 +536,7 @@ static int route_invoke(const struct req *r, struct server_plan *p, int *status,
     rc = fail(status, 400, e, ERR_INVALID, "expected an object {data, key?, wait?}, got %s",
               json_type(v));
   } else if (!(rc = check_keys(v, keys, "", "invoke takes data, key and wait", status, e))) {
-    cJSON *k = cJSON_GetObjectItemCaseSensitive(v, "key");
-    if (!check_name(k, 1, SERVER_NAME_MAX))
-      rc = fail(status, 400, e, ERR_INVALID,
-                "key (the idempotency key) must be a non-empty string of at most %d bytes",
-                SERVER_NAME_MAX);
-    else if (cJSON_IsString(k))
-      memcpy(p->key, k->valuestring, strlen(k->valuestring) + 1);
+    rc = take_key(v, p, status, e);
     cJSON *w = cJSON_GetObjectItemCaseSensitive(v, "wait");
     if (rc) {
       /* the key was refused */
