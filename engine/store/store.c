@@ -197,6 +197,18 @@ int store__lease_dead(const char *lease_host, long pid, long long pid_start, int
 }
 
 /* See store_backend.h. */
+int store__upgrade_refused(int from, int to, const char *kind, const char *lease_host, long pid,
+                           long long pid_start, int64_t expires, err_t *e) {
+  if (store__lease_dead(lease_host, pid, pid_start, expires, proc_hostname(), units_now_ms()))
+    return 0;
+  return err_set(e, ERR_CONFLICT, "this moonloop upgrades the database's schema from version %d "
+                 "to %d, but a moonloop %s (pid %ld on %s) is using it: stop every engine on the "
+                 "database first, then start this one (older engines do not know the new schema; "
+                 "the upgrade is one-way: keep a backup, docs/operations.md \"Upgrades\")", from,
+                 to, kind ? kind : "process", pid, lease_host ? lease_host : "?");
+}
+
+/* See store_backend.h. */
 char *store__event_json(const char *id, const char *name, const char *data, int64_t ts) {
   cJSON *o = cJSON_CreateObject();
   char t[40];

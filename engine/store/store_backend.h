@@ -264,6 +264,14 @@ int store__is_terminal(const char *status);
 /* Whether a lease is dead: expired, or its process is gone on this host. */
 int store__lease_dead(const char *lease_host, long pid, long long pid_start, int64_t expires,
                       const char *host, int64_t now);
+/* An upgrade of the schema from version `from` to `to` while a process
+** (kind, pid, host) holds a live lease on the database: ERR_CONFLICT
+** saying to stop every engine first. An engine that started before the
+** upgrade goes on with the old schema's rules and never learns of the new
+** columns (a skill registered through it left a changed concurrency
+** limit unwritten); the upgrade is one-way. 0 when the lease is dead. */
+int store__upgrade_refused(int from, int to, const char *kind, const char *lease_host, long pid,
+                           long long pid_start, int64_t expires, err_t *e);
 /* The JSON of an event as skills see it: {name, id, data, ts}; malloc'd. */
 char *store__event_json(const char *id, const char *name, const char *data, int64_t ts);
 /* Whether the event (JSON text) matches a wait's match (NULL: any event):

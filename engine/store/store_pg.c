@@ -1704,6 +1704,22 @@ static int schema_version(struct pg_store *s, struct pgconn *pc, err_t *e) {
 ** write lock (another process may be migrating too: the version is read
 ** again inside the lock). A schema up to date is only read, through the
 ** reader. */
+/* An upgrade of a database from version `from` (one with leases) while
+** another process holds a live lease on it: refused
+** (store__upgrade_refused says why). Inside the migration's transaction. */
+static int upgrade_refused(struct pg_store *s, int from, err_t *e) {
+  PGresult *r = store__pg_run(s, &s->w, NULL, "SELECT kind, host, pid, pid_start, expires_at "
+                              "FROM leases", NULL, 0, "reading the leases", e);
+  if (!r) return e->code;
+  int rc = 0;
+  for (int i = 0; !rc && i < PQntuples(r); i++)
+    rc = store__upgrade_refused(from, NMIGRATIONS, PQgetvalue(r, i, 0), PQgetvalue(r, i, 1),
+                                (long)store__pg_i64(r, i, 2), store__pg_i64(r, i, 3),
+                                store__pg_i64(r, i, 4), e);
+  PQclear(r);
+  return rc;
+}
+
 static int migrate(struct pg_store *s, err_t *e) {
   int now = schema_version(s, &s->r, e);
   if (now < 0) return now;
@@ -1728,6 +1744,7 @@ static int migrate(struct pg_store *s, err_t *e) {
       store__pg_rollback(s);
       return 0;
     }
+    if (version > 0 && version == now && upgrade_refused(s, version, e)) goto fail;
     char sql[96];
     snprintf(sql, sizeof sql, "DELETE FROM moonloop_schema; INSERT INTO moonloop_schema VALUES(%d)",
              version + 1);

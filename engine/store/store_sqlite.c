@@ -624,6 +624,24 @@ int store__sqlite_conn(const char *path, sqlite3 **db, err_t *e) {
   return 0;
 }
 
+/* An upgrade of a database from version `from` (one with leases) while
+** another process holds a live lease on it: refused
+** (store__upgrade_refused says why). */
+static int upgrade_refused(sqlite3 *db, int from, err_t *e) {
+  sqlite3_stmt *st;
+  if (sqlite3_prepare_v2(db, "SELECT kind, host, pid, pid_start, expires_at FROM leases", -1, &st,
+                         NULL) != SQLITE_OK)
+    return 0;
+  int rc = 0;
+  while (!rc && sqlite3_step(st) == SQLITE_ROW)
+    rc = store__upgrade_refused(from, NMIGRATIONS, (const char *)sqlite3_column_text(st, 0),
+                                (const char *)sqlite3_column_text(st, 1),
+                                (long)sqlite3_column_int64(st, 2), sqlite3_column_int64(st, 3),
+                                sqlite3_column_int64(st, 4), e);
+  sqlite3_finalize(st);
+  return rc;
+}
+
 /* Bring the schema up to date, one migration per transaction. */
 static int migrate(sqlite3 *db, err_t *e) {
   sqlite3_stmt *st;
@@ -636,6 +654,7 @@ static int migrate(sqlite3 *db, err_t *e) {
     return err_set(e, ERR_INVALID,
                    "database schema version %d is newer than this moonloop knows (%d): "
                    "upgrade moonloop", version, NMIGRATIONS);
+  if (version > 0 && version < NMIGRATIONS && upgrade_refused(db, version, e)) return e->code;
   for (int v = version; v < NMIGRATIONS; v++) {
     char sql[64];
     if (store__exec(db, "BEGIN IMMEDIATE", e)) return ERR_IO;

@@ -6,6 +6,7 @@ import json
 import re
 import os
 import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -394,3 +395,36 @@ class DatabaseFileGoneTest(SkillsTestCase):
     def test_a_database_emptied_in_place_refuses_writes(self):
         self.assertIn("the database file '%s' was emptied while this process had it open (0 bytes now)"
                       % self.w.db, self.damage_in_place(0))
+
+
+class UpgradeTest(SkillsTestCase):
+    def test_an_upgrade_waits_for_every_engine_on_the_database_to_stop(self):
+        # An engine started before an upgrade goes on with the old schema's
+        # rules: a newer binary migrating the file under it left the old one
+        # writing skills without the new columns (a changed concurrency
+        # limit unwritten). The upgrade is refused while a process holds a
+        # live lease, saying what to do; once it is gone, it goes through.
+        self.skill("s", 'return { id = "s", run = function(ctx) return 1 end }')
+        p = self.serve()
+        p.terminate()
+        self.assertEqual(p.wait(timeout=30), 0)
+        self.w.rewind_schema(13)
+        old = subprocess.Popen(["sleep", "60"])  # stands for an engine of the old binary
+        self.addCleanup(lambda: (old.kill(), old.wait()))
+        with open("/proc/%d/stat" % old.pid) as f:
+            start = int(f.read().rsplit(")", 1)[1].split()[19])
+        host = socket.gethostname()
+        self.w.sql("INSERT INTO leases(owner, kind, host, pid, pid_start, started_at, expires_at)"
+                   " VALUES('serve-old', 'serve', ?, ?, ?, 0, ?)",
+                   (host, old.pid, start, int(time.time() * 1000) + 3600 * 1000))
+        r = self.w.ml("runs")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("upgrades the database's schema from version 13 to", r.stderr)
+        self.assertIn("a moonloop serve (pid %d on %s) is using it: stop every engine on the database "
+                      "first" % (old.pid, host), r.stderr)
+        self.assertEqual(self.w.sql("PRAGMA user_version"), [(13,)])
+        old.kill()
+        old.wait()
+        r = self.w.ml("runs")
+        self.assertEqual(r.returncode, 0, r.stderr)  # its lease is dead: the upgrade goes through
+        self.assertGreater(self.w.sql("PRAGMA user_version")[0][0], 13)
