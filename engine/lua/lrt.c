@@ -1135,6 +1135,15 @@ int lrt_protect(lrt_t *r, int (*fn)(void *arg, err_t *e), void *arg, err_t *e) {
     snprintf(msg, sizeof msg, "%s", lua_type(r->L, -1) == LUA_TSTRING ? lua_tostring(r->L, -1)
                                                                        : "error in the engine's Lua call");
   lua_pop(r->L, 1);
+  /* LuaJIT collects no garbage when an allocation fails: a state full of
+  ** what is garbage already (the refused run's input) would refuse every
+  ** call after this one. A full collection now gives the next call room. */
+  if (rc == LUA_ERRMEM) {
+    int prev = r->cur;
+    r->cur = 0;
+    lua_gc(r->L, LUA_GCCOLLECT, 0);
+    r->cur = prev;
+  }
   return err_set(e, rc == LUA_ERRMEM ? ERR_NOMEM : ERR_INTERNAL, "%s", msg);
 }
 
