@@ -38,9 +38,24 @@ local raw_getmetatable = debug.getmetatable
 local concat, sort = table.concat, table.sort
 local floor, huge = math.floor, math.huge
 
-local user_error = require("run").user_error -- errors at the caller's line, never the runtime's
+local run_mod = require("run")
+local api = require("api")
+local user_error = run_mod.user_error -- errors at the caller's line, never the runtime's
 
 local env -- the REPL's globals, made by M.init
+local limits = { step_output = 1048576 } -- the configuration's (M.init)
+
+-- The options of the REPL's functions that take some ({wait=}, {step=}):
+-- checked as the engine checks a step's, an unknown key named.
+local function opts_entry(list) return { opts = list, opts_set = api.set_of(list) } end
+local INVOKE_OPTS, RESUME_OPTS = opts_entry({ "wait" }), opts_entry({ "step" })
+local RUNS_FILTER = opts_entry({ "limit", "since", "skill", "status", "trigger" })
+local function check_opts(name, entry, opts, shape)
+  if opts == nil then return end
+  if type(opts) ~= "table" then user_error(("%s: opts must be a table such as %s"):format(name, shape)) end
+  local bad = api.check_keys(name, entry, opts)
+  if bad then user_error(bad) end
+end
 
 -- Pretty printing -----------------------------------------------------------
 
@@ -234,6 +249,7 @@ local function pack(...) return { n = select("#", ...), ... } end
 -- Evaluate one chunk and print its values (stdout) or its error (stderr).
 -- Runs in the REPL's coroutine. Returns true, or false after an error.
 function M.eval(src)
+  if M.reset_scratch then M.reset_scratch() end
   local fn, expr = compile(src)
   if not fn then
     io.stderr:write(term(tostring(expr)), "\n")
@@ -435,6 +451,7 @@ local function make_functions()
 
   function f.resume(run_id, opts)
     check_run_id(run_id, "resume")
+    check_opts("resume", RESUME_OPTS, opts, "{step = true}")
     local step = type(opts) == "table" and opts.step and true or false
     local out, id = finish("resume", engine_op("resume", ROP.RESUME, run_id, step))
     return out, id
@@ -450,7 +467,7 @@ local function make_functions()
 
   function f.invoke(id, data, opts)
     if type(id) ~= "string" or id == "" then user_error("invoke(id, data [, {wait=true}]): id must be a registered skill id") end
-    if opts ~= nil and type(opts) ~= "table" then user_error("invoke: opts must be a table such as {wait = true}") end
+    check_opts("invoke", INVOKE_OPTS, opts, "{wait = true}")
     local js = data_json(data, "invoke")
     local alive = core.repl_engine_alive()
     if opts and opts.wait and not alive then
@@ -474,6 +491,7 @@ local function make_functions()
     if filter == nil then filter = {} end
     if type(filter) == "string" then filter = { skill = filter } end
     if type(filter) ~= "table" then user_error("runs{skill=, status=, since=, limit=}: expected a table") end
+    check_opts("runs", RUNS_FILTER, filter, "{skill = \"hello\"}")
     local js, err = core.repl_runs(filter.skill, filter.status, filter.since and tostring(filter.since),
       tonumber(filter.limit) or 20, filter.trigger)
     if not js then user_error("runs: " .. err) end
@@ -500,8 +518,11 @@ end
 -- functions in turn; step.wait_for_event needs a real run. The rules a
 -- run holds its steps to hold here too, so that code tried here does not
 -- fail in a run: a step inside a step's body is refused, and a body's
--- result must be a JSON value, returned as a run gets it back (a copy
--- through JSON). Not retried: an error is shown at once.
+-- result must be a JSON value within limits.step_output, returned as a
+-- run gets it back (a copy through JSON), and the options of step.run and
+-- step.parallel are checked by run.lua's own check_step_opts. opts.timeout
+-- ends the body's requests when it passes, as in a run (engine/cli/repl.c,
+-- op_http). Not retried: an error is shown at once.
 function M.scratch_ctx(f)
   local step = {}
   local in_step -- the id of the step whose body runs
@@ -512,23 +533,34 @@ function M.scratch_ctx(f)
         :format(name, id, in_step))
     end
   end
-  -- Run a step body as a run would: not nested, its result through JSON.
-  local function body(id, fn, ...)
+  -- A chunk stopped in a step body (Ctrl-C) never came back to clear it.
+  M.reset_scratch = function()
+    in_step = nil
+    core.repl_step_timeout()
+  end
+  -- Run a step body as a run would: not nested, its result through JSON
+  -- within the output limit, its requests ended at its timeout.
+  local function body(id, fn, opts)
+    local timeout = opts and opts.timeout
+    if timeout ~= nil then timeout = run_mod.to_ms(timeout, "opts.timeout") end
     in_step = id
-    local ok, v = pcall(fn, ...)
+    core.repl_step_timeout(id, timeout)
+    local ok, v = pcall(fn)
+    core.repl_step_timeout()
     in_step = nil
     if not ok then error(v, 0) end
-    local out, err = encode(v, 0)
-    if not out then user_error(("step '%s' failed: result is not a JSON value: %s"):format(id, err)) end
+    local out, err = run_mod.encode_result(v, limits.step_output)
+    if not out then user_error(("step '%s' failed: %s"):format(id, err)) end
     return decode(out)
   end
   local function sleep_ms(name, ms)
     engine_op("ctx.step." .. name, ROP.SLEEP, ms)
   end
-  function step.run(id, fn)
+  function step.run(id, fn, opts)
     check_id("run", id)
     if type(fn) ~= "function" then user_error("ctx.step.run(id, fn): fn must be a function") end
-    return body(id, fn)
+    run_mod.check_step_opts("step.run", opts)
+    return body(id, fn, opts)
   end
   function step.sleep(id, duration)
     check_id("sleep", id)
@@ -559,10 +591,17 @@ function M.scratch_ctx(f)
     for i, ev in ipairs(list) do ids[i] = f.send(ev.name, ev.data, ev.id) end
     return ids
   end
-  function step.parallel(id, fns)
+  function step.parallel(id, fns, opts)
     check_id("parallel", id)
+    if type(fns) ~= "table" or #fns == 0 then
+      user_error("ctx.step.parallel(id, {fn, fn, ...}): expected a non-empty list of functions")
+    end
+    for i, fn in ipairs(fns) do
+      if type(fn) ~= "function" then user_error(("ctx.step.parallel: item %d is not a function"):format(i)) end
+    end
+    run_mod.check_step_opts("step.parallel", opts)
     local out = {}
-    for i, fn in ipairs(fns) do out[i] = body(id .. "/" .. i, fn) end
+    for i, fn in ipairs(fns) do out[i] = body(id .. "/" .. i, fn, opts) end
     return out
   end
   return {
@@ -636,8 +675,10 @@ local function guarded(base)
   return out
 end
 
--- Build the REPL's globals. env_values: the configuration's env.* values.
-function M.init(env_values)
+-- Build the REPL's globals. env_values: the configuration's env.* values;
+-- lims: the configuration's limits a run's steps are held to ({step_output=}).
+function M.init(env_values, lims)
+  if type(lims) == "table" and tonumber(lims.step_output) then limits.step_output = tonumber(lims.step_output) end
   env = {}
   for k, v in pairs(_G) do env[k] = v end
   local base = unswallowable()

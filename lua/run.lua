@@ -380,6 +380,17 @@ local function to_ms(v, what, level)
 end
 M.to_ms = to_ms
 
+-- A step body's result as the JSON text a step records, or nil and why
+-- not ("result is not a JSON value: ..."), the output limit (bytes,
+-- limits.step_output) named when it was passed. Shared with the REPL's
+-- ctx (repl.lua), so that a result refused in a run is refused there too.
+function M.encode_result(res, limit)
+  local out, err = encode(res, limit)
+  if out then return out end
+  return nil, ("result is not a JSON value: %s%s"):format(err,
+    err:find("over the limit of", 1, true) and " (limits.step_output)" or "")
+end
+
 -- Run a step body at (seq, sid) with retries, given its journal record.
 -- Shared by step.run and the bodies of step.parallel.
 local function run_body(R, T, seq, sid, rec, fn, opts)
@@ -418,15 +429,14 @@ local function run_body(R, T, seq, sid, rec, fn, opts)
     T.in_step = nil
     local e
     if ok then
-      local out, err = encode(res, R.cfg.output_limit)
+      local out, err = M.encode_result(res, R.cfg.output_limit)
       if out then
         local ended = now_ms()
         yield(OP.COMMIT, seq, sid, "run", out, n, started, ended)
         R.now = ended
         return decode(out)
       end
-      e = { message = ("result is not a JSON value: %s%s"):format(err,
-        err:find("over the limit of", 1, true) and " (limits.step_output)" or ""), fatal = true }
+      e = { message = err, fatal = true }
     elseif killed() then
       e = normalize(caught(res), type(res) == "table" and res.traceback or nil)
       e.message = core.kill_reason and core.kill_reason() or e.message

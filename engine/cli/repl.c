@@ -156,18 +156,50 @@ static void wait_for_run(struct repl *rp, const char *run_id, const char *skill,
 static void on_http(const struct httpc_resp *resp, void *ud) {
   struct repl *rp = ud;
   rp->xfer = NULL;
+  uv_timer_stop(&rp->poll); /* the step's timeout (on_http_timeout) */
   lua_State *co = rp->co;
   if (!co || rp->state != CO_PARKED) return;
   lua_settop(co, 0);
   co_ready(rp, run__push_http_response(co, resp));
 }
 
+/* Resume with what a run's request gets when its step's time is up
+** (run__step_timed_out): nil, "step 'x' timed out after 1.0s", "step_timeout". */
+static void step_timed_out(struct repl *rp) {
+  char d[32], msg[sizeof rp->step_id + 64];
+  units_fmt_duration(rp->step_timeout_ms, d, sizeof d);
+  snprintf(msg, sizeof msg, "step '%s' timed out after %s", rp->step_id, d);
+  lua_settop(rp->co, 0);
+  lua_pushnil(rp->co);
+  lua_pushstring(rp->co, msg);
+  lua_pushstring(rp->co, "step_timeout");
+  co_ready(rp, 3);
+}
+
+/* The step's timeout passed while its request was in flight: it ends. */
+static void on_http_timeout(uv_timer_t *h) {
+  struct repl *rp = h->data;
+  if (!rp->xfer || !rp->co || rp->state != CO_PARKED) return;
+  httpc_cancel(rp->xfer);
+  rp->xfer = NULL;
+  step_timed_out(rp);
+}
+
 /* HTTP req: as a run's OP_HTTP (run.c, whose conversions it uses), for
-** http calls at the prompt. */
+** http calls at the prompt. In the body of a ctx.step.run with a timeout,
+** the request ends when the step's time is up, as in a run. */
 static void op_http(struct repl *rp, lua_State *co) {
   char *hdrs[RUN_HTTP_MAX_HEADERS + 1];
   struct httpc_req req;
   err_t e;
+  int64_t left = 0;
+  if (rp->step_deadline) {
+    left = rp->step_deadline - units_now_ms();
+    if (left <= 0) {
+      step_timed_out(rp);
+      return;
+    }
+  }
   int nh = run__http_request_from_lua(co, 2, &req, hdrs);
   int rc = httpc_start(rp->en.http, &req, on_http, rp, &rp->xfer, &e);
   run__http_headers_free(hdrs, nh);
@@ -177,6 +209,10 @@ static void op_http(struct repl *rp, lua_State *co) {
   }
   lua_settop(co, 0);
   rp->state = CO_PARKED;
+  if (left > 0) {
+    uv_update_time(&rp->en.loop); /* the loop may not have turned for a while */
+    uv_timer_start(&rp->poll, on_http_timeout, (uint64_t)left, 0);
+  }
 }
 
 /* ---- op: SKILL ---- */
@@ -425,6 +461,7 @@ int repl_eval(repl_t *rp, const char *src) {
   rp->result = 0;
   rp->interrupted = 0;
   rp->evaluating = 1;
+  rp->step_deadline = rp->step_timeout_ms = 0; /* a chunk dropped in a step body left it set */
   while (rp->co && !rp->interrupted) {
     if (rp->pause.pending) repl__answer_pause(rp);
     else if (rp->state == CO_READY) co_step(rp);
@@ -505,7 +542,7 @@ static void load_workspace(struct repl *rp, const char *dir) {
   fprintf(stderr, "workspace %s: %d skill%s registered\n", dir, loaded, loaded == 1 ? "" : "s");
 }
 
-/* Call lua/repl.lua's init with the configuration's env.* values. */
+/* Call lua/repl.lua's init with the configuration's env.* values and limits. */
 static int init_lua(struct repl *rp, err_t *e) {
   lrt_t *lrt = rp->en.lrt;
   lua_State *L = lrt_L(lrt);
@@ -521,7 +558,12 @@ static int init_lua(struct repl *rp, err_t *e) {
     lua_pushstring(L, v);
     lua_setfield(L, -2, *n);
   }
-  int rc = lrt_pcall(lrt, 1, 0, e);
+  /* The limits a run's steps are held to (the scheduler's default when
+  ** limits.step_output is not set: sched.c). */
+  lua_createtable(L, 0, 1);
+  lua_pushnumber(L, (lua_Number)(rp->cfg->step_output > 0 ? rp->cfg->step_output : 1 << 20));
+  lua_setfield(L, -2, "step_output");
+  int rc = lrt_pcall(lrt, 2, 0, e);
   lua_settop(L, top);
   return rc;
 }

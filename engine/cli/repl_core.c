@@ -181,6 +181,23 @@ static int c_term(lua_State *L) {
   return 1;
 }
 
+/* core.repl_step_timeout(id, timeout_ms): the ctx.step.run body that runs
+** now at the prompt has timeout_ms (a request it makes ends when it
+** passes); core.repl_step_timeout() when it has ended. */
+static int c_step_timeout(lua_State *L) {
+  struct repl *rp = up_repl(L);
+  double ms = luaL_optnumber(L, 2, 0);
+  if (lua_isnoneornil(L, 1) || ms <= 0) {
+    rp->step_deadline = rp->step_timeout_ms = 0;
+    rp->step_id[0] = 0;
+    return 0;
+  }
+  snprintf(rp->step_id, sizeof rp->step_id, "%s", luaL_checkstring(L, 1));
+  rp->step_timeout_ms = ms < 1 ? 1 : (int64_t)ms;
+  rp->step_deadline = units_now_ms() + rp->step_timeout_ms;
+  return 0;
+}
+
 /* See repl_int.h. */
 void repl__register_core(struct repl *rp) {
   lrt_t *lrt = rp->en.lrt;
@@ -192,6 +209,7 @@ void repl__register_core(struct repl *rp) {
   lrt_register(lrt, "repl_trace", c_trace, rp);
   lrt_register(lrt, "repl_show", c_show, rp);
   lrt_register(lrt, "repl_term", c_term, rp);
+  lrt_register(lrt, "repl_step_timeout", c_step_timeout, rp);
   lua_createtable(L, 0, 4);
   static const struct { const char *name; int op; } ops[] = {
     {"SKILL", ROP_SKILL}, {"RUN", ROP_RUN}, {"RESUME", ROP_RESUME}, {"WAIT", ROP_WAIT},

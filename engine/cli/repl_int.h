@@ -54,9 +54,13 @@ struct repl {
   int nres;     /* values pushed on co to resume with */
   int result;   /* repl_eval's answer */
   httpc_xfer *xfer;
+  /* the timeout of the ctx.step.run body running at the prompt (opts.timeout):
+  ** its requests end when it passes, as a run's step timer ends them */
+  int64_t step_deadline, step_timeout_ms; /* 0: none */
+  char step_id[256];
   char wait_id[27]; /* the run it waits for */
   int64_t wait_started;
-  uv_timer_t poll;  /* ROP_WAIT */
+  uv_timer_t poll;  /* ROP_WAIT, ROP_SLEEP, and a request's step timeout */
   uv_async_t wake;  /* a signal handler wakes the loop */
   volatile sig_atomic_t evaluating, interrupted;
   /* the runs whose steps are printed: the one waited for first */

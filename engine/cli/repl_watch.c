@@ -209,6 +209,15 @@ void repl__answer_pause(struct repl *rp) {
       d = PAUSE_RUN;
     } else if (!strcmp(a, "q") || !strcmp(a, "quit") || !strcmp(a, "stop")) {
       d = PAUSE_STOP;
+    } else if (a[0] == 's' && (!a[1] || isspace((unsigned char)a[1])) &&
+               !strcmp(rp->pause.kind, "parallel")) {
+      /* A parallel's record is not all it journals: each branch is a step
+      ** of its own (seq + i), which its replay reads back. A skip records
+      ** the parallel alone, and the run then fails on its first branch. */
+      term_printf(stderr, "  '%s' is a step.parallel: it cannot be skipped here (its branches are "
+                  "steps of their own, which a skip would not record); Enter runs it, q stops the "
+                  "run (it stays resumable)\n", rp->pause.step_id);
+      decided = 0;
     } else if (a[0] == 's' && (!a[1] || isspace((unsigned char)a[1]))) {
       char *expr = trim(a + 1), *asked = NULL, msg[1100];
       if (!*expr) {

@@ -383,6 +383,86 @@ class PipeTest(ReplCase):
         t = self.w.trace(runs[0]["id"])
         self.assertEqual([(s["id"], s["output"]) for s in t["steps"]], [("one", 1), ("two", {"n": 5})])
 
+    def test_ctx_step_run_checks_its_options_as_a_run_does(self):
+        # They were ignored: a misspelt option or a bad timeout passed at
+        # the prompt and failed the same code in a run.
+        status, out, err = self.pipe(
+            'ctx.step.run("a", function() return 1 end, {retires = 2})\n'
+            'ctx.step.run("b", function() return 1 end, {timeout = "bogus"})\n'
+            'ctx.step.run("c", function() return 1 end, {retries = -1})\n'
+            'ctx.step.parallel("p", {function() return 1 end}, {timout = 1})\n'
+            'print(ctx.step.run("ok", function() return 3 end, {retries = 2, timeout = "5s"}))\n')
+        self.assertEqual(status, 1, err)
+        lines = err.splitlines()
+        self.assertEqual(len(lines), 4, err)
+        self.assertIn("step.run: unknown option 'retires' (did you mean 'retries'?)", lines[0])
+        self.assertIn("step.run: opts.timeout: bad duration 'bogus'", lines[1])
+        self.assertIn("step.run: opts.retries must be a whole number from 0 to 100", lines[2])
+        self.assertIn("step.parallel: unknown option 'timout' (did you mean 'timeout'?)", lines[3])
+        self.assertEqual(out, "3\n")
+
+    def test_ctx_step_run_holds_the_output_limit(self):
+        status, out, err = self.pipe(
+            'ctx.step.run("big", function() return string.rep("a", 2 * 1024 * 1024) end)\n'
+            'print(#ctx.step.run("small", function() return string.rep("a", 1000) end))\n')
+        self.assertEqual(status, 1, err)
+        self.assertIn("step 'big' failed: result is not a JSON value: JSON text is 2.0 MB, over the limit "
+                      "of 1.0 MB (limits.step_output)", err)
+        self.assertEqual(out, "1000\n")
+
+    def test_ctx_step_run_timeout_ends_a_slow_request(self):
+        # Not enforced: each call waited for the answer, however late.
+        release = threading.Event()
+
+        def slow(handler, body, n):
+            release.wait(10)
+            return 200, "late"
+        self.si.routes["/slow"] = slow
+        self.addCleanup(release.set)
+        t0 = time.monotonic()
+        status, out, err = self.pipe(
+            'ctx.step.run("s", function() return http.get(env.STANDIN .. "/slow") end, {timeout = "1s"})\n'
+            'r = ctx.step.run("t", function() return {http.request{url = env.STANDIN .. "/slow"}} end,'
+            ' {timeout = 0.3})\n'
+            'print(r[1] == json.null, r[2], r[3])\n'
+            'print(ctx.step.run("after", function() return 1 end))\n')
+        took = time.monotonic() - t0
+        release.set()
+        self.assertEqual(status, 1, err)
+        self.assertIn("http.get: step 's' timed out after 1.0s", err)
+        self.assertEqual(out, "true\tstep 't' timed out after 300ms\tstep_timeout\n1\n")
+        self.assertLess(took, 8)
+
+    def test_step_through_refuses_to_skip_a_parallel(self):
+        # A skip journaled the parallel's record alone, and the run then
+        # failed for good on its first branch ("... a branch of the ended
+        # parallel 'fan', but the journal ends before it").
+        self.w.write("fan.lua", 'return { id = "fan", run = function(ctx)\n'
+                     '  local a = ctx.step.run("a", function() return 1 end)\n'
+                     '  local r = ctx.step.parallel("fan", {function() return 1 end, function() return 2 end})\n'
+                     '  return { a = a, r = r } end }\n')
+        status, out, err = self.pipe('out, id = step_through("fan.lua", {})\n\ns {7, 8}\n\nout\n')
+        self.assertEqual(status, 0, err)
+        self.assertIn("'fan' is a step.parallel: it cannot be skipped here", err)
+        self.assertNotIn("no longer matches", err)
+        self.assertEqual(out, "{ a = 1, r = { 1, 2 } }\n")
+        # q after the refusal leaves the run resumable.
+        status, out, err = self.pipe('out, id = step_through("fan.lua", {})\n\ns 1\nq\nprint(out)\n')
+        self.assertEqual(status, 0, err)
+        self.assertIn("cannot be skipped here", err)
+        self.assertIn("stays resumable", err)
+        self.assertEqual(out, "nil\n")
+
+    def test_the_options_of_invoke_resume_and_runs_are_strict(self):
+        status, out, err = self.pipe('invoke("nope", {}, {wiat = true})\n'
+                                     'resume("01ABC", {stpe = true})\n'
+                                     'runs{skil = "x"}\n')
+        self.assertEqual(status, 1, err)
+        lines = err.splitlines()
+        self.assertIn("invoke: unknown option 'wiat' (did you mean 'wait'?)", lines[0])
+        self.assertIn("resume: unknown option 'stpe' (did you mean 'step'?)", lines[1])
+        self.assertIn("runs: unknown option 'skil' (did you mean 'skill'?)", lines[2])
+
     def test_http_works_at_the_top_level(self):
         self.si.routes["/v"] = (200, {"value": [1, 2]})
         status, out, err = self.pipe('http.get_json(env.STANDIN .. "/v")\n')
