@@ -398,12 +398,34 @@ local function find_http(C, method, url)
   end
 end
 
--- A mock's response as the HTTP op answers: {status, body, headers}, or nil, message.
+-- The reasons the HTTP client gives a failed transfer (engine/core/httpc.h,
+-- struct httpc_resp): what a mock's `reason` may say.
+local HTTP_REASONS = { "timeout", "connect", "dns", "tls", "too_big", "scheme", "redirects", "invalid",
+                       "network", "nomem", "internal", "self" }
+local is_http_reason = {}
+for _, r in ipairs(HTTP_REASONS) do is_http_reason[r] = true end
+-- A mocked failure that names no reason: the client's own for a failure it
+-- does not classify (a reset connection, one closed without a response).
+local DEFAULT_HTTP_REASON = "network"
+local HTTP_DEFAULT_TIMEOUT_MS = 30000 -- httpc.h's HTTPC_DEFAULT_TIMEOUT_MS
+
+-- A mock's response as the HTTP op answers: {status, body, headers} and
+-- its delay (ms), or nil, the delay, a message and the failure's reason.
 local function http_response(resp)
   if type(resp) ~= "table" then
-    return nil, nil, ("an http mock must answer a table {status=, body= or json=, headers=}, got %s"):format(type(resp))
+    return nil, 0, ("an http mock must answer a table {status=, body= or json=, headers=}, got %s"):format(type(resp))
   end
-  if resp.error ~= nil then return nil, nil, tostring(resp.error) end
+  local delay = duration_ms(resp.delay, "http mock: delay")
+  if resp.reason ~= nil then
+    if resp.error == nil then
+      failf("http mock: reason = %s goes with error = \"...\" (a failed transfer), which this response does not give",
+        encode(tostring(resp.reason), 0))
+    elseif not is_http_reason[resp.reason] then
+      failf("http mock: reason = %s is not one the HTTP client gives: %s", encode(tostring(resp.reason), 0),
+        table.concat(HTTP_REASONS, ", "))
+    end
+  end
+  if resp.error ~= nil then return nil, delay, tostring(resp.error), resp.reason or DEFAULT_HTTP_REASON end
   local headers = {}
   if type(resp.headers) == "table" then
     for k, v in pairs(resp.headers) do headers[tostring(k):lower()] = tostring(v) end
@@ -412,13 +434,50 @@ local function http_response(resp)
   if resp.json ~= nil then
     local err
     body, err = encode(resp.json, 0)
-    if not body then return nil, nil, "http mock: json is not a JSON value: " .. err end
+    if not body then return nil, 0, "http mock: json is not a JSON value: " .. err end
     headers["content-type"] = headers["content-type"] or "application/json"
   end
   if body ~= nil and type(body) ~= "string" then body = encode(body, 0) or tostring(body) end
   local status = resp.status or 200
-  if type(status) ~= "number" then return nil, nil, "http mock: status must be a number" end
-  return { status = status, body = body or "", headers = headers }, duration_ms(resp.delay, "http mock: delay")
+  if type(status) ~= "number" then return nil, 0, "http mock: status must be a number" end
+  return { status = status, body = body or "", headers = headers }, delay
+end
+
+-- The request as the HTTP client names it in its messages (httpc.c's
+-- describe_request): the method as given, the URL without user:password@,
+-- cut after 300 characters.
+local function describe_request(method, url)
+  local a = url:find("://", 1, true)
+  if a then
+    a = a + 3
+    local e = (url:find("[/?#]", a) or #url + 1) - 1
+    local at = url:sub(a, e):match("^.*()@")
+    if at then url = url:sub(1, a - 1) .. url:sub(a + at) end
+  end
+  if #url > 300 then url = url:sub(1, 300) .. "..." end
+  return method .. " " .. url
+end
+
+-- A failure's message as the HTTP client makes it (httpc.c's describe_error).
+local function transfer_error(cause, what)
+  return (cause:sub(1, 200) .. " (" .. what .. ")"):sub(1, 511)
+end
+
+-- The request's timeout in ms as the engine reads it
+-- (run__http_request_from_lua, httpc_start): seconds (a number, or a
+-- string of one) or a duration string; 0, nil or an unreadable string is
+-- the client's default. A negative one: nil, the client's message.
+local function request_timeout_ms(t, what)
+  local ms = 0
+  local n = tonumber(t)
+  if n then
+    ms = n * 1000
+    ms = ms >= 0 and floor(ms) or -floor(-ms)
+  elseif type(t) == "string" then
+    ms = core.duration(t) or 0
+  end
+  if ms < 0 then return nil, ("negative timeout %d ms (%s)"):format(ms, what) end
+  return ms ~= 0 and ms or HTTP_DEFAULT_TIMEOUT_MS
 end
 
 -- What a body's request or wait gets when its step's time is up (the
@@ -429,11 +488,19 @@ local function step_timed_out(T)
 end
 
 -- The HTTP op: record the request and queue the mock's answer (after its
--- delay, or the step's timeout), or an error when nothing mocks it.
+-- delay), or the request's timeout when the delay outlasts it, or the
+-- step's timeout when that comes first, or an error when nothing mocks it.
 local function handle_http(st, co, T, req)
   local C = st.C
-  local method = tostring(req.method or "GET"):upper()
+  local raw_method = (req.method ~= nil and tostring(req.method) ~= "") and tostring(req.method) or "GET"
+  local method = raw_method:upper()
   local url = tostring(req.url)
+  local what = describe_request(raw_method, url)
+  local timeout_ms, terr = request_timeout_ms(req.timeout, what)
+  if not timeout_ms then -- refused by the client before anything is sent
+    push(st, co, clock, pack(nil, terr))
+    return
+  end
   local rec = { method = method, url = url, headers = req.headers or {}, body = req.body,
                 step = T and T.in_step }
   if type(req.body) == "string" then
@@ -455,25 +522,34 @@ local function handle_http(st, co, T, req)
     return
   end
   m.n = m.n + 1
-  local resp, delay, err = m.resp, 0, nil
+  local resp, delay, err, reason = m.resp, 0, nil, nil
   if type(resp) == "function" then
     local ok, v = pcall(resp, rec, m.n)
     if getmetatable(v) == failure_mt then error(v, 0) end
-    if not ok then
-      resp, err = nil, message_of(v)
+    if not ok then -- a function that raises: a failed transfer
+      resp, err, reason = nil, message_of(v), DEFAULT_HTTP_REASON
     else
       resp = v
     end
   end
-  if resp ~= nil then resp, delay, err = http_response(resp) end
+  if resp ~= nil then resp, delay, err, reason = http_response(resp) end
   if not resp and not err then err = "http mock gave no response" end
-  local at = clock + (delay or 0)
+  local at, out = clock + (delay or 0), nil
+  if at > clock + timeout_ms then
+    -- The request's own timeout ends the transfer first, as libcurl's does.
+    at = clock + timeout_ms
+    out = pack(nil, transfer_error(("timeout after %d ms"):format(timeout_ms), what), "timeout")
+  elseif resp then
+    out = pack(resp)
+  else
+    out = pack(nil, err, reason)
+  end
   local dl = T and T.test_deadline
   if dl and at > dl then
     push(st, co, dl, step_timed_out(T))
     return
   end
-  if resp then push(st, co, at, pack(resp)) else push(st, co, at, pack(nil, err)) end
+  push(st, co, at, out)
 end
 
 -- The INVOKE op: answer with the case's child mock for the skill (after its

@@ -464,3 +464,113 @@ return t
                      'return t\n')
         r = self.w.ml("test", "r", check=0)
         self.assertIn("2 passed, 0 failed", r.stdout)
+
+    # A request's timeout against a mock's delay, and a mocked transport
+    # error's reason: what the real HTTP client does (engine/core/httpc.c).
+    SLOW = ('return { id = "slow", retries = 0, run = function(ctx)\n'
+            '  return ctx.step.run("get", function()\n'
+            '    local t0 = time.now()\n'
+            '    local r, err, why = http.request{ url = env.STANDIN .. "/slow?x=1", timeout = ctx.input.timeout }\n'
+            '    return { status = r and r.status, err = err, why = why, took = time.now() - t0 }\n'
+            '  end)\n'
+            'end }\n')
+
+    def test_a_request_timeout_ends_a_slow_mocks_answer_as_the_real_client_does(self):
+        # The real client first, against a stand-in that answers after 1.5 s.
+        self.si.routes["/slow"] = lambda h, b, n: (time.sleep(1.5), (200, {}))[1]
+        self.w.write("s/slow.lua", self.SLOW)
+        r = self.w.ml("run", "s/slow.lua", "--data", '{"timeout": 1}', check=0)
+        real = json.loads(r.stdout)
+        self.assertEqual(real["why"], "timeout")
+        self.assertEqual(real["err"], "timeout after 1000 ms (GET %s/slow?x=1)" % self.si.url)
+        calls = self.si.count("/slow")
+        # The same request under `moonloop test`, its mock 5 virtual seconds slow.
+        self.w.write("s/slow_test.lua", 'local t = test.skill("slow.lua", { env = { STANDIN = %s } })\n'
+                     'local real = json.decode(%s)\n'
+                     't:case("a timeout shorter than the delay", function(c)\n'
+                     '  c:http("GET /slow", { json = {}, delay = "5s" })\n'
+                     '  local out = c:run({ timeout = 1 })\n'
+                     '  c:eq({ out.err, out.why, out.status }, { real.err, real.why, nil })\n'
+                     '  c:eq(out.took, 1)\n'
+                     'end)\n'
+                     't:case("the default, 30 s", function(c)\n'
+                     '  c:http("GET /slow", { json = {}, delay = "31s" })\n'
+                     '  c:eq(c:run({}), { err = %s, why = "timeout", took = 30 })\n'
+                     'end)\n'
+                     't:case("an answer within the timeout", function(c)\n'
+                     '  c:http("GET /slow", { json = {}, delay = "5s" })\n'
+                     '  c:eq(c:run({ timeout = "6s" }), { status = 200, took = 5 })\n'
+                     'end)\n'
+                     'return t\n' % (json.dumps(self.si.url), json.dumps(json.dumps(real)),
+                                     json.dumps("timeout after 30000 ms (GET %s/slow?x=1)" % self.si.url)))
+        r = self.w.ml("test", "s", check=None)
+        self.assertIn("3 passed, 0 failed", r.stdout, r.stdout + r.stderr)
+        self.assertEqual(self.si.count("/slow"), calls)  # hermetic still
+
+    def test_llm_chat_times_out_and_retries_against_a_slow_mock(self):
+        # llm.chat's timeout (120 s by default, or its option) ends a slow
+        # answer, and its own retries follow, 1, 2, 4, 8 s apart (no jitter).
+        self.w.write("a/ask.lua", 'return { id = "ask", retries = 0, run = function(ctx)\n'
+                     '  return ctx.step.run("ask", function()\n'
+                     '    return llm.chat({ prompt = "hi", timeout = ctx.input.timeout }).text\n'
+                     '  end)\n'
+                     'end }\n')
+        self.w.write("a/ask_test.lua", 'local t = test.skill("ask.lua")\n'
+                     'local answer = { choices = { { message = { role = "assistant", content = "hello" } } } }\n'
+                     't:case("120 s by default, five tries", function(c)\n'
+                     '  c:http("POST /chat/completions", { json = answer, delay = "121s" })\n'
+                     '  local t0 = c:now()\n'
+                     '  c:run({})\n'
+                     '  c:err("llm.chat: timeout after 120000 ms (POST http://llm.test/v1/chat/completions) (after 5 tries)")\n'
+                     '  c:eq(c:now() - t0, 5 * 120 + 1 + 2 + 4 + 8)\n'
+                     '  c:eq(#c:requests(), 5)\n'
+                     'end)\n'
+                     't:case("its timeout option, then an answer in time", function(c)\n'
+                     '  c:http("POST /chat/completions", function(req, n)\n'
+                     '    return { json = answer, delay = n == 1 and "10s" or "1s" }\n'
+                     '  end)\n'
+                     '  local t0 = c:now()\n'
+                     '  c:eq(c:run({ timeout = 5 }), "hello")\n'
+                     '  c:eq(c:now() - t0, 5 + 1 + 1)\n'
+                     '  c:eq(c:logs()[1].msg, "llm.chat: POST http://llm.test/v1/chat/completions failed: '
+                     'timeout after 5000 ms (POST http://llm.test/v1/chat/completions); retry 1 of 4 in 1.0s")\n'
+                     'end)\n'
+                     'return t\n')
+        r = self.w.ml("test", "a", check=None)
+        self.assertIn("2 passed, 0 failed", r.stdout, r.stdout + r.stderr)
+
+    def test_a_mocked_transport_error_has_the_real_clients_reason(self):
+        self.w.write("e/slow.lua", self.SLOW)
+        self.w.write("e/slow_test.lua", 'local t = test.skill("slow.lua", { env = { STANDIN = "http://s.test" } })\n'
+                     't:case("given", function(c)\n'
+                     '  c:http("GET /slow", { error = "connection refused", reason = "connect" })\n'
+                     '  c:eq(c:run({}), { err = "connection refused", why = "connect", took = 0 })\n'
+                     'end)\n'
+                     't:case("by default network, after its delay", function(c)\n'
+                     '  c:http("GET /slow", { error = "connection reset", delay = "3s" })\n'
+                     '  c:eq(c:run({}), { err = "connection reset", why = "network", took = 3 })\n'
+                     'end)\n'
+                     't:case("a mock function that raises", function(c)\n'
+                     '  c:http("GET /slow", function() error("reset", 0) end)\n'
+                     '  c:eq(c:run({}), { err = "reset", why = "network", took = 0 })\n'
+                     'end)\n'
+                     't:case("an error slower than the timeout is a timeout", function(c)\n'
+                     '  c:http("GET /slow", { error = "connection reset", delay = "3s" })\n'
+                     '  c:eq(c:run({ timeout = 2 }).why, "timeout")\n'
+                     'end)\n'
+                     't:case("not one of the client\'s", function(c)\n'
+                     '  c:http("GET /slow", { error = "x", reason = "refused" })\n'
+                     '  c:run({})\n'
+                     'end)\n'
+                     't:case("a reason without an error", function(c)\n'
+                     '  c:http("GET /slow", { json = {}, reason = "dns" })\n'
+                     '  c:run({})\n'
+                     'end)\n'
+                     'return t\n')
+        r = self.w.ml("test", "e", check=1)
+        self.assertIn("4 passed, 2 failed", r.stdout, r.stdout + r.stderr)
+        self.assertIn('FAIL not one of the client\'s: http mock: reason = "refused" is not one the HTTP client '
+                      'gives: timeout, connect, dns, tls, too_big, scheme, redirects, invalid, network, nomem, '
+                      'internal, self', r.stdout)
+        self.assertIn('FAIL a reason without an error: http mock: reason = "dns" goes with error = "..." '
+                      '(a failed transfer), which this response does not give', r.stdout)
