@@ -129,7 +129,9 @@ int cli_cancel(struct cli *c) {
 }
 
 int cli_rerun(struct cli *c) {
-  if (c->nargs != 1) return cli_fail(EXIT_USAGE, "usage: moonloop rerun RUN_ID");
+  if (c->nargs != 1) return cli_fail(EXIT_USAGE, "usage: moonloop rerun RUN_ID [--key KEY]");
+  if (c->key && strlen(c->key) > SCHED_KEY_MAX)
+    return cli_fail(EXIT_USAGE, "--key is too long (at most %d bytes)", SCHED_KEY_MAX);
   if (c->cfg.server) return client_rerun(c); /* --server: through the HTTP API */
   struct engine en;
   int rc = open_store(c, &en);
@@ -149,13 +151,6 @@ int cli_rerun(struct cli *c) {
     return cli_fail(EXIT_FAILED, "%s", e.msg);
   }
   char *input = jsontext_print_text(cJSON_GetObjectItem(run, "input"));
-  if (c->key && strlen(c->key) > SCHED_KEY_MAX) {
-    cJSON_Delete(run);
-    free(version);
-    free(input);
-    engine_close(&en);
-    return cli_fail(EXIT_USAGE, "--key is too long (at most %d bytes)", SCHED_KEY_MAX);
-  }
   char id[27], *trig = sched_rerun_trigger(run, c->key);
   int64_t now = units_now_ms();
   ids_ulid(now, id);
