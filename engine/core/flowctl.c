@@ -32,20 +32,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The event a run's priority function is given: its trigger's event, or
-** for a run not started by one, {data = its input}. */
-static cJSON *run_event(const struct run *r) {
-  cJSON *trig = r->trigger ? cJSON_Parse(r->trigger) : NULL;
-  cJSON *ev = cJSON_DetachItemFromObject(trig, "event");
-  cJSON_Delete(trig);
-  if (cJSON_IsObject(ev)) return ev;
-  cJSON_Delete(ev);
-  ev = cJSON_CreateObject();
-  cJSON *in = r->input ? cJSON_Parse(r->input) : NULL;
-  cJSON_AddItemToObject(ev, "data", in ? in : cJSON_CreateNull());
-  return ev;
-}
-
 struct prio_call {
   struct run *r;
   const cJSON *ev; /* its event (made outside: an error thrown past it would leak it) */
@@ -76,7 +62,7 @@ static double run_priority(struct run *r) {
   sched_t *s = r->sched;
   lrt_t *lrt = sched__opts(s)->lrt;
   err_t e = {0};
-  cJSON *ev = run_event(r);
+  cJSON *ev = run__event(r); /* the event priority(event) is given */
   struct prio_call pc = {r, ev, 0};
   int prev = r->mem_acct ? lrt_account_use(lrt, r->mem_acct) : -1;
   if (lrt_protect(lrt, call_priority, &pc, &e)) pc.prio = 0;

@@ -470,25 +470,30 @@ static void on_wake(struct stimer *tm) {
   run_wake((struct run *)((char *)tm - offsetof(struct run, wake)));
 }
 
+/* See run.h. */
+cJSON *run__event(const struct run *r) {
+  cJSON *trig = r->trigger ? cJSON_Parse(r->trigger) : NULL;
+  cJSON *ev = cJSON_DetachItemFromObject(trig, "event");
+  cJSON_Delete(trig);
+  if (cJSON_IsObject(ev)) return ev;
+  cJSON_Delete(ev);
+  ev = cJSON_CreateObject();
+  cJSON *in = r->input ? cJSON_Parse(r->input) : NULL;
+  cJSON_AddItemToObject(ev, "data", in ? in : cJSON_CreateNull());
+  return ev;
+}
+
 /* The value (compact JSON) at a path such as "event.data.service" or
 ** "data.service" in r's event, whose data is the input for runs not
 ** started by an event; "null" when it is not there. canonical: its
 ** objects' keys sorted (jsontext_sort_keys). */
 static char *event_value(struct run *r, const char *path, int canonical) {
-  cJSON *trig = r->trigger ? cJSON_Parse(r->trigger) : NULL;
-  cJSON *ev = cJSON_GetObjectItem(trig, "event"), *made = NULL;
-  if (!cJSON_IsObject(ev)) {
-    made = cJSON_CreateObject();
-    cJSON *in = r->input ? cJSON_Parse(r->input) : NULL;
-    cJSON_AddItemToObject(made, "data", in ? in : cJSON_CreateNull());
-    ev = made;
-  }
+  cJSON *ev = run__event(r);
   if (!strncmp(path, "event.", 6)) path += 6;
   cJSON *v = (cJSON *)jsontext_path(ev, path);
   if (v && canonical) jsontext_sort_keys(v);
   char *val = v ? jsontext_print_text(v) : mem_strdup("null");
-  cJSON_Delete(trig);
-  cJSON_Delete(made);
+  cJSON_Delete(ev);
   return val;
 }
 

@@ -185,6 +185,10 @@ void run__finish(struct run *r, const char *status, const char *output, const ch
 void run__verbose(struct run *r, const char *mark, const char *id, int64_t ms, const char *extra);
 /* Give back r's concurrency slots (it parks for long, or ends: flowctl.c). */
 void run__release_slot(struct run *r);
+/* r's event, as its flow keys and its priority function read it: its
+** trigger's event, or for a run not started by one, {data = its input}
+** (cJSON, the caller's). */
+cJSON *run__event(const struct run *r);
 /* The value (compact JSON) at a path such as "event.data.service" in r's
 ** event (its input for runs not started by an event); "null" if absent. */
 char *run__event_value(struct run *r, const char *path);
