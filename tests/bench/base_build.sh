@@ -1,7 +1,13 @@
-# base_build.sh: sourced by the benchmarks that compare two builds. With
-# BASE=<commit> set, it builds that commit in a temporary folder (git
-# worktree add, removed on exit) and sets BINS to its binary; otherwise
-# BINS is empty. Needs ROOT (the checkout).
+# base_build.sh: sourced by the client-path benchmarks (client_path.sh,
+# instructions.sh), which compare two builds. Needs HERE (the benchmark's
+# folder). Sets ROOT (the checkout) and BIN (MOONLOOP_BIN, default
+# build/moonloop), checks it and build/bench_http are there; with
+# BASE=<commit> set, builds that commit in a temporary folder (git worktree
+# add, removed on exit) and sets BINS to its binary; otherwise BINS is empty.
+ROOT=$(cd "$HERE/../.." && pwd)
+BIN=${MOONLOOP_BIN:-$ROOT/build/moonloop}
+[ -x "$BIN" ] || { echo "bench: no moonloop binary at $BIN (make build, or set MOONLOOP_BIN)" >&2; exit 2; }
+[ -x "$ROOT/build/bench_http" ] || { echo "bench: no build/bench_http (make build)" >&2; exit 2; }
 BINS=""
 if [ -n "${BASE:-}" ]; then
   PREV=$(mktemp -d /tmp/moonloop-prev.XXXXXX)

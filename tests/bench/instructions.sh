@@ -10,10 +10,6 @@
 # Environment: MOONLOOP_BIN (default build/moonloop).
 set -e
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-BIN=${MOONLOOP_BIN:-$ROOT/build/moonloop}
-[ -x "$BIN" ] || { echo "bench: no moonloop binary at $BIN (make build, or set MOONLOOP_BIN)" >&2; exit 2; }
-[ -x "$ROOT/build/bench_http" ] || { echo "bench: no build/bench_http (make build)" >&2; exit 2; }
 command -v valgrind >/dev/null || { echo "bench: valgrind is missing (apt-get install valgrind)" >&2; exit 2; }
 . "$HERE/base_build.sh"
 BENCH_HTTP="$ROOT/build/bench_http" python3 "$HERE/instructions.py" $BINS "$BIN"
